@@ -4,16 +4,24 @@
     retrofit.convert(model, "alibi")      # in place, returns the model
     retrofit.save(model, "runs/x"); model = retrofit.load("runs/x")
 
-Heavier entry points (finetune, evaluate, export) are imported on first use.
+Every entry point is imported on first use.
 """
 
 __version__ = "0.1.0"
 
-from .core import architectures, convert, describe, revert, schemes, set_position_controls  # noqa: E402
 from .errors import RetrofitError  # noqa: E402
-from .io import load, load_model, save  # noqa: E402
 
+# Public names, imported on first use so that `import retrofit` stays light.
 _LAZY = {
+    "convert": ("retrofit.core", "convert"),
+    "revert": ("retrofit.core", "revert"),
+    "describe": ("retrofit.core", "describe"),
+    "schemes": ("retrofit.core", "schemes"),
+    "architectures": ("retrofit.core", "architectures"),
+    "set_position_controls": ("retrofit.core", "set_position_controls"),
+    "save": ("retrofit.io", "save"),
+    "load": ("retrofit.io", "load"),
+    "load_model": ("retrofit.io", "load_model"),
     "finetune": ("retrofit.finetune", "finetune"),
     "evaluate": ("retrofit.evaluation", "evaluate"),
     "export": ("retrofit.export", "export"),
@@ -30,17 +38,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'retrofit' has no attribute {name!r}")
 
 
-__all__ = [
-    "__version__",
-    "convert",
-    "revert",
-    "describe",
-    "schemes",
-    "architectures",
-    "save",
-    "load",
-    "load_model",
-    "set_position_controls",
-    "RetrofitError",
-    *_LAZY,
-]
+__all__ = ["__version__", "RetrofitError", *_LAZY]
