@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 from .errors import RetrofitError  # noqa: E402
 
 # Public names, imported on first use so that `import retrofit` stays light.
+# (Module names differ from the function names on purpose: importing a submodule
+# `retrofit.finetune` would shadow the function `retrofit.finetune`.)
 _LAZY = {
     "convert": ("retrofit.core", "convert"),
     "revert": ("retrofit.core", "revert"),
@@ -22,9 +24,9 @@ _LAZY = {
     "save": ("retrofit.io", "save"),
     "load": ("retrofit.io", "load"),
     "load_model": ("retrofit.io", "load_model"),
-    "finetune": ("retrofit.finetune", "finetune"),
+    "finetune": ("retrofit.training", "finetune"),
     "evaluate": ("retrofit.evaluation", "evaluate"),
-    "export": ("retrofit.export", "export"),
+    "export": ("retrofit.native_export", "export"),
     "run": ("retrofit.pipeline", "run"),
 }
 
