@@ -1,0 +1,332 @@
+"""convert / revert / describe: swap a model instance's positional mechanism in place.
+
+Mechanics: one attention function and one mask function, both registered as ``"retrofit"`` with
+transformers' ``AttentionInterface`` / ``AttentionMaskInterface``. A converted model selects them
+through its own config (``_attn_implementation = "retrofit"``); each of its attention modules
+carries a small per-layer context that points at this model's state. No transformers class is
+modified, so converted and unconverted models (or two conversions) live side by side.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import __version__, kernel
+from .adapters import ADAPTERS, adapter_for
+from .adapters.base import Adapter, Swap
+from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
+from .schemes import SCHEMES, Scheme
+
+log = logging.getLogger(__name__)
+
+ATTN_NAME = "retrofit"
+POSITIONS_MODULE = "retrofit_positions"
+
+
+# ---------------------------------------------------------------------------------------------
+# per-model state
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RetrofitState:
+    root: nn.Module
+    scheme_name: str
+    adapter: Adapter
+    kernel: str
+    original_attn: str | None
+    swaps: list[Swap] = field(default_factory=list)
+    frozen: list[nn.Parameter] = field(default_factory=list)
+    offset: int = 0
+    native_fade: float = 0.0
+    calls: dict[int, int] = field(default_factory=dict)
+    paths: dict[str, int] = field(default_factory=dict)
+    last_path: str | None = None
+
+    def scheme(self) -> Scheme:
+        """The live scheme module; resolves PEFT's ModulesToSaveWrapper to its active copy."""
+        mod = getattr(self.root, POSITIONS_MODULE)
+        if hasattr(mod, "modules_to_save") and hasattr(mod, "original_module"):
+            active = getattr(mod, "active_adapters", None) or [getattr(mod, "active_adapter", "default")]
+            name = active[0] if isinstance(active, (list, tuple)) else active
+            if getattr(mod, "disable_adapters", False) or name not in mod.modules_to_save:
+                return mod.original_module
+            return mod.modules_to_save[name]
+        return mod
+
+    def record(self, layer: int, path: str):
+        self.calls[layer] = self.calls.get(layer, 0) + 1
+        if path not in self.paths:
+            log.info("retrofit attention path: %s (scheme %s)", path, self.scheme_name)
+        self.paths[path] = self.paths.get(path, 0) + 1
+        self.last_path = path
+
+
+@dataclass
+class LayerContext:
+    state: RetrofitState
+    layer: int
+    window: int | None
+
+
+# ---------------------------------------------------------------------------------------------
+# the registered attention and mask functions
+# ---------------------------------------------------------------------------------------------
+def retrofit_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """query (B, H, Tq, D), key/value (B, Hkv, Tk, D) -> ((B, Tq, H, D), None)."""
+    ctx: LayerContext | None = getattr(module, "_retrofit_layer", None)
+    if ctx is None:
+        raise PatchNotLiveError(
+            f"the retrofit attention function was called by {type(module).__name__}, which was not converted; "
+            "use retrofit.convert(model, ...) or retrofit.load(path), not config._attn_implementation"
+        )
+    state = ctx.state
+    scheme = state.scheme()
+    B, H, Tq, D = query.shape
+    Tk = key.shape[-2]
+    limit = scheme.max_length()
+    if limit is not None and Tk > limit:
+        raise LengthError(f"scheme {scheme.name!r} supports at most {limit} positions; got {Tk}")
+    if scaling is None:
+        scaling = D**-0.5
+    if key.shape[1] != H:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
+        key = key.repeat_interleave(H // key.shape[1], dim=1)
+        value = value.repeat_interleave(H // value.shape[1], dim=1)
+    q_start = Tk - Tq  # the cache holds Tk - Tq earlier keys
+    if scheme.kind == "rotary":
+        k_pos = torch.arange(Tk, device=query.device) + state.offset
+        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk)
+        key = scheme.rotate(ctx.layer, key, k_pos, Tk)
+    bias = None
+    if scheme.kind == "bias":
+        layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
+        bias = (lambda h, i, j: scheme.bias(layer, h, i, j) * scale) if scale else (lambda h, i, j: scheme.bias(layer, h, i, j))
+    padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
+    out, path = kernel.attend(
+        query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
+        q_start=q_start, dropout=dropout, kernel=state.kernel,
+    )
+    state.record(ctx.layer, path)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=None, **kwargs):
+    """Linear-memory mask: only the (B, kv_length) padding mask (True = real token), or None.
+    Causality and sliding windows are applied by the attention function itself."""
+    if attention_mask is None:
+        return None
+    pad = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+    if pad.shape[-1] < kv_length:  # positions not covered by the 2D mask are real tokens
+        pad = torch.nn.functional.pad(pad, (0, kv_length - pad.shape[-1]), value=True)
+    return None if bool(pad.all()) else pad
+
+
+def _register_interfaces():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_NAME, retrofit_attention)
+    AttentionMaskInterface.register(ATTN_NAME, retrofit_mask)
+
+
+_register_interfaces()
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------------
+def schemes() -> list[str]:
+    return SCHEMES.names()
+
+
+def architectures() -> list[str]:
+    return ADAPTERS.names()
+
+
+def _state(model) -> RetrofitState | None:
+    return getattr(model, "_retrofit_state", None)
+
+
+def _check_model(model):
+    from transformers import PreTrainedModel
+
+    if type(model).__name__.startswith("Peft") or hasattr(model, "peft_config"):
+        raise RetrofitError("convert the model before wrapping it with PEFT (or merge_and_unload first)")
+    if not isinstance(model, PreTrainedModel):
+        raise RetrofitError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
+
+
+def convert(model, to: str, *, force: bool = False, kernel: str = "auto", verify: bool = True, **options) -> nn.Module:
+    """Replace ``model``'s positional mechanism with scheme ``to``, in place; returns the model.
+
+    ``options`` are the scheme's (see ``retrofit convert --help``). ``kernel``: auto | flex | chunked.
+    ``force=True`` converts a model that was already converted (it is reverted first).
+    Raises UnknownSchemeError, UnsupportedArchitectureError, OptionError, AlreadyConvertedError,
+    PatchNotLiveError (nothing is left half-patched: a failed conversion is reverted)."""
+    return _convert(model, to, force=force, kernel=kernel, verify=verify, options=options)
+
+
+def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False):
+    _check_model(model)
+    scheme_cls = SCHEMES.get(to)
+    if kernel not in globals()["kernel"].KERNELS:
+        raise OptionError(f"kernel must be one of {', '.join(globals()['kernel'].KERNELS)}; got {kernel!r}")
+    state = _state(model)
+    if state is not None:
+        if not force:
+            raise AlreadyConvertedError(
+                f"model is already converted to {state.scheme_name!r}; call retrofit.revert(model) first or pass force=True"
+            )
+        revert(model)
+    elif getattr(model.config, "retrofit", None) and not (force or from_checkpoint):
+        block = model.config.retrofit
+        raise AlreadyConvertedError(
+            f"this checkpoint was saved by retrofit with scheme {block.get('scheme')!r}; "
+            "load it with retrofit.load(path) (plain from_pretrained does not re-apply the patch)"
+        )
+    adapter = adapter_for(model)
+    spec = adapter.spec()
+    opts = scheme_cls.parse_options(spec, options)
+    ref = next(model.parameters())
+    scheme = scheme_cls(spec, opts).to(ref.device)
+
+    state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
+                          original_attn=model.config._attn_implementation)
+    model.add_module(POSITIONS_MODULE, scheme)
+    model._retrofit_state = state
+    try:
+        state.swaps = adapter.neutralise(state)
+        if scheme.kind == "absolute" and adapter.native_kind != "learned_absolute":
+            state.swaps += adapter.add_absolute(state)
+        for sw in state.swaps:
+            for p in sw.original.parameters():
+                if p.requires_grad:
+                    p.requires_grad_(False)
+                    state.frozen.append(p)
+        for site in adapter.sites():
+            site.module._retrofit_layer = LayerContext(state, site.layer, site.window)
+        _set_attn(model, ATTN_NAME)
+        model.config.retrofit = {
+            "scheme": to,
+            "options": scheme.options_dict(),
+            "architecture": adapter.name,
+            "native": {"kind": adapter.native_kind, "length": spec.native_length},
+            "retrofit_version": __version__,
+        }
+        if verify:
+            _verify_live(model, state)
+    except BaseException:
+        revert(model)
+        raise
+    log.info("converted %s (%s) to %s %s", type(model).__name__, adapter.name, to, scheme.options_dict())
+    return model
+
+
+def _set_attn(model, name: str | None):
+    model.config._attn_implementation = name
+    for m in model.modules():  # some modules cache a config of their own
+        cfg = getattr(m, "config", None)
+        if cfg is not None and cfg is not model.config and hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = name
+
+
+def _verify_live(model, state: RetrofitState, length: int = 8):
+    """Run a short probe; raise PatchNotLiveError unless every layer ran the new attention
+    and the native mechanism's stand-in was consulted."""
+    sites = state.adapter.sites()
+    state.calls.clear()
+    for sw in state.swaps:
+        sw.parent.__getattr__  # noqa: B018 (stand-ins count their calls)
+    stand_ins = [getattr(sw.parent, sw.attr) for sw in state.swaps]
+    for s in stand_ins:
+        s.calls = 0
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = (torch.arange(length, device=next(model.parameters()).device) * 7 + 3) % vocab
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(input_ids=ids[None], use_cache=False)
+    finally:
+        model.train(was_training)
+    missing = [s.layer for s in sites if state.calls.get(s.layer, 0) == 0]
+    if missing:
+        raise PatchNotLiveError(
+            f"the new attention did not run in layers {missing} of {len(sites)}; this transformers version "
+            f"may dispatch attention differently. Nothing was converted."
+        )
+    idle = [type(s).__name__ for s in stand_ins if s.calls == 0]
+    if idle:
+        raise PatchNotLiveError(f"the native positional mechanism was not replaced ({', '.join(idle)} never called)")
+    state.calls.clear()
+
+
+def revert(model) -> nn.Module:
+    """Undo ``convert``: the original modules and attention implementation come back; logits equal the original's."""
+    state = _state(model)
+    if state is None:
+        raise NotConvertedError("model is not converted (nothing to revert)")
+    for sw in reversed(state.swaps):
+        setattr(sw.parent, sw.attr, sw.original)
+    for p in state.frozen:
+        p.requires_grad_(True)
+    for site in state.adapter.sites():
+        if hasattr(site.module, "_retrofit_layer"):
+            del site.module._retrofit_layer
+    _set_attn(model, state.original_attn)
+    if POSITIONS_MODULE in model._modules:
+        del model._modules[POSITIONS_MODULE]
+    if hasattr(model.config, "retrofit"):
+        del model.config.retrofit
+    del model._retrofit_state
+    return model
+
+
+def set_position_controls(model, offset: int = 0, native_fade: float = 0.0) -> None:
+    """Fine-tune controls. ``offset``: shift every absolute/rotary position by k (random-offset
+    augmentation; relative biases are unaffected). ``native_fade`` in [0, 1]: add this much of the
+    native mechanism back (1 = fully native, 0 = the new scheme alone)."""
+    state = _state(model)
+    if state is None:
+        raise NotConvertedError("set_position_controls needs a converted model")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise OptionError(f"offset must be a non-negative int; got {offset!r}")
+    if not isinstance(native_fade, (int, float)) or not 0 <= native_fade <= 1:
+        raise OptionError(f"native_fade must be in [0, 1]; got {native_fade!r}")
+    state.offset, state.native_fade = offset, float(native_fade)
+
+
+def describe(model) -> dict[str, Any]:
+    """What the model uses now: scheme, options, native mechanism, whether converted, max length."""
+    state = _state(model)
+    model_type = getattr(model.config, "model_type", None)
+    if state is None:
+        try:
+            adapter = adapter_for(model)
+        except RetrofitError:
+            adapter = None
+        native = {"kind": adapter.native_kind, "length": adapter.spec().native_length} if adapter else {}
+        return {
+            "converted": False, "scheme": None, "options": {}, "model_type": model_type,
+            "architecture": adapter.name if adapter else None, "native": native,
+            "max_length": adapter.native_max_length() if adapter else getattr(model.config, "n_positions", None),
+            "positions_module": None, "trainable_position_parameters": 0,
+            "attention_path": None, "kernel": None, "retrofit_version": __version__,
+        }
+    scheme = state.scheme()
+    limit = scheme.max_length()
+    if state.native_fade > 0 and state.adapter.native_max_length():
+        limit = min(limit or 1 << 62, state.adapter.native_max_length())
+    return {
+        "converted": True, "scheme": state.scheme_name, "options": scheme.options_dict(), "model_type": model_type,
+        "architecture": state.adapter.name, "native": dict(model.config.retrofit["native"]),
+        "max_length": limit, "positions_module": POSITIONS_MODULE,
+        "trainable_position_parameters": sum(p.numel() for p in scheme.parameters()),
+        "attention_path": state.last_path, "attention_paths": dict(state.paths), "kernel": state.kernel,
+        "retrofit_version": __version__,
+    }

@@ -1,0 +1,142 @@
+"""Save and load converted models: safetensors only, atomic writes, patch re-applied on load."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+
+from .errors import RetrofitError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"auto": "auto", "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def atomic_dir(path: str | os.PathLike, write) -> Path:
+    """Call ``write(tmp_dir)`` then move tmp_dir to ``path`` in one rename; an old ``path`` is replaced
+    only after the new one is complete, so a killed run never leaves a half-written folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        write(tmp)
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
+    """Save weights (safetensors, new position parameters included), config (with its ``retrofit``
+    block) and optionally the tokenizer, atomically."""
+    if hasattr(model, "peft_config"):
+        raise RetrofitError("save a merged model (peft_model.merge_and_unload()); save adapters with save_pretrained")
+
+    def write(tmp: Path):
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+
+    out = atomic_dir(path, write)
+    log.info("saved %s to %s", type(model).__name__, out)
+    return out
+
+
+def _retrofit_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    out = {}
+    for name in files:
+        with safe_open(str(path / name), framework="pt") as f:
+            for key in f.keys():
+                if key.startswith(prefix):
+                    out[key[len(prefix):]] = f.get_tensor(key)
+    return out
+
+
+def load(path: str | os.PathLike, **from_pretrained_kwargs):
+    """Load a checkpoint written by ``save`` and re-apply its patch (scheme, options, learned
+    position parameters, attention function). Safetensors only; no remote code unless asked."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .core import POSITIONS_MODULE, _convert
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise RetrofitError(f"{path} is not a saved model folder (no config.json)")
+    config = AutoConfig.from_pretrained(path)
+    block = getattr(config, "retrofit", None)
+    if not block:
+        raise RetrofitError(f"{path} was not saved by retrofit (its config has no 'retrofit' block); use from_pretrained")
+    from_pretrained_kwargs.setdefault("use_safetensors", True)
+    if "dtype" in from_pretrained_kwargs:
+        from_pretrained_kwargs["dtype"] = DTYPES.get(from_pretrained_kwargs["dtype"], from_pretrained_kwargs["dtype"])
+    model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    _convert(model, block["scheme"], force=False, kernel="auto", verify=False, options=block["options"], from_checkpoint=True)
+    positions = getattr(model, POSITIONS_MODULE)
+    expected = positions.state_dict()
+    if expected:
+        saved = _retrofit_tensors(path, POSITIONS_MODULE + ".")
+        missing = sorted(set(expected) - set(saved))
+        if missing:
+            raise RetrofitError(f"{path}: the checkpoint lacks position parameters {missing}")
+        positions.load_state_dict({k: saved[k] for k in expected}, strict=True)
+    from .core import _state, _verify_live
+
+    _verify_live(model, _state(model))
+    model.eval()
+    return model
+
+
+def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | None = None, device: str | None = None,
+               tokenizer: bool = True):
+    """(model, tokenizer) from a hub id, a local folder or a GGUF file. A retrofit checkpoint is re-patched."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {}
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise RetrofitError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+        kwargs["dtype"] = DTYPES[dtype]
+    local = Path(name_or_path)
+    if gguf_file:
+        if local.is_file():
+            local, gguf_file = local.parent, local.name
+        kwargs["gguf_file"] = gguf_file
+    is_retrofit = (local / "config.json").exists() and "retrofit" in json.loads((local / "config.json").read_text())
+    try:
+        if is_retrofit:
+            model = load(local, **kwargs)
+        else:
+            if not gguf_file:
+                kwargs["use_safetensors"] = True
+            model = AutoModelForCausalLM.from_pretrained(str(local) if gguf_file else name_or_path, **kwargs)
+    except OSError as e:
+        raise RetrofitError(f"cannot load model {name_or_path!r}: {e}") from e
+    model.eval()
+    if device:
+        model.to(device)
+    tok = None
+    if tokenizer:
+        try:
+            tok = AutoTokenizer.from_pretrained(str(local) if gguf_file else name_or_path,
+                                                **({"gguf_file": gguf_file} if gguf_file else {}))
+        except (OSError, ValueError) as e:
+            log.warning("no tokenizer for %s: %s", name_or_path, e)
+    return model, tok

@@ -1,0 +1,165 @@
+"""Linear-memory attention with a positional score bias.
+
+Two paths, chosen per call by device, dtype and grad, and always recorded (``last_path``):
+
+- ``"flex"``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window
+  and padding as a block mask. Fastest for bias schemes; on CPU it has no backward, so it only
+  runs without grad there. Compiled with ``dynamic=True`` (no recompile per length).
+- ``"chunked"``: query-chunked SDPA; each chunk builds its own (H, C, Tk) bias, so memory is
+  O(H * C * N), linear in N. Exact in any dtype (half inputs are scored in fp32 when there is a
+  bias). Under grad each chunk is checkpointed, so backward never holds every chunk's bias.
+- ``"sdpa-causal"`` / ``"sdpa"``: no bias, no padding, no window: stock SDPA (the stock speed).
+
+``RETROFIT_ATTENTION_PATH=auto|flex|chunked`` overrides the per-model choice (``convert(..., kernel=)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+log = logging.getLogger(__name__)
+
+BiasFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (h, q_pos, k_pos) -> bias
+KERNELS = ("auto", "flex", "chunked")
+CHUNK_ELEMENTS = 1 << 25  # max elements of one chunk's (H, C, Tk) score tensor (128 MiB in fp32)
+
+_flex_fn = None
+_flex_error: str | None = None
+
+
+def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float) -> str:
+    """Which path runs. ``requested`` is the model's kernel option, overridden by the env var."""
+    requested = os.environ.get("RETROFIT_ATTENTION_PATH", requested)
+    if requested not in KERNELS:
+        raise ValueError(f"attention path must be one of {KERNELS}; got {requested!r}")
+    if not has_bias or requested == "chunked" or dropout > 0:
+        return "chunked"
+    grad = torch.is_grad_enabled() and q.requires_grad
+    flex_ok = q.is_cuda or not grad  # CPU flex has no backward
+    if requested == "flex":
+        if not flex_ok:
+            raise RuntimeError("flex attention on CPU has no backward; use kernel='chunked' or 'auto' for training")
+        return "flex"
+    if flex_ok and q.shape[-2] >= 128 and _flex_available():  # short/decoding queries: chunked is cheaper
+        return "flex"
+    return "chunked"
+
+
+def _flex_available() -> bool:
+    global _flex_fn, _flex_error
+    if _flex_fn is None and _flex_error is None:
+        try:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            _flex_fn = torch.compile(flex_attention, dynamic=True)
+        except Exception as e:  # no compiler, old torch, ...
+            _flex_error = f"{type(e).__name__}: {e}"
+            log.warning("flex_attention unavailable (%s); bias schemes use the chunked SDPA path", _flex_error)
+    return _flex_fn is not None
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scaling: float,
+    bias: BiasFn | None = None,
+    key_padding: torch.Tensor | None = None,
+    window: int | None = None,
+    q_start: int = 0,
+    dropout: float = 0.0,
+    kernel: str = "auto",
+) -> tuple[torch.Tensor, str]:
+    """Causal attention of q (B, H, Tq, D) over k, v (B, H, Tk, D); query i sits at key position q_start + i.
+
+    key_padding: (B, Tk) bool, True = real token. window: keys with i - j >= window are masked.
+    Returns (output (B, H, Tq, D), path name)."""
+    if key_padding is not None and bool(key_padding.all()):
+        key_padding = None
+    path = choose_path(kernel, q, bias is not None, dropout)
+    if path == "flex":
+        return _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start), "flex"
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if bias is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
+        # stock SDPA: full causal self-attention, or one decoding query that sees every key
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling)
+        return out, "sdpa-causal" if Tq > 1 else "sdpa"
+    return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout), "chunked"
+
+
+def _chunk_rows(H: int, Tq: int, Tk: int) -> int:
+    return max(16, min(Tq, CHUNK_ELEMENTS // max(1, H * Tk)))
+
+
+def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout):
+    B, H, Tq, D = q.shape
+    rows = _chunk_rows(H, Tq, k.shape[-2])
+    use_ckpt = torch.is_grad_enabled() and rows < Tq and (q.requires_grad or k.requires_grad or v.requires_grad)
+    outs = []
+    for s in range(0, Tq, rows):
+        e = min(Tq, s + rows)
+        # keys this chunk can see: [lo, hi) (causal upper bound, window lower bound)
+        hi = q_start + e
+        lo = max(0, q_start + s - window + 1) if window else 0
+        args = (q[:, :, s:e], k[:, :, lo:hi], v[:, :, lo:hi], q_start + s, lo, scaling, bias, key_padding, window, dropout)
+        outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
+    return torch.cat(outs, dim=2)
+
+
+def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout):
+    # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: absolute positions of the first query/key
+    C, Tc = qc.shape[-2], kc.shape[-2]
+    q_pos = torch.arange(q0, q0 + C, device=qc.device)
+    k_pos = torch.arange(k0, k0 + Tc, device=qc.device)
+    rel = q_pos[:, None] - k_pos[None, :]  # (C, Tc)
+    allowed = rel >= 0
+    if window:
+        allowed = allowed & (rel < window)
+    allowed = allowed[None, None]  # (1, 1, C, Tc)
+    if key_padding is not None:
+        pad = key_padding[:, k0 : k0 + Tc].bool()[:, None, None, :]  # (B, 1, 1, Tc)
+        allowed = (allowed & pad) | (rel == 0)  # a padded query still sees itself: no all-masked (NaN) rows
+    compute_dtype = qc.dtype
+    if bias is not None:
+        if qc.dtype in (torch.float16, torch.bfloat16):
+            compute_dtype = torch.float32  # the bias is large at long range: score it in fp32
+        h = torch.arange(qc.shape[1], device=qc.device)[:, None, None]
+        mask = bias(h, q_pos[None, :, None], k_pos[None, None, :]).to(compute_dtype)  # (H, C, Tc)
+        mask = mask.unsqueeze(0).masked_fill(~allowed, float("-inf"))
+    else:
+        mask = allowed
+    out = F.scaled_dot_product_attention(
+        qc.to(compute_dtype), kc.to(compute_dtype), vc.to(compute_dtype), attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    return out.to(qc.dtype)
+
+
+def _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, H, Tq, D = q.shape
+    Tk = k.shape[-2]
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + bias(h, q_idx + q_start, kv_idx).to(score.dtype)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        qa = q_idx + q_start
+        m = kv_idx <= qa
+        if window:
+            m = m & (qa - kv_idx < window)
+        if key_padding is not None:
+            m = m & (key_padding[b, kv_idx] | (kv_idx == qa))
+        return m
+
+    block_mask = create_block_mask(
+        mask_mod, B if key_padding is not None else None, None, Tq, Tk, device=q.device, _compile=True
+    )
+    return _flex_fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling)

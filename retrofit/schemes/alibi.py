@@ -1,0 +1,48 @@
+"""ALiBi (Press et al., 2022): a fixed linear recency bias per head, no learned parameters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import ModelSpec, Scheme, option, register_scheme
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """Geometric slopes 2^(-8/n * i); for n not a power of two, the paper's rule:
+    the slopes of the closest lower power of two, then every other slope of the next one."""
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return power_of_2(num_heads)
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+@register_scheme("alibi")
+class ALiBi(Scheme):
+    name = "alibi"
+    kind = "bias"
+
+    @dataclass
+    class Options:
+        scale_bias: bool = option(
+            False,
+            "add the bias before the 1/sqrt(d) score scaling (Falcon's convention, needed for an exact "
+            "Falcon export); default adds it after, as in the paper",
+        )
+
+    def __init__(self, spec: ModelSpec, options):
+        super().__init__(spec, options)
+        # fp32, non-persistent: recomputed from the head count, moves with .to(device)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(spec.num_heads), dtype=torch.float32), persistent=False)
+        self.bias_scaled_with_scores = options.scale_bias
+
+    def bias(self, layer, h, q_pos, k_pos):
+        # -slope_h * (i - j): 0 on the diagonal, more negative with distance (future keys are masked anyway)
+        return -self.slopes[h] * (q_pos - k_pos).to(torch.float32)

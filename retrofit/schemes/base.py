@@ -1,0 +1,135 @@
+"""The scheme interface: one positional mechanism, one module.
+
+A scheme is an ``nn.Module`` attached to the converted model as ``model.retrofit_positions``
+(so its learned parameters are ordinary parameters: saved, optimised, visible to PEFT).
+It is one of three kinds:
+
+- ``"bias"``: a per-head additive score bias, ``bias(layer, h, q_pos, k_pos)``, written
+  elementwise so the same definition serves the query-chunked kernel (broadcast over
+  ``(H, Cq, Tk)``) and FlexAttention's ``score_mod`` (scalars). A learned bias is a gather.
+- ``"rotary"``: rotates q and k, ``rotate(layer, x, pos)``.
+- ``"absolute"``: adds to the embeddings, ``embed(position_ids, dtype)``.
+- ``"none"``: nothing (the causal mask alone carries order).
+
+Options are a dataclass (``Options``) whose fields carry ``metadata={"help": ...}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import OptionError, UnknownSchemeError
+from ..registry import Registry
+
+SCHEMES: Registry[type["Scheme"]] = Registry("scheme", UnknownSchemeError)
+register_scheme = SCHEMES.register
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a scheme needs to know about the model it is installed in (filled by the adapter)."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    native_length: int  # positions the model was trained on
+    native_kind: str  # "learned_absolute" | "rope"
+    native_rope: dict | None = None  # {"theta", "fraction", "rope_type", "inv_freq" (tensor), "attention_scaling"}
+
+
+def option(default, help: str, choices: tuple | None = None):
+    """A dataclass field with help text (and allowed values) for a scheme option."""
+    meta = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
+
+
+class Scheme(nn.Module):
+    name: ClassVar[str]
+    kind: ClassVar[str]  # "bias" | "rotary" | "absolute" | "none"
+
+    @dataclass
+    class Options:
+        pass
+
+    def __init__(self, spec: ModelSpec, options):
+        super().__init__()
+        self.spec = spec
+        self.options = options
+
+    # ---- options -------------------------------------------------------------------------
+    @classmethod
+    def parse_options(cls, spec: ModelSpec, given: dict[str, Any]):
+        """Validate user options (unknown keys and wrong types are errors) and fill model-dependent defaults."""
+        fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            valid = ", ".join(sorted(fields)) or "(none)"
+            raise OptionError(f"scheme {cls.name!r} takes no option {', '.join(map(repr, unknown))}; its options: {valid}")
+        hints = typing.get_type_hints(cls.Options)
+        values = {}
+        for key, value in given.items():
+            values[key] = _check_type(cls.name, key, value, hints[key], fields[key].metadata.get("choices"))
+        opts = cls.Options(**values)
+        return cls.resolve_defaults(spec, opts)
+
+    @classmethod
+    def resolve_defaults(cls, spec: ModelSpec, opts):
+        """Fill options left as None from the model (override per scheme)."""
+        return opts
+
+    @classmethod
+    def option_help(cls) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls.Options)}
+
+    def options_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.options)
+
+    # ---- behaviour -----------------------------------------------------------------------
+    def max_length(self) -> int | None:
+        """Longest sequence this scheme supports (None: no limit)."""
+        return None
+
+    def bias(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        raise TypeError(f"scheme {self.name!r} is not a bias scheme")
+
+    def rotate(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        raise TypeError(f"scheme {self.name!r} is not a rotary scheme")
+
+    def embed(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise TypeError(f"scheme {self.name!r} is not an absolute scheme")
+
+    #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
+    bias_scaled_with_scores: bool = False
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.options_dict().items())
+
+
+def _check_type(scheme: str, key: str, value, hint, choices):
+    origin = typing.get_origin(hint)
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) else [hint]
+    if value is None and type(None) in typing.get_args(hint):
+        return None
+    for t in args:
+        if t is bool and isinstance(value, bool):
+            return value
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if t is str and isinstance(value, str):
+            if choices and value not in choices:
+                raise OptionError(f"option {key!r} of scheme {scheme!r} must be one of {', '.join(choices)}; got {value!r}")
+            return value
+    names = " or ".join(getattr(t, "__name__", str(t)) for t in args)
+    raise OptionError(f"option {key!r} of scheme {scheme!r} must be {names}; got {value!r} ({type(value).__name__})")

@@ -1,0 +1,136 @@
+"""RoPE (Su et al.): rotary q/k, rotate-half convention, with PI / NTK / YaRN / dynamic rescaling.
+
+Inverse frequencies come from transformers' own ``ROPE_INIT_FUNCTIONS`` (linear, yarn, dynamic);
+static NTK-aware scaling (bloc97) has no transformers function and is the default init with
+``theta * factor ** (d / (d - 2))``. On a model that already has RoPE, the defaults are the
+model's own theta and rotary fraction, so ``convert(model, "rope", scaling="yarn", factor=4)``
+rescales it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import OptionError
+from .base import ModelSpec, Scheme, option, register_scheme
+
+log = logging.getLogger(__name__)
+
+SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope_config(spec: ModelSpec, rope_type: str, theta: float, fraction: float, factor: float, native: int, opts):
+    """A minimal transformers config that ROPE_INIT_FUNCTIONS accept."""
+    from transformers import PretrainedConfig
+
+    params = {"rope_type": rope_type, "rope_theta": theta, "partial_rotary_factor": fraction, "factor": factor}
+    if rope_type == "yarn":
+        params.update(original_max_position_embeddings=native, beta_fast=opts.beta_fast, beta_slow=opts.beta_slow)
+        if opts.attention_factor is not None:
+            params["attention_factor"] = opts.attention_factor
+    cfg = PretrainedConfig()
+    cfg.rope_parameters = params
+    cfg.head_dim = spec.head_dim
+    cfg.hidden_size = spec.head_dim * spec.num_heads
+    cfg.num_attention_heads = spec.num_heads
+    cfg.max_position_embeddings = int(native * factor) if rope_type in ("yarn", "linear") else native
+    return cfg
+
+
+@register_scheme("rope")
+class RoPE(Scheme):
+    name = "rope"
+    kind = "rotary"
+
+    @dataclass
+    class Options:
+        theta: float | None = option(None, "rotary base; default: the model's own, else 10000")
+        fraction: float | None = option(None, "fraction of each head's dims that rotate; default: the model's own, else 1.0")
+        scaling: str = option("none", "context rescaling: none | linear (PI) | ntk | yarn | dynamic", SCALINGS)
+        factor: float = option(1.0, "rescaling factor (new length / native length)")
+        native_length: int | None = option(None, "the length the positions were trained on; default: the model's")
+        beta_fast: float = option(32.0, "YaRN: high-frequency boundary (rotations)")
+        beta_slow: float = option(1.0, "YaRN: low-frequency boundary (rotations)")
+        attention_factor: float | None = option(None, "YaRN: attention temperature; default 0.1*ln(factor)+1")
+
+    @classmethod
+    def resolve_defaults(cls, spec, opts):
+        native = spec.native_rope or {}
+        if opts.theta is None:
+            opts.theta = float(native.get("theta", 10000.0))
+        if opts.fraction is None:
+            opts.fraction = float(native.get("fraction", 1.0))
+        if opts.native_length is None:
+            opts.native_length = spec.native_length
+        if not 0 < opts.fraction <= 1:
+            raise OptionError(f"option 'fraction' of scheme 'rope' must be in (0, 1]; got {opts.fraction}")
+        if int(spec.head_dim * opts.fraction) % 2:
+            raise OptionError(f"rope: {opts.fraction} x head_dim {spec.head_dim} must give an even number of dims")
+        if opts.theta <= 0 or opts.native_length <= 0:
+            raise OptionError("rope: theta and native_length must be positive")
+        if opts.scaling == "none" and opts.factor != 1.0:
+            raise OptionError("rope: factor != 1 needs a scaling (linear, ntk, yarn or dynamic)")
+        if opts.scaling != "none" and opts.factor < 1.0:
+            raise OptionError(f"rope: factor must be >= 1; got {opts.factor}")
+        return opts
+
+    def __init__(self, spec: ModelSpec, options):
+        super().__init__(spec, options)
+        self.rot_dim = int(spec.head_dim * options.fraction)
+        inv_freq, self.attention_scaling = self._init_frequencies(spec, options)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def _init_frequencies(self, spec, o) -> tuple[torch.Tensor, float]:
+        native = spec.native_rope or {}
+        same_base = o.theta == native.get("theta") and o.fraction == native.get("fraction")
+        if o.scaling == "none" and same_base and "inv_freq" in native:
+            # keep the model's own frequencies exactly (including llama3/longrope-style native scaling)
+            return native["inv_freq"].clone(), float(native.get("attention_scaling", 1.0))
+        if native.get("rope_type", "default") not in ("default", None) and same_base:
+            log.warning("rope: the model's native %r scaling is replaced by %r", native["rope_type"], o.scaling)
+        if o.scaling in ("none", "ntk"):
+            theta = o.theta * (o.factor ** (self.rot_dim / (self.rot_dim - 2)) if o.scaling == "ntk" else 1.0)
+            return 1.0 / theta ** (torch.arange(0, self.rot_dim, 2, dtype=torch.float32) / self.rot_dim), 1.0
+        if o.scaling == "dynamic":  # frequencies depend on the current length: see _frequencies
+            return self._dynamic(o.native_length)
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        cfg = _rope_config(self.spec, o.scaling, o.theta, o.fraction, o.factor, o.native_length, o)
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[o.scaling](cfg, None)
+        return inv_freq, float(scale)
+
+    def _dynamic(self, seq_len: int) -> tuple[torch.Tensor, float]:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        o = self.options
+        cfg = _rope_config(self.spec, "dynamic", o.theta, o.fraction, o.factor, o.native_length, o)
+        inv_freq, scale = ROPE_INIT_FUNCTIONS["dynamic"](cfg, None, seq_len=seq_len)
+        return inv_freq, float(scale)
+
+    def frequencies(self, seq_len: int, device) -> torch.Tensor:
+        """Inverse frequencies for a sequence of ``seq_len`` keys (only dynamic scaling depends on it)."""
+        if self.options.scaling == "dynamic" and seq_len > self.options.native_length:
+            return self._dynamic(seq_len)[0].to(device)
+        return self.inv_freq.to(device)
+
+    def cos_sin(self, pos: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape (T, rot_dim) in fp32 for positions ``pos`` (T,)."""
+        freqs = pos.to(torch.float32)[:, None] * self.frequencies(seq_len, pos.device)[None, :]  # (T, rot/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    def rotate(self, layer, x, pos, seq_len: int | None = None):
+        # x (B, H, T, D); pos (T,)
+        cos, sin = self.cos_sin(pos, seq_len or int(pos.max()) + 1)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
+        xr = xr * cos + rotate_half(xr) * sin
+        return torch.cat((xr, xp), dim=-1) if xp.shape[-1] else xr
