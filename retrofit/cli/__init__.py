@@ -25,6 +25,7 @@ from ..errors import RetrofitError
 COMMANDS = [
     ("convert", "convert"),
     ("describe", "describe"),
+    ("finetune", "finetune"),
 ]
 
 

@@ -1,0 +1,74 @@
+"""Built-in model names a recipe may use instead of a Hub id or path.
+
+- ``tiny-gpt2``: a 2-layer, 64-wide GPT-2 (native length 64) with random weights (seed 0) and a
+  byte-level tokenizer (256 bytes + ``<|endoftext|>``). Built offline on first use in
+  ``$RETROFIT_CACHE/tiny-gpt2`` (default ``~/.cache/retrofit``). CI and the ``tiny-*`` recipes use it.
+- ``smollm2``: the SmolLM2 GGUF that ``retrofit.assets.smollm2_gguf()`` provides.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+TINY_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=257, bos_token_id=256, eos_token_id=256)
+EOS = "<|endoftext|>"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RETROFIT_CACHE", Path.home() / ".cache" / "retrofit")).expanduser()
+
+
+def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """Map a built-in name to (local path, gguf_file); anything else passes through."""
+    if name_or_path == "tiny-gpt2":
+        return str(tiny_gpt2()), gguf_file
+    if name_or_path == "smollm2":
+        from .. import assets
+
+        p = Path(assets.smollm2_gguf())
+        return (str(p.parent), p.name) if p.is_file() else (str(p), gguf_file)
+    return name_or_path, gguf_file
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer that needs no download and no training: every byte is a token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab[EOS] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS, pad_token=EOS)
+
+
+def tiny_gpt2(path: Path | None = None) -> Path:
+    """Build (once) and return the tiny GPT-2 directory. Safe when several processes race."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = Path(path) if path else cache_dir() / "tiny-gpt2"
+    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-gpt2-", dir=path.parent))
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = GPT2LMHeadModel(GPT2Config(**TINY_GPT2))
+        model.save_pretrained(tmp)
+        byte_tokenizer().save_pretrained(tmp)
+        try:
+            os.replace(tmp, path)
+        except OSError:  # another process finished first
+            if not (path / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

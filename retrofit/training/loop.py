@@ -1,0 +1,415 @@
+"""The one fine-tune loop, in the canonical Accelerate shape.
+
+``finetune(recipe)`` runs unchanged in one process or under ``accelerate launch`` (DDP, FSDP,
+DeepSpeed; CPU processes over gloo). Order of work:
+
+1. validate the recipe, resolve the documents (missing dataset/field fails here);
+2. load the model; keep a frozen copy as distillation teacher; convert; wrap (LoRA/full) --
+   unmatched LoRA targets fail here;
+3. tokenize and cut blocks -- a block length larger than the documents fails here;
+4. ``prepare``; resume (``load_state``) from the latest checkpoint when asked;
+5. train: ``accumulate`` / ``backward`` / clip / step, checkpoints with ``save_state``;
+6. write ``final/`` (merged, patched, through ``retrofit.save``) and ``adapter/`` (LoRA).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from .. import data as rdata
+from ..errors import LengthError
+from . import blocks as blk
+from . import model as mdl
+from .recipe import Recipe
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+
+
+class Progress:
+    """Loop state saved with every checkpoint (``register_for_checkpointing``)."""
+
+    def __init__(self):
+        self.step = 0
+        self.val_loss_before = None
+
+    def state_dict(self):
+        return {"step": self.step, "val_loss_before": self.val_loss_before}
+
+    def load_state_dict(self, state):
+        self.step, self.val_loss_before = state["step"], state["val_loss_before"]
+
+
+def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
+    """Fine-tune as a recipe (a YAML path, a dict or a Recipe) says; return the output folder.
+
+    ``overrides``: ``["train.steps=200", ...]`` applied on top (values parsed as YAML).
+    The merged, patched model is in ``<output_dir>/final`` (read it with ``retrofit.load``).
+    """
+    r = Recipe.coerce(recipe, overrides)
+    out = Path(r.output_dir)
+    acc = _accelerator(r)
+    from accelerate.utils import set_seed
+
+    set_seed(r.train.seed)
+    train_docs, val_docs = _documents(r)
+    with acc.main_process_first():
+        model, tok = mdl.load(r.model)
+    model.train()
+    native = mdl.native_length(model)
+    teacher = mdl.make_teacher(model) if r.train.objective != "lm" else None
+    mdl.convert(model, r.convert)
+    _check_lengths(r, model, native)
+    if r.train.gradient_checkpointing:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = mdl.make_trainable(model, r.train)
+    train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
+    if acc.is_main_process:
+        _write_run_info(r, out, model, train_set, val_set)
+    return _train(r, acc, model, tok, teacher, train_set, val_set, native)
+
+
+# ---- setup -------------------------------------------------------------------------------
+def _accelerator(r: Recipe):
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin
+
+    return Accelerator(
+        mixed_precision=None if r.train.mixed_precision == "no" else r.train.mixed_precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=r.train.gradient_accumulation_steps, sync_with_dataloader=False
+        ),
+        project_dir=r.output_dir,
+    )
+
+
+def _documents(r: Recipe):
+    docs = blk.load_recipe_documents(r.data)
+    return rdata.split_documents(docs, r.data.validation_fraction, seed=r.train.seed)
+
+
+def _check_lengths(r: Recipe, model, native: int | None) -> None:
+    """The block (plus the largest offset) must fit what the model accepts, fade included."""
+    import retrofit
+
+    pos = r.train.positions
+    need = r.data.block_length + pos.random_offset
+    if r.convert.scheme is not None:
+        retrofit.set_position_controls(model, offset=0, native_fade=1.0 if pos.native_fade_steps else 0.0)
+    limit = retrofit.describe(model).get("max_length")
+    if r.convert.scheme is not None:
+        retrofit.set_position_controls(model)
+    if limit is not None and need > limit:
+        why = " while the native mechanism fades out (train.positions.native_fade_steps)" if pos.native_fade_steps else ""
+        raise LengthError(
+            f"'data.block_length' = {r.data.block_length} (+ random_offset {pos.random_offset}) exceeds the "
+            f"{limit} positions the model accepts{why}"
+        )
+
+
+def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
+    d = r.data
+    train_ids = rdata.tokenize_documents(tok, train_docs)
+    train = blk.make_blocks(train_ids, d.block_length, d.packing)
+    blk.check_blocks(train, train_ids, d.block_length, d.packing, "training")
+    val = torch.empty(0, d.block_length, dtype=torch.long)
+    if val_docs:
+        val_ids = rdata.tokenize_documents(tok, val_docs)
+        val = blk.make_blocks(val_ids, d.block_length, d.packing)[: d.max_validation_blocks]
+        if not len(val):
+            log.warning("validation documents give no block of %d tokens; no validation loss", d.block_length)
+    need = r.train.batch_size * acc.num_processes
+    if len(train) < need:
+        raise LengthError(
+            f"only {len(train)} training blocks of 'data.block_length' = {d.block_length}; "
+            f"train.batch_size x processes needs {need}"
+        )
+    log.info("data: %d training blocks, %d validation blocks of %d tokens", len(train), len(val), d.block_length)
+    return train, val
+
+
+def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
+    import accelerate
+    import peft
+    import transformers
+
+    import retrofit
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.yaml").write_text(r.to_yaml())
+    versions = {
+        "retrofit": retrofit.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__, "peft": peft.__version__, "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    info = {
+        "versions": versions,
+        "trainable_parameters": trainable,
+        "total_parameters": sum(p.numel() for p in model.parameters()),
+        "train_blocks": len(train), "validation_blocks": len(val),
+        "train_fingerprint": rdata.fingerprint(train.flatten().tolist()),
+        "validation_fingerprint": rdata.fingerprint(val.flatten().tolist()),
+    }
+    (out / "versions.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+# ---- training ------------------------------------------------------------------------------
+def _train(r, acc, model, tok, teacher, train_set, val_set, native) -> Path:
+    from transformers import get_scheduler
+
+    t, out = r.train, Path(r.output_dir)
+    sampler = blk.EpochShuffle(len(train_set), t.seed)
+    train_loader = DataLoader(blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True)
+    val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size)
+    optimizer = torch.optim.AdamW(mdl.param_groups(model, t.weight_decay), lr=t.learning_rate)
+    scheduler = get_scheduler(  # AcceleratedScheduler steps once per process: scale like the HF examples
+        t.lr_scheduler, optimizer,
+        num_warmup_steps=t.warmup_steps * acc.num_processes, num_training_steps=t.steps * acc.num_processes,
+    )
+    model, optimizer, train_loader, val_loader, scheduler = acc.prepare(model, optimizer, train_loader, val_loader, scheduler)
+    if teacher is not None:
+        teacher.to(acc.device)
+    progress = Progress()
+    acc.register_for_checkpointing(progress)
+    _resume(r, acc, out)
+    if acc.is_main_process and progress.step:
+        _truncate_log(out, progress.step)
+    base = mdl.base_model(acc.unwrap_model(model))
+    window = min(r.data.block_length, native or r.data.block_length)
+
+    if progress.val_loss_before is None:
+        progress.val_loss_before = _evaluate(acc, model, val_loader, base, r)
+        _log(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
+    acc.step = progress.step * t.gradient_accumulation_steps
+    params = [p for p in model.parameters() if p.requires_grad]
+    tokens_per_step = t.batch_size * r.data.block_length * t.gradient_accumulation_steps * acc.num_processes
+    bar = _bar(acc, t.steps, progress.step)
+    start_step, t0, last = progress.step, time.perf_counter(), {}
+
+    while progress.step < t.steps:
+        where = blk.Position.of(acc.step, len(train_loader))
+        sampler.epoch = where.epoch
+        loader = acc.skip_first_batches(train_loader, where.skip) if where.skip else train_loader
+        for batch in loader:
+            _position_controls(base, r, progress.step)
+            with acc.accumulate(model):
+                loss, parts = _loss(model, teacher, batch, r, window)
+                acc.backward(loss)
+                if acc.sync_gradients:
+                    last["grad_norm"] = acc.clip_grad_norm_(params, t.max_grad_norm or float("inf"))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            if not acc.sync_gradients:
+                continue
+            progress.step += 1
+            rate = tokens_per_step * (progress.step - start_step) / (time.perf_counter() - t0)
+            _after_step(r, acc, out, model, val_loader, base, progress, loss, parts, last, scheduler, rate, bar)
+            if progress.step >= t.steps:
+                break
+    bar.close()
+    _position_controls(base, r, None)
+    elapsed = time.perf_counter() - t0
+    val_after = _evaluate(acc, model, val_loader, base, r)
+    _log(acc, out, {"step": progress.step, "val_loss": val_after})
+    if t.rank_checksums:
+        (out / "rank_checksums").mkdir(parents=True, exist_ok=True)
+        (out / "rank_checksums" / f"rank{acc.process_index}.txt").write_text(mdl.trainable_hash(base) + "\n")
+    _write_final(r, acc, model, tok)
+    if acc.is_main_process:
+        summary = {
+            "steps": progress.step, "resumed_from_step": start_step, "val_loss_before": progress.val_loss_before,
+            "val_loss_after": val_after, "train_seconds": round(elapsed, 3),
+            "tokens_per_s": round(tokens_per_step * (progress.step - start_step) / max(elapsed, 1e-9), 1),
+            "num_processes": acc.num_processes, "final": str(out / "final"),
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("done: val loss %.4f -> %.4f; %s", progress.val_loss_before or math.nan, val_after, out / "final")
+    acc.end_training()
+    return out
+
+
+def _after_step(r, acc, out, model, val_loader, base, progress, loss, parts, last, scheduler, rate, bar):
+    t, step = r.train, progress.step
+    if step % t.log_every == 0 or step == t.steps:
+        loss_v = acc.reduce(loss.detach(), "mean").item()
+        rec = {"step": step, "loss": loss_v, "lr": scheduler.get_last_lr()[0],
+               "grad_norm": float(last.get("grad_norm", math.nan)), "tokens_per_s": round(rate, 1)}
+        rec.update({k: acc.reduce(v.detach(), "mean").item() for k, v in parts.items()})
+        _log(acc, out, rec)
+        bar.set_postfix(loss=f"{loss_v:.3f}", tok_s=f"{rate:,.0f}")
+    bar.update(1)
+    if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+        _log(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
+    if r.checkpoint.every and step % r.checkpoint.every == 0:
+        _save_checkpoint(acc, out, step, r.checkpoint.keep_last)
+
+
+def _loss(model, teacher, batch, r, window):
+    """(loss, {part: value}) for the recipe's objective."""
+    t = r.train
+    if t.objective == "distill":
+        batch = batch[:, :window]
+    labels = batch if t.objective != "distill" else None
+    outputs = model(input_ids=batch, labels=labels)
+    if teacher is None:
+        return outputs.loss, {}
+    with torch.no_grad():
+        teacher_logits = teacher(input_ids=batch[:, :window]).logits
+    kd = _kl(outputs.logits[:, :window], teacher_logits, t.temperature)
+    if t.objective == "distill":
+        return kd, {"distill_loss": kd}
+    return outputs.loss + t.distill_weight * kd, {"lm_loss": outputs.loss, "distill_loss": kd}
+
+
+def _kl(student_logits, teacher_logits, temperature: float):
+    """KL(teacher || student) per token, summed over the vocabulary, averaged over tokens, x T^2."""
+    s = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    p = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    return (p.exp() * (p - s)).sum(-1).mean() * temperature**2
+
+
+def _position_controls(base, r, step: int | None) -> None:
+    """Random offset and native fade for this step; ``step=None`` resets both."""
+    import retrofit
+
+    pos = r.train.positions
+    if not (pos.random_offset or pos.native_fade_steps):
+        return
+    if step is None:
+        retrofit.set_position_controls(base)
+        return
+    offset = random.Random(r.train.seed * 1_000_003 + step).randint(0, pos.random_offset) if pos.random_offset else 0
+    fade = max(0.0, 1.0 - step / pos.native_fade_steps) if pos.native_fade_steps else 0.0
+    retrofit.set_position_controls(base, offset=offset, native_fade=fade)
+
+
+@torch.no_grad()
+def _evaluate(acc, model, loader, base, r) -> float | None:
+    """Mean per-block next-token loss over the validation blocks (all processes, no duplicates)."""
+    if len(loader.dataset) == 0:
+        return None
+    _position_controls(base, r, None)
+    model.eval()
+    losses = []
+    for batch in loader:
+        logits = model(input_ids=batch).logits[:, :-1].float()
+        per = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none").mean(1)
+        losses.append(acc.gather_for_metrics(per))
+    model.train()
+    return torch.cat(losses).mean().item()
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+def _checkpoints(out: Path) -> list[Path]:
+    d = out / CHECKPOINTS
+    return sorted(p for p in d.glob("step_*") if p.is_dir()) if d.is_dir() else []
+
+
+def _save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
+    """save_state into a hidden folder, then rename: a kill mid-save never leaves a torn checkpoint."""
+    final = out / CHECKPOINTS / f"step_{step:08d}"
+    tmp = out / CHECKPOINTS / f".tmp_step_{step:08d}"
+    if acc.is_main_process:
+        tmp.mkdir(parents=True, exist_ok=True)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in _checkpoints(out)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+
+
+def _resume(r: Recipe, acc, out: Path) -> None:
+    mode = r.checkpoint.resume
+    if acc.is_main_process:
+        for tmp in (out / CHECKPOINTS).glob(".tmp_step_*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if mode == "never":
+        if acc.is_main_process and _checkpoints(out):
+            log.warning("checkpoint.resume is never: removing old checkpoints in %s", out / CHECKPOINTS)
+            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+            (out / "log.jsonl").unlink(missing_ok=True)
+        acc.wait_for_everyone()
+        return
+    path = Path(mode) if mode != "auto" else (_checkpoints(out) or [None])[-1]
+    acc.wait_for_everyone()
+    if path is None:
+        if acc.is_main_process:
+            (out / "log.jsonl").unlink(missing_ok=True)
+        return
+    log.info("resuming from %s", path)
+    acc.load_state(str(path))
+
+
+def _truncate_log(out: Path, step: int) -> None:
+    """Drop log records written after the checkpoint we resume from (the killed run's tail)."""
+    p = out / "log.jsonl"
+    if not p.is_file():
+        return
+    keep = [line for line in p.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    p.write_text("".join(line + "\n" for line in keep))
+
+
+# ---- output --------------------------------------------------------------------------------
+def _log(acc, out: Path, record: dict) -> None:
+    if not acc.is_main_process:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    record = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in record.items()}
+    with open(out / "log.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    log.debug("%s", record)
+
+
+def _bar(acc, total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not acc.is_local_main_process, desc="finetune",
+                unit="step", dynamic_ncols=True)
+
+
+def _write_final(r: Recipe, acc, model, tok) -> None:
+    """adapter/ (LoRA) and final/ (merged, patched) through retrofit.save, from the main process."""
+    import retrofit
+    from accelerate.utils import DistributedType
+
+    out = Path(r.output_dir)
+    sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    state = acc.get_state_dict(model) if sharded else None  # collective: every process takes part
+    if acc.is_main_process:
+        unwrapped = _rebuilt(r, state) if sharded else acc.unwrap_model(model)
+        unwrapped.eval()
+        if r.train.method == "lora":
+            unwrapped.save_pretrained(out / "adapter")
+            tok.save_pretrained(out / "adapter")
+            unwrapped = unwrapped.merge_and_unload()
+        retrofit.save(unwrapped, out / "final", tokenizer=tok)
+    acc.wait_for_everyone()
+
+
+def _rebuilt(r: Recipe, state: dict):
+    """A fresh (converted, wrapped) model holding the gathered weights of a sharded run."""
+    model, _ = mdl.load(r.model)
+    mdl.convert(model, r.convert)
+    model = mdl.make_trainable(model, r.train)
+    model.load_state_dict(state)
+    return model

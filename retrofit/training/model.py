@@ -1,0 +1,160 @@
+"""Model side of a fine-tune: load, keep a teacher, convert, choose what trains (LoRA or full)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from torch import nn
+
+from ..errors import RecipeError
+from . import builtin
+
+log = logging.getLogger(__name__)
+
+POSITIONS_MODULE = "retrofit_positions"
+
+# LoRA targets per model_type (suffix match on module names). Anything else: "all-linear".
+LORA_TARGETS = {
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+    "gpt_neo": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "opt": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "gptj": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "gpt_neox": ["query_key_value", "dense"],
+    "bloom": ["query_key_value", "dense"],
+    "falcon": ["query_key_value", "dense"],
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "gemma": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "phi3": ["qkv_proj", "o_proj"],
+}
+FAN_IN_FAN_OUT = {"gpt2"}  # HF Conv1D layers store weights transposed
+
+
+def load(model_cfg):
+    """(model, tokenizer) through retrofit.load_model, built-in names resolved first."""
+    import retrofit
+
+    name, gguf = builtin.resolve(model_cfg.name_or_path, model_cfg.gguf_file)
+    model, tok = retrofit.load_model(name, gguf_file=gguf, dtype=model_cfg.dtype)
+    if tok is None:
+        raise RecipeError(f"'model.name_or_path' = {model_cfg.name_or_path!r} has no tokenizer; fine-tuning needs one")
+    return model, tok
+
+
+def native_length(model) -> int | None:
+    import retrofit
+
+    return retrofit.describe(model).get("native", {}).get("length")
+
+
+def make_teacher(model) -> nn.Module:
+    """A frozen copy of the unconverted model (for the distill objective)."""
+    teacher = copy.deepcopy(model).eval()
+    teacher.requires_grad_(False)
+    return teacher
+
+
+def convert(model, convert_cfg):
+    import retrofit
+
+    if convert_cfg.scheme is None:
+        return model
+    frozen_before = {n for n, p in model.named_parameters() if not p.requires_grad}
+    retrofit.convert(model, convert_cfg.scheme, **convert_cfg.options)
+    model._retrofit_core_frozen = {n for n, p in model.named_parameters() if not p.requires_grad} - frozen_before
+    return model
+
+
+def positions_parameters(model) -> int:
+    mod = getattr(model, POSITIONS_MODULE, None)
+    return sum(p.numel() for p in mod.parameters()) if mod is not None else 0
+
+
+def lora_targets(model, lora_cfg) -> list[str] | str:
+    targets = lora_cfg.target_modules
+    if targets is None:
+        targets = LORA_TARGETS.get(model.config.model_type, "all-linear")
+    if isinstance(targets, str) and targets != "all-linear":
+        targets = [targets]
+    if isinstance(targets, list):
+        names = [n for n, m in model.named_modules() if not list(m.children())]
+        unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+        if unmatched:
+            raise RecipeError(
+                f"'train.lora.target_modules': {', '.join(map(repr, unmatched))} match no module of "
+                f"{model.config.model_type}; leaf modules end with e.g. "
+                f"{', '.join(sorted({n.rsplit('.', 1)[-1] for n in names})[:12])}"
+            )
+    return targets
+
+
+def extra_trainable(model, train_cfg) -> list[str]:
+    """Module names trained in full next to LoRA: the new position parameters, norms, embeddings."""
+    names = []
+    if positions_parameters(model):
+        names.append(POSITIONS_MODULE)
+    if train_cfg.train_norms:
+        names += [n for n, m in model.named_modules() if _is_norm(m)]
+    if train_cfg.train_embeddings:
+        emb = model.get_input_embeddings()
+        names += [n for n, m in model.named_modules() if m is emb]
+    return names
+
+
+def _is_norm(m: nn.Module) -> bool:
+    name = type(m).__name__
+    return isinstance(m, (nn.LayerNorm, nn.GroupNorm)) or name.endswith("Norm") or "RMSNorm" in name or "LayerNorm" in name
+
+
+def make_trainable(model, train_cfg):
+    """Wrap with PEFT LoRA (method: lora) or unfreeze everything but what the core froze (full)."""
+    if train_cfg.method == "full":
+        keep_frozen = getattr(model, "_retrofit_core_frozen", set())
+        for n, p in model.named_parameters():
+            p.requires_grad_(n not in keep_frozen)
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    cfg = train_cfg.lora
+    extra = extra_trainable(model, train_cfg)
+    lcfg = LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=lora_targets(model, cfg),
+        modules_to_save=extra or None,
+        fan_in_fan_out=model.config.model_type in FAN_IN_FAN_OUT,
+        ensure_weight_tying=bool(train_cfg.train_embeddings and getattr(model.config, "tie_word_embeddings", False)),
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, lcfg)
+    return peft_model
+
+
+def base_model(model):
+    """The transformers model under PEFT (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def param_groups(model, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 and POSITIONS_MODULE not in n and "norm" not in n.lower() else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def trainable_hash(model) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for n, p in sorted(model.named_parameters()):
+        if p.requires_grad:
+            h.update(n.encode())
+            h.update(p.detach().to(torch.float32).cpu().numpy().tobytes())
+    return h.hexdigest()

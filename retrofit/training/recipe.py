@@ -1,0 +1,397 @@
+"""The fine-tune recipe: a typed, validated schema read from YAML.
+
+Every key is a dataclass field with ``metadata={"help": ...}``; ``retrofit finetune --help``
+prints them all. Loading is strict: an unknown key, a missing required key or a value of the
+wrong type raises :class:`~retrofit.errors.RecipeError` naming the key (``train.steps``).
+
+    recipe = Recipe.from_yaml("recipes/gpt2-alibi-lora.yaml", overrides=["train.steps=200"])
+
+Overrides are ``dotted.key=value`` with the value parsed as a YAML scalar (``200`` is an int,
+``[a, b]`` a list, ``null`` None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from ..errors import RecipeError
+
+MISSING = dataclasses.MISSING
+
+
+def _help(text: str, default=MISSING, factory=MISSING):
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: Optional[str] = _help(
+        "Model to fine-tune: a Hub id, a local directory, a retrofit checkpoint, or a built-in name: "
+        "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI) "
+        "or 'smollm2' (the bundled SmolLM2 GGUF, via retrofit.assets). Required.",
+        None,
+    )
+    gguf_file: Optional[str] = _help("GGUF file name inside name_or_path (a GGUF checkpoint is dequantized).", None)
+    dtype: Optional[Literal["float32", "bfloat16", "float16", "auto"]] = _help(
+        "Weight dtype when loading (null = the library default, float32).", None
+    )
+
+
+@dataclass
+class ConvertConfig:
+    scheme: Optional[str] = _help(
+        "Positional scheme to convert to (see `retrofit describe --list`): alibi, rope, t5, nope, ... "
+        "null fine-tunes the model unconverted (the baseline).",
+        None,
+    )
+    options: dict = _help("Scheme options passed to retrofit.convert (e.g. {theta: 10000, scaling: yarn}).", factory=dict)
+
+
+@dataclass
+class DataConfig:
+    dataset: Optional[str] = _help(
+        "A datasets Hub name (with config/split/text_field below), or a built-in source: "
+        "'stdlib' (this Python's standard-library sources) or 'shakespeare[:train|:heldout]'. "
+        "Exactly one of dataset and files.",
+        None,
+    )
+    config: Optional[str] = _help("Hub dataset config name.", None)
+    split: str = _help("Hub dataset split.", "train")
+    text_field: str = _help("Hub dataset column holding the text.", "text")
+    files: Optional[Union[str, list]] = _help(
+        "Local text files, directories or globs (a string or a list), relative to the working directory.", None
+    )
+    max_documents: Optional[int] = _help("Use only the first N documents (null = all).", None)
+    block_length: int = _help("Training block length in tokens (may exceed the model's native length).", 1024)
+    packing: bool = _help(
+        "true: concatenate documents (EOS between them) and cut into blocks; "
+        "false: cut each document into its own blocks (shorter remainders dropped).",
+        True,
+    )
+    validation_fraction: float = _help("Fraction of documents held out (whole documents) for validation loss.", 0.05)
+    max_validation_blocks: int = _help("At most this many validation blocks are scored at each evaluation.", 32)
+
+
+@dataclass
+class LoraSettings:
+    r: int = _help("LoRA rank.", 8)
+    alpha: float = _help("LoRA alpha (scale = alpha / r).", 16.0)
+    dropout: float = _help("LoRA dropout.", 0.05)
+    target_modules: Optional[Union[str, list]] = _help(
+        "Module names to adapt (suffix match, a list), or 'all-linear'. null = the per-architecture default "
+        "(gpt2: c_attn, c_proj, c_fc; llama-like: q/k/v/o_proj; opt, gpt_neo: q/k/v/out_proj, ...).",
+        None,
+    )
+
+
+@dataclass
+class PositionsConfig:
+    random_offset: int = _help(
+        "Random start offsets: each step draws k in [0, random_offset] and trains on positions k..k+L "
+        "(absolute/rotary schemes; randomized positional encodings). 0 = off.",
+        0,
+    )
+    native_fade_steps: int = _help(
+        "Fade the native positional mechanism out over the first N steps (mix 1 - step/N of it back in) "
+        "instead of dropping it at once. 0 = off.",
+        0,
+    )
+
+
+@dataclass
+class TrainConfig:
+    method: Literal["lora", "full"] = _help("lora: PEFT LoRA adapters; full: every weight.", "lora")
+    objective: Literal["lm", "distill", "both"] = _help(
+        "lm: next-token loss; distill: KL to the unconverted original on native-length windows; "
+        "both: lm + distill_weight * distill.",
+        "lm",
+    )
+    distill_weight: float = _help("Weight of the distillation term when objective is both.", 1.0)
+    temperature: float = _help("Distillation softmax temperature.", 1.0)
+    lora: LoraSettings = _help("LoRA settings (method: lora).", factory=LoraSettings)
+    train_norms: bool = _help("Also train normalization layers (LongLoRA found this matters).", False)
+    train_embeddings: bool = _help("Also train the input token embeddings.", False)
+    steps: int = _help("Optimizer steps.", 100)
+    batch_size: int = _help("Blocks per process per micro-batch.", 1)
+    gradient_accumulation_steps: int = _help("Micro-batches per optimizer step.", 1)
+    learning_rate: float = _help("Peak learning rate.", 2e-4)
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = _help(
+        "Learning-rate schedule after warmup.", "cosine"
+    )
+    warmup_steps: int = _help("Linear warmup steps.", 10)
+    weight_decay: float = _help("AdamW weight decay (matrices only; not biases, norms or position tables).", 0.0)
+    max_grad_norm: float = _help("Gradient clipping norm (0 = no clipping; the norm is still logged).", 1.0)
+    mixed_precision: Literal["no", "bf16", "fp16"] = _help(
+        "Accelerate mixed precision (an accelerate launch config may also set it).", "no"
+    )
+    gradient_checkpointing: bool = _help("Recompute activations in backward to save memory.", False)
+    seed: int = _help("Seed for initialization, data order, dropout and position offsets.", 0)
+    eval_every: int = _help("Validation loss every N steps (0 = only before and after training).", 0)
+    log_every: int = _help("Write a log.jsonl record every N steps.", 1)
+    positions: PositionsConfig = _help("Position augmentation during fine-tuning.", factory=PositionsConfig)
+    rank_checksums: bool = _help(
+        "Debug: every process writes a hash of its trained weights to rank_checksums/ (multi-process checks).", False
+    )
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = _help("Save a resumable checkpoint (accelerate save_state) every N steps (0 = never).", 0)
+    keep_last: int = _help("Keep only the last K checkpoints.", 2)
+    resume: str = _help(
+        "auto: resume from the latest checkpoint in output_dir/checkpoints if any; never: start fresh "
+        "(stale checkpoints are removed); or a checkpoint directory.",
+        "auto",
+    )
+
+
+@dataclass
+class Recipe:
+    model: ModelConfig = _help("The pretrained model.", factory=ModelConfig)
+    convert: ConvertConfig = _help("The positional conversion applied before training.", factory=ConvertConfig)
+    data: DataConfig = _help("Training and validation text.", factory=DataConfig)
+    train: TrainConfig = _help("Optimization.", factory=TrainConfig)
+    checkpoint: CheckpointConfig = _help("Resumable checkpoints.", factory=CheckpointConfig)
+    output_dir: Optional[str] = _help(
+        "Output folder: final/ (merged, patched checkpoint), adapter/ (LoRA only), checkpoints/, log.jsonl, "
+        "recipe.yaml (resolved), versions.json, summary.json. Required.",
+        None,
+    )
+
+    # ---- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict, overrides: list[str] | dict | None = None) -> "Recipe":
+        raw = _deepcopy(raw or {})
+        if not isinstance(raw, dict):
+            raise RecipeError(f"a recipe must be a mapping of keys, got {type(raw).__name__}")
+        for key, value in _parse_overrides(overrides).items():
+            _set_dotted(raw, key, value)
+        recipe = _build(cls, raw, prefix="")
+        recipe.validate()
+        return recipe
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | dict | None = None) -> "Recipe":
+        path = Path(path)
+        if not path.is_file():
+            raise RecipeError(f"recipe file {str(path)!r} not found")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"recipe {path} is not valid YAML: {e}") from e
+        return cls.from_dict(raw, overrides)
+
+    @classmethod
+    def coerce(cls, recipe: "Recipe | dict | str | Path", overrides=None) -> "Recipe":
+        if isinstance(recipe, Recipe):
+            return cls.from_dict(recipe.to_dict(), overrides)
+        if isinstance(recipe, dict):
+            return cls.from_dict(recipe, overrides)
+        if isinstance(recipe, (str, Path)):
+            return cls.from_yaml(recipe, overrides)
+        raise RecipeError(f"expected a recipe, a dict or a YAML path, got {type(recipe).__name__}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    # ---- checks that involve more than one key ----------------------------------------------
+    def validate(self) -> None:
+        m, d, t, c = self.model, self.data, self.train, self.checkpoint
+        if not m.name_or_path:
+            raise RecipeError("missing required key 'model.name_or_path'")
+        if not self.output_dir:
+            raise RecipeError("missing required key 'output_dir'")
+        if (d.dataset is None) == (d.files is None):
+            raise RecipeError("set exactly one of 'data.dataset' and 'data.files'")
+        if isinstance(d.files, list) and not all(isinstance(f, str) and f for f in d.files):
+            raise RecipeError("'data.files' must be a string or a list of non-empty strings")
+        if isinstance(t.lora.target_modules, list) and not all(isinstance(x, str) for x in t.lora.target_modules):
+            raise RecipeError("'train.lora.target_modules' must be a string or a list of strings")
+        _positive("train.steps", t.steps)
+        _positive("train.batch_size", t.batch_size)
+        _positive("train.gradient_accumulation_steps", t.gradient_accumulation_steps)
+        _positive("train.lora.r", t.lora.r)
+        _positive("train.log_every", t.log_every)
+        _positive("checkpoint.keep_last", c.keep_last)
+        _positive("data.max_validation_blocks", d.max_validation_blocks)
+        if d.max_documents is not None:
+            _positive("data.max_documents", d.max_documents)
+        if d.block_length < 2:
+            raise RecipeError(f"'data.block_length' must be >= 2, got {d.block_length}")
+        for key, v in [
+            ("train.warmup_steps", t.warmup_steps),
+            ("train.eval_every", t.eval_every),
+            ("checkpoint.every", c.every),
+            ("train.positions.random_offset", t.positions.random_offset),
+            ("train.positions.native_fade_steps", t.positions.native_fade_steps),
+            ("train.weight_decay", t.weight_decay),
+            ("train.max_grad_norm", t.max_grad_norm),
+            ("train.distill_weight", t.distill_weight),
+        ]:
+            if v < 0:
+                raise RecipeError(f"'{key}' must be >= 0, got {v}")
+        if not 0 <= d.validation_fraction < 1:
+            raise RecipeError(f"'data.validation_fraction' must be in [0, 1), got {d.validation_fraction}")
+        if not 0 <= t.lora.dropout < 1:
+            raise RecipeError(f"'train.lora.dropout' must be in [0, 1), got {t.lora.dropout}")
+        if t.learning_rate <= 0:
+            raise RecipeError(f"'train.learning_rate' must be > 0, got {t.learning_rate}")
+        if t.temperature <= 0:
+            raise RecipeError(f"'train.temperature' must be > 0, got {t.temperature}")
+        if self.convert.scheme is None:
+            if t.objective != "lm":
+                raise RecipeError(f"'train.objective: {t.objective}' needs 'convert.scheme' (the teacher is the unconverted model)")
+            if t.positions.random_offset or t.positions.native_fade_steps:
+                raise RecipeError("'train.positions' needs 'convert.scheme' (position controls act on a converted model)")
+        if c.resume not in ("auto", "never") and not Path(c.resume).is_dir():
+            raise RecipeError(f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none")
+
+
+# ---- schema walking (used by --help) -------------------------------------------------------
+def iter_keys(cls=Recipe, prefix: str = ""):
+    """Yield (dotted key, type string, default, help) for every leaf key of the schema."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from iter_keys(tp, key + ".")
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        yield key, _type_name(tp), default, f.metadata.get("help", "")
+
+
+def _type_name(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(str(a) for a in typing.get_args(tp))
+    if origin is Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        name = " | ".join(_type_name(a) for a in args)
+        return name + (" | null" if type(None) in typing.get_args(tp) else "")
+    return getattr(tp, "__name__", str(tp))
+
+
+# ---- strict construction -------------------------------------------------------------------
+def _build(cls, raw: Any, prefix: str):
+    where = prefix.rstrip(".") or "recipe"
+    if not isinstance(raw, dict):
+        raise RecipeError(f"'{where}' must be a mapping, got {type(raw).__name__} ({raw!r})")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(prefix + n for n in names)}"
+            raise RecipeError(f"unknown recipe key '{prefix}{key}'{hint}")
+    kwargs = {}
+    for name in names:
+        if name in raw:
+            kwargs[name] = _coerce(raw[name], hints[name], prefix + name)
+    return cls(**kwargs)
+
+
+def _coerce(value, tp, key: str):
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, {} if value is None else value, key + ".")
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, key)
+            except RecipeError as e:
+                errors.append(e)
+        raise RecipeError(f"'{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})")
+    if origin is Literal:
+        if value is False and "no" in args:  # YAML 1.1 reads a bare `no` as false
+            value = "no"
+        if value not in args:
+            raise RecipeError(f"'{key}' must be one of {', '.join(map(str, args))}; got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecipeError(f"'{key}' must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecipeError(f"'{key}' must be an integer, got {type(value).__name__} ({value!r})")
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 2e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecipeError(f"'{key}' must be a number, got {type(value).__name__} ({value!r})")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise RecipeError(f"'{key}' must be a string, got {type(value).__name__} ({value!r})")
+        return value
+    if tp in (list, dict):
+        if not isinstance(value, tp):
+            raise RecipeError(f"'{key}' must be a {tp.__name__}, got {type(value).__name__} ({value!r})")
+        return _deepcopy(value)
+    raise TypeError(f"recipe schema: unsupported type {tp} for {key}")  # a bug in this file
+
+
+def _positive(key: str, value: int) -> None:
+    if value <= 0:
+        raise RecipeError(f"'{key}' must be > 0, got {value}")
+
+
+def _parse_overrides(overrides) -> dict:
+    if not overrides:
+        return {}
+    if isinstance(overrides, dict):
+        return dict(overrides)
+    out = {}
+    for item in overrides:
+        if "=" not in item:
+            raise RecipeError(f"override {item!r} must look like key.path=value")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise RecipeError(f"override {item!r} has an empty key")
+        try:
+            out[key] = yaml.safe_load(value) if value.strip() != "" else ""
+        except yaml.YAMLError as e:
+            raise RecipeError(f"override {item!r}: value is not a YAML scalar: {e}") from e
+    return out
+
+
+def _set_dotted(raw: dict, key: str, value) -> None:
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise RecipeError(f"cannot set '{key}': '{'.'.join(parts[: i + 1])}' is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def _deepcopy(x):
+    import copy
+
+    return copy.deepcopy(x)
