@@ -26,6 +26,7 @@ COMMANDS = [
     ("convert", "convert"),
     ("describe", "describe"),
     ("finetune", "finetune"),
+    ("eval", "eval"),
 ]
 
 

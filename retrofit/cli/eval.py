@@ -1,0 +1,95 @@
+"""``retrofit eval MODEL``: perplexity vs length with baselines, loss by position, passkey, cost."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..errors import OptionError
+
+log = logging.getLogger(__name__)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise OptionError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise OptionError(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a model past its native length (perplexity, passkey, cost) against baselines",
+        description="Score MODEL and every --baseline on exactly the same tokens at each length: non-overlapping "
+        "windows and sliding windows (stride --stride). A baseline past its own limit gets only the sliding row, "
+        "labelled as such. Writes report.json, report.md and plots to --out.",
+    )
+    p.add_argument("model", help="retrofit checkpoint, local folder, hub id, or a .gguf file")
+    p.add_argument("--lengths", required=True, help="comma-separated lengths, e.g. 1024,2048,4096")
+    p.add_argument("--data", default="stdlib",
+                   help="'stdlib', 'shakespeare[:heldout]', files/globs, or a datasets name[:config[:split[:field]]] "
+                   "(default: stdlib)")
+    p.add_argument("--baseline", action="append", default=[], metavar="MODEL",
+                   help="a model to score on the same tokens (repeatable)")
+    p.add_argument("--budget", type=int, default=65536, help="tokens scored per length (default 65536)")
+    p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256)")
+    p.add_argument("--no-sliding", action="store_true",
+                   help="skip sliding rows where a model runs the length plainly (baselines past their limit keep theirs)")
+    p.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default 1)")
+    p.add_argument("--buckets", type=int, default=32, help="position buckets for loss by position (default 32)")
+    p.add_argument("--passkey", action="store_true", help="also run passkey retrieval")
+    p.add_argument("--passkey-lengths", help="comma-separated (default: --lengths)")
+    p.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="comma-separated, in [0, 1]")
+    p.add_argument("--passkey-trials", type=int, default=5, help="trials per (length, depth) (default 5)")
+    p.add_argument("--seed", type=int, default=0, help="passkey seed (default 0)")
+    p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
+    p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
+    p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
+    p.add_argument("--no-plots", action="store_true", help="write report.json and report.md only")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=run)
+
+
+def default_out(model: str) -> Path:
+    p = Path(model)
+    if p.is_dir():
+        return p / "eval"
+    return Path("eval-" + p.name.replace(".gguf", "").replace("/", "-"))
+
+
+def run(args) -> int:
+    from ..evaluation import evaluate
+    from ..evaluation.markdown import ppl_table
+
+    report = evaluate(
+        args.model,
+        _ints(args.lengths, "--lengths"),
+        data=args.data,
+        baselines=args.baseline,
+        budget=args.budget,
+        stride=args.stride,
+        sliding=not args.no_sliding,
+        batch_size=args.batch_size,
+        position_buckets=args.buckets,
+        passkey=args.passkey,
+        passkey_lengths=_ints(args.passkey_lengths, "--passkey-lengths") if args.passkey_lengths else None,
+        passkey_depths=_floats(args.passkey_depths, "--passkey-depths"),
+        passkey_trials=args.passkey_trials,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        progress=not args.no_progress,
+    )
+    out = Path(args.out) if args.out else default_out(args.model)
+    report.save(out, plots=not args.no_plots)
+    print(ppl_table(report))
+    print(f"\nwrote {out / 'report.json'}, {out / 'report.md'}" + ("" if args.no_plots else " and plots"))
+    return 0

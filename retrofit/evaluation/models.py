@@ -1,0 +1,135 @@
+"""The models of one evaluation run: loading, naming, and what lengths each can run plainly."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import OptionError, RetrofitError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EvalModel:
+    """A model in the run. ``max_length`` None means no limit."""
+
+    name: str
+    role: str  # "converted" | "baseline"
+    model: Any
+    tokenizer: Any
+    info: dict = field(default_factory=dict)
+
+    @property
+    def max_length(self) -> int | None:
+        return self.info.get("max_length")
+
+
+def _load(name_or_path: str, *, device=None, dtype=None):
+    """``retrofit.load_model`` (hub id, folder, retrofit checkpoint, or a ``.gguf`` file path)."""
+    from ..io import load_model
+
+    gguf = name_or_path if name_or_path.endswith(".gguf") else None
+    return load_model(name_or_path, gguf_file=gguf, device=device, dtype=dtype)
+
+
+def native_length(config) -> int | None:
+    """Native max length from the config (``n_positions`` / ``max_position_embeddings``)."""
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length", "seq_length"):
+        v = getattr(config, attr, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def describe_model(model) -> dict:
+    """``retrofit.describe(model)``, or a minimal stand-in built from the config when that fails."""
+    try:
+        import retrofit
+
+        d = dict(retrofit.describe(model))
+        d.setdefault("source", "retrofit.describe")
+        return d
+    except RetrofitError as e:  # e.g. an architecture retrofit has no adapter for
+        log.info("retrofit.describe failed (%s); using the config's native length", e)
+    except (AttributeError, ImportError, ModuleNotFoundError, NotImplementedError) as e:
+        log.info("retrofit.describe unavailable (%s); using the config's native length", e)
+    cfg = model.config
+    length = native_length(cfg)
+    return {
+        "converted": False,
+        "scheme": None,
+        "options": {},
+        "model_type": getattr(cfg, "model_type", None),
+        "native": {"kind": None, "length": length},
+        "max_length": length,
+        "attention_path": None,
+        "source": "config",
+    }
+
+
+def model_name(model, fallback: str) -> str:
+    cfg = getattr(model, "config", None)
+    name = getattr(cfg, "_name_or_path", "") if cfg is not None else ""
+    return name or fallback
+
+
+def base_model_name(model) -> str | None:
+    """The pretrained model a retrofit checkpoint was converted from, when the config says so."""
+    block = getattr(model.config, "retrofit", None)
+    if isinstance(block, dict):
+        for key in ("base_model", "base", "source_model", "name_or_path"):
+            if block.get(key):
+                return str(block[key])
+    return None
+
+
+def resolve(spec, role: str, *, tokenizer=None, device=None, dtype=None, default_name: str) -> EvalModel:
+    """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel."""
+    if isinstance(spec, str):
+        model, tok = _load(spec, device=device, dtype=dtype)
+        name = spec
+    elif isinstance(spec, torch.nn.Module):
+        model, tok, name = spec, tokenizer, model_name(spec, default_name)
+    elif isinstance(spec, tuple) and len(spec) in (2, 3):
+        name, model, tok = spec if len(spec) == 3 else (model_name(spec[0], default_name), *spec)
+    else:
+        raise OptionError(f"cannot evaluate {type(spec).__name__}; pass a path, a hub id or an nn.Module")
+    if tok is None:
+        raise OptionError(f"model {name!r} needs a tokenizer (pass tokenizer=...)")
+    model.eval()
+    info = describe_model(model)
+    cfg_name = getattr(model.config, "_name_or_path", "") or None
+    info["base_model"] = base_model_name(model) or (cfg_name if cfg_name != name or not info.get("converted") else None)
+    info["parameters"] = sum(p.numel() for p in model.parameters())
+    info["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
+    return EvalModel(name=name, role=role, model=model, tokenizer=tok, info=info)
+
+
+def same_tokenizer(a, b, sample: str) -> bool:
+    """True when two tokenizers share vocabulary, EOS and the encoding of ``sample``."""
+    if a is b:
+        return True
+    try:
+        if a.get_vocab() != b.get_vocab():
+            return False
+    except (AttributeError, NotImplementedError):
+        pass
+    if getattr(a, "eos_token_id", None) != getattr(b, "eos_token_id", None):
+        return False
+    enc = lambda t: t(sample, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return enc(a) == enc(b)
+
+
+def check_tokenizers(models: list[EvalModel], sample: str) -> None:
+    """Refuse a baseline whose tokenizer differs from the converted model's (perplexities would not compare)."""
+    ref = models[0]
+    for m in models[1:]:
+        if not same_tokenizer(ref.tokenizer, m.tokenizer, sample):
+            raise OptionError(
+                f"baseline {m.name!r} uses a different tokenizer than {ref.name!r}; per-token perplexities "
+                "are not comparable, so it is refused (evaluate it in its own run)"
+            )

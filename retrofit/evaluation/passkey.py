@@ -1,0 +1,110 @@
+"""Passkey retrieval (Mohtashami & Jaggi, 2023): find a 5-digit key hidden in filler text.
+
+The prompt is built at the token level so that its length is exact:
+
+    <intro> <filler x k> The pass key is NNNNN. Remember it. <filler x (m - k)> <question>
+
+``k / m`` is the depth (0 = key first, 1 = key last). The model answers by greedy decoding, and
+the answer is right when the first 5-digit number in the continuation is the key.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+import torch
+
+INTRO = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there."
+)
+FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+KEY_LINE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+_FIVE_DIGITS = re.compile(r"(?<!\d)(\d{5})(?!\d)")
+
+
+@dataclass(frozen=True)
+class PasskeyPrompt:
+    ids: list[int]
+    key: str
+    depth: float
+    key_token_index: int  # where the key line starts, in tokens
+
+
+class PromptBuilder:
+    """Builds passkey prompts of an exact token length for one tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.intro = self._enc(INTRO)
+        self.filler = self._enc(FILLER)
+        self.question = self._enc(QUESTION)
+        bos = getattr(tokenizer, "bos_token_id", None)
+        self.prefix = [bos] if bos is not None and getattr(tokenizer, "add_bos_token", False) else []
+
+    def _enc(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def fixed_tokens(self, key: str = "00000") -> int:
+        """Tokens of everything except the filler."""
+        return len(self.prefix) + len(self.intro) + len(self._enc(KEY_LINE.format(key=key))) + len(self.question)
+
+    def build(self, length: int, depth: float, key: str) -> PasskeyPrompt:
+        """A prompt of at most ``length`` tokens (filler fills the rest, whole sentences, then single tokens)."""
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(f"depth must be in [0, 1], got {depth}")
+        key_ids = self._enc(KEY_LINE.format(key=key))
+        room = length - len(self.prefix) - len(self.intro) - len(key_ids) - len(self.question)
+        if room < 0:
+            raise ValueError(f"passkey prompt needs at least {length - room} tokens, got length {length}")
+        reps = room // len(self.filler) + 1
+        filler = (self.filler * reps)[:room]  # [room] token ids
+        cut = round(depth * room)
+        # put the key on a sentence boundary when the filler has one near the cut
+        cut = (cut // len(self.filler)) * len(self.filler) if room >= len(self.filler) and depth < 1.0 else cut
+        before = self.prefix + self.intro + filler[:cut]
+        ids = before + key_ids + filler[cut:] + self.question
+        return PasskeyPrompt(ids=ids, key=key, depth=depth, key_token_index=len(before))
+
+
+def make_keys(seed: int, n: int) -> list[str]:
+    """``n`` reproducible 5-digit keys (no leading zero)."""
+    rng = random.Random(seed)
+    return [str(rng.randint(10000, 99999)) for _ in range(n)]
+
+
+def grade(continuation: str, key: str) -> bool:
+    """True when the first 5-digit number in ``continuation`` is ``key``."""
+    m = _FIVE_DIGITS.search(continuation)
+    return bool(m) and m.group(1) == key
+
+
+def greedy_decode(model, ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
+    """Greedy continuation of ``ids``; uses the KV cache when the model returns one."""
+    dev = next(model.parameters()).device
+    x = torch.tensor([ids], device=dev)  # [1, T]
+    out_ids: list[int] = []
+    past = None
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            if past is not None:
+                out = model(input_ids=x[:, -1:], past_key_values=past, use_cache=True)
+            else:
+                out = model(input_ids=x, use_cache=True)
+            past = getattr(out, "past_key_values", None)
+            nxt = int(out.logits[0, -1].argmax())
+            out_ids.append(nxt)
+            if eos_token_id is not None and nxt == eos_token_id:
+                break
+            x = torch.cat([x, torch.tensor([[nxt]], device=dev)], dim=1)
+    return out_ids
+
+
+def run_trial(model, tokenizer, prompt: PasskeyPrompt, max_new_tokens: int = 8) -> dict:
+    """Decode one prompt; ``{"key", "answer", "correct"}``."""
+    new = greedy_decode(model, prompt.ids, max_new_tokens, getattr(tokenizer, "eos_token_id", None))
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    return {"key": prompt.key, "answer": text, "correct": grade(text, prompt.key)}
