@@ -33,18 +33,23 @@ _flex_fn = None
 _flex_error: str | None = None
 
 
-def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float) -> str:
-    """Which path runs. ``requested`` is the model's kernel option, overridden by the env var."""
+def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False) -> str:
+    """Which path runs. ``requested`` is the model's kernel option, overridden by the env var.
+    ``masked``: padding or a sliding window is present (CPU flex miscompiles those block masks
+    in torch 2.13's inductor, so on CPU they take the chunked path)."""
     requested = os.environ.get("RETROFIT_ATTENTION_PATH", requested)
     if requested not in KERNELS:
         raise ValueError(f"attention path must be one of {KERNELS}; got {requested!r}")
     if not has_bias or requested == "chunked" or dropout > 0:
         return "chunked"
     grad = torch.is_grad_enabled() and q.requires_grad
-    flex_ok = q.is_cuda or not grad  # CPU flex has no backward
+    flex_ok = q.is_cuda or not (grad or masked)  # CPU flex: no backward, no padded/windowed block masks
     if requested == "flex":
         if not flex_ok:
-            raise RuntimeError("flex attention on CPU has no backward; use kernel='chunked' or 'auto' for training")
+            raise RuntimeError("flex attention on CPU has no backward and cannot take padding or windows; "
+                               "use kernel='chunked' or 'auto'")
+        if not _flex_available():
+            raise RuntimeError(f"flex attention was requested but is unavailable: {_flex_error}")
         return "flex"
     if flex_ok and q.shape[-2] >= 128 and _flex_available():  # short/decoding queries: chunked is cheaper
         return "flex"
@@ -83,7 +88,7 @@ def attend(
     Returns (output (B, H, Tq, D), path name)."""
     if key_padding is not None and bool(key_padding.all()):
         key_padding = None
-    path = choose_path(kernel, q, bias is not None, dropout)
+    path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window))
     if path == "flex":
         return _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start), "flex"
     Tq, Tk = q.shape[-2], k.shape[-2]

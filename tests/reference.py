@@ -1,0 +1,87 @@
+"""A plain reference attention (full N x N scores, fp32) built from transformers' own oracles:
+BLOOM's ``build_alibi_tensor`` for ALiBi, LLaMA's ``apply_rotary_pos_emb`` and rotary module for RoPE.
+Registered as the attention implementation ``"retrofit_reference"``; it reads the same per-layer
+context as the real kernel, so a converted model can be run through it for comparison."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface, LlamaConfig
+from transformers.masking_utils import AttentionMaskInterface
+from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from retrofit.core import retrofit_mask
+
+
+def alibi_oracle_slopes(num_heads):
+    alibi = build_alibi_tensor(torch.ones(1, 2), num_heads, torch.float32)  # (H, 1, 2) = slope_h * [0, 1]
+    return alibi[:, 0, 1]
+
+
+def rope_oracle_cos_sin(scheme, positions):
+    o = scheme.options
+    rot = scheme.rot_dim
+    rope_type = {"none": "default", "ntk": "default"}.get(o.scaling, o.scaling)
+    theta = o.theta * (o.factor ** (rot / (rot - 2)) if o.scaling == "ntk" else 1.0)
+    params = {"rope_type": rope_type, "rope_theta": theta}
+    if rope_type != "default":
+        params["factor"] = o.factor
+    if rope_type == "yarn":
+        params.update(original_max_position_embeddings=o.native_length, beta_fast=o.beta_fast, beta_slow=o.beta_slow)
+    max_pos = int(o.native_length * o.factor) if rope_type in ("linear", "yarn") else o.native_length
+    cfg = LlamaConfig(hidden_size=rot * 4, num_attention_heads=4, head_dim=rot, max_position_embeddings=max_pos,
+                      rope_parameters=params)
+    rotary = LlamaRotaryEmbedding(cfg)
+    native = scheme.spec.native_rope
+    if o.scaling == "none" and native and o.theta == native["theta"] and o.fraction == native["fraction"]:
+        rotary.inv_freq = native["inv_freq"].clone()
+        rotary.attention_scaling = native["attention_scaling"]
+    x = torch.zeros(1, dtype=torch.float32)
+    return rotary(x, positions[None])  # (1, T, rot) each
+
+
+def _rope(scheme, q, k, q_pos, k_pos):
+    rot = scheme.rot_dim
+    cos_k, sin_k = rope_oracle_cos_sin(scheme, k_pos)
+    cos_q, sin_q = cos_k[:, -q.shape[-2]:], sin_k[:, -q.shape[-2]:]
+    qr, _ = apply_rotary_pos_emb(q[..., :rot], q[..., :rot], cos_q, sin_q)
+    kr, _ = apply_rotary_pos_emb(k[..., :rot], k[..., :rot], cos_k, sin_k)
+    return torch.cat([qr, q[..., rot:]], -1), torch.cat([kr, k[..., rot:]], -1)
+
+
+# scheme name -> bias(scheme, layer, i (Tq,1), j (1,Tk)) -> (H, Tq, Tk); extended by later schemes
+REFERENCE_BIAS = {
+    "alibi": lambda s, layer, i, j: alibi_oracle_slopes(s.spec.num_heads)[:, None, None] * (j - i).float(),
+}
+
+
+def reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    ctx = module._retrofit_layer
+    scheme = ctx.state.scheme()
+    B, H, Tq, D = query.shape
+    Tk = key.shape[-2]
+    key = key.repeat_interleave(H // key.shape[1], 1).float()
+    value = value.repeat_interleave(H // value.shape[1], 1).float()
+    query = query.float()
+    i = torch.arange(Tk - Tq, Tk)[:, None]
+    j = torch.arange(Tk)[None, :]
+    if scheme.kind == "rotary":
+        query, key = _rope(scheme, query, key, i[:, 0], j[0])
+    scores = query @ key.transpose(-1, -2) * (scaling if scaling is not None else D**-0.5)  # (B, H, Tq, Tk)
+    if scheme.kind == "bias":
+        scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (scaling if scheme.bias_scaled_with_scores else 1)
+    allowed = (j <= i) & ((i - j < ctx.window) if ctx.window else True)
+    if attention_mask is not None:
+        allowed = (allowed & attention_mask[:, None, None, :].bool()) | (i == j)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(scores, -1) @ value
+    return out.to(module_dtype(module)).transpose(1, 2).contiguous(), None
+
+
+def module_dtype(module):
+    return next(module.parameters()).dtype
+
+
+AttentionInterface.register("retrofit_reference", reference_attention)
+AttentionMaskInterface.register("retrofit_reference", retrofit_mask)

@@ -1,0 +1,146 @@
+"""Every registered architecture x every registered scheme (a meta-test fails on a gap)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import retrofit
+from retrofit.adapters import ADAPTERS
+from retrofit.core import _set_attn
+
+from . import reference  # noqa: F401  (registers "retrofit_reference")
+from .tiny import MATRIX_OPTIONS, NATIVE, TINY, ids
+
+MODEL_TYPES = sorted(TINY)
+CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS)))
+
+
+def test_every_registration_is_in_the_matrix():
+    covered = set(TINY)
+    for name, cls in ADAPTERS.items():
+        missing = set(cls.model_types) - covered
+        assert not missing, f"adapter {name!r}: model types {missing} have no tiny model in tests/tiny.py"
+    assert set(retrofit.schemes()) == set(MATRIX_OPTIONS), "every scheme needs MATRIX_OPTIONS in tests/tiny.py"
+
+
+def converted(model_type, scheme):
+    model = TINY[model_type]()
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    retrofit.convert(model, scheme, **MATRIX_OPTIONS[scheme])
+    return model, original
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_live_and_matches_reference(model_type, scheme):
+    model = TINY[model_type]()
+    x = ids(2, 24)
+    with torch.no_grad():
+        before = model(x).logits
+        retrofit.convert(model, scheme, **MATRIX_OPTIONS[scheme])
+        after = model(x).logits
+        assert not torch.allclose(before, after, atol=1e-3), "patch is not live: logits unchanged"
+        _set_attn(model, "retrofit_reference")
+        ref = model(x).logits
+        _set_attn(model, "retrofit")
+    torch.testing.assert_close(after, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_runs_at_4x_native_and_matches_reference(model_type, scheme):
+    model, _ = converted(model_type, scheme)
+    x = ids(1, 4 * NATIVE)
+    with torch.no_grad():
+        out = model(x).logits
+        _set_attn(model, "retrofit_reference")
+        ref = model(x).logits
+    assert out.shape == (1, 4 * NATIVE, model.config.vocab_size) and torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_incremental_decoding_equals_full_forward(model_type, scheme):
+    model, _ = converted(model_type, scheme)
+    x = ids(1, 40)
+    with torch.no_grad():
+        full = model(x).logits
+        out = model(x[:, :30], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(30, 40):
+            out = model(x[:, t : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_generate_cache_equals_recompute_left_padded(model_type, scheme):
+    model, _ = converted(model_type, scheme)
+    x = ids(2, 12)
+    mask = torch.ones_like(x)
+    x[0, :4], mask[0, :4] = 0, 0  # left padding in the first row
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+              output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        a = model.generate(x, use_cache=True, **kw)
+        b = model.generate(x, use_cache=False, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_padding_is_applied(model_type, scheme):
+    """A left-padded row gives the same logits on its real tokens as the unpadded sequence."""
+    model, _ = converted(model_type, scheme)
+    x = ids(1, 10)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], 1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(x)], 1)
+    with torch.no_grad():
+        plain = model(x).logits
+        pad = model(padded, attention_mask=mask).logits[:, 3:]
+    if scheme == "rope":  # absolute rotary positions shift by the padding; relative geometry is the same
+        torch.testing.assert_close(pad, plain, atol=1e-4, rtol=1e-3)
+    else:
+        torch.testing.assert_close(pad, plain, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_save_load_identical(model_type, scheme, tmp_path):
+    model, _ = converted(model_type, scheme)
+    x = ids(1, 2 * NATIVE)
+    with torch.no_grad():
+        before = model(x).logits
+    retrofit.save(model, tmp_path / "m")
+    loaded = retrofit.load(tmp_path / "m")
+    with torch.no_grad():
+        after = loaded(x).logits
+    assert retrofit.describe(loaded)["scheme"] == scheme
+    assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_revert_is_exact(model_type, scheme):
+    model = TINY[model_type]()
+    x = ids(1, 20)
+    with torch.no_grad():
+        before = model(x).logits
+        retrofit.convert(model, scheme, **MATRIX_OPTIONS[scheme])
+        retrofit.revert(model)
+        after = model(x).logits
+    assert torch.equal(before, after)
+    assert not retrofit.describe(model)["converted"]
+    assert "retrofit_positions" not in dict(model.named_modules())
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_trains_through_the_patch(model_type, scheme):
+    model, _ = converted(model_type, scheme)
+    model.train()
+    model.gradient_checkpointing_enable()
+    x = ids(2, 2 * NATIVE)
+    loss = model(x, labels=x).loss
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)

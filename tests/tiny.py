@@ -1,0 +1,54 @@
+"""Tiny random models, one factory per registered architecture (the meta-test checks coverage).
+
+Each factory returns an eval-mode model whose native length is ``NATIVE`` positions."""
+
+from __future__ import annotations
+
+import torch
+import transformers as tf
+
+NATIVE = 32
+VOCAB = 128
+
+
+def _llama_like(config_cls, model_cls, **extra):
+    def make():
+        cfg = config_cls(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=NATIVE, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            **extra,
+        )
+        return model_cls(cfg).eval()
+
+    return make
+
+
+def gpt2():
+    cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=NATIVE,
+                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return tf.GPT2LMHeadModel(cfg).eval()
+
+
+# model_type -> factory. Architecture adapters list several model types; each gets a model here.
+TINY = {
+    "gpt2": gpt2,
+    "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
+    "mistral": _llama_like(tf.MistralConfig, tf.MistralForCausalLM, sliding_window=8),
+    "qwen2": _llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM),
+    "qwen3": _llama_like(tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),
+    "granite": _llama_like(tf.GraniteConfig, tf.GraniteForCausalLM),
+    "olmo": _llama_like(tf.OlmoConfig, tf.OlmoForCausalLM),
+    "olmo2": _llama_like(tf.Olmo2Config, tf.Olmo2ForCausalLM),
+    "starcoder2": _llama_like(tf.Starcoder2Config, tf.Starcoder2ForCausalLM, sliding_window=8),
+}
+
+# scheme -> options used in the matrix: chosen so the converted model differs from the original
+MATRIX_OPTIONS = {
+    "alibi": {},
+    "rope": {"scaling": "yarn", "factor": 2.0},
+}
+
+
+def ids(batch=1, length=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=g)
