@@ -20,7 +20,7 @@ from . import __version__, kernel
 from .adapters import ADAPTERS, adapter_for
 from .adapters.base import Adapter, Swap
 from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
-from .schemes import SCHEMES, Scheme
+from .encodings import SCHEMES, Scheme
 
 log = logging.getLogger(__name__)
 

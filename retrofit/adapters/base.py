@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import LengthError, UnsupportedArchitectureError
 from ..registry import Registry
-from ..schemes.base import ModelSpec
+from ..encodings.base import ModelSpec
 
 ADAPTERS: Registry[type["Adapter"]] = Registry("architecture", UnsupportedArchitectureError)
 

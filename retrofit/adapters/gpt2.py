@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedArchitectureError
-from ..schemes.base import ModelSpec
+from ..encodings.base import ModelSpec
 from .base import Adapter, AttentionSite, NeutralisedPositionTable, register_adapter
 
 

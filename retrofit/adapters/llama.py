@@ -4,7 +4,7 @@ from one ``model.rotary_emb`` module (grouped-query attention and sliding window
 from __future__ import annotations
 
 from ..errors import UnsupportedArchitectureError
-from ..schemes.base import ModelSpec
+from ..encodings.base import ModelSpec
 from .base import Adapter, AttentionSite, NeutralisedRotary, register_adapter
 
 
