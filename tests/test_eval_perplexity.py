@@ -67,6 +67,15 @@ def test_every_length_and_method_scores_the_same_targets():
     assert len({round(r["nll"], 9) for r in report.rows}) == 1  # a bigram model: same tokens, same loss
 
 
+def test_documents_joined_with_eos_or_a_separator():
+    tok = byte_tokenizer()
+    ids, used = first_tokens(tok, docs(3, 1), 10_000)
+    assert used == 3 and ids.count(tok.eos_token_id) == 3 and ids[-1] == tok.eos_token_id
+    ids, _ = first_tokens(tok, docs(3, 1), 10_000, separator="\n\n")
+    assert tok.eos_token_id not in ids and tok.decode(ids) == "".join(d.text + "\n\n" for d in docs(3, 1))
+    assert first_tokens(tok, docs(), 50)[0] == first_tokens(tok, docs(), 10_000)[0][:50]
+
+
 def test_sliding_spans_cover_each_target_once():
     for n, w, s in [(100, 32, 8), (64, 64, 16), (10, 32, 8), (97, 20, 7)]:
         spans = sliding_spans(n, w, s)

@@ -82,6 +82,9 @@ def test_converted_model_runs_past_native_length_against_its_base():
     methods = {(r["model"], r["length"]): r["method"] for r in report.rows}
     assert methods == {("gpt2-alibi", 32): "non-overlapping", ("gpt2-alibi", 64): "non-overlapping",
                        ("gpt2", 32): "non-overlapping", ("gpt2", 64): "sliding"}
+    notes = {(r["model"], r["length"]): r["note"] for r in report.rows}
+    assert notes[("gpt2-alibi", 32)] is None and notes[("gpt2-alibi", 64)] == "past the native length 32"
+    assert "not run plainly" in notes[("gpt2", 64)]
     m = report["models"][0]
     assert m["scheme"] == "alibi" and m["converted"] and m["max_length"] is None
     assert report.rows[0]["attention_path"] not in (None, "sdpa", "eager")  # retrofit's kernel ran

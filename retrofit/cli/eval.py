@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import logging
 from pathlib import Path
 
@@ -33,10 +34,13 @@ def add_parser(sub) -> None:
         "labelled as such. Writes report.json, report.md and plots to --out.",
     )
     p.add_argument("model", help="retrofit checkpoint, local folder, hub id, or a .gguf file")
+    p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
     p.add_argument("--lengths", required=True, help="comma-separated lengths, e.g. 1024,2048,4096")
     p.add_argument("--data", default="stdlib",
                    help="'stdlib', 'shakespeare[:heldout]', files/globs, or a datasets name[:config[:split[:field]]] "
                    "(default: stdlib)")
+    p.add_argument("--doc-separator", metavar="TEXT",
+                   help="join documents with this text instead of EOS (escapes allowed: '\\n\\n' for wikitext rows)")
     p.add_argument("--baseline", action="append", default=[], metavar="MODEL",
                    help="a model to score on the same tokens (repeatable)")
     p.add_argument("--budget", type=int, default=65536, help="tokens scored per length (default 65536)")
@@ -73,6 +77,8 @@ def run(args) -> int:
         args.model,
         _ints(args.lengths, "--lengths"),
         data=args.data,
+        gguf_file=args.gguf_file,
+        doc_separator=codecs.decode(args.doc_separator, "unicode_escape") if args.doc_separator else None,
         baselines=args.baseline,
         budget=args.budget,
         stride=args.stride,

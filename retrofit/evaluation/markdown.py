@@ -72,7 +72,7 @@ def render_markdown(report, plots: dict | None = None) -> str:
     d = report.data
     out = ["# Evaluation report", ""]
     out.append(_table(["model", "role", "scheme", "base model", "max length", "parameters"],
-                      [[f"`{m['name']}`", m["role"], str(m["scheme"] or "native"), str(m["base_model"] or "–"),
+                      [[f"`{m['name']}`", m["role"], str(m["scheme"] or f"native {(m.get('native') or {}).get('kind') or ''}".strip()), str(m["base_model"] or "–"),
                         str(m["max_length"] or "unlimited"), f"{m['parameters']:,}"] for m in d["models"]]))
     data = d["data"]
     out += ["", f"Data: `{data['spec']}`, {data['tokens']:,} tokens scored by every model at every length "

@@ -28,12 +28,13 @@ class EvalModel:
         return self.info.get("max_length")
 
 
-def _load(name_or_path: str, *, device=None, dtype=None):
+def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
     """``retrofit.load_model`` (hub id, folder, retrofit checkpoint, or a ``.gguf`` file path)."""
     from ..io import load_model
 
-    gguf = name_or_path if name_or_path.endswith(".gguf") else None
-    return load_model(name_or_path, gguf_file=gguf, device=device, dtype=dtype)
+    if gguf_file is None and name_or_path.endswith(".gguf"):
+        gguf_file = name_or_path
+    return load_model(name_or_path, gguf_file=gguf_file, device=device, dtype=dtype)
 
 
 def native_length(config) -> int | None:
@@ -87,13 +88,15 @@ def base_model_name(model) -> str | None:
     return None
 
 
-def resolve(spec, role: str, *, tokenizer=None, device=None, dtype=None, default_name: str) -> EvalModel:
+def resolve(spec, role: str, *, tokenizer=None, gguf_file=None, device=None, dtype=None, default_name: str) -> EvalModel:
     """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel."""
     if isinstance(spec, str):
-        model, tok = _load(spec, device=device, dtype=dtype)
-        name = spec
+        model, tok = _load(spec, gguf_file=gguf_file, device=device, dtype=dtype)
+        name = spec if not gguf_file or spec.endswith(".gguf") else f"{spec}/{gguf_file}"
     elif isinstance(spec, torch.nn.Module):
         model, tok, name = spec, tokenizer, model_name(spec, default_name)
+        if device is not None:
+            model.to(device)
     elif isinstance(spec, tuple) and len(spec) in (2, 3):
         name, model, tok = spec if len(spec) == 3 else (model_name(spec[0], default_name), *spec)
     else:
@@ -103,7 +106,10 @@ def resolve(spec, role: str, *, tokenizer=None, device=None, dtype=None, default
     model.eval()
     info = describe_model(model)
     cfg_name = getattr(model.config, "_name_or_path", "") or None
-    info["base_model"] = base_model_name(model) or (cfg_name if cfg_name != name or not info.get("converted") else None)
+    if not info.get("converted"):
+        info["base_model"] = name  # an unconverted model is its own base
+    else:  # the config's retrofit block, else the name it was loaded under before converting in memory
+        info["base_model"] = base_model_name(model) or (cfg_name if cfg_name and cfg_name != name else None)
     info["parameters"] = sum(p.numel() for p in model.parameters())
     info["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
     return EvalModel(name=name, role=role, model=model, tokenizer=tok, info=info)

@@ -82,8 +82,10 @@ def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int, sliding:
         for L in lengths:
             plain = limit is None or L <= limit
             window = L if plain else limit
+            native = (m.info.get("native") or {}).get("length")
             if plain:
-                jobs.append(Job(i, L, "non-overlapping", L, None))
+                past = f"past the native length {native}" if native and L > native else None
+                jobs.append(Job(i, L, "non-overlapping", L, None, past))
             if not plain:
                 if stride >= window:
                     raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {window}")
@@ -91,7 +93,7 @@ def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int, sliding:
                         f"sliding-window evaluation (window {window}, stride {stride})")
                 jobs.append(Job(i, L, "sliding", window, stride, note))
             elif sliding and stride < window:
-                jobs.append(Job(i, L, "sliding", window, stride))
+                jobs.append(Job(i, L, "sliding", window, stride, past))
     return jobs
 
 
@@ -159,6 +161,7 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
                     bar.update(trials)
                     continue
                 answers = []
+                bar.set_description(f"{m.name[-24:]} passkey L={L} depth={d:g}")
                 for key in cell_keys:
                     prompt = builder.build(L - PASSKEY_NEW_TOKENS, d, key)
                     answers.append(pk.run_trial(m.model, m.tokenizer, prompt, PASSKEY_NEW_TOKENS))
@@ -177,6 +180,8 @@ def evaluate(
     baselines: Sequence = (),
     *,
     tokenizer=None,
+    gguf_file: str | None = None,
+    doc_separator: str | None = None,
     budget: int = DEFAULT_BUDGET,
     stride: int = DEFAULT_STRIDE,
     sliding: bool = True,
@@ -195,8 +200,11 @@ def evaluate(
     """Evaluate a (converted) model and its baselines past the native length.
 
     ``model_or_path``: an ``nn.Module`` (with ``tokenizer=``), ``(model, tokenizer)``, or a path /
-    hub id / retrofit checkpoint loaded with ``retrofit.load_model``. ``baselines``: the same forms.
-    ``data``: a ``retrofit.data`` spec or a list of ``Document``. Every model scores the same first
+    hub id / retrofit checkpoint / ``.gguf`` file loaded with ``retrofit.load_model`` (``gguf_file``:
+    the GGUF file inside a folder). ``baselines``: the same forms (a baseline given as an
+    ``nn.Module`` alone uses the model's tokenizer).
+    ``data``: a ``retrofit.data`` spec or a list of ``Document``, joined with EOS (or with the text
+    ``doc_separator``, e.g. ``"\n\n"`` for wikitext's paragraph rows). Every model scores the same first
     ``budget`` tokens (cut to a multiple of the largest length) at every length, with
     non-overlapping windows and, when ``sliding``, sliding windows of stride ``stride``. A baseline
     past its own limit gets only the sliding row, labelled as such.
@@ -213,7 +221,8 @@ def evaluate(
         isinstance(baselines, tuple) and any(hasattr(b, "forward") for b in baselines)
     ):
         baselines = [baselines]  # one baseline given bare
-    models = [resolve(model_or_path, "converted", tokenizer=tokenizer, device=device, dtype=dtype, default_name="model")]
+    models = [resolve(model_or_path, "converted", tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype,
+                      default_name="model")]
     for j, b in enumerate(baselines):
         models.append(resolve(b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype,
                               default_name=f"baseline{j}"))
@@ -224,7 +233,7 @@ def evaluate(
         _check_supported(models[0], pk_lengths, "passkey lengths")
         _check_passkey_room(models[0], min(pk_lengths))
     check_tokenizers(models, docs[0].text[:4000])
-    stream = build_stream(models[0].tokenizer, docs, data_label, budget, lengths)
+    stream = build_stream(models[0].tokenizer, docs, data_label, budget, lengths, doc_separator)
     jobs = plan_jobs(models, lengths, stride, sliding)
     total = sum(_windows(j, stream.targets) for j in _unique(jobs))
     if passkey:
@@ -237,7 +246,7 @@ def evaluate(
     report = Report({
         "schema_version": SCHEMA_VERSION,
         "models": [_model_entry(m) for m in models],
-        "data": {**stream.describe(), "budget": budget},
+        "data": {**stream.describe(), "budget": budget, "doc_separator": doc_separator or "eos"},
         "settings": {"lengths": lengths, "stride": stride, "sliding": sliding, "batch_size": batch_size,
                      "position_buckets": position_buckets,
                      "passkey": {"lengths": pk_lengths, "depths": depths, "trials": passkey_trials,

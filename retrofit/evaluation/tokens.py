@@ -36,22 +36,28 @@ class TokenStream:
         }
 
 
-def first_tokens(tokenizer, docs: list[Document], want: int) -> tuple[list[int], int]:
-    """The first ``want`` ids of the documents joined with EOS (tokenized lazily); and docs used."""
+def first_tokens(tokenizer, docs: list[Document], want: int, separator: str | None = None) -> tuple[list[int], int]:
+    """The first ``want`` ids of the documents (tokenized lazily), and how many documents that took.
+
+    Documents are joined with EOS, or with the text ``separator`` when given (e.g. ``"\n\n"`` for
+    datasets whose rows are paragraphs, such as wikitext).
+    """
     eos = getattr(tokenizer, "eos_token_id", None)
     ids: list[int] = []
     used = 0
     for d in docs:
         if len(ids) >= want:
             break
-        ids.extend(tokenizer(d.text, add_special_tokens=False)["input_ids"])
-        if eos is not None:
+        text = d.text if separator is None else d.text + separator
+        ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if separator is None and eos is not None:
             ids.append(eos)
         used += 1
     return ids[:want], used
 
 
-def build_stream(tokenizer, docs: list[Document], spec: str, budget: int, lengths: list[int]) -> TokenStream:
+def build_stream(tokenizer, docs: list[Document], spec: str, budget: int, lengths: list[int],
+                 separator: str | None = None) -> TokenStream:
     """First ``budget`` targets (+1 context token), cut to a multiple of the largest length.
 
     A budget below the largest length is raised to it (one window). Raises LengthError when the
@@ -62,7 +68,7 @@ def build_stream(tokenizer, docs: list[Document], spec: str, budget: int, length
         log.warning("token budget %d is smaller than the largest length %d; scoring one window of %d", budget, longest,
                     longest)
         budget = longest
-    ids, used = first_tokens(tokenizer, docs, budget + 1)
+    ids, used = first_tokens(tokenizer, docs, budget + 1, separator)
     available = len(ids) - 1
     if available < longest:
         raise LengthError(
