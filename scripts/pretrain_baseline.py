@@ -1,0 +1,48 @@
+#!/usr/bin/env python
+"""Pretrain (or find cached) the offline GPT-2 stand-in and print its pretrain_stats.json.
+
+    python scripts/pretrain_baseline.py --preset quickstart
+    nice python scripts/pretrain_baseline.py --preset study          # about 30 min on 2 CPU cores
+
+The model folder is printed on stderr (log) and is ``stats["path"]`` in the printed JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from retrofit import baseline  # noqa: E402
+from retrofit.errors import RetrofitError  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse args, pretrain, print the stats JSON (with the folder under "path")."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="quickstart", choices=sorted(baseline.PRESETS))
+    parser.add_argument("--cache-dir", default=None, help="default: $RETROFIT_CACHE/baseline (~/.cache/retrofit/baseline)")
+    parser.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is faster on an oversubscribed machine)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        path = baseline.pretrain(args.preset, cache_dir=args.cache_dir, force=args.force)
+    except RetrofitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    print(json.dumps({"path": str(path), **baseline.load_stats(path)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

