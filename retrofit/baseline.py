@@ -302,14 +302,18 @@ def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: s
     try:
         stats = _pretrain_into(cfg, tmp)
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
-        _publish(tmp, out)
+        _publish(tmp, out, replace=force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``, replacing an old ``out`` (force) without a moment where neither is whole."""
+def _publish(tmp: Path, out: Path, replace: bool) -> None:
+    """Rename ``tmp`` to ``out``. An ``out`` that appeared meanwhile (another process) is kept unless
+    ``replace``; then the old one is moved aside first, so ``out`` is never half-written."""
+    if (out / STATS_FILE).is_file() and not replace:
+        log.info("baseline already saved at %s by another process; keeping it", out)
+        return
     old = None
     if out.exists():
         old = out.with_name(f".old-{out.name}-{os.getpid()}")
