@@ -10,7 +10,7 @@ Two paths, chosen per call by device, dtype and grad, and always recorded (``las
   bias). Under grad each chunk is checkpointed, so backward never holds every chunk's bias.
 - ``"sdpa-causal"`` / ``"sdpa"``: no bias, no padding, no window: stock SDPA (the stock speed).
 
-``RETROFIT_ATTENTION_PATH=auto|flex|chunked`` overrides the per-model choice (``convert(..., kernel=)``).
+``RETROFIT_ATTENTION_PATH=auto|flex|chunked`` decides for models left at ``convert(..., kernel="auto")``.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ _flex_error: str | None = None
 
 
 def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False) -> str:
-    """Which path runs. ``requested`` is the model's kernel option, overridden by the env var.
+    """Which path runs. ``requested`` is the model's kernel option (the env var decides for "auto").
     ``masked``: padding or a sliding window is present (CPU flex miscompiles those block masks
     in torch 2.13's inductor, so on CPU they take the chunked path)."""
-    requested = os.environ.get("RETROFIT_ATTENTION_PATH", requested)
+    if requested == "auto":
+        requested = os.environ.get("RETROFIT_ATTENTION_PATH", "auto")
     if requested not in KERNELS:
         raise ValueError(f"attention path must be one of {KERNELS}; got {requested!r}")
     if not has_bias or requested == "chunked" or dropout > 0:
