@@ -83,6 +83,7 @@ def test_sliding_spans_cover_each_target_once():
         assert covered == list(range(n))
         assert all(end - start <= w for start, end, _ in spans)
         assert all(k == s for _, _, k in spans[1:-1])
+        assert perplexity.sliding_window_count(n, w, s) == len(spans)
     with pytest.raises(ValueError):
         sliding_spans(10, 8, 9)
 

@@ -78,22 +78,19 @@ def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int, sliding:
     """Every (model, length, method) to score. Past a model's limit: a labelled sliding row, never a silent swap."""
     jobs = []
     for i, m in enumerate(models):
-        limit = m.max_length
+        limit, native = m.max_length, (m.info.get("native") or {}).get("length")
         for L in lengths:
-            plain = limit is None or L <= limit
-            window = L if plain else limit
-            native = (m.info.get("native") or {}).get("length")
-            if plain:
-                past = f"past the native length {native}" if native and L > native else None
-                jobs.append(Job(i, L, "non-overlapping", L, None, past))
-            if not plain:
-                if stride >= window:
-                    raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {window}")
+            if limit is not None and L > limit:
+                if stride >= limit:
+                    raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {limit}")
                 note = (f"{m.name} accepts at most {limit} tokens, so length {L} is not run plainly; this row is a "
-                        f"sliding-window evaluation (window {window}, stride {stride})")
-                jobs.append(Job(i, L, "sliding", window, stride, note))
-            elif sliding and stride < window:
-                jobs.append(Job(i, L, "sliding", window, stride, past))
+                        f"sliding-window evaluation (window {limit}, stride {stride})")
+                jobs.append(Job(i, L, "sliding", limit, stride, note))
+                continue
+            past = f"past the native length {native}" if native and L > native else None
+            jobs.append(Job(i, L, "non-overlapping", L, None, past))
+            if sliding and stride < L:
+                jobs.append(Job(i, L, "sliding", L, stride, past))
     return jobs
 
 
