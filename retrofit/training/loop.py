@@ -72,7 +72,7 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
     native = mdl.native_length(model)
     teacher = mdl.make_teacher(model) if r.train.objective != "lm" else None
     mdl.convert(model, r.convert)
-    _check_lengths(r, model, native)
+    fade_offset_cap = _check_lengths(r, model)
     if r.train.gradient_checkpointing:
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -80,7 +80,7 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
     train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
     if acc.is_main_process:
         _write_run_info(r, out, model, train_set, val_set)
-    return _train(r, acc, model, tok, teacher, train_set, val_set, native)
+    return _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_cap)
 
 
 # ---- setup -------------------------------------------------------------------------------
@@ -89,6 +89,7 @@ def _accelerator(r: Recipe):
     from accelerate.utils import GradientAccumulationPlugin
 
     return Accelerator(
+        cpu=_cpu_processes(),
         mixed_precision=None if r.train.mixed_precision == "no" else r.train.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=r.train.gradient_accumulation_steps, sync_with_dataloader=False
@@ -97,28 +98,43 @@ def _accelerator(r: Recipe):
     )
 
 
+def _cpu_processes() -> bool:
+    """Several processes and no GPU: tell Accelerate to use CPU processes over gloo (it does not
+    infer that under torchrun / ``accelerate launch --multi_gpu`` on a CPU-only machine)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
+    return world > 1 and not torch.cuda.is_available() and not xpu
+
+
 def _documents(r: Recipe):
     docs = blk.load_recipe_documents(r.data)
     return rdata.split_documents(docs, r.data.validation_fraction, seed=r.train.seed)
 
 
-def _check_lengths(r: Recipe, model, native: int | None) -> None:
-    """The block (plus the largest offset) must fit what the model accepts, fade included."""
+def _check_lengths(r: Recipe, model) -> int | None:
+    """The block plus the largest offset must fit what the model accepts. While the native
+    mechanism fades in, the native table bounds positions: returns the largest offset allowed
+    then (offsets are clamped to it during the fade), or None when there is no fade."""
     import retrofit
 
-    pos = r.train.positions
-    need = r.data.block_length + pos.random_offset
-    if r.convert.scheme is not None:
-        retrofit.set_position_controls(model, offset=0, native_fade=1.0 if pos.native_fade_steps else 0.0)
+    pos, L = r.train.positions, r.data.block_length
     limit = retrofit.describe(model).get("max_length")
-    if r.convert.scheme is not None:
-        retrofit.set_position_controls(model)
-    if limit is not None and need > limit:
-        why = " while the native mechanism fades out (train.positions.native_fade_steps)" if pos.native_fade_steps else ""
+    if limit is not None and L + pos.random_offset > limit:
         raise LengthError(
-            f"'data.block_length' = {r.data.block_length} (+ random_offset {pos.random_offset}) exceeds the "
-            f"{limit} positions the model accepts{why}"
+            f"'data.block_length' = {L} + 'train.positions.random_offset' = {pos.random_offset} exceeds the "
+            f"{limit} positions the model accepts"
         )
+    if not pos.native_fade_steps:
+        return None
+    retrofit.set_position_controls(model, offset=0, native_fade=1.0)
+    fade_limit = retrofit.describe(model).get("max_length")
+    retrofit.set_position_controls(model)
+    if fade_limit is not None and L > fade_limit:
+        raise LengthError(
+            f"'data.block_length' = {L} exceeds the {fade_limit} native positions; "
+            "'train.positions.native_fade_steps' needs blocks the native mechanism can read"
+        )
+    return None if fade_limit is None else fade_limit - L
 
 
 def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
@@ -169,13 +185,16 @@ def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
 
 
 # ---- training ------------------------------------------------------------------------------
-def _train(r, acc, model, tok, teacher, train_set, val_set, native) -> Path:
+def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_cap) -> Path:
     from transformers import get_scheduler
 
     t, out = r.train, Path(r.output_dir)
     sampler = blk.EpochShuffle(len(train_set), t.seed)
-    train_loader = DataLoader(blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True)
-    val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size)
+    # Each loader gets its own generator: a new iterator draws a seed from it, and drawing from the
+    # global RNG would shift dropout after a resume.
+    train_loader = DataLoader(blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True,
+                              generator=torch.Generator().manual_seed(t.seed))
+    val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed))
     optimizer = torch.optim.AdamW(mdl.param_groups(model, t.weight_decay), lr=t.learning_rate)
     scheduler = get_scheduler(  # AcceleratedScheduler steps once per process: scale like the HF examples
         t.lr_scheduler, optimizer,
@@ -196,6 +215,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native) -> Path:
         progress.val_loss_before = _evaluate(acc, model, val_loader, base, r)
         _log(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
     acc.step = progress.step * t.gradient_accumulation_steps
+    model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     tokens_per_step = t.batch_size * r.data.block_length * t.gradient_accumulation_steps * acc.num_processes
     bar = _bar(acc, t.steps, progress.step)
@@ -206,7 +226,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native) -> Path:
         sampler.epoch = where.epoch
         loader = acc.skip_first_batches(train_loader, where.skip) if where.skip else train_loader
         for batch in loader:
-            _position_controls(base, r, progress.step)
+            _position_controls(base, r, progress.step, fade_offset_cap)
             with acc.accumulate(model):
                 loss, parts = _loss(model, teacher, batch, r, window)
                 acc.backward(loss)
@@ -284,8 +304,9 @@ def _kl(student_logits, teacher_logits, temperature: float):
     return (p.exp() * (p - s)).sum(-1).mean() * temperature**2
 
 
-def _position_controls(base, r, step: int | None) -> None:
-    """Random offset and native fade for this step; ``step=None`` resets both."""
+def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = None) -> None:
+    """Random offset and native fade for this step (same on every process and on resume);
+    ``step=None`` resets both."""
     import retrofit
 
     pos = r.train.positions
@@ -296,6 +317,8 @@ def _position_controls(base, r, step: int | None) -> None:
         return
     offset = random.Random(r.train.seed * 1_000_003 + step).randint(0, pos.random_offset) if pos.random_offset else 0
     fade = max(0.0, 1.0 - step / pos.native_fade_steps) if pos.native_fade_steps else 0.0
+    if fade > 0 and fade_offset_cap is not None:
+        offset = min(offset, fade_offset_cap)
     retrofit.set_position_controls(base, offset=offset, native_fade=fade)
 
 

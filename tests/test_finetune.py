@@ -1,0 +1,266 @@
+"""Fine-tune end to end on a tiny converted GPT-2 (tiny-gpt2: built offline) and stdlib text.
+
+One uninterrupted LoRA run (module fixture) serves: loss falls, merged output reloads with the
+same logits, the adapter alone re-merges to the same model, and it is the reference for the
+kill-and-resume test.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import retrofit
+from retrofit.errors import DataError, LengthError, RecipeError
+from retrofit.training import finetune
+from retrofit.training.builtin import tiny_gpt2
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py", "glob.py", "copy.py")]
+STEPS, EVERY = 24, 4
+
+
+def recipe(out, **over) -> dict:
+    r = {
+        "model": {"name_or_path": "tiny-gpt2"},
+        "convert": {"scheme": "alibi", "options": {"kernel": "chunked"}},
+        "data": {"files": FILES, "block_length": 128, "validation_fraction": 0.25, "max_validation_blocks": 8},
+        "train": {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.1}, "train_norms": True,
+                  "steps": STEPS, "batch_size": 2, "gradient_accumulation_steps": 2, "learning_rate": 3e-3,
+                  "warmup_steps": 2, "seed": 3, "positions": {}},
+        "checkpoint": {"every": EVERY, "keep_last": 2},
+        "output_dir": str(out),
+    }
+    for key, value in over.items():
+        node = r
+        *parents, last = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return r
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft") / "run"
+    return finetune(recipe(out))
+
+
+def _logits(model, ids):
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _ids(n=100):
+    return torch.randint(0, 256, (2, n), generator=torch.Generator().manual_seed(1))
+
+
+def test_validation_loss_falls_and_outputs_written(run):
+    s = json.loads((run / "summary.json").read_text())
+    assert s["steps"] == STEPS
+    assert s["val_loss_after"] < s["val_loss_before"] - 0.2, s
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]
+    train = [x for x in log if "loss" in x]
+    assert [x["step"] for x in train] == list(range(1, STEPS + 1))
+    assert all(k in train[-1] for k in ("lr", "grad_norm", "tokens_per_s"))
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["train"]["steps"] == STEPS
+    assert "torch" in json.loads((run / "versions.json").read_text())["versions"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000020", "step_00000024"]
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_final_reloads_with_retrofit_load(run):
+    model = retrofit.load(run / "final")
+    info = retrofit.describe(model)
+    assert info["converted"] and info["scheme"] == "alibi"
+    adapter_cfg = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    assert adapter_cfg["r"] == 4 and adapter_cfg["modules_to_save"]  # norms trained alongside
+
+
+def test_adapter_alone_merges_to_the_final_model(run):
+    """Base + convert + adapter/ (PEFT's own files) -> merge == final/ read by retrofit.load."""
+    from peft import PeftModel
+
+    base, _ = retrofit.load_model(str(tiny_gpt2()))
+    retrofit.convert(base, "alibi", kernel="chunked")
+    merged = PeftModel.from_pretrained(base, run / "adapter").merge_and_unload()
+    final = retrofit.load(run / "final")
+    ids = _ids()
+    torch.testing.assert_close(_logits(merged, ids), _logits(final, ids), atol=1e-5, rtol=1e-5)
+
+
+def _has_param_scheme():
+    return next((s for s in ("t5", "shaw", "fire") if s in retrofit.schemes()), None)
+
+
+def test_lora_with_position_parameters_save_load_merge(tmp_path):
+    """A scheme with new position parameters: they train (modules_to_save) and survive
+    save -> load -> merge with identical logits."""
+    scheme = _has_param_scheme()
+    if scheme is None:
+        pytest.skip(f"no scheme with position parameters in the core yet ({retrofit.schemes()})")
+    from peft import PeftModel
+
+    out = finetune(recipe(tmp_path / "p", convert={"scheme": scheme, "options": {}}, train__steps=6,
+                          checkpoint__every=0, train__train_norms=False))
+    cfg = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert "retrofit_positions" in cfg["modules_to_save"]
+    base, _ = retrofit.load_model(str(tiny_gpt2()))
+    retrofit.convert(base, scheme)
+    before = {n: p.clone() for n, p in base.retrofit_positions.named_parameters()}
+    merged = PeftModel.from_pretrained(base, out / "adapter").merge_and_unload()
+    after = dict(merged.retrofit_positions.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before), "position parameters did not train"
+    ids = _ids()
+    torch.testing.assert_close(_logits(merged, ids), _logits(retrofit.load(out / "final"), ids), atol=1e-5, rtol=1e-5)
+
+
+def _weights(out: Path) -> dict:
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def _run_child(path):
+    """A separate process that trains (forked: no second import of torch/transformers)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    finetune(path)
+
+
+def test_kill_and_resume_equals_uninterrupted(run, tmp_path):
+    import multiprocessing
+
+    out = tmp_path / "killed"
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe(out)))
+    proc = multiprocessing.get_context("fork").Process(target=_run_child, args=(str(path),))
+    proc.start()
+    deadline = time.time() + 120
+    try:
+        while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline and proc.is_alive():
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.join()
+    assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (out / "final").exists()
+    resumed = finetune(path)
+    s = json.loads((resumed / "summary.json").read_text())
+    assert 0 < s["resumed_from_step"] < STEPS
+    a, b = _weights(run), _weights(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+    log = [json.loads(x) for x in (resumed / "log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log if "loss" in x] == list(range(1, STEPS + 1))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ddp_worker(rank: int, path: str, port: int):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    _run_child(path)
+
+
+def _ddp_recipe(tmp_path) -> tuple[Path, Path]:
+    out, path = tmp_path / "ddp", tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe(out, train__steps=4, checkpoint__every=2, train__rank_checksums=True,
+                                          train__batch_size=1)))
+    return out, path
+
+
+def _check_ddp(out: Path):
+    h0 = (out / "rank_checksums" / "rank0.txt").read_text()
+    h1 = (out / "rank_checksums" / "rank1.txt").read_text()
+    assert h0 == h1
+    s = json.loads((out / "summary.json").read_text())
+    assert s["num_processes"] == 2 and s["val_loss_after"] < s["val_loss_before"]
+    assert retrofit.describe(retrofit.load(out / "final"))["scheme"] == "alibi"
+
+
+def test_two_cpu_processes_gloo_end_identical(tmp_path):
+    """Two processes (the environment torchrun / accelerate launch sets up; forked so that they
+    skip the imports), DDP over gloo: they train and end with identical weights."""
+    import multiprocessing
+
+    out, path = _ddp_recipe(tmp_path)
+    port = _free_port()
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_ddp_worker, args=(rank, str(path), port)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert [p.exitcode for p in procs] == [0, 0]
+    _check_ddp(out)
+
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun(tmp_path):
+    """The same through a real launcher (what `accelerate launch --multi_gpu` runs). ~2x slower: imports."""
+    out, path = _ddp_recipe(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "-m", "retrofit", "finetune", str(path)]
+    res = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _check_ddp(out)
+
+
+# ---- bad input: a clear error before any work starts ----------------------------------------
+def _fails(tmp_path, exc, words, **over):
+    out = tmp_path / "bad"
+    with pytest.raises(exc) as e:
+        finetune(recipe(out, **over))
+    for w in words:
+        assert w in str(e.value), str(e.value)
+    assert not out.exists(), "work started before the error"
+
+
+def test_missing_files(tmp_path):
+    _fails(tmp_path, DataError, ["nothing-here"], data__files=str(tmp_path / "nothing-here" / "*.txt"))
+
+
+def test_missing_hub_dataset(tmp_path):
+    _fails(tmp_path, DataError, ["no-such-dataset-xyz"], data__files=None, data__dataset="no-such-org/no-such-dataset-xyz")
+
+
+def test_missing_dataset_field(tmp_path):
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / "train.jsonl").write_text("".join(json.dumps({"content": "x" * 500}) + "\n" for _ in range(4)))
+    _fails(tmp_path, DataError, ["text", "content"], data__files=None, data__dataset=str(ds))
+
+
+def test_block_length_larger_than_documents(tmp_path):
+    _fails(tmp_path, LengthError, ["data.block_length"], data__block_length=10**6)
+    _fails(tmp_path, LengthError, ["data.block_length", "every"], data__block_length=50_000, data__packing=False)
+
+
+def test_lora_targets_that_match_nothing(tmp_path):
+    _fails(tmp_path, RecipeError, ["train.lora.target_modules", "q_proj"], train__lora={"target_modules": ["q_proj"]})
+
+
+def test_steps_not_positive(tmp_path):
+    _fails(tmp_path, RecipeError, ["train.steps"], train__steps=0)
+    _fails(tmp_path, RecipeError, ["train.steps"], train__steps=-1)
+
+
+def test_unconverted_block_past_native_length(tmp_path):
+    _fails(tmp_path, LengthError, ["data.block_length", "64"], convert={"scheme": None})

@@ -1,0 +1,94 @@
+"""Recipe schema: strict validation, overrides, shipped recipes, --help. No model needed."""
+
+from pathlib import Path
+
+import pytest
+
+from retrofit.errors import RecipeError
+from retrofit.training.recipe import Recipe, iter_keys
+
+RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+BASE = {"model": {"name_or_path": "tiny-gpt2"}, "data": {"files": "x.txt"}, "output_dir": "out"}
+
+
+def test_shipped_recipes_exist():
+    names = {p.stem for p in RECIPES}
+    expected = {"gpt2-alibi-lora", "gpt2-rope-lora", "gpt2-t5-full", "gpt_neo-alibi-lora", "opt-alibi-lora",
+                "llama-yarn-lora", "smollm2-alibi-lora"}
+    assert expected <= names
+    assert any(n.startswith("tiny-") for n in names)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_every_recipe_validates(path):
+    r = Recipe.from_yaml(path)
+    assert r.output_dir and r.model.name_or_path and r.train.steps > 0
+    assert Recipe.from_dict(r.to_dict()) == r  # the resolved form round-trips
+
+
+def test_overrides_parse_as_yaml_scalars():
+    r = Recipe.from_dict(BASE, ["train.steps=200", "data.block_length=512", "train.learning_rate=2e-4",
+                                "data.files=[a.txt, b.txt]", "convert.options.theta=500000", "train.mixed_precision=no"])
+    assert r.train.steps == 200 and r.data.block_length == 512 and r.train.learning_rate == 2e-4
+    assert r.data.files == ["a.txt", "b.txt"] and r.convert.options == {"theta": 500000}
+    assert r.train.mixed_precision == "no"
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("train.stepz=3", ["train.stepz", "train.steps"]),
+        ("model.nme=x", ["model.nme"]),
+        ("train.steps=ten", ["train.steps", "integer"]),
+        ("train.steps=2.5", ["train.steps", "integer"]),
+        ("train.gradient_checkpointing=1", ["train.gradient_checkpointing"]),
+        ("train.method=qlora", ["train.method", "lora"]),
+        ("train.lora.r=[8]", ["train.lora.r"]),
+        ("train=3", ["train", "mapping"]),
+        ("train.steps=0", ["train.steps", "> 0"]),
+        ("train.steps=-5", ["train.steps", "> 0"]),
+        ("data.block_length=1", ["data.block_length"]),
+        ("data.validation_fraction=1.5", ["data.validation_fraction"]),
+        ("data.dataset=wikitext", ["data.dataset", "data.files"]),
+        ("model.name_or_path=null", ["model.name_or_path"]),
+        ("output_dir=null", ["output_dir"]),
+        ("train.objective=distill", ["convert.scheme"]),
+        ("checkpoint.resume=/nonexistent/ckpt", ["checkpoint.resume"]),
+    ],
+)
+def test_bad_keys_and_types_name_the_key(override, words):
+    with pytest.raises(RecipeError) as e:
+        Recipe.from_dict(BASE, [override])
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_missing_recipe_file_and_bad_yaml(tmp_path):
+    with pytest.raises(RecipeError, match="not found"):
+        Recipe.from_yaml(tmp_path / "none.yaml")
+    (tmp_path / "bad.yaml").write_text("train: [\n")
+    with pytest.raises(RecipeError, match="YAML"):
+        Recipe.from_yaml(tmp_path / "bad.yaml")
+
+
+def test_every_key_has_help_and_is_in_cli_help():
+    from retrofit.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices["finetune"]
+    text = sub.format_help()
+    keys = list(iter_keys())
+    assert len(keys) > 40
+    for key, _tp, _default, help_text in keys:
+        assert help_text, key
+        assert f"  {key}  (" in text, key
+    for key in ("model.name_or_path", "data.files", "data.block_length", "output_dir", "train.steps"):
+        assert key in {k for k, *_ in keys}
+
+
+def test_cli_check_prints_resolved_recipe(capsys):
+    from retrofit.cli import main
+
+    assert main(["finetune", str(RECIPES[0]), "--set", "train.steps=7", "--check"]) == 0
+    assert "steps: 7" in capsys.readouterr().out
+    assert main(["finetune", str(RECIPES[0]), "--set", "train.steps=0", "--check"]) == 2
