@@ -32,12 +32,13 @@ def load_recipe_documents(cfg) -> list[rdata.Document]:
 
 def make_blocks(token_docs: list[list[int]], block_length: int, packing: bool) -> torch.Tensor:
     """[n_blocks, block_length] int64. Packing concatenates documents; otherwise each is cut alone."""
+    docs = [torch.tensor(doc, dtype=torch.long) for doc in token_docs if doc]
     if packing:
-        flat = [t for doc in token_docs for t in doc]
+        flat = torch.cat(docs) if docs else torch.empty(0, dtype=torch.long)
         n = len(flat) // block_length
-        return torch.tensor(flat[: n * block_length], dtype=torch.long).view(n, block_length)
-    rows = [doc[i : i + block_length] for doc in token_docs for i in range(0, len(doc) - block_length + 1, block_length)]
-    return torch.tensor(rows, dtype=torch.long).view(len(rows), block_length)
+        return flat[: n * block_length].view(n, block_length).clone()
+    rows = [d[: len(d) // block_length * block_length].view(-1, block_length) for d in docs]
+    return torch.cat(rows) if rows else torch.empty(0, block_length, dtype=torch.long)
 
 
 def check_blocks(blocks: torch.Tensor, token_docs: list[list[int]], block_length: int, packing: bool, what: str) -> None:

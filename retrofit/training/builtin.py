@@ -4,6 +4,8 @@
   byte-level tokenizer (256 bytes + ``<|endoftext|>``). Built offline on first use in
   ``$RETROFIT_CACHE/tiny-gpt2`` (default ``~/.cache/retrofit``). CI and the ``tiny-*`` recipes use it.
 - ``smollm2``: the SmolLM2 GGUF that ``retrofit.assets.smollm2_gguf()`` provides.
+- ``baseline:<preset>``: the small GPT-2 pretrained offline on Shakespeare by
+  ``retrofit.baseline.pretrain(preset)`` (``micro``, ``quickstart``, ``study``; cached after the first call).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
 
         p = Path(assets.smollm2_gguf())
         return (str(p.parent), p.name) if p.is_file() else (str(p), gguf_file)
+    if name_or_path.startswith("baseline:"):
+        from .. import baseline
+
+        return str(baseline.pretrain(name_or_path.split(":", 1)[1])), gguf_file
     return name_or_path, gguf_file
 
 

@@ -228,7 +228,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
         for batch in loader:
             _position_controls(base, r, progress.step, fade_offset_cap)
             with acc.accumulate(model):
-                loss, parts = _loss(model, teacher, batch, r, window)
+                loss, parts = _loss(acc, model, teacher, batch, r, window)
                 acc.backward(loss)
                 if acc.sync_gradients:
                     last["grad_norm"] = acc.clip_grad_norm_(params, t.max_grad_norm or float("inf"))
@@ -280,7 +280,7 @@ def _after_step(r, acc, out, model, val_loader, base, progress, loss, parts, las
         _save_checkpoint(acc, out, step, r.checkpoint.keep_last)
 
 
-def _loss(model, teacher, batch, r, window):
+def _loss(acc, model, teacher, batch, r, window):
     """(loss, {part: value}) for the recipe's objective."""
     t = r.train
     if t.objective == "distill":
@@ -289,7 +289,7 @@ def _loss(model, teacher, batch, r, window):
     outputs = model(input_ids=batch, labels=labels)
     if teacher is None:
         return outputs.loss, {}
-    with torch.no_grad():
+    with torch.no_grad(), acc.autocast():
         teacher_logits = teacher(input_ids=batch[:, :window]).logits
     kd = _kl(outputs.logits[:, :window], teacher_logits, t.temperature)
     if t.objective == "distill":

@@ -36,8 +36,9 @@ def _help(text: str, default=MISSING, factory=MISSING):
 class ModelConfig:
     name_or_path: Optional[str] = _help(
         "Model to fine-tune: a Hub id, a local directory, a retrofit checkpoint, or a built-in name: "
-        "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI) "
-        "or 'smollm2' (the bundled SmolLM2 GGUF, via retrofit.assets). Required.",
+        "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI), "
+        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.assets) or 'baseline:<preset>' (the small GPT-2 "
+        "pretrained offline on Shakespeare, retrofit.baseline). Required.",
         None,
     )
     gguf_file: Optional[str] = _help("GGUF file name inside name_or_path (a GGUF checkpoint is dequantized).", None)
