@@ -186,21 +186,8 @@ def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
 
 # ---- training ------------------------------------------------------------------------------
 def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_cap) -> Path:
-    from transformers import get_scheduler
-
     t, out = r.train, Path(r.output_dir)
-    sampler = blk.EpochShuffle(len(train_set), t.seed)
-    # Each loader gets its own generator: a new iterator draws a seed from it, and drawing from the
-    # global RNG would shift dropout after a resume.
-    train_loader = DataLoader(blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True,
-                              generator=torch.Generator().manual_seed(t.seed))
-    val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed))
-    optimizer = torch.optim.AdamW(mdl.param_groups(model, t.weight_decay), lr=t.learning_rate)
-    scheduler = get_scheduler(  # AcceleratedScheduler steps once per process: scale like the HF examples
-        t.lr_scheduler, optimizer,
-        num_warmup_steps=t.warmup_steps * acc.num_processes, num_training_steps=t.steps * acc.num_processes,
-    )
-    model, optimizer, train_loader, val_loader, scheduler = acc.prepare(model, optimizer, train_loader, val_loader, scheduler)
+    model, optimizer, train_loader, val_loader, scheduler, sampler = _prepare(r, acc, model, train_set, val_set)
     if teacher is not None:
         teacher.to(acc.device)
     progress = Progress()
@@ -210,17 +197,14 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
         _truncate_log(out, progress.step)
     base = mdl.base_model(acc.unwrap_model(model))
     window = min(r.data.block_length, native or r.data.block_length)
-
     if progress.val_loss_before is None:
         progress.val_loss_before = _evaluate(acc, model, val_loader, base, r)
         _log(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
-    acc.step = progress.step * t.gradient_accumulation_steps
+
+    acc.step = progress.step * t.gradient_accumulation_steps  # micro-batches seen: where the data resumes
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    tokens_per_step = t.batch_size * r.data.block_length * t.gradient_accumulation_steps * acc.num_processes
-    bar = _bar(acc, t.steps, progress.step)
-    start_step, t0, last = progress.step, time.perf_counter(), {}
-
+    meter = Meter(r, acc, progress.step)
     while progress.step < t.steps:
         where = blk.Position.of(acc.step, len(train_loader))
         sampler.epoch = where.epoch
@@ -230,54 +214,116 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
             with acc.accumulate(model):
                 loss, parts = _loss(acc, model, teacher, batch, r, window)
                 acc.backward(loss)
+                meter.add(loss, parts)
                 if acc.sync_gradients:
-                    last["grad_norm"] = acc.clip_grad_norm_(params, t.max_grad_norm or float("inf"))
+                    meter.grad_norm = acc.clip_grad_norm_(params, t.max_grad_norm or float("inf"))
+                    meter.lr = scheduler.get_last_lr()[0]
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
             if not acc.sync_gradients:
                 continue
             progress.step += 1
-            rate = tokens_per_step * (progress.step - start_step) / (time.perf_counter() - t0)
-            _after_step(r, acc, out, model, val_loader, base, progress, loss, parts, last, scheduler, rate, bar)
+            _after_step(r, acc, out, model, val_loader, base, progress, meter)
             if progress.step >= t.steps:
                 break
-    bar.close()
+    meter.close()
+    return _finish(r, acc, model, tok, val_loader, base, progress, meter)
+
+
+def _prepare(r, acc, model, train_set, val_set):
+    """Loaders (seeded order; own generators), AdamW, schedule; all through ``accelerator.prepare``."""
+    from transformers import get_scheduler
+
+    t = r.train
+    sampler = blk.EpochShuffle(len(train_set), t.seed)
+    # Each loader gets its own generator: a new iterator draws a seed from it, and drawing from the
+    # global RNG would shift dropout after a resume.
+    train_loader = DataLoader(blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True,
+                              generator=torch.Generator().manual_seed(t.seed))
+    val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed))
+    optimizer = torch.optim.AdamW(mdl.param_groups(model, t.weight_decay), lr=t.learning_rate)
+    scheduler = get_scheduler(  # a prepared scheduler steps once per process: scale like the HF examples
+        t.lr_scheduler, optimizer,
+        num_warmup_steps=t.warmup_steps * acc.num_processes, num_training_steps=t.steps * acc.num_processes,
+    )
+    prepared = acc.prepare(model, optimizer, train_loader, val_loader, scheduler)
+    return (*prepared, sampler)
+
+
+class Meter:
+    """Loss (mean over the accumulated micro-batches), grad norm, lr, tokens/s; progress bar."""
+
+    def __init__(self, r, acc, start_step: int):
+        from tqdm.auto import tqdm
+
+        t = r.train
+        self.tokens_per_step = t.batch_size * r.data.block_length * t.gradient_accumulation_steps * acc.num_processes
+        self.start_step, self.t0 = start_step, time.perf_counter()
+        self.sums: dict = {}
+        self.n = 0
+        self.grad_norm, self.lr = math.nan, math.nan
+        self.bar = tqdm(total=t.steps, initial=start_step, disable=not acc.is_local_main_process, desc="finetune",
+                        unit="step", dynamic_ncols=True)
+
+    def add(self, loss, parts) -> None:
+        for k, v in {"loss": loss, **parts}.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v.detach()
+        self.n += 1
+
+    def rate(self, step: int) -> float:
+        return self.tokens_per_step * (step - self.start_step) / max(time.perf_counter() - self.t0, 1e-9)
+
+    def record(self, acc, step: int) -> dict:
+        """The record for the steps since the last one (collective: every process calls it)."""
+        rec = {"step": step}
+        rec.update({k: acc.reduce(v / self.n, "mean").item() for k, v in self.sums.items()})
+        rec.update(lr=self.lr, grad_norm=float(self.grad_norm), tokens_per_s=round(self.rate(step), 1))
+        self.bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
+        return rec
+
+    def reset(self) -> None:
+        self.sums, self.n = {}, 0
+
+    def close(self) -> None:
+        self.bar.close()
+        self.elapsed = time.perf_counter() - self.t0
+
+
+def _after_step(r, acc, out, model, val_loader, base, progress, meter):
+    t, step = r.train, progress.step
+    if step % t.log_every == 0 or step == t.steps:
+        _log(acc, out, meter.record(acc, step))
+        meter.reset()
+    meter.bar.update(1)
+    if t.eval_every and step % t.eval_every == 0 and step < t.steps:
+        _log(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
+    if r.checkpoint.every and step % r.checkpoint.every == 0:
+        _save_checkpoint(acc, out, step, r.checkpoint.keep_last)
+
+
+def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
+    """Validation after training, rank checksums, final/ + adapter/, summary.json."""
+    out = Path(r.output_dir)
     _position_controls(base, r, None)
-    elapsed = time.perf_counter() - t0
     val_after = _evaluate(acc, model, val_loader, base, r)
     _log(acc, out, {"step": progress.step, "val_loss": val_after})
-    if t.rank_checksums:
+    if r.train.rank_checksums:
         (out / "rank_checksums").mkdir(parents=True, exist_ok=True)
         (out / "rank_checksums" / f"rank{acc.process_index}.txt").write_text(mdl.trainable_hash(base) + "\n")
     _write_final(r, acc, model, tok)
     if acc.is_main_process:
         summary = {
-            "steps": progress.step, "resumed_from_step": start_step, "val_loss_before": progress.val_loss_before,
-            "val_loss_after": val_after, "train_seconds": round(elapsed, 3),
-            "tokens_per_s": round(tokens_per_step * (progress.step - start_step) / max(elapsed, 1e-9), 1),
+            "steps": progress.step, "resumed_from_step": meter.start_step,
+            "val_loss_before": progress.val_loss_before, "val_loss_after": val_after,
+            "train_seconds": round(meter.elapsed, 3),
+            "tokens_per_s": round(meter.tokens_per_step * (progress.step - meter.start_step) / max(meter.elapsed, 1e-9), 1),
             "num_processes": acc.num_processes, "final": str(out / "final"),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        log.info("done: val loss %.4f -> %.4f; %s", progress.val_loss_before or math.nan, val_after, out / "final")
+        log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / "final")
     acc.end_training()
     return out
-
-
-def _after_step(r, acc, out, model, val_loader, base, progress, loss, parts, last, scheduler, rate, bar):
-    t, step = r.train, progress.step
-    if step % t.log_every == 0 or step == t.steps:
-        loss_v = acc.reduce(loss.detach(), "mean").item()
-        rec = {"step": step, "loss": loss_v, "lr": scheduler.get_last_lr()[0],
-               "grad_norm": float(last.get("grad_norm", math.nan)), "tokens_per_s": round(rate, 1)}
-        rec.update({k: acc.reduce(v.detach(), "mean").item() for k, v in parts.items()})
-        _log(acc, out, rec)
-        bar.set_postfix(loss=f"{loss_v:.3f}", tok_s=f"{rate:,.0f}")
-    bar.update(1)
-    if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-        _log(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
-    if r.checkpoint.every and step % r.checkpoint.every == 0:
-        _save_checkpoint(acc, out, step, r.checkpoint.keep_last)
 
 
 def _loss(acc, model, teacher, batch, r, window):
@@ -401,13 +447,6 @@ def _log(acc, out: Path, record: dict) -> None:
     with open(out / "log.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
     log.debug("%s", record)
-
-
-def _bar(acc, total: int, initial: int):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, disable=not acc.is_local_main_process, desc="finetune",
-                unit="step", dynamic_ncols=True)
 
 
 def _write_final(r: Recipe, acc, model, tok) -> None:
