@@ -128,5 +128,5 @@ def test_summary_and_ci_by_hand():
 def test_loss_by_position_buckets():
     nll = np.tile(np.arange(8, dtype=float), 3)  # 3 windows of 8, loss = position
     out = loss_by_position(nll, 8, 4)
-    assert out["bucket_start"] == [0, 2, 4, 6] and out["bucket_end"] == [2, 4, 6, 8]
-    assert out["loss"] == [0.5, 2.5, 4.5, 6.5] and out["windows"] == 3
+    assert out["bucket_start"] == [0, 1, 2, 4] and out["bucket_end"] == [1, 2, 4, 8]  # log-spaced
+    assert out["loss"] == [0.0, 1.0, 2.5, 5.5] and out["windows"] == 3

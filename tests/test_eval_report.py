@@ -91,19 +91,26 @@ def test_converted_model_runs_past_native_length_against_its_base():
 
 
 def test_cli_eval(tmp_path, capsys):
+    """retrofit.save -> `retrofit eval CHECKPOINT --baseline BASE`: the checkpoint is re-patched on load."""
     from retrofit.cli import main
 
     model_dir, base_dir = tmp_path / "model", tmp_path / "base"
-    for d, m in ((model_dir, tiny_llama()), (base_dir, tiny_gpt2(n_positions=32))):
-        m.save_pretrained(d)
-        byte_tokenizer().save_pretrained(d)
+    base = tiny_gpt2(n_positions=32)
+    base.save_pretrained(base_dir)
+    byte_tokenizer().save_pretrained(base_dir)
+    retrofit.save(retrofit.convert(tiny_gpt2(n_positions=32), "alibi"), model_dir, tokenizer=byte_tokenizer())
     text = tmp_path / "held.txt"
     text.write_text("".join(doc.text for doc in docs()))
     rc = main(["eval", str(model_dir), "--lengths", "32,64", "--data", str(text), "--baseline", str(base_dir),
                "--budget", "128", "--stride", "16", "--no-sliding", "--no-plots", "--no-progress"])
     assert rc == 0
     report = Report.load(model_dir / "eval")
-    assert {r["model"] for r in report.rows} == {str(model_dir), str(base_dir)}
+    methods = {(r["model"], r["length"]): r["method"] for r in report.rows}
+    assert methods == {(str(model_dir), 32): "non-overlapping", (str(model_dir), 64): "non-overlapping",
+                       (str(base_dir), 32): "non-overlapping", (str(base_dir), 64): "sliding"}
+    assert report["models"][0]["scheme"] == "alibi" and report["models"][1]["max_length"] == 32
     assert "| model | role | method | 32 | 64 |" in capsys.readouterr().out
     rc = main(["eval", str(model_dir), "--lengths", "32,100000", "--data", str(text), "--out", str(tmp_path / "x")])
     assert rc == 2 and "larger than the available text" in capsys.readouterr().err
+    rc = main(["eval", str(base_dir), "--lengths", "32,64", "--data", str(text), "--out", str(tmp_path / "y")])
+    assert rc == 2 and "at most 32" in capsys.readouterr().err  # the evaluated model must support every length

@@ -174,10 +174,14 @@ def summarize(nll: np.ndarray, block: int) -> dict:
 
 
 def loss_by_position(nll: np.ndarray, length: int, buckets: int) -> dict:
-    """Mean NLL by the target's position inside its non-overlapping window, in equal-width buckets."""
+    """Mean NLL by the target's position inside its non-overlapping window.
+
+    Buckets are log-spaced (position 0, then edges at 1 .. L geometrically; duplicates after
+    rounding merge), so the first tokens of a window, where loss changes fastest, get their own.
+    """
     per_pos = nll.reshape(-1, length).mean(axis=0)  # [L]
     buckets = max(1, min(buckets, length))
-    edges = np.linspace(0, length, buckets + 1).round().astype(int)
+    edges = [0, *sorted({int(round(x)) for x in np.geomspace(1, length, buckets)})]
     starts, ends, losses = [], [], []
     for a, b in zip(edges[:-1], edges[1:]):
         if b > a:

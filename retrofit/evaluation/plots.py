@@ -45,10 +45,10 @@ def plot_positions(report, path: Path) -> None:
     """Mean loss by position in the window, one line per (model, length)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for e in report["loss_by_position"]:
-        centers = [(a + b) / 2 for a, b in zip(e["bucket_start"], e["bucket_end"])]
+        centers = [max(0.5, (a + b - 1) / 2) for a, b in zip(e["bucket_start"], e["bucket_end"])]
         ax.plot(centers, e["loss"], marker=".", label=f"{e['model']} L={e['length']}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in window (tokens)")
+    ax.set_xlabel("position in window (tokens, log-spaced buckets)")
     ax.set_ylabel("mean loss (nats)")
     ax.set_title("Loss by position (non-overlapping windows)", fontsize=9)
     ax.grid(True, alpha=0.3)
