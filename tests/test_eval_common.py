@@ -11,7 +11,7 @@ from retrofit.data import Document
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (what the ByteLevel pre-tokenizer emits)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     out, extra = {}, 0
     for b in range(256):
         if b in keep:

@@ -77,8 +77,8 @@ def test_schema_rejects_a_broken_report(saved):
 def test_converted_model_runs_past_native_length_against_its_base():
     base = tiny_gpt2(n_positions=32)
     conv = retrofit.convert(tiny_gpt2(n_positions=32), "alibi")
-    report = evaluate(("gpt2-alibi", conv, byte_tokenizer()), [32, 64], data=docs(), baselines=[("gpt2", base, byte_tokenizer())],
-                      budget=128, stride=16, sliding=False, progress=False)
+    report = evaluate(("gpt2-alibi", conv, byte_tokenizer()), [32, 64], data=docs(),
+                      baselines=[("gpt2", base, byte_tokenizer())], budget=128, stride=16, sliding=False, progress=False)
     methods = {(r["model"], r["length"]): r["method"] for r in report.rows}
     assert methods == {("gpt2-alibi", 32): "non-overlapping", ("gpt2-alibi", 64): "non-overlapping",
                        ("gpt2", 32): "non-overlapping", ("gpt2", 64): "sliding"}

@@ -46,9 +46,11 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", type=int, default=65536, help="tokens scored per length (default 65536)")
     p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256)")
     p.add_argument("--no-sliding", action="store_true",
-                   help="skip sliding rows where a model runs the length plainly (baselines past their limit keep theirs)")
+                   help="skip sliding rows where a model runs the length plainly "
+                   "(baselines past their limit keep theirs)")
     p.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default 1)")
-    p.add_argument("--buckets", type=int, default=32, help="log-spaced position buckets for loss by position (default 32)")
+    p.add_argument("--buckets", type=int, default=32,
+                   help="log-spaced position buckets for loss by position (default 32)")
     p.add_argument("--passkey", action="store_true", help="also run passkey retrieval")
     p.add_argument("--passkey-lengths", help="comma-separated (default: --lengths)")
     p.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="comma-separated, in [0, 1]")

@@ -68,11 +68,16 @@ def passkey_table(report) -> str:
     return _table(["model", "length", *[f"depth {d:g}" for d in pk["depths"]]], body)
 
 
+def _scheme(m: dict) -> str:
+    """'alibi', or 'native rope' for an unconverted model."""
+    return m["scheme"] or f"native {(m.get('native') or {}).get('kind') or ''}".strip()
+
+
 def render_markdown(report, plots: dict | None = None) -> str:
     d = report.data
     out = ["# Evaluation report", ""]
     out.append(_table(["model", "role", "scheme", "base model", "max length", "parameters"],
-                      [[f"`{m['name']}`", m["role"], str(m["scheme"] or f"native {(m.get('native') or {}).get('kind') or ''}".strip()), str(m["base_model"] or "–"),
+                      [[f"`{m['name']}`", m["role"], _scheme(m), str(m["base_model"] or "–"),
                         str(m["max_length"] or "unlimited"), f"{m['parameters']:,}"] for m in d["models"]]))
     data = d["data"]
     out += ["", f"Data: `{data['spec']}`, {data['tokens']:,} tokens scored by every model at every length "

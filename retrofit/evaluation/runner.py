@@ -201,7 +201,7 @@ def evaluate(
     the GGUF file inside a folder). ``baselines``: the same forms (a baseline given as an
     ``nn.Module`` alone uses the model's tokenizer).
     ``data``: a ``retrofit.data`` spec or a list of ``Document``, joined with EOS (or with the text
-    ``doc_separator``, e.g. ``"\n\n"`` for wikitext's paragraph rows). Every model scores the same first
+    ``doc_separator``, e.g. ``"\\n\\n"`` for wikitext's paragraph rows). Every model scores the same first
     ``budget`` tokens (cut to a multiple of the largest length) at every length, with
     non-overlapping windows and, when ``sliding``, sliding windows of stride ``stride``. A baseline
     past its own limit gets only the sliding row, labelled as such.
@@ -214,16 +214,7 @@ def evaluate(
     depths = [float(d) for d in passkey_depths]
     _check_options(budget, stride, batch_size, position_buckets, depths, passkey_trials)
     docs, data_label = resolve_documents(data)
-    if isinstance(baselines, str) or hasattr(baselines, "forward") or (
-        isinstance(baselines, tuple) and any(hasattr(b, "forward") for b in baselines)
-    ):
-        baselines = [baselines]  # one baseline given bare
-    models = [resolve(model_or_path, "converted", tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype,
-                      default_name="model")]
-    for j, b in enumerate(baselines):
-        models.append(resolve(b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype,
-                              default_name=f"baseline{j}"))
-    _dedupe_names(models)
+    models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
     _check_supported(models[0], lengths, "lengths")
     pk_lengths = _check_lengths(list(passkey_lengths), "passkey lengths") if passkey and passkey_lengths else lengths
     if passkey:
@@ -260,6 +251,21 @@ def evaluate(
     if out is not None:
         report.save(out)
     return report
+
+
+def load_models(model_or_path, baselines, *, tokenizer=None, gguf_file=None, device=None, dtype=None) -> list[EvalModel]:
+    """The evaluated model first, then each baseline (which defaults to the model's tokenizer)."""
+    if isinstance(baselines, str) or hasattr(baselines, "forward") or (
+        isinstance(baselines, tuple) and any(hasattr(b, "forward") for b in baselines)
+    ):
+        baselines = [baselines]  # one baseline given bare
+    models = [resolve(model_or_path, "converted", tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype,
+                      default_name="model")]
+    for j, b in enumerate(baselines):
+        models.append(resolve(b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype,
+                              default_name=f"baseline{j}"))
+    _dedupe_names(models)
+    return models
 
 
 def _unique(jobs: list[Job]) -> list[Job]:
