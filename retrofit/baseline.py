@@ -314,6 +314,7 @@ def _publish(tmp: Path, out: Path, replace: bool) -> None:
     if (out / STATS_FILE).is_file() and not replace:
         log.info("baseline already saved at %s by another process; keeping it", out)
         return
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache is shared
     old = None
     if out.exists():
         old = out.with_name(f".old-{out.name}-{os.getpid()}")
