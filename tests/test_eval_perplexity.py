@@ -130,3 +130,12 @@ def test_loss_by_position_buckets():
     out = loss_by_position(nll, 8, 4)
     assert out["bucket_start"] == [0, 1, 2, 4] and out["bucket_end"] == [1, 2, 4, 8]  # log-spaced
     assert out["loss"] == [0.0, 1.0, 2.5, 5.5] and out["windows"] == 3
+
+
+def test_peft_wrapped_model_scores_like_its_base():
+    """A PEFT model goes through its full forward (its base_model is not the bare transformer)."""
+    peft = pytest.importorskip("peft")
+    model, ids = tiny_gpt2(), _stream(64)
+    want = nonoverlapping_nll(model, ids, 32)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(target_modules=["c_attn"], r=2))  # LoRA B = 0: same function
+    np.testing.assert_allclose(nonoverlapping_nll(wrapped, ids, 32), want, rtol=1e-6)

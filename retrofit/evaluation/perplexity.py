@@ -33,7 +33,9 @@ LOGIT_CHUNK = 1024
 def _uses_plain_head(model) -> bool:
     """True when logits are exactly ``lm_head(last_hidden_state)`` (no soft-capping or scaling)."""
     cfg = getattr(model, "config", None)
-    if cfg is None or model.get_output_embeddings() is None:
+    if cfg is None or hasattr(model, "peft_config") or not hasattr(model, "get_output_embeddings"):
+        return False  # PEFT wrappers and custom modules: use their full forward
+    if model.get_output_embeddings() is None:
         return False
     for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling"):
         if getattr(cfg, attr, None) not in (None, 1, 1.0):
