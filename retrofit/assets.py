@@ -70,7 +70,7 @@ def _find_cached_wheel(wheel_dir: Path, requirement: str) -> Path | None:
     name, version = _split_requirement(requirement)
     pattern = f"{version}-*.whl" if version else "*-*.whl"
     hits = [p for p in wheel_dir.glob("*.whl") if p.name.lower().startswith(f"{name}-") and p.match(f"*-{pattern}")]
-    return sorted(hits)[-1] if hits else None
+    return max(hits) if hits else None
 
 
 def fetch_wheel(requirement: str) -> Path:
@@ -90,7 +90,7 @@ def fetch_wheel(requirement: str) -> Path:
     log.info("downloading wheel %s into %s", requirement, wheel_dir)
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise DataError(f"cannot download wheel {requirement!r}: {e}") from e
     hit = _find_cached_wheel(wheel_dir, requirement)

@@ -247,7 +247,8 @@ def heldout_loss(model, blocks: torch.Tensor, batch_size: int = 16) -> float:
     for i in range(0, blocks.shape[0], batch_size):
         x = blocks[i : i + batch_size]  # [b, L]
         logits = model(input_ids=x).logits[:, :-1].float()  # [b, L-1, V]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
+        targets = x[:, 1:].reshape(-1)  # [b * (L-1)]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="sum")
         total += nll.item()
         count += x[:, 1:].numel()
     return total / count

@@ -17,15 +17,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from retrofit import baseline  # noqa: E402
-from retrofit.errors import RetrofitError  # noqa: E402
+from retrofit import baseline
+from retrofit.errors import RetrofitError
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse args, pretrain, print the stats JSON (with the folder under "path")."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="quickstart", choices=sorted(baseline.PRESETS))
-    parser.add_argument("--cache-dir", default=None, help="default: $RETROFIT_CACHE/baseline (~/.cache/retrofit/baseline)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="default: $RETROFIT_CACHE/baseline (~/.cache/retrofit/baseline)")
     parser.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is faster on an oversubscribed machine)")
@@ -34,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.INFO, datefmt="%H:%M:%S",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         path = baseline.pretrain(args.preset, cache_dir=args.cache_dir, force=args.force)
     except RetrofitError as e:

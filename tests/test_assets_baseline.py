@@ -120,7 +120,7 @@ def test_micro_is_cached_deterministic_and_force_is_atomic(micro_dir, tmp_path, 
         m.setattr(baseline, "_pretrain_into", lambda *a: pytest.fail("cache miss"))
         t0 = time.perf_counter()
         assert baseline.pretrain("micro", cache_dir=micro_dir.parent) == micro_dir
-        assert time.perf_counter() - t0 < 1.0
+        assert time.perf_counter() - t0 < 2.0
     # a copy retrained with force in another cache dir: identical weights and tokenizer
     other = tmp_path / "baseline" / micro_dir.name
     shutil.copytree(micro_dir, other)
