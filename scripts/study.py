@@ -1,0 +1,457 @@
+"""The retrofit study: what each scheme and recipe buys on a real baseline, against the original.
+
+    python scripts/study.py                      # both parts, the default grid
+    python scripts/study.py --part gpt2 --schemes alibi,rope --methods lora --budgets 0,0.02
+    python scripts/study.py --part smollm2 --smollm2-lengths 1024,2048,4096,8192
+
+Part 1 (GPT-2 stand-in, ``retrofit.baseline.pretrain("study")``): every scheme x method x fine-tune
+budget (a fraction of the stand-in's pretraining tokens), evaluated on the held-out plays at
+1x..32x the native length (non-overlapping windows), beside
+
+- the original model: plain at 1x, sliding window (stride native/2) beyond, on the same tokens;
+- the continued-training control: the *unconverted* original trained on the same data for the
+  same steps with the same optimiser (so "beats the original" is not just "trained more").
+
+Part 2 (SmolLM2-135M GGUF, RoPE, 8k native): its own ppl vs length; alibi + LoRA at 1k; rescaled
+RoPE (yarn, ntk; factor 4) with no fine-tune; passkey accuracy by length.
+
+Every cell is cached under ``--runs`` (``cell.json``), so an interrupted study resumes where it
+stopped. Writes ``benchmarks/study.json``, ``benchmarks/study.md`` and ``benchmarks/study_*.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("study")
+SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
+
+
+# ----------------------------------------------------------------------------------------------
+# part 1: the GPT-2 stand-in
+# ----------------------------------------------------------------------------------------------
+def stand_in(args) -> tuple[Path, dict, int]:
+    from retrofit import baseline
+
+    path = baseline.pretrain(args.preset)
+    stats = baseline.load_stats(path)
+    native = json.loads((path / "config.json").read_text())["n_positions"]
+    return path, stats, native
+
+
+def steps_for(fraction: float, pretrain_tokens: int, tokens_per_step: int) -> int:
+    return max(1, math.ceil(fraction * pretrain_tokens / tokens_per_step)) if fraction > 0 else 0
+
+
+def recipe_for(cell: dict, base: Path, native: int, args, out: Path) -> dict:
+    train = {
+        "method": cell["method"], "steps": cell["steps"], "batch_size": args.batch_size,
+        "learning_rate": args.lr_full if cell["method"] == "full" else args.lr_lora,
+        "warmup_steps": max(1, cell["steps"] // 10), "lr_scheduler": "cosine", "seed": args.seed,
+        "objective": cell.get("objective", "lm"), "train_norms": cell["method"] == "lora",
+        "train_embeddings": cell["method"] == "lora" and args.lora_embeddings,
+        "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
+        "positions": {"random_offset": cell.get("random_offset", 0), "native_fade_steps": cell.get("fade", 0)},
+    }
+    if train["objective"] != "lm":
+        train["distill_weight"] = 1.0
+    return {
+        "model": {"name_or_path": str(base)},
+        "convert": {"scheme": cell["scheme"]},
+        "data": {"dataset": "shakespeare:train", "block_length": native, "validation_fraction": 0.03,
+                 "max_validation_blocks": 16},
+        "train": train,
+        "checkpoint": {"every": 0},
+        "output_dir": str(out),
+    }
+
+
+def evaluate_model(model_or_path, lengths, args, baselines=(), sliding=False, tokenizer=None):
+    import retrofit
+
+    return retrofit.evaluate(model_or_path, lengths=lengths, data="shakespeare:heldout", baselines=list(baselines),
+                             tokenizer=tokenizer, budget=args.eval_budget, sliding=sliding,
+                             stride=args.stride, seed=args.seed, progress=False)
+
+
+def rows_of(report, **extra) -> list[dict]:
+    keep = ("model", "role", "length", "method", "window", "ppl", "tokens", "windows", "ci_low", "ci_high")
+    return [{**{k: r.get(k) for k in keep}, **extra} for r in report.rows]
+
+
+def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> dict:
+    """Fine-tune (unless budget 0) and evaluate one cell; cached in <runs>/<name>/cell.json."""
+    import retrofit
+
+    cdir = Path(args.runs) / cell["name"]
+    cached = cdir / "cell.json"
+    if cached.exists() and not args.force:
+        return json.loads(cached.read_text())
+    t0 = time.time()
+    if cell["scheme"] is None:  # the control keeps its learned table: it is scored at the native length
+        lengths = [native]
+    if cell["steps"] == 0:  # conversion alone, no fine-tune
+        model, tok = retrofit.load_model(str(base))
+        if cell["scheme"]:
+            retrofit.convert(model, cell["scheme"])
+        report = evaluate_model(model, lengths, args, tokenizer=tok)
+        trainable = 0
+    else:
+        if cdir.exists():
+            shutil.rmtree(cdir)
+        out = retrofit.finetune(recipe_for(cell, base, native, args, cdir / "ft"))
+        summary = json.loads((Path(out) / "summary.json").read_text())
+        trainable = summary.get("trainable_parameters") or summary.get("trainable_params")
+        report = evaluate_model(str(Path(out) / "final"), lengths, args)
+        shutil.rmtree(Path(out) / "checkpoints", ignore_errors=True)
+    result = {**cell, "rows": rows_of(report), "seconds": round(time.time() - t0, 1), "trainable_parameters": trainable}
+    cdir.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
+    tps = args.batch_size * native
+    cells = []
+    for frac in args.budgets:
+        steps = steps_for(frac, pretrain_tokens, tps)
+        for method in (args.methods if frac > 0 else ["none"]):
+            cells.append({"name": f"control-{method}-{frac}", "scheme": None, "method": method, "budget": frac,
+                          "steps": steps, "extra_tokens": steps * tps, "role": "control"})
+            for scheme in args.schemes:
+                cells.append({"name": f"{scheme}-{method}-{frac}", "scheme": scheme, "method": method,
+                              "budget": frac, "steps": steps, "extra_tokens": steps * tps, "role": "converted"})
+    top = max(args.budgets)
+    if top > 0 and args.variants:
+        steps = steps_for(top, pretrain_tokens, tps)
+        for scheme in [s for s in ("alibi", "rope") if s in args.schemes]:
+            common = {"scheme": scheme, "method": args.methods[0], "budget": top, "steps": steps,
+                      "extra_tokens": steps * tps, "role": "converted"}
+            cells.append({**common, "name": f"{scheme}-{common['method']}-{top}-distill", "objective": "both"})
+            cells.append({**common, "name": f"{scheme}-{common['method']}-{top}-fade", "fade": max(1, steps // 2)})
+            if scheme == "rope":
+                cells.append({**common, "name": f"rope-{common['method']}-{top}-offset", "random_offset": 8 * native})
+    return [c for c in cells if not (c["scheme"] is None and c["budget"] == 0)]
+
+
+def part_gpt2(args) -> dict:
+    base, stats, native = stand_in(args)
+    pretrain_tokens = stats["pretrain_tokens"]
+    lengths = [native * k for k in args.multiples]
+    log.info("stand-in %s: native %d, pretrained on %d tokens", base, native, pretrain_tokens)
+    original = run_original(base, native, lengths, args)
+    cells = grid(args, pretrain_tokens, native)
+    results = []
+    for i, cell in enumerate(cells, 1):
+        log.info("[%d/%d] %s (%d steps)", i, len(cells), cell["name"], cell["steps"])
+        try:
+            results.append(run_cell(cell, base, native, lengths, args))
+        except Exception as e:  # record and go on: one broken cell must not hide the others
+            log.exception("cell %s failed", cell["name"])
+            results.append({**cell, "error": f"{type(e).__name__}: {e}"})
+    return {"stand_in": {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
+                         "pretrain_stats": stats}, "lengths": lengths, "original": original, "cells": results,
+            "table": table_gpt2(original, results, lengths, native)}
+
+
+def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict]:
+    """The unconverted original: plain at 1x, sliding window beyond (as a baseline of a converted copy)."""
+    import retrofit
+
+    cached = Path(args.runs) / "original" / "cell.json"
+    if cached.exists() and not args.force:
+        return json.loads(cached.read_text())["rows"]
+    model, tok = retrofit.load_model(str(base))
+    retrofit.convert(model, "alibi")  # any converted copy: only the baseline's rows are kept
+    report = evaluate_model(model, lengths, args, baselines=[str(base)], sliding=True, tokenizer=tok)
+    rows = [r for r in rows_of(report) if r["role"] == "baseline"]
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps({"rows": rows}, indent=1))
+    return rows
+
+
+def ppl_at(rows: list[dict], length: int, role: str = "converted", method: str = "non-overlapping"):
+    for r in rows:
+        if r["length"] == length and r["role"] == role and r["method"] == method:
+            return r["ppl"]
+    return None
+
+
+def table_gpt2(original: list[dict], results: list[dict], lengths: list[int], native: int) -> list[dict]:
+    """One row per cell: ppl at each length, and the ratio to the control at equal tokens."""
+    orig = {L: ppl_at(original, L, "baseline", "non-overlapping") or ppl_at(original, L, "baseline", "sliding")
+            for L in lengths}
+    controls = {(c["method"], c["budget"]): c for c in results if c.get("role") == "control" and "rows" in c}
+    out = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0,
+            "extra_tokens": 0, **{f"ppl@{L // native}x": orig[L] for L in lengths}}]
+    for c in results:
+        row = {"cell": c["name"], "scheme": c["scheme"], "method": c["method"], "budget": c["budget"],
+               "extra_tokens": c["extra_tokens"], "objective": c.get("objective", "lm"),
+               "fade": c.get("fade", 0), "random_offset": c.get("random_offset", 0)}
+        if "rows" not in c:
+            out.append({**row, "error": c.get("error")})
+            continue
+        for L in lengths:
+            row[f"ppl@{L // native}x"] = ppl_at(c["rows"], L)
+        ctrl = controls.get((c["method"], c["budget"]))
+        native_ppl = row[f"ppl@1x"]
+        if ctrl and c.get("role") != "control" and native_ppl:
+            row["control_ppl@1x"] = ppl_at(ctrl["rows"], native)
+            row["vs_control@1x"] = round(native_ppl / row["control_ppl@1x"], 4)
+        if native_ppl:
+            row["ppl@8x/1x"] = _ratio(row.get("ppl@8x"), native_ppl)
+            row["ppl@16x/1x"] = _ratio(row.get("ppl@16x"), native_ppl)
+            row["beats_original_sliding_everywhere"] = all(
+                row.get(f"ppl@{L // native}x") is not None and orig[L] is not None and row[f"ppl@{L // native}x"] < orig[L]
+                for L in lengths)
+        out.append(row)
+    return out
+
+
+def _ratio(a, b):
+    return round(a / b, 4) if a is not None and b else None
+
+
+# ----------------------------------------------------------------------------------------------
+# part 2: SmolLM2
+# ----------------------------------------------------------------------------------------------
+def part_smollm2(args) -> dict:
+    import retrofit
+    from retrofit import assets
+
+    gguf = Path(assets.smollm2_gguf())
+    lengths = args.smollm2_lengths
+    out = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to fp32)", "lengths": lengths, "runs": {}}
+
+    def cached(name, fn):
+        path = Path(args.runs) / "smollm2" / f"{name}.json"
+        if path.exists() and not args.force:
+            return json.loads(path.read_text())
+        t0 = time.time()
+        try:
+            res = fn()
+        except Exception as e:
+            log.exception("smollm2 %s failed", name)
+            res = {"error": f"{type(e).__name__}: {e}"}
+        res["seconds"] = round(time.time() - t0, 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(res, indent=1))
+        return res
+
+    def load():
+        return retrofit.load_model(str(gguf.parent), gguf_file=gguf.name)
+
+    def evaluate(model, tok, lens):
+        rep = retrofit.evaluate(model, lengths=lens, data="shakespeare:heldout", tokenizer=tok,
+                                budget=max(args.smollm2_budget, max(lens)), sliding=False, seed=args.seed,
+                                passkey=args.passkey, passkey_lengths=lens, passkey_trials=args.passkey_trials,
+                                passkey_depths=[0.0, 0.5, 1.0], progress=False)
+        return {"rows": rows_of(rep), "passkey": _passkey_summary(rep)}
+
+    def original():
+        model, tok = load()
+        return evaluate(model, tok, lengths)
+
+    def rescaled(scaling):
+        def fn():
+            model, tok = load()
+            retrofit.convert(model, "rope", scaling=scaling, factor=4.0)
+            return evaluate(model, tok, args.smollm2_long_lengths or lengths)
+        return fn
+
+    def alibi_lora():
+        recipe = {
+            "model": {"name_or_path": str(gguf.parent), "gguf_file": gguf.name},
+            "convert": {"scheme": "alibi"},
+            "data": {"dataset": "shakespeare:train", "block_length": 1024, "validation_fraction": 0.03,
+                     "max_validation_blocks": 4},
+            "train": {"method": "lora", "steps": args.smollm2_steps, "batch_size": 1, "learning_rate": 5e-4,
+                      "warmup_steps": max(1, args.smollm2_steps // 10), "train_norms": True,
+                      "lora": {"r": 16, "alpha": 32, "dropout": 0.0}, "seed": args.seed,
+                      "gradient_checkpointing": True},
+            "checkpoint": {"every": 0},
+            "output_dir": str(Path(args.runs) / "smollm2" / "alibi-lora"),
+        }
+        final = Path(retrofit.finetune(recipe)) / "final"
+        model = retrofit.load(final)
+        _, tok = load()
+        return {"steps": args.smollm2_steps, **evaluate(model, tok, lengths)}
+
+    def alibi_no_ft():
+        model, tok = load()
+        retrofit.convert(model, "alibi")
+        return evaluate(model, tok, lengths)
+
+    out["runs"]["original"] = cached("original", original)
+    out["runs"]["alibi-no-finetune"] = cached("alibi-no-finetune", alibi_no_ft)
+    if args.smollm2_steps > 0:
+        out["runs"]["alibi-lora"] = cached(f"alibi-lora-{args.smollm2_steps}", alibi_lora)
+    for scaling in ("yarn", "ntk"):
+        out["runs"][f"rope-{scaling}x4-no-finetune"] = cached(f"rope-{scaling}x4", rescaled(scaling))
+    out["longest_length_measured"] = max(args.smollm2_long_lengths or lengths)
+    return out
+
+
+def _passkey_summary(report) -> dict:
+    pk = getattr(report, "passkey", None) or report.data.get("passkey") if hasattr(report, "data") else None
+    if not pk:
+        return {}
+    acc = {}
+    for cell in pk.get("cells", pk if isinstance(pk, list) else []):
+        if isinstance(cell, dict) and cell.get("accuracy") is not None:
+            key = f"{cell.get('model')}@{cell.get('length')}"
+            acc.setdefault(key, []).append(cell["accuracy"])
+    return {k: round(sum(v) / len(v), 3) for k, v in acc.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# outputs
+# ----------------------------------------------------------------------------------------------
+def markdown(study: dict) -> str:
+    lines = ["# The retrofit study", "", f"Hardware: {study['hardware']}", ""]
+    g = study.get("gpt2")
+    if g:
+        s = g["stand_in"]
+        lines += [f"## GPT-2 stand-in (native {s['native_length']}, pretrained on {s['pretrain_tokens']:,} tokens)", "",
+                  "Perplexity on the held-out plays, non-overlapping windows (the original: sliding window past 1x). "
+                  "`vs control` = native-length ppl / the continued-training control's at equal extra tokens.", ""]
+        keys = [k for k in g["table"][0] if k.startswith("ppl@")]
+        head = ["cell", "extra tokens", *keys, "vs control@1x", "8x/1x", "16x/1x", "< original everywhere"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in g["table"]:
+            vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[_fmt(r.get(k)) for k in keys],
+                    _fmt(r.get("vs_control@1x")), _fmt(r.get("ppl@8x/1x")), _fmt(r.get("ppl@16x/1x")),
+                    str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}"]
+            lines.append("| " + " | ".join(vals) + " |")
+        lines.append("")
+    sm = study.get("smollm2")
+    if sm:
+        lines += ["## SmolLM2-135M (RoPE, native 8192)", "", "| run | " + " | ".join(map(str, sm["lengths"])) + " | passkey |",
+                  "|---|" + "---|" * (len(sm["lengths"]) + 1)]
+        for name, res in sm["runs"].items():
+            if "error" in res:
+                lines.append(f"| {name} | error: {res['error']} |")
+                continue
+            lens = sorted({r["length"] for r in res["rows"]})
+            cells = [_fmt(ppl_at(res["rows"], L)) for L in lens]
+            lines.append(f"| {name} (lengths {','.join(map(str, lens))}) | " + " | ".join(cells) + f" | {res.get('passkey', {})} |")
+        lines += ["", f"Longest length measured: {sm['longest_length_measured']}."]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(x):
+    if x is None:
+        return "–"
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def plot(study: dict, out_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    g = study.get("gpt2")
+    if g:
+        native = g["stand_in"]["native_length"]
+        fig, ax = plt.subplots(figsize=(8, 5))
+        keys = [k for k in g["table"][0] if k.startswith("ppl@")]
+        xs = [int(k[4:-1]) for k in keys]
+        top = max(c["budget"] for c in g["cells"])
+        for r in g["table"]:
+            if r["cell"].startswith("original") or (r.get("budget") == top and r.get("objective", "lm") == "lm"
+                                                     and not r.get("fade") and not r.get("random_offset")):
+                ys = [r.get(k) for k in keys]
+                ax.plot(xs, ys, marker="o", label=r["cell"], linestyle="--" if r["cell"].startswith(("original", "control")) else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(f"length / native ({native})")
+        ax.set_ylabel("perplexity (held-out plays)")
+        ax.set_title(f"GPT-2 stand-in, fine-tune budget {top:.1%} of pretraining")
+        ax.legend(fontsize=7)
+        path = out_dir / "study_gpt2_ppl_vs_length.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        written.append(str(path))
+        plt.close(fig)
+    return written
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", choices=["gpt2", "smollm2", "all"], default="all")
+    p.add_argument("--preset", default="study", help="baseline preset for the GPT-2 stand-in")
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--methods", default="lora,full")
+    p.add_argument("--budgets", default="0,0.005,0.02,0.1", help="fine-tune budgets, fractions of pretraining tokens")
+    p.add_argument("--multiples", default="1,2,4,8,16,32", help="eval lengths as multiples of the native length")
+    p.add_argument("--no-variants", dest="variants", action="store_false", help="skip distill/fade/offset cells")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr-lora", type=float, default=1e-3)
+    p.add_argument("--lr-full", type=float, default=3e-4)
+    p.add_argument("--lora-embeddings", action="store_true")
+    p.add_argument("--eval-budget", type=int, default=32768, help="tokens scored per length")
+    p.add_argument("--stride", type=int, default=None, help="sliding stride for the original (default native/2)")
+    p.add_argument("--smollm2-lengths", default="1024,2048,4096,8192")
+    p.add_argument("--smollm2-long-lengths", default="", help="lengths for rescaled RoPE (default: --smollm2-lengths)")
+    p.add_argument("--smollm2-steps", type=int, default=100)
+    p.add_argument("--smollm2-budget", type=int, default=16384)
+    p.add_argument("--passkey", action="store_true", default=True)
+    p.add_argument("--no-passkey", dest="passkey", action="store_false")
+    p.add_argument("--passkey-trials", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", default="runs/study", help="cache of finished cells")
+    p.add_argument("--force", action="store_true", help="recompute cached cells")
+    p.add_argument("--out", default="benchmarks/study.json")
+    args = p.parse_args()
+    args.schemes = [s for s in args.schemes.split(",") if s]
+    args.methods = args.methods.split(",")
+    args.budgets = [float(b) for b in args.budgets.split(",")]
+    args.multiples = [int(m) for m in args.multiples.split(",")]
+    args.smollm2_lengths = [int(x) for x in args.smollm2_lengths.split(",")]
+    args.smollm2_long_lengths = [int(x) for x in args.smollm2_long_lengths.split(",") if x]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    import torch
+
+    import retrofit
+
+    unknown = sorted(set(args.schemes) - set(retrofit.schemes()))
+    if unknown:
+        raise SystemExit(f"unknown schemes {unknown}; registered: {retrofit.schemes()}")
+    out = Path(args.out)
+    study = json.loads(out.read_text()) if out.exists() else {}
+    study.update({
+        "command": " ".join(["python", *sys.argv]),
+        "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
+                     "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+        "versions": {"retrofit": retrofit.__version__, "torch": torch.__version__,
+                     "transformers": __import__("transformers").__version__},
+    })
+    t0 = time.time()
+    if args.part in ("gpt2", "all"):
+        _, _, native = stand_in(args)
+        args.stride = args.stride or native // 2
+        study["gpt2"] = part_gpt2(args)
+    if args.part in ("smollm2", "all"):
+        study["smollm2"] = part_smollm2(args)
+    study["seconds"] = round(time.time() - t0, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(study, indent=1, default=str))
+    (out.with_suffix(".md")).write_text(markdown(study))
+    plots = plot(study, out.parent)
+    print(markdown(study))
+    print(f"wrote {out}, {out.with_suffix('.md')}, {', '.join(plots)}")
+
+
+if __name__ == "__main__":
+    main()
