@@ -106,9 +106,13 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
 
 def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | None = None, device: str | None = None,
                tokenizer: bool = True):
-    """(model, tokenizer) from a hub id, a local folder or a GGUF file. A retrofit checkpoint is re-patched."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) from a hub id, a local folder, a GGUF file or a built-in name
+    (``tiny-gpt2``, ``smollm2``, ``baseline:<preset>``). A retrofit checkpoint is re-patched."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .training.builtin import resolve
+
+    name_or_path, gguf_file = resolve(str(name_or_path), gguf_file)
     kwargs = {}
     if dtype is not None:
         if dtype not in DTYPES:
