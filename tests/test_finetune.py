@@ -296,3 +296,30 @@ def test_distill_offsets_and_fade(tmp_path, monkeypatch):
 def test_fade_needs_blocks_the_native_table_can_read(tmp_path):
     _fails(tmp_path, LengthError, ["native_fade_steps", "64"], convert={"scheme": "rope", "options": {}},
            train__positions={"native_fade_steps": 5})
+
+
+def test_full_method_keeps_the_native_table_frozen(tmp_path):
+    out = finetune(recipe(tmp_path / "full", train__method="full", train__steps=3, checkpoint__every=0,
+                          train__learning_rate=1e-3))
+    assert not (out / "adapter").exists()
+    base, _ = retrofit.load_model(str(tiny_gpt2()))
+    final = retrofit.load(out / "final")
+    sd_base, sd_final = base.state_dict(), final.state_dict()
+    assert torch.equal(sd_base["transformer.wpe.weight"], sd_final["transformer.wpe.weight"])
+    assert not torch.equal(sd_base["transformer.h.0.attn.c_attn.weight"], sd_final["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_lora_with_trained_embeddings_merges(tmp_path):
+    """train_embeddings on a tied-embedding model: the adapter alone re-merges to final/."""
+    from peft import PeftModel
+
+    out = finetune(recipe(tmp_path / "emb", train__steps=3, checkpoint__every=0, train__train_embeddings=True,
+                          train__train_norms=False))
+    cfg = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert any(m.endswith("wte") for m in cfg["modules_to_save"])
+    base, _ = retrofit.load_model(str(tiny_gpt2()))
+    retrofit.convert(base, "alibi", kernel="chunked")
+    merged = PeftModel.from_pretrained(base, out / "adapter").merge_and_unload()
+    final = retrofit.load(out / "final")
+    ids = _ids()
+    torch.testing.assert_close(_logits(merged, ids), _logits(final, ids), atol=1e-5, rtol=1e-5)
