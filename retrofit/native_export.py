@@ -9,8 +9,9 @@ tensor's name and shape is checked before it is copied):
 
     gpt2  + alibi (scale_bias=True)  -> Falcon (alibi=True, sequential residual, biases, gelu_new)
     gpt2  + rope                     -> GPT-NeoX (use_parallel_residual=False, rotary_pct, tied embeddings)
-    gpt2  + nope                     -> GPT-2 with an all-zero, enlarged position table
-    llama + rope (any scaling)       -> the model's own architecture with ``rope_parameters`` set
+    gpt2 | gpt_neo | opt + nope       -> the same architecture, position table all zeros and enlarged
+    gpt2 | gpt_neo | opt + sinusoidal -> the same architecture, position table = the fixed sinusoids
+    llama | gpt_neox + rope (any scaling) -> the same architecture with ``rope_parameters`` set
 
 After writing, the folder is loaded back with plain transformers and its logits are compared with
 the patched model's on random token ids past the native length; the result (and versions) go to
@@ -82,7 +83,11 @@ def mapping(adapter: str, scheme: str, target: str):
 
 
 def supported_pairs() -> list[str]:
-    return [f"{a}+{s} -> {MAPPING_TARGETS[(a, s)]}" for a, s in MAPPINGS]
+    """``["gpt2+alibi -> FalconForCausalLM", "gpt2|gpt_neo|opt+nope -> same architecture ...", ...]``."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for (adapter, scheme), target in MAPPING_TARGETS.items():
+        groups.setdefault((scheme, target), []).append(adapter)
+    return [f"{'|'.join(adapters)}+{scheme} -> {target}" for (scheme, target), adapters in groups.items()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,24 +255,54 @@ def gpt2_rope_to_neox(model, info, opts) -> Built:
     return Built(cut.finish(model), exact=True, notes=notes)
 
 
-@mapping("gpt2", "nope", "GPT2LMHeadModel")
-def gpt2_nope_to_gpt2(model, info, opts) -> Built:
-    """NoPE is GPT-2 whose position table is zero; the table is enlarged to ``max_length`` rows."""
-    from transformers import GPT2LMHeadModel
+# family -> (state-dict key of the learned position table, config attribute of its size, row of position 0)
+POSITION_TABLES = {
+    "gpt2": ("transformer.wpe.weight", "n_positions", 0),
+    "gpt_neo": ("transformer.wpe.weight", "max_position_embeddings", 0),
+    "opt": ("model.decoder.embed_positions.weight", "max_position_embeddings", 2),
+}
 
+
+def baked_table(model, info, opts) -> Built:
+    """A learned-absolute family keeps its own architecture; its position table is replaced by the scheme's
+    values at positions 0..max_length-1: all zeros for NoPE, the (scaled) sinusoids for ``sinusoidal``."""
+    key, size_attr, first = POSITION_TABLES[info["architecture"]]
     cfg = _plain_config(model)
-    cfg.n_positions = opts["max_length"]
-    dst = GPT2LMHeadModel(cfg).to(dtype=model.dtype).eval()
+    setattr(cfg, size_attr, opts["max_length"])
+    dst = type(model)(cfg).to(dtype=model.dtype).eval()
     cut = Surgery(dst)
     src_sd = {k: v for k, v in model.state_dict().items() if not k.startswith("retrofit_positions.")}
-    for name, p in dst.named_parameters():
-        if name == "transformer.wpe.weight":
-            cut(p, torch.zeros_like(p), name)  # (max_length, E): no positional signal at any position
+    dst_params = dict(dst.named_parameters())
+    if key not in dst_params:
+        raise RetrofitError(f"export: {type(dst).__name__} has no position table {key!r}")
+    for name, p in dst_params.items():
+        if name == key:
+            cut(p, _table_rows(model, info, p, first), name)
         elif name in src_sd:
             cut(p, src_sd[name], name)
+    what = "an all-zero" if info["scheme"] == "nope" else f"a fixed {info['scheme']}"
     return Built(cut.finish(model), exact=True, notes=[
-        f"plain GPT-2 with an all-zero position table of {opts['max_length']} rows: longer inputs are refused by "
-        "GPT-2's table size; re-export with a larger --max-length"])
+        f"{type(dst).__name__} with {what} position table of {opts['max_length']} positions: longer inputs do not "
+        "fit the table; re-export with a larger max_length (--max-length)"])
+
+
+def _table_rows(model, info, table: torch.Tensor, first: int) -> torch.Tensor:
+    """(rows, E) table whose row ``first + p`` holds the scheme's embedding of position p."""
+    rows = torch.zeros_like(table)
+    if info["scheme"] == "nope":
+        return rows
+    scheme = model._retrofit_state.scheme()
+    pos = torch.arange(rows.shape[0] - first, device=table.device)[None]  # (1, max_length)
+    with torch.no_grad():
+        rows[first:] = scheme.embed(pos, torch.float32)[0].to(rows.dtype)
+    if first:  # rows before position 0 (OPT's padding offset) are never looked up for real tokens
+        rows[:first] = 0
+    return rows
+
+
+for _family in POSITION_TABLES:
+    for _scheme in ("nope", "sinusoidal"):
+        mapping(_family, _scheme, "same architecture (baked position table)")(baked_table)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +387,8 @@ def _same_arch_rope(model, info, opts) -> Built:
     return Built(cut.finish(model), exact=True, notes=notes)
 
 
-mapping("llama", "rope", "same architecture (rope_parameters)")(_same_arch_rope)
+for _family in ("llama", "gpt_neox"):
+    mapping(_family, "rope", "same architecture (rope_parameters)")(_same_arch_rope)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,8 +470,8 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     native_len = int(info["native"]["length"])
     opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len))}
     check_len = _positive("check_length", check_length, min(4 * native_len, native_len + 1024))
-    if check_len > opts["max_length"] and pair[1] == "nope":
-        check_len = opts["max_length"]
+    if fn is baked_table:  # the table is the length limit of the exported model
+        check_len = min(check_len, opts["max_length"])
     was_training = model.training
     model.eval()
     try:
