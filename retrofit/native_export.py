@@ -239,10 +239,11 @@ def gpt2_rope_to_neox(model, info, opts) -> Built:
     rope, max_pos, notes = rope_parameters(info["options"], head_dim=c.n_embd // c.n_head)
     cfg = GPTNeoXConfig(
         **_gpt2_common(c), intermediate_size=c.n_inner or 4 * c.n_embd, hidden_act=c.activation_function,
-        rope_parameters=rope, max_position_embeddings=max_pos,
+        rope_parameters=rope, rotary_pct=rope["partial_rotary_factor"], max_position_embeddings=max_pos,
         layer_norm_eps=c.layer_norm_epsilon, use_parallel_residual=False, attention_bias=True,
         hidden_dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop,
     )
+    _keep_rotary_pct(cfg)
     dst = GPTNeoXForCausalLM(cfg).to(dtype=model.dtype).eval()
     _check_rope_config(dst.config, rope)
     cut = Surgery(dst)
@@ -338,6 +339,12 @@ def rope_parameters(o: dict, head_dim: int, native_params: dict | None = None) -
     return params, int(native * factor), notes
 
 
+def _keep_rotary_pct(cfg) -> None:
+    """transformers 5.0 rebuilds GPT-NeoX's partial_rotary_factor from the legacy ``rotary_pct`` key (default
+    0.25) whenever a config is loaded: write that key too, so every 5.x reads the same fraction."""
+    cfg.rotary_pct = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
+
+
 def _check_rope_config(config, wanted: dict) -> None:
     """transformers may rewrite rope_parameters (legacy keys, defaults): the ones we set must survive."""
     got = dict(config.rope_parameters or {})
@@ -373,6 +380,8 @@ def _same_arch_rope(model, info, opts) -> Built:
             notes.append(f"the model's native {nat['rope_type']!r} rope scaling is replaced, as in the patched model")
     cfg.rope_parameters = rope
     cfg.max_position_embeddings = max_pos
+    if cfg.model_type == "gpt_neox":
+        _keep_rotary_pct(cfg)
     dst = type(model)(cfg).to(dtype=model.dtype).eval()
     _check_rope_config(dst.config, rope)
     cut = Surgery(dst)
@@ -502,6 +511,8 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check_len, 
             tokenizer.save_pretrained(tmp)
         _check_config(tmp / "config.json")
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=model.dtype).eval()
+        if getattr(built.model.config, "rope_parameters", None):
+            _check_rope_config(reloaded.config, built.model.config.rope_parameters)
         diff = max_logit_diff(model, reloaded, _check_ids(model.get_input_embeddings().weight.shape[0], check_len))
         limit = built.exact_below
         exact = built.exact and diff <= tolerance
