@@ -1,0 +1,321 @@
+"""Model cards: a Jinja template filled from a run folder (recipe, fine-tune summary, eval report).
+
+    from retrofit.cards import write_card
+    write_card("runs/quickstart")            # -> runs/quickstart/README.md
+
+The bundled template is ``retrofit/templates/model_card.md.j2`` (``model_cards/`` in the repo links
+to it). The card's YAML front matter is Hub metadata (``base_model``, ``library_name``, ``tags``,
+``license``, ``datasets``, ``pipeline_tag``, ``model-index`` with the perplexity results), built
+here as data and dumped with ``yaml.safe_dump``, so it is always valid YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+import yaml
+
+from .errors import RetrofitError
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_DIR = Path(__file__).with_name("templates")
+DEFAULT_TEMPLATE = "model_card.md.j2"
+BUILTIN_SOURCES = ("stdlib", "shakespeare")
+# Licences of base models we know (the Hub cannot be asked offline). Built-ins are retrofit's own.
+KNOWN_LICENSES = {
+    "gpt2": "mit", "openai-community/gpt2": "mit", "gpt2-medium": "mit", "openai-community/gpt2-medium": "mit",
+    "distilgpt2": "apache-2.0", "distilbert/distilgpt2": "apache-2.0",
+    "smollm2": "apache-2.0", "HuggingFaceTB/SmolLM2-135M": "apache-2.0",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0", "HuggingFaceTB/SmolLM2-360M": "apache-2.0",
+    "EleutherAI/pythia-70m": "apache-2.0", "EleutherAI/pythia-160m": "apache-2.0",
+    "facebook/opt-125m": "other", "tiny-gpt2": "apache-2.0",
+}
+# Built-in names -> the Hub id of the weights they stand for (None: retrofit's own, not on the Hub).
+BUILTIN_HUB_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "tiny-gpt2": None}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+# ---- reading the run folder --------------------------------------------------------------------
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _recipe(run_dir: Path) -> dict:
+    for name in ("run.yaml", "recipe.yaml"):
+        p = run_dir / name
+        if p.is_file():
+            return yaml.safe_load(p.read_text()) or {}
+    raise RetrofitError(f"{run_dir} has no run.yaml or recipe.yaml: is it a retrofit run folder?")
+
+
+def hub_base_model(name: str) -> str | None:
+    """The Hub id a recipe's model name stands for (None for local paths and retrofit's own models)."""
+    if name in BUILTIN_HUB_IDS:
+        return BUILTIN_HUB_IDS[name]
+    if name.startswith("baseline:") or Path(name).expanduser().exists() or not _HUB_ID.match(name):
+        return None
+    return name
+
+
+def base_license(name: str) -> tuple[str | None, str]:
+    """(licence id, where it came from) for a base model; (None, reason) when unknown."""
+    if name.startswith("baseline:"):
+        return "apache-2.0", "trained by retrofit.baseline on public-domain plays"
+    if name in KNOWN_LICENSES:
+        return KNOWN_LICENSES[name], "retrofit's table of known base models"
+    for readme in _local_readmes(name):
+        meta = _front_matter(readme.read_text(errors="replace"))
+        if meta.get("license"):
+            return str(meta["license"]), f"the base model's card ({readme.name})"
+    return None, "unknown: set card.license"
+
+
+def _local_readmes(name: str) -> list[Path]:
+    out = [Path(name).expanduser() / "README.md"]
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(name, "README.md")
+        if isinstance(hit, str):
+            out.append(Path(hit))
+    except Exception:  # not a valid repo id, no cache: nothing to read
+        pass
+    return [p for p in out if p.is_file()]
+
+
+def _front_matter(text: str) -> dict:
+    m = re.match(r"^---\n(.*?)\n---", text, re.S)
+    try:
+        return (yaml.safe_load(m.group(1)) or {}) if m else {}
+    except yaml.YAMLError:
+        return {}
+
+
+def _hub_dataset(spec) -> str | None:
+    if not isinstance(spec, str) or spec.split(":")[0] in BUILTIN_SOURCES or Path(spec).exists() or "*" in spec:
+        return None
+    return spec.split(":")[0]
+
+
+# ---- the context the template sees ------------------------------------------------------------------
+def card_context(run_dir: str | Path) -> dict:
+    """Everything the card shows, read from the run folder."""
+    from .pipeline import native_length
+
+    run_dir = Path(run_dir)
+    recipe = _recipe(run_dir)
+    report = _json(run_dir / "eval" / "report.json")
+    if report is None:
+        raise RetrofitError(f"{run_dir} has no eval/report.json; run the eval stage first (retrofit run)")
+    summary = _json(run_dir / "summary.json") or {}
+    info = _json(run_dir / "versions.json") or {}
+    manifest = _json(run_dir / "manifest.json") or {"stages": {}}
+    base = recipe["model"]["name_or_path"]
+    native = native_length(run_dir / "final")
+    ctx = {
+        "recipe": recipe, "report": report, "summary": summary, "manifest": manifest,
+        "base": base_info(base, recipe, run_dir),
+        "conversion": {"scheme": recipe["convert"]["scheme"], "options": recipe["convert"].get("options") or {},
+                       "native_length": native},
+        "budget": budget(recipe, summary, info, report, manifest),
+        "eval": eval_summary(report, native),
+        "export": export_info(run_dir, manifest),
+        "repo": (recipe.get("push") or {}).get("repo"),
+        "versions": info.get("versions") or {},
+    }
+    ctx["limits"] = limits(ctx) + list((recipe.get("card") or {}).get("limits") or [])
+    ctx["metadata"] = metadata(ctx)
+    ctx["title"] = ctx["repo"] or f"{base} → {ctx['conversion']['scheme'] or 'unconverted'}"
+    return ctx
+
+
+def base_info(name: str, recipe: dict, run_dir: Path) -> dict:
+    lic, lic_source = base_license(name)
+    override = (recipe.get("card") or {}).get("license")
+    config = _json(run_dir / "final" / "config.json") or {}
+    out = {"name": name, "hub_id": hub_base_model(name), "license": lic, "license_source": lic_source,
+           "card_license": override or lic, "native": (config.get("retrofit") or {}).get("native") or {},
+           "model_type": config.get("model_type"), "pretrain": None}
+    if name.startswith("baseline:"):
+        from .training.builtin import resolve
+
+        stats = _json(Path(resolve(name, None)[0]) / "pretrain_stats.json")
+        if stats:
+            out["pretrain"] = {k: stats.get(k) for k in ("preset", "n_params", "pretrain_tokens", "heldout_ppl",
+                                                          "native_length", "vocab_size")}
+    return out
+
+
+def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict) -> dict:
+    t, d = recipe["train"], recipe["data"]
+    steps = summary.get("steps") or t["steps"]
+    processes = summary.get("num_processes") or 1
+    tokens = steps * t["batch_size"] * t.get("gradient_accumulation_steps", 1) * d["block_length"] * processes
+    hw = (report.get("environment") or {}).get("hardware") or {}
+    stage = (manifest.get("stages") or {}).get("finetune") or {}
+    return {
+        "method": t["method"], "objective": t["objective"], "steps": steps, "tokens": tokens,
+        "block_length": d["block_length"], "batch": t["batch_size"] * t.get("gradient_accumulation_steps", 1) * processes,
+        "learning_rate": t["learning_rate"], "data": d.get("dataset") or d.get("files"),
+        "trainable_parameters": info.get("trainable_parameters"), "total_parameters": info.get("total_parameters"),
+        "train_seconds": summary.get("train_seconds"), "stage_seconds": stage.get("seconds"),
+        "hardware": hw.get("gpu") or f"{hw.get('cpu') or 'CPU'} ({hw.get('cpu_count')} cores, "
+                                      f"{hw.get('torch_threads')} torch threads)",
+        "processes": processes, "val_loss_before": summary.get("val_loss_before"),
+        "val_loss_after": summary.get("val_loss_after"), "resumed_from_step": summary.get("resumed_from_step"),
+    }
+
+
+def eval_summary(report: dict, native: int) -> dict:
+    """The report's tables (markdown) and the headline numbers the card quotes."""
+    from .evaluation.markdown import passkey_table, ppl_table
+    from .evaluation.report import Report
+
+    r = Report(report)
+    main = report["models"][0]["name"]
+    rows = [x for x in report["rows"] if x["model"] == main and x["method"] == "non-overlapping"]
+    lengths = report["settings"]["lengths"]
+    by_model = {}
+    for x in report["rows"]:
+        if x["method"] == "non-overlapping" or x["model"] not in by_model:
+            by_model.setdefault(x["model"], {})[x["length"]] = x
+    plots = report.get("plots") or []
+    return {
+        "main": main, "data": report["data"], "lengths": lengths, "rows": rows, "native": native,
+        "max_length": max(lengths), "ppl_table": ppl_table(r), "by_model": by_model,
+        "passkey_table": passkey_table(r) if report.get("passkey") else None,
+        "passkey": _passkey_summary(report) if report.get("passkey") else None,
+        "plot": "eval/ppl_vs_length.png" if "ppl_vs_length.png" in plots else None,
+        "passkey_plot": "eval/passkey.png" if "passkey.png" in plots else None,
+        "notes": list(dict.fromkeys(x["note"] for x in report["rows"] if x["note"] and x["method"] == "sliding")),
+        "models": report["models"],
+    }
+
+
+def _passkey_summary(report: dict) -> dict:
+    out = {}
+    for x in report["passkey"]:
+        if x["accuracy"] is None:
+            continue
+        s = out.setdefault(x["model"], {"correct": 0, "trials": 0})
+        s["correct"] += x["correct"]
+        s["trials"] += x["trials"]
+    return out
+
+
+def export_info(run_dir: Path, manifest: dict) -> dict:
+    """The native export: status, where the pushed weights come from, and the export's own record."""
+    from .hub import export_record, weights_kind
+
+    e = (manifest.get("stages") or {}).get("export") or {}
+    record = export_record(run_dir) or {}
+    root = weights_kind(run_dir)
+    return {"status": e.get("status", "not run"), "reason": e.get("reason") or e.get("error"),
+            "native": root == "native", "subfolder": bool(record) and root != "native", "record": record,
+            "target": record.get("target"), "exact": record.get("exact"), "exact_below": record.get("exact_below"),
+            "max_diff": record.get("max_abs_logit_diff"), "check_length": record.get("check_length"),
+            "notes": record.get("notes") or []}
+
+
+def limits(ctx: dict) -> list[str]:
+    """Limitations that follow from this run's numbers and settings."""
+    b, ev, base, conv = ctx["budget"], ctx["eval"], ctx["base"], ctx["conversion"]
+    out = [f"Fine-tuned for {b['steps']:,} steps ({b['tokens']:,} tokens) only; quality at the native length may "
+           "be below the original's (compare the 1x column)."]
+    rows = {x["length"]: x["ppl"] for x in ev["rows"]}
+    n, top = ev["native"], ev["max_length"]
+    if n in rows and top in rows and top != n:
+        trend = "rises" if rows[top] > rows[n] * 1.02 else "does not rise"
+        out.append(f"Measured up to {top:,} tokens ({top / n:g}x native): perplexity {trend} from {rows[n]:.2f} at "
+                   f"{n:,} to {rows[top]:.2f} at {top:,}. Longer inputs were not measured.")
+    out.append(f"Evaluated on {ev['data']['tokens']:,} tokens of `{ev['data']['spec']}` only; other domains were not tested.")
+    if ev["passkey"]:
+        s = ev["passkey"].get(ev["main"]) or {"correct": 0, "trials": 0}
+        out.append(f"Passkey retrieval: {s['correct']}/{s['trials']} correct over the grid; "
+                   "long-range retrieval is not what a short positional fine-tune teaches.")
+    if conv["scheme"] == "alibi":
+        out.append("ALiBi biases attention towards recent tokens: distant context contributes less than in "
+                   "a model trained for long inputs.")
+    if base["pretrain"]:
+        p = base["pretrain"]
+        out.append(f"The base model is a {p['n_params']:,}-parameter stand-in pretrained on {p['pretrain_tokens']:,} "
+                   f"tokens of Shakespeare (held-out perplexity {p['heldout_ppl']:.1f}); it is a demonstration, "
+                   "not a useful language model.")
+    if not base["card_license"]:
+        out.append("The base model's licence is not known to retrofit: check it before using this model.")
+    x = ctx["export"]
+    if x["subfolder"]:
+        out.append(f"The native {x['target']} export in `native/` is not exact at every length (max logit difference "
+                   f"{x['max_diff']:.3g} at {x['check_length']:,} tokens); the exact model needs `retrofit`.")
+    elif not x["native"]:
+        out.append("Loading needs `retrofit`: there is no native transformers export (see How to load).")
+    return out
+
+
+def metadata(ctx: dict) -> dict:
+    """Hub metadata for the YAML front matter."""
+    recipe, base, conv, ev = ctx["recipe"], ctx["base"], ctx["conversion"], ctx["eval"]
+    card = recipe.get("card") or {}
+    meta: dict = {}
+    if base["hub_id"]:
+        meta["base_model"] = base["hub_id"]
+    meta["library_name"] = "transformers" if ctx["export"]["native"] else "retrofit"
+    tags = ["retrofit", "long-context", "position-encoding", "text-generation"]
+    tags += [t for t in (conv["scheme"], base["model_type"]) if t] + list(card.get("tags") or [])
+    meta["tags"] = list(dict.fromkeys(tags))
+    meta["license"] = base["card_license"] or "other"
+    datasets = card.get("datasets")
+    if datasets is None:
+        specs = [recipe["data"].get("dataset"), recipe.get("eval", {}).get("data")]
+        datasets = [d for d in map(_hub_dataset, specs) if d]
+    meta["datasets"] = list(dict.fromkeys(datasets))
+    meta["pipeline_tag"] = "text-generation"
+    meta["model-index"] = [model_index(ctx)]
+    return meta
+
+
+def model_index(ctx: dict) -> dict:
+    ev = ctx["eval"]
+    spec = ev["data"]["spec"]
+    metrics = [{"type": "perplexity", "value": round(x["ppl"], 4),
+                "name": f"Perplexity at {x['length']} tokens ({x['length'] / ev['native']:g}x native)"}
+               for x in ev["rows"]]
+    return {"name": ctx["repo"] or f"{ctx['base']['name']}-{ctx['conversion']['scheme']}",
+            "results": [{"task": {"type": "text-generation", "name": "Causal language modeling"},
+                         "dataset": {"type": spec, "name": f"{spec} ({ev['data']['tokens']:,} tokens)"},
+                         "metrics": metrics}]}
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+def _environment(template: str | None):
+    import jinja2
+
+    loader = jinja2.FileSystemLoader([str(Path(template).parent)] if template else [str(TEMPLATE_DIR)])
+    env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters["num"] = lambda x, d=2: "–" if x is None else (f"{x:,}" if isinstance(x, int) else f"{x:,.{d}f}")
+    env.filters["yaml"] = lambda x: yaml.safe_dump(x, sort_keys=False, allow_unicode=True, width=1000)
+    env.filters["json"] = lambda x: json.dumps(x, sort_keys=True)
+    return env
+
+
+def render_card(run_dir: str | Path, template: str | None = None) -> str:
+    """The card's text for a run folder (``template``: a Jinja file to use instead of the bundled one)."""
+    ctx = card_context(run_dir)
+    env = _environment(template)
+    return env.get_template(Path(template).name if template else DEFAULT_TEMPLATE).render(**ctx)
+
+
+def write_card(run_dir: str | Path, out: str | Path | None = None, template: str | None = None) -> Path:
+    """Render the card into ``out`` (default ``<run_dir>/README.md``); returns its path."""
+    text = render_card(run_dir, template)
+    out = Path(out) if out else Path(run_dir) / "README.md"
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    log.info("wrote the model card %s", out)
+    return out

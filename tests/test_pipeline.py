@@ -1,0 +1,195 @@
+"""``retrofit run``: recipe sections, stages and manifest, skipping done stages, and a kill during the
+fine-tune followed by a resumed run (recipes/tiny-run.yaml: tiny-gpt2, built offline)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import retrofit
+from retrofit import pipeline
+from retrofit.errors import OptionError, RecipeError, RetrofitError
+
+from .pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
+
+VERSION_KEYS = {"retrofit", "torch", "transformers", "peft", "accelerate"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return shared_run(tmp_path_factory)
+
+
+def _manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+# ---- the recipe ------------------------------------------------------------------------------------
+def test_recipe_sections_and_defaults():
+    rr = pipeline.load_recipe(TINY_RECIPE)
+    assert rr.finetune.model.name_or_path == "tiny-gpt2"
+    assert rr.eval.baselines == ["original"] and rr.push.repo is None and rr.export.native is True
+    assert pipeline.resolve_lengths(rr.eval.lengths, 64) == [64, 128, 256]
+    assert pipeline.resolve_lengths(["1x", "0.5x", 300, "2x"], 100) == [50, 100, 200, 300]
+
+
+def test_quickstart_recipe_is_valid_and_spans_1x_to_16x():
+    from retrofit.baseline import PRESETS
+
+    rr = pipeline.load_recipe(REPO / "recipes" / "quickstart.yaml")
+    assert rr.finetune.model.name_or_path == "baseline:quickstart" and rr.finetune.convert.scheme == "alibi"
+    assert rr.finetune.data.dataset == "shakespeare:train" and rr.eval.data == "shakespeare:heldout"
+    native = PRESETS["quickstart"].n_positions
+    assert pipeline.resolve_lengths(rr.eval.lengths, native) == [native * k for k in (1, 2, 4, 8, 16)]
+    assert "original" in rr.eval.baselines
+
+
+@pytest.mark.parametrize("override, key", [
+    ("eval.lenghts=[1x]", "eval.lenghts"),            # unknown key, with a suggestion
+    ("eval.passkey=yes please", "eval.passkey"),      # wrong type
+    ("eval.budget=0", "eval.budget"),
+    ("eval.lengths=[4y]", "eval.lengths"),
+    ("eval.passkey_depths=[2]", "eval.passkey_depths"),
+    ("push.repo=not a repo", "push.repo"),
+    ("push.privat=true", "push.privat"),
+    ("export.native=maybe", "export.native"),
+    ("card.tags=[1]", "card.tags"),
+    ("train.stpes=3", "train.stpes"),                 # the fine-tune part is validated as strictly
+])
+def test_bad_sections_name_the_key(override, key):
+    with pytest.raises((RecipeError, OptionError)) as e:
+        pipeline.load_recipe(TINY_RECIPE, [override])
+    assert key in str(e.value)
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(RecipeError, match="did you mean 'eval.lengths'"):
+        pipeline.load_recipe(TINY_RECIPE, ["eval.lenghts=[1x]"])
+
+
+# ---- one uninterrupted run -----------------------------------------------------------------------------
+def test_every_stage_recorded_with_outputs_and_versions(run_dir):
+    m = _manifest(run_dir)
+    assert m["recipe_hash"] and m["recipe"].endswith("tiny-run.yaml")
+    stages = m["stages"]
+    assert list(stages) == list(pipeline.STAGES)
+    assert [stages[s]["status"] for s in ("finetune", "eval", "card")] == ["done"] * 3
+    assert stages["export"]["status"] in ("done", "not available")
+    assert stages["push"]["status"] == "skipped"
+    for name, e in stages.items():
+        assert VERSION_KEYS <= set(e["versions"]), name
+        assert e["started"] <= e["finished"] and e["inputs"]
+        for out in e["outputs"]:
+            assert (run_dir / out).exists(), out
+    for f in ("final/config.json", "summary.json", "eval/report.json", "eval/ppl_vs_length.png", "README.md",
+              "run.yaml", "recipe.yaml"):
+        assert (run_dir / f).exists(), f
+
+
+def test_eval_is_against_the_original_with_a_sliding_row_past_native(run_dir):
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    assert report["settings"]["lengths"] == [64, 128, 256]
+    roles = {m["name"]: m for m in report["models"]}
+    main, orig = report["models"][0], report["models"][1]
+    assert main["converted"] and main["scheme"] == "alibi" and not orig["converted"] and len(roles) == 2
+    past = [r for r in report["rows"] if r["model"] == orig["name"] and r["length"] > 64]
+    assert past and all(r["method"] == "sliding" and r["window"] == 64 for r in past)
+    assert "/" not in main["name"] and "/" not in orig["name"]  # no local paths in what gets pushed
+
+
+def test_export_result_recorded(run_dir):
+    e = _manifest(run_dir)["stages"]["export"]
+    if e["status"] == "done":
+        assert e["result"]["target"] and (run_dir / "export" / "config.json").is_file()
+    else:
+        assert e["reason"]
+
+
+def test_rerun_skips_every_done_stage(run_dir, caplog):
+    before = _manifest(run_dir)["stages"]
+    with caplog.at_level(logging.INFO, logger="retrofit.pipeline"):
+        retrofit.run(TINY_RECIPE, overrides=[f"output_dir={run_dir}"])
+    after = _manifest(run_dir)["stages"]
+    for s in pipeline.STAGES:
+        assert after[s]["started"] == before[s]["started"], s
+    assert caplog.text.count("already done") == len(pipeline.STAGES)
+
+
+def test_changed_eval_section_reruns_eval_and_later_only(run_dir, tmp_path):
+    copy = copy_run(run_dir, tmp_path / "copy")
+    before = _manifest(copy)["stages"]
+    time.sleep(1.1)  # timestamps have one-second resolution
+    retrofit.run(copy / "run.yaml", overrides=["eval.budget=512", "eval.passkey=false", "eval.lengths=[1x, 2x]"])
+    after = _manifest(copy)["stages"]
+    assert after["finetune"]["started"] == before["finetune"]["started"]
+    for s in ("eval", "export", "card"):  # the changed stage and every later one run again
+        assert after[s]["started"] > before[s]["started"], s
+    assert json.loads((copy / "eval" / "report.json").read_text())["data"]["budget"] == 512
+
+
+def test_export_not_available_does_not_fail_the_run(run_dir, tmp_path, monkeypatch):
+    import retrofit.native_export as ne
+
+    def refuse(*a, **k):
+        raise RetrofitError("no native architecture for this pair")
+
+    monkeypatch.setattr(ne, "export", refuse)
+    copy = copy_run(run_dir, tmp_path / "copy")
+    retrofit.run(copy / "run.yaml", force=("export",))
+    e = _manifest(copy)["stages"]["export"]
+    assert e["status"] == "not available" and "no native architecture" in e["reason"]
+    card = (copy / "README.md").read_text()
+    assert "no native architecture for this pair" in card
+
+
+# ---- kill during the fine-tune, then resume ------------------------------------------------------------
+def _cli_child(args: list[str]) -> None:
+    from retrofit.cli import main
+
+    os._exit(main(args))
+
+
+def _weights(run: Path) -> dict:
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def test_kill_during_finetune_then_rerun_resumes_and_matches(run_dir, tmp_path):
+    """`retrofit run` in a child process (forked: no second import of torch), SIGKILLed once a fine-tune
+    checkpoint exists; the re-run resumes from it, runs every later stage, and ends with the weights of
+    the uninterrupted run."""
+    out = tmp_path / "killed"
+    fast_eval = ["eval.lengths=[1x]", "eval.passkey=false"]  # not part of the fine-tune: its weights stay comparable
+    args = ["run", str(TINY_RECIPE), "--set", f"output_dir={out}", *[x for o in fast_eval for x in ("--set", o)]]
+    proc = multiprocessing.get_context("fork").Process(target=_cli_child, args=(args,))
+    proc.start()
+    deadline = time.time() + 60
+    try:
+        while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline and proc.is_alive():
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.join()
+    assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (out / "final").exists()
+    assert _manifest(out)["stages"]["finetune"]["status"] == "running"
+
+    retrofit.run(TINY_RECIPE, overrides=[f"output_dir={out}", *fast_eval])
+    m = _manifest(out)["stages"]
+    assert all(m[s]["status"] in pipeline.DONE for s in pipeline.STAGES)
+    summary = json.loads((out / "summary.json").read_text())
+    steps = yaml.safe_load(TINY_RECIPE.read_text())["train"]["steps"]
+    assert 0 < summary["resumed_from_step"] < steps and m["finetune"]["resumed_from_step"] > 0
+    a, b = _weights(run_dir), _weights(out)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
