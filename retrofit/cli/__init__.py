@@ -27,6 +27,10 @@ COMMANDS = [
     ("describe", "describe"),
     ("finetune", "finetune"),
     ("eval", "eval"),
+    ("export", "export"),
+    ("run", "run"),
+    ("push", "push"),
+    ("card", "card"),
 ]
 
 
