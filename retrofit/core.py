@@ -9,6 +9,7 @@ modified, so converted and unconverted models (or two conversions) live side by 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from torch import nn
 
 from . import __version__, kernel
 from .adapters import ADAPTERS, adapter_for
-from .adapters.base import Adapter, Swap
+from .adapters.base import Adapter, Swap, track_inputs
 from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
 from .encodings import SCHEMES, Scheme
 
@@ -40,6 +41,8 @@ class RetrofitState:
     original_attn: str | None
     swaps: list[Swap] = field(default_factory=list)
     frozen: list[nn.Parameter] = field(default_factory=list)
+    hooks: list = field(default_factory=list)  # removable hook handles installed by the adapter
+    inputs: dict | None = None  # the current forward's position_ids, 2D mask and cache length (see track_inputs)
     offset: int = 0
     native_fade: float = 0.0
     calls: dict[int, int] = field(default_factory=dict)
@@ -96,14 +99,24 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         key = key.repeat_interleave(H // key.shape[1], dim=1)
         value = value.repeat_interleave(H // value.shape[1], dim=1)
     q_start = Tk - Tq  # the cache holds Tk - Tq earlier keys
+    # a sliding-window cache drops its oldest keys: shift slot indices to the tokens' true positions
+    # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
+    seen = (state.inputs or {}).get("past", 0)
+    shift = seen - q_start if seen > q_start else 0
     if scheme.kind == "rotary":
-        k_pos = torch.arange(Tk, device=query.device) + state.offset
-        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk)
-        key = scheme.rotate(ctx.layer, key, k_pos, Tk)
+        k_pos = torch.arange(Tk, device=query.device) + state.offset + shift
+        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk + shift)
+        key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
     bias = None
     if scheme.kind == "bias":
         layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
-        bias = (lambda h, i, j: scheme.bias(layer, h, i, j) * scale) if scale else (lambda h, i, j: scheme.bias(layer, h, i, j))
+        if shift:
+            bias = lambda h, i, j: scheme.bias(layer, h, i + shift, j + shift)  # noqa: E731
+        else:
+            bias = lambda h, i, j: scheme.bias(layer, h, i, j)  # noqa: E731
+        if scale:
+            unscaled = bias
+            bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
@@ -190,7 +203,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "load it with retrofit.load(path) (plain from_pretrained does not re-apply the patch)"
         )
     adapter = adapter_for(model)
-    spec = adapter.spec()
+    spec = dataclasses.replace(adapter.spec(), embedding_rms=_embedding_rms(model))
     opts = scheme_cls.parse_options(spec, options)
     ref = next(model.parameters())
     scheme = scheme_cls(spec, opts).to(ref.device)
@@ -200,10 +213,13 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     model.add_module(POSITIONS_MODULE, scheme)
     model._retrofit_state = state
     try:
+        state.hooks.append(track_inputs(state, adapter.base()))  # positions and cache length of each call
         state.swaps = adapter.neutralise(state)
         if scheme.kind == "absolute" and adapter.native_kind != "learned_absolute":
             state.swaps += adapter.add_absolute(state)
         for sw in state.swaps:
+            if not sw.freeze:  # a stand-in that reuses the original's weights (e.g. a wrapped attention module)
+                continue
             for p in sw.original.parameters():
                 if p.requires_grad:
                     p.requires_grad_(False)
@@ -211,7 +227,9 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
         for site in adapter.sites():
             site.module._retrofit_layer = LayerContext(state, site.layer, site.window)
         _set_attn(model, ATTN_NAME)
+        previous = getattr(model.config, "retrofit", None) or {}
         model.config.retrofit = {
+            "base_model": previous.get("base_model") or getattr(model.config, "_name_or_path", None) or None,
             "scheme": to,
             "options": scheme.options_dict(),
             "architecture": adapter.name,
@@ -225,6 +243,15 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
         raise
     log.info("converted %s (%s) to %s %s", type(model).__name__, adapter.name, to, scheme.options_dict())
     return model
+
+
+def _embedding_rms(model) -> float | None:
+    """Root-mean-square of the input token embeddings (absolute schemes scale to it); None if unreadable."""
+    try:
+        with torch.no_grad():
+            return float(model.get_input_embeddings().weight.float().pow(2).mean().sqrt())
+    except (AttributeError, NotImplementedError, RuntimeError):  # no embedding module, meta or quantised weights
+        return None
 
 
 def _set_attn(model, name: str | None):
@@ -271,6 +298,8 @@ def revert(model) -> nn.Module:
     state = _state(model)
     if state is None:
         raise NotConvertedError("model is not converted (nothing to revert)")
+    for handle in reversed(state.hooks):
+        handle.remove()
     for sw in reversed(state.swaps):
         setattr(sw.parent, sw.attr, sw.original)
     for p in state.frozen:
@@ -313,6 +342,7 @@ def describe(model) -> dict[str, Any]:
         native = {"kind": adapter.native_kind, "length": adapter.spec().native_length} if adapter else {}
         return {
             "converted": False, "scheme": None, "options": {}, "model_type": model_type,
+            "base_model": getattr(model.config, "_name_or_path", None) or None,
             "architecture": adapter.name if adapter else None, "native": native,
             "max_length": adapter.native_max_length() if adapter else getattr(model.config, "n_positions", None),
             "positions_module": None, "trainable_position_parameters": 0,
@@ -324,6 +354,7 @@ def describe(model) -> dict[str, Any]:
         limit = min(limit or 1 << 62, state.adapter.native_max_length())
     return {
         "converted": True, "scheme": state.scheme_name, "options": scheme.options_dict(), "model_type": model_type,
+        "base_model": model.config.retrofit.get("base_model"),
         "architecture": state.adapter.name, "native": dict(model.config.retrofit["native"]),
         "max_length": limit, "positions_module": POSITIONS_MODULE,
         "trainable_position_parameters": sum(p.numel() for p in scheme.parameters()),
