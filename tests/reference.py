@@ -1,5 +1,6 @@
 """A plain reference attention (full N x N scores, fp32) built from transformers' own oracles:
-BLOOM's ``build_alibi_tensor`` for ALiBi, LLaMA's ``apply_rotary_pos_emb`` and rotary module for RoPE.
+BLOOM's ``build_alibi_tensor`` for ALiBi, LLaMA's ``apply_rotary_pos_emb`` and rotary module for RoPE,
+T5's ``_relative_position_bucket`` for T5 buckets; Shaw and FIRE written from their papers.
 Registered as the attention implementation ``"retrofit_reference"``; it reads the same per-layer
 context as the real kernel, so a converted model can be run through it for comparison."""
 
@@ -10,6 +11,7 @@ from transformers import AttentionInterface, LlamaConfig
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.t5.modeling_t5 import T5Attention
 
 from retrofit.core import retrofit_mask
 
@@ -50,9 +52,45 @@ def _rope(scheme, q, k, q_pos, k_pos):
     return torch.cat([qr, q[..., rot:]], -1), torch.cat([kr, k[..., rot:]], -1)
 
 
-# scheme name -> bias(scheme, layer, i (Tq,1), j (1,Tk)) -> (H, Tq, Tk); extended by later schemes
+def _table(s, layer):
+    return s.table[layer if s.options.per_layer else 0]  # (H, entries)
+
+
+def t5_reference(s, layer, i, j):
+    """T5's own bucketing (unidirectional: a causal decoder), then a plain table lookup."""
+    b = T5Attention._relative_position_bucket(
+        j - i, bidirectional=False, num_buckets=s.options.num_buckets, max_distance=s.options.max_distance
+    )  # (Tq, Tk)
+    return _table(s, layer)[:, b]
+
+
+def shaw_reference(s, layer, i, j):
+    """Shaw et al. (2018): a_ij = w[clip(j - i, -k, k)]; the table holds w[0], w[-1], ..., w[-k] (j <= i)."""
+    k = s.options.max_distance
+    rel = torch.clamp(j - i, -k, k)  # (Tq, Tk)
+    return _table(s, layer)[:, (-rel).clamp(min=0)]
+
+
+def fire_reference(s, layer, i, j):
+    """Li et al. (2023), appendix code: f(log(|c (i - j)| + 1) / (log(|c max(i, L)| + 1) + eps)), L = |s L0|."""
+    li = layer if s.options.per_layer else 0
+    c = s.c[li]
+    L = (s.threshold_scale[li] * s.options.threshold).abs() if s.options.learned_threshold else torch.tensor(
+        float(s.options.threshold))
+    rel = (i - j).clamp(min=0).float()  # future keys are masked
+    normaliser = torch.log(torch.abs(c * torch.maximum(i.float(), L)) + 1) + 1e-6  # (Tq, 1)
+    x = torch.log(torch.abs(c * rel) + 1) / normaliser  # (Tq, Tk)
+    hidden = torch.relu(x[..., None] * s.w1[li] + s.b1[li])  # (Tq, Tk, W)
+    return (hidden @ s.w2[li].T + s.b2[li]).permute(2, 0, 1)  # (H, Tq, Tk)
+
+
+# scheme name -> bias(scheme, layer, i (Tq,1), j (1,Tk)) -> (H, Tq, Tk); extended by later schemes.
+# Absolute ("sinusoidal") and "nope" schemes have no bias: their reference is plain causal attention.
 REFERENCE_BIAS = {
     "alibi": lambda s, layer, i, j: alibi_oracle_slopes(s.spec.num_heads)[:, None, None] * (j - i).float(),
+    "t5": t5_reference,
+    "shaw": shaw_reference,
+    "fire": fire_reference,
 }
 
 

@@ -29,9 +29,34 @@ def gpt2():
     return tf.GPT2LMHeadModel(cfg).eval()
 
 
+def gpt_neo():
+    cfg = tf.GPTNeoConfig(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4,
+                          attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=NATIVE,
+                          intermediate_size=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return tf.GPTNeoForCausalLM(cfg).eval()
+
+
+def opt():
+    cfg = tf.OPTConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+                       max_position_embeddings=NATIVE, word_embed_proj_dim=64, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=0)
+    return tf.OPTForCausalLM(cfg).eval()
+
+
+def gpt_neox():
+    cfg = tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=128, max_position_embeddings=NATIVE, rotary_pct=0.25,
+                           initializer_range=0.05,  # sharper attention: a 4-dim rotary change is visible
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return tf.GPTNeoXForCausalLM(cfg).eval()
+
+
 # model_type -> factory. Architecture adapters list several model types; each gets a model here.
 TINY = {
     "gpt2": gpt2,
+    "gpt_neo": gpt_neo,
+    "opt": opt,
+    "gpt_neox": gpt_neox,
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "mistral": _llama_like(tf.MistralConfig, tf.MistralForCausalLM, sliding_window=8),
     "qwen2": _llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM),
@@ -46,6 +71,11 @@ TINY = {
 MATRIX_OPTIONS = {
     "alibi": {},
     "rope": {"scaling": "yarn", "factor": 2.0},
+    "t5": {"num_buckets": 16, "max_distance": 64},  # 4x native (128) reaches the shared last bucket
+    "shaw": {"max_distance": 48},  # clipped inside the 4x-native test
+    "nope": {},
+    "sinusoidal": {},
+    "fire": {},  # threshold = native length: the 4x test runs with a growing normaliser
 }
 
 

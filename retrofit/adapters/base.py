@@ -8,6 +8,7 @@ registered ``"retrofit"`` attention function, per model instance.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable, ClassVar
 
@@ -39,6 +40,7 @@ class Swap:
     parent: nn.Module
     attr: str
     original: nn.Module
+    freeze: bool = True  # freeze the original's parameters while it is swapped out (False: the stand-in reuses them)
 
 
 class Adapter:
@@ -74,14 +76,68 @@ class Adapter:
     def neutralise(self, state) -> list[Swap]:
         raise NotImplementedError
 
-    def add_absolute(self, state) -> list:
-        """Hook an absolute scheme's embedding in (families without a position table override this)."""
-        raise UnsupportedArchitectureError(f"{self.name}: absolute schemes are not supported yet")
+    def add_absolute(self, state) -> list[Swap]:
+        """Add an absolute scheme's embedding to the token embeddings, for families without a
+        position table (rotary ones): a forward hook on the input-embedding module (its handle goes
+        to ``state.hooks``; revert removes it). Positions come from ``state_positions``.
+        Callers passing ``inputs_embeds`` bypass the embedding module, and so the absolute positions."""
+        embed = self.model.get_input_embeddings()
+
+        def add_positions(module, args, out):  # out (B, T, E)
+            pos = state_positions(state, out.shape[1], out.device)
+            return out + state.scheme().embed(pos + state.offset, out.dtype)
+
+        state.hooks.append(embed.register_forward_hook(add_positions))
+        return []
 
     def swap(self, parent: nn.Module, attr: str, new: nn.Module) -> Swap:
         original = getattr(parent, attr)
         setattr(parent, attr, new)
         return Swap(parent, attr, original)
+
+
+def track_inputs(state, base: nn.Module):
+    """A forward pre-hook on the base model recording the position inputs of the current call in
+    ``state.inputs``: ``position_ids`` (as given, or None), the 2D ``attention_mask``, the cache
+    length ``past`` and the new-token count. Returns the hook handle (removed by revert)."""
+    sig = inspect.signature(base.forward)
+
+    def record(module, args, kwargs):
+        try:
+            bound = sig.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            bound = kwargs
+        extra = bound.get("kwargs", {}) if isinstance(bound.get("kwargs"), dict) else {}
+        get = lambda k: bound.get(k, extra.get(k))  # noqa: E731
+        cache = get("past_key_values")
+        past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
+        mask = get("attention_mask")
+        state.inputs = {
+            "position_ids": get("position_ids"),
+            "attention_mask": mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None,
+            "past": past,
+        }
+
+    return base.register_forward_pre_hook(record, with_kwargs=True)
+
+
+def state_positions(state, length: int, device, native: torch.Tensor | None = None) -> torch.Tensor:
+    """Absolute positions (B or 1, length) of the current call's new tokens, for an absolute scheme:
+    the caller's ``position_ids`` if given; else, with a 2D padding mask, positions counted over real
+    tokens only (as ``generate`` does: left padding does not shift them, padded slots get 1); else the
+    model's own (``native``) or ``past + arange(length)``."""
+    info = state.inputs or {}
+    given = info.get("position_ids")
+    if given is not None:
+        return given.to(device)
+    mask = info.get("attention_mask")
+    past = info.get("past", 0)
+    if mask is not None and mask.shape[-1] == past + length:
+        m = mask.to(device=device, dtype=torch.long)
+        return (m.cumsum(-1) - 1).masked_fill(m == 0, 1)[:, past:]
+    if native is not None:
+        return native
+    return (torch.arange(length, device=device) + past)[None]
 
 
 def adapter_for(model: nn.Module) -> Adapter:
@@ -130,7 +186,8 @@ class NeutralisedPositionTable(nn.Module):
             out = out + state.native_fade * nn.functional.embedding(idx, self.weight)
         scheme = state.scheme()
         if scheme.kind == "absolute":
-            out = out + scheme.embed(pos + state.offset, out.dtype)
+            new = state_positions(state, pos.shape[-1], pos.device, native=pos)
+            out = out + scheme.embed(new + state.offset, out.dtype)
         return out
 
 

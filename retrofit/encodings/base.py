@@ -5,8 +5,10 @@ A scheme is an ``nn.Module`` attached to the converted model as ``model.retrofit
 It is one of three kinds:
 
 - ``"bias"``: a per-head additive score bias, ``bias(layer, h, q_pos, k_pos)``, written
-  elementwise so the same definition serves the query-chunked kernel (broadcast over
-  ``(H, Cq, Tk)``) and FlexAttention's ``score_mod`` (scalars). A learned bias is a gather.
+  elementwise so the same definition serves the query-chunked kernel (``h`` (H, 1, 1),
+  ``q_pos`` (1, C, 1), ``k_pos`` (1, 1, Tk) -> (H, C, Tk)) and FlexAttention's ``score_mod``
+  (0-d tensors -> 0-d). A learned bias is a gather (``table[layer, h, bucket(q_pos - k_pos)]``),
+  never an H x N x N tensor.
 - ``"rotary"``: rotates q and k, ``rotate(layer, x, pos)``.
 - ``"absolute"``: adds to the embeddings, ``embed(position_ids, dtype)``.
 - ``"none"``: nothing (the causal mask alone carries order).
@@ -43,6 +45,7 @@ class ModelSpec:
     native_length: int  # positions the model was trained on
     native_kind: str  # "learned_absolute" | "rope"
     native_rope: dict | None = None  # {"theta", "fraction", "rope_type", "inv_freq" (tensor), "attention_scaling"}
+    embedding_rms: float | None = None  # RMS of the input token embeddings (filled by convert; absolute schemes scale to it)
 
 
 def option(default, help: str, choices: tuple | None = None):
@@ -113,6 +116,16 @@ class Scheme(nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.options_dict().items())
+
+
+def gather_per_head(table: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``table[h, idx]`` for a per-head table (H, E), elementwise-broadcast like a bias: ``h`` (H', 1, ..., 1)
+    with ``idx`` (1, ...) gives (H', ...) through one ``index_select`` over the flattened indices (no
+    broadcast index tensors of the output's size); 0-d ``h`` and ``idx`` (FlexAttention) give a 0-d value."""
+    if h.dim() == 0 or idx.dim() != h.dim() or idx.shape[0] != 1 or any(s != 1 for s in h.shape[1:]):
+        return table[h, idx]
+    rows = table.index_select(0, h.reshape(-1))  # (H', E)
+    return rows.index_select(1, idx.reshape(-1)).view(rows.shape[0], *idx.shape[1:])
 
 
 def _check_type(scheme: str, key: str, value, hint, choices):

@@ -1,0 +1,58 @@
+"""Clipped relative positions (Shaw, Uszkoreit & Vaswani, 2018, "Self-Attention with Relative Position
+Representations"), scalar form: a learned bias per head for each offset i - j, clipped at
+``max_distance`` (the paper's k: ``a_ij = w_clip(j - i, k)``). A causal decoder only sees
+j - i in [-k, 0], so the table has k + 1 entries per head.
+
+Initialisation (``init="alibi"``, default): entry d of head h starts at -slope_h x d, i.e. exactly
+ALiBi up to ``max_distance`` and flat beyond, so the converted model keeps its recency;
+``init="zero"`` is the paper's fresh start.
+
+Parameters: ``table`` (L, H, k + 1) with ``per_layer=True`` (default; Shaw et al. learn one set
+per layer), else (1, H, k + 1) shared. The bias is a gather ``table[layer, h, min(i - j, k)]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import OptionError
+from .alibi import alibi_slopes
+from .base import ModelSpec, Scheme, gather_per_head, option, register_scheme
+
+INITS = ("alibi", "zero")
+
+
+@register_scheme("shaw")
+class ShawClipped(Scheme):
+    name = "shaw"
+    kind = "bias"
+
+    @dataclass
+    class Options:
+        max_distance: int = option(128, "clipping distance k: offsets beyond k share the value at k (the paper used 16)")
+        per_layer: bool = option(True, "one table per layer (False: one shared by all layers)")
+        init: str = option("alibi", "alibi: start at -slope_h x min(d, k) (keeps recency); zero: a fresh start", INITS)
+
+    @classmethod
+    def resolve_defaults(cls, spec, opts):
+        if opts.max_distance < 1:
+            raise OptionError(f"shaw: max_distance must be >= 1; got {opts.max_distance}")
+        return opts
+
+    def __init__(self, spec: ModelSpec, options):
+        super().__init__(spec, options)
+        layers = spec.num_layers if options.per_layer else 1
+        table = torch.zeros(layers, spec.num_heads, options.max_distance + 1)
+        if options.init == "alibi":
+            slopes = torch.tensor(alibi_slopes(spec.num_heads), dtype=torch.float32)
+            table[:] = -slopes[:, None] * torch.arange(options.max_distance + 1, dtype=torch.float32)[None, :]
+        self.table = nn.Parameter(table)  # (L or 1, H, k + 1)
+
+    def bias(self, layer, h, q_pos, k_pos):
+        # h (H,1,1), q_pos (1,C,1), k_pos (1,1,Tk) -> (H, C, Tk); or 0-d tensors -> 0-d
+        table = self.table[layer if self.options.per_layer else 0]  # (H, k + 1)
+        offset = (q_pos - k_pos).clamp(0, self.options.max_distance)  # future keys are masked anyway
+        return gather_per_head(table, h, offset)

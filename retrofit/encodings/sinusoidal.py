@@ -1,0 +1,59 @@
+"""Fixed sinusoidal absolute positions (Vaswani et al., 2017, "Attention Is All You Need", sec. 3.5),
+added to the token embeddings: PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d)).
+
+It is the baseline of the ALiBi paper (Press et al., 2022): defined at every position, so it runs
+past the native length, but perplexity degrades there. No learned parameters.
+
+Scale: unit sinusoids (RMS 1/sqrt(2)) would swamp typical token embeddings (RMS ~0.02-0.1), so by
+default they are scaled to the RMS of the model's token embeddings (``scale=None``; the resolved
+value is stored in the options, so a saved model reloads with the same scale).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import OptionError
+from .base import ModelSpec, Scheme, option, register_scheme
+
+
+def sinusoids(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """(...,) positions -> (..., dim) fp32 sinusoids, sin on even and cos on odd channels."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)  # (ceil(d/2),)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., ceil(d/2))
+    out = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., 2 ceil(d/2)) interleaved
+    return out[..., :dim]
+
+
+@register_scheme("sinusoidal")
+class Sinusoidal(Scheme):
+    name = "sinusoidal"
+    kind = "absolute"
+
+    @dataclass
+    class Options:
+        base: float = option(10000.0, "wavelength base (the paper's 10000)")
+        scale: float | None = option(
+            None, "amplitude multiplier; default: sqrt(2) x the token embeddings' RMS (equal RMS to the tokens)"
+        )
+
+    @classmethod
+    def resolve_defaults(cls, spec, opts):
+        if opts.scale is None:
+            rms = spec.embedding_rms
+            opts.scale = float(math.sqrt(2.0) * rms) if rms else 1.0
+        if opts.base <= 1:
+            raise OptionError(f"sinusoidal: base must be > 1; got {opts.base}")
+        if not math.isfinite(opts.scale) or opts.scale < 0:
+            raise OptionError(f"sinusoidal: scale must be a finite non-negative number; got {opts.scale}")
+        return opts
+
+    def __init__(self, spec: ModelSpec, options):
+        super().__init__(spec, options)
+
+    def embed(self, position_ids, dtype):
+        # position_ids (B, T) -> (B, T, hidden)
+        return (sinusoids(position_ids, self.spec.hidden_size, self.options.base) * self.options.scale).to(dtype)
