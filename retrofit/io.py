@@ -104,6 +104,16 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
     return model
 
 
+def _gguf_dequantize() -> dict:
+    """Newer transformers keep GGUF weights in GGML blocks unless asked (slow on CPU, not trainable,
+    not serializable); older ones always dequantize at load."""
+    try:
+        from transformers import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
 def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | None = None, device: str | None = None,
                tokenizer: bool = True):
     """(model, tokenizer) from a hub id, a local folder, a GGUF file or a built-in name
@@ -123,6 +133,7 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
         if local.is_file():
             local, gguf_file = local.parent, local.name
         kwargs["gguf_file"] = gguf_file
+        kwargs.update(_gguf_dequantize())
     is_retrofit = (local / "config.json").exists() and "retrofit" in json.loads((local / "config.json").read_text())
     try:
         if is_retrofit:
@@ -133,6 +144,10 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
             model = AutoModelForCausalLM.from_pretrained(str(local) if gguf_file else name_or_path, **kwargs)
     except OSError as e:
         raise RetrofitError(f"cannot load model {name_or_path!r}: {e}") from e
+    if gguf_file:  # dequantized: plain tensors that train, merge and save like any checkpoint
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     model.eval()
     if device:
         model.to(device)
