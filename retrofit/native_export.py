@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # max abs logit difference (fp32) for an export that claims to be exact
 EXPORT_FILE = "retrofit_export.json"
-FALCON_BF16_EXACT = 256  # Falcon builds slope * position in bfloat16: integers below 2**8 are exact
+FALCON_BF16_EXACT = 258  # Falcon builds slope * position in bfloat16: positions 0..256 are exact, 257 is not
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,12 +176,14 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
     from transformers import FalconConfig, FalconForCausalLM
 
     _gpt2_checks(model)
-    if not info["options"].get("scale_bias"):
+    scaled = bool(info["options"].get("scale_bias"))
+    if not scaled and not opts["approximate"]:
         raise RetrofitError(
             "export: gpt2 + alibi with scale_bias=False (bias added after the 1/sqrt(d) scaling) has no native "
             "architecture: Falcon adds it before the scaling, MPT has no linear biases and BLOOM adds an embedding "
             "LayerNorm. Convert with `--option scale_bias=true` (before fine-tuning) for an exact Falcon export, "
-            "or load this model with retrofit.load(path)"
+            "pass approximate=True (--approximate) for an inexact Falcon export, or load this model with "
+            "retrofit.load(path)"
         )
     c = model.config
     cfg = FalconConfig(
@@ -198,10 +200,14 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
         _gpt2_block(cut, s, d, d.self_attention, d.input_layernorm, d.post_attention_layernorm, c.n_head, f"h.{i}")
     cut(out.ln_f.weight, src.ln_f.weight, "ln_f.weight")
     cut(out.ln_f.bias, src.ln_f.bias, "ln_f.bias")
-    built = Built(cut.finish(model), exact=True, exact_below=FALCON_BF16_EXACT)
+    built = Built(cut.finish(model), exact=scaled, exact_below=FALCON_BF16_EXACT if scaled else None)
+    if not scaled:
+        built.notes.append(
+            f"approximate: the model adds the ALiBi bias after the 1/sqrt(d) scaling, Falcon before it, so the "
+            f"exported slopes are effectively divided by sqrt({c.n_embd // c.n_head})")
     built.notes.append(
         f"Falcon builds the ALiBi bias slope*position in bfloat16 (transformers' build_alibi_tensor): in fp32 the "
-        f"export is exact for sequences shorter than {FALCON_BF16_EXACT} tokens; beyond, key biases are rounded "
+        f"export is exact for sequences of up to {FALCON_BF16_EXACT - 1} tokens; beyond, key biases are rounded "
         "to 8 significant bits"
     )
     if not math.log2(c.n_head).is_integer():
@@ -451,7 +457,8 @@ def max_logit_diff(a, b, ids: torch.Tensor) -> float:
 
 
 def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, tokenizer=None,
-           max_length: int | None = None, check_length: int | None = None, tolerance: float = TOLERANCE) -> ExportResult:
+           max_length: int | None = None, check_length: int | None = None, approximate: bool = False,
+           ppl_text: str = "stdlib", tolerance: float = TOLERANCE) -> ExportResult:
     """Write ``model_or_run_dir`` (a converted model, a retrofit checkpoint folder, or a run folder with
     ``final/``) to ``path``. ``native=True``: a native transformers architecture (see the module doc);
     ``native=False``: the retrofit format (``retrofit.save``; reload with ``retrofit.load``).
@@ -459,6 +466,9 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     ``max_length``: the longest sequence the native model should accept where its architecture has a
     limit (GPT-2 for NoPE: the size of the zero position table; default max(8192, 4 x native)).
     ``check_length``: tokens of the random-id equivalence check (default min(4 x native, native + 1024)).
+    ``approximate=True``: also write the closest architecture where none is exact (gpt2 + alibi with
+    scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
+    is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.data`` spec) at ``check_length``.
     An export that should be exact but differs by more than ``tolerance`` raises and writes nothing."""
     from .io import atomic_dir, save
 
@@ -477,7 +487,7 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
             "Export without --native (retrofit format) and load it with retrofit.load(path)"
         )
     native_len = int(info["native"]["length"])
-    opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len))}
+    opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len)), "approximate": approximate}
     check_len = _positive("check_length", check_length, min(4 * native_len, native_len + 1024))
     if fn is baked_table:  # the table is the length limit of the exported model
         check_len = min(check_len, opts["max_length"])
@@ -485,7 +495,8 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     model.eval()
     try:
         built = fn(model, info, opts)
-        return _write(model, built, tokenizer, path, pair, info, source, check_len, tolerance, atomic_dir)
+        check = {"length": check_len, "tolerance": tolerance, "ppl_text": ppl_text}
+        return _write(model, built, tokenizer, path, pair, info, source, check, atomic_dir)
     finally:
         model.train(was_training)
 
@@ -498,9 +509,10 @@ def _positive(name: str, value, default: int) -> int:
     return value
 
 
-def _write(model, built: Built, tokenizer, path, pair, info, source, check_len, tolerance, atomic_dir) -> ExportResult:
+def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict, atomic_dir) -> ExportResult:
     from transformers import AutoModelForCausalLM
 
+    check_len, tolerance = check["length"], check["tolerance"]
     result = ExportResult(native=True, mapping=f"{pair[0]}+{pair[1]}", target=type(built.model).__name__,
                           model_type=built.model.config.model_type, check_length=check_len,
                           dtype=str(model.dtype).replace("torch.", ""), source=str(source) if source else None)
@@ -524,6 +536,8 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check_len, 
             exact = False
             notes.append(f"checked at {check_len} tokens, past the exact range (< {limit})")
         result.update(exact=exact, exact_below=limit, max_abs_logit_diff=diff, notes=notes)
+        if not exact:
+            result.update(_ppl_difference(model, reloaded, tokenizer, check["ppl_text"], check_len))
         record = {**result, "retrofit": {k: info[k] for k in ("scheme", "options", "architecture", "native")},
                   "versions": _versions()}
         (tmp / EXPORT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
@@ -533,6 +547,32 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check_len, 
     log.info("exported %s to %s (%s, max |dlogit| %.3g)", result["mapping"], out, result["target"],
              result["max_abs_logit_diff"])
     return result
+
+
+def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, windows: int = 2) -> dict:
+    """Perplexity of both models on up to ``windows`` windows of ``length`` tokens of real text."""
+    if tokenizer is None:
+        return {"ppl": None, "ppl_note": "no tokenizer: the perplexity difference was not measured"}
+    from .data import load_documents, tokenize_documents
+
+    tokens = [t for doc in tokenize_documents(tokenizer, load_documents(spec)) for t in doc]
+    n = min(windows, len(tokens) // length)
+    if n == 0:
+        return {"ppl": None, "ppl_note": f"{spec!r} has fewer than {length} tokens: perplexity not measured"}
+    ids = torch.tensor(tokens[: n * length]).view(n, length)
+    a, b = _nll(patched, ids), _nll(exported, ids)
+    return {"ppl": {"text": spec, "tokens": n * length, "length": length, "patched": math.exp(a),
+                    "exported": math.exp(b), "relative_diff": math.exp(b - a) - 1}}
+
+
+def _nll(model, ids: torch.Tensor) -> float:
+    """Mean next-token negative log-likelihood over the rows of ``ids`` (N, L)."""
+    total = 0.0
+    with torch.no_grad():
+        for row in ids:
+            logits = model(input_ids=row[None].to(model.device), use_cache=False).logits[0, :-1].float()
+            total += float(nn.functional.cross_entropy(logits, row[1:].to(logits.device), reduction="sum"))
+    return total / (ids.shape[0] * (ids.shape[1] - 1))
 
 
 def _check_config(path: Path) -> None:

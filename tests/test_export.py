@@ -119,8 +119,11 @@ def test_export_loads_without_retrofit_installed(tmp_path):
 def test_falcon_export_is_exact_only_below_its_bf16_bias_range(tmp_path):
     model = retrofit.convert(TINY["gpt2"](), "alibi", scale_bias=True)
     result = retrofit.export(model, tmp_path / "out", check_length=300)
-    assert not result["exact"] and result["exact_below"] == 256
+    assert not result["exact"] and result["exact_below"] == 258
     assert any("bfloat16" in n for n in result["notes"])
+    assert result["ppl"] is None and "no tokenizer" in result["ppl_note"]
+    edge = retrofit.export(model, tmp_path / "edge", check_length=257)  # positions 0..256: exact in bfloat16
+    assert edge["exact"] and edge["max_abs_logit_diff"] <= TOLERANCE
 
 
 def test_falcon_slopes_match_for_non_power_of_two_heads():
@@ -146,10 +149,30 @@ def test_per_head_qkv_layout():
 
 
 # ------------------------------------------------------------------ errors -------------------
-def test_alibi_without_scale_bias_is_refused_with_the_fix():
+def test_alibi_without_scale_bias_is_refused_with_the_fix(tmp_path):
     model = retrofit.convert(TINY["gpt2"](), "alibi")
-    with pytest.raises(RetrofitError, match="scale_bias=true.*retrofit.load"):
-        retrofit.export(model, "/nonexistent/never-written")
+    with pytest.raises(RetrofitError, match="scale_bias=true.*approximate.*retrofit.load"):
+        retrofit.export(model, tmp_path / "never-written")
+    assert not (tmp_path / "never-written").exists()
+
+
+def test_approximate_falcon_export_says_so_and_measures_perplexity(tmp_path):
+    """scale_bias=False has no exact target; approximate=True writes Falcon anyway, with exact False and the
+    perplexity of both models on real text (a character tokenizer over the tiny vocabulary)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = {chr(c): c - 29 for c in range(32, 127)} | {"<pad>": 0, "<s>": 1, "<unk>": 2}  # ids 3..97
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok = tf.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", pad_token="<pad>")
+    model = retrofit.convert(TINY["gpt2"](), "alibi")
+    result = retrofit.export(model, tmp_path / "out", approximate=True, tokenizer=tok)
+    assert result["target"] == "FalconForCausalLM" and not result["exact"] and result["exact_below"] is None
+    assert any("after the 1/sqrt(d) scaling" in n for n in result["notes"])
+    assert result["max_abs_logit_diff"] > TOLERANCE
+    ppl = result["ppl"]
+    assert ppl["tokens"] == 2 * LONG and ppl["patched"] > 1 and ppl["exported"] > 1 and ppl["relative_diff"] != 0
+    assert (tmp_path / "out" / "tokenizer.json").exists()
 
 
 @pytest.mark.parametrize("arch,scheme", [("gpt2", "t5"), ("gpt2", "fire"), ("llama", "alibi")])
