@@ -26,9 +26,10 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -159,11 +160,12 @@ def _gpt2_checks(model) -> None:
 
 
 def _gpt2_common(c) -> dict:
-    return dict(
-        vocab_size=c.vocab_size, hidden_size=c.n_embd, num_hidden_layers=c.n_layer, num_attention_heads=c.n_head,
-        bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=getattr(c, "pad_token_id", None),
-        initializer_range=c.initializer_range, tie_word_embeddings=_tied(c),
-    )
+    return {
+        "vocab_size": c.vocab_size, "hidden_size": c.n_embd, "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+        "pad_token_id": getattr(c, "pad_token_id", None), "initializer_range": c.initializer_range,
+        "tie_word_embeddings": _tied(c),
+    }
 
 
 def _tied(config) -> bool:
@@ -288,9 +290,9 @@ def baked_table(model, info, opts) -> Built:
         elif name in src_sd:
             cut(p, src_sd[name], name)
     what = "an all-zero" if info["scheme"] == "nope" else f"a fixed {info['scheme']}"
-    return Built(cut.finish(model), exact=True, notes=[
-        f"{type(dst).__name__} with {what} position table of {opts['max_length']} positions: longer inputs do not "
-        "fit the table; re-export with a larger max_length (--max-length)"])
+    note = (f"{type(dst).__name__} with {what} position table of {opts['max_length']} positions: longer inputs do "
+            "not fit the table; re-export with a larger max_length (--max-length)")
+    return Built(cut.finish(model), exact=True, notes=[note])
 
 
 def _table_rows(model, info, table: torch.Tensor, first: int) -> torch.Tensor:
@@ -393,7 +395,7 @@ def _same_arch_rope(model, info, opts) -> Built:
     cut = Surgery(dst)
     src_sd = {k: v for k, v in model.state_dict().items() if not k.startswith("retrofit_positions.")}
     dst_names = {n for n, _ in dst.named_parameters()}
-    extra = sorted(set(k for k in src_sd if k not in dst.state_dict()))
+    extra = sorted(set(src_sd) - set(dst.state_dict()))
     if extra:
         raise RetrofitError(f"export: source tensors with no place in {type(dst).__name__}: {extra[:8]}")
     for name, p in dst.named_parameters():

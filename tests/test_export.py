@@ -109,7 +109,7 @@ def test_export_loads_without_retrofit_installed(tmp_path):
         "        pass\n"
         "print('ok', len(sys.argv) - 1)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code, *dirs], capture_output=True, text=True, timeout=300,
+    run = subprocess.run([sys.executable, "-c", code, *dirs], check=False, capture_output=True, text=True, timeout=300,
                          env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ok 3" in run.stdout
