@@ -213,6 +213,8 @@ def test_two_cpu_processes_gloo_end_identical(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RETROFIT_TEST_LAUNCHER") != "1",
+                    reason="opt-in (RETROFIT_TEST_LAUNCHER=1): ~40 s of imports in fresh processes on a loaded CPU")
 def test_two_processes_under_torchrun(tmp_path):
     """The same through a real launcher (what `accelerate launch --multi_gpu` runs). ~2x slower: imports."""
     out, path = _ddp_recipe(tmp_path)
