@@ -222,3 +222,12 @@ def test_cli_export(tmp_path, capsys):
     retrofit.save(retrofit.convert(TINY["gpt2"](), "t5"), tmp_path / "t5")
     assert main(["export", str(tmp_path / "t5"), "--native", "--out", str(tmp_path / "t5-out")]) == 2
     assert "retrofit.load" in capsys.readouterr().err
+
+
+def test_bfloat16_model_exports_in_its_dtype(tmp_path):
+    model = retrofit.convert(TINY["gpt2"](), "rope").to(torch.bfloat16)
+    result = retrofit.export(model, tmp_path / "out")
+    assert result["dtype"] == "bfloat16" and result["exact"]
+    assert any("float32 only" in n for n in result["notes"])
+    plain = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert plain.dtype == torch.bfloat16
