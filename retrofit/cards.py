@@ -88,7 +88,7 @@ def _local_readmes(name: str) -> list[Path]:
 
 
 def _front_matter(text: str) -> dict:
-    m = re.match(r"^---\n(.*?)\n---", text, re.S)
+    m = re.match(r"^---\n(.*?)\n---", text, re.DOTALL)
     try:
         return (yaml.safe_load(m.group(1)) or {}) if m else {}
     except yaml.YAMLError:
@@ -141,9 +141,13 @@ def base_info(name: str, recipe: dict, run_dir: Path) -> dict:
            "card_license": override or lic, "native": (config.get("retrofit") or {}).get("native") or {},
            "model_type": config.get("model_type"), "pretrain": None}
     if name.startswith("baseline:"):
-        from .training.builtin import resolve
+        from .baseline import STATS_FILE, output_dir
+        from .errors import OptionError
 
-        stats = _json(Path(resolve(name, None)[0]) / "pretrain_stats.json")
+        try:  # where pretrain() caches it (never pretrains here)
+            stats = _json(output_dir(name.split(":", 1)[1]) / STATS_FILE)
+        except OptionError:
+            stats = None
         if stats:
             out["pretrain"] = {k: stats.get(k) for k in ("preset", "n_params", "pretrain_tokens", "heldout_ppl",
                                                           "native_length", "vocab_size")}
@@ -224,10 +228,9 @@ def export_info(run_dir: Path, manifest: dict) -> dict:
 def limits(ctx: dict) -> list[str]:
     """Limitations that follow from this run's numbers and settings."""
     b, ev, base, conv = ctx["budget"], ctx["eval"], ctx["base"], ctx["conversion"]
-    out = [f"Fine-tuned for {b['steps']:,} steps ({b['tokens']:,} tokens) only; quality at the native length may "
-           "be below the original's (compare the 1x column)."]
     rows = {x["length"]: x["ppl"] for x in ev["rows"]}
     n, top = ev["native"], ev["max_length"]
+    out = [_native_quality(b, ev, rows.get(n), base)]
     if n in rows and top in rows and top != n:
         trend = "rises" if rows[top] > rows[n] * 1.02 else "does not rise"
         out.append(f"Measured up to {top:,} tokens ({top / n:g}x native): perplexity {trend} from {rows[n]:.2f} at "
@@ -256,9 +259,26 @@ def limits(ctx: dict) -> list[str]:
     return out
 
 
+def _native_quality(b: dict, ev: dict, ppl_native: float | None, base: dict) -> str:
+    """How the fine-tuned model compares with the unconverted original at the native length."""
+    text = f"Fine-tuned for {b['steps']:,} steps ({b['tokens']:,} tokens) only."
+    orig = next((ev["by_model"][m["name"]].get(ev["native"]) for m in ev["models"]
+                 if m["role"] == "baseline" and not m["converted"] and m["name"] in ev["by_model"]), None)
+    if ppl_native is None or orig is None or orig["method"] != "non-overlapping":
+        return text + " Compare the 1x column with the original's before relying on it."
+    if ppl_native > orig["ppl"]:
+        return text + (f" At the native length it is worse than the original ({ppl_native:.2f} vs {orig['ppl']:.2f} "
+                       "perplexity): the conversion costs some quality that a longer fine-tune would recover.")
+    extra = ""
+    if base["pretrain"] and base["pretrain"].get("pretrain_tokens"):
+        extra = (f"; part of that gain is the extra training ({b['tokens'] / base['pretrain']['pretrain_tokens']:.0%} "
+                 "of the base model's pretraining tokens), not the new positions")
+    return text + f" At the native length it scores {ppl_native:.2f} vs the original's {orig['ppl']:.2f}{extra}."
+
+
 def metadata(ctx: dict) -> dict:
     """Hub metadata for the YAML front matter."""
-    recipe, base, conv, ev = ctx["recipe"], ctx["base"], ctx["conversion"], ctx["eval"]
+    recipe, base, conv = ctx["recipe"], ctx["base"], ctx["conversion"]
     card = recipe.get("card") or {}
     meta: dict = {}
     if base["hub_id"]:

@@ -212,7 +212,7 @@ def resolve_lengths(items: list, native: int) -> list[int]:
     out = set()
     for x in items:
         if isinstance(x, str):
-            out.add(int(round(float(_MULTIPLE.match(x.strip()).group(1)) * native)))
+            out.add(round(float(_MULTIPLE.match(x.strip()).group(1)) * native))
         else:
             out.add(int(x))
     return sorted(out)
