@@ -16,8 +16,9 @@ tensor's name and shape is checked before it is copied):
 After writing, the folder is loaded back with plain transformers and its logits are compared with
 the patched model's on random token ids past the native length; the result (and versions) go to
 ``retrofit_export.json`` beside the weights. A pair that no native architecture can express (T5
-buckets, FIRE, ALiBi added after the score scaling, ...) is a ``RetrofitError`` that points to
-``retrofit.load``.
+buckets, FIRE, ...) is a ``RetrofitError`` that points to ``retrofit.load``; ALiBi added after the
+score scaling (``scale_bias=False``) is refused too unless ``approximate=True`` (Falcon, inexact,
+reported with the perplexity difference). See docs/export.md.
 """
 
 from __future__ import annotations
