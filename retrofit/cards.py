@@ -304,7 +304,8 @@ def model_index(ctx: dict) -> dict:
     metrics = [{"type": "perplexity", "value": round(x["ppl"], 4),
                 "name": f"Perplexity at {x['length']} tokens ({x['length'] / ev['native']:g}x native)"}
                for x in ev["rows"]]
-    return {"name": ctx["repo"] or f"{ctx['base']['name']}-{ctx['conversion']['scheme']}",
+    local = re.sub(r"[^\w.-]+", "-", f"{ctx['base']['name']}-{ctx['conversion']['scheme']}")
+    return {"name": ctx["repo"] or local,
             "results": [{"task": {"type": "text-generation", "name": "Causal language modeling"},
                          "dataset": {"type": spec, "name": f"{spec} ({ev['data']['tokens']:,} tokens)"},
                          "metrics": metrics}]}
