@@ -35,7 +35,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 REPORT_FILES = ("report.json", "report.md")
 # Never uploaded, whatever folder they turn up in (checked on the staged list as a last guard).
 FORBIDDEN = re.compile(r"(optimizer|scheduler|rng_state|random_states|scaler|checkpoint|training_args|\.pt$|\.bin$"
-                       r"|\.pkl$|log\.jsonl$|manifest\.json$|recipe\.yaml$|run\.yaml$)", re.I)
+                       r"|\.pkl$|log\.jsonl$|manifest\.json$|recipe\.yaml$|run\.yaml$)", re.IGNORECASE)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 

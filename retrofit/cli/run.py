@@ -36,7 +36,8 @@ def run(args) -> int:
 
     import yaml
 
-    from ..pipeline import load_recipe, run as run_pipeline, where
+    from ..pipeline import load_recipe, where
+    from ..pipeline import run as run_pipeline
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.check:
