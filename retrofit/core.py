@@ -234,6 +234,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "options": scheme.options_dict(),
             "architecture": adapter.name,
             "native": {"kind": adapter.native_kind, "length": spec.native_length},
+            "kernel": kernel,
             "retrofit_version": __version__,
         }
         if verify:

@@ -88,7 +88,8 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
     if "dtype" in from_pretrained_kwargs:
         from_pretrained_kwargs["dtype"] = DTYPES.get(from_pretrained_kwargs["dtype"], from_pretrained_kwargs["dtype"])
     model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
-    _convert(model, block["scheme"], force=False, kernel="auto", verify=False, options=block["options"], from_checkpoint=True)
+    _convert(model, block["scheme"], force=False, kernel=block.get("kernel", "auto"), verify=False,
+             options=block["options"], from_checkpoint=True)
     positions = getattr(model, POSITIONS_MODULE)
     expected = positions.state_dict()
     if expected:
@@ -129,6 +130,8 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
             raise RetrofitError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
         kwargs["dtype"] = DTYPES[dtype]
     local = Path(name_or_path)
+    if not gguf_file and local.suffix == ".gguf" and local.is_file():
+        gguf_file = local.name
     if gguf_file:
         if local.is_file():
             local, gguf_file = local.parent, local.name

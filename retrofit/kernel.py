@@ -3,8 +3,8 @@
 Two paths, chosen per call by device, dtype and grad, and always recorded (``last_path``):
 
 - ``"flex"``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window
-  and padding as a block mask. Fastest for bias schemes; on CPU it has no backward, so it only
-  runs without grad there. Compiled with ``dynamic=True`` (no recompile per length).
+  and padding as a block mask. The default on CUDA. On CPU it is opt-in (``kernel="flex"``):
+  no backward, no padded/windowed masks, ~15 s to compile per process (``dynamic=True``).
 - ``"chunked"``: query-chunked SDPA; each chunk builds its own (H, C, Tk) bias, so memory is
   O(H * C * N), linear in N. Exact in any dtype (half inputs are scored in fp32 when there is a
   bias). Under grad each chunk is checkpointed, so backward never holds every chunk's bias.
@@ -52,7 +52,9 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
         if not _flex_available():
             raise RuntimeError(f"flex attention was requested but is unavailable: {_flex_error}")
         return "flex"
-    if flex_ok and q.shape[-2] >= 128 and _flex_available():  # short/decoding queries: chunked is cheaper
+    # auto: flex on CUDA (forward and backward); on CPU the chunked path, because CPU flex compiles
+    # for ~15 s per process, recompiles on new shapes and has miscompiled padded block masks here.
+    if q.is_cuda and q.shape[-2] >= 128 and _flex_available():  # short/decoding queries: chunked is cheaper
         return "flex"
     return "chunked"
 

@@ -330,8 +330,14 @@ def test_flex_path_matches_chunked_without_grad():
     torch.testing.assert_close(flex, chunked, atol=1e-5, rtol=1e-4)
 
 
-def test_auto_path_is_chunked_under_grad_on_cpu():
+def test_auto_path_is_chunked_on_cpu_and_the_kernel_survives_save_load(tmp_path, monkeypatch):
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
     q = torch.randn(1, 2, 200, 8, requires_grad=True)
     assert kernel.choose_path("auto", q, has_bias=True, dropout=0.0) == "chunked"
+    with torch.no_grad():
+        assert kernel.choose_path("auto", q.detach(), has_bias=True, dropout=0.0) == "chunked"
+    model = retrofit.convert(TINY["gpt2"](), "alibi", kernel="chunked")
+    retrofit.save(model, tmp_path / "m")
+    assert retrofit.describe(retrofit.load(tmp_path / "m"))["kernel"] == "chunked"
     with pytest.raises(RuntimeError, match="no backward"):
         kernel.choose_path("flex", q, has_bias=True, dropout=0.0)

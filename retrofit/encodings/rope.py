@@ -112,7 +112,8 @@ class RoPE(Scheme):
 
         o = self.options
         cfg = _rope_config(self.spec, "dynamic", o.theta, o.fraction, o.factor, o.native_length, o)
-        inv_freq, scale = ROPE_INIT_FUNCTIONS["dynamic"](cfg, None, seq_len=seq_len)
+        # a tensor length, as transformers' dynamic_rope_update passes: the same float32 arithmetic
+        inv_freq, scale = ROPE_INIT_FUNCTIONS["dynamic"](cfg, None, seq_len=torch.tensor(seq_len))
         return inv_freq, float(scale)
 
     def frequencies(self, seq_len: int, device) -> torch.Tensor:

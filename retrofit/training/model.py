@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from ..errors import RecipeError
-from . import builtin
 
 log = logging.getLogger(__name__)
 
@@ -35,41 +34,13 @@ FAN_IN_FAN_OUT = {"gpt2"}  # HF Conv1D layers store weights transposed
 
 
 def load(model_cfg):
-    """(model, tokenizer) through retrofit.load_model, built-in names resolved first; a GGUF
-    checkpoint is loaded dequantized (trainable, mergeable, savable)."""
+    """(model, tokenizer) through retrofit.load_model (built-in names resolved; a GGUF checkpoint
+    comes back dequantized: trainable, mergeable, savable)."""
     import retrofit
 
-    name, gguf = builtin.resolve(model_cfg.name_or_path, model_cfg.gguf_file)
-    if gguf or name.endswith(".gguf"):
-        model, tok = _load_gguf_dequantized(name, gguf, model_cfg.dtype)
-    else:
-        model, tok = retrofit.load_model(name, dtype=model_cfg.dtype)
+    model, tok = retrofit.load_model(model_cfg.name_or_path, gguf_file=model_cfg.gguf_file, dtype=model_cfg.dtype)
     if tok is None:
         raise RecipeError(f"'model.name_or_path' = {model_cfg.name_or_path!r} has no tokenizer; fine-tuning needs one")
-    return model, tok
-
-
-def _load_gguf_dequantized(name: str, gguf: str | None, dtype: str | None):
-    """transformers keeps GGUF weights in GGML blocks by default (not trainable, not serializable);
-    fine-tuning needs plain tensors, so dequantize at load and drop the quantizer."""
-    from pathlib import Path
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    from ..io import DTYPES
-
-    path = Path(name) / gguf if gguf else Path(name)
-    kwargs = {"dtype": DTYPES[dtype]} if dtype else {}
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, quantization_config=GgufConfig(dequantize=True), **kwargs
-        )
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except OSError as e:
-        raise RecipeError(f"cannot load GGUF model {str(path)!r}: {e}") from e
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     return model, tok
 
 
