@@ -121,7 +121,7 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
     (``tiny-gpt2``, ``smollm2``, ``baseline:<preset>``). A retrofit checkpoint is re-patched."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .training.builtin import resolve
+    from .builtin import resolve
 
     name_or_path, gguf_file = resolve(str(name_or_path), gguf_file)
     kwargs = {}

@@ -359,7 +359,6 @@ def _named(model, tok, name: str, base: str):
 def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
     from .io import load_model
-    from .training import builtin
 
     m = rr.finetune.model
     base = m.name_or_path
@@ -369,8 +368,7 @@ def eval_models(rr: RunRecipe):
     baselines = []
     for b in rr.eval.baselines:
         if b in ("original", "converted"):
-            path, gguf = builtin.resolve(base, m.gguf_file)
-            bm, btok = load_model(path, gguf_file=gguf, dtype=m.dtype)
+            bm, btok = load_model(base, gguf_file=m.gguf_file, dtype=m.dtype)  # built-in names resolve there
             if b == "converted":
                 import retrofit
 
@@ -379,8 +377,7 @@ def eval_models(rr: RunRecipe):
             else:
                 baselines.append(_named(bm, btok, f"{base} (original)", base))
         else:
-            path, gguf = builtin.resolve(b, None)
-            bm, btok = load_model(path, gguf_file=gguf)
+            bm, btok = load_model(b)
             baselines.append(_named(bm, btok, b, b))
     return main, baselines
 

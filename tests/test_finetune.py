@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 import retrofit
 from retrofit.errors import DataError, LengthError, RecipeError
 from retrofit.training import finetune
-from retrofit.training.builtin import tiny_gpt2
+from retrofit.builtin import tiny_gpt2
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py", "glob.py", "copy.py")]
