@@ -253,7 +253,8 @@ def part_smollm2(args) -> dict:
     def evaluate(model, tok, lens):
         rep = retrofit.evaluate(model, lengths=lens, data="shakespeare:heldout", tokenizer=tok,
                                 budget=max(args.smollm2_budget, max(lens)), sliding=False, seed=args.seed,
-                                passkey=args.passkey, passkey_lengths=lens, passkey_trials=args.passkey_trials,
+                                passkey=args.passkey, passkey_lengths=[x for x in args.passkey_lengths if x in lens] or lens[:1],
+                                passkey_trials=args.passkey_trials,
                                 passkey_depths=[0.0, 0.5, 1.0], progress=False)
         return {"rows": rows_of(rep), "passkey": _passkey_summary(rep)}
 
@@ -302,15 +303,14 @@ def part_smollm2(args) -> dict:
 
 
 def _passkey_summary(report) -> dict:
-    pk = getattr(report, "passkey", None) or report.data.get("passkey") if hasattr(report, "data") else None
-    if not pk:
-        return {}
-    acc = {}
-    for cell in pk.get("cells", pk if isinstance(pk, list) else []):
-        if isinstance(cell, dict) and cell.get("accuracy") is not None:
-            key = f"{cell.get('model')}@{cell.get('length')}"
-            acc.setdefault(key, []).append(cell["accuracy"])
-    return {k: round(sum(v) / len(v), 3) for k, v in acc.items()}
+    """Accuracy by length over depths and trials, for the evaluated (converted-role) model."""
+    acc: dict[int, list[int]] = {}
+    for cell in report.data.get("passkey") or []:
+        if cell.get("role") == "converted" and cell.get("accuracy") is not None:
+            c = acc.setdefault(cell["length"], [0, 0])
+            c[0] += cell["correct"]
+            c[1] += cell["trials"]
+    return {str(length): round(c / t, 3) for length, (c, t) in sorted(acc.items()) if t}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -409,6 +409,7 @@ def main():
     p.add_argument("--passkey", action="store_true", default=True)
     p.add_argument("--no-passkey", dest="passkey", action="store_false")
     p.add_argument("--passkey-trials", type=int, default=3)
+    p.add_argument("--passkey-lengths", default="1024,2048,4096,8192", help="SmolLM2 passkey lengths")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="runs/study", help="cache of finished cells")
     p.add_argument("--force", action="store_true", help="recompute cached cells")
@@ -420,6 +421,7 @@ def main():
     args.multiples = [int(m) for m in args.multiples.split(",")]
     args.smollm2_lengths = [int(x) for x in args.smollm2_lengths.split(",")]
     args.smollm2_long_lengths = [int(x) for x in args.smollm2_long_lengths.split(",") if x]
+    args.passkey_lengths = [int(x) for x in args.passkey_lengths.split(",") if x]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     import torch
 
