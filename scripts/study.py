@@ -293,11 +293,11 @@ def part_smollm2(args) -> dict:
         return evaluate(model, tok, lengths)
 
     out["runs"]["original"] = cached("original", original)
+    out["runs"]["rope-yarnx4-no-finetune"] = cached("rope-yarnx4", rescaled("yarn"))
     out["runs"]["alibi-no-finetune"] = cached("alibi-no-finetune", alibi_no_ft)
     if args.smollm2_steps > 0:
         out["runs"]["alibi-lora"] = cached(f"alibi-lora-{args.smollm2_steps}", alibi_lora)
-    for scaling in ("yarn", "ntk"):
-        out["runs"][f"rope-{scaling}x4-no-finetune"] = cached(f"rope-{scaling}x4", rescaled(scaling))
+    out["runs"]["rope-ntkx4-no-finetune"] = cached("rope-ntkx4", rescaled("ntk"))
     out["longest_length_measured"] = max(args.smollm2_long_lengths or lengths)
     return out
 
