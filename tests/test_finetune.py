@@ -130,7 +130,7 @@ def _weights(out: Path) -> dict:
 
 
 def _run_child(path):
-    """A separate process that trains (forked: no second import of torch/transformers)."""
+    """A separate process that trains (spawned: a forked child can deadlock in the parent's OpenMP pool)."""
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -143,9 +143,9 @@ def test_kill_and_resume_equals_uninterrupted(run, tmp_path):
     out = tmp_path / "killed"
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe(out)))
-    proc = multiprocessing.get_context("fork").Process(target=_run_child, args=(str(path),))
+    proc = multiprocessing.get_context("spawn").Process(target=_run_child, args=(str(path),))
     proc.start()
-    deadline = time.time() + 120
+    deadline = time.time() + 240
     try:
         while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline and proc.is_alive():
             time.sleep(0.02)
@@ -196,13 +196,13 @@ def _check_ddp(out: Path):
 
 
 def test_two_cpu_processes_gloo_end_identical(tmp_path):
-    """Two processes (the environment torchrun / accelerate launch sets up; forked so that they
-    skip the imports), DDP over gloo: they train and end with identical weights."""
+    """Two processes (the environment torchrun / accelerate launch sets up; spawned, since a forked
+    child can deadlock in the parent's OpenMP pool), DDP over gloo: they train and end with identical weights."""
     import multiprocessing
 
     out, path = _ddp_recipe(tmp_path)
     port = _free_port()
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_ddp_worker, args=(rank, str(path), port)) for rank in range(2)]
     for p in procs:
         p.start()
