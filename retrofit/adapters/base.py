@@ -9,17 +9,18 @@ registered ``"retrofit"`` attention function, per model instance.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from ..encodings.base import ModelSpec
 from ..errors import LengthError, UnsupportedArchitectureError
 from ..registry import Registry
-from ..encodings.base import ModelSpec
 
-ADAPTERS: Registry[type["Adapter"]] = Registry("architecture", UnsupportedArchitectureError)
+ADAPTERS: Registry[type[Adapter]] = Registry("architecture", UnsupportedArchitectureError)
 
 
 def register_adapter(name: str):
@@ -58,7 +59,14 @@ class Adapter:
         return getattr(model.config, "model_type", None) in cls.model_types
 
     def check(self) -> None:
-        """Raise UnsupportedArchitectureError for configs of this family that the adapter cannot patch."""
+        """Raise UnsupportedArchitectureError for configs of this family that the adapter cannot patch.
+        The default checks that every attention site is one of ``attention_class_names``."""
+        for site in self.sites():
+            if type(site.module).__name__ not in self.attention_class_names:
+                raise UnsupportedArchitectureError(
+                    f"{self.config.model_type}: layer {site.layer} attention is {type(site.module).__name__}, "
+                    f"expected one of {', '.join(self.attention_class_names)}"
+                )
 
     def base(self) -> nn.Module:
         return self.model.base_model
@@ -67,11 +75,27 @@ class Adapter:
         raise NotImplementedError
 
     def spec(self) -> ModelSpec:
-        raise NotImplementedError
+        """Read through transformers' standard config names (``attribute_map`` covers n_layer, n_head, ...)."""
+        c = self.config
+        heads = c.num_attention_heads
+        return ModelSpec(
+            num_layers=c.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            hidden_size=c.hidden_size,
+            native_length=c.max_position_embeddings,
+            native_kind=self.native_kind,
+            native_rope=self.native_rope(),
+        )
+
+    def native_rope(self) -> dict | None:
+        """The native rotary settings (rotary families override this)."""
+        return None
 
     def native_max_length(self) -> int | None:
-        """Longest input the *unconverted* model accepts (None: no hard limit)."""
-        return None
+        """Longest input the *unconverted* model accepts: a learned table's rows; rotary models have no hard limit."""
+        return self.config.max_position_embeddings if self.native_kind == "learned_absolute" else None
 
     def neutralise(self, state) -> list[Swap]:
         raise NotImplementedError
@@ -108,7 +132,7 @@ def track_inputs(state, base: nn.Module):
         except TypeError:
             bound = kwargs
         extra = bound.get("kwargs", {}) if isinstance(bound.get("kwargs"), dict) else {}
-        get = lambda k: bound.get(k, extra.get(k))  # noqa: E731
+        get = lambda k: bound.get(k, extra.get(k))
         cache = get("past_key_values")
         past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
         mask = get("attention_mask")

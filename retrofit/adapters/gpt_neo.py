@@ -13,7 +13,6 @@ from __future__ import annotations
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..encodings.base import ModelSpec
 from ..errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, NeutralisedPositionTable, register_adapter
 
@@ -34,7 +33,7 @@ class RetrofitGPTNeoAttention(nn.Module):
     def forward(self, hidden_states, attention_mask=None, layer_past=None, use_cache=False, output_attentions=False, **kwargs):
         self.calls += 1
         B, T, _ = hidden_states.shape
-        split = lambda x: x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731  (B, H, T, D)
+        split = lambda x: x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
         query, key, value = split(self.q_proj(hidden_states)), split(self.k_proj(hidden_states)), split(self.v_proj(hidden_states))
         if layer_past is not None:
             key, value = layer_past.update(key, value, self.layer_id)
@@ -69,21 +68,6 @@ class GPTNeoAdapter(Adapter):
             AttentionSite(i, block.attn.attention, c.window_size if c.attention_layers[i] == "local" else None)
             for i, block in enumerate(self.base().h)
         ]
-
-    def spec(self):
-        c = self.config
-        return ModelSpec(
-            num_layers=c.num_layers,
-            num_heads=c.num_heads,
-            num_kv_heads=c.num_heads,
-            head_dim=c.hidden_size // c.num_heads,
-            hidden_size=c.hidden_size,
-            native_length=c.max_position_embeddings,
-            native_kind=self.native_kind,
-        )
-
-    def native_max_length(self):
-        return self.config.max_position_embeddings
 
     def neutralise(self, state):
         base = self.base()

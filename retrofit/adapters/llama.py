@@ -4,7 +4,6 @@ from one ``model.rotary_emb`` module (grouped-query attention and sliding window
 from __future__ import annotations
 
 from ..errors import UnsupportedArchitectureError
-from ..encodings.base import ModelSpec
 from .base import Adapter, AttentionSite, NeutralisedRotary, register_adapter
 
 
@@ -43,12 +42,7 @@ class LlamaAdapter(Adapter):
         base = self.base()
         if not hasattr(base, "rotary_emb") or not hasattr(base, "layers"):
             raise UnsupportedArchitectureError(f"{self.config.model_type}: expected model.rotary_emb and model.layers")
-        for site in self.sites():
-            if type(site.module).__name__ not in self.attention_class_names:
-                raise UnsupportedArchitectureError(
-                    f"{self.config.model_type}: layer {site.layer} attention is {type(site.module).__name__}, "
-                    f"expected one of {', '.join(self.attention_class_names)}"
-                )
+        super().check()
 
     def _window(self, i: int) -> int | None:
         c = self.config
@@ -65,19 +59,8 @@ class LlamaAdapter(Adapter):
     def sites(self):
         return [AttentionSite(i, layer.self_attn, self._window(i)) for i, layer in enumerate(self.base().layers)]
 
-    def spec(self):
-        c = self.config
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return ModelSpec(
-            num_layers=c.num_hidden_layers,
-            num_heads=c.num_attention_heads,
-            num_kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-            head_dim=head_dim,
-            hidden_size=c.hidden_size,
-            native_length=c.max_position_embeddings,
-            native_kind=self.native_kind,
-            native_rope=native_rope(c, self.base().rotary_emb),
-        )
+    def native_rope(self):
+        return native_rope(self.config, self.base().rotary_emb)
 
     def neutralise(self, state):
         base = self.base()

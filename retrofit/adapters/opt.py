@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from ..encodings.base import ModelSpec
 from ..errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, NeutralisedPositionTable, register_adapter
 
@@ -33,27 +32,10 @@ class OPTAdapter(Adapter):
         table = getattr(self.base(), "embed_positions", None)
         if table is None or getattr(table, "offset", None) != 2:
             raise UnsupportedArchitectureError("opt: expected decoder.embed_positions with OPT's offset of 2")
-        for site in self.sites():
-            if type(site.module).__name__ not in self.attention_class_names:
-                raise UnsupportedArchitectureError(f"opt: unexpected attention class {type(site.module).__name__}")
+        super().check()
 
     def sites(self):
         return [AttentionSite(i, layer.self_attn) for i, layer in enumerate(self.base().layers)]
-
-    def spec(self):
-        c = self.config
-        return ModelSpec(
-            num_layers=c.num_hidden_layers,
-            num_heads=c.num_attention_heads,
-            num_kv_heads=c.num_attention_heads,
-            head_dim=c.hidden_size // c.num_attention_heads,
-            hidden_size=c.hidden_size,
-            native_length=c.max_position_embeddings,
-            native_kind=self.native_kind,
-        )
-
-    def native_max_length(self):
-        return self.config.max_position_embeddings
 
     def neutralise(self, state):
         base = self.base()
