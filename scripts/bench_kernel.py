@@ -130,23 +130,35 @@ def main():
         print(json.dumps(worker(args)))
         return
     import retrofit
-    import torch
 
     schemes = args.schemes.split(",") if args.schemes else ["stock", *retrofit.schemes()]
     rows = []
     for scheme in schemes:
-        cmd = [sys.executable, __file__, "--worker", scheme, "--lengths", ",".join(map(str, args.lengths)),
-               "--modes", ",".join(args.modes), "--layers", str(args.layers), "--repeats", str(args.repeats)]
-        print(f"[bench_kernel] {scheme} ...", file=sys.stderr, flush=True)
-        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RETROFIT_ATTENTION_PATH": "auto"})
-        if r.returncode != 0:
-            print(r.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"worker {scheme} failed")
-        rows += json.loads(r.stdout.strip().splitlines()[-1])["rows"]
-    stock = {(r["mode"], r["length"]): r for r in rows if r["scheme"] == "stock"}
+        for mode in args.modes:
+            for length in args.lengths:  # one process per measurement: an OOM kills only that row
+                cmd = [sys.executable, __file__, "--worker", scheme, "--lengths", str(length), "--modes", mode,
+                       "--layers", str(args.layers), "--repeats", str(args.repeats)]
+                print(f"[bench_kernel] {scheme} {mode} {length} ...", file=sys.stderr, flush=True)
+                r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RETROFIT_ATTENTION_PATH": "auto"})
+                if r.returncode != 0:
+                    why = "killed (out of memory)" if r.returncode in (-9, 137) else r.stderr.strip().splitlines()[-1:]
+                    rows.append({"scheme": scheme, "mode": mode, "length": length, "error": str(why)})
+                else:
+                    rows += json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+                write(args, rows)
+    print(markdown(write(args, rows)))
+
+
+def write(args, rows) -> dict:
+    import torch
+
+    import retrofit
+
+    rows = [dict(r) for r in rows]
+    stock = {(r["mode"], r["length"]): r for r in rows if r["scheme"] == "stock" and "error" not in r}
     for r in rows:
         s = stock.get((r["mode"], r["length"]))
-        if s:
+        if s and "error" not in r:
             r["time_vs_stock"] = round(r["seconds"] / s["seconds"], 3)
             r["memory_vs_stock"] = round(r["peak_bytes"] / s["peak_bytes"], 3) if s["peak_bytes"] else None
     result = {
@@ -162,12 +174,15 @@ def main():
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    print(markdown(result))
+    return result
 
 
 def markdown(result) -> str:
     lines = ["| scheme | mode | length | seconds | x stock | peak MiB | x stock | path |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['scheme']} | {r['mode']} | {r['length']} | {r['error']} | | | | |")
+            continue
         lines.append(f"| {r['scheme']} | {r['mode']} | {r['length']} | {r['seconds']:.2f} | {r.get('time_vs_stock', '')} "
                      f"| {r['peak_bytes'] / 2**20:.0f} | {r.get('memory_vs_stock', '')} | {r['attention_path']} |")
     return "\n".join(lines)
