@@ -3,8 +3,10 @@
 Two paths, chosen per call by device, dtype and grad, and always recorded (``last_path``):
 
 - ``"flex"``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window
-  and padding as a block mask. The default on CUDA. On CPU it is opt-in (``kernel="flex"``):
-  no backward, no padded/windowed masks, ~15 s to compile per process (``dynamic=True``).
+  and padding as a block mask. The fastest bias path; on CPU it has no backward and (torch 2.13)
+  miscompiles padded/windowed block masks, so there it runs only for unpadded, unwindowed inference,
+  after a ~15 s compile per process (``dynamic=True``: no recompile per length). If compiling fails,
+  the failure is logged, the path is reported as ``"chunked (flex failed)"`` and flex is not tried again.
 - ``"chunked"``: query-chunked SDPA; each chunk builds its own (H, C, Tk) bias, so memory is
   O(H * C * N), linear in N. Exact in any dtype (half inputs are scored in fp32 when there is a
   bias). Under grad each chunk is checkpointed, so backward never holds every chunk's bias.
@@ -52,9 +54,9 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
         if not _flex_available():
             raise RuntimeError(f"flex attention was requested but is unavailable: {_flex_error}")
         return "flex"
-    # auto: flex on CUDA (forward and backward); on CPU the chunked path, because CPU flex compiles
-    # for ~15 s per process, recompiles on new shapes and has miscompiled padded block masks here.
-    if q.is_cuda and q.shape[-2] >= 128 and _flex_available():  # short/decoding queries: chunked is cheaper
+    # auto: flex wherever it runs (CUDA: forward and backward; CPU: inference on unpadded, unwindowed
+    # inputs, where it is the fastest bias path); short/decoding queries are cheaper on the chunked path.
+    if flex_ok and q.shape[-2] >= 128 and _flex_available():
         return "flex"
     return "chunked"
 
@@ -70,6 +72,13 @@ def _flex_available() -> bool:
             _flex_error = f"{type(e).__name__}: {e}"
             log.warning("flex_attention unavailable (%s); bias schemes use the chunked SDPA path", _flex_error)
     return _flex_fn is not None
+
+
+def _disable_flex(error: Exception) -> None:
+    global _flex_fn, _flex_error
+    _flex_error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    _flex_fn = None
+    log.warning("flex_attention failed (%s); this process uses the chunked SDPA path from now on", _flex_error)
 
 
 def attend(
@@ -93,13 +102,19 @@ def attend(
         key_padding = None
     path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window))
     if path == "flex":
-        return _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start), "flex"
+        try:
+            return _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start), "flex"
+        except Exception as e:  # a compiler failure: say so, stop using flex in this process, use chunked
+            if kernel == "flex":  # asked for explicitly: do not substitute
+                raise
+            _disable_flex(e)
+            path = "chunked (flex failed)"
     Tq, Tk = q.shape[-2], k.shape[-2]
     if bias is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
         # stock SDPA: full causal self-attention, or one decoding query that sees every key
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling)
         return out, "sdpa-causal" if Tq > 1 else "sdpa"
-    return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout), "chunked"
+    return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout), path
 
 
 def _chunk_rows(H: int, Tq: int, Tk: int) -> int:

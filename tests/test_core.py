@@ -330,12 +330,33 @@ def test_flex_path_matches_chunked_without_grad():
     torch.testing.assert_close(flex, chunked, atol=1e-5, rtol=1e-4)
 
 
+def test_a_failing_flex_compile_is_reported_and_falls_back(monkeypatch, caplog):
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+    monkeypatch.setattr(kernel, "_flex_available", lambda: True)
+    monkeypatch.setattr(kernel, "_flex_fn", None)
+    monkeypatch.setattr(kernel, "_flex_error", None)
+
+    def broken(*a, **k):
+        raise RuntimeError("inductor: simulated compile failure")
+
+    monkeypatch.setattr(kernel, "_attend_flex", broken)
+    q, k, v = (torch.randn(1, 2, 200, 8) for _ in range(3))
+    bias = _alibi_bias(2)
+    with torch.no_grad():
+        out, path = kernel.attend(q, k, v, scaling=0.3, bias=bias, kernel="auto")
+        ref, _ = kernel.attend(q, k, v, scaling=0.3, bias=bias, kernel="chunked")
+        with pytest.raises(RuntimeError, match="simulated"):
+            kernel.attend(q, k, v, scaling=0.3, bias=bias, kernel="flex")  # explicit: never substituted
+    assert path == "chunked (flex failed)" and torch.equal(out, ref)
+    assert "simulated compile failure" in caplog.text
+
+
 def test_auto_path_is_chunked_on_cpu_and_the_kernel_survives_save_load(tmp_path, monkeypatch):
     monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
     q = torch.randn(1, 2, 200, 8, requires_grad=True)
-    assert kernel.choose_path("auto", q, has_bias=True, dropout=0.0) == "chunked"
+    assert kernel.choose_path("auto", q, has_bias=True, dropout=0.0) == "chunked"  # CPU flex has no backward
     with torch.no_grad():
-        assert kernel.choose_path("auto", q.detach(), has_bias=True, dropout=0.0) == "chunked"
+        assert kernel.choose_path("auto", q.detach(), has_bias=True, dropout=0.0, masked=True) == "chunked"
     model = retrofit.convert(TINY["gpt2"](), "alibi", kernel="chunked")
     retrofit.save(model, tmp_path / "m")
     assert retrofit.describe(retrofit.load(tmp_path / "m"))["kernel"] == "chunked"
