@@ -33,6 +33,7 @@ CHUNK_ELEMENTS = 1 << 25  # max elements of one chunk's (H, C, Tk) score tensor 
 
 _flex_fn = None
 _flex_error: str | None = None
+_flex_failed = False  # flex compiled or ran and failed in this process: auto no longer tries it
 
 
 def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False) -> str:
@@ -56,8 +57,10 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
         return "flex"
     # auto: flex wherever it runs (CUDA: forward and backward; CPU: inference on unpadded, unwindowed
     # inputs, where it is the fastest bias path); short/decoding queries are cheaper on the chunked path.
-    if flex_ok and q.shape[-2] >= 128 and _flex_available():
-        return "flex"
+    if flex_ok and q.shape[-2] >= 128:
+        if _flex_available():
+            return "flex"
+        return "chunked (flex failed)" if _flex_failed else "chunked (flex unavailable)"
     return "chunked"
 
 
@@ -75,7 +78,8 @@ def _flex_available() -> bool:
 
 
 def _disable_flex(error: Exception) -> None:
-    global _flex_fn, _flex_error
+    global _flex_fn, _flex_error, _flex_failed
+    _flex_failed = True
     _flex_error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     _flex_fn = None
     log.warning("flex_attention failed (%s); this process uses the chunked SDPA path from now on", _flex_error)
@@ -110,7 +114,7 @@ def attend(
             _disable_flex(e)
             path = "chunked (flex failed)"
     Tq, Tk = q.shape[-2], k.shape[-2]
-    if bias is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
+    if path == "chunked" and bias is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
         # stock SDPA: full causal self-attention, or one decoding query that sees every key
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling)
         return out, "sdpa-causal" if Tq > 1 else "sdpa"

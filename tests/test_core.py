@@ -335,6 +335,7 @@ def test_a_failing_flex_compile_is_reported_and_falls_back(monkeypatch, caplog):
     monkeypatch.setattr(kernel, "_flex_available", lambda: True)
     monkeypatch.setattr(kernel, "_flex_fn", None)
     monkeypatch.setattr(kernel, "_flex_error", None)
+    monkeypatch.setattr(kernel, "_flex_failed", False)
 
     def broken(*a, **k):
         raise RuntimeError("inductor: simulated compile failure")
