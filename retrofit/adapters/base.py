@@ -8,6 +8,7 @@ registered ``"retrofit"`` attention function, per model instance.
 
 from __future__ import annotations
 
+import abc
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ class Swap:
     freeze: bool = True  # freeze the original's parameters while it is swapped out (False: the stand-in reuses them)
 
 
-class Adapter:
+class Adapter(abc.ABC):
     name: ClassVar[str]
     model_types: ClassVar[tuple[str, ...]]
     native_kind: ClassVar[str]  # "learned_absolute" | "rope"
@@ -71,8 +72,9 @@ class Adapter:
     def base(self) -> nn.Module:
         return self.model.base_model
 
+    @abc.abstractmethod
     def sites(self) -> list[AttentionSite]:
-        raise NotImplementedError
+        """Every attention module this adapter patches, with its layer index and sliding window."""
 
     def spec(self) -> ModelSpec:
         """Read through transformers' standard config names (``attribute_map`` covers n_layer, n_head, ...)."""
@@ -97,8 +99,9 @@ class Adapter:
         """Longest input the *unconverted* model accepts: a learned table's rows; rotary models have no hard limit."""
         return self.config.max_position_embeddings if self.native_kind == "learned_absolute" else None
 
+    @abc.abstractmethod
     def neutralise(self, state) -> list[Swap]:
-        raise NotImplementedError
+        """Swap the native positional mechanism for stand-ins; return the swaps (revert undoes them)."""
 
     def add_absolute(self, state) -> list[Swap]:
         """Add an absolute scheme's embedding to the token embeddings, for families without a
