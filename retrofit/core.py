@@ -268,9 +268,7 @@ def _verify_live(model, state: RetrofitState, length: int = 8):
     and the native mechanism's stand-in was consulted."""
     sites = state.adapter.sites()
     state.calls.clear()
-    for sw in state.swaps:
-        sw.parent.__getattr__  # noqa: B018 (stand-ins count their calls)
-    stand_ins = [getattr(sw.parent, sw.attr) for sw in state.swaps]
+    stand_ins = [getattr(sw.parent, sw.attr) for sw in state.swaps]  # stand-ins count their calls
     for s in stand_ins:
         s.calls = 0
     vocab = model.get_input_embeddings().weight.shape[0]
