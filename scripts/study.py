@@ -96,6 +96,8 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     cached = cdir / "cell.json"
     if cached.exists() and not args.force:
         return json.loads(cached.read_text())
+    if args.cached_only:
+        raise LookupError("not run yet (--cached-only)")
     t0 = time.time()
     if cell["scheme"] is None:  # the control keeps its learned table: it is scored at the native length
         lengths = [native]
@@ -418,6 +420,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="runs/study", help="cache of finished cells")
     p.add_argument("--force", action="store_true", help="recompute cached cells")
+    p.add_argument("--cached-only", action="store_true", help="report the cells already computed, run nothing new")
     p.add_argument("--out", default="benchmarks/study.json")
     args = p.parse_args()
     args.schemes = [s for s in args.schemes.split(",") if s]
