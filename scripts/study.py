@@ -212,6 +212,8 @@ def table_gpt2(original: list[dict], results: list[dict], lengths: list[int], na
             row[f"ppl@{L // native}x"] = ppl_at(c["rows"], L)
         ctrl = controls.get((c["method"], c["budget"]))
         native_ppl = row[f"ppl@1x"]
+        if native_ppl and orig.get(native):
+            row["vs_original@1x"] = round(native_ppl / orig[native], 4)
         if ctrl and c.get("role") != "control" and native_ppl:
             row["control_ppl@1x"] = ppl_at(ctrl["rows"], native)
             row["vs_control@1x"] = round(native_ppl / row["control_ppl@1x"], 4)
@@ -244,6 +246,8 @@ def part_smollm2(args) -> dict:
         path = Path(args.runs) / "smollm2" / f"{name}.json"
         if path.exists() and not args.force:
             return json.loads(path.read_text())
+        if args.cached_only:
+            return {"error": "LookupError: not run yet (--cached-only)"}
         t0 = time.time()
         try:
             res = fn()
@@ -359,25 +363,31 @@ def markdown(study: dict) -> str:
                   "Perplexity on the held-out plays, non-overlapping windows (the original: sliding window past 1x). "
                   "`vs control` = native-length ppl / the continued-training control's at equal extra tokens.", ""]
         keys = [k for k in g["table"][0] if k.startswith("ppl@")]
-        head = ["cell", "extra tokens", *keys, "vs control@1x", "8x/1x", "16x/1x", "< original everywhere"]
+        head = ["cell", "extra tokens", *keys, "vs control@1x", "vs original@1x", "8x/1x", "16x/1x",
+                "< original everywhere"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in g["table"]:
             vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[_fmt(r.get(k)) for k in keys],
-                    _fmt(r.get("vs_control@1x")), _fmt(r.get("ppl@8x/1x")), _fmt(r.get("ppl@16x/1x")),
+                    _fmt(r.get("vs_control@1x")), _fmt(r.get("vs_original@1x")), _fmt(r.get("ppl@8x/1x")), _fmt(r.get("ppl@16x/1x")),
                     str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}"]
             lines.append("| " + " | ".join(vals) + " |")
         lines.append("")
     sm = study.get("smollm2")
     if sm:
-        lines += ["## SmolLM2-135M (RoPE, native 8192)", "", "| run | " + " | ".join(map(str, sm["lengths"])) + " | passkey |",
-                  "|---|" + "---|" * (len(sm["lengths"]) + 1)]
-        for name, res in sm["runs"].items():
+        runs = sm["runs"]
+        lens = sorted({r["length"] for res in runs.values() for r in res.get("rows", [])})
+        head = ["run", *[f"ppl@{L}" for L in lens], "passkey accuracy by length", "fine-tune", "seconds"]
+        lines += ["## SmolLM2-135M (RoPE, native 8192)", "",
+                  "Perplexity on the held-out plays (non-overlapping windows); passkey: fraction of trials retrieved.", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name, res in runs.items():
             if "error" in res:
                 lines.append(f"| {name} | error: {res['error']} |")
                 continue
-            lens = sorted({r["length"] for r in res["rows"]})
             cells = [_fmt(ppl_at(res["rows"], L)) for L in lens]
-            lines.append(f"| {name} (lengths {','.join(map(str, lens))}) | " + " | ".join(cells) + f" | {res.get('passkey', {})} |")
+            ft = f"LoRA {res['steps']} steps at {res.get('train_length', 1024)}" if res.get("steps") else "none"
+            pk = ", ".join(f"{k}: {v}" for k, v in (res.get("passkey") or {}).items()) or "–"
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {pk} | {ft} | {res.get('seconds', '–')} |")
         lines += ["", f"Longest length measured: {sm['longest_length_measured']}."]
     return "\n".join(lines) + "\n"
 
