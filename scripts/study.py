@@ -282,7 +282,7 @@ def part_smollm2(args) -> dict:
             return evaluate(model, tok, args.smollm2_long_lengths or lengths)
         return fn
 
-    def lora_run(name, convert, eval_lengths):
+    def lora_run(name, convert, eval_lengths, steps):
         """Convert, LoRA fine-tune at 1k tokens (norms trainable), evaluate at ``eval_lengths``."""
         def fn():
             recipe = {
@@ -290,8 +290,8 @@ def part_smollm2(args) -> dict:
                 "convert": convert,
                 "data": {"dataset": "shakespeare:train", "block_length": args.smollm2_train_length,
                          "validation_fraction": 0.03, "max_validation_blocks": 4},
-                "train": {"method": "lora", "steps": args.smollm2_steps, "batch_size": 1,
-                          "learning_rate": args.smollm2_lr, "warmup_steps": max(1, args.smollm2_steps // 10),
+                "train": {"method": "lora", "steps": steps, "batch_size": 1,
+                          "learning_rate": args.smollm2_lr, "warmup_steps": max(1, steps // 10),
                           "train_norms": True, "lora": {"r": 16, "alpha": 32, "dropout": 0.0}, "seed": args.seed,
                           "gradient_checkpointing": True},
                 "checkpoint": {"every": 0},
@@ -301,7 +301,7 @@ def part_smollm2(args) -> dict:
             summary = json.loads((final.parent / "summary.json").read_text())
             model = retrofit.load(final)
             _, tok = load()
-            return {"steps": args.smollm2_steps, "train_length": args.smollm2_train_length,
+            return {"steps": steps, "train_length": args.smollm2_train_length,
                     "train_seconds": summary.get("train_seconds") or summary.get("seconds"),
                     **evaluate(model, tok, eval_lengths)}
         return fn
@@ -316,18 +316,18 @@ def part_smollm2(args) -> dict:
     long_lengths = args.smollm2_long_lengths or lengths
     reduced = {"scheme": "rope", "options": {"scaling": "yarn", "factor": max(lengths) / args.smollm2_train_length,
                                              "native_length": args.smollm2_train_length}}
-    steps = args.smollm2_steps
+    steps, ysteps = args.smollm2_steps, args.smollm2_yarn_lora_steps
     plan = {
         "original": ("original", original),
         "rope-yarnx4": ("rope-yarnx4-no-finetune", rescaled("yarn")),
         "rope-ntkx4": ("rope-ntkx4-no-finetune", rescaled("ntk")),
         "alibi": ("alibi-no-finetune", converted("alibi")),
-        "alibi-lora": (f"alibi-lora-{steps}", lora_run(f"alibi-lora-{steps}", {"scheme": "alibi"}, lengths)),
+        "alibi-lora": (f"alibi-lora-{steps}", lora_run(f"alibi-lora-{steps}", {"scheme": "alibi"}, lengths, steps)),
         "rope-reduced-lora": (f"rope-yarn-native{args.smollm2_train_length}-lora-{steps}",
-                              lora_run(f"rope-reduced-lora-{steps}", reduced, lengths)),
-        "rope-yarnx4-lora": (f"rope-yarnx4-lora-{steps}",
-                             lora_run(f"rope-yarnx4-lora-{steps}", {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}},
-                                      long_lengths)),
+                              lora_run(f"rope-reduced-lora-{steps}", reduced, lengths, steps)),
+        "rope-yarnx4-lora": (f"rope-yarnx4-lora-{ysteps}",
+                             lora_run(f"rope-yarnx4-lora-{ysteps}", {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}},
+                                      long_lengths, ysteps)),
     }
     assert list(plan) == SMOLLM2_RUNS, "SMOLLM2_RUNS must list the plan"
     for key in args.smollm2_runs:
@@ -454,6 +454,7 @@ def main(argv=None):
     p.add_argument("--smollm2-runs", default=",".join(SMOLLM2_RUNS),
                    help="which SmolLM2 runs, in order")
     p.add_argument("--smollm2-steps", type=int, default=100, help="LoRA steps for the fine-tuned SmolLM2 runs")
+    p.add_argument("--smollm2-yarn-lora-steps", type=int, default=30, help="LoRA steps before YaRN x4 past 8k")
     p.add_argument("--smollm2-train-length", type=int, default=1024, help="fine-tune block length (tokens)")
     p.add_argument("--smollm2-lr", type=float, default=5e-4)
     p.add_argument("--smollm2-budget", type=int, default=8192, help="tokens scored per length (at least one window)")
