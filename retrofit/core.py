@@ -110,8 +110,9 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     bias = None
     if scheme.kind == "bias":
         layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
-        if shift:
-            bias = lambda h, i, j: scheme.bias(layer, h, i + shift, j + shift)  # noqa: E731
+        moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
+        if moved:
+            bias = lambda h, i, j: scheme.bias(layer, h, i + moved, j + moved)  # noqa: E731
         else:
             bias = lambda h, i, j: scheme.bias(layer, h, i, j)  # noqa: E731
         if scale:
@@ -316,8 +317,8 @@ def revert(model) -> nn.Module:
 
 
 def set_position_controls(model, offset: int = 0, native_fade: float = 0.0) -> None:
-    """Fine-tune controls. ``offset``: shift every absolute/rotary position by k (random-offset
-    augmentation; relative biases are unaffected). ``native_fade`` in [0, 1]: add this much of the
+    """Fine-tune controls. ``offset``: shift every position by k (random-offset augmentation; a
+    scheme whose scores depend only on i - j, ``Scheme.shift_invariant``, is unaffected). ``native_fade`` in [0, 1]: add this much of the
     native mechanism back (1 = fully native, 0 = the new scheme alone)."""
     state = _state(model)
     if state is None:

@@ -323,3 +323,33 @@ def test_lora_with_trained_embeddings_merges(tmp_path):
     final = retrofit.load(out / "final")
     ids = _ids()
     torch.testing.assert_close(_logits(merged, ids), _logits(final, ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", retrofit.schemes())
+def test_shift_invariant_flag_matches_the_model(scheme):
+    """A scheme flagged shift_invariant gives the same logits when every position is shifted; one
+    that is not (absolute or query-normalised positions) gives different ones."""
+    from retrofit.encodings.base import SCHEMES
+
+    from .tiny import gpt2
+
+    model = gpt2().eval()
+    retrofit.convert(model, scheme, **({"kernel": "chunked"} if scheme != "nope" else {}))
+    ids = torch.randint(0, model.config.vocab_size, (1, 48))
+    with torch.no_grad():
+        base = model(ids).logits
+        retrofit.set_position_controls(model, offset=37)
+        shifted = model(ids).logits
+        retrofit.set_position_controls(model)
+    same = torch.allclose(base, shifted, atol=1e-4, rtol=1e-4)
+    assert same == SCHEMES.get(scheme).shift_invariant, (scheme, (base - shifted).abs().max().item())
+
+
+def test_random_offset_on_a_shift_invariant_scheme_warns(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="retrofit.training.loop")
+    finetune(recipe(tmp_path / "w", train__steps=1, checkpoint__every=0, train__positions={"random_offset": 64}))
+    assert "has no effect on 'alibi'" in caplog.text
+    caplog.clear()
+    finetune(recipe(tmp_path / "s", train__steps=1, checkpoint__every=0, convert={"scheme": "sinusoidal", "options": {}},
+                    train__positions={"random_offset": 64}))
+    assert "has no effect" not in caplog.text

@@ -27,6 +27,7 @@ def alibi_slopes(num_heads: int) -> list[float]:
 @register_scheme("alibi")
 class ALiBi(Scheme):
     name = "alibi"
+    shift_invariant = True
     kind = "bias"
 
     @dataclass

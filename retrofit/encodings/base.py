@@ -59,6 +59,8 @@ def option(default, help: str, choices: tuple | None = None):
 class Scheme(nn.Module):
     name: ClassVar[str]
     kind: ClassVar[str]  # "bias" | "rotary" | "absolute" | "none"
+    # True when scores depend only on distances i - j (shifting every position changes nothing)
+    shift_invariant: ClassVar[bool] = False
 
     @dataclass
     class Options:

@@ -10,4 +10,5 @@ from .base import Scheme, register_scheme
 @register_scheme("nope")
 class NoPE(Scheme):
     name = "nope"
+    shift_invariant = True
     kind = "none"

@@ -48,6 +48,7 @@ def _rope_config(spec: ModelSpec, rope_type: str, theta: float, fraction: float,
 @register_scheme("rope")
 class RoPE(Scheme):
     name = "rope"
+    shift_invariant = True
     kind = "rotary"
 
     @dataclass

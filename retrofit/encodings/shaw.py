@@ -28,6 +28,7 @@ INITS = ("alibi", "zero")
 @register_scheme("shaw")
 class ShawClipped(Scheme):
     name = "shaw"
+    shift_invariant = True
     kind = "bias"
 
     @dataclass

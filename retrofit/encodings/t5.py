@@ -57,6 +57,7 @@ def bucket_distances(bucket_of, num_buckets: int, horizon: int) -> torch.Tensor:
 @register_scheme("t5")
 class T5Buckets(Scheme):
     name = "t5"
+    shift_invariant = True
     kind = "bias"
 
     @dataclass

@@ -111,6 +111,18 @@ def _documents(r: Recipe):
     return rdata.split_documents(docs, r.data.validation_fraction, seed=r.train.seed)
 
 
+def _warn_if_offset_is_a_no_op(r: Recipe, model) -> None:
+    """A uniform shift of every position cannot change a scheme whose scores depend only on i - j
+    (measured: RoPE with random_offset 2048 gave the same ppl to 6 digits as without, docs/study.md)."""
+    from ..encodings.base import SCHEMES
+
+    scheme = r.convert.scheme
+    if r.train.positions.random_offset and scheme in SCHEMES and getattr(SCHEMES.get(scheme), "shift_invariant", False):
+        log.warning("train.positions.random_offset = %d has no effect on %r: its attention depends only on "
+                    "distances, and the offset shifts every position of a block alike (it matters only while "
+                    "native_fade_steps fades an absolute table out)", r.train.positions.random_offset, scheme)
+
+
 def _check_lengths(r: Recipe, model) -> int | None:
     """The block plus the largest offset must fit what the model accepts. While the native
     mechanism fades in, the native table bounds positions: returns the largest offset allowed
@@ -125,6 +137,7 @@ def _check_lengths(r: Recipe, model) -> int | None:
             f"{limit} positions the model accepts"
         )
     if not pos.native_fade_steps:
+        _warn_if_offset_is_a_no_op(r, model)
         return None
     retrofit.set_position_controls(model, offset=0, native_fade=1.0)
     fade_limit = retrofit.describe(model).get("max_length")

@@ -98,7 +98,7 @@ class LoraSettings:
 class PositionsConfig:
     random_offset: int = _help(
         "Random start offsets: each step draws k in [0, random_offset] and trains on positions k..k+L "
-        "(absolute/rotary schemes; randomized positional encodings). 0 = off.",
+        "(randomized positional encodings; no effect on distance-only schemes: alibi, rope, t5, shaw, nope). 0 = off.",
         0,
     )
     native_fade_steps: int = _help(
