@@ -412,17 +412,24 @@ def plot(study: dict, out_dir: Path) -> list[str]:
         keys = [k for k in g["table"][0] if k.startswith("ppl@")]
         xs = [int(k[4:-1]) for k in keys]
         top = max(c["budget"] for c in g["cells"])
+        colors = {name: plt.get_cmap("tab10")(i) for i, name in enumerate([None, *SCHEMES])}
         for r in g["table"]:
-            if r["cell"].startswith("original") or (r.get("budget") == top and r.get("objective", "lm") == "lm"
-                                                     and not r.get("fade") and not r.get("random_offset")):
-                ys = [r.get(k) for k in keys]
-                ax.plot(xs, ys, marker="o", label=r["cell"], linestyle="--" if r["cell"].startswith(("original", "control")) else "-")
+            plain = r.get("objective", "lm") == "lm" and not r.get("fade") and not r.get("random_offset")
+            if not (r["cell"].startswith("original") or (r.get("budget") == top and plain)):
+                continue
+            ys = [r.get(k) for k in keys]
+            if r["cell"].startswith(("original", "control")):  # a flat reference line
+                ax.axhline(ys[0], color="black", linestyle=":" if r["cell"].startswith("control") else "--",
+                           linewidth=1, label=r["cell"])
+                continue
+            ax.plot(xs, ys, marker="o" if r["method"] == "full" else "x", color=colors.get(r["scheme"]),
+                    linestyle="-" if r["method"] == "full" else "--", label=r["cell"])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(f"length / native ({native})")
         ax.set_ylabel("perplexity (held-out plays)")
         ax.set_title(f"GPT-2 stand-in, fine-tune budget {top:.1%} of pretraining")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=2)
         path = out_dir / "study_gpt2_ppl_vs_length.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
