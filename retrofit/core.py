@@ -318,8 +318,9 @@ def revert(model) -> nn.Module:
 
 def set_position_controls(model, offset: int = 0, native_fade: float = 0.0) -> None:
     """Fine-tune controls. ``offset``: shift every position by k (random-offset augmentation; a
-    scheme whose scores depend only on i - j, ``Scheme.shift_invariant``, is unaffected). ``native_fade`` in [0, 1]: add this much of the
-    native mechanism back (1 = fully native, 0 = the new scheme alone)."""
+    scheme whose scores depend only on i - j, ``Scheme.shift_invariant``, is unaffected).
+    ``native_fade`` in [0, 1]: add this much of the native mechanism back (1 = fully native,
+    0 = the new scheme alone)."""
     state = _state(model)
     if state is None:
         raise NotConvertedError("set_position_controls needs a converted model")

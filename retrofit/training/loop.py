@@ -111,7 +111,7 @@ def _documents(r: Recipe):
     return rdata.split_documents(docs, r.data.validation_fraction, seed=r.train.seed)
 
 
-def _warn_if_offset_is_a_no_op(r: Recipe, model) -> None:
+def _warn_if_offset_is_a_no_op(r: Recipe) -> None:
     """A uniform shift of every position cannot change a scheme whose scores depend only on i - j
     (measured: RoPE with random_offset 2048 gave the same ppl to 6 digits as without, docs/study.md)."""
     from ..encodings.base import SCHEMES
@@ -137,7 +137,7 @@ def _check_lengths(r: Recipe, model) -> int | None:
             f"{limit} positions the model accepts"
         )
     if not pos.native_fade_steps:
-        _warn_if_offset_is_a_no_op(r, model)
+        _warn_if_offset_is_a_no_op(r)
         return None
     retrofit.set_position_controls(model, offset=0, native_fade=1.0)
     fade_limit = retrofit.describe(model).get("max_length")
