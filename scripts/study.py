@@ -302,7 +302,7 @@ def part_smollm2(args) -> dict:
             model = retrofit.load(final)
             _, tok = load()
             return {"steps": steps, "train_length": args.smollm2_train_length,
-                    "train_seconds": summary.get("train_seconds") or summary.get("seconds"),
+                    "train_seconds": summary["train_seconds"],
                     **evaluate(model, tok, eval_lengths)}
         return fn
 
@@ -317,23 +317,22 @@ def part_smollm2(args) -> dict:
     reduced = {"scheme": "rope", "options": {"scaling": "yarn", "factor": max(lengths) / args.smollm2_train_length,
                                              "native_length": args.smollm2_train_length}}
     steps, ysteps = args.smollm2_steps, args.smollm2_yarn_lora_steps
-    plan = {
-        "original": ("original", original),
-        "rope-yarnx4": ("rope-yarnx4-no-finetune", rescaled("yarn")),
-        "rope-ntkx4": ("rope-ntkx4-no-finetune", rescaled("ntk")),
-        "alibi": ("alibi-no-finetune", converted("alibi")),
-        "alibi-lora": (f"alibi-lora-{steps}", lora_run(f"alibi-lora-{steps}", {"scheme": "alibi"}, lengths, steps)),
-        "rope-reduced-lora": (f"rope-yarn-native{args.smollm2_train_length}-lora-{steps}",
-                              lora_run(f"rope-reduced-lora-{steps}", reduced, lengths, steps)),
-        "rope-yarnx4-lora": (f"rope-yarnx4-lora-{ysteps}",
-                             lora_run(f"rope-yarnx4-lora-{ysteps}", {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}},
-                                      long_lengths, ysteps)),
+    reduced_name = f"rope-yarn-native{args.smollm2_train_length}-lora-{steps}"
+    yarn4 = {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}}
+    plan = {  # --smollm2-runs key: (label in the report, cache file under <runs>/smollm2/, run)
+        "original": ("original", "original", original),
+        "rope-yarnx4": ("rope-yarnx4-no-finetune", "rope-yarnx4", rescaled("yarn")),
+        "rope-ntkx4": ("rope-ntkx4-no-finetune", "rope-ntkx4", rescaled("ntk")),
+        "alibi": ("alibi-no-finetune", "alibi-no-finetune", converted("alibi")),
+        "alibi-lora": (f"alibi-lora-{steps}", f"alibi-lora-{steps}",
+                       lora_run(f"alibi-lora-{steps}", {"scheme": "alibi"}, lengths, steps)),
+        "rope-reduced-lora": (reduced_name, reduced_name, lora_run(reduced_name, reduced, lengths, steps)),
+        "rope-yarnx4-lora": (f"rope-yarnx4-lora-{ysteps}", f"rope-yarnx4-lora-{ysteps}",
+                             lora_run(f"rope-yarnx4-lora-{ysteps}", yarn4, long_lengths, ysteps)),
     }
     assert list(plan) == SMOLLM2_RUNS, "SMOLLM2_RUNS must list the plan"
     for key in args.smollm2_runs:
-        label, fn = plan[key]
-        name = {"original": "original", "rope-yarnx4": "rope-yarnx4", "rope-ntkx4": "rope-ntkx4",
-                "alibi": "alibi-no-finetune"}.get(key, label)
+        label, name, fn = plan[key]
         out["runs"][label] = cached(name, fn)
     out["longest_length_measured"] = max(
         r["length"] for res in out["runs"].values() for r in res.get("rows", [])) if out["runs"] else None

@@ -48,13 +48,15 @@ def main(argv=None):
                  "--eval-budget", "8192", "--batch-size", str(batch), f"--lr-{method}", str(lr),
                  "--runs", str(Path(args.runs) / name), "--out", str(out), *extra]
         study.main(flags + (["--cached-only"] if args.cached_only else []))
-        table = json.loads(out.read_text())["gpt2"]["table"]
+        gpt2 = json.loads(out.read_text())["gpt2"]
+        table, native = gpt2["table"], gpt2["stand_in"]["native_length"]
         control = next((r for r in table if r["cell"].startswith("control")), {})
         for r in table:
             if r["cell"].startswith(("original", "control")):
                 continue
             rows.append({"config": name, "method": method, "batch_size": batch, "learning_rate": lr,
                          "lora_embeddings": "--lora-embeddings" in extra, "cell": r["cell"],
+                         "steps": r.get("extra_tokens", 0) // (native * batch),
                          "objective": r.get("objective"), "fade": r.get("fade"), "extra_tokens": r.get("extra_tokens"),
                          "ppl@1x": r.get("ppl@1x"), "control_ppl@1x": control.get("ppl@1x"),
                          "vs_control@1x": r.get("vs_control@1x"), "vs_original@1x": r.get("vs_original@1x"),
@@ -64,7 +66,7 @@ def main(argv=None):
     Path(args.out).write_text(json.dumps(result, indent=1))
     md = ["| config | cell | steps x batch | lr | ppl@1x | control ppl@1x | vs control | vs original |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['config']} | {r['cell']} | {r['extra_tokens'] // 256 // r['batch_size']} x {r['batch_size']} | "
+        md.append(f"| {r['config']} | {r['cell']} | {r['steps']} x {r['batch_size']} | "
                   f"{r['learning_rate']:g} | {study._fmt(r['ppl@1x'])} | {study._fmt(r['control_ppl@1x'])} | "
                   f"{study._fmt(r['vs_control@1x'])} | {study._fmt(r['vs_original@1x'])} |")
     Path(args.out).with_suffix(".md").write_text("\n".join(md) + "\n")

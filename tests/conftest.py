@@ -25,7 +25,8 @@ USER_CACHE = Path(os.environ.get("RETROFIT_CACHE") or Path.home() / ".cache" / "
 
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory) -> Path:
-    """Shared by the asset, baseline and study tests. A session cache dir for RETROFIT_CACHE, seeded with wheels already in the user's cache."""
+    """A session cache dir for RETROFIT_CACHE, seeded with the wheels already in the user's cache
+    (shared by the asset, baseline and study tests)."""
     root = tmp_path_factory.mktemp("retrofit-cache")
     (root / "wheels").mkdir()
     for whl in sorted((USER_CACHE / "wheels").glob("*.whl")) if (USER_CACHE / "wheels").is_dir() else []:
@@ -47,5 +48,3 @@ def cache(tmp_path_factory) -> Path:
 def micro_dir(cache) -> Path:
     """The micro baseline, pretrained once per session into the session cache."""
     return baseline.pretrain("micro", cache_dir=cache / "baseline")
-
-

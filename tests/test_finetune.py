@@ -99,14 +99,10 @@ def test_adapter_alone_merges_to_the_final_model(run):
     torch.testing.assert_close(_logits(merged, ids), _logits(final, ids), atol=1e-5, rtol=1e-5)
 
 
-def _has_param_scheme():
-    return "t5"  # learned bucket table: trained through PEFT's modules_to_save
-
-
 def test_lora_with_position_parameters_save_load_merge(tmp_path):
     """A scheme with new position parameters: they train (modules_to_save) and survive
     save -> load -> merge with identical logits."""
-    scheme = _has_param_scheme()
+    scheme = "t5"  # a learned bucket table: trained through PEFT's modules_to_save
     from peft import PeftModel
 
     out = finetune(recipe(tmp_path / "p", convert={"scheme": scheme, "options": {}}, train__steps=6,
