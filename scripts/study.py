@@ -112,8 +112,7 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
         if cdir.exists():
             shutil.rmtree(cdir)
         out = retrofit.finetune(recipe_for(cell, base, native, args, cdir / "ft"))
-        summary = json.loads((Path(out) / "summary.json").read_text())
-        trainable = summary.get("trainable_parameters") or summary.get("trainable_params")
+        trainable = json.loads((Path(out) / "versions.json").read_text())["trainable_parameters"]
         report = evaluate_model(str(Path(out) / "final"), lengths, args)
         shutil.rmtree(Path(out) / "checkpoints", ignore_errors=True)
     result = {**cell, "rows": rows_of(report), "seconds": round(time.time() - t0, 1), "trainable_parameters": trainable}

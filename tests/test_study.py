@@ -91,6 +91,7 @@ def test_end_to_end_on_the_micro_stand_in_is_cached_and_deterministic(study, cac
                           "alibi-full-2.0-fade"}
     assert not [c for c in cells.values() if "error" in c], [c.get("error") for c in cells.values()]
     assert cells["alibi-full-2.0"]["steps"] == cells["control-full-2.0"]["steps"] > 0
+    assert cells["alibi-full-2.0"]["trainable_parameters"] > 0 and cells["alibi-none-0.0"]["trainable_parameters"] == 0
     table = {r["cell"]: r for r in g["table"]}
     for name in ("alibi-none-0.0", "alibi-full-2.0"):
         assert all(math.isfinite(table[name][k]) for k in ("ppl@1x", "ppl@2x"))
