@@ -28,12 +28,12 @@ def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
     if name_or_path == "tiny-gpt2":
         return str(tiny_gpt2()), gguf_file
     if name_or_path == "smollm2":
-        from .. import assets
+        from . import assets
 
         p = Path(assets.smollm2_gguf())
         return (str(p.parent), p.name) if p.is_file() else (str(p), gguf_file)
     if name_or_path.startswith("baseline:"):
-        from .. import baseline
+        from . import baseline
 
         return str(baseline.pretrain(name_or_path.split(":", 1)[1])), gguf_file
     return name_or_path, gguf_file
