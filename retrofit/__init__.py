@@ -10,6 +10,9 @@ Every entry point is imported on first use.
 __version__ = "0.1.0"
 
 from .errors import RetrofitError  # noqa: E402
+from . import auto as _auto  # noqa: E402
+
+_auto.install()  # plain AutoModelForCausalLM.from_pretrained(checkpoint) gives the converted model
 
 # Public names, imported on first use so that `import retrofit` stays light.
 # (Module names differ from the function names on purpose: importing a submodule

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import types
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from . import __version__, kernel
+from .auto import MODEL_TYPE as SAVED_MODEL_TYPE  # a saved converted config's model_type (see retrofit.auto)
 from .adapters import ADAPTERS, adapter_for
 from .adapters.base import Adapter, Swap, track_inputs
 from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
@@ -27,6 +30,7 @@ log = logging.getLogger(__name__)
 
 ATTN_NAME = "retrofit"
 POSITIONS_MODULE = "retrofit_positions"
+UNBOUNDED = int(1e30)  # transformers' VERY_LARGE_INTEGER: how tokenizers (and lm-eval) spell "no limit"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,6 +43,9 @@ class RetrofitState:
     adapter: Adapter
     kernel: str
     original_attn: str | None
+    native_max: int | None = None  # the unconverted model's hard limit (a learned table's rows), read before converting
+    reach_key: str | None = None  # the config attribute that advertises the length (max_position_embeddings)
+    reach_original: Any = None  # its value before converting (revert restores it)
     swaps: list[Swap] = field(default_factory=list)
     frozen: list[nn.Parameter] = field(default_factory=list)
     hooks: list = field(default_factory=list)  # removable hook handles installed by the adapter
@@ -210,7 +217,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     scheme = scheme_cls(spec, opts).to(ref.device)
 
     state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
-                          original_attn=model.config._attn_implementation)
+                          original_attn=model.config._attn_implementation, native_max=adapter.native_max_length())
     model.add_module(POSITIONS_MODULE, scheme)
     model._retrofit_state = state
     try:
@@ -237,14 +244,80 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "native": {"kind": adapter.native_kind, "length": spec.native_length},
             "kernel": kernel,
             "retrofit_version": __version__,
+            "base_config": _base_config(model.config, previous),
         }
         if verify:
             _verify_live(model, state)
+        _advertise_reach(model, state)
     except BaseException:
         revert(model)
         raise
     log.info("converted %s (%s) to %s %s", type(model).__name__, adapter.name, to, scheme.options_dict())
     return model
+
+
+def _base_config(config, previous: dict) -> dict:
+    """The original config values that a saved retrofit config replaces (``load`` restores them to
+    build the base model): its model type and architectures, and the length key's value."""
+    if previous.get("base_config"):
+        return dict(previous["base_config"])
+    out = {"model_type": config.model_type, "architectures": list(getattr(config, "architectures", None) or [])}
+    key = _reach_key(config)
+    if key:
+        out[key] = getattr(config, key)
+    return out
+
+
+def _reach_key(config) -> str | None:
+    """The attribute under which this config stores ``max_position_embeddings`` (GPT-2: n_positions)."""
+    key = getattr(config, "attribute_map", {}).get("max_position_embeddings", "max_position_embeddings")
+    return key if hasattr(config, key) else None
+
+
+def reach(model) -> int:
+    """How far the converted model may read: the scheme's limit, else ``UNBOUNDED`` (no limit)."""
+    return describe(model)["max_length"] or UNBOUNDED
+
+
+def _advertise_reach(model, state: RetrofitState) -> None:
+    """Make clients that read the config (generate's length cap, lm-evaluation-harness, tokenizer
+    truncation) see the converted model's reach, not the old table's size; and make every save of
+    this model (``save_pretrained``, ``push_to_hub``, ``retrofit.save``) write a retrofit config,
+    which plain transformers refuses instead of silently loading the original model. ``revert``
+    undoes both. Only this instance is patched."""
+    cfg = model.config
+    state.reach_key = _reach_key(cfg)
+    if state.reach_key:
+        state.reach_original = getattr(cfg, state.reach_key)
+        setattr(cfg, state.reach_key, reach(model))
+    model.save_pretrained = types.MethodType(_save_pretrained, model)
+
+
+def _withdraw_reach(model, state: RetrofitState) -> None:
+    if state.reach_key:
+        setattr(model.config, state.reach_key, state.reach_original)
+    model.__dict__.pop("save_pretrained", None)
+
+
+def _save_pretrained(self, save_directory, *args, **kwargs):
+    """``save_pretrained`` of a converted model: the stock one, then config.json marked as retrofit's."""
+    if kwargs.get("push_to_hub"):
+        raise RetrofitError("save the converted model locally, then push it with `retrofit push DIR --repo user/name`")
+    out = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    mark_saved_config(Path(save_directory) / "config.json")
+    return out
+
+
+def mark_saved_config(path: Path) -> None:
+    """Rewrite a saved converted model's config.json with ``model_type: retrofit``: transformers then
+    loads it only with retrofit imported (as the converted model) and refuses it otherwise."""
+    import json
+
+    d = json.loads(path.read_text())
+    if "retrofit" not in d:
+        return
+    d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, ["RetrofitForCausalLM"]
+    path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
 
 
 def _embedding_rms(model) -> float | None:
@@ -308,6 +381,7 @@ def revert(model) -> nn.Module:
         if hasattr(site.module, "_retrofit_layer"):
             del site.module._retrofit_layer
     _set_attn(model, state.original_attn)
+    _withdraw_reach(model, state)
     if POSITIONS_MODULE in model._modules:
         del model._modules[POSITIONS_MODULE]
     if hasattr(model.config, "retrofit"):
@@ -351,8 +425,8 @@ def describe(model) -> dict[str, Any]:
         }
     scheme = state.scheme()
     limit = scheme.max_length()
-    if state.native_fade > 0 and state.adapter.native_max_length():
-        limit = min(limit or 1 << 62, state.adapter.native_max_length())
+    if state.native_fade > 0 and state.native_max:
+        limit = min(limit or 1 << 62, state.native_max)
     return {
         "converted": True, "scheme": state.scheme_name, "options": scheme.options_dict(), "model_type": model_type,
         "base_model": model.config.retrofit.get("base_model"),

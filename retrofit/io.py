@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .core import SAVED_MODEL_TYPE, reach
 from .errors import RetrofitError
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,37 @@ def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+            if getattr(model, "_retrofit_state", None) is not None:
+                tokenizer_reach(tmp / "tokenizer_config.json", reach(model))
 
     out = atomic_dir(path, write)
     log.info("saved %s to %s", type(model).__name__, out)
     return out
+
+
+def tokenizer_reach(path: Path, length: int) -> None:
+    """The saved tokenizer truncates at the converted model's reach, not at the old table's size."""
+    if path.is_file():
+        d = json.loads(path.read_text())
+        d["model_max_length"] = length
+        path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+
+def base_config(path: Path):
+    """The transformers config to build a retrofit checkpoint's base model with: config.json with
+    the original model type, architectures and length restored (``retrofit.base_config``)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    d = json.loads((path / "config.json").read_text())
+    block = d.get("retrofit") or {}
+    if d.get("model_type") != SAVED_MODEL_TYPE:  # saved before retrofit marked its configs
+        return AutoConfig.from_pretrained(path)
+    base = block.get("base_config")
+    if not base or base.get("model_type") not in CONFIG_MAPPING:
+        raise RetrofitError(f"{path}/config.json: a retrofit config without a usable 'retrofit.base_config' ({base!r})")
+    d.update(base)
+    return CONFIG_MAPPING[d["model_type"]].from_dict(d)
 
 
 def _retrofit_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
@@ -73,21 +101,22 @@ def _retrofit_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
 def load(path: str | os.PathLike, **from_pretrained_kwargs):
     """Load a checkpoint written by ``save`` and re-apply its patch (scheme, options, learned
     position parameters, attention function). Safetensors only; no remote code unless asked."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from .core import POSITIONS_MODULE, _convert
 
     path = Path(path)
     if not (path / "config.json").exists():
         raise RetrofitError(f"{path} is not a saved model folder (no config.json)")
-    config = AutoConfig.from_pretrained(path)
+    config = base_config(path)
     block = getattr(config, "retrofit", None)
     if not block:
         raise RetrofitError(f"{path} was not saved by retrofit (its config has no 'retrofit' block); use from_pretrained")
     from_pretrained_kwargs.setdefault("use_safetensors", True)
     if "dtype" in from_pretrained_kwargs:
         from_pretrained_kwargs["dtype"] = DTYPES.get(from_pretrained_kwargs["dtype"], from_pretrained_kwargs["dtype"])
-    model = AutoModelForCausalLM.from_pretrained(path, **from_pretrained_kwargs)
+    from_pretrained_kwargs.pop("config", None)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
     _convert(model, block["scheme"], force=False, kernel=block.get("kernel", "auto"), verify=False,
              options=block["options"], from_checkpoint=True)
     positions = getattr(model, POSITIONS_MODULE)

@@ -193,7 +193,7 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
     cfg = FalconConfig(
         **_gpt2_common(c), num_kv_heads=c.n_head, alibi=True, parallel_attn=False, bias=True, multi_query=False,
         new_decoder_architecture=False, activation=c.activation_function, ffn_hidden_size=c.n_inner or 4 * c.n_embd,
-        layer_norm_epsilon=c.layer_norm_epsilon, max_position_embeddings=opts["max_length"],
+        layer_norm_epsilon=c.layer_norm_epsilon, max_position_embeddings=opts["reach"],
         hidden_dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop,
     )
     dst = FalconForCausalLM(cfg).to(dtype=model.dtype).eval()
@@ -370,6 +370,8 @@ def _check_rope_config(config, wanted: dict) -> None:
 def _plain_config(model):
     """A copy of the model's config without the retrofit block, remote-code map or attention override."""
     d = model.config.to_dict()
+    base = (d.get("retrofit") or {}).get("base_config") or {}
+    d.update({k: v for k, v in base.items() if k not in ("model_type", "architectures")})  # the original length
     for key in ("retrofit", "auto_map", "_attn_implementation", "_attn_implementation_autoset", "transformers_version"):
         d.pop(key, None)
     return type(model.config).from_dict(d)
@@ -479,6 +481,7 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
     is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.data`` spec) at ``check_length``.
     An export that should be exact but differs by more than ``tolerance`` raises and writes nothing."""
+    from .core import reach
     from .io import atomic_dir, save
 
     model, tok, source = _resolve_source(model_or_run_dir)
@@ -496,7 +499,8 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
             "Export without --native (retrofit format) and load it with retrofit.load(path)"
         )
     native_len = int(info["native"]["length"])
-    opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len)), "approximate": approximate}
+    opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len)), "approximate": approximate,
+            "reach": max_length or reach(model)}  # what an unbounded export advertises (ALiBi: no limit)
     check_len = _positive("check_length", check_length, min(4 * native_len, native_len + 1024))
     if fn is baked_table:  # the table is the length limit of the exported model
         check_len = min(check_len, opts["max_length"])
@@ -521,6 +525,8 @@ def _positive(name: str, value, default: int) -> int:
 def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict, atomic_dir) -> ExportResult:
     from transformers import AutoModelForCausalLM
 
+    from .io import tokenizer_reach
+
     check_len, tolerance = check["length"], check["tolerance"]
     result = ExportResult(native=True, mapping=f"{pair[0]}+{pair[1]}", target=type(built.model).__name__,
                           model_type=built.model.config.model_type, check_length=check_len,
@@ -530,6 +536,7 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
         built.model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+            tokenizer_reach(tmp / "tokenizer_config.json", built.model.config.max_position_embeddings)
         _check_config(tmp / "config.json")
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=model.dtype).eval()
         if getattr(built.model.config, "rope_parameters", None):

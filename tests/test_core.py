@@ -69,12 +69,42 @@ def test_double_conversion_is_an_error_and_force_reconverts():
         retrofit.revert(retrofit.revert(model))
 
 
-def test_plain_from_pretrained_of_a_retrofit_checkpoint_is_refused(tmp_path):
-    model = retrofit.convert(TINY["gpt2"](), "alibi")
+def test_plain_from_pretrained_of_a_retrofit_checkpoint_gives_the_converted_model(tmp_path):
+    model = retrofit.convert(TINY["gpt2"](), "alibi").eval()
+    x = ids(1, 4 * NATIVE)
     retrofit.save(model, tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "retrofit"
     plain = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
-    with pytest.raises(AlreadyConvertedError, match="retrofit.load"):
+    assert retrofit.describe(plain)["scheme"] == "alibi"
+    assert torch.equal(logits(plain, x), logits(model, x))
+    assert type(tf.AutoConfig.from_pretrained(tmp_path / "m")).__name__ == "RetrofitConfig"
+    with pytest.raises(AlreadyConvertedError):
         retrofit.convert(plain, "alibi")
+
+
+def test_plain_save_pretrained_of_a_converted_model_is_marked_too(tmp_path):
+    model = retrofit.convert(TINY["gpt2"](), "alibi")
+    model.save_pretrained(tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "retrofit"
+    assert retrofit.describe(tf.AutoModelForCausalLM.from_pretrained(tmp_path / "m"))["scheme"] == "alibi"
+    retrofit.revert(model)
+    model.save_pretrained(tmp_path / "r")
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["model_type"] == "gpt2"
+
+
+def test_without_retrofit_transformers_refuses_a_checkpoint_instead_of_loading_the_original(tmp_path):
+    retrofit.save(retrofit.convert(TINY["gpt2"](), "alibi"), tmp_path / "m")
+    code = "import transformers as tf; tf.AutoModelForCausalLM.from_pretrained(%r)" % str(tmp_path / "m")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode != 0 and "model type `retrofit`" in r.stderr
+
+
+def test_converted_config_advertises_its_reach_and_revert_restores_the_table_size():
+    model = TINY["gpt2"]()
+    retrofit.convert(model, "alibi")
+    assert model.config.n_positions == retrofit.core.UNBOUNDED  # lm-eval, generate() read this
+    retrofit.revert(model)
+    assert model.config.n_positions == NATIVE
 
 
 def test_peft_wrapped_model_is_refused():
