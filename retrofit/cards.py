@@ -44,12 +44,13 @@ def _json(path: Path):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _recipe(run_dir: Path) -> dict:
+def _recipe(run_dir: Path) -> dict | None:
+    """The run's recipe (run.yaml or recipe.yaml); None for a folder written by ``retrofit convert``."""
     for name in ("run.yaml", "recipe.yaml"):
         p = run_dir / name
         if p.is_file():
             return yaml.safe_load(p.read_text()) or {}
-    raise RetrofitError(f"{run_dir} has no run.yaml or recipe.yaml: is it a retrofit run folder?")
+    return None
 
 
 def hub_base_model(name: str) -> str | None:
@@ -102,30 +103,35 @@ def _hub_dataset(spec) -> str | None:
 
 
 # ---- the context the template sees ------------------------------------------------------------------
-def card_context(run_dir: str | Path) -> dict:
-    """Everything the card shows, read from the run folder."""
-    from .pipeline import native_length
+def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
+    """Everything the card shows, read from the folder: a ``retrofit run`` or ``retrofit finetune``
+    output (recipe, final/, summary) or a ``retrofit convert`` checkpoint; the fine-tune and
+    evaluation parts are left out where the folder has none (``retrofit eval DIR`` adds eval/)."""
+    from .run_folder import is_model_dir, model_dir, native_length, retrofit_block
 
     run_dir = Path(run_dir)
-    recipe = _recipe(run_dir)
+    folder = model_dir(run_dir)
+    if not is_model_dir(folder):
+        raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/)")
+    block = retrofit_block(folder)
+    recipe = _recipe(run_dir) or {}
     report = _json(run_dir / "eval" / "report.json")
-    if report is None:
-        raise RetrofitError(f"{run_dir} has no eval/report.json; run the eval stage first (retrofit run)")
     summary = _json(run_dir / "summary.json") or {}
     info = _json(run_dir / "versions.json") or {}
     manifest = _json(run_dir / "manifest.json") or {"stages": {}}
-    base = recipe["model"]["name_or_path"]
-    native = native_length(run_dir / "final")
+    base = _base_name(recipe, block, folder)
+    native = native_length(folder)
+    trained = bool(recipe.get("train")) and folder.name == "final"
     ctx = {
         "recipe": recipe, "report": report, "summary": summary, "manifest": manifest,
-        "base": base_info(base, recipe, run_dir),
-        "conversion": {"scheme": recipe["convert"]["scheme"], "options": recipe["convert"].get("options") or {},
-                       "native_length": native},
-        "budget": budget(recipe, summary, info, report, manifest),
-        "eval": eval_summary(report, native),
+        "base": base_info(base, recipe, folder),
+        "conversion": {"scheme": block.get("scheme"), "options": block.get("options") or {}, "native_length": native},
+        "budget": budget(recipe, summary, info, report or {}, manifest) if trained else None,
+        "eval": eval_summary(report, native) if report else None,
+        "folder": str(run_dir),
         "export": export_info(run_dir, manifest),
-        "repo": (recipe.get("push") or {}).get("repo"),
-        "versions": info.get("versions") or {},
+        "repo": repo or (recipe.get("push") or {}).get("repo"),
+        "versions": info.get("versions") or {"retrofit": block.get("retrofit_version")},
     }
     ctx["limits"] = limits(ctx) + list((recipe.get("card") or {}).get("limits") or [])
     ctx["metadata"] = metadata(ctx)
@@ -133,13 +139,26 @@ def card_context(run_dir: str | Path) -> dict:
     return ctx
 
 
-def base_info(name: str, recipe: dict, run_dir: Path) -> dict:
+def _base_name(recipe: dict, block: dict, folder: Path) -> str:
+    """The base model's name: the recipe's, unless that is itself a retrofit checkpoint (a fine-tune
+    that went on from ``retrofit convert``'s output): then the name that checkpoint was converted from."""
+    name = (recipe.get("model") or {}).get("name_or_path")
+    if name and not (Path(name).expanduser() / "config.json").is_file():
+        return name
+    from .run_folder import retrofit_block
+
+    earlier = retrofit_block(Path(name).expanduser()) if name else {}
+    return earlier.get("base_model") or block.get("base_model") or name or str(folder)
+
+
+def base_info(name: str, recipe: dict, folder: Path) -> dict:
     lic, lic_source = base_license(name)
     override = (recipe.get("card") or {}).get("license")
-    config = _json(run_dir / "final" / "config.json") or {}
+    config = _json(folder / "config.json") or {}
+    base_config = (config.get("retrofit") or {}).get("base_config") or {}
     out = {"name": name, "hub_id": hub_base_model(name), "license": lic, "license_source": lic_source,
            "card_license": override or lic, "native": (config.get("retrofit") or {}).get("native") or {},
-           "model_type": config.get("model_type"), "pretrain": None}
+           "model_type": base_config.get("model_type") or config.get("model_type"), "pretrain": None}
     if name.startswith("baseline:"):
         from .baseline import STATS_FILE, output_dir
         from .errors import OptionError
@@ -228,9 +247,14 @@ def export_info(run_dir: Path, manifest: dict) -> dict:
 def limits(ctx: dict) -> list[str]:
     """Limitations that follow from this run's numbers and settings."""
     b, ev, base, conv = ctx["budget"], ctx["eval"], ctx["base"], ctx["conversion"]
+    out = [] if b else ["Not fine-tuned: the positions were swapped but the weights were not adapted to them, so expect "
+                        "a higher perplexity than the original's until it is fine-tuned (`retrofit finetune`)."]
+    if ev is None:
+        return out + [f"Not evaluated: `retrofit eval {ctx['folder']}` measures it past its native length "
+                      "(then `retrofit card` adds the figures here)."] + _common_limits(ctx)
     rows = {x["length"]: x["ppl"] for x in ev["rows"]}
     n, top = ev["native"], ev["max_length"]
-    out = [_native_quality(b, ev, rows.get(n), base)]
+    out.append(_native_quality(b, ev, rows.get(n), base))
     if n in rows and top in rows and top != n:
         trend = "rises" if rows[top] > rows[n] * 1.02 else "does not rise"
         out.append(f"Measured up to {top:,} tokens ({top / n:g}x native): perplexity {trend} from {rows[n]:.2f} at "
@@ -240,6 +264,12 @@ def limits(ctx: dict) -> list[str]:
         s = ev["passkey"].get(ev["main"]) or {"correct": 0, "trials": 0}
         out.append(f"Passkey retrieval: {s['correct']}/{s['trials']} correct over the grid; "
                    "long-range retrieval is not what a short positional fine-tune teaches.")
+    return out + _common_limits(ctx)
+
+
+def _common_limits(ctx: dict) -> list[str]:
+    base, conv = ctx["base"], ctx["conversion"]
+    out = []
     if conv["scheme"] == "alibi":
         out.append("ALiBi biases attention towards recent tokens: distant context contributes less than in "
                    "a model trained for long inputs.")
@@ -261,7 +291,7 @@ def limits(ctx: dict) -> list[str]:
 
 def _native_quality(b: dict, ev: dict, ppl_native: float | None, base: dict) -> str:
     """How the fine-tuned model compares with the unconverted original at the native length."""
-    text = f"Fine-tuned for {b['steps']:,} steps ({b['tokens']:,} tokens) only."
+    text = f"Fine-tuned for {b['steps']:,} steps ({b['tokens']:,} tokens) only." if b else "Not fine-tuned."
     orig = next((ev["by_model"][m["name"]].get(ev["native"]) for m in ev["models"]
                  if m["role"] == "baseline" and not m["converted"] and m["name"] in ev["by_model"]), None)
     if ppl_native is None or orig is None or orig["method"] != "non-overlapping":
@@ -270,7 +300,7 @@ def _native_quality(b: dict, ev: dict, ppl_native: float | None, base: dict) -> 
         return text + (f" At the native length it is worse than the original ({ppl_native:.2f} vs {orig['ppl']:.2f} "
                        "perplexity): the conversion costs some quality that a longer fine-tune would recover.")
     extra = ""
-    if base["pretrain"] and base["pretrain"].get("pretrain_tokens"):
+    if b and base["pretrain"] and base["pretrain"].get("pretrain_tokens"):
         extra = (f"; part of that gain is the extra training ({b['tokens'] / base['pretrain']['pretrain_tokens']:.0%} "
                  "of the base model's pretraining tokens), not the new positions")
     return text + f" At the native length it scores {ppl_native:.2f} vs the original's {orig['ppl']:.2f}{extra}."
@@ -290,11 +320,12 @@ def metadata(ctx: dict) -> dict:
     meta["license"] = base["card_license"] or "other"
     datasets = card.get("datasets")
     if datasets is None:
-        specs = [recipe["data"].get("dataset"), recipe.get("eval", {}).get("data")]
+        specs = [(recipe.get("data") or {}).get("dataset"), (recipe.get("eval") or {}).get("data")]
         datasets = [d for d in map(_hub_dataset, specs) if d]
     meta["datasets"] = list(dict.fromkeys(datasets))
     meta["pipeline_tag"] = "text-generation"
-    meta["model-index"] = [model_index(ctx)]
+    if ctx["eval"]:
+        meta["model-index"] = [model_index(ctx)]
     return meta
 
 
@@ -324,16 +355,22 @@ def _environment(template: str | None):
     return env
 
 
-def render_card(run_dir: str | Path, template: str | None = None) -> str:
-    """The card's text for a run folder (``template``: a Jinja file to use instead of the bundled one)."""
-    ctx = card_context(run_dir)
+def render_card(run_dir: str | Path, template: str | None = None, repo: str | None = None) -> str:
+    """The card's text for a run folder (``template``: a Jinja file to use instead of the bundled one;
+    ``repo``: the Hub repo it is for, when the folder's recipe does not name one)."""
+    ctx = card_context(run_dir, repo)
     env = _environment(template)
     return env.get_template(Path(template).name if template else DEFAULT_TEMPLATE).render(**ctx)
 
 
-def write_card(run_dir: str | Path, out: str | Path | None = None, template: str | None = None) -> Path:
-    """Render the card into ``out`` (default ``<run_dir>/README.md``); returns its path."""
-    text = render_card(run_dir, template)
+AUTO_MARK = "<!-- written by retrofit push from this folder; rewritten on every push (delete this line to keep edits) -->"
+
+
+def write_card(run_dir: str | Path, out: str | Path | None = None, template: str | None = None,
+               repo: str | None = None, auto: bool = False) -> Path:
+    """Render the card into ``out`` (default ``<run_dir>/README.md``); returns its path. ``auto``: a card
+    that ``retrofit push`` wrote itself (marked, so the next push rewrites it from the folder's state)."""
+    text = render_card(run_dir, template, repo) + (f"\n{AUTO_MARK}\n" if auto else "")
     out = Path(out) if out else Path(run_dir) / "README.md"
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text)

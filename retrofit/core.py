@@ -390,6 +390,28 @@ def revert(model) -> nn.Module:
     return model
 
 
+def is_converted(model) -> bool:
+    return _state(model) is not None
+
+
+def frozen_parameters(model) -> list[nn.Parameter]:
+    """The parameters ``convert`` froze (the swapped-out native mechanism); empty when unconverted."""
+    state = _state(model)
+    return list(state.frozen) if state else []
+
+
+def set_kernel(model, kernel: str) -> None:
+    """Choose the attention path of a converted model: auto | flex | chunked."""
+    from .kernel import KERNELS
+
+    state = _state(model)
+    if state is None:
+        raise NotConvertedError("set_kernel needs a converted model")
+    if kernel not in KERNELS:
+        raise OptionError(f"kernel must be one of {', '.join(KERNELS)}; got {kernel!r}")
+    state.kernel = kernel
+
+
 def set_position_controls(model, offset: int = 0, native_fade: float = 0.0) -> None:
     """Fine-tune controls. ``offset``: shift every position by k (random-offset augmentation; a
     scheme whose scores depend only on i - j, ``Scheme.shift_invariant``, is unaffected).

@@ -4,9 +4,10 @@ What is uploaded, from a staging folder that holds exactly these files:
 
 - the weights (``*.safetensors`` and their index), ``config.json``, ``generation_config.json`` and the
   tokenizer files (see :func:`layout`): an exact native transformers export at the root; else the
-  retrofit checkpoint (``final/``, loaded with ``retrofit.load``) at the root and an inexact native
-  export, if any, in ``native/``;
-- ``README.md`` (the model card);
+  retrofit checkpoint (``final/`` of a fine-tune, or the folder ``retrofit convert`` wrote) at the
+  root and an inexact native export, if any, in ``native/``;
+- ``README.md`` (the model card; written from the folder when it has none, and rewritten on each
+  push while it is one that push wrote);
 - ``eval/report.json``, ``eval/report.md`` and ``eval/*.png``.
 
 Never uploaded: optimizer, scheduler or RNG state, ``checkpoints/``, ``adapter/``, logs, the
@@ -58,14 +59,17 @@ def layout(run_dir: str | os.PathLike) -> dict[str, Path]:
     (plain transformers loads it) and replaces the retrofit checkpoint; an inexact one goes to
     ``native/`` beside the retrofit checkpoint at the root; without an export the root is the
     retrofit checkpoint (``final/``)."""
+    from .run_folder import is_model_dir, model_dir
+
     run_dir = Path(run_dir)
     record = export_record(run_dir)
     if record and record.get("exact"):
         return {"": run_dir / "export"}
-    final = run_dir / "final"
-    if not (final / "config.json").is_file():
-        raise RetrofitError(f"{run_dir} has no final/ checkpoint: run `retrofit run` (or `retrofit finetune`) first")
-    return {"": final, **({"native/": run_dir / "export"} if record else {})}
+    folder = model_dir(run_dir)
+    if not is_model_dir(folder):
+        raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/): "
+                            "push a folder written by `retrofit convert`, `retrofit finetune` or `retrofit run`")
+    return {"": folder, **({"native/": run_dir / "export"} if record else {})}
 
 
 def weights_kind(run_dir: str | os.PathLike) -> str:
@@ -83,15 +87,19 @@ def _weights(prefix: str, src: Path) -> dict[str, Path]:
     return files
 
 
-def upload_plan(run_dir: str | os.PathLike) -> list[tuple[str, Path]]:
-    """[(path in the repo, local file)] of everything a push uploads, sorted by repo path."""
+def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tuple[str, Path]]:
+    """[(path in the repo, local file)] of everything a push uploads, sorted by repo path. A folder
+    without a model card gets one written (for ``repo``)."""
     run_dir = Path(run_dir)
     plan: dict[str, Path] = {}
     for prefix, src in layout(run_dir).items():
         plan.update(_weights(prefix, src))
     card = run_dir / "README.md"
-    if not card.is_file():
-        raise RetrofitError(f"{run_dir} has no model card (README.md): run `retrofit card {run_dir}` first")
+    from .cards import AUTO_MARK, write_card
+
+    if not card.is_file() or AUTO_MARK in card.read_text():  # none, or one push wrote: (re)write from the folder
+        write_card(run_dir, repo=repo, auto=True)
+        log.info("model card %s written from what %s holds (remove its last line to keep hand edits)", card, run_dir)
     plan["README.md"] = card
     ev = run_dir / "eval"
     for p in [ev / n for n in REPORT_FILES] + sorted(ev.glob("*.png")):
@@ -157,7 +165,7 @@ def push(run_dir, repo: str, *, private: bool = False, revision: str = "main", d
     if not isinstance(revision, str) or not revision:
         raise OptionError(f"--revision must be a branch name, got {revision!r}")
     run_dir = Path(run_dir)
-    plan = upload_plan(run_dir)
+    plan = upload_plan(run_dir, repo)
     result = {"repo": repo, "revision": revision, "files": [(n, p.stat().st_size) for n, p in plan],
               "weights": weights_kind(run_dir), "commit_url": None}
     if dry_run:

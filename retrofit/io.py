@@ -152,7 +152,8 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
 
     from .builtin import resolve
 
-    name_or_path, gguf_file = resolve(str(name_or_path), gguf_file)
+    given = str(name_or_path)
+    name_or_path, gguf_file = resolve(given, gguf_file)
     kwargs = {}
     if dtype is not None:
         if dtype not in DTYPES:
@@ -181,6 +182,8 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
     model.eval()
+    if name_or_path != given and not is_retrofit:  # a built-in name: reports and cards name it, not the cache path
+        model.config._name_or_path = given
     if device:
         model.to(device)
     tok = None

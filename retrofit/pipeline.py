@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -36,7 +35,10 @@ from typing import Optional
 
 import yaml
 
-from .errors import RecipeError, RetrofitError
+from .errors import OptionError, RecipeError, RetrofitError
+from .evaluation.lengths import parse_item
+from .run_folder import native_length
+from .evaluation.lengths import resolve as resolve_lengths
 from .training.recipe import Recipe, _build, _parse_overrides, _set_dotted
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,6 @@ RUN_RECIPE = "run.yaml"
 EVAL_DIR = "eval"
 EXPORT_DIR = "export"
 CARD = "README.md"
-_MULTIPLE = re.compile(r"^(\d+(?:\.\d+)?)x$")
 
 
 # ---- the extra recipe sections ----------------------------------------------------------------
@@ -66,7 +67,7 @@ class EvalSection:
                    "shakespeare:heldout")
     doc_separator: Optional[str] = _f("Join documents with this text instead of EOS.", None)
     budget: int = _f("Tokens scored at every length.", 16384)
-    stride: Optional[int] = _f("Sliding-window stride (null = half the native length).", None)
+    stride: Optional[int] = _f("Sliding-window stride (null = half of each sliding window).", None)
     sliding: bool = _f("Also sliding rows for models that run a length plainly (baselines past "
                        "their limit always get theirs).", False)
     batch_size: int = _f("Windows per forward pass.", 1)
@@ -176,7 +177,10 @@ def _validate(rr: RunRecipe) -> None:
         if not items:
             raise RecipeError(f"'{key}' must list at least one length")
         for x in items:
-            _length_item(key, x)
+            try:
+                parse_item(x, key)
+            except OptionError as err:
+                raise RecipeError(f"'{key}'{str(err)[len(key):]}") from None
     for key, v in (("eval.budget", e.budget), ("eval.batch_size", e.batch_size), ("eval.passkey_trials", e.passkey_trials)):
         if v < 1:
             raise RecipeError(f"'{key}' must be > 0, got {v}")
@@ -197,25 +201,6 @@ def _validate(rr: RunRecipe) -> None:
         from .hub import check_repo_id
 
         check_repo_id(rr.push.repo, key="push.repo")
-
-
-def _length_item(key: str, x) -> None:
-    if isinstance(x, int) and not isinstance(x, bool) and x >= 2:
-        return
-    if isinstance(x, str) and _MULTIPLE.match(x.strip()) and float(_MULTIPLE.match(x.strip()).group(1)) > 0:
-        return
-    raise RecipeError(f"'{key}': each length must be a token count >= 2 or a multiple of the native length like '4x'; got {x!r}")
-
-
-def resolve_lengths(items: list, native: int) -> list[int]:
-    """``['1x', '2x', 512]`` with native 128 -> ``[128, 256, 512]`` (sorted, unique)."""
-    out = set()
-    for x in items:
-        if isinstance(x, str):
-            out.add(round(float(_MULTIPLE.match(x.strip()).group(1)) * native))
-        else:
-            out.add(int(x))
-    return sorted(out)
 
 
 # ---- the manifest -------------------------------------------------------------------------------
@@ -340,17 +325,6 @@ def stage_finetune(rr: RunRecipe, previous: dict):
                                                "steps": summary.get("steps")}
 
 
-def native_length(final_dir: Path) -> int:
-    cfg = json.loads((final_dir / "config.json").read_text())
-    block = cfg.get("retrofit") or {}
-    n = (block.get("native") or {}).get("length")
-    for key in ("n_positions", "max_position_embeddings"):
-        n = n or cfg.get(key)
-    if not n:
-        raise RetrofitError(f"{final_dir}: cannot tell the native length from config.json")
-    return int(n)
-
-
 def _named(model, tok, name: str, base: str):
     model.config._name_or_path = base  # the report's base_model: the recipe's name, not a local path
     return (name, model, tok)
@@ -388,13 +362,13 @@ def stage_eval(rr: RunRecipe, previous: dict):
     e = rr.eval
     native = native_length(rr.run_dir / "final")
     lengths = resolve_lengths(e.lengths, native)
-    pk_lengths = resolve_lengths(e.passkey_lengths, native) if e.passkey_lengths else None
+    pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
     out = rr.run_dir / EVAL_DIR
     with _kernel(rr.finetune.convert.options.get("kernel")):
         main, baselines = eval_models(rr)
         report = evaluate(
             main, lengths, data=e.data, baselines=baselines, doc_separator=e.doc_separator, budget=e.budget,
-            stride=e.stride or max(1, native // 2), sliding=e.sliding, batch_size=e.batch_size, passkey=e.passkey,
+            stride=e.stride, sliding=e.sliding, batch_size=e.batch_size, passkey=e.passkey,
             passkey_lengths=pk_lengths, passkey_depths=e.passkey_depths, passkey_trials=e.passkey_trials,
             seed=e.seed, progress=_progress(),
         )

@@ -11,13 +11,6 @@ from ..errors import OptionError
 log = logging.getLogger(__name__)
 
 
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise OptionError(f"{what} must be comma-separated integers, got {text!r}") from None
-
-
 def _floats(text: str, what: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -33,9 +26,11 @@ def add_parser(sub) -> None:
         "windows and sliding windows (stride --stride). A baseline past its own limit gets only the sliding row, "
         "labelled as such. Writes report.json, report.md and plots to --out.",
     )
-    p.add_argument("model", help="retrofit checkpoint, local folder, hub id, or a .gguf file")
+    p.add_argument("model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file")
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
-    p.add_argument("--lengths", required=True, help="comma-separated lengths, e.g. 1024,2048,4096")
+    p.add_argument("--lengths", default="1x,2x,4x,8x",
+                   help="comma-separated token counts or multiples of the model's native length "
+                   "(e.g. 1024,2048,4096 or 1x,2x,16x; default 1x,2x,4x,8x)")
     p.add_argument("--data", default="stdlib",
                    help="'stdlib', 'shakespeare[:heldout]', files/globs, or a datasets name[:config[:split[:field]]] "
                    "(default: stdlib)")
@@ -44,7 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--baseline", action="append", default=[], metavar="MODEL",
                    help="a model to score on the same tokens (repeatable)")
     p.add_argument("--budget", type=int, default=65536, help="tokens scored per length (default 65536)")
-    p.add_argument("--stride", type=int, default=256, help="sliding-window stride (default 256)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="sliding-window stride (default: half of each sliding window)")
     p.add_argument("--no-sliding", action="store_true",
                    help="skip sliding rows where a model runs the length plainly "
                    "(baselines past their limit keep theirs)")
@@ -73,11 +69,12 @@ def default_out(model: str) -> Path:
 
 def run(args) -> int:
     from ..evaluation import evaluate
+    from ..evaluation.lengths import parse_list
     from ..evaluation.markdown import ppl_table
 
     report = evaluate(
         args.model,
-        _ints(args.lengths, "--lengths"),
+        parse_list(args.lengths, "--lengths"),
         data=args.data,
         gguf_file=args.gguf_file,
         doc_separator=codecs.decode(args.doc_separator, "unicode_escape") if args.doc_separator else None,
@@ -88,7 +85,7 @@ def run(args) -> int:
         batch_size=args.batch_size,
         position_buckets=args.buckets,
         passkey=args.passkey,
-        passkey_lengths=_ints(args.passkey_lengths, "--passkey-lengths") if args.passkey_lengths else None,
+        passkey_lengths=parse_list(args.passkey_lengths, "--passkey-lengths") if args.passkey_lengths else None,
         passkey_depths=_floats(args.passkey_depths, "--passkey-depths"),
         passkey_trials=args.passkey_trials,
         seed=args.seed,

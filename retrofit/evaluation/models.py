@@ -31,9 +31,12 @@ class EvalModel:
 def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
     """``retrofit.load_model`` (hub id, folder, retrofit checkpoint, or a ``.gguf`` file path)."""
     from ..io import load_model
+    from ..run_folder import model_dir
 
     if gguf_file is None and name_or_path.endswith(".gguf"):
         gguf_file = name_or_path
+    else:
+        name_or_path = str(model_dir(name_or_path))  # a run folder: its fine-tuned final/
     return load_model(name_or_path, gguf_file=gguf_file, device=device, dtype=dtype)
 
 

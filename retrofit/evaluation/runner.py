@@ -13,6 +13,8 @@ from tqdm.auto import tqdm
 from ..errors import LengthError, OptionError
 from . import passkey as pk
 from .cost import Meter
+from .lengths import parse_item
+from .lengths import resolve as resolve_lengths
 from .models import EvalModel, check_tokenizers, describe_model, resolve
 from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
 from .report import SCHEMA_VERSION, Report, environment
@@ -21,7 +23,6 @@ from .tokens import build_stream, resolve_documents
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 65536
-DEFAULT_STRIDE = 256
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PASSKEY_NEW_TOKENS = 8
 
@@ -38,17 +39,13 @@ class Job:
     note: str | None = None
 
 
-def _check_lengths(lengths: Sequence[int], what: str = "lengths") -> list[int]:
-    if isinstance(lengths, int):
+def _check_lengths(lengths, what: str = "lengths") -> list:
+    """Validated length items (token counts or ``"4x"`` multiples), before anything is loaded."""
+    if isinstance(lengths, (int, str)):
         lengths = [lengths]
     if not lengths:
         raise OptionError(f"{what}: give at least one length")
-    out = []
-    for L in lengths:
-        if isinstance(L, bool) or not isinstance(L, int) or L < 2:
-            raise OptionError(f"{what}: each length must be an integer >= 2, got {L!r}")
-        out.append(L)
-    return sorted(set(out))
+    return [parse_item(x, what) for x in lengths]
 
 
 def _check_options(budget, stride, batch_size, position_buckets, depths, trials):
@@ -74,13 +71,16 @@ def _check_supported(m: EvalModel, lengths: list[int], what: str) -> None:
         )
 
 
-def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int, sliding: bool) -> list[Job]:
-    """Every (model, length, method) to score. Past a model's limit: a labelled sliding row, never a silent swap."""
+def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int | None, sliding: bool) -> list[Job]:
+    """Every (model, length, method) to score. Past a model's limit: a labelled sliding row, never a silent swap.
+    ``stride`` None: each sliding window advances by half its width."""
     jobs = []
+    given = stride
     for i, m in enumerate(models):
         limit, native = m.max_length, (m.info.get("native") or {}).get("length")
         for L in lengths:
             if limit is not None and L > limit:
+                stride = given or max(1, limit // 2)
                 if stride >= limit:
                     raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {limit}")
                 note = (f"{m.name} accepts at most {limit} tokens, so length {L} is not run plainly; this row is a "
@@ -89,6 +89,7 @@ def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int, sliding:
                 continue
             past = f"past the native length {native}" if native and L > native else None
             jobs.append(Job(i, L, "non-overlapping", L, None, past))
+            stride = given or max(1, L // 2)
             if sliding and stride < L:
                 jobs.append(Job(i, L, "sliding", L, stride, past))
     return jobs
@@ -180,7 +181,7 @@ def evaluate(
     gguf_file: str | None = None,
     doc_separator: str | None = None,
     budget: int = DEFAULT_BUDGET,
-    stride: int = DEFAULT_STRIDE,
+    stride: int | None = None,
     sliding: bool = True,
     batch_size: int = 1,
     position_buckets: int = 32,
@@ -211,12 +212,15 @@ def evaluate(
     """
     started = _dt.datetime.now(_dt.timezone.utc)
     lengths = _check_lengths(lengths)
+    pk_items = _check_lengths(list(passkey_lengths), "passkey lengths") if passkey and passkey_lengths else None
     depths = [float(d) for d in passkey_depths]
-    _check_options(budget, stride, batch_size, position_buckets, depths, passkey_trials)
+    _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials)
     docs, data_label = resolve_documents(data)
     models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
+    native = (models[0].info.get("native") or {}).get("length")
+    lengths = resolve_lengths(lengths, native)
+    pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
     _check_supported(models[0], lengths, "lengths")
-    pk_lengths = _check_lengths(list(passkey_lengths), "passkey lengths") if passkey and passkey_lengths else lengths
     if passkey:
         _check_supported(models[0], pk_lengths, "passkey lengths")
         _check_passkey_room(models[0], min(pk_lengths))

@@ -70,7 +70,7 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
         model, tok = mdl.load(r.model)
     model.train()
     native = mdl.native_length(model)
-    teacher = mdl.make_teacher(model) if r.train.objective != "lm" else None
+    teacher = mdl.make_teacher(model, r.model) if r.train.objective != "lm" else None
     mdl.convert(model, r.convert)
     fade_offset_cap = _check_lengths(r, model)
     if r.train.gradient_checkpointing:
@@ -474,7 +474,7 @@ def _write_final(r: Recipe, acc, model, tok) -> None:
         unwrapped = _rebuilt(r, state) if sharded else acc.unwrap_model(model)
         unwrapped.eval()
         if r.train.method == "lora":
-            unwrapped.save_pretrained(out / "adapter")
+            unwrapped.save_pretrained(out / "adapter", save_embedding_layers=False)  # trained embeddings: modules_to_save
             tok.save_pretrained(out / "adapter")
             unwrapped = unwrapped.merge_and_unload()
         retrofit.save(unwrapped, out / "final", tokenizer=tok)

@@ -36,35 +36,69 @@ FAN_IN_FAN_OUT = {"gpt2"}  # HF Conv1D layers store weights transposed
 def load(model_cfg):
     """(model, tokenizer) through retrofit.load_model (built-in names resolved; a GGUF checkpoint
     comes back dequantized: trainable, mergeable, savable)."""
-    import retrofit
+    from ..io import load_model
 
-    model, tok = retrofit.load_model(model_cfg.name_or_path, gguf_file=model_cfg.gguf_file, dtype=model_cfg.dtype)
+    model, tok = load_model(model_cfg.name_or_path, gguf_file=model_cfg.gguf_file, dtype=model_cfg.dtype)
     if tok is None:
         raise RecipeError(f"'model.name_or_path' = {model_cfg.name_or_path!r} has no tokenizer; fine-tuning needs one")
     return model, tok
 
 
 def native_length(model) -> int | None:
-    import retrofit
+    from ..core import describe
 
-    return retrofit.describe(model).get("native", {}).get("length")
+    return describe(model).get("native", {}).get("length")
 
 
-def make_teacher(model) -> nn.Module:
-    """A frozen copy of the unconverted model (for the distill objective)."""
-    teacher = copy.deepcopy(model).eval()
-    teacher.requires_grad_(False)
+def make_teacher(model, model_cfg) -> nn.Module:
+    """A frozen copy of the unconverted model (for the distill objective). A model that was loaded
+    converted (a retrofit checkpoint) is loaded again and reverted: its original mechanism is kept."""
+    from ..core import is_converted, revert
+
+    if is_converted(model):
+        teacher = revert(load(model_cfg)[0])
+        log.info("distillation teacher: %s with its original positions (reverted)", model_cfg.name_or_path)
+    else:
+        teacher = copy.deepcopy(model)
+    teacher.eval().requires_grad_(False)
     return teacher
 
 
 def convert(model, convert_cfg):
-    import retrofit
+    """Convert as the recipe says; a model loaded already converted (a retrofit checkpoint) goes on
+    with its own scheme when the recipe names the same one (or none), and is an error otherwise."""
+    from ..core import convert as convert_model
+    from ..core import describe
 
-    if convert_cfg.scheme is None:
-        return model
-    frozen_before = {n for n, p in model.named_parameters() if not p.requires_grad}
-    retrofit.convert(model, convert_cfg.scheme, **convert_cfg.options)
-    model._retrofit_core_frozen = {n for n, p in model.named_parameters() if not p.requires_grad} - frozen_before
+    current = describe(model)
+    if current["converted"]:
+        return _go_on(model, convert_cfg, current)
+    if convert_cfg.scheme is not None:
+        convert_model(model, convert_cfg.scheme, **convert_cfg.options)
+    return model
+
+
+def _go_on(model, convert_cfg, current: dict):
+    from ..core import set_kernel
+
+    scheme, options = current["scheme"], dict(convert_cfg.options)
+    if convert_cfg.scheme not in (None, scheme):
+        raise RecipeError(
+            f"'model.name_or_path' is a checkpoint already converted to {scheme!r} but 'convert.scheme' is "
+            f"{convert_cfg.scheme!r}: set 'convert.scheme: {scheme}' to fine-tune it further, or start from the "
+            f"original model ({current['base_model'] or 'its base model'})"
+        )
+    kernel = options.pop("kernel", None)
+    clash = {k: (v, current["options"].get(k)) for k, v in options.items() if current["options"].get(k, v) != v}
+    unknown = sorted(set(options) - set(current["options"]))
+    if clash or unknown:
+        detail = ", ".join([f"{k}: recipe {a!r} vs checkpoint {b!r}" for k, (a, b) in clash.items()]
+                           + [f"{k}: not an option of this checkpoint's {scheme}" for k in unknown])
+        raise RecipeError(f"'convert.options' differ from the converted checkpoint's ({detail}); "
+                          "drop them (the checkpoint's own apply) or start from the original model")
+    if kernel:
+        set_kernel(model, kernel)
+    log.info("going on from a checkpoint already converted to %s %s", scheme, current["options"])
     return model
 
 
@@ -101,7 +135,16 @@ def extra_trainable(model, train_cfg) -> list[str]:
     if train_cfg.train_embeddings:
         emb = model.get_input_embeddings()
         names += [n for n, m in model.named_modules() if m is emb]
+        if _tied(model):  # naming the output side too makes PEFT train one shared copy (ensure_weight_tying)
+            out = model.get_output_embeddings()
+            names += [n for n, m in model.named_modules() if m is out]
     return names
+
+
+def _tied(model) -> bool:
+    out = model.get_output_embeddings()
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and out is not None and (
+        out.weight is model.get_input_embeddings().weight)
 
 
 def _is_norm(m: nn.Module) -> bool:
@@ -112,9 +155,11 @@ def _is_norm(m: nn.Module) -> bool:
 def make_trainable(model, train_cfg):
     """Wrap with PEFT LoRA (method: lora) or unfreeze everything but what the core froze (full)."""
     if train_cfg.method == "full":
-        keep_frozen = getattr(model, "_retrofit_core_frozen", set())
-        for n, p in model.named_parameters():
-            p.requires_grad_(n not in keep_frozen)
+        from ..core import frozen_parameters
+
+        keep_frozen = {id(p) for p in frozen_parameters(model)}  # the swapped-out native mechanism
+        for p in model.parameters():
+            p.requires_grad_(id(p) not in keep_frozen)
         return model
     from peft import LoraConfig, get_peft_model
 
@@ -127,7 +172,7 @@ def make_trainable(model, train_cfg):
         target_modules=lora_targets(model, cfg),
         modules_to_save=extra or None,
         fan_in_fan_out=model.config.model_type in FAN_IN_FAN_OUT,
-        ensure_weight_tying=bool(train_cfg.train_embeddings and getattr(model.config, "tie_word_embeddings", False)),
+        ensure_weight_tying=bool(train_cfg.train_embeddings and _tied(model)),
         task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, lcfg)

@@ -1,0 +1,52 @@
+"""Evaluation lengths: token counts (``512``) or multiples of a model's native length (``"4x"``).
+Every entry point (``retrofit eval``, ``retrofit.evaluate``, recipes) resolves them here."""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import OptionError
+
+_MULTIPLE = re.compile(r"^(\d+(?:\.\d+)?)x$")
+
+
+def parse_item(x, what: str = "lengths"):
+    """``"512"`` / ``512`` -> 512, ``"4x"`` -> ``"4x"``; anything else is an OptionError."""
+    if isinstance(x, str):
+        text = x.strip()
+        if _MULTIPLE.match(text) and float(_MULTIPLE.match(text).group(1)) > 0:
+            return text
+        if text.isdigit():
+            x = int(text)
+    if isinstance(x, int) and not isinstance(x, bool) and x >= 2:
+        return x
+    raise OptionError(f"{what}: each length must be a token count >= 2 or a multiple of the native length "
+                      f"like '4x'; got {x!r}")
+
+
+def parse_list(text: str, what: str = "--lengths") -> list:
+    """``"1x,2x,4096"`` -> ``["1x", "2x", 4096]``."""
+    items = [t for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise OptionError(f"{what}: give at least one length")
+    return [parse_item(t, what) for t in items]
+
+
+def has_multiples(items) -> bool:
+    return any(isinstance(x, str) and _MULTIPLE.match(x.strip()) for x in items)
+
+
+def resolve(items, native: int | None, what: str = "lengths") -> list[int]:
+    """``['1x', '2x', 512]`` with native 128 -> ``[128, 256, 512]`` (sorted, unique)."""
+    if isinstance(items, (int, str)):
+        items = [items]
+    out = set()
+    for x in items:
+        x = parse_item(x, what)
+        if isinstance(x, str):
+            if not native:
+                raise OptionError(f"{what}: {x!r} needs the model's native length, which is unknown; give token counts")
+            out.add(round(float(_MULTIPLE.match(x).group(1)) * native))
+        else:
+            out.add(x)
+    return sorted(out)
