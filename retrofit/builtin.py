@@ -23,6 +23,13 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RETROFIT_CACHE", Path.home() / ".cache" / "retrofit")).expanduser()
 
 
+def names() -> list[str]:
+    """Every built-in name ``resolve`` accepts."""
+    from .baseline import PRESETS
+
+    return ["tiny-gpt2", "smollm2", *(f"baseline:{p}" for p in PRESETS)]
+
+
 def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
     """Map a built-in name to (local path, gguf_file); anything else passes through."""
     if name_or_path == "tiny-gpt2":

@@ -121,6 +121,18 @@ def test_falcon_export_is_exact_only_below_its_bf16_bias_range(tmp_path):
     assert edge["exact"] and edge["max_abs_logit_diff"] <= TOLERANCE
 
 
+def test_exports_advertise_the_same_reach_as_the_checkpoint(tmp_path):
+    """ALiBi has no length limit: the checkpoint and its Falcon export both say so (transformers'
+    VERY_LARGE_INTEGER), instead of the old table's size or an invented 8192."""
+    model = retrofit.convert(TINY["gpt2"](), "alibi", scale_bias=True)
+    retrofit.save(model, tmp_path / "ck")
+    retrofit.export(model, tmp_path / "falcon", check_length=64)
+    saved = json.loads((tmp_path / "ck" / "config.json").read_text())
+    falcon = json.loads((tmp_path / "falcon" / "config.json").read_text())
+    assert saved["n_positions"] == falcon["max_position_embeddings"] == retrofit.core.UNBOUNDED
+    assert saved["retrofit"]["base_config"]["n_positions"] == NATIVE  # what load restores to build the table
+
+
 def test_falcon_slopes_match_for_non_power_of_two_heads():
     from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 

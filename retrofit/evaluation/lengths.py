@@ -11,17 +11,15 @@ _MULTIPLE = re.compile(r"^(\d+(?:\.\d+)?)x$")
 
 
 def parse_item(x, what: str = "lengths"):
-    """``"512"`` / ``512`` -> 512, ``"4x"`` -> ``"4x"``; anything else is an OptionError."""
+    """``512`` -> 512, ``"4x"`` -> ``"4x"``; anything else (``"512"`` included) is an OptionError."""
     if isinstance(x, str):
         text = x.strip()
         if _MULTIPLE.match(text) and float(_MULTIPLE.match(text).group(1)) > 0:
             return text
-        if text.isdigit():
-            x = int(text)
     if isinstance(x, int) and not isinstance(x, bool) and x >= 2:
         return x
-    raise OptionError(f"{what}: each length must be a token count >= 2 or a multiple of the native length "
-                      f"like '4x'; got {x!r}")
+    raise OptionError(f"{what}: each length must be an integer >= 2 (tokens) or a multiple of the native "
+                      f"length like '4x'; got {x!r}")
 
 
 def parse_list(text: str, what: str = "--lengths") -> list:
@@ -29,7 +27,7 @@ def parse_list(text: str, what: str = "--lengths") -> list:
     items = [t for t in str(text).split(",") if t.strip()]
     if not items:
         raise OptionError(f"{what}: give at least one length")
-    return [parse_item(t, what) for t in items]
+    return [parse_item(int(t) if t.strip().isdigit() else t, what) for t in items]
 
 
 def has_multiples(items) -> bool:

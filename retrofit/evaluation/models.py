@@ -31,12 +31,9 @@ class EvalModel:
 def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
     """``retrofit.load_model`` (hub id, folder, retrofit checkpoint, or a ``.gguf`` file path)."""
     from ..io import load_model
-    from ..run_folder import model_dir
 
     if gguf_file is None and name_or_path.endswith(".gguf"):
         gguf_file = name_or_path
-    else:
-        name_or_path = str(model_dir(name_or_path))  # a run folder: its fine-tuned final/
     return load_model(name_or_path, gguf_file=gguf_file, device=device, dtype=dtype)
 
 
@@ -94,6 +91,10 @@ def base_model_name(model) -> str | None:
 def resolve(spec, role: str, *, tokenizer=None, gguf_file=None, device=None, dtype=None, default_name: str) -> EvalModel:
     """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel."""
     if isinstance(spec, str):
+        if not spec.endswith(".gguf") and not gguf_file:
+            from ..run_folder import model_dir
+
+            spec = str(model_dir(spec))  # a run folder: its fine-tuned final/ (the report names it)
         model, tok = _load(spec, gguf_file=gguf_file, device=device, dtype=dtype)
         name = spec if not gguf_file or spec.endswith(".gguf") else f"{spec}/{gguf_file}"
     elif isinstance(spec, torch.nn.Module):

