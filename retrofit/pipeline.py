@@ -332,6 +332,7 @@ def _named(model, tok, name: str, base: str):
 
 def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
+    from .core import convert, is_converted, revert
     from .io import load_model
 
     m = rr.finetune.model
@@ -344,11 +345,12 @@ def eval_models(rr: RunRecipe):
         if b in ("original", "converted"):
             bm, btok = load_model(base, gguf_file=m.gguf_file, dtype=m.dtype)  # built-in names resolve there
             if b == "converted":
-                import retrofit
-
-                retrofit.convert(bm, rr.finetune.convert.scheme, **rr.finetune.convert.options)
+                if not is_converted(bm):  # a recipe that starts from a converted checkpoint: it is that one
+                    convert(bm, rr.finetune.convert.scheme, **rr.finetune.convert.options)
                 baselines.append(_named(bm, btok, f"{base} + {scheme} (not fine-tuned)", base))
             else:
+                if is_converted(bm):  # the checkpoint's own original positions (kept in its weights)
+                    revert(bm)
                 baselines.append(_named(bm, btok, f"{base} (original)", base))
         else:
             bm, btok = load_model(b)

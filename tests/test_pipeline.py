@@ -193,3 +193,16 @@ def test_kill_during_finetune_then_rerun_resumes_and_matches(run_dir, tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+
+
+def test_run_from_a_converted_checkpoint_compares_with_its_original_positions(tmp_path):
+    """A recipe that starts from `retrofit convert`'s output: the 'original' baseline is that checkpoint
+    reverted (its learned table), the 'converted' one is the checkpoint as it was."""
+    model, tok = retrofit.load_model("tiny-gpt2")
+    retrofit.save(retrofit.convert(model, "alibi", kernel="chunked", scale_bias=True), tmp_path / "ck", tokenizer=tok)
+    out = retrofit.run(TINY_RECIPE, overrides=[f"model.name_or_path={tmp_path / 'ck'}", f"output_dir={tmp_path / 'ck'}",
+                                               "train.steps=2", "eval.baselines=[original, converted]",
+                                               "eval.passkey=false", "export.native=false"])
+    report = json.loads((out / "eval" / "report.json").read_text())
+    by_role = [(m["role"], m["converted"], m["scheme"]) for m in report["models"]]
+    assert by_role == [("converted", True, "alibi"), ("baseline", False, None), ("baseline", True, "alibi")]
