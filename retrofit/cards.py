@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from . import run_folder as rf
+from .atomic import write_text
 from .errors import RetrofitError
 
 log = logging.getLogger(__name__)
@@ -37,20 +39,6 @@ KNOWN_LICENSES = {
 # Built-in names -> the Hub id of the weights they stand for (None: retrofit's own, not on the Hub).
 BUILTIN_HUB_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "tiny-gpt2": None}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
-# ---- reading the run folder --------------------------------------------------------------------
-def _json(path: Path):
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _recipe(run_dir: Path) -> dict | None:
-    """The run's recipe (run.yaml or recipe.yaml); None for a folder written by ``retrofit convert``."""
-    for name in ("run.yaml", "recipe.yaml"):
-        p = run_dir / name
-        if p.is_file():
-            return yaml.safe_load(p.read_text()) or {}
-    return None
 
 
 def hub_base_model(name: str) -> str | None:
@@ -107,21 +95,19 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
     """Everything the card shows, read from the folder: a ``retrofit run`` or ``retrofit finetune``
     output (recipe, final/, summary) or a ``retrofit convert`` checkpoint; the fine-tune and
     evaluation parts are left out where the folder has none (``retrofit eval DIR`` adds eval/)."""
-    from .run_folder import is_model_dir, model_dir, native_length, retrofit_block
-
     run_dir = Path(run_dir)
-    folder = model_dir(run_dir)
-    if not is_model_dir(folder):
+    folder = rf.model_dir(run_dir)
+    if not rf.is_model_dir(folder):
         raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/)")
-    block = retrofit_block(folder)
-    recipe = _recipe(run_dir) or {}
-    report = _json(run_dir / "eval" / "report.json")
-    summary = _json(run_dir / "summary.json") or {}
-    info = _json(run_dir / "versions.json") or {}
-    manifest = _json(run_dir / "manifest.json") or {"stages": {}}
+    block = rf.retrofit_block(folder)
+    recipe = rf.recipe(run_dir) or {}
+    report = rf.report(run_dir)
+    summary = rf.summary(run_dir) or {}
+    info = rf.versions(run_dir) or {}
+    manifest = rf.manifest(run_dir) or {"stages": {}}
     base = _base_name(recipe, block, folder)
-    native = native_length(folder)
-    trained = bool(recipe.get("train")) and folder.name == "final"
+    native = rf.native_length(folder)
+    trained = bool(recipe.get("train")) and folder.name == rf.FINAL
     ctx = {
         "recipe": recipe, "report": report, "summary": summary, "manifest": manifest,
         "base": base_info(base, recipe, folder),
@@ -145,16 +131,14 @@ def _base_name(recipe: dict, block: dict, folder: Path) -> str:
     name = (recipe.get("model") or {}).get("name_or_path")
     if name and not (Path(name).expanduser() / "config.json").is_file():
         return name
-    from .run_folder import retrofit_block
-
-    earlier = retrofit_block(Path(name).expanduser()) if name else {}
+    earlier = rf.retrofit_block(Path(name).expanduser()) if name else {}
     return earlier.get("base_model") or block.get("base_model") or name or str(folder)
 
 
 def base_info(name: str, recipe: dict, folder: Path) -> dict:
     lic, lic_source = base_license(name)
     override = (recipe.get("card") or {}).get("license")
-    config = _json(folder / "config.json") or {}
+    config = rf.read_json(folder / "config.json") or {}
     base_config = (config.get("retrofit") or {}).get("base_config") or {}
     out = {"name": name, "hub_id": hub_base_model(name), "license": lic, "license_source": lic_source,
            "card_license": override or lic, "native": (config.get("retrofit") or {}).get("native") or {},
@@ -164,7 +148,7 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
         from .errors import OptionError
 
         try:  # where pretrain() caches it (never pretrains here)
-            stats = _json(output_dir(name.split(":", 1)[1]) / STATS_FILE)
+            stats = rf.read_json(output_dir(name.split(":", 1)[1]) / STATS_FILE)
         except OptionError:
             stats = None
         if stats:
@@ -232,10 +216,10 @@ def _passkey_summary(report: dict) -> dict:
 
 def export_info(run_dir: Path, manifest: dict) -> dict:
     """The native export: status, where the pushed weights come from, and the export's own record."""
-    from .hub import export_record, weights_kind
+    from .hub import weights_kind
 
     e = (manifest.get("stages") or {}).get("export") or {}
-    record = export_record(run_dir) or {}
+    record = rf.export_record(run_dir) or {}
     root = weights_kind(run_dir)
     return {"status": e.get("status", "not run"), "reason": e.get("reason") or e.get("error"),
             "native": root == "native", "subfolder": bool(record) and root != "native", "record": record,
@@ -246,7 +230,7 @@ def export_info(run_dir: Path, manifest: dict) -> dict:
 
 def limits(ctx: dict) -> list[str]:
     """Limitations that follow from this run's numbers and settings."""
-    b, ev, base, conv = ctx["budget"], ctx["eval"], ctx["base"], ctx["conversion"]
+    b, ev, base = ctx["budget"], ctx["eval"], ctx["base"]
     out = [] if b else ["Not fine-tuned: the positions were swapped but the weights were not adapted to them, so expect "
                         "a higher perplexity than the original's until it is fine-tuned (`retrofit finetune`)."]
     if ev is None:
@@ -371,9 +355,6 @@ def write_card(run_dir: str | Path, out: str | Path | None = None, template: str
     """Render the card into ``out`` (default ``<run_dir>/README.md``); returns its path. ``auto``: a card
     that ``retrofit push`` wrote itself (marked, so the next push rewrites it from the folder's state)."""
     text = render_card(run_dir, template, repo) + (f"\n{AUTO_MARK}\n" if auto else "")
-    out = Path(out) if out else Path(run_dir) / "README.md"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    out = write_text(Path(out) if out else Path(run_dir) / rf.CARD, text)
     log.info("wrote the model card %s", out)
     return out

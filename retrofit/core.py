@@ -313,11 +313,13 @@ def mark_saved_config(path: Path) -> None:
     loads it only with retrofit imported (as the converted model) and refuses it otherwise."""
     import json
 
+    from .atomic import write_text
+
     d = json.loads(path.read_text())
     if "retrofit" not in d:
         return
     d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, ["RetrofitForCausalLM"]
-    path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+    write_text(path, json.dumps(d, indent=2, sort_keys=True) + "\n")
 
 
 def _embedding_rms(model) -> float | None:
@@ -390,6 +392,18 @@ def revert(model) -> nn.Module:
     return model
 
 
+def max_length(model, *, fading: bool | None = None) -> int | None:
+    """Longest input a converted model accepts (None: no limit). ``fading``: while the native mechanism
+    is mixed back in (``native_fade`` > 0) its table bounds positions too; default: as set now."""
+    state = _state(model)
+    if state is None:
+        raise NotConvertedError("max_length needs a converted model (retrofit.describe covers both)")
+    limit = state.scheme().max_length()
+    if (state.native_fade > 0 if fading is None else fading) and state.native_max:
+        limit = min(limit or 1 << 62, state.native_max)
+    return limit
+
+
 def is_converted(model) -> bool:
     return _state(model) is not None
 
@@ -446,9 +460,7 @@ def describe(model) -> dict[str, Any]:
             "attention_path": None, "kernel": None, "retrofit_version": __version__,
         }
     scheme = state.scheme()
-    limit = scheme.max_length()
-    if state.native_fade > 0 and state.native_max:
-        limit = min(limit or 1 << 62, state.native_max)
+    limit = max_length(model)
     return {
         "converted": True, "scheme": state.scheme_name, "options": scheme.options_dict(), "model_type": model_type,
         "base_model": model.config.retrofit.get("base_model"),

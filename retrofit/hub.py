@@ -18,7 +18,6 @@ anything is created. The token is passed to ``HfApi`` only: never logged, printe
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -26,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from . import run_folder as rf
 from .errors import HubError, OptionError, RetrofitError
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
-REPORT_FILES = ("report.json", "report.md")
+REPORT_FILES = (rf.REPORT, rf.REPORT_MD)
 # Never uploaded, whatever folder they turn up in (checked on the staged list as a last guard).
 FORBIDDEN = re.compile(r"(optimizer|scheduler|rng_state|random_states|scaler|checkpoint|training_args|\.pt$|\.bin$"
                        r"|\.pkl$|log\.jsonl$|manifest\.json$|recipe\.yaml$|run\.yaml$)", re.IGNORECASE)
@@ -46,35 +46,25 @@ def check_repo_id(repo: str, key: str = "--repo") -> str:
     return repo
 
 
-def export_record(run_dir: Path) -> dict | None:
-    """The native export's own record (``export/retrofit_export.json``), or None when there is none."""
-    rec = run_dir / "export" / "retrofit_export.json"
-    if not ((run_dir / "export" / "config.json").is_file() and rec.is_file()):
-        return None
-    return json.loads(rec.read_text())
-
-
 def layout(run_dir: str | os.PathLike) -> dict[str, Path]:
     """{path prefix in the repo: local weights folder}. An exact native export goes to the repo root
     (plain transformers loads it) and replaces the retrofit checkpoint; an inexact one goes to
     ``native/`` beside the retrofit checkpoint at the root; without an export the root is the
     retrofit checkpoint (``final/``)."""
-    from .run_folder import is_model_dir, model_dir
-
     run_dir = Path(run_dir)
-    record = export_record(run_dir)
+    record = rf.export_record(run_dir)
     if record and record.get("exact"):
-        return {"": run_dir / "export"}
-    folder = model_dir(run_dir)
-    if not is_model_dir(folder):
+        return {"": run_dir / rf.EXPORT}
+    folder = rf.model_dir(run_dir)
+    if not rf.is_model_dir(folder):
         raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/): "
                             "push a folder written by `retrofit convert`, `retrofit finetune` or `retrofit run`")
-    return {"": folder, **({"native/": run_dir / "export"} if record else {})}
+    return {"": folder, **({"native/": run_dir / rf.EXPORT} if record else {})}
 
 
 def weights_kind(run_dir: str | os.PathLike) -> str:
     """'native' when the repo root holds a native transformers checkpoint, else 'retrofit'."""
-    return "native" if layout(run_dir)[""].name == "export" else "retrofit"
+    return "native" if layout(run_dir)[""].name == rf.EXPORT else "retrofit"
 
 
 def _weights(prefix: str, src: Path) -> dict[str, Path]:
@@ -94,14 +84,14 @@ def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tup
     plan: dict[str, Path] = {}
     for prefix, src in layout(run_dir).items():
         plan.update(_weights(prefix, src))
-    card = run_dir / "README.md"
+    card = run_dir / rf.CARD
     from .cards import AUTO_MARK, write_card
 
     if not card.is_file() or AUTO_MARK in card.read_text():  # none, or one push wrote: (re)write from the folder
         write_card(run_dir, repo=repo, auto=True)
         log.info("model card %s written from what %s holds (remove its last line to keep hand edits)", card, run_dir)
-    plan["README.md"] = card
-    ev = run_dir / "eval"
+    plan[rf.CARD] = card
+    ev = run_dir / rf.EVAL
     for p in [ev / n for n in REPORT_FILES] + sorted(ev.glob("*.png")):
         if p.is_file():
             plan[f"eval/{p.name}"] = p

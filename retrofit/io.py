@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import uuid
 from pathlib import Path
 
 import torch
 
+from .atomic import write_dir, write_text
 from .core import SAVED_MODEL_TYPE, reach
 from .errors import RetrofitError
 
@@ -18,27 +17,6 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"auto": "auto", "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def atomic_dir(path: str | os.PathLike, write) -> Path:
-    """Call ``write(tmp_dir)`` then move tmp_dir to ``path`` in one rename; an old ``path`` is replaced
-    only after the new one is complete, so a killed run never leaves a half-written folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        write(tmp)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
 
 def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
@@ -54,7 +32,7 @@ def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
             if getattr(model, "_retrofit_state", None) is not None:
                 tokenizer_reach(tmp / "tokenizer_config.json", reach(model))
 
-    out = atomic_dir(path, write)
+    out = write_dir(path, write)
     log.info("saved %s to %s", type(model).__name__, out)
     return out
 
@@ -64,7 +42,7 @@ def tokenizer_reach(path: Path, length: int) -> None:
     if path.is_file():
         d = json.loads(path.read_text())
         d["model_max_length"] = length
-        path.write_text(json.dumps(d, indent=2, sort_keys=True) + "\n")
+        write_text(path, json.dumps(d, indent=2, sort_keys=True) + "\n")
 
 
 def base_config(path: Path):

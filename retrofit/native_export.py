@@ -35,13 +35,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
+from . import run_folder as rf
 from .errors import OptionError, RetrofitError
+from .versions import library_versions
 
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # max abs logit difference (fp32) for an export that claims to be exact
-EXPORT_FILE = "retrofit_export.json"
 FALCON_BF16_EXACT = 258  # Falcon builds slope * position in bfloat16: positions 0..256 are exact, 257 is not
 
 
@@ -424,9 +424,7 @@ def _resolve_source(model_or_dir):
     """A converted model, a retrofit checkpoint folder, or a pipeline run folder holding ``final/``."""
     if isinstance(model_or_dir, nn.Module):
         return model_or_dir, None, None
-    path = Path(model_or_dir)
-    if (path / "final" / "config.json").exists():
-        path = path / "final"
+    path = rf.model_dir(model_or_dir)
     if not (path / "config.json").exists():
         raise RetrofitError(f"{model_or_dir} is neither a retrofit checkpoint nor a run folder with final/ in it")
     from .io import load
@@ -482,7 +480,7 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.data`` spec) at ``check_length``.
     An export that should be exact but differs by more than ``tolerance`` raises and writes nothing."""
     from .core import reach
-    from .io import atomic_dir, save
+    from .io import save
 
     model, tok, source = _resolve_source(model_or_run_dir)
     tokenizer = tokenizer if tokenizer is not None else tok
@@ -509,7 +507,7 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     try:
         built = fn(model, info, opts)
         check = {"length": check_len, "tolerance": tolerance, "ppl_text": ppl_text}
-        return _write(model, built, tokenizer, path, pair, info, source, check, atomic_dir)
+        return _write(model, built, tokenizer, path, pair, info, source, check)
     finally:
         model.train(was_training)
 
@@ -522,9 +520,10 @@ def _positive(name: str, value, default: int) -> int:
     return value
 
 
-def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict, atomic_dir) -> ExportResult:
+def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict) -> ExportResult:
     from transformers import AutoModelForCausalLM
 
+    from .atomic import write_dir
     from .io import tokenizer_reach
 
     check_len, tolerance = check["length"], check["tolerance"]
@@ -558,10 +557,10 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
         if not exact:
             result.update(_ppl_difference(model, reloaded, tokenizer, check["ppl_text"], check_len))
         record = {**result, "retrofit": {k: info[k] for k in ("scheme", "options", "architecture", "native")},
-                  "versions": _versions()}
-        (tmp / EXPORT_FILE).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+                  "versions": library_versions()}
+        (tmp / rf.EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
-    out = atomic_dir(path, write)
+    out = write_dir(path, write)
     result["out"] = str(out)
     log.info("exported %s to %s (%s, max |dlogit| %.3g)", result["mapping"], out, result["target"],
              result["max_abs_logit_diff"])
@@ -599,9 +598,3 @@ def _check_config(path: Path) -> None:
     bad = [k for k in ("retrofit", "auto_map") if k in cfg]
     if bad or cfg.get("_attn_implementation") == "retrofit":
         raise RetrofitError(f"export: the written config still has {bad or '_attn_implementation=retrofit'}")
-
-
-def _versions() -> dict:
-    import transformers
-
-    return {"retrofit": __version__, "transformers": transformers.__version__, "torch": torch.__version__}

@@ -26,39 +26,31 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import yaml
 
+from . import run_folder as rf
+from . import schema
+from .atomic import write_text
 from .errors import OptionError, RecipeError, RetrofitError
 from .evaluation.lengths import parse_item
-from .run_folder import native_length
 from .evaluation.lengths import resolve as resolve_lengths
-from .training.recipe import Recipe, _build, _parse_overrides, _set_dotted
+from .schema import field_help as _f
+from .training.recipe import Recipe
+from .versions import library_versions
 
 log = logging.getLogger(__name__)
 
 STAGES = ("finetune", "eval", "export", "card", "push")
-MANIFEST = "manifest.json"
 DONE = ("done", "not available", "skipped")  # statuses a re-run does not repeat
-RUN_RECIPE = "run.yaml"
-EVAL_DIR = "eval"
-EXPORT_DIR = "export"
-CARD = "README.md"
 
 
 # ---- the extra recipe sections ----------------------------------------------------------------
-def _f(text: str, default=dataclasses.MISSING, factory=dataclasses.MISSING):
-    if factory is not dataclasses.MISSING:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
-
-
 @dataclass
 class EvalSection:
     lengths: list = _f("Evaluation lengths: multiples of the native length ('4x') or token counts (512).",
@@ -146,7 +138,7 @@ def load_recipe(recipe, overrides=None) -> RunRecipe:
         recipe, source = recipe.to_dict(), recipe.source
     elif isinstance(recipe, (str, Path)):
         source = str(recipe)
-        recipe = _read_yaml(Path(recipe))
+        recipe = schema.read_yaml(recipe)
     elif isinstance(recipe, dict):
         source = None
     else:
@@ -154,21 +146,11 @@ def load_recipe(recipe, overrides=None) -> RunRecipe:
     raw = json.loads(json.dumps(recipe))  # a deep copy of plain data
     if not isinstance(raw, dict):
         raise RecipeError(f"a recipe must be a mapping of keys, got {type(raw).__name__}")
-    for key, value in _parse_overrides(overrides).items():
-        _set_dotted(raw, key, value)
-    sections = {name: _build(cls, raw.pop(name, None) or {}, prefix=f"{name}.") for name, cls in SECTIONS.items()}
+    schema.apply_overrides(raw, overrides)
+    sections = {name: schema.build(cls, raw.pop(name, None) or {}, prefix=f"{name}.") for name, cls in SECTIONS.items()}
     rr = RunRecipe(finetune=Recipe.from_dict(raw), source=source, **sections)
     _validate(rr)
     return rr
-
-
-def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        raise RecipeError(f"recipe file {str(path)!r} not found")
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise RecipeError(f"recipe {path} is not valid YAML: {e}") from e
 
 
 def _validate(rr: RunRecipe) -> None:
@@ -204,20 +186,6 @@ def _validate(rr: RunRecipe) -> None:
 
 
 # ---- the manifest -------------------------------------------------------------------------------
-def versions() -> dict:
-    import accelerate
-    import huggingface_hub
-    import peft
-    import torch
-    import transformers
-
-    from . import __version__
-
-    return {"retrofit": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "peft": peft.__version__, "accelerate": accelerate.__version__,
-            "huggingface_hub": huggingface_hub.__version__, "python": platform.python_version()}
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -230,7 +198,7 @@ class Manifest:
     """``manifest.json``: one entry per stage (status, started, finished, outputs, versions, inputs hash)."""
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / MANIFEST
+        self.path = Path(run_dir) / rf.MANIFEST
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"stages": {}}
 
     def entry(self, stage: str) -> dict:
@@ -244,7 +212,7 @@ class Manifest:
 
     def start(self, stage: str, inputs: str) -> None:
         self.data["stages"][stage] = {"status": "running", "started": _now(), "finished": None, "inputs": inputs,
-                                      "outputs": [], "versions": versions()}
+                                      "outputs": [], "versions": library_versions()}
         self.save()
 
     def finish(self, stage: str, status: str, outputs=(), **detail) -> None:
@@ -254,10 +222,7 @@ class Manifest:
         self.save()
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
-        os.replace(tmp, self.path)
+        write_text(self.path, json.dumps(self.data, indent=2) + "\n")
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -273,7 +238,7 @@ def run(recipe_or_path, overrides=None, *, force: tuple[str, ...] = ()) -> Path:
     manifest = Manifest(run_dir)
     manifest.data.update(recipe=rr.source, recipe_hash=_hash(rr.to_dict()), updated=_now())
     manifest.data.setdefault("created", _now())
-    (run_dir / RUN_RECIPE).write_text(yaml.safe_dump(rr.to_dict(), sort_keys=False))
+    (run_dir / rf.RUN_RECIPE).write_text(yaml.safe_dump(rr.to_dict(), sort_keys=False))
     manifest.save()
     upstream_ran = False  # a stage that ran makes every later stage run again (they read its outputs)
     for i, stage in enumerate(STAGES):
@@ -300,13 +265,6 @@ def _run_stage(stage: str, rr: RunRecipe, manifest: Manifest, inputs: str) -> No
 
 
 # ---- stages (each returns (status, outputs relative to the run folder, detail)) -------------------
-def final_complete(run_dir: Path) -> bool:
-    """A finished fine-tune: final/ with config and weights, and summary.json (written after final/)."""
-    final = run_dir / "final"
-    return ((final / "config.json").is_file() and any(final.glob("*.safetensors"))
-            and (run_dir / "summary.json").is_file())
-
-
 def stage_finetune(rr: RunRecipe, previous: dict):
     from .training import finetune
 
@@ -315,13 +273,13 @@ def stage_finetune(rr: RunRecipe, previous: dict):
     if previous and previous.get("inputs") not in (None, rr.stage_hash("finetune")):
         log.warning("the fine-tune part of the recipe changed since the last run: starting it afresh")
         recipe = Recipe.from_dict(recipe.to_dict(), {"checkpoint.resume": "never"})
-        (run_dir / "summary.json").unlink(missing_ok=True)
-    elif final_complete(run_dir):
-        log.info("finetune: %s is complete; not training again", run_dir / "final")
-        return "done", ["final", "summary.json"], {"reused": True}
+        (run_dir / rf.SUMMARY).unlink(missing_ok=True)
+    elif rf.finetune_complete(run_dir):
+        log.info("finetune: %s is complete; not training again", run_dir / rf.FINAL)
+        return "done", [rf.FINAL, rf.SUMMARY], {"reused": True}
     finetune(recipe)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return "done", ["final", "summary.json"], {"resumed_from_step": summary.get("resumed_from_step"),
+    summary = rf.summary(run_dir)
+    return "done", [rf.FINAL, rf.SUMMARY], {"resumed_from_step": summary.get("resumed_from_step"),
                                                "steps": summary.get("steps")}
 
 
@@ -338,7 +296,7 @@ def eval_models(rr: RunRecipe):
     m = rr.finetune.model
     base = m.name_or_path
     scheme = rr.finetune.convert.scheme or "unconverted"
-    model, tok = load_model(str(rr.run_dir / "final"))
+    model, tok = load_model(str(rr.run_dir / rf.FINAL))
     main = _named(model, tok, f"{base} + {scheme} (fine-tuned)", base)
     baselines = []
     for b in rr.eval.baselines:
@@ -362,10 +320,10 @@ def stage_eval(rr: RunRecipe, previous: dict):
     from .evaluation import evaluate
 
     e = rr.eval
-    native = native_length(rr.run_dir / "final")
+    native = rf.native_length(rr.run_dir / rf.FINAL)
     lengths = resolve_lengths(e.lengths, native)
     pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
-    out = rr.run_dir / EVAL_DIR
+    out = rr.run_dir / rf.EVAL
     with _kernel(rr.finetune.convert.options.get("kernel")):
         main, baselines = eval_models(rr)
         report = evaluate(
@@ -375,7 +333,7 @@ def stage_eval(rr: RunRecipe, previous: dict):
             seed=e.seed, progress=_progress(),
         )
     report.save(out)
-    outputs = [f"{EVAL_DIR}/report.json", f"{EVAL_DIR}/report.md"] + [f"{EVAL_DIR}/{p}" for p in report.data.get("plots", [])]
+    outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
     return "done", outputs, {"lengths": lengths, "native_length": native}
 
 
@@ -400,11 +358,11 @@ def stage_export(rr: RunRecipe, previous: dict):
         from .native_export import export
     except ImportError as e:
         return "not available", [], {"reason": f"retrofit.native_export cannot be imported ({e})"}
-    out = rr.run_dir / EXPORT_DIR
+    out = rr.run_dir / rf.EXPORT
     shutil.rmtree(out, ignore_errors=True)  # a stale export must not outlive a re-run that cannot export
     try:
         with _kernel(rr.finetune.convert.options.get("kernel")):
-            result = export(rr.run_dir / "final", out, native=True)
+            result = export(rr.run_dir / rf.FINAL, out, native=True)
     except RetrofitError as e:
         log.warning("export: not available: %s", e)
         return "not available", [], {"reason": str(e)}
@@ -414,7 +372,7 @@ def stage_export(rr: RunRecipe, previous: dict):
     native = (out / "config.json").is_file() and "retrofit" not in json.loads((out / "config.json").read_text())
     if not native:
         return "not available", [], {"reason": "the export wrote no native checkpoint", "result": _plain(result)}
-    return "done", [EXPORT_DIR], {"result": _plain(result)}
+    return "done", [rf.EXPORT], {"result": _plain(result)}
 
 
 def _plain(x):
@@ -453,8 +411,8 @@ def _progress() -> bool:
 def where(run_dir: Path) -> dict:
     """The files a user looks at after a run: {label: path} (those that exist)."""
     run_dir = Path(run_dir)
-    items = {"card": run_dir / CARD, "report": run_dir / EVAL_DIR / "report.md",
-             "report (JSON)": run_dir / EVAL_DIR / "report.json", "plot": run_dir / EVAL_DIR / "ppl_vs_length.png",
-             "passkey grid": run_dir / EVAL_DIR / "passkey.png", "model": run_dir / "final",
-             "native export": run_dir / EXPORT_DIR, "manifest": run_dir / MANIFEST}
+    ev = run_dir / rf.EVAL
+    items = {"card": run_dir / rf.CARD, "report": ev / rf.REPORT_MD, "report (JSON)": ev / rf.REPORT,
+             "plot": ev / "ppl_vs_length.png", "passkey grid": ev / "passkey.png", "model": run_dir / rf.FINAL,
+             "native export": run_dir / rf.EXPORT, "manifest": run_dir / rf.MANIFEST}
     return {k: v for k, v in items.items() if v.exists()}

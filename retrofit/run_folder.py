@@ -1,8 +1,13 @@
-"""A run folder: what ``retrofit convert``, ``retrofit finetune`` and ``retrofit run`` leave behind.
+"""A run folder: what ``retrofit convert``, ``retrofit finetune`` and ``retrofit run`` leave behind,
+named and read in this one place.
 
 - ``retrofit convert ... --out DIR``: DIR is a retrofit checkpoint (``config.json`` + safetensors).
-- ``retrofit finetune`` / ``retrofit run``: ``output_dir/final/`` is the fine-tuned checkpoint (a
-  fine-tune may write into the folder it started from, so DIR can hold both).
+- ``retrofit finetune``: ``final/`` (the merged, patched checkpoint), ``adapter/`` (LoRA),
+  ``checkpoints/``, ``log.jsonl``, ``recipe.yaml`` (resolved), ``versions.json``, ``summary.json``
+  (written last: a fine-tune is complete when it exists). A fine-tune may write into the folder its
+  model came from, so DIR can hold a checkpoint and ``final/``.
+- ``retrofit run``: the above plus ``run.yaml``, ``manifest.json``, ``eval/`` (``report.json``,
+  ``report.md``, plots), ``export/`` (a native export, with ``retrofit_export.json``) and ``README.md``.
 
 The commands that consume a result (eval, export, card, push) read the newest model in it:
 ``final/`` when there is one, else DIR itself.
@@ -14,16 +19,32 @@ import json
 import logging
 from pathlib import Path
 
+import yaml
+
 from .errors import RetrofitError
 
 log = logging.getLogger(__name__)
 
 FINAL = "final"
+ADAPTER = "adapter"
+CHECKPOINTS = "checkpoints"
+EVAL = "eval"
+EXPORT = "export"
+RECIPE = "recipe.yaml"  # the fine-tune's resolved recipe
+RUN_RECIPE = "run.yaml"  # the pipeline's resolved recipe
+SUMMARY = "summary.json"
+VERSIONS = "versions.json"
+MANIFEST = "manifest.json"
+LOG = "log.jsonl"
+CARD = "README.md"
+REPORT = "report.json"
+REPORT_MD = "report.md"
+EXPORT_RECORD = "retrofit_export.json"
 _told: set[str] = set()
 
 
 def is_model_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    return (Path(path) / "config.json").is_file() and any(Path(path).glob("*.safetensors"))
 
 
 def model_dir(path) -> Path:
@@ -38,8 +59,46 @@ def model_dir(path) -> Path:
     return path
 
 
+def finetune_complete(run_dir: Path) -> bool:
+    """A finished fine-tune: final/ with config and weights, and summary.json (written after final/)."""
+    return is_model_dir(Path(run_dir) / FINAL) and (Path(run_dir) / SUMMARY).is_file()
+
+
 def read_json(path: Path):
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
+def summary(run_dir: Path) -> dict | None:
+    return read_json(Path(run_dir) / SUMMARY)
+
+
+def versions(run_dir: Path) -> dict | None:
+    return read_json(Path(run_dir) / VERSIONS)
+
+
+def manifest(run_dir: Path) -> dict | None:
+    return read_json(Path(run_dir) / MANIFEST)
+
+
+def report(run_dir: Path) -> dict | None:
+    return read_json(Path(run_dir) / EVAL / REPORT)
+
+
+def recipe(run_dir: Path) -> dict | None:
+    """The run's recipe (run.yaml, else recipe.yaml); None for a folder written by ``retrofit convert``."""
+    for name in (RUN_RECIPE, RECIPE):
+        p = Path(run_dir) / name
+        if p.is_file():
+            return yaml.safe_load(p.read_text()) or {}
+    return None
+
+
+def export_record(run_dir: Path) -> dict | None:
+    """The native export's own record, or None when the folder has no (complete) export."""
+    export = Path(run_dir) / EXPORT
+    if not (export / "config.json").is_file():
+        return None
+    return read_json(export / EXPORT_RECORD)
 
 
 def retrofit_block(model_folder: Path) -> dict:
@@ -56,3 +115,11 @@ def native_length(model_folder: Path) -> int:
     if not n:
         raise RetrofitError(f"{model_folder}: cannot tell the native length from config.json")
     return int(n)
+
+
+def eval_dir(model: str) -> Path:
+    """Where ``retrofit eval MODEL`` writes by default: MODEL/eval for a folder, else eval-NAME."""
+    p = Path(model)
+    if p.is_dir():
+        return p / EVAL
+    return Path("eval-" + p.name.replace(".gguf", "").replace("/", "-"))

@@ -12,7 +12,8 @@ import transformers as tf
 
 import retrofit
 from retrofit.errors import RetrofitError
-from retrofit.native_export import EXPORT_FILE, TOLERANCE, per_head_qkv
+from retrofit.native_export import TOLERANCE, per_head_qkv
+from retrofit.run_folder import EXPORT_RECORD as EXPORT_FILE
 
 from .tiny import NATIVE, TINY, ids
 

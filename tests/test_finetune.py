@@ -264,23 +264,23 @@ def test_unconverted_block_past_native_length(tmp_path):
 
 def test_distill_offsets_and_fade(tmp_path, monkeypatch):
     """objective both + random offsets + native fade (the tiny-rope-distill recipe, shortened)."""
-    import retrofit.core
+    import retrofit.training.loop
 
     calls = []
-    real = retrofit.core.set_position_controls
+    real = retrofit.training.loop.set_position_controls
 
     def spy(model, offset=0, native_fade=0.0):
         calls.append((offset, native_fade))
         return real(model, offset=offset, native_fade=native_fade)
 
-    monkeypatch.setattr(retrofit.core, "set_position_controls", spy)
+    monkeypatch.setattr(retrofit.training.loop, "set_position_controls", spy)
     path = Path(__file__).parent.parent / "recipes" / "tiny-rope-distill.yaml"
     out = finetune(path, [f"output_dir={tmp_path / 'd'}", "data.dataset=null", f"data.files={json.dumps(FILES)}",
                           "train.steps=8", "train.positions.native_fade_steps=4", "checkpoint.every=0"])
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     train = [x for x in log if "loss" in x]
     assert all(x["distill_loss"] >= 0 and abs(x["loss"] - x["lm_loss"] - x["distill_loss"]) < 1e-4 for x in train)
-    steps = [c for c in calls if c != (0, 0.0)][1:]  # the first is the length check (fade 1.0)
+    steps = [c for c in calls if c != (0, 0.0)]  # the controls each training step set
     fades = [f for _, f in steps]
     assert fades[:4] == [1.0, 0.75, 0.5, 0.25] and all(f == 0 for f in fades[4:])
     assert all(o == 0 for o, f in steps if f > 0)  # block 64 = native 64: no room to shift while fading

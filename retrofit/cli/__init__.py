@@ -76,14 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_options(pairs: list[str] | None) -> dict:
     """``["theta=10000", "scaling=yarn"]`` -> dict, values parsed as YAML scalars."""
-    import yaml
-
     from ..errors import OptionError
+    from ..schema import parse_overrides
 
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise OptionError(f"option {pair!r} must look like key=value")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value) if value != "" else ""
-    return out
+    return parse_overrides(pairs, error=OptionError)

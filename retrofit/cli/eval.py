@@ -60,17 +60,11 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def default_out(model: str) -> Path:
-    p = Path(model)
-    if p.is_dir():
-        return p / "eval"
-    return Path("eval-" + p.name.replace(".gguf", "").replace("/", "-"))
-
-
 def run(args) -> int:
     from ..evaluation import evaluate
     from ..evaluation.lengths import parse_list
     from ..evaluation.markdown import ppl_table
+    from ..run_folder import eval_dir
 
     report = evaluate(
         args.model,
@@ -93,7 +87,7 @@ def run(args) -> int:
         dtype=args.dtype,
         progress=not args.no_progress,
     )
-    out = Path(args.out) if args.out else default_out(args.model)
+    out = Path(args.out) if args.out else eval_dir(args.model)
     report.save(out, plots=not args.no_plots)
     print(ppl_table(report))
     print(f"\nwrote {out / 'report.json'}, {out / 'report.md'}" + ("" if args.no_plots else " and plots"))

@@ -60,6 +60,8 @@ def run(args) -> int:
         return 0
     from ..training import finetune
 
+    from ..run_folder import FINAL
+
     out = finetune(recipe)
-    print(out / "final")
+    print(out / FINAL)
     return 0

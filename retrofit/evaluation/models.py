@@ -49,9 +49,9 @@ def native_length(config) -> int | None:
 def describe_model(model) -> dict:
     """``retrofit.describe(model)``, or a minimal stand-in built from the config when that fails."""
     try:
-        import retrofit
+        from ..core import describe
 
-        d = dict(retrofit.describe(model))
+        d = dict(describe(model))
         d.setdefault("source", "retrofit.describe")
         return d
     except RetrofitError as e:  # e.g. an architecture retrofit has no adapter for

@@ -10,6 +10,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_text
+from ..versions import library_versions
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1.0"
@@ -40,17 +43,13 @@ def jsonable(x: Any) -> Any:
 def environment(model) -> dict:
     """Versions and hardware, for the record."""
     import torch
-    import transformers
-
-    from .. import __version__
 
     dev = next(model.parameters()).device
     hw = {"device": str(dev), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
           "torch_threads": torch.get_num_threads()}
     if dev.type == "cuda":
         hw["gpu"] = torch.cuda.get_device_name(dev)
-    return {"retrofit": __version__, "transformers": transformers.__version__, "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "hardware": hw}
+    return {**library_versions(), "hardware": hw}
 
 
 class Report:
@@ -102,8 +101,8 @@ class Report:
 
             files = write_plots(self, out)
             self.data["plots"] = sorted(files)
-        _atomic_write(out / "report.json", self.to_json() + "\n")
-        _atomic_write(out / "report.md", render_markdown(self, files))
+        write_text(out / "report.json", self.to_json() + "\n")
+        write_text(out / "report.md", render_markdown(self, files))
         log.info("wrote %s", out / "report.json")
         return out
 
@@ -117,9 +116,3 @@ class Report:
     def __repr__(self):
         names = ", ".join(m["name"] for m in self.data["models"])
         return f"Report(models=[{names}], lengths={self.data['settings']['lengths']}, rows={len(self.rows)})"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

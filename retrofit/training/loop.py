@@ -18,7 +18,6 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import shutil
 import time
@@ -29,14 +28,18 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from .. import data as rdata
+from .. import run_folder as rf
+from ..atomic import publish
+from ..core import describe, max_length, set_position_controls
 from ..errors import LengthError
+from ..io import save
+from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
 from .recipe import Recipe
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS = "checkpoints"
 
 
 class Progress:
@@ -127,10 +130,8 @@ def _check_lengths(r: Recipe, model) -> int | None:
     """The block plus the largest offset must fit what the model accepts. While the native
     mechanism fades in, the native table bounds positions: returns the largest offset allowed
     then (offsets are clamped to it during the fade), or None when there is no fade."""
-    import retrofit
-
     pos, L = r.train.positions, r.data.block_length
-    limit = retrofit.describe(model).get("max_length")
+    limit = describe(model).get("max_length")
     if limit is not None and L + pos.random_offset > limit:
         raise LengthError(
             f"'data.block_length' = {L} + 'train.positions.random_offset' = {pos.random_offset} exceeds the "
@@ -139,9 +140,7 @@ def _check_lengths(r: Recipe, model) -> int | None:
     if not pos.native_fade_steps:
         _warn_if_offset_is_a_no_op(r)
         return None
-    retrofit.set_position_controls(model, offset=0, native_fade=1.0)
-    fade_limit = retrofit.describe(model).get("max_length")
-    retrofit.set_position_controls(model)
+    fade_limit = max_length(model, fading=True)
     if fade_limit is not None and L > fade_limit:
         raise LengthError(
             f"'data.block_length' = {L} exceeds the {fade_limit} native positions; "
@@ -172,29 +171,18 @@ def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
 
 
 def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
-    import accelerate
-    import peft
-    import transformers
-
-    import retrofit
-
     out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe.yaml").write_text(r.to_yaml())
-    versions = {
-        "retrofit": retrofit.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__, "peft": peft.__version__, "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+    (out / rf.RECIPE).write_text(r.to_yaml())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
-        "versions": versions,
+        "versions": library_versions(),
         "trainable_parameters": trainable,
         "total_parameters": sum(p.numel() for p in model.parameters()),
         "train_blocks": len(train), "validation_blocks": len(val),
         "train_fingerprint": rdata.fingerprint(train.flatten().tolist()),
         "validation_fingerprint": rdata.fingerprint(val.flatten().tolist()),
     }
-    (out / "versions.json").write_text(json.dumps(info, indent=2) + "\n")
+    (out / rf.VERSIONS).write_text(json.dumps(info, indent=2) + "\n")
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -331,10 +319,10 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
             "val_loss_before": progress.val_loss_before, "val_loss_after": val_after,
             "train_seconds": round(meter.elapsed, 3),
             "tokens_per_s": round(meter.tokens_per_step * (progress.step - meter.start_step) / max(meter.elapsed, 1e-9), 1),
-            "num_processes": acc.num_processes, "final": str(out / "final"),
+            "num_processes": acc.num_processes, "final": str(out / rf.FINAL),
         }
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / "final")
+        (out / rf.SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+        log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / rf.FINAL)
     acc.end_training()
     return out
 
@@ -366,19 +354,17 @@ def _kl(student_logits, teacher_logits, temperature: float):
 def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = None) -> None:
     """Random offset and native fade for this step (same on every process and on resume);
     ``step=None`` resets both."""
-    import retrofit
-
     pos = r.train.positions
     if not (pos.random_offset or pos.native_fade_steps):
         return
     if step is None:
-        retrofit.set_position_controls(base)
+        set_position_controls(base)
         return
     offset = random.Random(r.train.seed * 1_000_003 + step).randint(0, pos.random_offset) if pos.random_offset else 0
     fade = max(0.0, 1.0 - step / pos.native_fade_steps) if pos.native_fade_steps else 0.0
     if fade > 0 and fade_offset_cap is not None:
         offset = min(offset, fade_offset_cap)
-    retrofit.set_position_controls(base, offset=offset, native_fade=fade)
+    set_position_controls(base, offset=offset, native_fade=fade)
 
 
 @torch.no_grad()
@@ -399,22 +385,21 @@ def _evaluate(acc, model, loader, base, r) -> float | None:
 
 # ---- checkpoints ---------------------------------------------------------------------------
 def _checkpoints(out: Path) -> list[Path]:
-    d = out / CHECKPOINTS
+    d = out / rf.CHECKPOINTS
     return sorted(p for p in d.glob("step_*") if p.is_dir()) if d.is_dir() else []
 
 
 def _save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
     """save_state into a hidden folder, then rename: a kill mid-save never leaves a torn checkpoint."""
-    final = out / CHECKPOINTS / f"step_{step:08d}"
-    tmp = out / CHECKPOINTS / f".tmp_step_{step:08d}"
+    final = out / rf.CHECKPOINTS / f"step_{step:08d}"
+    tmp = out / rf.CHECKPOINTS / f".tmp_step_{step:08d}"
     if acc.is_main_process:
         tmp.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
     acc.save_state(str(tmp))
     acc.wait_for_everyone()
     if acc.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        publish(tmp, final)
         for old in _checkpoints(out)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
@@ -423,20 +408,20 @@ def _save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
 def _resume(r: Recipe, acc, out: Path) -> None:
     mode = r.checkpoint.resume
     if acc.is_main_process:
-        for tmp in (out / CHECKPOINTS).glob(".tmp_step_*"):
+        for tmp in (out / rf.CHECKPOINTS).glob(".tmp_step_*"):
             shutil.rmtree(tmp, ignore_errors=True)
     if mode == "never":
         if acc.is_main_process and _checkpoints(out):
-            log.warning("checkpoint.resume is never: removing old checkpoints in %s", out / CHECKPOINTS)
-            shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
-            (out / "log.jsonl").unlink(missing_ok=True)
+            log.warning("checkpoint.resume is never: removing old checkpoints in %s", out / rf.CHECKPOINTS)
+            shutil.rmtree(out / rf.CHECKPOINTS, ignore_errors=True)
+            (out / rf.LOG).unlink(missing_ok=True)
         acc.wait_for_everyone()
         return
     path = Path(mode) if mode != "auto" else (_checkpoints(out) or [None])[-1]
     acc.wait_for_everyone()
     if path is None:
         if acc.is_main_process:
-            (out / "log.jsonl").unlink(missing_ok=True)
+            (out / rf.LOG).unlink(missing_ok=True)
         return
     log.info("resuming from %s", path)
     acc.load_state(str(path))
@@ -444,7 +429,7 @@ def _resume(r: Recipe, acc, out: Path) -> None:
 
 def _truncate_log(out: Path, step: int) -> None:
     """Drop log records written after the checkpoint we resume from (the killed run's tail)."""
-    p = out / "log.jsonl"
+    p = out / rf.LOG
     if not p.is_file():
         return
     keep = [line for line in p.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
@@ -457,14 +442,13 @@ def _log(acc, out: Path, record: dict) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     record = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in record.items()}
-    with open(out / "log.jsonl", "a") as f:
+    with open(out / rf.LOG, "a") as f:
         f.write(json.dumps(record) + "\n")
     log.debug("%s", record)
 
 
 def _write_final(r: Recipe, acc, model, tok) -> None:
     """adapter/ (LoRA) and final/ (merged, patched) through retrofit.save, from the main process."""
-    import retrofit
     from accelerate.utils import DistributedType
 
     out = Path(r.output_dir)
@@ -474,10 +458,10 @@ def _write_final(r: Recipe, acc, model, tok) -> None:
         unwrapped = _rebuilt(r, state) if sharded else acc.unwrap_model(model)
         unwrapped.eval()
         if r.train.method == "lora":
-            unwrapped.save_pretrained(out / "adapter", save_embedding_layers=False)  # trained embeddings: modules_to_save
-            tok.save_pretrained(out / "adapter")
+            unwrapped.save_pretrained(out / rf.ADAPTER, save_embedding_layers=False)  # trained embeddings: modules_to_save
+            tok.save_pretrained(out / rf.ADAPTER)
             unwrapped = unwrapped.merge_and_unload()
-        retrofit.save(unwrapped, out / "final", tokenizer=tok)
+        save(unwrapped, out / rf.FINAL, tokenizer=tok)
     acc.wait_for_everyone()
 
 

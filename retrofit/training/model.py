@@ -8,11 +8,10 @@ import logging
 import torch
 from torch import nn
 
+from ..core import POSITIONS_MODULE
 from ..errors import RecipeError
 
 log = logging.getLogger(__name__)
-
-POSITIONS_MODULE = "retrofit_positions"
 
 # LoRA targets per model_type (suffix match on module names). Anything else: "all-linear".
 LORA_TARGETS = {

@@ -12,24 +12,17 @@ Overrides are ``dotted.key=value`` with the value parsed as a YAML scalar (``200
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import difflib
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Literal, Optional, Union
 
 import yaml
 
+from .. import schema
 from ..errors import RecipeError
-
-MISSING = dataclasses.MISSING
-
-
-def _help(text: str, default=MISSING, factory=MISSING):
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
+from ..schema import field_help as _help
 
 
 @dataclass
@@ -171,25 +164,17 @@ class Recipe:
     # ---- construction ----------------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict, overrides: list[str] | dict | None = None) -> "Recipe":
-        raw = _deepcopy(raw or {})
+        raw = copy.deepcopy(raw or {})
         if not isinstance(raw, dict):
             raise RecipeError(f"a recipe must be a mapping of keys, got {type(raw).__name__}")
-        for key, value in _parse_overrides(overrides).items():
-            _set_dotted(raw, key, value)
-        recipe = _build(cls, raw, prefix="")
+        schema.apply_overrides(raw, overrides)
+        recipe = schema.build(cls, raw)
         recipe.validate()
         return recipe
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | dict | None = None) -> "Recipe":
-        path = Path(path)
-        if not path.is_file():
-            raise RecipeError(f"recipe file {str(path)!r} not found")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise RecipeError(f"recipe {path} is not valid YAML: {e}") from e
-        return cls.from_dict(raw, overrides)
+        return cls.from_dict(schema.read_yaml(path), overrides)
 
     @classmethod
     def coerce(cls, recipe: "Recipe | dict | str | Path", overrides=None) -> "Recipe":
@@ -260,139 +245,11 @@ class Recipe:
             raise RecipeError(f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none")
 
 
-# ---- schema walking (used by --help) -------------------------------------------------------
-def iter_keys(cls=Recipe, prefix: str = ""):
-    """Yield (dotted key, type string, default, help) for every leaf key of the schema."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            yield from iter_keys(tp, key + ".")
-            continue
-        default = f.default if f.default is not MISSING else f.default_factory()
-        yield key, _type_name(tp), default, f.metadata.get("help", "")
-
-
-def _type_name(tp) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(str(a) for a in typing.get_args(tp))
-    if origin is Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        name = " | ".join(_type_name(a) for a in args)
-        return name + (" | null" if type(None) in typing.get_args(tp) else "")
-    return getattr(tp, "__name__", str(tp))
-
-
-# ---- strict construction -------------------------------------------------------------------
-def _build(cls, raw: Any, prefix: str):
-    where = prefix.rstrip(".") or "recipe"
-    if not isinstance(raw, dict):
-        raise RecipeError(f"'{where}' must be a mapping, got {type(raw).__name__} ({raw!r})")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in raw:
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(prefix + n for n in names)}"
-            raise RecipeError(f"unknown recipe key '{prefix}{key}'{hint}")
-    kwargs = {}
-    for name in names:
-        if name in raw:
-            kwargs[name] = _coerce(raw[name], hints[name], prefix + name)
-    return cls(**kwargs)
-
-
-def _coerce(value, tp, key: str):
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, {} if value is None else value, key + ".")
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Union:
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except RecipeError as e:
-                errors.append(e)
-        raise RecipeError(f"'{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})")
-    if origin is Literal:
-        if value is False and "no" in args:  # YAML 1.1 reads a bare `no` as false
-            value = "no"
-        if value not in args:
-            raise RecipeError(f"'{key}' must be one of {', '.join(map(str, args))}; got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise RecipeError(f"'{key}' must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise RecipeError(f"'{key}' must be an integer, got {type(value).__name__} ({value!r})")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 2e-4 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RecipeError(f"'{key}' must be a number, got {type(value).__name__} ({value!r})")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise RecipeError(f"'{key}' must be a string, got {type(value).__name__} ({value!r})")
-        return value
-    if tp in (list, dict):
-        if not isinstance(value, tp):
-            raise RecipeError(f"'{key}' must be a {tp.__name__}, got {type(value).__name__} ({value!r})")
-        return _deepcopy(value)
-    raise TypeError(f"recipe schema: unsupported type {tp} for {key}")  # a bug in this file
-
-
 def _positive(key: str, value: int) -> None:
     if value <= 0:
         raise RecipeError(f"'{key}' must be > 0, got {value}")
 
 
-def _parse_overrides(overrides) -> dict:
-    if not overrides:
-        return {}
-    if isinstance(overrides, dict):
-        return dict(overrides)
-    out = {}
-    for item in overrides:
-        if "=" not in item:
-            raise RecipeError(f"override {item!r} must look like key.path=value")
-        key, value = item.split("=", 1)
-        key = key.strip()
-        if not key:
-            raise RecipeError(f"override {item!r} has an empty key")
-        try:
-            out[key] = yaml.safe_load(value) if value.strip() != "" else ""
-        except yaml.YAMLError as e:
-            raise RecipeError(f"override {item!r}: value is not a YAML scalar: {e}") from e
-    return out
-
-
-def _set_dotted(raw: dict, key: str, value) -> None:
-    parts = key.split(".")
-    node = raw
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise RecipeError(f"cannot set '{key}': '{'.'.join(parts[: i + 1])}' is not a mapping")
-        node = child
-    node[parts[-1]] = value
-
-
-def _deepcopy(x):
-    import copy
-
-    return copy.deepcopy(x)
+def iter_keys(cls=Recipe, prefix: str = ""):
+    """Yield (dotted key, type string, default, help) for every leaf key of the recipe."""
+    return schema.iter_keys(cls, prefix)
