@@ -7,6 +7,6 @@ from . import (  # noqa: F401  (registration)
     llama,
     opt,
 )
-from .base import ADAPTERS, Adapter, adapter_for, register_adapter
+from .base import ADAPTERS, Adapter, PositionTable, adapter_class, adapter_for, register_adapter
 
-__all__ = ["ADAPTERS", "Adapter", "adapter_for", "register_adapter"]
+__all__ = ["ADAPTERS", "Adapter", "PositionTable", "adapter_class", "adapter_for", "register_adapter"]

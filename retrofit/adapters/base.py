@@ -35,6 +35,16 @@ class AttentionSite:
     window: int | None = None  # sliding-window size of this layer (None: global)
 
 
+@dataclass(frozen=True)
+class PositionTable:
+    """Where a learned-absolute family keeps its table: the state-dict key of its weight, the config
+    attribute of its size, and the row that holds position 0 (OPT stores position p at row p + 2)."""
+
+    key: str
+    size_attr: str
+    first_row: int = 0
+
+
 @dataclass
 class Swap:
     """One replaced submodule: ``setattr(parent, attr, original)`` undoes it."""
@@ -46,10 +56,15 @@ class Swap:
 
 
 class Adapter(abc.ABC):
+    """Every fact about one architecture family (a meta-test checks that each adapter declares them)."""
+
     name: ClassVar[str]
     model_types: ClassVar[tuple[str, ...]]
     native_kind: ClassVar[str]  # "learned_absolute" | "rope"
     attention_class_names: ClassVar[tuple[str, ...]]  # HF classes of the patched attention modules
+    lora_targets: ClassVar[tuple[str, ...]]  # default LoRA target modules (suffixes of module names)
+    fan_in_fan_out: ClassVar[bool] = False  # linear layers store weights transposed (HF Conv1D)
+    position_table: ClassVar[PositionTable | None] = None  # learned-absolute families: their table
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -165,6 +180,11 @@ def state_positions(state, length: int, device, native: torch.Tensor | None = No
     if native is not None:
         return native
     return (torch.arange(length, device=device) + past)[None]
+
+
+def adapter_class(model_type: str | None) -> type[Adapter] | None:
+    """The adapter class registered for a model type, or None."""
+    return next((cls for _name, cls in ADAPTERS.items() if model_type in cls.model_types), None)
 
 
 def adapter_for(model: nn.Module) -> Adapter:

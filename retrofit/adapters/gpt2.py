@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, NeutralisedPositionTable, register_adapter
+from .base import Adapter, AttentionSite, NeutralisedPositionTable, PositionTable, register_adapter
 
 
 @register_adapter("gpt2")
@@ -12,6 +12,9 @@ class GPT2Adapter(Adapter):
     model_types = ("gpt2",)
     native_kind = "learned_absolute"
     attention_class_names = ("GPT2Attention",)
+    lora_targets = ("c_attn", "c_proj", "c_fc")
+    fan_in_fan_out = True  # Conv1D
+    position_table = PositionTable("transformer.wpe.weight", "n_positions")
 
     def check(self):
         if getattr(self.config, "add_cross_attention", False):

@@ -14,7 +14,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, NeutralisedPositionTable, register_adapter
+from .base import Adapter, AttentionSite, NeutralisedPositionTable, PositionTable, register_adapter
 
 
 class RetrofitGPTNeoAttention(nn.Module):
@@ -52,6 +52,8 @@ class GPTNeoAdapter(Adapter):
     model_types = ("gpt_neo",)
     native_kind = "learned_absolute"
     attention_class_names = ("GPTNeoSelfAttention",)
+    lora_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+    position_table = PositionTable("transformer.wpe.weight", "max_position_embeddings")
 
     def check(self):
         for i, block in enumerate(self.base().h):

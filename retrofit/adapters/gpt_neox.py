@@ -16,6 +16,7 @@ class GPTNeoXAdapter(Adapter):
     model_types = ("gpt_neox",)
     native_kind = "rope"
     attention_class_names = ("GPTNeoXAttention",)
+    lora_targets = ("query_key_value", "dense")
 
     def check(self):
         base = self.base()

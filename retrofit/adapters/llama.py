@@ -37,6 +37,7 @@ class LlamaAdapter(Adapter):
         "Olmo2Attention",
         "Starcoder2Attention",
     )
+    lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
 
     def check(self):
         base = self.base()

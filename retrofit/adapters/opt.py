@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, NeutralisedPositionTable, register_adapter
+from .base import Adapter, AttentionSite, NeutralisedPositionTable, PositionTable, register_adapter
 
 
 def opt_positions(attention_mask: torch.Tensor, past_key_values_length: int = 0, position_ids=None) -> torch.Tensor:
@@ -24,14 +24,17 @@ class OPTAdapter(Adapter):
     model_types = ("opt",)
     native_kind = "learned_absolute"
     attention_class_names = ("OPTAttention",)
+    lora_targets = ("q_proj", "k_proj", "v_proj", "out_proj")
+    position_table = PositionTable("model.decoder.embed_positions.weight", "max_position_embeddings", first_row=2)
 
     def base(self):
         return self.model.base_model.decoder  # OPTForCausalLM.model (OPTModel).decoder
 
     def check(self):
         table = getattr(self.base(), "embed_positions", None)
-        if table is None or getattr(table, "offset", None) != 2:
-            raise UnsupportedArchitectureError("opt: expected decoder.embed_positions with OPT's offset of 2")
+        first = self.position_table.first_row
+        if table is None or getattr(table, "offset", None) != first:
+            raise UnsupportedArchitectureError(f"opt: expected decoder.embed_positions with OPT's offset of {first}")
         super().check()
 
     def sites(self):
@@ -39,5 +42,6 @@ class OPTAdapter(Adapter):
 
     def neutralise(self, state):
         base = self.base()
-        table = NeutralisedPositionTable(base.embed_positions, state, positions=opt_positions, index_offset=2)
+        table = NeutralisedPositionTable(base.embed_positions, state, positions=opt_positions,
+                                         index_offset=self.position_table.first_row)
         return [self.swap(base, "embed_positions", table)]

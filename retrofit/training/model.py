@@ -8,28 +8,11 @@ import logging
 import torch
 from torch import nn
 
+from ..adapters import adapter_class
 from ..core import POSITIONS_MODULE
 from ..errors import RecipeError
 
 log = logging.getLogger(__name__)
-
-# LoRA targets per model_type (suffix match on module names). Anything else: "all-linear".
-LORA_TARGETS = {
-    "gpt2": ["c_attn", "c_proj", "c_fc"],
-    "gpt_neo": ["q_proj", "k_proj", "v_proj", "out_proj"],
-    "opt": ["q_proj", "k_proj", "v_proj", "out_proj"],
-    "gptj": ["q_proj", "k_proj", "v_proj", "out_proj"],
-    "gpt_neox": ["query_key_value", "dense"],
-    "bloom": ["query_key_value", "dense"],
-    "falcon": ["query_key_value", "dense"],
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "gemma": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "phi3": ["qkv_proj", "o_proj"],
-}
-FAN_IN_FAN_OUT = {"gpt2"}  # HF Conv1D layers store weights transposed
 
 
 def load(model_cfg):
@@ -108,8 +91,9 @@ def positions_parameters(model) -> int:
 
 def lora_targets(model, lora_cfg) -> list[str] | str:
     targets = lora_cfg.target_modules
-    if targets is None:
-        targets = LORA_TARGETS.get(model.config.model_type, "all-linear")
+    if targets is None:  # the adapter's; a family retrofit has no adapter for (an unconverted control): all linear
+        adapter = adapter_class(model.config.model_type)
+        targets = list(adapter.lora_targets) if adapter else "all-linear"
     if isinstance(targets, str) and targets != "all-linear":
         targets = [targets]
     if isinstance(targets, list):
@@ -170,7 +154,7 @@ def make_trainable(model, train_cfg):
         lora_dropout=cfg.dropout,
         target_modules=lora_targets(model, cfg),
         modules_to_save=extra or None,
-        fan_in_fan_out=model.config.model_type in FAN_IN_FAN_OUT,
+        fan_in_fan_out=bool(getattr(adapter_class(model.config.model_type), "fan_in_fan_out", False)),
         ensure_weight_tying=bool(train_cfg.train_embeddings and _tied(model)),
         task_type="CAUSAL_LM",
     )

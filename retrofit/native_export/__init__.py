@@ -1,0 +1,218 @@
+"""Native-architecture export: write a converted model as an architecture transformers already has.
+
+    retrofit.export(model_or_run_dir, "out/", native=True) -> ExportResult
+
+The exported folder loads with plain ``transformers.AutoModelForCausalLM.from_pretrained(out)``,
+without retrofit and without remote code (no ``retrofit`` block, no ``auto_map`` in its config).
+One short function per (adapter, scheme) pair maps the weights (nanoGPT-style surgery: every
+tensor's name and shape is checked before it is copied), one module per source family, each
+registered in ``MAPPINGS`` (``base.mapping``):
+
+    gpt2  + alibi (scale_bias=True)  -> Falcon (alibi=True, sequential residual, biases, gelu_new)
+    gpt2  + rope                     -> GPT-NeoX (use_parallel_residual=False, rotary_pct, tied embeddings)
+    gpt2 | gpt_neo | opt + nope       -> the same architecture, position table all zeros and enlarged
+    gpt2 | gpt_neo | opt + sinusoidal -> the same architecture, position table = the fixed sinusoids
+    llama | gpt_neox + rope (any scaling) -> the same architecture with ``rope_parameters`` set
+
+After writing, the folder is loaded back with plain transformers and its logits are compared with
+the patched model's on random token ids past the native length; the result (and versions) go to
+``retrofit_export.json`` beside the weights. A pair that no native architecture can express (T5
+buckets, FIRE, ...) is a ``RetrofitError`` that points to ``retrofit.load``; ALiBi added after the
+score scaling (``scale_bias=False``) is refused too unless ``approximate=True`` (Falcon, inexact,
+reported with the perplexity difference). See docs/export.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .. import run_folder as rf
+from ..errors import OptionError, RetrofitError
+from ..versions import library_versions
+from . import baked_table, gpt2, rope  # noqa: F401  (registration)
+from .base import MAPPINGS, TOLERANCE, Built, ExportResult, mapping, per_head_qkv, supported_pairs
+from .gpt2 import FALCON_BF16_EXACT
+from .rope import _check_rope_config, rope_parameters
+
+log = logging.getLogger(__name__)
+
+__all__ = ["export", "ExportResult", "Built", "MAPPINGS", "mapping", "supported_pairs", "rope_parameters",
+           "per_head_qkv", "max_logit_diff", "TOLERANCE", "FALCON_BF16_EXACT"]
+
+
+def _resolve_source(model_or_dir):
+    """A converted model, a retrofit checkpoint folder, or a pipeline run folder holding ``final/``."""
+    if isinstance(model_or_dir, nn.Module):
+        return model_or_dir, None, None
+    path = rf.model_dir(model_or_dir)
+    if not (path / "config.json").exists():
+        raise RetrofitError(f"{model_or_dir} is neither a retrofit checkpoint nor a run folder with final/ in it")
+    from ..io import load
+
+    model = load(path)
+    tokenizer = None
+    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer, path
+
+
+def _info(model) -> dict:
+    from ..core import describe
+
+    info = describe(model)
+    if not info["converted"]:
+        raise RetrofitError("export: the model is not converted (nothing retrofit-specific to export; "
+                            "save it with save_pretrained)")
+    state = model._retrofit_state
+    if state.native_fade > 0 or state.offset:
+        raise RetrofitError("export: reset fine-tune position controls first "
+                            "(retrofit.set_position_controls(model, offset=0, native_fade=0))")
+    return info
+
+
+def _check_ids(vocab: int, length: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (1, length), generator=g)
+
+
+def max_logit_diff(a, b, ids: torch.Tensor) -> float:
+    """Max abs difference of the two models' logits on ``ids`` (one full forward each, no cache)."""
+    with torch.no_grad():
+        la = a(input_ids=ids.to(a.device), use_cache=False).logits.float()
+        lb = b(input_ids=ids.to(b.device), use_cache=False).logits.float()
+    return float((la - lb.to(la.device)).abs().max())
+
+
+def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, tokenizer=None,
+           max_length: int | None = None, check_length: int | None = None, approximate: bool = False,
+           ppl_text: str = "stdlib", tolerance: float = TOLERANCE) -> ExportResult:
+    """Write ``model_or_run_dir`` (a converted model, a retrofit checkpoint folder, or a run folder with
+    ``final/``) to ``path``. ``native=True``: a native transformers architecture (see the module doc);
+    ``native=False``: the retrofit format (``retrofit.save``; reload with ``retrofit.load``).
+
+    ``max_length``: the longest sequence the native model should accept where its architecture has a
+    limit (GPT-2 for NoPE: the size of the zero position table; default max(8192, 4 x native)).
+    ``check_length``: tokens of the random-id equivalence check (default min(4 x native, native + 1024)).
+    ``approximate=True``: also write the closest architecture where none is exact (gpt2 + alibi with
+    scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
+    is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.data`` spec) at ``check_length``.
+    An export that should be exact but differs by more than ``tolerance`` raises and writes nothing."""
+    from ..core import reach
+    from ..io import save
+
+    model, tok, source = _resolve_source(model_or_run_dir)
+    tokenizer = tokenizer if tokenizer is not None else tok
+    info = _info(model)
+    if not native:
+        out = save(model, path, tokenizer=tokenizer)
+        return ExportResult(out=str(out), native=False, mapping=None, target="retrofit", exact=True,
+                            max_abs_logit_diff=0.0, check_length=None, notes=["load with retrofit.load(path)"])
+    pair = (info["architecture"], info["scheme"])
+    if f"{pair[0]}+{pair[1]}" not in MAPPINGS:
+        raise RetrofitError(
+            f"no native architecture expresses {pair[0]} + {pair[1]}; supported: {'; '.join(supported_pairs())}. "
+            "Export without --native (retrofit format) and load it with retrofit.load(path)"
+        )
+    fn = MAPPINGS.get(f"{pair[0]}+{pair[1]}").build
+    native_len = int(info["native"]["length"])
+    opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len)), "approximate": approximate,
+            "reach": max_length or reach(model)}  # what an unbounded export advertises (ALiBi: no limit)
+    check_len = _positive("check_length", check_length, min(4 * native_len, native_len + 1024))
+    was_training = model.training
+    model.eval()
+    try:
+        built = fn(model, info, opts)
+        check_len = min(check_len, built.limit or check_len)  # a baked table is the exported model's limit
+        check = {"length": check_len, "tolerance": tolerance, "ppl_text": ppl_text}
+        return _write(model, built, tokenizer, path, pair, info, source, check)
+    finally:
+        model.train(was_training)
+
+
+def _positive(name: str, value, default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise OptionError(f"{name} must be an int >= 2; got {value!r}")
+    return value
+
+
+def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict) -> ExportResult:
+    from transformers import AutoModelForCausalLM
+
+    from ..atomic import write_dir
+    from ..io import tokenizer_reach
+
+    check_len, tolerance = check["length"], check["tolerance"]
+    result = ExportResult(native=True, mapping=f"{pair[0]}+{pair[1]}", target=type(built.model).__name__,
+                          model_type=built.model.config.model_type, check_length=check_len,
+                          dtype=str(model.dtype).replace("torch.", ""), source=str(source) if source else None)
+
+    def write(tmp: Path):
+        built.model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+            tokenizer_reach(tmp / "tokenizer_config.json", built.model.config.max_position_embeddings)
+        _check_config(tmp / "config.json")
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=model.dtype).eval()
+        if getattr(built.model.config, "rope_parameters", None):
+            _check_rope_config(reloaded.config, built.model.config.rope_parameters)
+        diff = max_logit_diff(model, reloaded, _check_ids(model.get_input_embeddings().weight.shape[0], check_len))
+        limit = built.exact_below
+        fp32 = model.dtype == torch.float32
+        exact = built.exact and (diff <= tolerance or not fp32)
+        if built.exact and built.strict and (limit is None or check_len < limit) and diff > tolerance and fp32:
+            raise RetrofitError(f"export: {result['target']} should equal the patched model but differs by {diff:.3g} "
+                                f"(tolerance {tolerance:g}) at {check_len} tokens; nothing was written")
+        notes = list(built.notes)
+        if not fp32:
+            notes.append(f"measured in {result['dtype']}: the {tolerance:g} tolerance applies to float32 only")
+        if limit is not None and check_len >= limit:
+            exact = False
+            notes.append(f"checked at {check_len} tokens, past the exact range (< {limit})")
+        result.update(exact=exact, exact_below=limit, max_abs_logit_diff=diff, notes=notes)
+        if not exact:
+            result.update(_ppl_difference(model, reloaded, tokenizer, check["ppl_text"], check_len))
+        record = {**result, "retrofit": {k: info[k] for k in ("scheme", "options", "architecture", "native")},
+                  "versions": library_versions()}
+        (tmp / rf.EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+
+    out = write_dir(path, write)
+    result["out"] = str(out)
+    log.info("exported %s to %s (%s, max |dlogit| %.3g)", result["mapping"], out, result["target"],
+             result["max_abs_logit_diff"])
+    return result
+
+
+def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, windows: int = 2) -> dict:
+    """Perplexity of both models on the same ``windows`` non-overlapping windows of ``length`` tokens of
+    real text (``evaluation.perplexity``, the protocol of ``retrofit eval``)."""
+    if tokenizer is None:
+        return {"ppl": None, "ppl_note": "no tokenizer: the perplexity difference was not measured"}
+    from ..data import load_documents, tokenize_documents
+    from ..evaluation.perplexity import nonoverlapping_nll
+
+    tokens = [t for doc in tokenize_documents(tokenizer, load_documents(spec)) for t in doc]
+    n = min(windows, (len(tokens) - 1) // length)
+    if n == 0:
+        return {"ppl": None, "ppl_note": f"{spec!r} has fewer than {length + 1} tokens: perplexity not measured"}
+    ids = torch.tensor(tokens[: n * length + 1])
+    a, b = (float(nonoverlapping_nll(m, ids, length).mean()) for m in (patched, exported))
+    return {"ppl": {"text": spec, "tokens": n * length, "length": length, "patched": math.exp(a),
+                    "exported": math.exp(b), "relative_diff": math.exp(b - a) - 1}}
+
+
+def _check_config(path: Path) -> None:
+    cfg = json.loads(path.read_text())
+    bad = [k for k in ("retrofit", "auto_map") if k in cfg]
+    if bad or cfg.get("_attn_implementation") == "retrofit":
+        raise RetrofitError(f"export: the written config still has {bad or '_attn_implementation=retrofit'}")

@@ -1,0 +1,54 @@
+"""Learned-absolute families keep their own architecture: the position table holds the scheme's values
+(all zeros for NoPE, the fixed sinusoids for ``sinusoidal``), enlarged to ``max_length`` rows."""
+
+from __future__ import annotations
+
+import torch
+
+from ..adapters import ADAPTERS
+from ..errors import RetrofitError
+from .base import Built, Surgery, mapping, plain_config
+
+
+def baked_table(model, info, opts) -> Built:
+    """A learned-absolute family keeps its own architecture; its position table is replaced by the scheme's
+    values at positions 0..max_length-1: all zeros for NoPE, the (scaled) sinusoids for ``sinusoidal``."""
+    table = ADAPTERS.get(info["architecture"]).position_table
+    key, size_attr, first = table.key, table.size_attr, table.first_row
+    cfg = plain_config(model)
+    setattr(cfg, size_attr, opts["max_length"])
+    dst = type(model)(cfg).to(dtype=model.dtype).eval()
+    cut = Surgery(dst)
+    src_sd = {k: v for k, v in model.state_dict().items() if not k.startswith("retrofit_positions.")}
+    dst_params = dict(dst.named_parameters())
+    if key not in dst_params:
+        raise RetrofitError(f"export: {type(dst).__name__} has no position table {key!r}")
+    for name, p in dst_params.items():
+        if name == key:
+            cut(p, _table_rows(model, info, p, first), name)
+        elif name in src_sd:
+            cut(p, src_sd[name], name)
+    what = "an all-zero" if info["scheme"] == "nope" else f"a fixed {info['scheme']}"
+    note = (f"{type(dst).__name__} with {what} position table of {opts['max_length']} positions: longer inputs do "
+            "not fit the table; re-export with a larger max_length (--max-length)")
+    return Built(cut.finish(model), exact=True, notes=[note], limit=opts["max_length"])
+
+
+def _table_rows(model, info, table: torch.Tensor, first: int) -> torch.Tensor:
+    """(rows, E) table whose row ``first + p`` holds the scheme's embedding of position p."""
+    rows = torch.zeros_like(table)
+    if info["scheme"] == "nope":
+        return rows
+    scheme = model._retrofit_state.scheme()
+    pos = torch.arange(rows.shape[0] - first, device=table.device)[None]  # (1, max_length)
+    with torch.no_grad():
+        rows[first:] = scheme.embed(pos, torch.float32)[0].to(rows.dtype)
+    if first:  # rows before position 0 (OPT's padding offset) are never looked up for real tokens
+        rows[:first] = 0
+    return rows
+
+
+for _name, _adapter in ADAPTERS.items():
+    if _adapter.position_table is not None:  # every learned-absolute family
+        for _scheme in ("nope", "sinusoidal"):
+            mapping(_name, _scheme, "same architecture (baked position table)")(baked_table)

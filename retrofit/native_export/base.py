@@ -1,0 +1,131 @@
+"""What every export mapping shares: the result types, the registry, weight surgery and the config copy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import RetrofitError, UnknownNameError
+from ..registry import Registry
+
+TOLERANCE = 1e-4  # max abs logit difference (fp32) for an export that claims to be exact
+
+
+class ExportResult(dict):
+    """What ``export`` wrote: ``out``, ``native``, ``mapping``, ``target`` (architecture class),
+    ``exact``, ``max_abs_logit_diff`` (measured on the written folder), ``check_length``, ``notes``."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclass
+class Built:
+    """A mapping's output: the native model (weights copied) and what is known about its exactness."""
+
+    model: nn.Module
+    exact: bool  # equal to the patched model (within TOLERANCE in fp32) at every length up to exact_below
+    notes: list[str] = field(default_factory=list)
+    exact_below: int | None = None  # exactness only holds for sequences shorter than this (None: any length)
+    strict: bool = True  # a measured difference above the tolerance is an error (False: reported, not raised)
+    limit: int | None = None  # the exported model reads at most this many tokens (a baked table's rows)
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A registered export: ``build(model, info, options) -> Built`` and the target it writes."""
+
+    build: Callable[..., Built]
+    target: str
+
+
+MAPPINGS: Registry[Mapping] = Registry("export mapping", UnknownNameError)
+
+
+def mapping(adapter: str, scheme: str, target: str):
+    """Register ``fn(model, info, options) -> Built`` for converted (adapter, scheme) models."""
+
+    def deco(fn):
+        MAPPINGS.register(f"{adapter}+{scheme}")(Mapping(fn, target))
+        return fn
+
+    return deco
+
+
+def supported_pairs() -> list[str]:
+    """``["gpt2+alibi -> FalconForCausalLM", "gpt2|gpt_neo|opt+nope -> same architecture ...", ...]``."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name, m in MAPPINGS.items():
+        adapter, scheme = name.split("+")
+        groups.setdefault((scheme, m.target), []).append(adapter)
+    return [f"{'|'.join(adapters)}+{scheme} -> {target}" for (scheme, target), adapters in groups.items()]
+
+
+# ---- weight surgery ----------------------------------------------------------------------------
+def put(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    """Copy ``src`` into parameter/buffer ``dst`` (named ``name`` in errors) after checking the shape."""
+    if tuple(dst.shape) != tuple(src.shape):
+        raise RetrofitError(f"export: shape mismatch for {name}: target {tuple(dst.shape)}, source {tuple(src.shape)}")
+    with torch.no_grad():
+        dst.copy_(src.to(dtype=dst.dtype, device=dst.device))
+
+
+def per_head_qkv(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """GPT-2 fused attention (Conv1D, (E, 3E) = [q | k | v] columns) -> a Linear weight (3E, E) whose
+    rows are interleaved per head [q_h, k_h, v_h] (Falcon, GPT-NeoX). A bias (3E,) works the same way."""
+    out = weight.T if weight.dim() == 2 else weight  # (3E, E) or (3E,)
+    three_e = out.shape[0]
+    head_dim = three_e // (3 * num_heads)
+    rest = out.shape[1:]
+    return out.reshape(3, num_heads, head_dim, *rest).transpose(0, 1).reshape(three_e, *rest)
+
+
+def copy_lm_head(dst_model, src_model) -> None:
+    """Tied models share the embedding; an untied source head is copied."""
+    src, dst = src_model.get_output_embeddings(), dst_model.get_output_embeddings()
+    if src.weight is src_model.get_input_embeddings().weight:
+        if dst.weight is not dst_model.get_input_embeddings().weight:
+            raise RetrofitError("export: the source ties its lm_head to the embeddings but the target does not")
+        return
+    put(dst.weight, src.weight, "lm_head.weight")
+
+
+def check_surgery(dst_model, copied: set[int]) -> None:
+    """Every parameter of the target must have been written (no silently random weight)."""
+    missing = [n for n, p in dst_model.named_parameters() if id(p) not in copied]
+    if missing:
+        raise RetrofitError(f"export: target parameters left unset: {missing[:8]}")
+
+
+class Surgery:
+    """Tracks which target parameters were written."""
+
+    def __init__(self, dst_model):
+        self.dst = dst_model
+        self.done: set[int] = set()
+
+    def __call__(self, dst: torch.Tensor, src: torch.Tensor, name: str):
+        put(dst, src, name)
+        self.done.add(id(dst))
+
+    def finish(self, src_model):
+        copy_lm_head(self.dst, src_model)
+        self.done.add(id(self.dst.get_output_embeddings().weight))
+        check_surgery(self.dst, self.done)
+        return self.dst
+
+
+def plain_config(model):
+    """A copy of the model's config without the retrofit block, remote-code map or attention override."""
+    d = model.config.to_dict()
+    base = (d.get("retrofit") or {}).get("base_config") or {}
+    d.update({k: v for k, v in base.items() if k not in ("model_type", "architectures")})  # the original length
+    for key in ("retrofit", "auto_map", "_attn_implementation", "_attn_implementation_autoset", "transformers_version"):
+        d.pop(key, None)
+    return type(model.config).from_dict(d)
