@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 from .atomic import replacing
-from .data import Document
+from .documents import Document
 from .errors import DataError
 
 log = logging.getLogger(__name__)

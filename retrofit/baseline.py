@@ -37,6 +37,7 @@ from . import assets
 from .atomic import publish
 from .data import Document
 from .errors import OptionError
+from .optim import param_groups
 from .versions import library_versions
 
 log = logging.getLogger(__name__)
@@ -185,13 +186,8 @@ def build_model(cfg: BaselineConfig, tokenizer):
 
 
 def _optimizer(model, cfg: BaselineConfig):
-    """AdamW (decay on matrices only) with linear warmup then cosine decay to ``lr * min_lr_ratio``."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
-    )
+    """AdamW (``optim.param_groups``: matrices decay) with linear warmup then cosine decay to ``lr * min_lr_ratio``."""
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:

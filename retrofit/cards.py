@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 TEMPLATE_DIR = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "model_card.md.j2"
-BUILTIN_SOURCES = ("stdlib", "shakespeare")
 # Licences of base models we know (the Hub cannot be asked offline). Built-ins are retrofit's own.
 KNOWN_LICENSES = {
     "gpt2": "mit", "openai-community/gpt2": "mit", "gpt2-medium": "mit", "openai-community/gpt2-medium": "mit",
@@ -85,7 +84,9 @@ def _front_matter(text: str) -> dict:
 
 
 def _hub_dataset(spec) -> str | None:
-    if not isinstance(spec, str) or spec.split(":")[0] in BUILTIN_SOURCES or Path(spec).exists() or "*" in spec:
+    from .data import source_kind
+
+    if not isinstance(spec, str) or not spec or source_kind(spec) != "hub":
         return None
     return spec.split(":")[0]
 
@@ -216,11 +217,9 @@ def _passkey_summary(report: dict) -> dict:
 
 def export_info(run_dir: Path, manifest: dict) -> dict:
     """The native export: status, where the pushed weights come from, and the export's own record."""
-    from .hub import weights_kind
-
     e = (manifest.get("stages") or {}).get("export") or {}
     record = rf.export_record(run_dir) or {}
-    root = weights_kind(run_dir)
+    root = rf.published_weights(run_dir)
     return {"status": e.get("status", "not run"), "reason": e.get("reason") or e.get("error"),
             "native": root == "native", "subfolder": bool(record) and root != "native", "record": record,
             "target": record.get("target"), "exact": record.get("exact"), "exact_below": record.get("exact_below"),

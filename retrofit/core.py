@@ -29,7 +29,7 @@ from .encodings import SCHEMES, Scheme
 log = logging.getLogger(__name__)
 
 ATTN_NAME = "retrofit"
-POSITIONS_MODULE = "retrofit_positions"
+POSITIONS_MODULE = "retrofit_positions"  # the submodule holding the new position parameters
 UNBOUNDED = int(1e30)  # transformers' VERY_LARGE_INTEGER: how tokenizers (and lm-eval) spell "no limit"
 
 

@@ -19,21 +19,16 @@ import hashlib
 import logging
 import os
 import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from . import assets
+from .documents import Document
 from .errors import DataError
 
 log = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".tex", ".html", ".c", ".h"}
-
-
-@dataclass(frozen=True)
-class Document:
-    name: str
-    text: str
 
 
 def load_documents(spec: str | Sequence[str], *, field: str | None = None, split: str | None = None) -> list[Document]:
@@ -43,26 +38,36 @@ def load_documents(spec: str | Sequence[str], *, field: str | None = None, split
         for s in spec:
             docs.extend(load_documents(s, field=field, split=split))
         return docs
+    kind = source_kind(spec)
+    if kind == "stdlib":
+        return stdlib_documents()
+    if kind == "shakespeare":
+        which = spec.split(":", 1)[1] if ":" in spec else "all"
+        return assets.shakespeare_documents(which)
+    if kind == "files":
+        return [Document(str(p), _read_text(p)) for p in _expand_paths(spec)]
+    return hub_documents(spec, field=field, split=split)
+
+
+def source_kind(spec: str) -> str:
+    """Which source a data spec names, decided here only: ``stdlib``, ``shakespeare`` (the bundled
+    plays), ``files`` (a file, a folder or a glob) or ``hub`` (a ``datasets`` name)."""
     if not isinstance(spec, str) or not spec:
         raise DataError(f"data spec must be a non-empty string or list of strings, got {spec!r}")
     if spec == "stdlib":
-        return stdlib_documents()
+        return "stdlib"
     if spec == "shakespeare" or spec.startswith("shakespeare:"):
-        from . import assets
-
-        which = spec.split(":", 1)[1] if ":" in spec else "all"
-        return assets.shakespeare_documents(which)
-    paths = _expand_paths(spec)
-    if paths is not None:
-        return [Document(str(p), _read_text(p)) for p in paths]
-    return hub_documents(spec, field=field, split=split)
+        return "shakespeare"
+    if Path(spec).expanduser().exists() or _looks_like_path(spec):
+        return "files"
+    return "hub"
 
 
 def _looks_like_path(spec: str) -> bool:
     return any(c in spec for c in "*?[") or os.sep in spec or spec.startswith(".") or Path(spec).suffix in TEXT_SUFFIXES
 
 
-def _expand_paths(spec: str) -> list[Path] | None:
+def _expand_paths(spec: str) -> list[Path]:
     p = Path(spec).expanduser()
     if p.is_file():
         return [p]
@@ -76,7 +81,7 @@ def _expand_paths(spec: str) -> list[Path] | None:
         if not matches:
             raise DataError(f"no file matches {spec!r}")
         return matches
-    return None
+    raise DataError(f"{spec!r} is not a file, a folder or a glob")
 
 
 def _read_text(path: Path) -> str:

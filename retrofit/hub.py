@@ -3,7 +3,7 @@
 What is uploaded, from a staging folder that holds exactly these files:
 
 - the weights (``*.safetensors`` and their index), ``config.json``, ``generation_config.json`` and the
-  tokenizer files (see :func:`layout`): an exact native transformers export at the root; else the
+  tokenizer files (see ``run_folder.published_layout``): an exact native transformers export at the root; else the
   retrofit checkpoint (``final/`` of a fine-tune, or the folder ``retrofit convert`` wrote) at the
   root and an inexact native export, if any, in ``native/``;
 - ``README.md`` (the model card; written from the folder when it has none, and rewritten on each
@@ -46,27 +46,6 @@ def check_repo_id(repo: str, key: str = "--repo") -> str:
     return repo
 
 
-def layout(run_dir: str | os.PathLike) -> dict[str, Path]:
-    """{path prefix in the repo: local weights folder}. An exact native export goes to the repo root
-    (plain transformers loads it) and replaces the retrofit checkpoint; an inexact one goes to
-    ``native/`` beside the retrofit checkpoint at the root; without an export the root is the
-    retrofit checkpoint (``final/``)."""
-    run_dir = Path(run_dir)
-    record = rf.export_record(run_dir)
-    if record and record.get("exact"):
-        return {"": run_dir / rf.EXPORT}
-    folder = rf.model_dir(run_dir)
-    if not rf.is_model_dir(folder):
-        raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/): "
-                            "push a folder written by `retrofit convert`, `retrofit finetune` or `retrofit run`")
-    return {"": folder, **({"native/": run_dir / rf.EXPORT} if record else {})}
-
-
-def weights_kind(run_dir: str | os.PathLike) -> str:
-    """'native' when the repo root holds a native transformers checkpoint, else 'retrofit'."""
-    return "native" if layout(run_dir)[""].name == rf.EXPORT else "retrofit"
-
-
 def _weights(prefix: str, src: Path) -> dict[str, Path]:
     files = {prefix + p.name: p for p in sorted(src.glob("*.safetensors"))}
     if not files:
@@ -82,7 +61,7 @@ def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tup
     without a model card gets one written (for ``repo``)."""
     run_dir = Path(run_dir)
     plan: dict[str, Path] = {}
-    for prefix, src in layout(run_dir).items():
+    for prefix, src in rf.published_layout(run_dir).items():
         plan.update(_weights(prefix, src))
     card = run_dir / rf.CARD
     from .cards import AUTO_MARK, write_card
@@ -157,7 +136,7 @@ def push(run_dir, repo: str, *, private: bool = False, revision: str = "main", d
     run_dir = Path(run_dir)
     plan = upload_plan(run_dir, repo)
     result = {"repo": repo, "revision": revision, "files": [(n, p.stat().st_size) for n, p in plan],
-              "weights": weights_kind(run_dir), "commit_url": None}
+              "weights": rf.published_weights(run_dir), "commit_url": None}
     if dry_run:
         log.info("dry run: would upload %d files to %s@%s", len(plan), repo, revision)
         return result

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from .errors import RetrofitError
+from .native import native_length as read_native_length
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +102,35 @@ def export_record(run_dir: Path) -> dict | None:
     return read_json(export / EXPORT_RECORD)
 
 
+def published_layout(run_dir) -> dict[str, Path]:
+    """{path prefix in the repo: local weights folder}. An exact native export goes to the repo root
+    (plain transformers loads it) and replaces the retrofit checkpoint; an inexact one goes to
+    ``native/`` beside the retrofit checkpoint at the root; without an export the root is the
+    retrofit checkpoint (``final/``)."""
+    run_dir = Path(run_dir)
+    record = export_record(run_dir)
+    if record and record.get("exact"):
+        return {"": run_dir / EXPORT}
+    folder = model_dir(run_dir)
+    if not is_model_dir(folder):
+        raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/): "
+                            "push a folder written by `retrofit convert`, `retrofit finetune` or `retrofit run`")
+    return {"": folder, **({"native/": run_dir / EXPORT} if record else {})}
+
+
+def published_weights(run_dir) -> str:
+    """'native' when the repo root holds a native transformers checkpoint, else 'retrofit'."""
+    return "native" if published_layout(run_dir)[""].name == EXPORT else "retrofit"
+
+
 def retrofit_block(model_folder: Path) -> dict:
     """The ``retrofit`` block of a checkpoint's config.json ({} for a plain model)."""
     return (read_json(Path(model_folder) / "config.json") or {}).get("retrofit") or {}
 
 
 def native_length(model_folder: Path) -> int:
-    """The native length of a checkpoint: its retrofit block's, else the config's own."""
-    cfg = read_json(Path(model_folder) / "config.json") or {}
-    n = ((cfg.get("retrofit") or {}).get("native") or {}).get("length")
-    for key in ("n_positions", "max_position_embeddings"):
-        n = n or cfg.get(key)
+    """The native length of a checkpoint (``retrofit.native.native_length`` of its config.json)."""
+    n = read_native_length(read_json(Path(model_folder) / "config.json") or {})
     if not n:
         raise RetrofitError(f"{model_folder}: cannot tell the native length from config.json")
     return int(n)

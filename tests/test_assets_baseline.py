@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 import torch

@@ -19,6 +19,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from retrofit import cards, hub
 from retrofit.cli import main
 from retrofit.errors import HubError, OptionError
+from retrofit.run_folder import published_weights
 
 from .pipeline_run import REPO, copy_run, shared_run
 
@@ -116,7 +117,7 @@ def test_card_body_holds_budget_tables_plots_loading_and_limits(run_dir):
                    "## How to load", "## Limitations", "apache-2.0", "**alibi**", "(original)", "sliding",
                    f"{summary['steps']:,} ×", f"{info['trainable_parameters']:,}", "from_pretrained("):
         assert needle in text, needle
-    if hub.weights_kind(run_dir) == "retrofit":
+    if published_weights(run_dir) == "retrofit":
         assert "retrofit.load(" in text
     for img in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (run_dir / img).is_file(), img
@@ -147,7 +148,7 @@ def test_card_cli_and_bundled_template(run_dir, tmp_path, capsys):
 # ---- push ----------------------------------------------------------------------------------------------
 def _expected(run_dir: Path) -> set:
     names = {"README.md", "eval/report.json", "eval/report.md"} | {f"eval/{p.name}" for p in (run_dir / "eval").glob("*.png")}
-    root = "export" if hub.weights_kind(run_dir) == "native" else "final"
+    root = "export" if published_weights(run_dir) == "native" else "final"
     names |= {p.name for p in (run_dir / root).iterdir() if ALLOWED.match(p.name)}
     if (run_dir / "export").is_dir() and root == "final":
         names |= {f"native/{p.name}" for p in (run_dir / "export").iterdir() if ALLOWED.match(f"native/{p.name}")}

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..encodings.base import ModelSpec
 from ..errors import LengthError, UnsupportedArchitectureError
+from ..native import native_length
 from ..registry import Registry
 
 ADAPTERS: Registry[type[Adapter]] = Registry("architecture", UnsupportedArchitectureError)
@@ -101,7 +102,7 @@ class Adapter(abc.ABC):
             num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
             head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
             hidden_size=c.hidden_size,
-            native_length=c.max_position_embeddings,
+            native_length=native_length(c),
             native_kind=self.native_kind,
             native_rope=self.native_rope(),
         )
@@ -112,7 +113,7 @@ class Adapter(abc.ABC):
 
     def native_max_length(self) -> int | None:
         """Longest input the *unconverted* model accepts: a learned table's rows; rotary models have no hard limit."""
-        return self.config.max_position_embeddings if self.native_kind == "learned_absolute" else None
+        return native_length(self.config) if self.native_kind == "learned_absolute" else None
 
     @abc.abstractmethod
     def neutralise(self, state) -> list[Swap]:

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from ..errors import OptionError
+from ..evaluation import defaults as D
 
 log = logging.getLogger(__name__)
 
@@ -28,30 +29,32 @@ def add_parser(sub) -> None:
     )
     p.add_argument("model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file")
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
-    p.add_argument("--lengths", default="1x,2x,4x,8x",
+    p.add_argument("--lengths", default=",".join(D.LENGTHS),
                    help="comma-separated token counts or multiples of the model's native length "
-                   "(e.g. 1024,2048,4096 or 1x,2x,16x; default 1x,2x,4x,8x)")
-    p.add_argument("--data", default="stdlib",
+                   "(e.g. 1024,2048,4096 or 1x,2x,16x; default %(default)s)")
+    p.add_argument("--data", default=D.DATA,
                    help="'stdlib', 'shakespeare[:heldout]', files/globs, or a datasets name[:config[:split[:field]]] "
                    "(default: stdlib)")
     p.add_argument("--doc-separator", metavar="TEXT",
                    help="join documents with this text instead of EOS (escapes allowed: '\\n\\n' for wikitext rows)")
     p.add_argument("--baseline", action="append", default=[], metavar="MODEL",
                    help="a model to score on the same tokens (repeatable)")
-    p.add_argument("--budget", type=int, default=65536, help="tokens scored per length (default 65536)")
+    p.add_argument("--budget", type=int, default=D.BUDGET, help="tokens scored per length (default %(default)s)")
     p.add_argument("--stride", type=int, default=None,
                    help="sliding-window stride (default: half of each sliding window)")
     p.add_argument("--no-sliding", action="store_true",
                    help="skip sliding rows where a model runs the length plainly "
                    "(baselines past their limit keep theirs)")
-    p.add_argument("--batch-size", type=int, default=1, help="windows per forward pass (default 1)")
-    p.add_argument("--buckets", type=int, default=32,
-                   help="log-spaced position buckets for loss by position (default 32)")
+    p.add_argument("--batch-size", type=int, default=D.BATCH_SIZE, help="windows per forward pass (default %(default)s)")
+    p.add_argument("--buckets", type=int, default=D.POSITION_BUCKETS,
+                   help="log-spaced position buckets for loss by position (default %(default)s)")
     p.add_argument("--passkey", action="store_true", help="also run passkey retrieval")
     p.add_argument("--passkey-lengths", help="comma-separated (default: --lengths)")
-    p.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1", help="comma-separated, in [0, 1]")
-    p.add_argument("--passkey-trials", type=int, default=5, help="trials per (length, depth) (default 5)")
-    p.add_argument("--seed", type=int, default=0, help="passkey seed (default 0)")
+    p.add_argument("--passkey-depths", default=",".join(f"{d:g}" for d in D.PASSKEY_DEPTHS),
+                   help="comma-separated, in [0, 1] (default %(default)s)")
+    p.add_argument("--passkey-trials", type=int, default=D.PASSKEY_TRIALS,
+                   help="trials per (length, depth) (default %(default)s)")
+    p.add_argument("--seed", type=int, default=D.SEED, help="passkey seed (default %(default)s)")
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
     p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")

@@ -30,8 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--approximate", action="store_true",
                    help="where no architecture is exact, write the closest one anyway (gpt2+alibi with "
                    "scale_bias=false -> Falcon); the result says exact: false, why, and the perplexity difference")
-    p.add_argument("--ppl-text", default="stdlib",
-                   help="text (a retrofit data spec) for the perplexity difference of an inexact export")
+    p.add_argument("--ppl-text", default=None,
+                   help="text (a retrofit data spec) for the perplexity difference of an inexact export "
+                   "(default: retrofit.export's, the standard library)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     p.set_defaults(func=run)
 
@@ -42,7 +43,8 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise RetrofitError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    given = {"ppl_text": args.ppl_text} if args.ppl_text else {}  # else export's own default
     result = export(args.run_dir, out, native=args.native, max_length=args.max_length, check_length=args.check_length,
-                    approximate=args.approximate, ppl_text=args.ppl_text)
+                    approximate=args.approximate, **given)
     print(json.dumps(result, indent=2, sort_keys=True, default=str))
     return 0

@@ -6,7 +6,16 @@ baselines on the same tokens, loss by position, passkey retrieval, speed and mem
     report.save("runs/gpt2-alibi/eval")   # report.json, report.md, *.png
 """
 
-from .report import Report
-from .runner import evaluate
-
 __all__ = ["evaluate", "Report"]
+
+
+def __getattr__(name):  # imported on first use: ``retrofit.evaluation.defaults`` stays light
+    if name == "evaluate":
+        from .runner import evaluate
+
+        return evaluate
+    if name == "Report":
+        from .report import Report
+
+        return Report
+    raise AttributeError(f"module 'retrofit.evaluation' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import OptionError, RetrofitError
+from ..native import native_length
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +36,6 @@ def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
     if gguf_file is None and name_or_path.endswith(".gguf"):
         gguf_file = name_or_path
     return load_model(name_or_path, gguf_file=gguf_file, device=device, dtype=dtype)
-
-
-def native_length(config) -> int | None:
-    """Native max length from the config (``n_positions`` / ``max_position_embeddings``)."""
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length", "seq_length"):
-        v = getattr(config, attr, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
 
 
 def describe_model(model) -> dict:

@@ -11,6 +11,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from ..errors import LengthError, OptionError
+from . import defaults as D
 from . import passkey as pk
 from .cost import Meter
 from .lengths import parse_item
@@ -22,8 +23,6 @@ from .tokens import build_stream, resolve_documents
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUDGET = 65536
-DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 PASSKEY_NEW_TOKENS = 8
 
 
@@ -173,23 +172,23 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
 
 def evaluate(
     model_or_path,
-    lengths: Sequence[int],
-    data="stdlib",
+    lengths: Sequence = D.LENGTHS,
+    data=D.DATA,
     baselines: Sequence = (),
     *,
     tokenizer=None,
     gguf_file: str | None = None,
     doc_separator: str | None = None,
-    budget: int = DEFAULT_BUDGET,
+    budget: int = D.BUDGET,
     stride: int | None = None,
     sliding: bool = True,
-    batch_size: int = 1,
-    position_buckets: int = 32,
+    batch_size: int = D.BATCH_SIZE,
+    position_buckets: int = D.POSITION_BUCKETS,
     passkey: bool = False,
     passkey_lengths: Sequence[int] | None = None,
-    passkey_depths: Sequence[float] = DEFAULT_DEPTHS,
-    passkey_trials: int = 5,
-    seed: int = 0,
+    passkey_depths: Sequence[float] = D.PASSKEY_DEPTHS,
+    passkey_trials: int = D.PASSKEY_TRIALS,
+    seed: int = D.SEED,
     device=None,
     dtype=None,
     out=None,

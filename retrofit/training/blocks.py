@@ -18,7 +18,7 @@ def load_recipe_documents(cfg) -> list[rdata.Document]:
     """The documents a recipe's ``data`` section names (DataError when missing)."""
     if cfg.files is not None:
         docs = rdata.load_documents(cfg.files)
-    elif cfg.dataset == "stdlib" or cfg.dataset.startswith("shakespeare"):
+    elif rdata.source_kind(cfg.dataset) != "hub":
         docs = rdata.load_documents(cfg.dataset)
     else:
         name = cfg.dataset if cfg.config is None else f"{cfg.dataset}:{cfg.config}"

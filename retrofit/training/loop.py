@@ -33,6 +33,7 @@ from ..atomic import publish
 from ..core import describe, max_length, set_position_controls
 from ..errors import LengthError
 from ..io import save
+from ..optim import param_groups
 from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
@@ -72,7 +73,7 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
     with acc.main_process_first():
         model, tok = mdl.load(r.model)
     model.train()
-    native = mdl.native_length(model)
+    native = describe(model)["native"].get("length")
     teacher = mdl.make_teacher(model, r.model) if r.train.objective != "lm" else None
     mdl.convert(model, r.convert)
     fade_offset_cap = _check_lengths(r, model)
@@ -243,7 +244,7 @@ def _prepare(r, acc, model, train_set, val_set):
     train_loader = DataLoader(blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True,
                               generator=torch.Generator().manual_seed(t.seed))
     val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed))
-    optimizer = torch.optim.AdamW(mdl.param_groups(model, t.weight_decay), lr=t.learning_rate)
+    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.learning_rate)
     scheduler = get_scheduler(  # a prepared scheduler steps once per process: scale like the HF examples
         t.lr_scheduler, optimizer,
         num_warmup_steps=t.warmup_steps * acc.num_processes, num_training_steps=t.steps * acc.num_processes,

@@ -26,12 +26,6 @@ def load(model_cfg):
     return model, tok
 
 
-def native_length(model) -> int | None:
-    from ..core import describe
-
-    return describe(model).get("native", {}).get("length")
-
-
 def make_teacher(model, model_cfg) -> nn.Module:
     """A frozen copy of the unconverted model (for the distill objective). A model that was loaded
     converted (a retrofit checkpoint) is loaded again and reverted: its original mechanism is kept."""
@@ -165,15 +159,6 @@ def make_trainable(model, train_cfg):
 def base_model(model):
     """The transformers model under PEFT (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def param_groups(model, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
-    for n, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (decay if p.ndim >= 2 and POSITIONS_MODULE not in n and "norm" not in n.lower() else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def trainable_hash(model) -> str:

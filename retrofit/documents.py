@@ -1,0 +1,11 @@
+"""A document of text: what every data source yields (``retrofit.data``, ``retrofit.assets``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str

@@ -1,0 +1,18 @@
+"""The native length of a model, read here only: from a config object or a config.json mapping.
+
+A converted model's config advertises its new reach, so its native length comes from the
+``retrofit`` block that ``convert`` wrote; an unconverted config is read through the standard names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+
+
+def native_length(config: Any) -> int | None:
+    """The positions a model was trained on (None when the config does not say)."""
+    get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+    candidates = [((get("retrofit") or {}).get("native") or {}).get("length"), *(get(k) for k in LENGTH_KEYS)]
+    return next((n for n in candidates if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)

@@ -1,0 +1,67 @@
+"""The import direction of docs/ARCHITECTURE.md: a module imports only from its own layer or below,
+and nothing inside the package imports the ``retrofit`` facade."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "retrofit"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
+ALLOWED_UP = {("auto", "hf_classes")}  # the import hook loads the classes when transformers' auto modules load
+
+
+def layers() -> dict[str, int]:
+    """{top-level module or package: layer} from the table in docs/ARCHITECTURE.md."""
+    out = {}
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"\| (\d) \w+ \| (.+?) \|", line)
+        if m:
+            for name in re.findall(r"`([a-z_]+)/?`", m.group(2)):
+                out[name] = int(m.group(1))
+    return out
+
+
+def imports():
+    """(importing top-level module, imported top-level module, file:line) for every import in the package."""
+    for f in sorted(PKG.rglob("*.py")):
+        rel = f.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts)
+        me = parts[0]
+        package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = (package if f.name != "__init__.py" else parts[:-1])[: len(package) - (node.level - 1)]
+                target = base + (node.module.split(".") if node.module else [])
+                names = [target] if node.module else [target + [a.name] for a in node.names]
+                for t in names:
+                    yield me, (t[0] if t else "retrofit"), f"{f.relative_to(PKG)}:{node.lineno}"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                for m in mods:
+                    if m == "retrofit" or m.startswith("retrofit."):
+                        yield me, "retrofit" if m == "retrofit" else m.split(".")[1], f"{f.relative_to(PKG)}:{node.lineno}"
+
+
+def test_every_module_has_a_layer():
+    known = layers()
+    modules = {p.stem if p.is_file() else p.name for p in PKG.iterdir()
+               if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    missing = sorted(modules - set(known) - {"__main__"})
+    assert not missing, f"modules without a layer in docs/ARCHITECTURE.md: {missing}"
+
+
+def test_imports_point_down():
+    known = {**layers(), "__main__": 7, "__init__": 0, "retrofit": 0}
+    bad = []
+    for me, target, where in imports():
+        if target in ("__version__",) or me == target:
+            continue
+        if me == "__init__" and target == "retrofit":
+            continue
+        if target == "retrofit" and me != "__init__":
+            bad.append(f"{where}: imports the retrofit facade; import the module that defines the name")
+        elif known.get(target, 0) > known.get(me, 0) and (me, target) not in ALLOWED_UP:
+            bad.append(f"{where}: {me} (layer {known.get(me)}) imports {target} (layer {known.get(target)})")
+    assert not bad, "\n".join(bad)
