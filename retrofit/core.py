@@ -404,6 +404,38 @@ def max_length(model, *, fading: bool | None = None) -> int | None:
     return limit
 
 
+def reapply(model, block: dict) -> nn.Module:
+    """Convert a freshly loaded base model as a saved checkpoint's ``retrofit`` block says (scheme,
+    options, kernel), without the probe: the caller restores the learned position parameters, then
+    calls ``verify``."""
+    return _convert(model, block["scheme"], force=False, kernel=block.get("kernel", "auto"), verify=False,
+                    options=block["options"], from_checkpoint=True)
+
+
+def verify(model) -> None:
+    """Run the liveness probe on a converted model (PatchNotLiveError unless the patch runs in every layer)."""
+    state = _state(model)
+    if state is None:
+        raise NotConvertedError("verify needs a converted model")
+    _verify_live(model, state)
+
+
+def scheme_of(model) -> Scheme:
+    """The live scheme module of a converted model (PEFT's active copy when wrapped)."""
+    state = _state(model)
+    if state is None:
+        raise NotConvertedError("scheme_of needs a converted model")
+    return state.scheme()
+
+
+def position_controls(model) -> tuple[int, float]:
+    """(offset, native_fade) now set on a converted model (see ``set_position_controls``)."""
+    state = _state(model)
+    if state is None:
+        raise NotConvertedError("position_controls needs a converted model")
+    return state.offset, state.native_fade
+
+
 def is_converted(model) -> bool:
     return _state(model) is not None
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .atomic import write_dir, write_text
-from .core import SAVED_MODEL_TYPE, reach
+from .core import SAVED_MODEL_TYPE, is_converted, reach
 from .errors import RetrofitError
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-            if getattr(model, "_retrofit_state", None) is not None:
+            if is_converted(model):
                 tokenizer_reach(tmp / "tokenizer_config.json", reach(model))
 
     out = write_dir(path, write)
@@ -81,7 +81,7 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
     position parameters, attention function). Safetensors only; no remote code unless asked."""
     from transformers import AutoModelForCausalLM
 
-    from .core import POSITIONS_MODULE, _convert
+    from .core import POSITIONS_MODULE, reapply, verify
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -95,8 +95,7 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
         from_pretrained_kwargs["dtype"] = DTYPES.get(from_pretrained_kwargs["dtype"], from_pretrained_kwargs["dtype"])
     from_pretrained_kwargs.pop("config", None)
     model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
-    _convert(model, block["scheme"], force=False, kernel=block.get("kernel", "auto"), verify=False,
-             options=block["options"], from_checkpoint=True)
+    reapply(model, block)
     positions = getattr(model, POSITIONS_MODULE)
     expected = positions.state_dict()
     if expected:
@@ -105,9 +104,7 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
         if missing:
             raise RetrofitError(f"{path}: the checkpoint lacks position parameters {missing}")
         positions.load_state_dict({k: saved[k] for k in expected}, strict=True)
-    from .core import _state, _verify_live
-
-    _verify_live(model, _state(model))
+    verify(model)
     model.eval()
     return model
 

@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from retrofit import run_folder as rf
+
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
 SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", "rope-reduced-lora", "rope-yarnx4-lora"]
@@ -45,7 +47,7 @@ def stand_in(args) -> tuple[Path, dict, int]:
 
     path = baseline.pretrain(args.preset)
     stats = baseline.load_stats(path)
-    native = json.loads((path / "config.json").read_text())["n_positions"]
+    native = rf.native_length(path)
     return path, stats, native
 
 
@@ -112,8 +114,8 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
         if cdir.exists():
             shutil.rmtree(cdir)
         out = retrofit.finetune(recipe_for(cell, base, native, args, cdir / "ft"))
-        trainable = json.loads((Path(out) / "versions.json").read_text())["trainable_parameters"]
-        report = evaluate_model(str(Path(out) / "final"), lengths, args)
+        trainable = rf.versions(out)["trainable_parameters"]
+        report = evaluate_model(str(Path(out) / rf.FINAL), lengths, args)
         shutil.rmtree(Path(out) / "checkpoints", ignore_errors=True)
     result = {**cell, "rows": rows_of(report), "seconds": round(time.time() - t0, 1), "trainable_parameters": trainable}
     cdir.mkdir(parents=True, exist_ok=True)
@@ -296,8 +298,8 @@ def part_smollm2(args) -> dict:
                 "checkpoint": {"every": 0},
                 "output_dir": str(Path(args.runs) / "smollm2" / f"{name}-ft"),
             }
-            final = Path(retrofit.finetune(recipe)) / "final"
-            summary = json.loads((final.parent / "summary.json").read_text())
+            final = Path(retrofit.finetune(recipe)) / rf.FINAL
+            summary = rf.summary(final.parent)
             model = retrofit.load(final)
             _, tok = load()
             return {"steps": steps, "train_length": args.smollm2_train_length,

@@ -66,14 +66,14 @@ def _resolve_source(model_or_dir):
 
 
 def _info(model) -> dict:
-    from ..core import describe
+    from ..core import describe, position_controls
 
     info = describe(model)
     if not info["converted"]:
         raise RetrofitError("export: the model is not converted (nothing retrofit-specific to export; "
                             "save it with save_pretrained)")
-    state = model._retrofit_state
-    if state.native_fade > 0 or state.offset:
+    offset, fade = position_controls(model)
+    if fade > 0 or offset:
         raise RetrofitError("export: reset fine-tune position controls first "
                             "(retrofit.set_position_controls(model, offset=0, native_fade=0))")
     return info

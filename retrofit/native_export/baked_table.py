@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..adapters import ADAPTERS
+from ..core import scheme_of
 from ..errors import RetrofitError
 from .base import Built, Surgery, mapping, plain_config
 
@@ -39,7 +40,7 @@ def _table_rows(model, info, table: torch.Tensor, first: int) -> torch.Tensor:
     rows = torch.zeros_like(table)
     if info["scheme"] == "nope":
         return rows
-    scheme = model._retrofit_state.scheme()
+    scheme = scheme_of(model)
     pos = torch.arange(rows.shape[0] - first, device=table.device)[None]  # (1, max_length)
     with torch.no_grad():
         rows[first:] = scheme.embed(pos, torch.float32)[0].to(rows.dtype)

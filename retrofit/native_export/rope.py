@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core import scheme_of
 from ..errors import RetrofitError
 from .base import Built, Surgery, mapping, plain_config
 
@@ -58,7 +59,7 @@ def _check_rope_config(config, wanted: dict) -> None:
 
 
 def _same_arch_rope(model, info, opts) -> Built:
-    spec = model._retrofit_state.scheme().spec  # the adapter's spec of the unconverted model
+    spec = scheme_of(model).spec  # the adapter's spec of the unconverted model
     o = info["options"]
     nat = spec.native_rope or {}
     if float(o["fraction"]) != float(nat.get("fraction", 1.0)):

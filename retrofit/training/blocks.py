@@ -18,7 +18,7 @@ def load_recipe_documents(cfg) -> list[rdata.Document]:
     """The documents a recipe's ``data`` section names (DataError when missing)."""
     if cfg.files is not None:
         docs = rdata.load_documents(cfg.files)
-    elif rdata.source_kind(cfg.dataset) != "hub":
+    elif rdata.source_kind(cfg.dataset) in ("stdlib", "shakespeare"):  # else a `datasets` name or folder
         docs = rdata.load_documents(cfg.dataset)
     else:
         name = cfg.dataset if cfg.config is None else f"{cfg.dataset}:{cfg.config}"
