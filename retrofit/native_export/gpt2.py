@@ -56,14 +56,9 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
         hidden_dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop,
     )
     dst = FalconForCausalLM(cfg).to(dtype=model.dtype).eval()
-    cut = Surgery(dst)
-    src, out = model.transformer, dst.transformer
-    cut(out.word_embeddings.weight, src.wte.weight, "wte")
-    for i, (s, d) in enumerate(zip(src.h, out.h, strict=True)):
-        _gpt2_block(cut, s, d, d.self_attention, d.input_layernorm, d.post_attention_layernorm, c.n_head, f"h.{i}")
-    cut(out.ln_f.weight, src.ln_f.weight, "ln_f.weight")
-    cut(out.ln_f.bias, src.ln_f.bias, "ln_f.bias")
-    built = Built(cut.finish(model), exact=scaled, exact_below=FALCON_BF16_EXACT if scaled else None)
+    out = dst.transformer
+    done = _gpt2_body(model, dst, out.word_embeddings, out.h, lambda d: d.self_attention, out.ln_f)
+    built = Built(done, exact=scaled, exact_below=FALCON_BF16_EXACT if scaled else None)
     if not scaled:
         built.notes.append(
             f"approximate: the model adds the ALiBi bias after the 1/sqrt(d) scaling, Falcon before it, so the "
@@ -79,6 +74,17 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
     built.notes.append("Falcon's eager attention (attn_implementation='eager', output_attentions=True) adds the bias "
                        "twice in transformers 5.x; use the default sdpa")
     return built
+
+
+def _gpt2_body(model, dst, embed, layers, attention_of, final_ln):
+    """GPT-2's embedding, blocks and final LayerNorm into a sequential-residual target (Falcon, GPT-NeoX)."""
+    cut, src, n_head = Surgery(dst), model.transformer, model.config.n_head
+    cut(embed.weight, src.wte.weight, "wte")
+    for i, (s, d) in enumerate(zip(src.h, layers, strict=True)):
+        _gpt2_block(cut, s, d, attention_of(d), d.input_layernorm, d.post_attention_layernorm, n_head, f"h.{i}")
+    cut(final_ln.weight, src.ln_f.weight, "ln_f.weight")
+    cut(final_ln.bias, src.ln_f.bias, "ln_f.bias")
+    return cut.finish(model)
 
 
 def _gpt2_block(cut, s, d, attn, ln1, ln2, n_head: int, name: str) -> None:
@@ -115,11 +121,6 @@ def gpt2_rope_to_neox(model, info, opts) -> Built:
     _keep_rotary_pct(cfg)
     dst = GPTNeoXForCausalLM(cfg).to(dtype=model.dtype).eval()
     _check_rope_config(dst.config, rope)
-    cut = Surgery(dst)
-    src, out = model.transformer, dst.gpt_neox
-    cut(out.embed_in.weight, src.wte.weight, "wte")
-    for i, (s, d) in enumerate(zip(src.h, out.layers, strict=True)):
-        _gpt2_block(cut, s, d, d.attention, d.input_layernorm, d.post_attention_layernorm, c.n_head, f"h.{i}")
-    cut(out.final_layer_norm.weight, src.ln_f.weight, "ln_f.weight")
-    cut(out.final_layer_norm.bias, src.ln_f.bias, "ln_f.bias")
-    return Built(cut.finish(model), exact=True, notes=notes, strict=rope.get("rope_type") != "dynamic")
+    out = dst.gpt_neox
+    done = _gpt2_body(model, dst, out.embed_in, out.layers, lambda d: d.attention, out.final_layer_norm)
+    return Built(done, exact=True, notes=notes, strict=rope.get("rope_type") != "dynamic")
