@@ -11,151 +11,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import types
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import __version__, kernel
-from .auto import MODEL_TYPE as SAVED_MODEL_TYPE  # a saved converted config's model_type (see retrofit.auto)
+from . import __version__
 from .adapters import ADAPTERS, adapter_for
-from .adapters.base import Adapter, Swap, track_inputs
-from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
+from .adapters.base import track_inputs
+from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
 from .encodings import SCHEMES, Scheme
+from .errors import AlreadyConvertedError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
+from .kernel import KERNELS
+from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_saved_config: public here too)
+    SAVED_MODEL_TYPE,
+    UNBOUNDED,
+    advertise_reach,
+    base_config,
+    mark_saved_config,
+    withdraw_reach,
+)
+from .state import POSITIONS_MODULE, LayerContext, RetrofitState
 
 log = logging.getLogger(__name__)
-
-ATTN_NAME = "retrofit"
-POSITIONS_MODULE = "retrofit_positions"  # the submodule holding the new position parameters
-UNBOUNDED = int(1e30)  # transformers' VERY_LARGE_INTEGER: how tokenizers (and lm-eval) spell "no limit"
-
-
-# ---------------------------------------------------------------------------------------------
-# per-model state
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class RetrofitState:
-    root: nn.Module
-    scheme_name: str
-    adapter: Adapter
-    kernel: str
-    original_attn: str | None
-    native_max: int | None = None  # the unconverted model's hard limit (a learned table's rows), read before converting
-    reach_key: str | None = None  # the config attribute that advertises the length (max_position_embeddings)
-    reach_original: Any = None  # its value before converting (revert restores it)
-    swaps: list[Swap] = field(default_factory=list)
-    frozen: list[nn.Parameter] = field(default_factory=list)
-    hooks: list = field(default_factory=list)  # removable hook handles installed by the adapter
-    inputs: dict | None = None  # the current forward's position_ids, 2D mask and cache length (see track_inputs)
-    offset: int = 0
-    native_fade: float = 0.0
-    calls: dict[int, int] = field(default_factory=dict)
-    paths: dict[str, int] = field(default_factory=dict)
-    last_path: str | None = None
-
-    def scheme(self) -> Scheme:
-        """The live scheme module; resolves PEFT's ModulesToSaveWrapper to its active copy."""
-        mod = getattr(self.root, POSITIONS_MODULE)
-        if hasattr(mod, "modules_to_save") and hasattr(mod, "original_module"):
-            active = getattr(mod, "active_adapters", None) or [getattr(mod, "active_adapter", "default")]
-            name = active[0] if isinstance(active, (list, tuple)) else active
-            if getattr(mod, "disable_adapters", False) or name not in mod.modules_to_save:
-                return mod.original_module
-            return mod.modules_to_save[name]
-        return mod
-
-    def record(self, layer: int, path: str):
-        self.calls[layer] = self.calls.get(layer, 0) + 1
-        if path not in self.paths:
-            log.info("retrofit attention path: %s (scheme %s)", path, self.scheme_name)
-        self.paths[path] = self.paths.get(path, 0) + 1
-        self.last_path = path
-
-
-@dataclass
-class LayerContext:
-    state: RetrofitState
-    layer: int
-    window: int | None
-
-
-# ---------------------------------------------------------------------------------------------
-# the registered attention and mask functions
-# ---------------------------------------------------------------------------------------------
-def retrofit_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """query (B, H, Tq, D), key/value (B, Hkv, Tk, D) -> ((B, Tq, H, D), None)."""
-    ctx: LayerContext | None = getattr(module, "_retrofit_layer", None)
-    if ctx is None:
-        raise PatchNotLiveError(
-            f"the retrofit attention function was called by {type(module).__name__}, which was not converted; "
-            "use retrofit.convert(model, ...) or retrofit.load(path), not config._attn_implementation"
-        )
-    state = ctx.state
-    scheme = state.scheme()
-    B, H, Tq, D = query.shape
-    Tk = key.shape[-2]
-    limit = scheme.max_length()
-    if limit is not None and Tk > limit:
-        raise LengthError(f"scheme {scheme.name!r} supports at most {limit} positions; got {Tk}")
-    if scaling is None:
-        scaling = D**-0.5
-    if key.shape[1] != H:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
-        key = key.repeat_interleave(H // key.shape[1], dim=1)
-        value = value.repeat_interleave(H // value.shape[1], dim=1)
-    q_start = Tk - Tq  # the cache holds Tk - Tq earlier keys
-    # a sliding-window cache drops its oldest keys: shift slot indices to the tokens' true positions
-    # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
-    seen = (state.inputs or {}).get("past", 0)
-    shift = seen - q_start if seen > q_start else 0
-    if scheme.kind == "rotary":
-        k_pos = torch.arange(Tk, device=query.device) + state.offset + shift
-        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk + shift)
-        key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
-    bias = None
-    if scheme.kind == "bias":
-        layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
-        moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
-        if moved:
-            bias = lambda h, i, j: scheme.bias(layer, h, i + moved, j + moved)  # noqa: E731
-        else:
-            bias = lambda h, i, j: scheme.bias(layer, h, i, j)  # noqa: E731
-        if scale:
-            unscaled = bias
-            bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
-    padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
-    out, path = kernel.attend(
-        query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
-        q_start=q_start, dropout=dropout, kernel=state.kernel,
-    )
-    state.record(ctx.layer, path)
-    return out.transpose(1, 2).contiguous(), None
-
-
-def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=None, **kwargs):
-    """Linear-memory mask: only the (B, kv_length) padding mask (True = real token), or None.
-    Causality and sliding windows are applied by the attention function itself."""
-    if attention_mask is None:
-        return None
-    pad = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
-    if pad.shape[-1] < kv_length:  # positions not covered by the 2D mask are real tokens
-        pad = torch.nn.functional.pad(pad, (0, kv_length - pad.shape[-1]), value=True)
-    return None if bool(pad.all()) else pad
-
-
-def _register_interfaces():
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(ATTN_NAME, retrofit_attention)
-    AttentionMaskInterface.register(ATTN_NAME, retrofit_mask)
-
-
-_register_interfaces()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,8 +73,8 @@ def convert(model, to: str, *, force: bool = False, kernel: str = "auto", verify
 def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False):
     _check_model(model)
     scheme_cls = SCHEMES.get(to)
-    if kernel not in globals()["kernel"].KERNELS:
-        raise OptionError(f"kernel must be one of {', '.join(globals()['kernel'].KERNELS)}; got {kernel!r}")
+    if kernel not in KERNELS:
+        raise OptionError(f"kernel must be one of {', '.join(KERNELS)}; got {kernel!r}")
     state = _state(model)
     if state is not None:
         if not force:
@@ -244,11 +122,11 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "native": {"kind": adapter.native_kind, "length": spec.native_length},
             "kernel": kernel,
             "retrofit_version": __version__,
-            "base_config": _base_config(model.config, previous),
+            "base_config": base_config(model.config, previous),
         }
         if verify:
             _verify_live(model, state)
-        _advertise_reach(model, state)
+        advertise_reach(model, state, reach(model))
     except BaseException:
         revert(model)
         raise
@@ -256,70 +134,9 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     return model
 
 
-def _base_config(config, previous: dict) -> dict:
-    """The original config values that a saved retrofit config replaces (``load`` restores them to
-    build the base model): its model type and architectures, and the length key's value."""
-    if previous.get("base_config"):
-        return dict(previous["base_config"])
-    out = {"model_type": config.model_type, "architectures": list(getattr(config, "architectures", None) or [])}
-    key = _reach_key(config)
-    if key:
-        out[key] = getattr(config, key)
-    return out
-
-
-def _reach_key(config) -> str | None:
-    """The attribute under which this config stores ``max_position_embeddings`` (GPT-2: n_positions)."""
-    key = getattr(config, "attribute_map", {}).get("max_position_embeddings", "max_position_embeddings")
-    return key if hasattr(config, key) else None
-
-
 def reach(model) -> int:
     """How far the converted model may read: the scheme's limit, else ``UNBOUNDED`` (no limit)."""
     return describe(model)["max_length"] or UNBOUNDED
-
-
-def _advertise_reach(model, state: RetrofitState) -> None:
-    """Make clients that read the config (generate's length cap, lm-evaluation-harness, tokenizer
-    truncation) see the converted model's reach, not the old table's size; and make every save of
-    this model (``save_pretrained``, ``push_to_hub``, ``retrofit.save``) write a retrofit config,
-    which plain transformers refuses instead of silently loading the original model. ``revert``
-    undoes both. Only this instance is patched."""
-    cfg = model.config
-    state.reach_key = _reach_key(cfg)
-    if state.reach_key:
-        state.reach_original = getattr(cfg, state.reach_key)
-        setattr(cfg, state.reach_key, reach(model))
-    model.save_pretrained = types.MethodType(_save_pretrained, model)
-
-
-def _withdraw_reach(model, state: RetrofitState) -> None:
-    if state.reach_key:
-        setattr(model.config, state.reach_key, state.reach_original)
-    model.__dict__.pop("save_pretrained", None)
-
-
-def _save_pretrained(self, save_directory, *args, **kwargs):
-    """``save_pretrained`` of a converted model: the stock one, then config.json marked as retrofit's."""
-    if kwargs.get("push_to_hub"):
-        raise RetrofitError("save the converted model locally, then push it with `retrofit push DIR --repo user/name`")
-    out = type(self).save_pretrained(self, save_directory, *args, **kwargs)
-    mark_saved_config(Path(save_directory) / "config.json")
-    return out
-
-
-def mark_saved_config(path: Path) -> None:
-    """Rewrite a saved converted model's config.json with ``model_type: retrofit``: transformers then
-    loads it only with retrofit imported (as the converted model) and refuses it otherwise."""
-    import json
-
-    from .atomic import write_text
-
-    d = json.loads(path.read_text())
-    if "retrofit" not in d:
-        return
-    d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, ["RetrofitForCausalLM"]
-    write_text(path, json.dumps(d, indent=2, sort_keys=True) + "\n")
 
 
 def _embedding_rms(model) -> float | None:
@@ -383,7 +200,7 @@ def revert(model) -> nn.Module:
         if hasattr(site.module, "_retrofit_layer"):
             del site.module._retrofit_layer
     _set_attn(model, state.original_attn)
-    _withdraw_reach(model, state)
+    withdraw_reach(model, state)
     if POSITIONS_MODULE in model._modules:
         del model._modules[POSITIONS_MODULE]
     if hasattr(model.config, "retrofit"):
@@ -448,8 +265,6 @@ def frozen_parameters(model) -> list[nn.Parameter]:
 
 def set_kernel(model, kernel: str) -> None:
     """Choose the attention path of a converted model: auto | flex | chunked."""
-    from .kernel import KERNELS
-
     state = _state(model)
     if state is None:
         raise NotConvertedError("set_kernel needs a converted model")

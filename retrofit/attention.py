@@ -1,0 +1,88 @@
+"""The attention and mask functions registered as ``"retrofit"`` with transformers'
+``AttentionInterface`` / ``AttentionMaskInterface``: they read the layer's context (``state.LayerContext``)
+and run the converted model's scheme through ``kernel.attend``."""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernel
+from .errors import LengthError, PatchNotLiveError, RetrofitError
+from .state import LayerContext
+
+ATTN_NAME = "retrofit"
+
+
+def retrofit_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """query (B, H, Tq, D), key/value (B, Hkv, Tk, D) -> ((B, Tq, H, D), None)."""
+    ctx: LayerContext | None = getattr(module, "_retrofit_layer", None)
+    if ctx is None:
+        raise PatchNotLiveError(
+            f"the retrofit attention function was called by {type(module).__name__}, which was not converted; "
+            "use retrofit.convert(model, ...) or retrofit.load(path), not config._attn_implementation"
+        )
+    state = ctx.state
+    scheme = state.scheme()
+    B, H, Tq, D = query.shape
+    Tk = key.shape[-2]
+    limit = scheme.max_length()
+    if limit is not None and Tk > limit:
+        raise LengthError(f"scheme {scheme.name!r} supports at most {limit} positions; got {Tk}")
+    if scaling is None:
+        scaling = D**-0.5
+    if key.shape[1] != H:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
+        key = key.repeat_interleave(H // key.shape[1], dim=1)
+        value = value.repeat_interleave(H // value.shape[1], dim=1)
+    q_start = Tk - Tq  # the cache holds Tk - Tq earlier keys
+    # a sliding-window cache drops its oldest keys: shift slot indices to the tokens' true positions
+    # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
+    seen = (state.inputs or {}).get("past", 0)
+    shift = seen - q_start if seen > q_start else 0
+    if scheme.kind == "rotary":
+        k_pos = torch.arange(Tk, device=query.device) + state.offset + shift
+        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk + shift)
+        key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
+    bias = None
+    if scheme.kind == "bias":
+        layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
+        moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
+        if moved:
+            bias = lambda h, i, j: scheme.bias(layer, h, i + moved, j + moved)  # noqa: E731
+        else:
+            bias = lambda h, i, j: scheme.bias(layer, h, i, j)  # noqa: E731
+        if scale:
+            unscaled = bias
+            bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
+    padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
+    out, path = kernel.attend(
+        query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
+        q_start=q_start, dropout=dropout, kernel=state.kernel,
+    )
+    state.record(ctx.layer, path)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=None, **kwargs):
+    """Linear-memory mask: only the (B, kv_length) padding mask (True = real token), or None.
+    Causality and sliding windows are applied by the attention function itself."""
+    if attention_mask is None:
+        return None
+    pad = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+    if pad.shape[-1] < kv_length:  # positions not covered by the 2D mask are real tokens
+        pad = torch.nn.functional.pad(pad, (0, kv_length - pad.shape[-1]), value=True)
+    return None if bool(pad.all()) else pad
+
+
+def _register_interfaces():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_NAME, retrofit_attention)
+    AttentionMaskInterface.register(ATTN_NAME, retrofit_mask)
+
+
+_register_interfaces()
+
+

@@ -1,0 +1,75 @@
+"""What a converted model's config says to the world, kept in one place: its reach (the config's length
+key and, when saved, the tokenizer's ``model_max_length``), and ``model_type: retrofit`` in every saved
+config.json, so that plain transformers refuses a checkpoint instead of loading the original model
+(``retrofit.auto`` maps the type back to the converted model). ``revert`` undoes the in-memory part."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+from .atomic import write_text
+from .auto import MODEL_TYPE as SAVED_MODEL_TYPE
+from .errors import RetrofitError
+
+UNBOUNDED = int(1e30)  # transformers' VERY_LARGE_INTEGER: how tokenizers (and lm-eval) spell "no limit"
+
+
+def base_config(config, previous: dict) -> dict:
+    """The original config values that a saved retrofit config replaces (``load`` restores them to
+    build the base model): its model type and architectures, and the length key's value."""
+    if previous.get("base_config"):
+        return dict(previous["base_config"])
+    out = {"model_type": config.model_type, "architectures": list(getattr(config, "architectures", None) or [])}
+    key = reach_key(config)
+    if key:
+        out[key] = getattr(config, key)
+    return out
+
+
+def reach_key(config) -> str | None:
+    """The attribute under which this config stores ``max_position_embeddings`` (GPT-2: n_positions)."""
+    key = getattr(config, "attribute_map", {}).get("max_position_embeddings", "max_position_embeddings")
+    return key if hasattr(config, key) else None
+
+
+def advertise_reach(model, state, length: int) -> None:
+    """Make clients that read the config (generate's length cap, lm-evaluation-harness, tokenizer
+    truncation) see the converted model's reach, not the old table's size; and make every save of
+    this model (``save_pretrained``, ``push_to_hub``, ``retrofit.save``) write a retrofit config,
+    which plain transformers refuses instead of silently loading the original model. ``revert``
+    undoes both. Only this instance is patched."""
+    cfg = model.config
+    state.reach_key = reach_key(cfg)
+    if state.reach_key:
+        state.reach_original = getattr(cfg, state.reach_key)
+        setattr(cfg, state.reach_key, length)
+    model.save_pretrained = types.MethodType(_save_pretrained, model)
+
+
+def withdraw_reach(model, state) -> None:
+    if state.reach_key:
+        setattr(model.config, state.reach_key, state.reach_original)
+    model.__dict__.pop("save_pretrained", None)
+
+
+def _save_pretrained(self, save_directory, *args, **kwargs):
+    """``save_pretrained`` of a converted model: the stock one, then config.json marked as retrofit's."""
+    if kwargs.get("push_to_hub"):
+        raise RetrofitError("save the converted model locally, then push it with `retrofit push DIR --repo user/name`")
+    out = type(self).save_pretrained(self, save_directory, *args, **kwargs)
+    mark_saved_config(Path(save_directory) / "config.json")
+    return out
+
+
+def mark_saved_config(path: Path) -> None:
+    """Rewrite a saved converted model's config.json with ``model_type: retrofit``: transformers then
+    loads it only with retrofit imported (as the converted model) and refuses it otherwise."""
+    d = json.loads(path.read_text())
+    if "retrofit" not in d:
+        return
+    d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, ["RetrofitForCausalLM"]
+    write_text(path, json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+

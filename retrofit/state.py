@@ -1,0 +1,64 @@
+"""The per-model state of a converted model and the per-layer context its attention modules carry."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from .adapters.base import Adapter, Swap
+from .encodings import Scheme
+
+log = logging.getLogger("retrofit.core")
+
+POSITIONS_MODULE = "retrofit_positions"  # the submodule holding the new position parameters
+
+
+@dataclass
+class RetrofitState:
+    root: nn.Module
+    scheme_name: str
+    adapter: Adapter
+    kernel: str
+    original_attn: str | None
+    native_max: int | None = None  # the unconverted model's hard limit (a learned table's rows), read before converting
+    reach_key: str | None = None  # the config attribute that advertises the length (max_position_embeddings)
+    reach_original: Any = None  # its value before converting (revert restores it)
+    swaps: list[Swap] = field(default_factory=list)
+    frozen: list[nn.Parameter] = field(default_factory=list)
+    hooks: list = field(default_factory=list)  # removable hook handles installed by the adapter
+    inputs: dict | None = None  # the current forward's position_ids, 2D mask and cache length (see track_inputs)
+    offset: int = 0
+    native_fade: float = 0.0
+    calls: dict[int, int] = field(default_factory=dict)
+    paths: dict[str, int] = field(default_factory=dict)
+    last_path: str | None = None
+
+    def scheme(self) -> Scheme:
+        """The live scheme module; resolves PEFT's ModulesToSaveWrapper to its active copy."""
+        mod = getattr(self.root, POSITIONS_MODULE)
+        if hasattr(mod, "modules_to_save") and hasattr(mod, "original_module"):
+            active = getattr(mod, "active_adapters", None) or [getattr(mod, "active_adapter", "default")]
+            name = active[0] if isinstance(active, (list, tuple)) else active
+            if getattr(mod, "disable_adapters", False) or name not in mod.modules_to_save:
+                return mod.original_module
+            return mod.modules_to_save[name]
+        return mod
+
+    def record(self, layer: int, path: str):
+        self.calls[layer] = self.calls.get(layer, 0) + 1
+        if path not in self.paths:
+            log.info("retrofit attention path: %s (scheme %s)", path, self.scheme_name)
+        self.paths[path] = self.paths.get(path, 0) + 1
+        self.last_path = path
+
+
+@dataclass
+class LayerContext:
+    state: RetrofitState
+    layer: int
+    window: int | None
+
+
