@@ -238,7 +238,7 @@ def run(recipe_or_path, overrides=None, *, force: tuple[str, ...] = ()) -> Path:
     manifest = Manifest(run_dir)
     manifest.data.update(recipe=rr.source, recipe_hash=_hash(rr.to_dict()), updated=_now())
     manifest.data.setdefault("created", _now())
-    (run_dir / rf.RUN_RECIPE).write_text(yaml.safe_dump(rr.to_dict(), sort_keys=False))
+    write_text(run_dir / rf.RUN_RECIPE, yaml.safe_dump(rr.to_dict(), sort_keys=False))
     manifest.save()
     upstream_ran = False  # a stage that ran makes every later stage run again (they read its outputs)
     for i, stage in enumerate(STAGES):

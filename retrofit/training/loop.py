@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from .. import data as rdata
 from .. import run_folder as rf
-from ..atomic import publish
+from ..atomic import publish, write_text
 from ..core import describe, max_length, set_position_controls
 from ..errors import LengthError
 from ..io import save
@@ -173,7 +173,7 @@ def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
 
 def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / rf.RECIPE).write_text(r.to_yaml())
+    write_text(out / rf.RECIPE, r.to_yaml())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
         "versions": library_versions(),
@@ -183,7 +183,7 @@ def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
         "train_fingerprint": rdata.fingerprint(train.flatten().tolist()),
         "validation_fingerprint": rdata.fingerprint(val.flatten().tolist()),
     }
-    (out / rf.VERSIONS).write_text(json.dumps(info, indent=2) + "\n")
+    write_text(out / rf.VERSIONS, json.dumps(info, indent=2) + "\n")
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
             "tokens_per_s": round(meter.tokens_per_step * (progress.step - meter.start_step) / max(meter.elapsed, 1e-9), 1),
             "num_processes": acc.num_processes, "final": str(out / rf.FINAL),
         }
-        (out / rf.SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+        write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
         log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / rf.FINAL)
     acc.end_training()
     return out
@@ -434,7 +434,7 @@ def _truncate_log(out: Path, step: int) -> None:
     if not p.is_file():
         return
     keep = [line for line in p.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    p.write_text("".join(line + "\n" for line in keep))
+    write_text(p, "".join(line + "\n" for line in keep))
 
 
 # ---- output --------------------------------------------------------------------------------
