@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
+import transformers
 
 import retrofit
 from retrofit.adapters import ADAPTERS
@@ -111,10 +113,13 @@ def test_save_load_identical(model_type, scheme, tmp_path):
         before = model(x).logits
     retrofit.save(model, tmp_path / "m")
     loaded = retrofit.load(tmp_path / "m")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")  # what third-party loaders get
     with torch.no_grad():
-        after = loaded(x).logits
-    assert retrofit.describe(loaded)["scheme"] == scheme
-    assert torch.equal(before, after)
+        after, after_plain = loaded(x).logits, plain(x).logits
+    assert retrofit.describe(loaded)["scheme"] == retrofit.describe(plain)["scheme"] == scheme
+    assert torch.equal(before, after) and torch.equal(before, after_plain)
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["model_type"] == "retrofit" and saved["retrofit"]["base_config"]["model_type"] == model_type
 
 
 @pytest.mark.parametrize("model_type,scheme", CASES)
@@ -123,10 +128,12 @@ def test_revert_is_exact(model_type, scheme):
     x = ids(1, 20)
     with torch.no_grad():
         before = model(x).logits
+        length = model.config.max_position_embeddings
         retrofit.convert(model, scheme, **MATRIX_OPTIONS[scheme])
+        assert model.config.max_position_embeddings == (retrofit.describe(model)["max_length"] or int(1e30))
         retrofit.revert(model)
         after = model(x).logits
-    assert torch.equal(before, after)
+    assert torch.equal(before, after) and model.config.max_position_embeddings == length
     assert not retrofit.describe(model)["converted"]
     assert "retrofit_positions" not in dict(model.named_modules())
 
