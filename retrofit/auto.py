@@ -18,6 +18,7 @@ imported (an import hook), or happens at once if they already are.
 from __future__ import annotations
 
 import importlib.abc
+import logging
 import importlib.machinery
 import sys
 
@@ -41,6 +42,15 @@ def _register_model(modeling_auto) -> None:
 _AFTER = {_CONFIG_AUTO: _register_config, _MODELING_AUTO: _register_model}
 
 
+def _register(name: str, module) -> None:
+    try:
+        _AFTER[name](module)
+    except Exception as e:  # a transformers API change must not break transformers itself
+        logging.getLogger(__name__).warning(
+            "retrofit could not register model_type %r with transformers (%s: %s); load retrofit checkpoints "
+            "with retrofit.load(path)", MODEL_TYPE, type(e).__name__, e)
+
+
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
     """Registers with each of transformers' auto modules right after it has been imported."""
 
@@ -54,7 +64,7 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):
             exec_module(module)
-            _AFTER[fullname](module)
+            _register(fullname, module)
             if all(m in sys.modules for m in _AFTER):
                 _remove_hook()
 
@@ -72,8 +82,8 @@ def _remove_hook() -> None:
 
 def install() -> None:
     """Register with the auto modules already imported; the others register when they are."""
-    for name, register in _AFTER.items():
+    for name in _AFTER:
         if name in sys.modules:
-            register(sys.modules[name])
+            _register(name, sys.modules[name])
     if not all(m in sys.modules for m in _AFTER) and _hook not in sys.meta_path:
         sys.meta_path.insert(0, _hook)

@@ -193,6 +193,9 @@ def revert(model) -> nn.Module:
     for handle in reversed(state.hooks):
         handle.remove()
     for sw in reversed(state.swaps):
+        release = getattr(getattr(sw.parent, sw.attr), "release", None)  # a stand-in that lent the original something
+        if release is not None:
+            release()
         setattr(sw.parent, sw.attr, sw.original)
     for p in state.frozen:
         p.requires_grad_(True)

@@ -64,7 +64,8 @@ def source_kind(spec: str) -> str:
 
 
 def _looks_like_path(spec: str) -> bool:
-    return any(c in spec for c in "*?[") or os.sep in spec or spec.startswith(".") or Path(spec).suffix in TEXT_SUFFIXES
+    """A glob, an explicit path (./, /, ~) or a text file name; ``org/name`` is a dataset, not a path."""
+    return any(c in spec for c in "*?[") or spec.startswith((".", os.sep, "~")) or Path(spec).suffix in TEXT_SUFFIXES
 
 
 def _expand_paths(spec: str) -> list[Path]:

@@ -7,6 +7,7 @@ import os
 from transformers import PretrainedConfig
 
 from .auto import MODEL_TYPE
+from .errors import RetrofitError
 
 
 class RetrofitConfig(PretrainedConfig):
@@ -30,25 +31,37 @@ class RetrofitForCausalLM:
     def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, **kwargs):
         from .io import load
 
+        if args:
+            raise RetrofitError("a retrofit checkpoint takes keyword arguments only (dtype=, device_map=, ...)")
         return load(_local_folder(pretrained_model_name_or_path, kwargs), **_load_kwargs(kwargs))
 
 
 _HUB_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")
 _LOAD_KWARGS = ("dtype", "torch_dtype", "device_map", "low_cpu_mem_usage")
+# passed by transformers' Auto classes or meaningless here (no remote code is ever run for a retrofit checkpoint)
+_IGNORED = ("trust_remote_code", "adapter_kwargs", "code_revision", "_from_auto", "_commit_hash", "use_safetensors")
 
 
 def _local_folder(name_or_path, kwargs: dict) -> str:
-    """A local folder as is; a Hub id downloaded (snapshot) first."""
+    """A local folder as is (``subfolder`` inside it); a Hub id: the checkpoint's own files downloaded first
+    (not an inexact ``native/`` export, the eval report or plots)."""
+    sub = kwargs.get("subfolder") or ""
     if os.path.isdir(name_or_path):
-        return str(name_or_path)
+        return os.path.join(str(name_or_path), sub)
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(str(name_or_path), **{k: kwargs[k] for k in _HUB_KWARGS if kwargs.get(k) is not None})
+    hub = {k: kwargs[k] for k in _HUB_KWARGS if kwargs.get(k) is not None}
+    pattern = f"{sub}/*" if sub else "*"
+    local = snapshot_download(str(name_or_path), allow_patterns=[pattern], ignore_patterns=["*.png", "*.md"], **hub)
+    return os.path.join(local, sub)
 
 
 def _load_kwargs(kwargs: dict) -> dict:
-    if kwargs.get("attn_implementation"):
-        raise ValueError("a retrofit checkpoint runs retrofit's attention; do not pass attn_implementation")
+    unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in
+                     (*_HUB_KWARGS, *_LOAD_KWARGS, *_IGNORED, "subfolder"))
+    if unknown:  # e.g. quantization_config, gguf_file, attn_implementation: refused, never dropped silently
+        raise RetrofitError(f"a retrofit checkpoint cannot be loaded with {', '.join(unknown)}: load it with "
+                            "retrofit.load(path, dtype=..., device_map=...) or export it (retrofit export --native)")
     out = {k: kwargs[k] for k in _LOAD_KWARGS if kwargs.get(k) is not None}
     if "torch_dtype" in out:
         out.setdefault("dtype", out.pop("torch_dtype"))

@@ -18,6 +18,7 @@ anything is created. The token is passed to ``HfApi`` only: never logged, printe
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from . import run_folder as rf
 from .errors import HubError, OptionError, RetrofitError
+from .saved_config import SAVED_MODEL_TYPE, marked
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,11 @@ def stage(plan: list[tuple[str, Path]], folder: Path) -> Path:
     for name, src in plan:
         dest = folder / name
         dest.parent.mkdir(parents=True, exist_ok=True)
+        config = json.loads(src.read_text()) if src.name == "config.json" else {}
+        if "retrofit" in config and config.get("model_type") != SAVED_MODEL_TYPE:  # saved before configs were marked
+            dest.write_text(json.dumps(marked(config), indent=2, sort_keys=True) + "\n")
+            log.info("%s: staged with model_type 'retrofit' (an older retrofit checkpoint)", name)
+            continue
         try:
             os.link(src, dest)
         except OSError:

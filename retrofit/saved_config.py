@@ -12,6 +12,7 @@ from pathlib import Path
 from .atomic import write_text
 from .auto import MODEL_TYPE as SAVED_MODEL_TYPE
 from .errors import RetrofitError
+from .native import LENGTH_KEYS
 
 UNBOUNDED = int(1e30)  # transformers' VERY_LARGE_INTEGER: how tokenizers (and lm-eval) spell "no limit"
 
@@ -59,7 +60,8 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     if kwargs.get("push_to_hub"):
         raise RetrofitError("save the converted model locally, then push it with `retrofit push DIR --repo user/name`")
     out = type(self).save_pretrained(self, save_directory, *args, **kwargs)
-    mark_saved_config(Path(save_directory) / "config.json")
+    if kwargs.get("is_main_process", True):  # other ranks write no config.json (HF's multi-process pattern)
+        mark_saved_config(Path(save_directory) / "config.json")
     return out
 
 
@@ -67,9 +69,20 @@ def mark_saved_config(path: Path) -> None:
     """Rewrite a saved converted model's config.json with ``model_type: retrofit``: transformers then
     loads it only with retrofit imported (as the converted model) and refuses it otherwise."""
     d = json.loads(path.read_text())
-    if "retrofit" not in d:
-        return
+    if "retrofit" in d:
+        write_text(path, json.dumps(marked(d), indent=2, sort_keys=True) + "\n")
+
+
+def marked(d: dict) -> dict:
+    """A converted model's config.json as retrofit saves it. A checkpoint saved before configs were marked
+    (its own ``model_type``, no ``retrofit.base_config``) gets its ``base_config`` from its own keys."""
+    d = json.loads(json.dumps(d))
+    block = d["retrofit"]
+    if "base_config" not in block and d.get("model_type") != SAVED_MODEL_TYPE:
+        key = next((k for k in LENGTH_KEYS if k in d), None)
+        block["base_config"] = {"model_type": d.get("model_type"), "architectures": d.get("architectures") or [],
+                                **({key: d[key]} if key else {})}
     d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, ["RetrofitForCausalLM"]
-    write_text(path, json.dumps(d, indent=2, sort_keys=True) + "\n")
+    return d
 
 

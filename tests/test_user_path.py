@@ -177,3 +177,20 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
         assert tok is not None and model.config._name_or_path == name, name
         assert sum(p.numel() for p in model.parameters()) > 0
     assert sorted(asked) == sorted(n.split(":", 1)[1] for n in names if n.startswith("baseline:"))
+
+
+def test_default_eval_lengths_stop_at_the_models_limit():
+    """`retrofit eval MODEL` with no --lengths on an unconverted GPT-2 (a 64-row table): 1x only, no error."""
+    from retrofit.evaluation import evaluate
+
+    model, tok = load_model("tiny-gpt2")
+    report = evaluate((model, tok), data="stdlib", budget=256, sliding=False, progress=False)
+    assert report.data["settings"]["lengths"] == [64]
+
+
+def test_card_metadata_keeps_org_name_datasets():
+    from retrofit.cards import _hub_dataset
+
+    assert _hub_dataset("roneneldan/TinyStories") == "roneneldan/TinyStories"
+    assert _hub_dataset("HuggingFaceFW/fineweb-edu:sample-10BT") == "HuggingFaceFW/fineweb-edu"
+    assert _hub_dataset("stdlib") is _hub_dataset("shakespeare:train") is _hub_dataset("./x/*.txt") is None

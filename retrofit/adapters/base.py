@@ -9,6 +9,7 @@ registered ``"retrofit"`` attention function, per model instance.
 from __future__ import annotations
 
 import abc
+import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -248,6 +249,17 @@ class NeutralisedRotary(nn.Module):
         object.__setattr__(self, "original", original)
         object.__setattr__(self, "state", state)
         self.calls = 0
+        # The converted model's config advertises its new reach; dynamic RoPE reads the config's length as
+        # its native one, so the original keeps a private copy of the config as it is now (``release`` undoes).
+        shared = getattr(original, "config", None)
+        object.__setattr__(self, "_shared_config", shared)
+        if shared is not None:
+            original.config = copy.deepcopy(shared)
+
+    def release(self) -> None:
+        """Give the original back the model's own config (called by ``revert``)."""
+        if self._shared_config is not None:
+            self.original.config = self._shared_config
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
         self.calls += 1

@@ -29,9 +29,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file")
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
-    p.add_argument("--lengths", default=",".join(D.LENGTHS),
+    p.add_argument("--lengths", default=None,
                    help="comma-separated token counts or multiples of the model's native length "
-                   "(e.g. 1024,2048,4096 or 1x,2x,16x; default %(default)s)")
+                   f"(e.g. 1024,2048,4096 or 1x,2x,16x; default {','.join(D.LENGTHS)}, up to the model's limit)")
     p.add_argument("--data", default=D.DATA,
                    help="'stdlib', 'shakespeare[:heldout]', files/globs, or a datasets name[:config[:split[:field]]] "
                    "(default: stdlib)")
@@ -71,7 +71,7 @@ def run(args) -> int:
 
     report = evaluate(
         args.model,
-        parse_list(args.lengths, "--lengths"),
+        parse_list(args.lengths, "--lengths") if args.lengths else None,
         data=args.data,
         gguf_file=args.gguf_file,
         doc_separator=codecs.decode(args.doc_separator, "unicode_escape") if args.doc_separator else None,

@@ -28,7 +28,10 @@ def plot_ppl(report, path: Path) -> None:
         ys = [r["ppl"] for r in rows]
         lo = [r["ci_low"] if r["ci_low"] is not None else r["ppl"] for r in rows]
         hi = [r["ci_high"] if r["ci_high"] is not None else r["ppl"] for r in rows]
-        label = f"{model} ({method}" + (f", stride {rows[0]['stride']})" if method == "sliding" else ")")
+        strides = sorted({r["stride"] for r in rows})
+        stride = f", stride {strides[0]}" if len(strides) == 1 else ", stride = window/2" if all(
+            r["stride"] == max(1, r["window"] // 2) for r in rows) else ", strides " + "/".join(map(str, strides))
+        label = f"{model} ({method}" + (f"{stride})" if method == "sliding" else ")")
         line, = ax.plot(xs, ys, "o-" if method == "non-overlapping" else "s--", label=label)
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
     ax.set_xscale("log", base=2)

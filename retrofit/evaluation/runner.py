@@ -172,7 +172,7 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
 
 def evaluate(
     model_or_path,
-    lengths: Sequence = D.LENGTHS,
+    lengths: Sequence | None = None,
     data=D.DATA,
     baselines: Sequence = (),
     *,
@@ -210,14 +210,17 @@ def evaluate(
     plots to ``out`` when given. Returns the ``Report``.
     """
     started = _dt.datetime.now(_dt.timezone.utc)
-    lengths = _check_lengths(lengths)
-    pk_items = _check_lengths(list(passkey_lengths), "passkey lengths") if passkey and passkey_lengths else None
+    default_lengths = lengths is None  # D.LENGTHS, up to the evaluated model's limit
+    lengths = _check_lengths(D.LENGTHS if default_lengths else lengths)
+    pk_items = _check_lengths(passkey_lengths, "passkey lengths") if passkey and passkey_lengths else None
     depths = [float(d) for d in passkey_depths]
     _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials)
     docs, data_label = resolve_documents(data)
     models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
     native = (models[0].info.get("native") or {}).get("length")
     lengths = resolve_lengths(lengths, native)
+    if default_lengths and models[0].max_length:
+        lengths = [L for L in lengths if L <= models[0].max_length] or [models[0].max_length]
     pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
     _check_supported(models[0], lengths, "lengths")
     if passkey:
