@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -29,14 +28,14 @@ from torch.utils.data import DataLoader
 
 from .. import data as rdata
 from .. import run_folder as rf
-from ..atomic import publish, write_text
+from ..atomic import write_text
 from ..core import describe, max_length, set_position_controls
 from ..errors import LengthError
-from ..io import save
 from ..optim import param_groups
 from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
+from . import outputs
 from .recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -194,14 +193,14 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
         teacher.to(acc.device)
     progress = Progress()
     acc.register_for_checkpointing(progress)
-    _resume(r, acc, out)
+    outputs.resume(r, acc, out)
     if acc.is_main_process and progress.step:
-        _truncate_log(out, progress.step)
+        outputs.truncate_log(out, progress.step)
     base = mdl.base_model(acc.unwrap_model(model))
     window = min(r.data.block_length, native or r.data.block_length)
     if progress.val_loss_before is None:
         progress.val_loss_before = _evaluate(acc, model, val_loader, base, r)
-        _log(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
+        outputs.log_record(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
 
     acc.step = progress.step * t.gradient_accumulation_steps  # micro-batches seen: where the data resumes
     model.train()
@@ -295,13 +294,13 @@ class Meter:
 def _after_step(r, acc, out, model, val_loader, base, progress, meter):
     t, step = r.train, progress.step
     if step % t.log_every == 0 or step == t.steps:
-        _log(acc, out, meter.record(acc, step))
+        outputs.log_record(acc, out, meter.record(acc, step))
         meter.reset()
     meter.bar.update(1)
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-        _log(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
+        outputs.log_record(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
     if r.checkpoint.every and step % r.checkpoint.every == 0:
-        _save_checkpoint(acc, out, step, r.checkpoint.keep_last)
+        outputs.save_checkpoint(acc, out, step, r.checkpoint.keep_last)
 
 
 def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
@@ -309,11 +308,11 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
     out = Path(r.output_dir)
     _position_controls(base, r, None)
     val_after = _evaluate(acc, model, val_loader, base, r)
-    _log(acc, out, {"step": progress.step, "val_loss": val_after})
+    outputs.log_record(acc, out, {"step": progress.step, "val_loss": val_after})
     if r.train.rank_checksums:
         (out / "rank_checksums").mkdir(parents=True, exist_ok=True)
         (out / "rank_checksums" / f"rank{acc.process_index}.txt").write_text(mdl.trainable_hash(base) + "\n")
-    _write_final(r, acc, model, tok)
+    outputs.write_final(r, acc, model, tok)
     if acc.is_main_process:
         summary = {
             "steps": progress.step, "resumed_from_step": meter.start_step,
@@ -382,94 +381,3 @@ def _evaluate(acc, model, loader, base, r) -> float | None:
         losses.append(acc.gather_for_metrics(per))
     model.train()
     return torch.cat(losses).mean().item()
-
-
-# ---- checkpoints ---------------------------------------------------------------------------
-def _checkpoints(out: Path) -> list[Path]:
-    d = out / rf.CHECKPOINTS
-    return sorted(p for p in d.glob("step_*") if p.is_dir()) if d.is_dir() else []
-
-
-def _save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
-    """save_state into a hidden folder, then rename: a kill mid-save never leaves a torn checkpoint."""
-    final = out / rf.CHECKPOINTS / f"step_{step:08d}"
-    tmp = out / rf.CHECKPOINTS / f".tmp_step_{step:08d}"
-    if acc.is_main_process:
-        tmp.mkdir(parents=True, exist_ok=True)
-    acc.wait_for_everyone()
-    acc.save_state(str(tmp))
-    acc.wait_for_everyone()
-    if acc.is_main_process:
-        publish(tmp, final)
-        for old in _checkpoints(out)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    acc.wait_for_everyone()
-
-
-def _resume(r: Recipe, acc, out: Path) -> None:
-    mode = r.checkpoint.resume
-    if acc.is_main_process:
-        for tmp in (out / rf.CHECKPOINTS).glob(".tmp_step_*"):
-            shutil.rmtree(tmp, ignore_errors=True)
-    if mode == "never":
-        if acc.is_main_process and _checkpoints(out):
-            log.warning("checkpoint.resume is never: removing old checkpoints in %s", out / rf.CHECKPOINTS)
-            shutil.rmtree(out / rf.CHECKPOINTS, ignore_errors=True)
-            (out / rf.LOG).unlink(missing_ok=True)
-        acc.wait_for_everyone()
-        return
-    path = Path(mode) if mode != "auto" else (_checkpoints(out) or [None])[-1]
-    acc.wait_for_everyone()
-    if path is None:
-        if acc.is_main_process:
-            (out / rf.LOG).unlink(missing_ok=True)
-        return
-    log.info("resuming from %s", path)
-    acc.load_state(str(path))
-
-
-def _truncate_log(out: Path, step: int) -> None:
-    """Drop log records written after the checkpoint we resume from (the killed run's tail)."""
-    p = out / rf.LOG
-    if not p.is_file():
-        return
-    keep = [line for line in p.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    write_text(p, "".join(line + "\n" for line in keep))
-
-
-# ---- output --------------------------------------------------------------------------------
-def _log(acc, out: Path, record: dict) -> None:
-    if not acc.is_main_process:
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    record = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in record.items()}
-    with open(out / rf.LOG, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    log.debug("%s", record)
-
-
-def _write_final(r: Recipe, acc, model, tok) -> None:
-    """adapter/ (LoRA) and final/ (merged, patched) through retrofit.save, from the main process."""
-    from accelerate.utils import DistributedType
-
-    out = Path(r.output_dir)
-    sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
-    state = acc.get_state_dict(model) if sharded else None  # collective: every process takes part
-    if acc.is_main_process:
-        unwrapped = _rebuilt(r, state) if sharded else acc.unwrap_model(model)
-        unwrapped.eval()
-        if r.train.method == "lora":
-            unwrapped.save_pretrained(out / rf.ADAPTER, save_embedding_layers=False)  # trained embeddings: modules_to_save
-            tok.save_pretrained(out / rf.ADAPTER)
-            unwrapped = unwrapped.merge_and_unload()
-        save(unwrapped, out / rf.FINAL, tokenizer=tok)
-    acc.wait_for_everyone()
-
-
-def _rebuilt(r: Recipe, state: dict):
-    """A fresh (converted, wrapped) model holding the gathered weights of a sharded run."""
-    model, _ = mdl.load(r.model)
-    mdl.convert(model, r.convert)
-    model = mdl.make_trainable(model, r.train)
-    model.load_state_dict(state)
-    return model

@@ -1,0 +1,164 @@
+"""A pipeline recipe (``retrofit run RECIPE``): a fine-tune recipe plus four optional sections,
+validated as strictly (``retrofit.schema``): an unknown key or a wrong type names the key.
+
+    eval:   {lengths: [1x, 2x, 4x, 8x, 16x], data: shakespeare:heldout, budget: 16384, baselines: [original], passkey: true}
+    export: {native: true}
+    card:   {license: null, datasets: null, tags: [], limits: []}
+    push:   {repo: null, private: false, revision: main}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from . import schema
+from .errors import OptionError, RecipeError
+from .evaluation.lengths import parse_item
+from .schema import field_help as _f
+from .training.recipe import Recipe
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ---- the extra recipe sections ----------------------------------------------------------------
+@dataclass
+class EvalSection:
+    lengths: list = _f("Evaluation lengths: multiples of the native length ('4x') or token counts (512).",
+                       factory=lambda: ["1x", "2x", "4x", "8x", "16x"])
+    data: str = _f("Data spec (retrofit.data): 'shakespeare:heldout', 'stdlib', files, or a datasets name.",
+                   "shakespeare:heldout")
+    doc_separator: Optional[str] = _f("Join documents with this text instead of EOS.", None)
+    budget: int = _f("Tokens scored at every length.", 16384)
+    stride: Optional[int] = _f("Sliding-window stride (null = half of each sliding window).", None)
+    sliding: bool = _f("Also sliding rows for models that run a length plainly (baselines past "
+                       "their limit always get theirs).", False)
+    batch_size: int = _f("Windows per forward pass.", 1)
+    baselines: list = _f("Baselines scored on the same tokens: 'original' (the unconverted model), "
+                         "'converted' (converted, not fine-tuned), or a model name/path.", factory=lambda: ["original"])
+    passkey: bool = _f("Also run passkey retrieval.", False)
+    passkey_lengths: Optional[list] = _f("Passkey lengths, same units as lengths (null = lengths).", None)
+    passkey_depths: list = _f("Passkey depths in [0, 1].", factory=lambda: [0.0, 0.5, 1.0])
+    passkey_trials: int = _f("Passkey trials per (length, depth).", 3)
+    seed: int = _f("Passkey seed.", 0)
+
+
+@dataclass
+class ExportSection:
+    native: bool = _f("Export to the closest native transformers architecture where a mapping exists.", True)
+
+
+@dataclass
+class CardSection:
+    license: Optional[str] = _f("Licence of the result (null = the base model's, when known).", None)
+    datasets: Optional[list] = _f("Hub dataset ids for the metadata (null = the hub datasets the run used).", None)
+    tags: list = _f("Extra Hub tags.", factory=list)
+    limits: list = _f("Extra lines for the card's limitations section.", factory=list)
+    template: Optional[str] = _f("A Jinja template to use instead of the bundled one.", None)
+
+
+@dataclass
+class PushSection:
+    repo: Optional[str] = _f("Hub repo id (user/name); null = no push.", None)
+    private: bool = _f("Create the repo private.", False)
+    revision: str = _f("Branch to push to.", "main")
+
+
+SECTIONS = {"eval": EvalSection, "export": ExportSection, "card": CardSection, "push": PushSection}
+
+
+@dataclass
+class RunRecipe:
+    """A fine-tune recipe plus the pipeline's sections."""
+
+    finetune: Recipe
+    eval: EvalSection
+    export: ExportSection
+    card: CardSection
+    push: PushSection
+    source: Optional[str] = None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.finetune.output_dir)
+
+    def to_dict(self) -> dict:
+        d = self.finetune.to_dict()
+        d.update({name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS})
+        return d
+
+    def stage_hash(self, stage: str) -> str:
+        """Hash of the recipe sections a stage depends on (changing them re-runs the stage)."""
+        d = self.to_dict()
+        parts = {"finetune": {k: v for k, v in self.finetune.to_dict().items() if k != "output_dir"}}  # a moved run stays done
+        if stage in ("eval", "card", "push"):
+            parts["eval"] = d["eval"]
+        if stage in ("export", "card", "push"):
+            parts["export"] = d["export"]
+        if stage in ("card", "push"):
+            parts["card"] = d["card"]
+            parts["repo"] = d["push"]["repo"]  # the card names the repo
+        if stage == "push":
+            parts["push"] = d["push"]
+        return _hash(parts)
+
+
+def load_recipe(recipe, overrides=None) -> RunRecipe:
+    """A YAML path, a dict or a RunRecipe (+ ``key=value`` overrides) -> a validated RunRecipe."""
+    if isinstance(recipe, RunRecipe):
+        recipe, source = recipe.to_dict(), recipe.source
+    elif isinstance(recipe, (str, Path)):
+        source = str(recipe)
+        recipe = schema.read_yaml(recipe)
+    elif isinstance(recipe, dict):
+        source = None
+    else:
+        raise RecipeError(f"expected a recipe, a dict or a YAML path, got {type(recipe).__name__}")
+    raw = json.loads(json.dumps(recipe))  # a deep copy of plain data
+    if not isinstance(raw, dict):
+        raise RecipeError(f"a recipe must be a mapping of keys, got {type(raw).__name__}")
+    schema.apply_overrides(raw, overrides)
+    sections = {name: schema.build(cls, raw.pop(name, None) or {}, prefix=f"{name}.") for name, cls in SECTIONS.items()}
+    rr = RunRecipe(finetune=Recipe.from_dict(raw), source=source, **sections)
+    _validate(rr)
+    return rr
+
+
+def _validate(rr: RunRecipe) -> None:
+    e = rr.eval
+    for key, items in (("eval.lengths", e.lengths), ("eval.passkey_lengths", e.passkey_lengths or ["1x"])):
+        if not items:
+            raise RecipeError(f"'{key}' must list at least one length")
+        for x in items:
+            try:
+                parse_item(x, key)
+            except OptionError as err:
+                raise RecipeError(f"'{key}'{str(err)[len(key):]}") from None
+    for key, v in (("eval.budget", e.budget), ("eval.batch_size", e.batch_size), ("eval.passkey_trials", e.passkey_trials)):
+        if v < 1:
+            raise RecipeError(f"'{key}' must be > 0, got {v}")
+    if e.stride is not None and e.stride < 1:
+        raise RecipeError(f"'eval.stride' must be > 0, got {e.stride}")
+    if not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1 for d in e.passkey_depths):
+        raise RecipeError(f"'eval.passkey_depths' must be numbers in [0, 1], got {e.passkey_depths!r}")
+    if not all(isinstance(b, str) and b for b in e.baselines):
+        raise RecipeError(f"'eval.baselines' must be a list of names, got {e.baselines!r}")
+    if "converted" in e.baselines and rr.finetune.convert.scheme is None:
+        raise RecipeError("'eval.baselines: converted' needs 'convert.scheme'")
+    for key, items in (("card.datasets", rr.card.datasets or []), ("card.tags", rr.card.tags), ("card.limits", rr.card.limits)):
+        if not all(isinstance(x, str) and x for x in items):
+            raise RecipeError(f"'{key}' must be a list of strings, got {items!r}")
+    if rr.card.template and not Path(rr.card.template).is_file():
+        raise RecipeError(f"'card.template': {rr.card.template!r} is not a file")
+    if rr.push.repo is not None:
+        from .hub import check_repo_id
+
+        check_repo_id(rr.push.repo, key="push.repo")
+
+

@@ -1,0 +1,108 @@
+"""What a fine-tune leaves in its output folder: resumable checkpoints (atomic, the last K kept), the
+JSONL log, and the final merged checkpoint (``final/``, plus ``adapter/`` for LoRA)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from .. import run_folder as rf
+from ..atomic import publish, write_text
+from ..io import save
+from . import model as mdl
+from .recipe import Recipe
+
+log = logging.getLogger("retrofit.training.loop")
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+def checkpoints(out: Path) -> list[Path]:
+    d = out / rf.CHECKPOINTS
+    return sorted(p for p in d.glob("step_*") if p.is_dir()) if d.is_dir() else []
+
+
+def save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
+    """save_state into a hidden folder, then rename: a kill mid-save never leaves a torn checkpoint."""
+    final = out / rf.CHECKPOINTS / f"step_{step:08d}"
+    tmp = out / rf.CHECKPOINTS / f".tmp_step_{step:08d}"
+    if acc.is_main_process:
+        tmp.mkdir(parents=True, exist_ok=True)
+    acc.wait_for_everyone()
+    acc.save_state(str(tmp))
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        publish(tmp, final)
+        for old in checkpoints(out)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()
+
+
+def resume(r: Recipe, acc, out: Path) -> None:
+    mode = r.checkpoint.resume
+    if acc.is_main_process:
+        for tmp in (out / rf.CHECKPOINTS).glob(".tmp_step_*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if mode == "never":
+        if acc.is_main_process and checkpoints(out):
+            log.warning("checkpoint.resume is never: removing old checkpoints in %s", out / rf.CHECKPOINTS)
+            shutil.rmtree(out / rf.CHECKPOINTS, ignore_errors=True)
+            (out / rf.LOG).unlink(missing_ok=True)
+        acc.wait_for_everyone()
+        return
+    path = Path(mode) if mode != "auto" else (checkpoints(out) or [None])[-1]
+    acc.wait_for_everyone()
+    if path is None:
+        if acc.is_main_process:
+            (out / rf.LOG).unlink(missing_ok=True)
+        return
+    log.info("resuming from %s", path)
+    acc.load_state(str(path))
+
+
+def truncate_log(out: Path, step: int) -> None:
+    """Drop log records written after the checkpoint we resume from (the killed run's tail)."""
+    p = out / rf.LOG
+    if not p.is_file():
+        return
+    keep = [line for line in p.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    write_text(p, "".join(line + "\n" for line in keep))
+
+
+# ---- output --------------------------------------------------------------------------------
+def log_record(acc, out: Path, record: dict) -> None:
+    if not acc.is_main_process:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    record = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in record.items()}
+    with open(out / rf.LOG, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    log.debug("%s", record)
+
+
+def write_final(r: Recipe, acc, model, tok) -> None:
+    """adapter/ (LoRA) and final/ (merged, patched) through retrofit.save, from the main process."""
+    from accelerate.utils import DistributedType
+
+    out = Path(r.output_dir)
+    sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    state = acc.get_state_dict(model) if sharded else None  # collective: every process takes part
+    if acc.is_main_process:
+        unwrapped = rebuilt(r, state) if sharded else acc.unwrap_model(model)
+        unwrapped.eval()
+        if r.train.method == "lora":
+            unwrapped.save_pretrained(out / rf.ADAPTER, save_embedding_layers=False)  # trained embeddings: modules_to_save
+            tok.save_pretrained(out / rf.ADAPTER)
+            unwrapped = unwrapped.merge_and_unload()
+        save(unwrapped, out / rf.FINAL, tokenizer=tok)
+    acc.wait_for_everyone()
+
+
+def rebuilt(r: Recipe, state: dict):
+    """A fresh (converted, wrapped) model holding the gathered weights of a sharded run."""
+    model, _ = mdl.load(r.model)
+    mdl.convert(model, r.convert)
+    model = mdl.make_trainable(model, r.train)
+    model.load_state_dict(state)
+    return model
