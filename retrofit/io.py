@@ -10,7 +10,8 @@ from pathlib import Path
 import torch
 
 from .atomic import write_dir, write_text
-from .core import SAVED_MODEL_TYPE, is_converted, reach
+from .core import is_converted, reach
+from .saved_config import marked
 from .errors import RetrofitError
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,10 @@ def base_config(path: Path):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     d = json.loads((path / "config.json").read_text())
-    block = d.get("retrofit") or {}
-    if d.get("model_type") != SAVED_MODEL_TYPE:  # saved before retrofit marked its configs
-        return AutoConfig.from_pretrained(path)
-    base = block.get("base_config")
+    if "retrofit" not in d:
+        return AutoConfig.from_pretrained(path)  # not a retrofit checkpoint: load() says so
+    d = marked(d)  # one reading for every checkpoint, older unmarked ones included
+    base = d["retrofit"].get("base_config")
     if not base or base.get("model_type") not in CONFIG_MAPPING:
         raise RetrofitError(f"{path}/config.json: a retrofit config without a usable 'retrofit.base_config' ({base!r})")
     d.update(base)
