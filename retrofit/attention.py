@@ -42,7 +42,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         k_pos = torch.arange(Tk, device=query.device) + state.offset + shift
         query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk + shift)
         key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
-    bias = None
+    bias = slopes = None
     if scheme.kind == "bias":
         layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
         moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
@@ -53,12 +53,15 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         if scale:
             unscaled = bias
             bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
+        slopes = scheme.linear_slopes(layer)  # ALiBi: the fused kernels need no bias function
+        if slopes is not None and scale:
+            slopes = slopes * scale
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
     out, path = kernel.attend(
         query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
-        q_start=q_start, dropout=dropout, kernel=state.kernel,
+        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes,
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None

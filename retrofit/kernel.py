@@ -1,6 +1,11 @@
 """Linear-memory attention with a positional score bias.
 
-Two paths, chosen per call by device, dtype and grad, and always recorded (``last_path``):
+The paths, chosen per call by device, dtype and grad, and always recorded (``last_path``):
+
+- ``"fused-alibi"``: a bias linear in the distance (ALiBi, either convention) rides as extra q/k
+  dimensions through the stock fused SDPA kernel, forward and backward (``fused.attend_alibi``);
+  padding, windows and the cache included. ``"flash-attn-alibi"``: the same bias through
+  FlashAttention 2's ``alibi_slopes`` on CUDA in fp16/bf16 without padding, when it is installed.
 
 - ``"flex"``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window
   and padding as a block mask. The fastest bias path; on CPU it has no backward and (torch 2.13)
@@ -12,7 +17,7 @@ Two paths, chosen per call by device, dtype and grad, and always recorded (``las
   bias). Under grad each chunk is checkpointed, so backward never holds every chunk's bias.
 - ``"sdpa-causal"`` / ``"sdpa"``: no bias, no padding, no window: stock SDPA (the stock speed).
 
-``RETROFIT_ATTENTION_PATH=auto|flex|chunked`` decides for models left at ``convert(..., kernel="auto")``.
+``RETROFIT_ATTENTION_PATH=auto|fused|flex|chunked`` decides for models left at ``convert(..., kernel="auto")``.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import fused
+
 log = logging.getLogger(__name__)
 
 BiasFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (h, q_pos, k_pos) -> bias
-KERNELS = ("auto", "flex", "chunked")
+KERNELS = ("auto", "fused", "flex", "chunked")
 CHUNK_ELEMENTS = 1 << 25  # max elements of one chunk's (H, C, Tk) score tensor (128 MiB in fp32)
 
 _flex_fn = None
@@ -36,14 +43,24 @@ _flex_error: str | None = None
 _flex_failed = False  # flex compiled or ran and failed in this process: auto no longer tries it
 
 
-def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False) -> str:
+def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False,
+                linear: bool = False, padded: bool = False) -> str:
     """Which path runs. ``requested`` is the model's kernel option (the env var decides for "auto").
     ``masked``: padding or a sliding window is present (CPU flex miscompiles those block masks
-    in torch 2.13's inductor, so on CPU they take the chunked path)."""
+    in torch 2.13's inductor, so on CPU they take the chunked path). ``linear``: the bias is
+    ``-m_h * (i - j)`` (ALiBi), which the fused paths serve; ``padded``: padding is present."""
     if requested == "auto":
         requested = os.environ.get("RETROFIT_ATTENTION_PATH", "auto")
     if requested not in KERNELS:
         raise ValueError(f"attention path must be one of {KERNELS}; got {requested!r}")
+    if requested == "fused" and not linear:
+        raise RuntimeError("the fused attention path serves biases linear in the distance (alibi) only; "
+                           "use kernel='auto', 'flex' or 'chunked'")
+    if linear and requested in ("auto", "fused"):
+        half = q.dtype in (torch.float16, torch.bfloat16)
+        if requested == "auto" and q.is_cuda and half and not padded and fused.flash_attn_available():
+            return "flash-attn-alibi"
+        return "fused-alibi"
     if not has_bias or requested == "chunked" or dropout > 0:
         return "chunked"
     grad = torch.is_grad_enabled() and q.requires_grad
@@ -97,14 +114,25 @@ def attend(
     q_start: int = 0,
     dropout: float = 0.0,
     kernel: str = "auto",
+    slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, str]:
     """Causal attention of q (B, H, Tq, D) over k, v (B, H, Tk, D); query i sits at key position q_start + i.
 
     key_padding: (B, Tk) bool, True = real token. window: keys with i - j >= window are masked.
+    slopes: (H,) when ``bias(h, i, j) == -slopes[h] * (i - j)`` exactly (ALiBi): the fused paths may serve it.
     Returns (output (B, H, Tq, D), path name)."""
     if key_padding is not None and bool(key_padding.all()):
         key_padding = None
-    path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window))
+    path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window),
+                       linear=slopes is not None, padded=key_padding is not None)
+    if path == "fused-alibi":
+        # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
+        cap = _chunk_rows(q.shape[1], q.shape[-2], k.shape[-2]) if dropout > 0 and not q.is_cuda else None
+        out = fused.attend_alibi(q, k, v, scaling=scaling, slopes=slopes, key_padding=key_padding, window=window,
+                                 q_start=q_start, dropout=dropout, max_rows=cap)
+        return out, path
+    if path == "flash-attn-alibi":
+        return fused.flash_attn_alibi(q, k, v, scaling=scaling, slopes=slopes, window=window, dropout=dropout), path
     if path == "flex":
         try:
             return _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start), "flex"

@@ -17,7 +17,21 @@ from . import reference  # noqa: F401  (registers "retrofit_reference")
 from .tiny import MATRIX_OPTIONS, NATIVE, TINY, ids
 
 MODEL_TYPES = sorted(TINY)
-CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS)))
+# "scheme@kernel": the scheme on a kernel the tests' default (chunked, conftest) would not take
+KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused"]
+CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
+
+
+def convert_case(model, case):
+    """Convert ``model`` as the matrix case says: ``scheme``, or ``scheme[+flag]@kernel``."""
+    name, _, kernel = case.partition("@")
+    scheme, *flags = name.split("+")
+    options = {**MATRIX_OPTIONS[scheme], **{f: True for f in flags}}
+    return retrofit.convert(model, scheme, kernel=kernel or "auto", **options)
+
+
+def scheme_of(case):
+    return case.partition("@")[0].split("+")[0]
 
 
 def test_every_registration_is_in_the_matrix():
@@ -28,8 +42,8 @@ def test_every_registration_is_in_the_matrix():
     assert set(retrofit.schemes()) == set(MATRIX_OPTIONS), "every scheme needs MATRIX_OPTIONS in tests/tiny.py"
 
 
-def converted(model_type, scheme):
-    return retrofit.convert(TINY[model_type](), scheme, **MATRIX_OPTIONS[scheme])
+def converted(model_type, case):
+    return convert_case(TINY[model_type](), case)
 
 
 @pytest.mark.parametrize("model_type,scheme", CASES)
@@ -38,9 +52,11 @@ def test_live_and_matches_reference(model_type, scheme):
     x = ids(2, 24)
     with torch.no_grad():
         before = model(x).logits
-        retrofit.convert(model, scheme, **MATRIX_OPTIONS[scheme])
+        convert_case(model, scheme)
         after = model(x).logits
         assert not torch.allclose(before, after, atol=1e-3), "patch is not live: logits unchanged"
+        if scheme.endswith("@fused"):
+            assert retrofit.describe(model)["attention_path"] == "fused-alibi"
         _set_attn(model, "retrofit_reference")
         ref = model(x).logits
         _set_attn(model, "retrofit")
@@ -116,7 +132,8 @@ def test_save_load_identical(model_type, scheme, tmp_path):
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")  # what third-party loaders get
     with torch.no_grad():
         after, after_plain = loaded(x).logits, plain(x).logits
-    assert retrofit.describe(loaded)["scheme"] == retrofit.describe(plain)["scheme"] == scheme
+    assert retrofit.describe(loaded)["scheme"] == retrofit.describe(plain)["scheme"] == scheme_of(scheme)
+    assert retrofit.describe(loaded)["kernel"] == retrofit.describe(model)["kernel"]
     assert torch.equal(before, after) and torch.equal(before, after_plain)
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert saved["model_type"] == "retrofit" and saved["retrofit"]["base_config"]["model_type"] == model_type
@@ -129,7 +146,7 @@ def test_revert_is_exact(model_type, scheme):
     with torch.no_grad():
         before = model(x).logits
         length = model.config.max_position_embeddings
-        retrofit.convert(model, scheme, **MATRIX_OPTIONS[scheme])
+        convert_case(model, scheme)
         assert model.config.max_position_embeddings == (retrofit.describe(model)["max_length"] or int(1e30))
         retrofit.revert(model)
         after = model(x).logits

@@ -44,6 +44,9 @@ class ALiBi(Scheme):
         self.register_buffer("slopes", torch.tensor(alibi_slopes(spec.num_heads), dtype=torch.float32), persistent=False)
         self.bias_scaled_with_scores = options.scale_bias
 
+    def linear_slopes(self, layer):
+        return self.slopes
+
     def bias(self, layer, h, q_pos, k_pos):
         # -slope_h * (i - j): 0 on the diagonal, more negative with distance (future keys are masked anyway)
         return -self.slopes[h] * (q_pos - k_pos).to(torch.float32)

@@ -107,6 +107,11 @@ class Scheme(nn.Module):
     def bias(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not a bias scheme")
 
+    def linear_slopes(self, layer: int) -> torch.Tensor | None:
+        """(H,) slopes m when ``bias(layer, h, i, j) == -m[h] * (i - j)`` exactly (the fused kernels serve
+        such a bias without building it); None for any other bias."""
+        return None
+
     def rotate(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not a rotary scheme")
 

@@ -1,0 +1,159 @@
+"""ALiBi through the stock fused SDPA kernel: the bias rides as extra dimensions of q and k.
+
+Under a causal softmax, ALiBi's term ``-m_h * (i - j)`` equals ``m_h * (j - c)`` up to the per-row
+constant ``m_h * (c - i)``, which the softmax ignores. ``m_h * (j - c)`` is a dot product: append
+``P`` dimensions to q holding ``2^p`` and to k holding ``m_h * (j - c) / (scaling * 2^p)`` split into
+``P`` parts of q's dtype (high, middle, low: together they carry ~24 bits even in bf16), and the
+fused kernel (CPU flash, CUDA flash / memory-efficient) computes ``scaling * q'.k' = scaling * q.k +
+m_h * (j - c)``, forward and backward, with O(N) memory and no bias tensor.
+
+Precision: the kernel accumulates the score in fp32 (or the input dtype if wider), so a score of
+size ``m * |j - c|`` loses ``2^-24 * m * |j - c|``. Only keys near a query matter (far ones are
+decayed to nothing by the bias), so the error is set by the distance between a query and its
+block's centre ``c``: queries go in blocks of at most ``MAX_SPAN / m_max`` rows, each block with its
+own centre (one block with ``is_causal`` when the whole sequence fits, else a boolean (C, Tk) mask
+per block). ``MAX_SPAN`` = 2048 keeps the output within ~1e-4 of an fp64 reference in fp32 at any
+length (``scripts/bench_fused_alibi.py`` measures it per dtype); bf16/fp16 stay at their own
+rounding.
+
+On CUDA with FlashAttention 2 installed, half-precision inputs go through its ``alibi_slopes``
+instead (``flash_attn_alibi``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+MAX_SPAN = 2048.0  # rows per query block x steepest slope (fp32 accumulation error ~ 2^-24 * span / 2)
+MIN_ROWS = 64  # never smaller blocks (a slope above MAX_SPAN / 64 = 32 is not ALiBi)
+
+
+def parts_for(dtype: torch.dtype) -> int:
+    """Extra dimensions carrying the bias: enough mantissa for ~24 bits (fp64: one is plenty)."""
+    return {torch.float64: 1, torch.float32: 2}.get(dtype, 3)
+
+
+def block_rows(slopes: torch.Tensor, Tq: int) -> int:
+    """Query rows per block: as many as keep ``m_max * rows <= MAX_SPAN``, balanced over the blocks."""
+    m = float(slopes.abs().max()) if slopes.numel() else 0.0
+    cap = Tq if m == 0 else max(MIN_ROWS, int(MAX_SPAN / m))
+    blocks = max(1, math.ceil(Tq / cap))
+    return math.ceil(Tq / blocks)
+
+
+def _bias_dims(slopes, positions, centre, scaling, dtype, parts):
+    """(H, T, parts) of ``dtype``: m_h * (j - centre) / (scaling * 2^p) split high-to-low; and 2^p."""
+    wide = torch.float64 if positions.device.type in ("cpu", "cuda") else torch.float32
+    p2 = 2.0 ** round(math.log2(1.0 / scaling))  # a power of two: exact in every dtype
+    rest = slopes.to(wide)[:, None] * (positions.to(wide) - centre)[None, :] / (scaling * p2)  # (H, T)
+    pieces = []
+    for _ in range(parts):
+        piece = rest.to(dtype)
+        pieces.append(piece)
+        rest = rest - piece.to(wide)
+    return torch.stack(pieces, dim=-1), p2
+
+
+def _pad_to(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return F.pad(x, (0, dim - x.shape[-1])) if x.shape[-1] < dim else x
+
+
+def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_start=0, dropout=0.0,
+                 max_rows: int | None = None):
+    """Causal attention with bias ``-slopes[h] * (i - j)``: q (B, H, Tq, D), k/v (B, H, Tk, D), query r at
+    position q_start + r. key_padding (B, Tk) bool, True = real token; window as in ``kernel.attend``.
+
+    ``max_rows`` caps the rows per block where the kernel falls back to materialising the scores
+    (CPU SDPA with dropout runs the math path): then each block's scores are at most (H, max_rows, Tk)
+    and, under grad, each block is checkpointed so backward never holds them all (linear memory)."""
+    B, H, Tq, D = q.shape
+    Tk = k.shape[-2]
+    parts = parts_for(q.dtype)
+    width = D + parts
+    if q.is_cuda:
+        width = -(-width // 8) * 8  # CUDA fused kernels take head dims in multiples of 8: zero padding
+    v_wide = _pad_to(v, width)  # (B, H, Tk, W): one padded copy, blocks take views of it
+    rows = block_rows(slopes, Tq)
+    if max_rows is not None and max_rows < rows:
+        rows = max_rows
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    use_ckpt = max_rows is not None and rows < Tq and grad
+    outs = []
+    for s in range(0, Tq, rows):
+        e = min(Tq, s + rows)
+        args = (q[:, :, s:e], k, v_wide, q_start + s, slopes, scaling, key_padding, window, dropout, width)
+        outs.append(checkpoint(_block, *args, use_reentrant=False) if use_ckpt else _block(*args))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, width):
+    """One block of queries at absolute positions [i0, i0 + C) over the keys they can see."""
+    B, H, C, D = qb.shape
+    parts = parts_for(qb.dtype)
+    i1 = i0 + C
+    lo = max(0, i0 - window + 1) if window else 0
+    hi = i1  # causal: keys up to the block's last query
+    centre = (i0 + i1 - 1) // 2
+    pos = torch.arange(lo, hi, device=qb.device)
+    dims, p2 = _bias_dims(slopes, pos, centre, scaling, qb.dtype, parts)  # (H, Tc, P)
+    qx = torch.cat([qb, qb.new_full((B, H, C, parts), p2)], dim=-1)  # (B, H, C, D+P)
+    kx = torch.cat([k[:, :, lo:hi], dims.unsqueeze(0).expand(B, H, hi - lo, parts)], dim=-1)  # (B, H, Tc, D+P)
+    qx, kx = _pad_to(qx, width), _pad_to(kx, width)
+    mask = _block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
+    square = mask is None and i0 == 0  # the whole causal square: the fastest call
+    out = F.scaled_dot_product_attention(
+        qx, kx, v_wide[:, :, lo:hi], attn_mask=mask, dropout_p=dropout, is_causal=square and C > 1, scale=scaling
+    )
+    return out[..., :D]
+
+
+def _block_mask(i0, i1, lo, hi, key_padding, window, device):
+    """Bool mask (B|1, 1, C, Tc) for queries [i0, i1) over keys [lo, hi), or None when the block is the
+    plain causal square (or a single query that sees every key)."""
+    padded = key_padding is not None
+    if not padded and not window and lo == 0 and (i1 - i0 == hi or i1 - i0 == 1):
+        return None
+    rel = torch.arange(i0, i1, device=device)[:, None] - torch.arange(lo, hi, device=device)[None, :]  # (C, Tc)
+    allowed = rel >= 0
+    if window:
+        allowed = allowed & (rel < window)
+    allowed = allowed[None, None]
+    if padded:
+        pad = key_padding[:, lo:hi].bool()[:, None, None, :]  # (B, 1, 1, Tc)
+        allowed = (allowed & pad) | (rel == 0)  # a padded query still sees itself: no all-masked rows
+    return allowed
+
+
+# ---- FlashAttention 2 (CUDA, fp16/bf16) ------------------------------------------------------
+
+_flash = None
+_flash_checked = False
+
+
+def flash_attn_available() -> bool:
+    global _flash, _flash_checked
+    if not _flash_checked:
+        _flash_checked = True
+        try:
+            from flash_attn import flash_attn_func
+
+            _flash = flash_attn_func
+        except Exception:  # not installed, or built for another torch/CUDA
+            _flash = None
+    return _flash is not None
+
+
+def flash_attn_alibi(q, k, v, *, scaling, slopes, window=None, dropout=0.0):
+    """FlashAttention 2 with ``alibi_slopes``: it adds ``-m_h * |i + Tk - Tq - j|`` to the scaled score,
+    causal and bottom-right aligned (a cached prefix is simply the first Tk - Tq keys)."""
+    # flash_attn takes (B, T, H, D)
+    out = _flash(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout, softmax_scale=scaling,
+        causal=True, window_size=(window - 1, 0) if window else (-1, -1),
+        alibi_slopes=slopes.to(device=q.device, dtype=torch.float32).contiguous(),
+    )
+    return out.transpose(1, 2)

@@ -1,0 +1,203 @@
+"""ALiBi through the fused SDPA kernel (extra q/k dimensions) and FlashAttention's alibi_slopes:
+exact against a plain fp64 reference from the paper's equation, in every dtype, with padding,
+windows, a cached prefix, dropout's memory cap, and the path selection (a CUDA device faked)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import retrofit
+from retrofit import fused, kernel
+from retrofit.core import set_kernel
+from retrofit.encodings import SCHEMES
+from retrofit.encodings.alibi import alibi_slopes
+
+from .tiny import TINY
+
+
+def _reference(q, k, v, scaling, slopes, pad=None, window=None, q_start=0):
+    """Press et al.: softmax(q.k * scaling - m_h (i - j)) over causal keys, in fp64."""
+    q, k, v = q.double(), k.double(), v.double()
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    i = torch.arange(q_start, q_start + Tq)[:, None]
+    j = torch.arange(Tk)[None]
+    s = q @ k.transpose(-1, -2) * scaling - slopes.double()[:, None, None] * (i - j)
+    ok = (j <= i) & ((i - j < window) if window else True)
+    if pad is not None:
+        ok = (ok & pad[:, None, None, :]) | (i == j)
+    return s.masked_fill(~ok, float("-inf")).softmax(-1) @ v
+
+
+def _qkv(B, H, Tq, Tk, D, dtype=torch.float32, grad=False):
+    g = torch.Generator().manual_seed(0)
+    out = [torch.randn(B, H, T, D, generator=g).to(dtype) for T in (Tq, Tk, Tk)]
+    return [t.requires_grad_(grad) for t in out]
+
+
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("q_start", [0, 7])
+@pytest.mark.parametrize("padded", [False, True])
+def test_fused_alibi_matches_the_paper_with_padding_windows_and_a_cached_prefix(monkeypatch, window, q_start, padded):
+    monkeypatch.setattr(fused, "MAX_SPAN", 5.0)  # force several query blocks, each with its own centre
+    monkeypatch.setattr(fused, "MIN_ROWS", 4)
+    B, H, Tq, D = 2, 4, 45, 8
+    Tk = Tq + q_start
+    q, k, v = _qkv(B, H, Tq, Tk, D)
+    slopes = torch.tensor(alibi_slopes(H))
+    pad = None
+    if padded:
+        pad = torch.ones(B, Tk, dtype=torch.bool)
+        pad[0, :6] = False
+    assert fused.block_rows(slopes, Tq) < Tq
+    out, path = kernel.attend(q, k, v, scaling=D**-0.5, bias=None, slopes=slopes, key_padding=pad, window=window,
+                              q_start=q_start, kernel="fused")
+    assert path == "fused-alibi"
+    torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes, pad, window, q_start),
+                               atol=2e-6, rtol=1e-5)
+
+
+def test_fused_alibi_decoding_one_query_sees_every_key():
+    H, D, Tk = 4, 8, 300
+    q, k, v = _qkv(1, H, 1, Tk, D)
+    slopes = torch.tensor(alibi_slopes(H))
+    out, path = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=Tk - 1, kernel="fused")
+    assert path == "fused-alibi"
+    torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes, q_start=Tk - 1), atol=2e-6, rtol=1e-5)
+
+
+def test_fused_alibi_gradients_match_the_reference(monkeypatch):
+    monkeypatch.setattr(fused, "MAX_SPAN", 8.0)
+    monkeypatch.setattr(fused, "MIN_ROWS", 4)
+    B, H, T, D = 1, 4, 70, 8
+    leaves = _qkv(B, H, T, T, D, grad=True)
+    slopes = torch.tensor(alibi_slopes(H))
+    out, _ = kernel.attend(*leaves, scaling=0.3, slopes=slopes, kernel="fused")
+    grads = torch.autograd.grad(out.square().sum(), leaves)
+    ref = _reference(*leaves, 0.3, slopes)
+    ref_grads = torch.autograd.grad(ref.square().sum(), leaves)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double(), r.double(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-4), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
+def test_fused_alibi_is_exact_in_each_dtype_at_4k_positions(dtype, atol):
+    """Far from the origin the bias is thousands: the high/low split and the per-block centre keep the
+    error at the dtype's own rounding (an unsplit single-part bf16 bias would be off by whole units)."""
+    H, D, T = 8, 16, 4096
+    q, k, v = _qkv(1, H, 256, T, D, dtype)
+    slopes = torch.tensor(alibi_slopes(H))  # steepest 0.5: the bias reaches -2048 over 4k
+    out, path = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=T - 256, kernel="fused")
+    assert path == "fused-alibi" and out.dtype == dtype
+    ref = _reference(q, k, v, D**-0.5, slopes, q_start=T - 256)
+    assert (out.double() - ref).abs().max() < atol
+
+
+def test_dropout_on_cpu_caps_the_block_rows_and_checkpoints(monkeypatch):
+    """CPU SDPA with dropout materialises its scores: the blocks are capped like the chunked path."""
+    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 4 * 16 * 64)
+    seen = []
+    real = fused._block
+
+    def spy(qb, *a):
+        seen.append(qb.shape[-2])
+        return real(qb, *a)
+
+    monkeypatch.setattr(fused, "_block", spy)
+    leaves = _qkv(1, 4, 64, 64, 8, grad=True)
+    out, path = kernel.attend(*leaves, scaling=0.3, slopes=torch.tensor(alibi_slopes(4)), dropout=0.5,
+                               kernel="fused")
+    out.sum().backward()
+    assert path == "fused-alibi" and max(seen) <= 16 and len(seen) >= 2 * 4  # forward + checkpointed recompute
+
+
+def test_path_selection_with_a_faked_cuda_device(monkeypatch):
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+
+    def fake(dtype, cuda=True):
+        return SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(1, 4, 512, 64), requires_grad=True)
+
+    monkeypatch.setattr(fused, "flash_attn_available", lambda: True)
+    choose = kernel.choose_path
+    assert choose("auto", fake(torch.bfloat16), True, 0.0, linear=True) == "flash-attn-alibi"
+    assert choose("auto", fake(torch.float32), True, 0.0, linear=True) == "fused-alibi"  # flash-attn: half only
+    assert choose("auto", fake(torch.bfloat16), True, 0.0, masked=True, linear=True, padded=True) == "fused-alibi"
+    assert choose("fused", fake(torch.bfloat16), True, 0.0, linear=True) == "fused-alibi"  # asked for: that one
+    assert choose("auto", fake(torch.bfloat16, cuda=False), True, 0.0, linear=True) == "fused-alibi"
+    assert choose("chunked", fake(torch.bfloat16), True, 0.0, linear=True) == "chunked"
+    monkeypatch.setattr(fused, "flash_attn_available", lambda: False)
+    assert choose("auto", fake(torch.bfloat16), True, 0.0, linear=True) == "fused-alibi"
+    # other bias schemes take flex on CUDA, forward and backward
+    monkeypatch.setattr(kernel, "_flex_available", lambda: True)
+    assert choose("auto", fake(torch.bfloat16), True, 0.0) == "flex"
+    with pytest.raises(RuntimeError, match="linear in the distance"):
+        choose("fused", fake(torch.float32), True, 0.0)
+
+
+def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):
+    """The FlashAttention call gets (B, T, H, D), the fp32 slopes, causal and the window; a stand-in with
+    flash-attn's documented semantics (bias -m |i + Tk - Tq - j|) reproduces the paper's reference."""
+    calls = {}
+
+    def flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes):
+        calls.update(causal=causal, window_size=window_size, dtype=alibi_slopes.dtype)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        Tq, Tk = q.shape[-2], k.shape[-2]
+        i = torch.arange(Tq)[:, None] + Tk - Tq
+        j = torch.arange(Tk)[None]
+        s = q @ k.transpose(-1, -2) * softmax_scale - alibi_slopes[:, None, None] * (i - j).abs()
+        ok = j <= i
+        if window_size[0] >= 0:
+            ok = ok & (i - j <= window_size[0])
+        return (s.masked_fill(~ok, float("-inf")).softmax(-1) @ v).transpose(1, 2)
+
+    monkeypatch.setattr(fused, "_flash", flash_attn_func)
+    q, k, v = _qkv(1, 4, 5, 30, 8)
+    slopes = torch.tensor(alibi_slopes(4))
+    out = fused.flash_attn_alibi(q, k, v, scaling=0.3, slopes=slopes.double(), window=6)
+    assert calls == {"causal": True, "window_size": (5, 0), "dtype": torch.float32}
+    torch.testing.assert_close(out.double(), _reference(q, k, v, 0.3, slopes, window=6, q_start=25), atol=1e-6, rtol=1e-5)
+
+
+def test_every_linear_scheme_declares_its_slopes_truthfully():
+    """A scheme that hands the fused path slopes must have exactly that bias (else the path is wrong)."""
+    from retrofit.encodings.base import ModelSpec
+
+    spec = ModelSpec(num_layers=2, num_heads=6, num_kv_heads=6, head_dim=8, hidden_size=48, native_length=64,
+                     native_kind="learned_absolute")
+    h = torch.arange(6)[:, None, None]
+    i = torch.arange(40)[None, :, None]
+    j = torch.arange(40)[None, None, :]
+    linear = []
+    for name, cls in SCHEMES.items():
+        scheme = cls(spec, cls.parse_options(spec, {}))
+        slopes = scheme.linear_slopes(0)
+        if slopes is None:
+            continue
+        linear.append(name)
+        torch.testing.assert_close(scheme.bias(0, h, i, j), -slopes[h] * (i - j).float())
+    assert linear == ["alibi"]
+
+
+@pytest.mark.parametrize("scale_bias", [False, True])
+def test_a_converted_model_trains_and_runs_on_the_fused_path_and_matches_chunked(scale_bias, monkeypatch):
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)  # the user's default: auto
+    model = retrofit.convert(TINY["gpt2"]().eval(), "alibi", scale_bias=scale_bias)
+    ids = torch.randint(0, 100, (2, 200))
+    mask = torch.ones_like(ids)
+    mask[0, :11] = 0
+    with torch.no_grad():
+        fused_logits = model(ids, attention_mask=mask).logits
+        assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+        set_kernel(model, "chunked")
+        chunked_logits = model(ids, attention_mask=mask).logits
+    torch.testing.assert_close(fused_logits[1], chunked_logits[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_logits[0, 11:], chunked_logits[0, 11:], atol=1e-5, rtol=1e-5)
+    set_kernel(model, "auto")
+    model.train()
+    model(ids, labels=ids).loss.backward()
+    assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+    assert math.isfinite(float(model.transformer.h[0].attn.c_attn.weight.grad.abs().sum()))
