@@ -30,9 +30,6 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         raise LengthError(f"scheme {scheme.name!r} supports at most {limit} positions; got {Tk}")
     if scaling is None:
         scaling = D**-0.5
-    if key.shape[1] != H:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
-        key = key.repeat_interleave(H // key.shape[1], dim=1)
-        value = value.repeat_interleave(H // value.shape[1], dim=1)
     q_start = Tk - Tq  # the cache holds Tk - Tq earlier keys
     # a sliding-window cache drops its oldest keys: shift slot indices to the tokens' true positions
     # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
@@ -41,7 +38,14 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     if scheme.kind == "rotary":
         k_pos = torch.arange(Tk, device=query.device) + state.offset + shift
         query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk + shift)
-        key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
+        if _rotate_once(state, scheme, key):
+            # the cache keeps rotated keys, as a native RoPE model's does: rotate only the new rows, in place
+            key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], Tk + shift)
+        else:
+            key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
+    if key.shape[1] != H:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
+        key = key.repeat_interleave(H // key.shape[1], dim=1)
+        value = value.repeat_interleave(H // value.shape[1], dim=1)
     bias = slopes = None
     if scheme.kind == "bias":
         layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
@@ -65,6 +69,14 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _rotate_once(state, scheme, key) -> bool:
+    """Rotate each key once, as it enters the cache: a plain DynamicCache holds this very tensor, no
+    gradient flows through it, and the scheme rotates a position the same way at every length (dynamic
+    RoPE rescales with the length: its whole cache is re-rotated every step, exactly)."""
+    return bool((state.inputs or {}).get("cache_in_place")) and not key.requires_grad \
+        and not scheme.rotation_depends_on_length
 
 
 def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=None, **kwargs):

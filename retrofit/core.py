@@ -99,7 +99,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     model.add_module(POSITIONS_MODULE, scheme)
     model._retrofit_state = state
     try:
-        state.hooks.append(track_inputs(state, adapter.base()))  # positions and cache length of each call
+        state.hooks.extend(track_inputs(state, adapter.base()))  # positions and cache length of each call
         state.swaps = adapter.neutralise(state)
         if scheme.kind == "absolute" and adapter.native_kind != "learned_absolute":
             state.swaps += adapter.add_absolute(state)

@@ -2,13 +2,15 @@
 stock SDPA against each converted scheme, inference and training step, at several lengths.
 
     python scripts/bench_kernel.py --out benchmarks/bench_kernel.json
-    python scripts/bench_kernel.py --lengths 1024 --modes train --schemes alibi,rope
+    python scripts/bench_kernel.py --lengths 1024 --modes train --schemes alibi,alibi+scale_bias --memory-lengths ''
 
-Each scheme runs in its own process so peak-memory readings don't leak between runs. Memory is
+Time: stock and every variant run alternately in one process (median of per-repeat ratios).
+Memory: each variant in its own process so peak-memory readings don't leak between runs. Memory is
 the peak over the measured step minus the memory before it: CUDA ``max_memory_allocated`` on a
 GPU, else the process's peak RSS (VmHWM, reset through /proc/self/clear_refs). The measured
 forward is the transformer body (no LM head: a 50k-vocab logits tensor would dominate and hide
-the attention's cost). Targets (issue 2/3): time <= 1.15x stock at 1k, peak memory <= 1.3x stock at 8k.
+the attention's cost). Targets (issue 12): ALiBi train <= 1.10x, inference <= 1.05x at 1k/2k/8k,
+memory <= 1.1x; T5/Shaw/FIRE inference <= 1.5x, train <= 1.6x at 2k, memory at 8k <= 1.3x.
 """
 
 from __future__ import annotations
@@ -64,89 +66,136 @@ def measure(fn, device) -> tuple[float, int]:
     return elapsed, max(peak, 0)
 
 
-def worker(args) -> dict:
+def build(variant: str, args):
+    """A GPT-2-small-shaped model, random weights seeded alike for every variant; ``variant`` is
+    ``stock`` or ``scheme[+flag...]`` (flags: boolean scheme options set true, e.g. alibi+scale_bias)."""
     import torch
     import transformers as tf
 
     import retrofit
 
     torch.manual_seed(0)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = tf.GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257)
-    model = tf.GPT2LMHeadModel(cfg).to(device)
-    if args.scheme != "stock":
-        retrofit.convert(model, args.scheme)
+    drop = args.dropout
+    cfg = tf.GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, n_positions=max(1024, max(args.lengths)),
+                        vocab_size=50257, attn_pdrop=drop, resid_pdrop=drop, embd_pdrop=drop)
+    model = tf.GPT2LMHeadModel(cfg)
+    if variant != "stock":
+        scheme, *flags = variant.split("+")
+        retrofit.convert(model, scheme, **{f: True for f in flags})
+    return model
+
+
+def make_step(model, mode, x):
+    import torch
+
     body = model.transformer
-    rows = []
-    # two warm-up lengths: flex compiles once static, then once dynamic (no recompiles after that)
-    warms = [torch.randint(0, 50257, (1, n), device=device) for n in (256, 320)]
-    for mode in args.modes:
-        model.train(mode == "train")
-        for length in args.lengths:
-            if args.scheme == "stock" and length > cfg.n_positions:
-                # stock GPT-2 cannot index past its table: measure the stock attention with a table this long
-                body.wpe = torch.nn.Embedding(length, 768).to(device)
-            x = torch.randint(0, 50257, (1, length), device=device)
+    model.train(mode == "train")
 
-            def step():
-                if mode == "train":
-                    body(x).last_hidden_state.float().square().mean().backward()
-                    model.zero_grad(set_to_none=True)
-                else:
-                    with torch.no_grad():
-                        body(x)
-
-            with torch.no_grad() if mode == "infer" else torch.enable_grad():
-                for warm in warms:
-                    body(warm)
+    def step():
+        if mode == "train":
+            body(x).last_hidden_state.float().square().mean().backward()
             model.zero_grad(set_to_none=True)
-            repeats = args.repeats if length <= 1024 else max(1, args.repeats // 3)
-            times, peaks = [], []
+        else:
+            with torch.no_grad():
+                body(x)
+
+    return step
+
+
+def path_of(model, variant):
+    import retrofit
+
+    return retrofit.describe(model)["attention_path"] if variant != "stock" else "sdpa-causal (stock)"
+
+
+def worker(args) -> dict:
+    """Time: stock and every variant in this one process, alternately, repeat after repeat (a shared
+    machine's load hits them alike); the ratio is the median of the per-repeat ratios. Memory
+    (--memory VARIANT): one variant per process, one measured step after the warm-up."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    variants = [args.memory] if args.memory else ["stock", *args.variants]
+    models = {v: build(v, args).to(device) for v in variants}
+    rows = []
+    for mode in args.modes:
+        for length in args.lengths:
+            x = torch.randint(0, 50257, (1, length), device=device)
+            steps = {}
+            for v, m in models.items():
+                steps[v] = make_step(m, mode, x)
+                for n in (256, 320):  # warm-up: flex compiles once static, then once dynamic
+                    make_step(m, mode, torch.randint(0, 50257, (1, n), device=device))()
+                steps[v]()
+            repeats = 1 if args.memory else (args.repeats if length <= 2048 else max(2, args.repeats // 2))
+            times = {v: [] for v in models}
+            peaks = {v: [] for v in models}
             for _ in range(repeats):
-                t, m = measure(step, device)
-                times.append(t)
-                peaks.append(m)
-            path = retrofit.describe(model)["attention_path"] if args.scheme != "stock" else "sdpa-causal (stock)"
-            rows.append({"scheme": args.scheme, "mode": mode, "length": length, "seconds": statistics.median(times),
-                         "seconds_all": times, "peak_bytes": max(peaks), "attention_path": path})
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                for v in models:
+                    t, mem = measure(steps[v], device)
+                    times[v].append(t)
+                    peaks[v].append(mem)
+            for v, m in models.items():
+                row = {"variant": v, "mode": mode, "length": length, "attention_path": path_of(m, v)}
+                if args.memory:
+                    row["peak_bytes"] = max(peaks[v])
+                else:
+                    row.update(seconds=statistics.median(times[v]), seconds_all=times[v])
+                    if v != "stock":
+                        row["time_vs_stock"] = round(statistics.median(
+                            [a / b for a, b in zip(times[v], times["stock"])]), 3)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
     return {"rows": rows}
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--schemes", default=None, help="comma list (default: stock + every registered scheme)")
-    p.add_argument("--lengths", default="1024,4096,8192")
+    p.add_argument("--schemes", default="alibi,alibi+scale_bias,t5,shaw,fire",
+                   help="comma list of variants: scheme or scheme+flag (a boolean option set true)")
+    p.add_argument("--lengths", default="1024,2048,8192")
     p.add_argument("--modes", default="infer,train")
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per model (halved past 2k)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="GPT-2's dropouts (0: the fused kernels; >0 sends stock CPU SDPA to its O(N^2) math path)")
+    p.add_argument("--memory-lengths", default="8192", help="lengths whose peak memory is measured ('' = none)")
+    p.add_argument("--memory-layers", type=int, default=None, help="layers for the memory runs (default --layers)")
     p.add_argument("--out", default="benchmarks/bench_kernel.json")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.variants = args.schemes.split(",")
     args.lengths = [int(x) for x in args.lengths.split(",")]
     args.modes = args.modes.split(",")
     if args.worker:
-        args.scheme = args.worker
         print(json.dumps(worker(args)))
         return
-    import retrofit
-
-    schemes = args.schemes.split(",") if args.schemes else ["stock", *retrofit.schemes()]
+    common = ["--schemes", args.schemes, "--dropout", str(args.dropout)]
     rows = []
-    for scheme in schemes:
+    for mode in args.modes:
+        for length in args.lengths:  # one process per (mode, length): an OOM kills only that row
+            rows += run_worker(args, [*common, "--lengths", str(length), "--modes", mode, "--layers", str(args.layers),
+                                      "--repeats", str(args.repeats)], f"time {mode} {length}")
+            write(args, rows)
+    mem_layers = args.memory_layers or args.layers
+    for length in [int(x) for x in args.memory_lengths.split(",") if x]:
         for mode in args.modes:
-            for length in args.lengths:  # one process per measurement: an OOM kills only that row
-                cmd = [sys.executable, __file__, "--worker", scheme, "--lengths", str(length), "--modes", mode,
-                       "--layers", str(args.layers), "--repeats", str(args.repeats)]
-                print(f"[bench_kernel] {scheme} {mode} {length} ...", file=sys.stderr, flush=True)
-                r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RETROFIT_ATTENTION_PATH": "auto"})
-                if r.returncode != 0:
-                    why = "killed (out of memory)" if r.returncode in (-9, 137) else r.stderr.strip().splitlines()[-1:]
-                    rows.append({"scheme": scheme, "mode": mode, "length": length, "error": str(why)})
-                else:
-                    rows += json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+            for v in ["stock", *args.variants]:
+                rows += run_worker(args, [*common, "--lengths", str(length), "--modes", mode, "--layers",
+                                          str(mem_layers), "--memory", v], f"memory {v} {mode} {length}")
                 write(args, rows)
     print(markdown(write(args, rows)))
+
+
+def run_worker(args, argv, what) -> list[dict]:
+    print(f"[bench_kernel] {what} ...", file=sys.stderr, flush=True)
+    r = subprocess.run([sys.executable, __file__, "--worker", *argv], capture_output=True, text=True,
+                       env={**os.environ, "RETROFIT_ATTENTION_PATH": "auto"})
+    if r.returncode != 0:
+        why = "killed (out of memory)" if r.returncode in (-9, 137) else r.stderr.strip().splitlines()[-1:]
+        return [{"what": what, "error": str(why)}]
+    return json.loads(r.stdout.strip().splitlines()[-1])["rows"]
 
 
 def write(args, rows) -> dict:
@@ -155,15 +204,18 @@ def write(args, rows) -> dict:
     import retrofit
 
     rows = [dict(r) for r in rows]
-    stock = {(r["mode"], r["length"]): r for r in rows if r["scheme"] == "stock" and "error" not in r}
+    mem_stock = {(r["mode"], r["length"]): r["peak_bytes"] for r in rows if r.get("variant") == "stock" and "peak_bytes" in r}
     for r in rows:
-        s = stock.get((r["mode"], r["length"]))
-        if s and "error" not in r:
-            r["time_vs_stock"] = round(r["seconds"] / s["seconds"], 3)
-            r["memory_vs_stock"] = round(r["peak_bytes"] / s["peak_bytes"], 3) if s["peak_bytes"] else None
+        s = mem_stock.get((r.get("mode"), r.get("length")))
+        if "peak_bytes" in r and s:
+            r["memory_vs_stock"] = round(r["peak_bytes"] / s, 3)
     result = {
         "benchmark": "bench_kernel",
-        "model": f"GPT-2-small shape ({args.layers} layers, 768 dim, 12 heads), random weights, batch 1, body only",
+        "command": "python scripts/bench_kernel.py " + " ".join(sys.argv[1:]),
+        "model": f"GPT-2-small shape ({args.layers} layers for time, {args.memory_layers or args.layers} for memory; "
+                 f"768 wide, 12 heads), random weights, batch 1, body only, dropout {args.dropout}",
+        "method": "time: stock and each variant alternately in one process, ratio = median of per-repeat ratios; "
+                  "memory: one variant per process, peak over one step minus the memory before it",
         "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpu_count": os.cpu_count(),
                      "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
                      "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
@@ -178,13 +230,16 @@ def write(args, rows) -> dict:
 
 
 def markdown(result) -> str:
-    lines = ["| scheme | mode | length | seconds | x stock | peak MiB | x stock | path |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| variant | mode | length | seconds | x stock | peak MiB | x stock | path |", "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['scheme']} | {r['mode']} | {r['length']} | {r['error']} | | | | |")
-            continue
-        lines.append(f"| {r['scheme']} | {r['mode']} | {r['length']} | {r['seconds']:.2f} | {r.get('time_vs_stock', '')} "
-                     f"| {r['peak_bytes'] / 2**20:.0f} | {r.get('memory_vs_stock', '')} | {r['attention_path']} |")
+            lines.append(f"| {r['what']} | | | {r['error']} | | | | |")
+        elif "peak_bytes" in r:
+            lines.append(f"| {r['variant']} | {r['mode']} | {r['length']} | | | {r['peak_bytes'] / 2**20:.0f} "
+                         f"| {r.get('memory_vs_stock', '')} | {r['attention_path']} |")
+        else:
+            lines.append(f"| {r['variant']} | {r['mode']} | {r['length']} | {r['seconds']:.3f} "
+                         f"| {r.get('time_vs_stock', 1.0)} | | | {r['attention_path']} |")
     return "\n".join(lines)
 
 

@@ -201,3 +201,71 @@ def test_a_converted_model_trains_and_runs_on_the_fused_path_and_matches_chunked
     model(ids, labels=ids).loss.backward()
     assert retrofit.describe(model)["attention_path"] == "fused-alibi"
     assert math.isfinite(float(model.transformer.h[0].attn.c_attn.weight.grad.abs().sum()))
+
+
+# ---- RoPE decoding: each key rotated once, as it enters the cache ------------------------------
+
+
+def _count_rotated_rows(model, monkeypatch):
+    scheme = model.retrofit_positions
+    rows = []
+    real = scheme.rotate
+
+    def spy(layer, x, pos, seq_len=None):
+        rows.append(x.shape[-2])
+        return real(layer, x, pos, seq_len)
+
+    monkeypatch.setattr(scheme, "rotate", spy)
+    return rows
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "mistral"])
+def test_rope_decoding_rotates_only_the_new_keys_and_equals_recompute(model_type, monkeypatch):
+    model = retrofit.convert(TINY[model_type]().eval(), "rope")
+    x = torch.randint(3, 100, (1, 30))
+    with torch.no_grad():
+        ref = model.generate(x, max_new_tokens=8, do_sample=False, use_cache=False, output_logits=True,
+                             return_dict_in_generate=True)
+        rows = _count_rotated_rows(model, monkeypatch)
+        out = model.generate(x, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    layers = model.config.num_hidden_layers
+    # prefill: queries and keys of 30 rows per layer; then one query row and one key row per layer and step
+    assert rows[: 2 * layers] == [30] * (2 * layers) and set(rows[2 * layers :]) == {1}
+    assert torch.equal(out.sequences, ref.sequences)
+    torch.testing.assert_close(torch.stack(out.logits), torch.stack(ref.logits), atol=2e-5, rtol=1e-4)
+
+
+def test_a_cache_that_copies_its_keys_is_re_rotated_every_step(monkeypatch):
+    """A cache retrofit cannot write through (here a DynamicCache subclass) keeps unrotated keys and
+    gets the whole cache rotated every step: still exact."""
+    from transformers import DynamicCache
+
+    class CopyingCache(DynamicCache):
+        pass
+
+    model = retrofit.convert(TINY["llama"]().eval(), "rope")
+    x = torch.randint(3, 100, (1, 20))
+    with torch.no_grad():
+        full = model(x).logits
+        rows = _count_rotated_rows(model, monkeypatch)
+        cache = CopyingCache(config=model.config)
+        steps = [model(x[:, :15], past_key_values=cache, use_cache=True).logits]
+        for t in range(15, 20):
+            steps.append(model(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    assert max(rows) == 20  # the last step rotated all 20 keys
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-4)
+
+
+def test_dynamic_rope_re_rotates_the_cache_exactly(monkeypatch):
+    model = retrofit.convert(TINY["gpt2"]().eval(), "rope", scaling="dynamic", factor=2.0)
+    x = torch.randint(3, 100, (1, 80))  # past the native 32: the frequencies change every step
+    with torch.no_grad():
+        full = model(x).logits
+        out = model(x[:, :70], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(70, 80):
+            out = model(x[:, t : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+            cache = out.past_key_values
+    # dynamic frequencies follow the length: the step at 80 keys equals the full 80-token forward's last row
+    torch.testing.assert_close(steps[-1][:, -1], full[:, -1], atol=2e-5, rtol=1e-4)

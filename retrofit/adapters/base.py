@@ -140,10 +140,11 @@ class Adapter(abc.ABC):
         return Swap(parent, attr, original)
 
 
-def track_inputs(state, base: nn.Module):
-    """A forward pre-hook on the base model recording the position inputs of the current call in
-    ``state.inputs``: ``position_ids`` (as given, or None), the 2D ``attention_mask``, the cache
-    length ``past`` and the new-token count. Returns the hook handle (removed by revert)."""
+def track_inputs(state, base: nn.Module) -> list:
+    """Hooks on the base model: a forward pre-hook recording the position inputs of the current call in
+    ``state.inputs`` (``position_ids`` as given or None, the 2D ``attention_mask``, the cache length
+    ``past``, and ``cache_in_place``: whether keys may be rotated once, as they enter the cache), and a
+    forward hook marking the cache such a call filled. Returns the hook handles (removed by revert)."""
     sig = inspect.signature(base.forward)
 
     def record(module, args, kwargs):
@@ -160,9 +161,44 @@ def track_inputs(state, base: nn.Module):
             "position_ids": get("position_ids"),
             "attention_mask": mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None,
             "past": past,
+            "cache_in_place": _rotated_once(cache),
         }
 
-    return base.register_forward_pre_hook(record, with_kwargs=True)
+    def mark(module, args, output):
+        cache = _plain_cache(getattr(output, "past_key_values", None))
+        if cache is not None and (state.inputs or {}).get("cache_in_place"):
+            setattr(cache, ROTATED_MARK, True)
+
+    return [base.register_forward_pre_hook(record, with_kwargs=True), base.register_forward_hook(mark)]
+
+
+ROTATED_MARK = "_retrofit_keys_rotated"  # set on a DynamicCache whose keys a rotary scheme rotated on entry
+
+
+def _plain_cache(cache):
+    """The DynamicCache holding self-attention keys when it hands the attention the very tensors it keeps
+    (a write into the returned keys is a write into the cache); None for any other cache (quantized,
+    offloaded, static, a subclass)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = getattr(cache, "self_attention_cache", cache)  # GPT-2 with cross-attention wraps its own
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        return None
+    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in getattr(cache, "layers", [])):
+        return None
+    return cache
+
+
+def _rotated_once(cache) -> bool:
+    """May this call rotate keys once, in place, as they enter the cache (as a native RoPE model does)?
+    Yes for no cache yet (the model makes a DynamicCache; the forward hook marks it), an empty plain
+    DynamicCache, or one this model marked; no for anything else (its keys are re-rotated every call)."""
+    if cache is None:
+        return True
+    plain = _plain_cache(cache)
+    if plain is None:
+        return False
+    return bool(getattr(plain, ROTATED_MARK, False)) or cache.get_seq_length() == 0
 
 
 def state_positions(state, length: int, device, native: torch.Tensor | None = None) -> torch.Tensor:

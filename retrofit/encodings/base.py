@@ -118,6 +118,9 @@ class Scheme(nn.Module):
     def embed(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not an absolute scheme")
 
+    #: a rotary scheme whose rotation of a position changes with the sequence length (dynamic RoPE)
+    rotation_depends_on_length: bool = False
+
     #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
     bias_scaled_with_scores: bool = False
 

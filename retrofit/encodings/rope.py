@@ -86,6 +86,7 @@ class RoPE(Scheme):
     def __init__(self, spec: ModelSpec, options):
         super().__init__(spec, options)
         self.rot_dim = int(spec.head_dim * options.fraction)
+        self.rotation_depends_on_length = options.scaling == "dynamic"
         inv_freq, self.attention_scaling = self._init_frequencies(spec, options)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
