@@ -35,8 +35,12 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
     seen = (state.inputs or {}).get("past", 0)
     shift = seen - q_start if seen > q_start else 0
+    placed = state.positions is not None  # a training block's own positions (PoSE, randomized)
+    if placed and (q_start or Tk > len(state.positions)):
+        raise RetrofitError(f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
+                            f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first")
     if scheme.kind == "rotary":
-        k_pos = torch.arange(Tk, device=query.device) + state.offset + shift
+        k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
         query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk + shift)
         if _rotate_once(state, scheme, key):
             # the cache keeps rotated keys, as a native RoPE model's does: rotate only the new rows, in place
@@ -50,14 +54,16 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     if scheme.kind == "bias":
         layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
         moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
-        if moved:
+        if placed:
+            bias = lambda h, i, j: scheme.bias(layer, h, state.place(i), state.place(j))  # noqa: E731
+        elif moved:
             bias = lambda h, i, j: scheme.bias(layer, h, i + moved, j + moved)  # noqa: E731
         else:
             bias = lambda h, i, j: scheme.bias(layer, h, i, j)  # noqa: E731
         if scale:
             unscaled = bias
             bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
-        slopes = scheme.linear_slopes(layer)  # ALiBi: the fused kernels need no bias function
+        slopes = None if placed else scheme.linear_slopes(layer)  # ALiBi: the fused kernels need no bias function
         if slopes is not None and scale:
             slopes = slopes * scale
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None

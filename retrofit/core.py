@@ -21,7 +21,7 @@ from .adapters import ADAPTERS, adapter_for
 from .adapters.base import track_inputs
 from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
 from .encodings import SCHEMES, Scheme
-from .errors import AlreadyConvertedError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
+from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
 from .kernel import KERNELS
 from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_saved_config: public here too)
     SAVED_MODEL_TYPE,
@@ -276,11 +276,13 @@ def set_kernel(model, kernel: str) -> None:
     state.kernel = kernel
 
 
-def set_position_controls(model, offset: int = 0, native_fade: float = 0.0) -> None:
+def set_position_controls(model, offset: int = 0, native_fade: float = 0.0, positions=None) -> None:
     """Fine-tune controls. ``offset``: shift every position by k (random-offset augmentation; a
     scheme whose scores depend only on i - j, ``Scheme.shift_invariant``, is unaffected).
     ``native_fade`` in [0, 1]: add this much of the native mechanism back (1 = fully native,
-    0 = the new scheme alone)."""
+    0 = the new scheme alone). ``positions``: a 1-D strictly increasing tensor giving the absolute
+    position of each token of the next blocks (PoSE, randomized positions; no cache while set).
+    Calling it with no arguments resets all three."""
     state = _state(model)
     if state is None:
         raise NotConvertedError("set_position_controls needs a converted model")
@@ -288,7 +290,23 @@ def set_position_controls(model, offset: int = 0, native_fade: float = 0.0) -> N
         raise OptionError(f"offset must be a non-negative int; got {offset!r}")
     if not isinstance(native_fade, (int, float)) or not 0 <= native_fade <= 1:
         raise OptionError(f"native_fade must be in [0, 1]; got {native_fade!r}")
-    state.offset, state.native_fade = offset, float(native_fade)
+    if positions is not None:
+        positions = _check_positions(state, positions)
+        if offset or native_fade:
+            raise OptionError("positions cannot be combined with offset or native_fade")
+    state.offset, state.native_fade, state.positions = offset, float(native_fade), positions
+
+
+def _check_positions(state, positions) -> torch.Tensor:
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.dtype.is_floating_point:
+        raise OptionError(f"positions must be a 1-D integer tensor; got {positions!r}")
+    if len(positions) and (int(positions[0]) < 0 or bool((positions[1:] <= positions[:-1]).any())):
+        raise OptionError("positions must be non-negative and strictly increasing")
+    limit = state.scheme().max_length()
+    if limit is not None and len(positions) and int(positions[-1]) >= limit:
+        raise LengthError(f"scheme {state.scheme_name!r} supports at most {limit} positions; "
+                          f"the largest given is {int(positions[-1])}")
+    return positions.long()
 
 
 def describe(model) -> dict[str, Any]:

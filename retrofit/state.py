@@ -31,6 +31,7 @@ class RetrofitState:
     hooks: list = field(default_factory=list)  # removable hook handles installed by the adapter
     inputs: dict | None = None  # the current forward's position_ids, 2D mask and cache length (see track_inputs)
     offset: int = 0
+    positions: Any = None  # (T,) long: the absolute position of each token of a training block (PoSE, randomized)
     native_fade: float = 0.0
     calls: dict[int, int] = field(default_factory=dict)
     paths: dict[str, int] = field(default_factory=dict)
@@ -46,6 +47,13 @@ class RetrofitState:
                 return mod.original_module
             return mod.modules_to_save[name]
         return mod
+
+    def place(self, index):
+        """Absolute positions of token indices ``index`` (any shape): the fine-tune's position override
+        (``positions[index]``) when set, else ``index + offset``."""
+        if self.positions is None:
+            return index + self.offset
+        return self.positions.to(index.device)[index]
 
     def record(self, layer: int, path: str):
         self.calls[layer] = self.calls.get(layer, 0) + 1

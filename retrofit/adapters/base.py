@@ -129,7 +129,7 @@ class Adapter(abc.ABC):
 
         def add_positions(module, args, out):  # out (B, T, E)
             pos = state_positions(state, out.shape[1], out.device)
-            return out + state.scheme().embed(pos + state.offset, out.dtype)
+            return out + state.scheme().embed(state.place(pos), out.dtype)
 
         state.hooks.append(embed.register_forward_hook(add_positions))
         return []
@@ -272,7 +272,7 @@ class NeutralisedPositionTable(nn.Module):
         scheme = state.scheme()
         if scheme.kind == "absolute":
             new = state_positions(state, pos.shape[-1], pos.device, native=pos)
-            out = out + scheme.embed(new + state.offset, out.dtype)
+            out = out + scheme.embed(state.place(new), out.dtype)
         return out
 
 

@@ -30,12 +30,13 @@ from .. import data as rdata
 from .. import run_folder as rf
 from ..atomic import write_text
 from ..core import describe, max_length, set_position_controls
+from ..encodings import SCHEMES
 from ..errors import LengthError
 from ..optim import param_groups
 from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
-from . import outputs
+from . import outputs, positions
 from .recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,16 @@ def _check_lengths(r: Recipe, model) -> int | None:
     mechanism fades in, the native table bounds positions: returns the largest offset allowed
     then (offsets are clamped to it during the fade), or None when there is no fade."""
     pos, L = r.train.positions, r.data.block_length
-    limit = describe(model).get("max_length")
+    info = describe(model)
+    limit = info.get("max_length")
+    if pos.method != "none":
+        if limit is not None and pos.target_length > limit:
+            raise LengthError(f"'train.positions.target_length' = {pos.target_length} exceeds the {limit} positions "
+                              "the model accepts")
+        if SCHEMES.get(info["scheme"]).kind == "none":
+            log.warning("train.positions.method = %s has no effect on %r: it reads no positions", pos.method,
+                        info["scheme"])
+        log.info("positions: %s, blocks of %d spread over [0, %d)", pos.method, L, pos.target_length)
     if limit is not None and L + pos.random_offset > limit:
         raise LengthError(
             f"'data.block_length' = {L} + 'train.positions.random_offset' = {pos.random_offset} exceeds the "
@@ -355,10 +365,14 @@ def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = 
     """Random offset and native fade for this step (same on every process and on resume);
     ``step=None`` resets both."""
     pos = r.train.positions
-    if not (pos.random_offset or pos.native_fade_steps):
+    if not (pos.random_offset or pos.native_fade_steps or pos.method != "none"):
         return
     if step is None:
         set_position_controls(base)
+        return
+    if pos.method != "none":
+        drawn = positions.draw(pos.method, r.data.block_length, pos.target_length, pos.pose_chunks, r.train.seed, step)
+        set_position_controls(base, positions=drawn)
         return
     offset = random.Random(r.train.seed * 1_000_003 + step).randint(0, pos.random_offset) if pos.random_offset else 0
     fade = max(0.0, 1.0 - step / pos.native_fade_steps) if pos.native_fade_steps else 0.0

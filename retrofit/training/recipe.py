@@ -99,6 +99,13 @@ class PositionsConfig:
         "instead of dropping it at once. 0 = off.",
         0,
     )
+    method: str = _help(
+        "Teach positions beyond the block: 'pose' (PoSE: the block's chunks shifted by sorted random skips) or "
+        "'randomized' (a sorted random subset of [0, target_length)); both span target_length. 'none' = off.",
+        "none",
+    )
+    target_length: int = _help("The length 'method' prepares for (positions are drawn from [0, target_length)).", 0)
+    pose_chunks: int = _help("PoSE: chunks per block, each with its own skip (the paper uses 2).", 2)
 
 
 @dataclass
@@ -239,10 +246,30 @@ class Recipe:
         if self.convert.scheme is None:
             if t.objective != "lm":
                 raise RecipeError(f"'train.objective: {t.objective}' needs 'convert.scheme' (the teacher is the unconverted model)")
-            if t.positions.random_offset or t.positions.native_fade_steps:
+            if t.positions.random_offset or t.positions.native_fade_steps or t.positions.method != "none":
                 raise RecipeError("'train.positions' needs 'convert.scheme' (position controls act on a converted model)")
+        _check_position_method(t.positions, d.block_length)
         if c.resume not in ("auto", "never") and not Path(c.resume).is_dir():
             raise RecipeError(f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none")
+
+
+def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
+    from .positions import METHODS
+
+    if pos.method not in METHODS:
+        raise RecipeError(f"'train.positions.method' must be one of {', '.join(METHODS)}; got {pos.method!r}")
+    if pos.method == "none":
+        if pos.target_length:
+            raise RecipeError("'train.positions.target_length' is read by 'train.positions.method' (pose or randomized), "
+                              "which is 'none'")
+        return
+    if pos.target_length <= block_length:
+        raise RecipeError(f"'train.positions.method: {pos.method}' needs 'train.positions.target_length' greater than "
+                          f"'data.block_length' ({block_length}); got {pos.target_length}")
+    if pos.random_offset or pos.native_fade_steps:
+        raise RecipeError(f"'train.positions.method: {pos.method}' cannot be combined with random_offset or native_fade_steps")
+    if pos.pose_chunks < 1:
+        raise RecipeError(f"'train.positions.pose_chunks' must be >= 1, got {pos.pose_chunks}")
 
 
 def _positive(key: str, value: int) -> None:

@@ -1,0 +1,46 @@
+"""Positions a training block receives when fine-tuning at a short block for a longer target.
+
+- **PoSE** (Zhu et al., 2023, arXiv 2309.10400): the block is split into ``chunks`` contiguous
+  pieces; piece c is shifted by a skip u_c, the skips drawn uniformly from [0, target - L] and
+  sorted, so positions stay strictly increasing and the block spans up to the target length while
+  each piece keeps its local order.
+- **randomized** (Ruoss et al., 2023, "Randomized Positional Encodings"): a sorted uniform random
+  subset of L distinct positions of [0, target).
+
+Both are drawn from a seeded ``random.Random`` per step: the same recipe gives the same positions,
+on every process and after a resume.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+METHODS = ("none", "pose", "randomized")
+
+
+def pose(length: int, target: int, chunks: int, rng: random.Random) -> torch.Tensor:
+    """(length,) strictly increasing positions in [0, target): ``chunks`` pieces, each shifted by a sorted skip."""
+    chunks = max(1, min(chunks, length))
+    bounds = [round(c * length / chunks) for c in range(chunks + 1)]
+    skips = sorted(rng.randint(0, target - length) for _ in range(chunks))
+    pieces = [torch.arange(bounds[c], bounds[c + 1]) + skips[c] for c in range(chunks)]
+    return torch.cat(pieces)
+
+
+def randomized(length: int, target: int, rng: random.Random) -> torch.Tensor:
+    """(length,) a sorted uniform random subset of [0, target)."""
+    return torch.tensor(sorted(rng.sample(range(target), length)), dtype=torch.long)
+
+
+def draw(method: str, length: int, target: int, chunks: int, seed: int, step: int) -> torch.Tensor | None:
+    """This step's positions (None for method "none"); the same (seed, step) always gives the same ones."""
+    if method == "none":
+        return None
+    rng = random.Random(seed * 1_000_003 + step * 7 + 1)
+    if method == "pose":
+        return pose(length, target, chunks, rng)
+    if method == "randomized":
+        return randomized(length, target, rng)
+    raise ValueError(f"positions method must be one of {METHODS}; got {method!r}")

@@ -1,0 +1,116 @@
+"""Decoding speed with the KV cache: tokens/s of ``generate()`` after a long prompt, RoPE through
+retrofit against the same body with its native mechanism, side by side in one process.
+
+Variants (random weights; the speed does not depend on them), alternated round after round:
+
+- ``llama``: a LLaMA-style body (SmolLM2-135M's width, heads and GQA; fewer layers), native RoPE;
+- ``llama+rope``: the same weights converted by retrofit to ``rope`` with the same frequencies
+  (the cost of retrofit's attention path alone);
+- ``llama+rope(re-rotate)``: the same, with each step re-rotating the whole cache (the behaviour
+  before keys were rotated once on entering the cache), for comparison;
+- ``gpt2`` / ``gpt2+rope``: a GPT-2 body of the same width and depth, learned absolute positions
+  (its table enlarged to fit) against the same weights converted to RoPE.
+
+    OMP_NUM_THREADS=2 python scripts/bench_decode.py --context 4096 --new 32 --rounds 3
+    -> benchmarks/bench_decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def build(variant: str, args):
+    import transformers as tf
+
+    import retrofit
+    from retrofit import attention
+
+    torch.manual_seed(0)
+    family = variant.split("+")[0]
+    if family == "llama":
+        cfg = tf.LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=args.layers,
+                             num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                             max_position_embeddings=8192, rope_theta=100000.0)
+        model = tf.LlamaForCausalLM(cfg)
+    else:
+        cfg = tf.GPT2Config(n_embd=576, n_layer=args.layers, n_head=9, vocab_size=49152,
+                            n_positions=args.context + args.new)
+        model = tf.GPT2LMHeadModel(cfg)
+    model.eval()
+    if "+rope" in variant:
+        retrofit.convert(model, "rope")
+    rerotate = "re-rotate" in variant
+    return model, rerotate, attention
+
+
+def run(model, rerotate, attention, ids, new) -> float:
+    real = attention._rotate_once
+    if rerotate:
+        attention._rotate_once = lambda *a: False
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, use_cache=True)
+            elapsed = time.perf_counter() - t0
+    finally:
+        attention._rotate_once = real
+    assert out.shape[1] == ids.shape[1] + new
+    return elapsed
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--new", type=int, default=32, help="tokens generated after the prompt")
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", default="llama,llama+rope,llama+rope(re-rotate),gpt2,gpt2+rope")
+    ap.add_argument("--out", default="benchmarks/bench_decode.json")
+    args = ap.parse_args(argv)
+    variants = args.variants.split(",")
+    models = {v: build(v, args) for v in variants}
+    ids = torch.randint(0, 49152, (1, args.context))
+    # decode time = generate(context, new) - generate(context, 1): the prompt's prefill cancels out
+    times = {v: [] for v in variants}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for v, (model, rerotate, attention) in models.items():
+            t_full = run(model, rerotate, attention, ids, args.new)
+            t_prefill = run(model, rerotate, attention, ids, 1)
+            if r:
+                times[v].append(max(t_full - t_prefill, 1e-9))
+            print(f"[bench_decode] round {r} {v}: {t_full:.2f}s with {args.new} new, {t_prefill:.2f}s with 1",
+                  file=sys.stderr, flush=True)
+    tps = {v: (args.new - 1) / statistics.median(t) for v, t in times.items()}
+    rows = [{"variant": v, "decode_tokens_per_s": round(tps[v], 2), "seconds_all": times[v]} for v in variants]
+    for row in rows:
+        base = row["variant"].split("+")[0]
+        if base in tps and row["variant"] != base:
+            row["vs_" + base] = round(tps[row["variant"]] / tps[base], 3)
+    result = {
+        "benchmark": "bench_decode",
+        "command": "python scripts/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "setup": f"{args.layers} layers, 576 wide, 9 heads (LLaMA: 3 KV heads), batch 1, greedy, prompt {args.context} "
+                 f"tokens, {args.new} new; decode time = generate(new) - generate(1), median of {args.rounds} rounds",
+        "hardware": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    for row in rows:
+        print(json.dumps({k: v for k, v in row.items() if k != "seconds_all"}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
