@@ -71,7 +71,6 @@ def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_s
     (CPU SDPA with dropout runs the math path): then each block's scores are at most (H, max_rows, Tk)
     and, under grad, each block is checkpointed so backward never holds them all (linear memory)."""
     B, H, Tq, D = q.shape
-    Tk = k.shape[-2]
     parts = parts_for(q.dtype)
     width = D + parts
     if q.is_cuda:

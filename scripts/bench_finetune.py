@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\n| scheme | tokens/s | x unconverted | attention path |\n|---|---:|---:|---|")
+    print("\n| scheme | tokens/s | x unconverted | attention path |\n|---|---:|---:|---|")
     for n, row in rows.items():
         print(f"| {n} | {row['tokens_per_s']} | {row['ratio_to_unconverted']} | {row['attention_path'] or 'stock'} |")
     print(f"wrote {out}")

@@ -212,7 +212,7 @@ def table_gpt2(original: list[dict], results: list[dict], lengths: list[int], na
         for L in lengths:
             row[f"ppl@{L // native}x"] = ppl_at(c["rows"], L)
         ctrl = controls.get((c["method"], c["budget"]))
-        native_ppl = row[f"ppl@1x"]
+        native_ppl = row["ppl@1x"]
         if native_ppl and orig.get(native):
             row["vs_original@1x"] = round(native_ppl / orig[native], 4)
         if ctrl and c.get("role") != "control" and native_ppl:
