@@ -8,6 +8,7 @@ import torch
 
 from . import kernel
 from .errors import LengthError, PatchNotLiveError, RetrofitError
+from .adapters.base import state_positions
 from .state import LayerContext
 
 ATTN_NAME = "retrofit"
@@ -47,6 +48,10 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], Tk + shift)
         else:
             key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
+    tau = None
+    if scheme.common.temperature:  # length-aware temperature: every logit of query i times tau_i (its bias's too)
+        tau = scheme.temperature(state.place(state_positions(state, Tq, query.device)))  # (B or 1, Tq), padding-aware
+        query = query * tau.to(query.dtype)[:, None, :, None]
     if key.shape[1] != H:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
         key = key.repeat_interleave(H // key.shape[1], dim=1)
         value = value.repeat_interleave(H // value.shape[1], dim=1)
@@ -63,7 +68,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         if scale:
             unscaled = bias
             bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
-        slopes = None if placed else scheme.linear_slopes(layer)  # ALiBi: the fused kernels need no bias function
+        # ALiBi: the fused kernels need no bias function (not with a block's own positions)
+        slopes = None if placed else scheme.linear_slopes(layer)
         if slopes is not None and scale:
             slopes = slopes * scale
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
@@ -71,7 +77,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
     out, path = kernel.attend(
         query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
-        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes,
+        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes, row_scale=tau,
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None

@@ -21,6 +21,7 @@ from .adapters import ADAPTERS, adapter_for
 from .adapters.base import track_inputs
 from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
 from .encodings import SCHEMES, Scheme
+from .encodings.base import parse_common
 from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
 from .kernel import KERNELS
 from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_saved_config: public here too)
@@ -90,9 +91,11 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
         )
     adapter = adapter_for(model)
     spec = dataclasses.replace(adapter.spec(), embedding_rms=_embedding_rms(model))
-    opts = scheme_cls.parse_options(spec, options)
+    common, own = parse_common(spec, options)
+    opts = scheme_cls.parse_options(spec, own)
     ref = next(model.parameters())
     scheme = scheme_cls(spec, opts).to(ref.device)
+    scheme.common = common
 
     state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
                           original_attn=model.config._attn_implementation, native_max=adapter.native_max_length())

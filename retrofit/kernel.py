@@ -115,12 +115,19 @@ def attend(
     dropout: float = 0.0,
     kernel: str = "auto",
     slopes: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, str]:
     """Causal attention of q (B, H, Tq, D) over k, v (B, H, Tk, D); query i sits at key position q_start + i.
 
     key_padding: (B, Tk) bool, True = real token. window: keys with i - j >= window are masked.
     slopes: (H,) when ``bias(h, i, j) == -slopes[h] * (i - j)`` exactly (ALiBi): the fused paths may serve it.
+    row_scale: (B or 1, Tq) multiplies query row i's bias (a temperature; q is already scaled by the caller).
     Returns (output (B, H, Tq, D), path name)."""
+    if row_scale is not None and bias is not None:
+        slopes = None  # the fused paths carry an unscaled bias
+        row_scale = row_scale.to(torch.float32).expand(q.shape[0], q.shape[-2])  # (B, Tq)
+    else:
+        row_scale = None
     if key_padding is not None and bool(key_padding.all()):
         key_padding = None
     path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window),
@@ -135,7 +142,7 @@ def attend(
         return fused.flash_attn_alibi(q, k, v, scaling=scaling, slopes=slopes, window=window, dropout=dropout), path
     if path == "flex":
         try:
-            return _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start), "flex"
+            return _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start, row_scale), "flex"
         except Exception as e:  # a compiler failure: say so, stop using flex in this process, use chunked
             if kernel == "flex":  # asked for explicitly: do not substitute
                 raise
@@ -146,14 +153,14 @@ def attend(
         # stock SDPA: full causal self-attention, or one decoding query that sees every key
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling)
         return out, "sdpa-causal" if Tq > 1 else "sdpa"
-    return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout), path
+    return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale), path
 
 
 def _chunk_rows(H: int, Tq: int, Tk: int) -> int:
     return max(16, min(Tq, CHUNK_ELEMENTS // max(1, H * Tk)))
 
 
-def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout):
+def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale=None):
     B, H, Tq, D = q.shape
     rows = _chunk_rows(H, Tq, k.shape[-2])
     use_ckpt = torch.is_grad_enabled() and rows < Tq and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -163,12 +170,14 @@ def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropou
         # keys this chunk can see: [lo, hi) (causal upper bound, window lower bound)
         hi = q_start + e
         lo = max(0, q_start + s - window + 1) if window else 0
-        args = (q[:, :, s:e], k[:, :, lo:hi], v[:, :, lo:hi], q_start + s, lo, scaling, bias, key_padding, window, dropout)
+        rows_scale = None if row_scale is None else row_scale[:, s:e]
+        args = (q[:, :, s:e], k[:, :, lo:hi], v[:, :, lo:hi], q_start + s, lo, scaling, bias, key_padding, window, dropout,
+                rows_scale)
         outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
     return torch.cat(outs, dim=2)
 
 
-def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout):
+def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_scale=None):
     # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: absolute positions of the first query/key
     C, Tc = qc.shape[-2], kc.shape[-2]
     q_pos = torch.arange(q0, q0 + C, device=qc.device)
@@ -187,7 +196,10 @@ def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout):
             compute_dtype = torch.float32  # the bias is large at long range: score it in fp32
         h = torch.arange(qc.shape[1], device=qc.device)[:, None, None]
         mask = bias(h, q_pos[None, :, None], k_pos[None, None, :]).to(compute_dtype)  # (H, C, Tc)
-        mask = mask.unsqueeze(0).masked_fill(~allowed, float("-inf"))
+        mask = mask.unsqueeze(0)  # (1, H, C, Tc)
+        if row_scale is not None:
+            mask = mask * row_scale[:, None, :, None].to(compute_dtype)  # (B, H, C, Tc)
+        mask = mask.masked_fill(~allowed, float("-inf"))
     else:
         mask = allowed
     out = F.scaled_dot_product_attention(
@@ -196,14 +208,18 @@ def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout):
     return out.to(qc.dtype)
 
 
-def _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start):
+def _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start, row_scale=None):
     from torch.nn.attention.flex_attention import create_block_mask
 
     B, H, Tq, D = q.shape
     Tk = k.shape[-2]
 
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + bias(h, q_idx + q_start, kv_idx).to(score.dtype)
+    if row_scale is None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias(h, q_idx + q_start, kv_idx).to(score.dtype)
+    else:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + (bias(h, q_idx + q_start, kv_idx) * row_scale[b, q_idx]).to(score.dtype)
 
     def mask_mod(b, h, q_idx, kv_idx):
         qa = q_idx + q_start

@@ -109,6 +109,9 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     scores = query @ key.transpose(-1, -2) * (scaling if scaling is not None else D**-0.5)  # (B, H, Tq, Tk)
     if scheme.kind == "bias":
         scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (scaling if scheme.bias_scaled_with_scores else 1)
+    beta, length = scheme.common.temperature, scheme.common.temperature_length
+    if beta:  # every logit of query i times 1 + beta * ln(max(1, (i + 1) / length))
+        scores = scores * (1 + beta * torch.log(torch.clamp((i + 1).double() / length, min=1.0))).float()
     allowed = (j <= i) & ((i - j < ctx.window) if ctx.window else True)
     if attention_mask is not None:
         allowed = (allowed & attention_mask[:, None, None, :].bool()) | (i == j)

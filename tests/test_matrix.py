@@ -17,8 +17,10 @@ from . import reference  # noqa: F401  (registers "retrofit_reference")
 from .tiny import MATRIX_OPTIONS, NATIVE, TINY, ids
 
 MODEL_TYPES = sorted(TINY)
-# "scheme@kernel": the scheme on a kernel the tests' default (chunked, conftest) would not take
-KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused"]
+# "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
+# tests' default (chunked, conftest) would not take
+KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+temperature_length=8",
+                "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8"]
 CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
 
 
@@ -26,7 +28,9 @@ def convert_case(model, case):
     """Convert ``model`` as the matrix case says: ``scheme``, or ``scheme[+flag]@kernel``."""
     name, _, kernel = case.partition("@")
     scheme, *flags = name.split("+")
-    options = {**MATRIX_OPTIONS[scheme], **{f: True for f in flags}}
+    extra = dict(f.split("=") if "=" in f else (f, True) for f in flags)
+    extra = {k: v if v is True else float(v) if "." in v else int(v) for k, v in extra.items()}
+    options = {**MATRIX_OPTIONS[scheme], **extra}
     return retrofit.convert(model, scheme, kernel=kernel or "auto", **options)
 
 

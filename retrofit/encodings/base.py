@@ -56,6 +56,44 @@ def option(default, help: str, choices: tuple | None = None):
     return field(default=default, metadata=meta)
 
 
+@dataclass
+class CommonOptions:
+    """Options every scheme takes: they act on the attention logits rather than on the positions."""
+
+    temperature: float = option(
+        0.0,
+        "length-aware softmax temperature beta (every scheme): the logits of the query at position i are "
+        "multiplied by 1 + beta * ln(max(1, (i + 1) / temperature_length)); 0 = off",
+    )
+    temperature_length: int | None = option(None, "where the temperature starts growing (default: the native length)")
+
+
+COMMON_OPTIONS = tuple(f.name for f in dataclasses.fields(CommonOptions))
+
+
+def common_defaults(spec: ModelSpec | None = None) -> dict[str, Any]:
+    """The common options' values when not given (temperature_length: the model's native length)."""
+    out = dataclasses.asdict(CommonOptions())
+    if spec is not None:
+        out["temperature_length"] = spec.native_length
+    return out
+
+
+def parse_common(spec: ModelSpec, given: dict[str, Any]) -> tuple[CommonOptions, dict[str, Any]]:
+    """Split the common options out of ``given``; returns (CommonOptions, the scheme's own options)."""
+    fields = {f.name: f for f in dataclasses.fields(CommonOptions)}
+    hints = typing.get_type_hints(CommonOptions)
+    values = {k: _check_type("(every scheme)", k, v, hints[k], None) for k, v in given.items() if k in fields}
+    common = CommonOptions(**values)
+    if common.temperature_length is None:
+        common.temperature_length = spec.native_length
+    if common.temperature < 0:
+        raise OptionError(f"option 'temperature' must be >= 0; got {common.temperature}")
+    if common.temperature_length <= 0:
+        raise OptionError(f"option 'temperature_length' must be > 0; got {common.temperature_length}")
+    return common, {k: v for k, v in given.items() if k not in fields}
+
+
 class Scheme(nn.Module):
     name: ClassVar[str]
     kind: ClassVar[str]  # "bias" | "rotary" | "absolute" | "none"
@@ -70,6 +108,7 @@ class Scheme(nn.Module):
         super().__init__()
         self.spec = spec
         self.options = options
+        self.common = parse_common(spec, {})[0]  # convert sets the given ones
 
     # ---- options -------------------------------------------------------------------------
     @classmethod
@@ -79,7 +118,8 @@ class Scheme(nn.Module):
         unknown = sorted(set(given) - set(fields))
         if unknown:
             valid = ", ".join(sorted(fields)) or "(none)"
-            raise OptionError(f"scheme {cls.name!r} takes no option {', '.join(map(repr, unknown))}; its options: {valid}")
+            raise OptionError(f"scheme {cls.name!r} takes no option {', '.join(map(repr, unknown))}; its options: {valid} "
+                              f"(and, for every scheme: {', '.join(COMMON_OPTIONS)})")
         hints = typing.get_type_hints(cls.Options)
         values = {}
         for key, value in given.items():
@@ -97,7 +137,18 @@ class Scheme(nn.Module):
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls.Options)}
 
     def options_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.options)
+        """The scheme's options, and the common ones that differ from their defaults (saved in the config)."""
+        defaults = common_defaults(self.spec)
+        common = {k: v for k, v in dataclasses.asdict(self.common).items() if v != defaults[k]}
+        return {**dataclasses.asdict(self.options), **common}
+
+    def temperature(self, q_pos: torch.Tensor) -> torch.Tensor | None:
+        """Per-query logit multiplier for absolute query positions ``q_pos`` (None when off)."""
+        beta = self.common.temperature
+        if not beta:
+            return None
+        ratio = (q_pos.to(torch.float32) + 1) / self.common.temperature_length
+        return 1 + beta * torch.log(ratio.clamp(min=1.0))
 
     # ---- behaviour -----------------------------------------------------------------------
     def max_length(self) -> int | None:

@@ -56,6 +56,7 @@ def convert(model, convert_cfg):
 
 def _go_on(model, convert_cfg, current: dict):
     from ..core import set_kernel
+    from ..encodings.base import common_defaults
 
     scheme, options = current["scheme"], dict(convert_cfg.options)
     if convert_cfg.scheme not in (None, scheme):
@@ -65,8 +66,10 @@ def _go_on(model, convert_cfg, current: dict):
             f"original model ({current['base_model'] or 'its base model'})"
         )
     kernel = options.pop("kernel", None)
-    clash = {k: (v, current["options"].get(k)) for k, v in options.items() if current["options"].get(k, v) != v}
-    unknown = sorted(set(options) - set(current["options"]))
+    have = {**common_defaults(), **current["options"]}  # common options are saved only when set
+    have["temperature_length"] = current["options"].get("temperature_length", options.get("temperature_length"))
+    clash = {k: (v, have.get(k)) for k, v in options.items() if have.get(k, v) != v}
+    unknown = sorted(set(options) - set(have))
     if clash or unknown:
         detail = ", ".join([f"{k}: recipe {a!r} vs checkpoint {b!r}" for k, (a, b) in clash.items()]
                            + [f"{k}: not an option of this checkpoint's {scheme}" for k in unknown])
