@@ -14,12 +14,15 @@ log = logging.getLogger(__name__)
 
 def _scheme_help() -> str:
     from ..encodings import SCHEMES
+    from ..encodings.base import common_option_help
 
     lines = ["schemes and their options (--option key=value):"]
     for name, cls in SCHEMES.items():
         lines.append(f"  {name} ({cls.kind})")
         for key, text in cls.option_help().items():
             lines.append(f"      {key}: {text}")
+    lines.append("  every scheme also takes:")
+    lines += [f"      {key}: {text}" for key, text in common_option_help().items()]
     from ..adapters import ADAPTERS
 
     lines.append("architectures: " + "; ".join(f"{n} ({', '.join(c.model_types)})" for n, c in ADAPTERS.items()))

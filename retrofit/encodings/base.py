@@ -71,6 +71,10 @@ class CommonOptions:
 COMMON_OPTIONS = tuple(f.name for f in dataclasses.fields(CommonOptions))
 
 
+def common_option_help() -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(CommonOptions)}
+
+
 def common_defaults(spec: ModelSpec | None = None) -> dict[str, Any]:
     """The common options' values when not given (temperature_length: the model's native length)."""
     out = dataclasses.asdict(CommonOptions())
@@ -137,9 +141,8 @@ class Scheme(nn.Module):
         return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls.Options)}
 
     def options_dict(self) -> dict[str, Any]:
-        """The scheme's options, and the common ones that differ from their defaults (saved in the config)."""
-        defaults = common_defaults(self.spec)
-        common = {k: v for k, v in dataclasses.asdict(self.common).items() if v != defaults[k]}
+        """The scheme's options, and the common ones when the temperature is on (saved in the config)."""
+        common = dataclasses.asdict(self.common) if self.common.temperature else {}
         return {**dataclasses.asdict(self.options), **common}
 
     def temperature(self, q_pos: torch.Tensor) -> torch.Tensor | None:

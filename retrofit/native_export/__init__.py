@@ -122,6 +122,13 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
             f"no native architecture expresses {pair[0]} + {pair[1]}; supported: {'; '.join(supported_pairs())}. "
             "Export without --native (retrofit format) and load it with retrofit.load(path)"
         )
+    if info["options"].get("temperature"):
+        raise RetrofitError(
+            f"no native architecture expresses the length-aware temperature (temperature="
+            f"{info['options']['temperature']}): {'; '.join(supported_pairs())} have no per-position logit scale "
+            "(Llama 4's attn_temperature_tuning uses another, floored formula). Export without --native "
+            "(retrofit format) and load it with retrofit.load(path)"
+        )
     fn = MAPPINGS.get(f"{pair[0]}+{pair[1]}").build
     native_len = int(info["native"]["length"])
     opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len)), "approximate": approximate,
