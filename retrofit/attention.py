@@ -36,6 +36,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
     seen = (state.inputs or {}).get("past", 0)
     shift = seen - q_start if seen > q_start else 0
+    if scheme.common.qk_norm:
+        query, key = _qk_norm(state, scheme, ctx.layer, query, key, q_start)
     placed = state.positions is not None  # a training block's own positions (PoSE, randomized)
     if placed and (q_start or Tk > len(state.positions)):
         raise RetrofitError(f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
@@ -81,6 +83,20 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _qk_norm(state, scheme, layer, query, key, q_start):
+    """QK-norm before the positions act. Keys in a cache that were already normalised (and, for a rotary
+    scheme writing through the cache, rotated) are left as they are: only the new rows are normalised."""
+    if state.calibration is not None:  # calibrating: record each head's RMS, leave q and k as they are
+        for which, x in (("q", query), ("k", key)):
+            state.calibration[(layer, which)] = x.float().pow(2).mean(dim=(0, 2, 3)).sqrt()
+        return query, key
+    query = scheme.qk_normed(layer, query, "q")
+    if (state.inputs or {}).get("cache_in_place") and not key.requires_grad:
+        key[:, :, q_start:] = scheme.qk_normed(layer, key[:, :, q_start:], "k")  # the cache keeps normalised keys
+        return query, key
+    return query, scheme.qk_normed(layer, key, "k")
 
 
 def _rotate_once(state, scheme, key) -> bool:

@@ -94,8 +94,9 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     common, own = parse_common(spec, options)
     opts = scheme_cls.parse_options(spec, own)
     ref = next(model.parameters())
-    scheme = scheme_cls(spec, opts).to(ref.device)
-    scheme.common = common
+    scheme = scheme_cls(spec, opts)
+    scheme.set_common(common)
+    scheme = scheme.to(ref.device)
 
     state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
                           original_attn=model.config._attn_implementation, native_max=adapter.native_max_length())
@@ -127,6 +128,8 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "retrofit_version": __version__,
             "base_config": base_config(model.config, previous),
         }
+        if common.qk_norm and not from_checkpoint:
+            _calibrate_qk_norm(model, state, spec.native_length)
         if verify:
             _verify_live(model, state)
         advertise_reach(model, state, reach(model))
@@ -157,6 +160,33 @@ def _set_attn(model, name: str | None):
         cfg = getattr(m, "config", None)
         if cfg is not None and cfg is not model.config and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = name
+
+
+def _calibrate_qk_norm(model, state: RetrofitState, native_length: int, length: int = 256) -> None:
+    """Start QK-norm's gains at the mean RMS of each head's q and k on one pass of ``min(length, native)``
+    deterministic tokens, so normalised scores start close to the original ones. The pass runs with
+    gains of one and the norm itself off (``state.calibration`` collects the RMS per layer and head)."""
+    scheme = state.scheme()
+    vocab = model.get_input_embeddings().weight.shape[0]
+    n = min(length, native_length)
+    ids = ((torch.arange(n, device=next(model.parameters()).device) * 7919 + 11) % vocab)[None]
+    state.calibration = {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+        with torch.no_grad():
+            for (layer, which), rms in state.calibration.items():
+                gain = scheme.q_gain if which == "q" else scheme.k_gain
+                gain[layer] = rms[:, None].to(gain.dtype)  # (H, 1) over the head dim
+        calibrated = len(state.calibration)
+    finally:
+        state.calibration = None
+        model.train(was_training)
+    if calibrated != 2 * scheme.spec.num_layers:
+        raise PatchNotLiveError(f"qk_norm: the calibration pass reached {calibrated // 2} of {scheme.spec.num_layers} layers")
+    log.info("qk_norm: gains calibrated on %d tokens", n)
 
 
 def _verify_live(model, state: RetrofitState, length: int = 8):

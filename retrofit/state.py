@@ -31,6 +31,7 @@ class RetrofitState:
     hooks: list = field(default_factory=list)  # removable hook handles installed by the adapter
     inputs: dict | None = None  # the current forward's position_ids, 2D mask and cache length (see track_inputs)
     offset: int = 0
+    calibration: dict | None = None  # while QK-norm calibrates: {(layer, "q"|"k"): mean RMS per head}
     positions: Any = None  # (T,) long: the absolute position of each token of a training block (PoSE, randomized)
     native_fade: float = 0.0
     calls: dict[int, int] = field(default_factory=dict)

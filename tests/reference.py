@@ -99,9 +99,12 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     scheme = ctx.state.scheme()
     B, H, Tq, D = query.shape
     Tk = key.shape[-2]
-    key = key.repeat_interleave(H // key.shape[1], 1).float()
+    query, key = query.float(), key.float()
+    if scheme.common.qk_norm:  # Zhang & Sennrich's RMSNorm per head: x / sqrt(mean(x^2) + eps) * g
+        query = query / torch.sqrt(query.pow(2).mean(-1, keepdim=True) + 1e-6) * scheme.q_gain[ctx.layer][:, None].float()
+        key = key / torch.sqrt(key.pow(2).mean(-1, keepdim=True) + 1e-6) * scheme.k_gain[ctx.layer][:, None].float()
+    key = key.repeat_interleave(H // key.shape[1], 1)
     value = value.repeat_interleave(H // value.shape[1], 1).float()
-    query = query.float()
     i = torch.arange(Tk - Tq, Tk)[:, None]
     j = torch.arange(Tk)[None, :]
     if scheme.kind == "rotary":

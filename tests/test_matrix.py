@@ -20,7 +20,8 @@ MODEL_TYPES = sorted(TINY)
 # "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
 # tests' default (chunked, conftest) would not take
 KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+temperature_length=8",
-                "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8"]
+                "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
+                "nope+qk_norm", "rope+qk_norm+temperature=0.3"]
 CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
 
 

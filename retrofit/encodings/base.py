@@ -66,6 +66,11 @@ class CommonOptions:
         "multiplied by 1 + beta * ln(max(1, (i + 1) / temperature_length)); 0 = off",
     )
     temperature_length: int | None = option(None, "where the temperature starts growing (default: the native length)")
+    qk_norm: bool = option(
+        False,
+        "RMSNorm on each head's q and k before the positions act (learned gains, started at the RMS of q and k "
+        "measured by a calibration pass at the native length, so the scores start close to the original's)",
+    )
 
 
 COMMON_OPTIONS = tuple(f.name for f in dataclasses.fields(CommonOptions))
@@ -142,8 +147,27 @@ class Scheme(nn.Module):
 
     def options_dict(self) -> dict[str, Any]:
         """The scheme's options, and the common ones when the temperature is on (saved in the config)."""
-        common = dataclasses.asdict(self.common) if self.common.temperature else {}
+        common = dataclasses.asdict(self.common)
+        if not self.common.temperature:
+            common = {"qk_norm": True} if self.common.qk_norm else {}
+        elif not self.common.qk_norm:
+            common.pop("qk_norm")
         return {**dataclasses.asdict(self.options), **common}
+
+    def set_common(self, common: CommonOptions) -> None:
+        """Install the common options (convert calls this); QK-norm adds its gains (L, H|Hkv, D), ones until
+        calibrated, as parameters of this module (saved, trained and loaded like a scheme's own)."""
+        self.common = common
+        if common.qk_norm:
+            s = self.spec
+            self.q_gain = nn.Parameter(torch.ones(s.num_layers, s.num_heads, s.head_dim))
+            self.k_gain = nn.Parameter(torch.ones(s.num_layers, s.num_kv_heads, s.head_dim))
+
+    def qk_normed(self, layer: int, x: torch.Tensor, which: str) -> torch.Tensor:
+        """RMSNorm over the head dim of q or k (B, H, T, D), times the layer's per-head gains."""
+        gain = (self.q_gain if which == "q" else self.k_gain)[layer]  # (H, D)
+        normed = torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=1e-6)
+        return (normed * gain[:, None, :].float()).to(x.dtype)
 
     def temperature(self, q_pos: torch.Tensor) -> torch.Tensor | None:
         """Per-query logit multiplier for absolute query positions ``q_pos`` (None when off)."""
