@@ -92,3 +92,22 @@ def test_cli_takes_the_temperature_and_lists_it(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["convert", "--help"])
     assert "every scheme also takes" in capsys.readouterr().out
+
+
+def test_qk_norm_gains_start_at_the_measured_rms_of_q_and_k():
+    """Calibration: layer 0's gains equal the RMS of its q and k per head on the calibration tokens, in the
+    converted model (NoPE: no position table), computed here by hand from GPT-2's c_attn (so the norm
+    starts close to the scores it replaces)."""
+    base = TINY["gpt2"]().eval()
+    n = min(256, NATIVE)
+    tokens = ((torch.arange(n) * 7919 + 11) % base.config.vocab_size)[None]
+    with torch.no_grad():
+        hidden = base.transformer.h[0].ln_1(base.transformer.wte(tokens))
+        q, k, _ = base.transformer.h[0].attn.c_attn(hidden).split(base.config.n_embd, dim=2)
+    H = base.config.n_head
+    rms = [t.view(1, n, H, -1).pow(2).mean(dim=(0, 1, 3)).sqrt() for t in (q, k)]
+    model = retrofit.convert(base, "nope", qk_norm=True)
+    scheme = model.retrofit_positions
+    torch.testing.assert_close(scheme.q_gain[0, :, 0], rms[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(scheme.k_gain[0, :, 0], rms[1], atol=1e-5, rtol=1e-4)
+    assert scheme.q_gain.requires_grad and retrofit.describe(model)["options"] == {"qk_norm": True}
