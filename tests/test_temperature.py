@@ -111,3 +111,16 @@ def test_qk_norm_gains_start_at_the_measured_rms_of_q_and_k():
     torch.testing.assert_close(scheme.q_gain[0, :, 0], rms[0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(scheme.k_gain[0, :, 0], rms[1], atol=1e-5, rtol=1e-4)
     assert scheme.q_gain.requires_grad and retrofit.describe(model)["options"] == {"qk_norm": True}
+
+
+def test_the_tiny_drope_recipe_runs_and_its_final_model_keeps_both_options(tmp_path):
+    from pathlib import Path
+
+    from retrofit.training import finetune
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny-drope.yaml"
+    out = finetune(str(recipe), [f"output_dir={tmp_path / 'run'}", "train.steps=2"])
+    final = retrofit.load(out / "final")
+    options = retrofit.describe(final)["options"]
+    assert options["qk_norm"] is True and options["temperature"] == 0.2
+    assert not torch.equal(final.retrofit_positions.q_gain, torch.ones_like(final.retrofit_positions.q_gain))
