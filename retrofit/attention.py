@@ -54,9 +54,6 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     if scheme.common.temperature:  # length-aware temperature: every logit of query i times tau_i (its bias's too)
         tau = scheme.temperature(state.place(state_positions(state, Tq, query.device)))  # (B or 1, Tq), padding-aware
         query = query * tau.to(query.dtype)[:, None, :, None]
-    if key.shape[1] != H:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
-        key = key.repeat_interleave(H // key.shape[1], dim=1)
-        value = value.repeat_interleave(H // value.shape[1], dim=1)
     bias = slopes = None
     if scheme.kind == "bias":
         layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)

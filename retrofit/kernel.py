@@ -117,7 +117,8 @@ def attend(
     slopes: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, str]:
-    """Causal attention of q (B, H, Tq, D) over k, v (B, H, Tk, D); query i sits at key position q_start + i.
+    """Causal attention of q (B, H, Tq, D) over k, v (B, H or Hkv, Tk, D); query i sits at key position q_start + i.
+    Grouped-query keys (Hkv < H) go to stock SDPA as they are (``enable_gqa``), else are repeated per head.
 
     key_padding: (B, Tk) bool, True = real token. window: keys with i - j >= window are masked.
     slopes: (H,) when ``bias(h, i, j) == -slopes[h] * (i - j)`` exactly (ALiBi): the fused paths may serve it.
@@ -132,6 +133,15 @@ def attend(
         key_padding = None
     path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window),
                        linear=slopes is not None, padded=key_padding is not None)
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if path == "chunked" and bias is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
+        # stock SDPA: full causal self-attention, or one decoding query that sees every key
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling,
+                                             enable_gqa=k.shape[1] != q.shape[1])
+        return out, "sdpa-causal" if Tq > 1 else "sdpa"
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     if path == "fused-alibi":
         # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
         cap = _chunk_rows(q.shape[1], q.shape[-2], k.shape[-2]) if dropout > 0 and not q.is_cuda else None
@@ -148,11 +158,6 @@ def attend(
                 raise
             _disable_flex(e)
             path = "chunked (flex failed)"
-    Tq, Tk = q.shape[-2], k.shape[-2]
-    if path == "chunked" and bias is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
-        # stock SDPA: full causal self-attention, or one decoding query that sees every key
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling)
-        return out, "sdpa-causal" if Tq > 1 else "sdpa"
     return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale), path
 
 

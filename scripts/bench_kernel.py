@@ -102,6 +102,26 @@ def make_step(model, mode, x):
     return step
 
 
+def saved_bytes(step) -> int:
+    """Bytes autograd keeps for backward during one training step (unique storages of every saved
+    tensor): the activation memory, free of the allocator noise a peak-RSS reading carries."""
+    import torch
+
+    storages = {}
+
+    def pack(t):
+        try:
+            st = t.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(storages.values())
+
+
 def path_of(model, variant):
     import retrofit
 
@@ -139,6 +159,8 @@ def worker(args) -> dict:
                 row = {"variant": v, "mode": mode, "length": length, "attention_path": path_of(m, v)}
                 if args.memory:
                     row["peak_bytes"] = max(peaks[v])
+                    if mode == "train":
+                        row["saved_for_backward_bytes"] = saved_bytes(steps[v])
                 else:
                     row.update(seconds=statistics.median(times[v]), seconds_all=times[v])
                     if v != "stock":
@@ -205,10 +227,15 @@ def write(args, rows) -> dict:
 
     rows = [dict(r) for r in rows]
     mem_stock = {(r["mode"], r["length"]): r["peak_bytes"] for r in rows if r.get("variant") == "stock" and "peak_bytes" in r}
+    saved_stock = {(r["mode"], r["length"]): r["saved_for_backward_bytes"] for r in rows
+                   if r.get("variant") == "stock" and "saved_for_backward_bytes" in r}
     for r in rows:
         s = mem_stock.get((r.get("mode"), r.get("length")))
         if "peak_bytes" in r and s:
             r["memory_vs_stock"] = round(r["peak_bytes"] / s, 3)
+        s = saved_stock.get((r.get("mode"), r.get("length")))
+        if "saved_for_backward_bytes" in r and s:
+            r["saved_vs_stock"] = round(r["saved_for_backward_bytes"] / s, 3)
     result = {
         "benchmark": "bench_kernel",
         "command": "python scripts/bench_kernel.py " + " ".join(sys.argv[1:]),
@@ -235,8 +262,9 @@ def markdown(result) -> str:
         if "error" in r:
             lines.append(f"| {r['what']} | | | {r['error']} | | | | |")
         elif "peak_bytes" in r:
+            saved = f" (saved for backward x{r['saved_vs_stock']})" if "saved_vs_stock" in r else ""
             lines.append(f"| {r['variant']} | {r['mode']} | {r['length']} | | | {r['peak_bytes'] / 2**20:.0f} "
-                         f"| {r.get('memory_vs_stock', '')} | {r['attention_path']} |")
+                         f"| {r.get('memory_vs_stock', '')}{saved} | {r['attention_path']} |")
         else:
             lines.append(f"| {r['variant']} | {r['mode']} | {r['length']} | {r['seconds']:.3f} "
                          f"| {r.get('time_vs_stock', 1.0)} | | | {r['attention_path']} |")
