@@ -56,7 +56,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         query = query * tau.to(query.dtype)[:, None, :, None]
     bias = slopes = None
     if scheme.kind == "bias":
-        layer, scale = ctx.layer, (scaling if scheme.bias_scaled_with_scores else None)
+        scale = scaling if scheme.bias_scaled_with_scores else None
+        layer = ctx.layer_index(query.device)  # a 0-d tensor: compiled score_mods do not specialise on it
         moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
         if placed:
             bias = lambda h, i, j: scheme.bias(layer, h, state.place(i), state.place(j))  # noqa: E731
@@ -68,7 +69,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             unscaled = bias
             bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
         # ALiBi: the fused kernels need no bias function (not with a block's own positions)
-        slopes = None if placed else scheme.linear_slopes(layer)
+        slopes = None if placed else scheme.linear_slopes(ctx.layer)
         if slopes is not None and scale:
             slopes = slopes * scale
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from .adapters.base import Adapter, Swap
@@ -69,5 +70,15 @@ class LayerContext:
     state: RetrofitState
     layer: int
     window: int | None
+    _index: dict = field(default_factory=dict)
+
+    def layer_index(self, device) -> torch.Tensor:
+        """The layer number as a 0-d tensor on ``device`` (for bias functions: a compiled flex score_mod
+        indexing a table with a Python int that differs per layer hits an inductor C++ compile error
+        in torch 2.13; a tensor index compiles once for every layer)."""
+        key = str(device)
+        if key not in self._index:
+            self._index[key] = torch.tensor(self.layer, device=device)
+        return self._index[key]
 
 
