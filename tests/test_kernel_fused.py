@@ -269,3 +269,21 @@ def test_dynamic_rope_re_rotates_the_cache_exactly(monkeypatch):
             cache = out.past_key_values
     # dynamic frequencies follow the length: the step at 80 keys equals the full 80-token forward's last row
     torch.testing.assert_close(steps[-1][:, -1], full[:, -1], atol=2e-5, rtol=1e-4)
+
+
+def test_cpu_flex_compiles_a_learned_bias_in_every_layer(monkeypatch):
+    """Regression: a score_mod indexing a per-layer table with a Python int failed to compile (inductor
+    C++ error) from the second layer on, so T5/Shaw/FIRE inference silently fell to the chunked path.
+    The layer now reaches bias functions as a 0-d tensor: flex runs in every layer and matches chunked."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    monkeypatch.setattr(kernel, "_flex_failed", False)
+    monkeypatch.setattr(kernel, "_flex_error", None)
+    monkeypatch.setattr(kernel, "_flex_fn", None)
+    model = retrofit.convert(TINY["gpt2"]().eval(), "t5", kernel="flex")
+    x = torch.randint(3, 100, (1, 200))
+    with torch.no_grad():
+        flex = model(x).logits
+        assert set(retrofit.describe(model)["attention_paths"]) == {"flex"}  # every layer, every call
+        set_kernel(model, "chunked")
+        chunked = model(x).logits
+    torch.testing.assert_close(flex, chunked, atol=2e-5, rtol=1e-4)
