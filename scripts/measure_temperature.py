@@ -24,9 +24,12 @@ from pathlib import Path
 import torch
 
 
-def variants(betas):
-    out = [("original", None, {})]
-    for scheme, opts in (("nope", {}), ("alibi", {}), ("rope", {"scaling": "yarn", "factor": 4.0})):
+SCHEMES = {"nope": {}, "alibi": {}, "rope": {"scaling": "yarn", "factor": 4.0}}
+
+
+def variants(betas, schemes, original=True):
+    out = [("original", None, {})] if original else []
+    for scheme, opts in ((s, SCHEMES[s]) for s in schemes):
         out.append((scheme, scheme, dict(opts)))
         for b in betas:
             out.append((f"{scheme}+temperature={b}", scheme, {**opts, "temperature": b}))
@@ -44,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="8192,16384")
     ap.add_argument("--betas", default="0.1", help="temperature values to try (comma list)")
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--schemes", default="nope,alibi,rope", help="of nope, alibi, rope (YaRN x4)")
+    ap.add_argument("--no-original", action="store_true", help="skip the unconverted model's row")
     ap.add_argument("--out", default="benchmarks/measure_temperature.json")
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -56,7 +61,7 @@ def main(argv=None) -> int:
     if len(stream) < max(lengths) + 1:
         raise SystemExit(f"held-out text has {len(stream)} tokens; need {max(lengths) + 1}")
     rows = []
-    for name, scheme, opts in variants(betas):
+    for name, scheme, opts in variants(betas, args.schemes.split(","), not args.no_original):
         if scheme is not None:
             retrofit.convert(model, scheme, **opts)
         longest = max(lengths)

@@ -287,3 +287,15 @@ def test_cpu_flex_compiles_a_learned_bias_in_every_layer(monkeypatch):
         set_kernel(model, "chunked")
         chunked = model(x).logits
     torch.testing.assert_close(flex, chunked, atol=2e-5, rtol=1e-4)
+
+
+def test_the_cli_offers_every_kernel():
+    import argparse
+
+    from retrofit.cli import convert as cli_convert
+
+    parser = argparse.ArgumentParser()
+    cli_convert.add_parser(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["convert"]
+    kernel_opt = next(a for a in sub._actions if "--kernel" in a.option_strings)
+    assert tuple(kernel_opt.choices) == kernel.KERNELS
