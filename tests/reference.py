@@ -109,7 +109,8 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     j = torch.arange(Tk)[None, :]
     if scheme.kind == "rotary":
         query, key = _rope(scheme, query, key, i[:, 0], j[0])
-    scores = query @ key.transpose(-1, -2) * (scaling if scaling is not None else D**-0.5)  # (B, H, Tq, Tk)
+    scaling = scaling if scaling is not None else D**-0.5  # some transformers releases pass None for GPT-2
+    scores = query @ key.transpose(-1, -2) * scaling  # (B, H, Tq, Tk)
     if scheme.kind == "bias":
         scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (scaling if scheme.bias_scaled_with_scores else 1)
     beta, length = scheme.common.temperature, scheme.common.temperature_length
