@@ -59,6 +59,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         scale = scaling if scheme.bias_scaled_with_scores else None
         layer = ctx.layer_index(query.device)  # a 0-d tensor: compiled score_mods do not specialise on it
         moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
+        # (the common unmoved case passes i, j as they are: a Python int added inside a compiled flex
+        # score_mod is specialised per value and hits the same inductor C++ error as a per-layer int)
         if placed:
             bias = lambda h, i, j: scheme.bias(layer, h, state.place(i), state.place(j))  # noqa: E731
         elif moved:
@@ -91,7 +93,7 @@ def _qk_norm(state, scheme, layer, query, key, q_start):
             state.calibration[(layer, which)] = x.float().pow(2).mean(dim=(0, 2, 3)).sqrt()
         return query, key
     query = scheme.qk_normed(layer, query, "q")
-    if (state.inputs or {}).get("cache_in_place") and not key.requires_grad:
+    if _writes_through_cache(state, key):
         key[:, :, q_start:] = scheme.qk_normed(layer, key[:, :, q_start:], "k")  # the cache keeps normalised keys
         return query, key
     return query, scheme.qk_normed(layer, key, "k")
@@ -101,8 +103,13 @@ def _rotate_once(state, scheme, key) -> bool:
     """Rotate each key once, as it enters the cache: a plain DynamicCache holds this very tensor, no
     gradient flows through it, and the scheme rotates a position the same way at every length (dynamic
     RoPE rescales with the length: its whole cache is re-rotated every step, exactly)."""
-    return bool((state.inputs or {}).get("cache_in_place")) and not key.requires_grad \
-        and not scheme.rotation_depends_on_length
+    return _writes_through_cache(state, key) and not scheme.rotation_depends_on_length
+
+
+def _writes_through_cache(state, key) -> bool:
+    """``key`` is the cache's own tensor (a plain DynamicCache, see ``adapters.base.track_inputs``) and no
+    gradient flows through it: new rows may be transformed in place, once, as they enter the cache."""
+    return bool((state.inputs or {}).get("cache_in_place")) and not key.requires_grad
 
 
 def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=None, **kwargs):
