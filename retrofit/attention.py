@@ -50,10 +50,16 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], Tk + shift)
         else:
             key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
+    rel_query = None
+    if scheme.kind == "relative":  # Transformer-XL: content query q + u, position query q + v
+        query, rel_query = scheme.relative_queries(ctx.layer, query)
     tau = None
     if scheme.common.temperature:  # length-aware temperature: every logit of query i times tau_i (its bias's too)
         tau = scheme.temperature(state.place(state_positions(state, Tq, query.device)))  # (B or 1, Tq), padding-aware
         query = query * tau.to(query.dtype)[:, None, :, None]
+        if rel_query is not None:
+            rel_query = rel_query * tau.to(query.dtype)[:, None, :, None]
+    relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed)
     bias = slopes = None
     if scheme.kind == "bias":
         scale = scaling if scheme.bias_scaled_with_scores else None
@@ -79,10 +85,19 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
     out, path = kernel.attend(
         query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
-        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes, row_scale=tau,
+        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes, row_scale=tau, relative=relative,
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _relative(state, scheme, layer, rel_query, Tk, placed) -> kernel.Relative:
+    """The position side of a relative scheme: one key vector per distance this call can meet (distances
+    only, so a sliding-window cache's shift does not enter; a block's own positions may span more)."""
+    positions = state.place(torch.arange(Tk, device=rel_query.device)) if placed else None
+    n = int(positions.max() - positions.min()) + 1 if placed else Tk
+    keys = scheme.relative_keys(layer, n, rel_query.dtype, rel_query.device)  # (H or 1, n, D)
+    return kernel.Relative(rel_query, keys, positions)
 
 
 def _qk_norm(state, scheme, layer, query, key, q_start):

@@ -96,6 +96,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     ref = next(model.parameters())
     scheme = scheme_cls(spec, opts)
     scheme.set_common(common)
+    _check_kernel(scheme, kernel)
     scheme = scheme.to(ref.device)
 
     state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
@@ -300,13 +301,27 @@ def frozen_parameters(model) -> list[nn.Parameter]:
 
 
 def set_kernel(model, kernel: str) -> None:
-    """Choose the attention path of a converted model: auto | flex | chunked."""
+    """Choose the attention path of a converted model: auto | fused | flex | chunked."""
     state = _state(model)
     if state is None:
         raise NotConvertedError("set_kernel needs a converted model")
     if kernel not in KERNELS:
         raise OptionError(f"kernel must be one of {', '.join(KERNELS)}; got {kernel!r}")
+    _check_kernel(state.scheme(), kernel)
     state.kernel = kernel
+
+
+def _check_kernel(scheme, kernel: str) -> None:
+    """A kernel asked for by name must be able to serve the scheme (auto and chunked serve every one)."""
+    if kernel == "fused" and scheme.linear_slopes(0) is None:
+        raise OptionError(f"kernel 'fused' serves a bias linear in the distance (alibi) only, not {scheme.name!r}; "
+                          "use kernel auto or chunked")
+    if kernel == "fused" and scheme.common.temperature:
+        raise OptionError("kernel 'fused' carries the bias unscaled, so it cannot take the temperature option; "
+                          "use kernel auto or chunked")
+    if kernel == "flex" and scheme.kind == "relative":
+        raise OptionError(f"kernel 'flex' cannot serve {scheme.name!r} (its positional term depends on the query: "
+                          "a score_mod cannot reduce over the head dim); use kernel auto or chunked")
 
 
 def set_position_controls(model, offset: int = 0, native_fade: float = 0.0, positions=None) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -35,6 +36,17 @@ from . import fused
 log = logging.getLogger(__name__)
 
 BiasFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (h, q_pos, k_pos) -> bias
+
+
+@dataclass
+class Relative:
+    """A query-dependent positional term (Transformer-XL, NEZHA): the logit of query i and key j gains
+    ``query[i] . keys[d]`` (times ``scaling``), d = pos[i] - pos[j]. Built per query chunk from the chunk's
+    distances only: (B, H, C, C + Tc) logits, never H x N x N, so memory stays linear in N."""
+
+    query: torch.Tensor  # (B, H, Tq, D) the position-side query (Transformer-XL: q + v), scaled like q
+    keys: torch.Tensor  # (H or 1, n, D) one vector per distance 0 .. n - 1
+    positions: torch.Tensor | None = None  # (Tk,) the key slots' positions (a block's own); None: slot indices
 KERNELS = ("auto", "fused", "flex", "chunked")
 CHUNK_ELEMENTS = 1 << 25  # max elements of one chunk's (H, C, Tk) score tensor (128 MiB in fp32)
 
@@ -44,15 +56,21 @@ _flex_failed = False  # flex compiled or ran and failed in this process: auto no
 
 
 def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False,
-                linear: bool = False, padded: bool = False) -> str:
+                linear: bool = False, padded: bool = False, relative: bool = False) -> str:
     """Which path runs. ``requested`` is the model's kernel option (the env var decides for "auto").
     ``masked``: padding or a sliding window is present (CPU flex miscompiles those block masks
     in torch 2.13's inductor, so on CPU they take the chunked path). ``linear``: the bias is
-    ``-m_h * (i - j)`` (ALiBi), which the fused paths serve; ``padded``: padding is present."""
+    ``-m_h * (i - j)`` (ALiBi), which the fused paths serve; ``padded``: padding is present.
+    ``relative``: a query-dependent term (``Relative``), which only the chunked path serves."""
     if requested == "auto":
         requested = os.environ.get("RETROFIT_ATTENTION_PATH", "auto")
     if requested not in KERNELS:
         raise ValueError(f"attention path must be one of {KERNELS}; got {requested!r}")
+    if relative:  # a score_mod cannot reduce over the head dim, and no fused kernel takes such a term
+        if requested in ("fused", "flex"):
+            raise RuntimeError(f"the {requested} attention path cannot serve a query-dependent relative term "
+                               "(Transformer-XL, NEZHA); use kernel='auto' or 'chunked'")
+        return "chunked"
     if requested == "fused" and not linear:
         raise RuntimeError("the fused attention path serves biases linear in the distance (alibi) only; "
                            "use kernel='auto', 'flex' or 'chunked'")
@@ -116,6 +134,7 @@ def attend(
     kernel: str = "auto",
     slopes: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
+    relative: Relative | None = None,
 ) -> tuple[torch.Tensor, str]:
     """Causal attention of q (B, H, Tq, D) over k, v (B, H or Hkv, Tk, D); query i sits at key position q_start + i.
     Grouped-query keys (Hkv < H) go to stock SDPA as they are (``enable_gqa``), else are repeated per head.
@@ -123,6 +142,7 @@ def attend(
     key_padding: (B, Tk) bool, True = real token. window: keys with i - j >= window are masked.
     slopes: (H,) when ``bias(h, i, j) == -slopes[h] * (i - j)`` exactly (ALiBi): the fused paths may serve it.
     row_scale: (B or 1, Tq) multiplies query row i's bias (a temperature; q is already scaled by the caller).
+    relative: a query-dependent term added to the logits (chunked path).
     Returns (output (B, H, Tq, D), path name)."""
     if row_scale is not None and bias is not None:
         slopes = None  # the fused paths carry an unscaled bias
@@ -132,9 +152,9 @@ def attend(
     if key_padding is not None and bool(key_padding.all()):
         key_padding = None
     path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window),
-                       linear=slopes is not None, padded=key_padding is not None)
+                       linear=slopes is not None, padded=key_padding is not None, relative=relative is not None)
     Tq, Tk = q.shape[-2], k.shape[-2]
-    if path == "chunked" and bias is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
+    if path == "chunked" and bias is None and relative is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
         # stock SDPA: full causal self-attention, or one decoding query that sees every key
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling,
                                              enable_gqa=k.shape[1] != q.shape[1])
@@ -158,16 +178,17 @@ def attend(
                 raise
             _disable_flex(e)
             path = "chunked (flex failed)"
-    return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale), path
+    return _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale, relative), path
 
 
 def _chunk_rows(H: int, Tq: int, Tk: int) -> int:
     return max(16, min(Tq, CHUNK_ELEMENTS // max(1, H * Tk)))
 
 
-def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale=None):
+def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale=None, relative=None):
     B, H, Tq, D = q.shape
-    rows = _chunk_rows(H, Tq, k.shape[-2])
+    # a relative term is per batch row and spans C + Tc distances: budget (B, H, C, 2 Tk) per chunk
+    rows = _chunk_rows(H * B * 2, Tq, k.shape[-2]) if relative is not None else _chunk_rows(H, Tq, k.shape[-2])
     use_ckpt = torch.is_grad_enabled() and rows < Tq and (q.requires_grad or k.requires_grad or v.requires_grad)
     outs = []
     for s in range(0, Tq, rows):
@@ -176,14 +197,16 @@ def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropou
         hi = q_start + e
         lo = max(0, q_start + s - window + 1) if window else 0
         rows_scale = None if row_scale is None else row_scale[:, s:e]
+        rel = () if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
         args = (q[:, :, s:e], k[:, :, lo:hi], v[:, :, lo:hi], q_start + s, lo, scaling, bias, key_padding, window, dropout,
-                rows_scale)
+                rows_scale, *rel)
         outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
     return torch.cat(outs, dim=2)
 
 
-def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_scale=None):
-    # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: absolute positions of the first query/key
+def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_scale=None, rel_q=None, rel_keys=None,
+           positions=None):
+    # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
     C, Tc = qc.shape[-2], kc.shape[-2]
     q_pos = torch.arange(q0, q0 + C, device=qc.device)
     k_pos = torch.arange(k0, k0 + Tc, device=qc.device)
@@ -205,12 +228,32 @@ def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_
         if row_scale is not None:
             mask = mask * row_scale[:, None, :, None].to(compute_dtype)  # (B, H, C, Tc)
         mask = mask.masked_fill(~allowed, float("-inf"))
+    elif rel_q is not None:
+        if qc.dtype in (torch.float16, torch.bfloat16):
+            compute_dtype = torch.float32
+        if positions is not None:  # a block's own positions (PoSE, randomized)
+            q_pos, k_pos = positions[q0 : q0 + C], positions[k0 : k0 + Tc]
+        mask = _relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype)  # (B, H, C, Tc)
+        mask = mask.masked_fill(~allowed, float("-inf"))
     else:
         mask = allowed
     out = F.scaled_dot_product_attention(
         qc.to(compute_dtype), kc.to(compute_dtype), vc.to(compute_dtype), attn_mask=mask, dropout_p=dropout, scale=scaling
     )
     return out.to(qc.dtype)
+
+
+def _relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, dtype):
+    """``rel_q[i] . rel_keys[pos_i - pos_j] * scaling`` for one chunk: rel_q (B, H, C, D), rel_keys (H or 1, n, D),
+    q_pos (C,), k_pos (Tc,) -> (B, H, C, Tc). One matmul against the chunk's distinct distances (at most
+    C + Tc - 1 for consecutive positions), then a gather (the rel-shift of Transformer-XL, written as an index)."""
+    dist = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)  # (C, Tc); future keys are masked anyway
+    lo, hi = int(dist.min()), int(dist.max())
+    table = rel_keys[:, lo : hi + 1].to(dtype)  # (H or 1, n_d, D)
+    per_distance = rel_q.to(dtype) @ table.transpose(-1, -2)  # (B, H, C, n_d)
+    B, H, C, _ = per_distance.shape
+    index = (dist - lo).expand(B, H, C, dist.shape[-1])  # a view: no (B, H, C, Tc) index tensor
+    return per_distance.gather(-1, index) * scaling
 
 
 def _attend_flex(q, k, v, scaling, bias, key_padding, window, q_start, row_scale=None):

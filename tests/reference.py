@@ -84,6 +84,36 @@ def fire_reference(s, layer, i, j):
     return (hidden @ s.w2[li].T + s.b2[li]).permute(2, 0, 1)  # (H, Tq, Tk)
 
 
+def _sinusoid(d, dim, base):
+    """The papers' sinusoid of offsets d (...,): channel 2k = sin(d / base^(2k/dim)), 2k + 1 = cos(...)."""
+    k = torch.arange(dim // 2, dtype=torch.float64)
+    angle = d.double()[..., None] / base ** (2 * k / dim)  # (..., dim/2)
+    return torch.stack([angle.sin(), angle.cos()], -1).flatten(-2).float()  # (..., dim)
+
+
+def xl_reference(s, layer, q, k, i, j):
+    """Dai et al. (2019), sec. 3.3: A_ij = (a) q_i.k_j + (b) q_i.W_R R_{i-j} + (c) u.k_j + (d) v.W_R R_{i-j}."""
+    li = layer if s.options.per_layer else 0
+    u, v, W = s.u[li].float(), s.v[li].float(), s.proj[li].float()  # (H, D), (H, D), (H * D, dim)
+    H, D = u.shape
+    R = _sinusoid((i - j).clamp(min=0), s.options.dim, s.options.base)  # (Tq, Tk, dim); future keys are masked
+    r = (R @ W.T).view(*R.shape[:2], H, D)  # (Tq, Tk, H, D)
+    a = q @ k.transpose(-1, -2)
+    b = torch.einsum("bhid,ijhd->bhij", q, r)
+    c = (u[None, :, None, :] @ k.transpose(-1, -2))  # (B, H, 1, Tk)
+    d = torch.einsum("hd,ijhd->hij", v, r)[None]  # (1, H, Tq, Tk)
+    return a + b + c + d
+
+
+def nezha_reference(s, layer, q, k, i, j):
+    """Wei et al. (2019): q_i.k_j + q_i.a_ij, a_ij the sinusoid of clip(j - i, -k, k) at the head dim."""
+    a = _sinusoid(torch.clamp(j - i, -s.options.max_distance, s.options.max_distance), q.shape[-1], s.options.base)
+    return q @ k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", q, a)
+
+
+# scheme name -> scores(scheme, layer, q (B, H, Tq, D), k (B, H, Tk, D), i, j) -> (B, H, Tq, Tk), before scaling
+REFERENCE_SCORES = {"xl": xl_reference, "nezha": nezha_reference}
+
 # scheme name -> bias(scheme, layer, i (Tq,1), j (1,Tk)) -> (H, Tq, Tk); extended by later schemes.
 # Absolute ("sinusoidal") and "nope" schemes have no bias: their reference is plain causal attention.
 REFERENCE_BIAS = {
@@ -110,7 +140,10 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     if scheme.kind == "rotary":
         query, key = _rope(scheme, query, key, i[:, 0], j[0])
     scaling = scaling if scaling is not None else D**-0.5  # some transformers releases pass None for GPT-2
-    scores = query @ key.transpose(-1, -2) * scaling  # (B, H, Tq, Tk)
+    if scheme.kind == "relative":
+        scores = REFERENCE_SCORES[scheme.name](scheme, ctx.layer, query, key, i, j) * scaling
+    else:
+        scores = query @ key.transpose(-1, -2) * scaling  # (B, H, Tq, Tk)
     if scheme.kind == "bias":
         scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (scaling if scheme.bias_scaled_with_scores else 1)
     beta, length = scheme.common.temperature, scheme.common.temperature_length

@@ -56,10 +56,12 @@ def test_alibi_reads_the_positions_stretched_distances_double_the_slopes(model_t
     torch.testing.assert_close(stretched, doubled, atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("scheme", ["rope", "sinusoidal", "fire", "t5"])
+@pytest.mark.parametrize("scheme", ["rope", "sinusoidal", "fire", "t5", "xl+init=random"])
 def test_a_uniform_shift_through_positions_equals_the_offset_control(scheme):
-    """positions = arange + k is the offset control's shift: rotary, absolute and bias schemes read both alike."""
-    model = retrofit.convert(TINY["gpt2"]().eval(), scheme)
+    """positions = arange + k is the offset control's shift: rotary, absolute, bias and relative schemes read both
+    alike (a relative scheme reads the distances between a block's own positions)."""
+    name, *flags = scheme.split("+")
+    model = retrofit.convert(TINY["gpt2"]().eval(), name, **dict(f.split("=") for f in flags))
     x = ids(1, 30)
     with torch.no_grad():
         set_position_controls(model, offset=17)

@@ -76,6 +76,8 @@ MATRIX_OPTIONS = {
     "nope": {},
     "sinusoidal": {},
     "fire": {},  # threshold = native length: the 4x test runs with a growing normaliser
+    "xl": {"init": "random"},  # zero (the default) would leave the positional terms out of the comparison
+    "nezha": {"max_distance": 48},  # clipped inside the 4x-native test
 }
 
 

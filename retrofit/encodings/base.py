@@ -2,13 +2,16 @@
 
 A scheme is an ``nn.Module`` attached to the converted model as ``model.retrofit_positions``
 (so its learned parameters are ordinary parameters: saved, optimised, visible to PEFT).
-It is one of three kinds:
+It is one of five kinds:
 
 - ``"bias"``: a per-head additive score bias, ``bias(layer, h, q_pos, k_pos)``, written
   elementwise so the same definition serves the query-chunked kernel (``h`` (H, 1, 1),
   ``q_pos`` (1, C, 1), ``k_pos`` (1, 1, Tk) -> (H, C, Tk)) and FlexAttention's ``score_mod``
   (0-d tensors -> 0-d). A learned bias is a gather (``table[layer, h, bucket(q_pos - k_pos)]``),
   never an H x N x N tensor.
+- ``"relative"``: a query-dependent positional term (Transformer-XL, NEZHA): ``relative_queries(layer, q)``
+  gives the content and position queries, ``relative_keys(layer, n, dtype, device)`` one vector per
+  distance 0 .. n - 1 (H or 1, n, D); the kernel adds ``q_pos[i] . keys[i - j]`` per query chunk.
 - ``"rotary"``: rotates q and k, ``rotate(layer, x, pos)``.
 - ``"absolute"``: adds to the embeddings, ``embed(position_ids, dtype)``.
 - ``"none"``: nothing (the causal mask alone carries order).
@@ -105,7 +108,7 @@ def parse_common(spec: ModelSpec, given: dict[str, Any]) -> tuple[CommonOptions,
 
 class Scheme(nn.Module):
     name: ClassVar[str]
-    kind: ClassVar[str]  # "bias" | "rotary" | "absolute" | "none"
+    kind: ClassVar[str]  # "bias" | "relative" | "rotary" | "absolute" | "none"
     # True when scores depend only on distances i - j (shifting every position changes nothing)
     shift_invariant: ClassVar[bool] = False
 
@@ -192,6 +195,12 @@ class Scheme(nn.Module):
 
     def rotate(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not a rotary scheme")
+
+    def relative_queries(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise TypeError(f"scheme {self.name!r} is not a relative scheme")
+
+    def relative_keys(self, layer: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        raise TypeError(f"scheme {self.name!r} is not a relative scheme")
 
     def embed(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not an absolute scheme")

@@ -1,0 +1,47 @@
+"""NEZHA's functional relative positions (Wei et al., 2019, "NEZHA: Neural Contextualized Representation
+for Chinese Language Understanding", sec. 3.2): Shaw et al.'s key form, q_i . a_ij added to the score,
+with fixed sinusoidal vectors a_ij[2k] = sin((j - i) / base^(2k/D)), a_ij[2k+1] = cos((j - i) / base^(2k/D))
+of the clipped offset (|j - i| <= ``max_distance``; the paper's 64). No learned parameters; the same
+chunked relative-logit kernel as ``xl`` (``kind = "relative"``), with one table shared by every head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import OptionError
+from .base import ModelSpec, Scheme, option, register_scheme
+from .sinusoidal import sinusoids
+
+
+@register_scheme("nezha")
+class Nezha(Scheme):
+    name = "nezha"
+    kind = "relative"
+    shift_invariant = True
+
+    @dataclass
+    class Options:
+        max_distance: int = option(64, "clipping distance: offsets beyond it share the vector at it (the paper's 64)")
+        base: float = option(10000.0, "wavelength base (the paper's 10000)")
+
+    @classmethod
+    def resolve_defaults(cls, spec, opts):
+        if opts.max_distance < 1:
+            raise OptionError(f"nezha: max_distance must be >= 1; got {opts.max_distance}")
+        if opts.base <= 1:
+            raise OptionError(f"nezha: base must be > 1; got {opts.base}")
+        return opts
+
+    def __init__(self, spec: ModelSpec, options):
+        super().__init__(spec, options)
+
+    def relative_queries(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, q  # no global biases
+
+    def relative_keys(self, layer: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """a for i - j = 0 .. n - 1 (j - i = -d, clipped) -> (1, n, D), shared by every head."""
+        offset = -torch.arange(n, device=device).clamp(max=self.options.max_distance)  # j - i
+        return sinusoids(offset, self.spec.head_dim, self.options.base)[None].to(dtype)
