@@ -187,8 +187,10 @@ def _chunk_rows(H: int, Tq: int, Tk: int) -> int:
 
 def _attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale=None, relative=None):
     B, H, Tq, D = q.shape
-    # a relative term is per batch row and spans C + Tc distances: budget (B, H, C, 2 Tk) per chunk
-    rows = _chunk_rows(H * B * 2, Tq, k.shape[-2]) if relative is not None else _chunk_rows(H, Tq, k.shape[-2])
+    rows = _chunk_rows(H, Tq, k.shape[-2])
+    if relative is not None:  # per batch row, over the chunk's distances: C + Tc, or a block's own span
+        span = k.shape[-2] if relative.positions is None else int(relative.keys.shape[1])
+        rows = _chunk_rows(H * B, Tq, k.shape[-2] + span)
     use_ckpt = torch.is_grad_enabled() and rows < Tq and (q.requires_grad or k.requires_grad or v.requires_grad)
     outs = []
     for s in range(0, Tq, rows):
