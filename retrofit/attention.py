@@ -80,6 +80,12 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         slopes = None if placed else scheme.linear_slopes(ctx.layer)
         if slopes is not None and scale:
             slopes = slopes * scale
+        if tau is not None and slopes is None and not (placed or moved) and _tau_of_slots(scheme, tau, q_start, Tk):
+            # the temperature read from the query's own position inside the bias: a compiled flex score_mod
+            # that loads a per-row tensor fails inductor's CPU template (torch 2.13); this one compiles
+            tempered, temperature = bias, scheme.temperature_fn(query.device)
+            bias = lambda h, i, j: tempered(h, i, j) * temperature(i)  # noqa: E731
+            tau = None
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
@@ -89,6 +95,11 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _tau_of_slots(scheme, tau, q_start, Tk) -> bool:
+    """The rows' temperature is the one of their slot indices (no padding, no caller's position ids)."""
+    return bool((tau == scheme.temperature(torch.arange(q_start, Tk, device=tau.device))[None]).all())
 
 
 def _relative(state, scheme, layer, rel_query, Tk, placed) -> kernel.Relative:

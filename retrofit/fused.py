@@ -63,13 +63,16 @@ def _pad_to(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_start=0, dropout=0.0,
-                 max_rows: int | None = None):
+                 max_rows: int | None = None, row_scale: torch.Tensor | None = None):
     """Causal attention with bias ``-slopes[h] * (i - j)``: q (B, H, Tq, D), k/v (B, H, Tk, D), query r at
     position q_start + r. key_padding (B, Tk) bool, True = real token; window as in ``kernel.attend``.
 
     ``max_rows`` caps the rows per block where the kernel falls back to materialising the scores
     (CPU SDPA with dropout runs the math path): then each block's scores are at most (H, max_rows, Tk)
-    and, under grad, each block is checkpointed so backward never holds them all (linear memory)."""
+    and, under grad, each block is checkpointed so backward never holds them all (linear memory).
+
+    ``row_scale`` (B, Tq) fp32 multiplies query r's bias (a temperature): the q side of the extra dims
+    carries ``2^p * tau_r`` instead of ``2^p``, so inputs of at least fp32 only (``kernel.choose_path``)."""
     B, H, Tq, D = q.shape
     parts = parts_for(q.dtype)
     width = D + parts
@@ -84,12 +87,13 @@ def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_s
     outs = []
     for s in range(0, Tq, rows):
         e = min(Tq, s + rows)
-        args = (q[:, :, s:e], k, v_wide, q_start + s, slopes, scaling, key_padding, window, dropout, width)
+        scale = None if row_scale is None else row_scale[:, s:e]
+        args = (q[:, :, s:e], k, v_wide, q_start + s, slopes, scaling, key_padding, window, dropout, width, scale)
         outs.append(checkpoint(_block, *args, use_reentrant=False) if use_ckpt else _block(*args))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
-def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, width):
+def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, width, row_scale=None):
     """One block of queries at absolute positions [i0, i0 + C) over the keys they can see."""
     B, H, C, D = qb.shape
     parts = parts_for(qb.dtype)
@@ -99,7 +103,11 @@ def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, wid
     centre = (i0 + i1 - 1) // 2
     pos = torch.arange(lo, hi, device=qb.device)
     dims, p2 = _bias_dims(slopes, pos, centre, scaling, qb.dtype, parts)  # (H, Tc, P)
-    qx = torch.cat([qb, qb.new_full((B, H, C, parts), p2)], dim=-1)  # (B, H, C, D+P)
+    if row_scale is None:
+        q_side = qb.new_full((B, H, C, parts), p2)
+    else:  # tau_r * m_h * (j - c): the row's constant tau_r * m_h * (c - i) still cancels in the softmax
+        q_side = (row_scale.to(qb.dtype) * p2)[:, None, :, None].expand(B, H, C, parts)
+    qx = torch.cat([qb, q_side], dim=-1)  # (B, H, C, D+P)
     kx = torch.cat([k[:, :, lo:hi], dims.unsqueeze(0).expand(B, H, hi - lo, parts)], dim=-1)  # (B, H, Tc, D+P)
     qx, kx = _pad_to(qx, width), _pad_to(kx, width)
     mask = _block_mask(i0, i1, lo, hi, key_padding, window, qb.device)

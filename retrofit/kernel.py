@@ -56,12 +56,14 @@ _flex_failed = False  # flex compiled or ran and failed in this process: auto no
 
 
 def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False,
-                linear: bool = False, padded: bool = False, relative: bool = False) -> str:
+                linear: bool = False, padded: bool = False, relative: bool = False, scaled: bool = False) -> str:
     """Which path runs. ``requested`` is the model's kernel option (the env var decides for "auto").
     ``masked``: padding or a sliding window is present (CPU flex miscompiles those block masks
     in torch 2.13's inductor, so on CPU they take the chunked path). ``linear``: the bias is
     ``-m_h * (i - j)`` (ALiBi), which the fused paths serve; ``padded``: padding is present.
-    ``relative``: a query-dependent term (``Relative``), which only the chunked path serves."""
+    ``relative``: a query-dependent term (``Relative``), which only the chunked path serves; ``scaled``: each
+    query row's bias is scaled by a tensor (a temperature), which neither FlashAttention's ``alibi_slopes``
+    nor CPU flex can take."""
     if requested == "auto":
         requested = os.environ.get("RETROFIT_ATTENTION_PATH", "auto")
     if requested not in KERNELS:
@@ -76,17 +78,19 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
                            "use kernel='auto', 'flex' or 'chunked'")
     if linear and requested in ("auto", "fused"):
         half = q.dtype in (torch.float16, torch.bfloat16)
-        if requested == "auto" and q.is_cuda and half and not padded and fused.flash_attn_available():
+        if requested == "auto" and q.is_cuda and half and not padded and not scaled and fused.flash_attn_available():
             return "flash-attn-alibi"
         return "fused-alibi"
     if not has_bias or requested == "chunked" or dropout > 0:
         return "chunked"
     grad = torch.is_grad_enabled() and q.requires_grad
-    flex_ok = q.is_cuda or not (grad or masked)  # CPU flex: no backward, no padded/windowed block masks
+    # CPU flex: no backward, no padded/windowed block masks, no per-row tensor in a score_mod (inductor's
+    # CPU template fails to compile the load, torch 2.13)
+    flex_ok = q.is_cuda or not (grad or masked or scaled)
     if requested == "flex":
         if not flex_ok:
-            raise RuntimeError("flex attention on CPU has no backward and cannot take padding or windows; "
-                               "use kernel='chunked' or 'auto'")
+            raise RuntimeError("flex attention on CPU has no backward and cannot take padding, windows or a "
+                               "per-row bias scale; use kernel='chunked' or 'auto'")
         if not _flex_available():
             raise RuntimeError(f"flex attention was requested but is unavailable: {_flex_error}")
         return "flex"
@@ -145,14 +149,16 @@ def attend(
     relative: a query-dependent term added to the logits (chunked path).
     Returns (output (B, H, Tq, D), path name)."""
     if row_scale is not None and bias is not None:
-        slopes = None  # the fused paths carry an unscaled bias
+        if q.dtype not in (torch.float32, torch.float64):
+            slopes = None  # the fused q side would round tau in half precision: no fused path
         row_scale = row_scale.to(torch.float32).expand(q.shape[0], q.shape[-2])  # (B, Tq)
     else:
         row_scale = None
     if key_padding is not None and bool(key_padding.all()):
         key_padding = None
     path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window),
-                       linear=slopes is not None, padded=key_padding is not None, relative=relative is not None)
+                       linear=slopes is not None, padded=key_padding is not None, relative=relative is not None,
+                       scaled=row_scale is not None)
     Tq, Tk = q.shape[-2], k.shape[-2]
     if path == "chunked" and bias is None and relative is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
         # stock SDPA: full causal self-attention, or one decoding query that sees every key
@@ -166,7 +172,7 @@ def attend(
         # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
         cap = _chunk_rows(q.shape[1], q.shape[-2], k.shape[-2]) if dropout > 0 and not q.is_cuda else None
         out = fused.attend_alibi(q, k, v, scaling=scaling, slopes=slopes, key_padding=key_padding, window=window,
-                                 q_start=q_start, dropout=dropout, max_rows=cap)
+                                 q_start=q_start, dropout=dropout, max_rows=cap, row_scale=row_scale)
         return out, path
     if path == "flash-attn-alibi":
         return fused.flash_attn_alibi(q, k, v, scaling=scaling, slopes=slopes, window=window, dropout=dropout), path

@@ -21,7 +21,8 @@ MODEL_TYPES = sorted(TINY)
 # tests' default (chunked, conftest) would not take
 KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+temperature_length=8",
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
-                "nope+qk_norm", "rope+qk_norm+temperature=0.3"]
+                "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@fused",
+                "alibi+scale_bias+temperature=0.3+temperature_length=8@fused"]
 CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
 
 

@@ -174,11 +174,17 @@ class Scheme(nn.Module):
 
     def temperature(self, q_pos: torch.Tensor) -> torch.Tensor | None:
         """Per-query logit multiplier for absolute query positions ``q_pos`` (None when off)."""
-        beta = self.common.temperature
-        if not beta:
+        fn = self.temperature_fn(q_pos.device)
+        return None if fn is None else fn(q_pos)
+
+    def temperature_fn(self, device) -> typing.Callable[[torch.Tensor], torch.Tensor] | None:
+        """``temperature`` as a function of the positions alone, its constants 0-d tensors made here: a
+        compiled score_mod (flex, dynamic=True) turns float attributes into .item() calls inductor cannot lower."""
+        if not self.common.temperature:
             return None
-        ratio = (q_pos.to(torch.float32) + 1) / self.common.temperature_length
-        return 1 + beta * torch.log(ratio.clamp(min=1.0))
+        beta, length = (torch.tensor(float(x), device=device)
+                        for x in (self.common.temperature, self.common.temperature_length))
+        return lambda q_pos: 1 + beta * torch.log(((q_pos.to(torch.float32) + 1) / length).clamp(min=1.0))
 
     # ---- behaviour -----------------------------------------------------------------------
     def max_length(self) -> int | None:
