@@ -12,7 +12,7 @@ import torch
 from . import sources
 from .atomic import write_dir, write_text
 from .core import is_converted, reach
-from .errors import ModelLoadError, RetrofitError
+from .errors import RetrofitError
 from .quiet import hushed
 from .saved_config import marked
 
@@ -149,8 +149,9 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
         kwargs.update(_gguf_dequantize())
     target = str(local) if gguf_file else name_or_path
     is_retrofit = sources.check(target, gguf=bool(gguf_file))
-    hub = {} if local.exists() else sources.hub_kwargs()
-    model = _from_pretrained(target, is_retrofit, gguf_file, {**kwargs, **hub})
+    with sources.hub_access(None if local.exists() else target):
+        model = _from_pretrained(target, is_retrofit, gguf_file, kwargs)
+        tok = _tokenizer(target, gguf_file) if tokenizer else None
     if gguf_file:  # dequantized: plain tensors that train, merge and save like any checkpoint
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -160,7 +161,6 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
         model.config._name_or_path = given
     if device:
         model.to(device)
-    tok = _tokenizer(target, gguf_file, hub) if tokenizer else None
     return model, tok
 
 
@@ -175,11 +175,11 @@ def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwar
         return AutoModelForCausalLM.from_pretrained(target, **kwargs)
 
 
-def _tokenizer(target: str, gguf_file: str | None, hub: dict):
+def _tokenizer(target: str, gguf_file: str | None):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(target, **({"gguf_file": gguf_file} if gguf_file else {}), **hub)
+        return AutoTokenizer.from_pretrained(target, **({"gguf_file": gguf_file} if gguf_file else {}))
     except (OSError, ValueError) as e:
         log.warning("no tokenizer for %s: %s", target, str(e).splitlines()[0])
         return None

@@ -90,18 +90,22 @@ def check_gguf(path: Path) -> None:
         raise ModelLoadError(f"no such GGUF file: {path}")
 
 
-def hub_kwargs() -> dict:
-    """``from_pretrained`` arguments for a Hub id: the local cache only when the Hub does not answer
-    (said once, at once, instead of a minute of retries)."""
+@contextlib.contextmanager
+def hub_access(hub_id: str | None) -> Iterator[None]:
+    """For a Hub id, one quick request first: when the Hub does not answer, this block reads the local
+    cache only (said once, at once, instead of a minute of retries per file). No-op for local paths."""
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE:
-        return {}
-    reason = _unreachable(constants.ENDPOINT)
+    reason = None if hub_id is None or constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
     if reason is None:
-        return {}
-    log.warning("%s does not answer (%s); looking in the local cache only", constants.ENDPOINT, reason)
-    return {"local_files_only": True}
+        yield
+        return
+    log.warning("%s does not answer (%s); looking for %s in the local cache only", constants.ENDPOINT, reason, hub_id)
+    constants.HF_HUB_OFFLINE = True  # what transformers and huggingface_hub read for "cache only"
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = False
 
 
 def _unreachable(endpoint: str) -> str | None:
@@ -134,8 +138,10 @@ def _explain(e: Exception, target: str, gguf_file: str | None):
         return ModelLoadError(f"the weights in {target} cannot be read ({first}): the file is damaged or "
                               "incomplete; download or save the model again")
     if gguf_file and isinstance(e, (RuntimeError, ValueError, KeyError)):
-        return ModelLoadError(f"{Path(target) / gguf_file} cannot be loaded as a causal LM ({first}); its tensors "
-                              "or metadata do not fit the architecture it names")
+        detail = "its tensors' shapes differ from those its metadata gives (listed above)" \
+            if "ignore_mismatched_sizes" in str(e) else first
+        return ModelLoadError(f"{Path(target) / gguf_file} cannot be loaded as a causal LM: {detail}; the file is "
+                              "damaged or written by a converter transformers cannot read")
     hub = _hub_error(e, target)
     if hub is not None:
         return hub
@@ -154,7 +160,7 @@ def _hub_error(e: Exception, target: str):
         return ModelLoadError(f"{target!r} is neither a local folder nor a model on the Hub; check the name "
                               "(a private repo needs HF_TOKEN)")
     if any(isinstance(x, (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError)) for x in chain):
-        why = "HF_HUB_OFFLINE is set" if _offline() else "the Hub does not answer"
+        why = "HF_HUB_OFFLINE is set" if _offline_by_env() else "the Hub does not answer"
         return HubError(f"{target!r} is not a local folder and not in the Hugging Face cache, and {why}; check the "
                         "name or path, or connect to download it")
     if any(isinstance(x, hf.HfHubHTTPError) for x in chain):
@@ -162,10 +168,8 @@ def _hub_error(e: Exception, target: str):
     return None
 
 
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE)
+def _offline_by_env() -> bool:
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def _chain(e: BaseException) -> list[BaseException]:
