@@ -10,11 +10,18 @@ crash leaves the old one, never half of the new one). Every writer in the packag
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from .errors import OutputError
+
+# How writers say "the disk is full": an errno, or the text of safetensors' Rust error.
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
 
 
 def sibling(path: Path, tag: str = "tmp") -> Path:
@@ -52,16 +59,85 @@ def publish(tmp: Path, path: Path, *, keep_existing: bool = False) -> Path:
     return path
 
 
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _free_bytes(path: Path) -> int:
+    for p in (path, *path.parents):
+        if p.exists():
+            return shutil.disk_usage(p).free
+    return 0
+
+
+def no_space(exc: BaseException, where: str | os.PathLike) -> bool:
+    """Whether ``exc`` is a write that failed for lack of disk space. torch's zip writer says only
+    "unexpected pos" (its stream failed); then the free space of ``where`` decides."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _NO_SPACE_ERRNOS:
+            return True
+        if any(text in str(e) for text in _NO_SPACE_TEXT):
+            return True
+        if isinstance(e, RuntimeError) and "unexpected pos" in str(e):
+            return _free_bytes(Path(where)) < 1 << 20
+    return False
+
+
+def no_space_error(path: str | os.PathLike) -> OutputError:
+    return OutputError(f"no space left on device while writing {path}; nothing was kept. Free some space "
+                       "(or write somewhere else) and run again")
+
+
+def make_parent(path: str | os.PathLike) -> Path:
+    """Create the folder that will hold ``path``; an OutputError says why it cannot be."""
+    parent = Path(path).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise OutputError(f"cannot create {parent}: a file is in the way ({_file_in_the_way(parent)}); "
+                          "choose another path") from None
+    except OSError as e:
+        raise OutputError(f"cannot create {parent}: {e.strerror or e}; choose another path") from None
+    return parent
+
+
+def check_creatable(path: str | os.PathLike) -> None:
+    """Say now, creating nothing, when ``path`` cannot be created: a file in the way, or an existing
+    ancestor that is not writable."""
+    path = Path(path).absolute()
+    ancestor = next(p for p in path.parents if p.exists())
+    if not ancestor.is_dir():
+        raise OutputError(f"cannot create {path}: a file is in the way ({ancestor}); choose another path")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot create {path}: {ancestor} is not writable; choose another path")
+
+
+def _file_in_the_way(path: Path) -> Path:
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            return p
+    return path
+
+
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike, *, keep_existing: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling of ``path`` to write (a file or a folder); on success it is published
-    over ``path``; on any error it is removed and ``path`` is untouched."""
+    over ``path``; on any error it is removed and ``path`` is untouched. A full disk is an
+    OutputError that says so."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path)
     tmp = sibling(path)
     try:
         yield tmp
         publish(tmp, path, keep_existing=keep_existing)
+    except Exception as e:
+        if no_space(e, tmp):
+            raise no_space_error(path) from e
+        raise
     finally:
         if tmp.exists():
             _remove(tmp)

@@ -239,15 +239,23 @@ def limits(ctx: dict) -> list[str]:
     n, top = ev["native"], ev["max_length"]
     out.append(_native_quality(b, ev, rows.get(n), base))
     if n in rows and top in rows and top != n:
-        trend = "rises" if rows[top] > rows[n] * 1.02 else "does not rise"
-        out.append(f"Measured up to {top:,} tokens ({top / n:g}x native): perplexity {trend} from {rows[n]:.2f} at "
-                   f"{n:,} to {rows[top]:.2f} at {top:,}. Longer inputs were not measured.")
+        out.append(f"Measured up to {top:,} tokens ({top / n:g}x native): perplexity {_trend(rows[n], rows[top])} "
+                   f"{rows[n]:.2f} at {n:,} to {rows[top]:.2f} at {top:,}. Longer inputs were not measured.")
     out.append(f"Evaluated on {ev['data']['tokens']:,} tokens of `{ev['data']['spec']}` only; other domains were not tested.")
     if ev["passkey"]:
         s = ev["passkey"].get(ev["main"]) or {"correct": 0, "trials": 0}
         out.append(f"Passkey retrieval: {s['correct']}/{s['trials']} correct over the grid; "
                    "long-range retrieval is not what a short positional fine-tune teaches.")
     return out + _common_limits(ctx)
+
+
+def _trend(at_native: float, at_top: float) -> str:
+    """The words before "A at n to B at top", following the numbers."""
+    if at_top == at_native:
+        return "is unchanged from"
+    way = "rises" if at_top > at_native else "falls"
+    slightly = max(at_top, at_native) <= min(at_top, at_native) * 1.02
+    return f"{way} slightly (under 2%) from" if slightly else f"{way} from"
 
 
 def _common_limits(ctx: dict) -> list[str]:

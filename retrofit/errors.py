@@ -56,7 +56,16 @@ class RecipeError(RetrofitError, ValueError):
     """A recipe key that is unknown, missing or of the wrong type."""
 
 
+class OutputError(RetrofitError):
+    """An output that cannot be written: a path that is a file or cannot be created, a full disk, no
+    permission. Nothing half-written is left behind."""
+
+
+class ModelLoadError(RetrofitError):
+    """A model that cannot be read: no such path, a folder that is not a model, damaged weights."""
+
+
 class HubError(RetrofitError):
-    """Missing token or other Hub precondition."""
+    """Missing token, Hub unreachable, or another Hub precondition."""
 
     exit_code = 5

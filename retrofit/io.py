@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 
+from . import sources
 from .atomic import write_dir, write_text
 from .core import is_converted, reach
-from .saved_config import marked
 from .errors import RetrofitError
+from .quiet import hushed
+from .saved_config import marked
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +97,14 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
     if "dtype" in from_pretrained_kwargs:
         from_pretrained_kwargs["dtype"] = DTYPES.get(from_pretrained_kwargs["dtype"], from_pretrained_kwargs["dtype"])
     from_pretrained_kwargs.pop("config", None)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
+    with sources.readable(path), hushed("positions_unexpected"):  # retrofit loads those tensors below
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
     reapply(model, block)
     positions = getattr(model, POSITIONS_MODULE)
     expected = positions.state_dict()
     if expected:
-        saved = _retrofit_tensors(path, POSITIONS_MODULE + ".")
+        with sources.readable(path):
+            saved = _retrofit_tensors(path, POSITIONS_MODULE + ".")
         missing = sorted(set(expected) - set(saved))
         if missing:
             raise RetrofitError(f"{path}: the checkpoint lacks position parameters {missing}")
@@ -123,9 +127,8 @@ def _gguf_dequantize() -> dict:
 def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | None = None, device: str | None = None,
                tokenizer: bool = True):
     """(model, tokenizer) from a hub id, a local folder, a GGUF file or a built-in name
-    (``tiny-gpt2``, ``smollm2``, ``baseline:<preset>``). A retrofit checkpoint is re-patched."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    (``tiny-gpt2``, ``smollm2``, ``baseline:<preset>``). A retrofit checkpoint is re-patched.
+    What cannot be loaded is a ModelLoadError, UnsupportedArchitectureError or HubError that says why."""
     from .builtin import resolve
 
     given = str(name_or_path)
@@ -141,18 +144,14 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
     if gguf_file:
         if local.is_file():
             local, gguf_file = local.parent, local.name
+        sources.check_gguf(local / gguf_file)
         kwargs["gguf_file"] = gguf_file
         kwargs.update(_gguf_dequantize())
-    is_retrofit = (local / "config.json").exists() and "retrofit" in json.loads((local / "config.json").read_text())
-    try:
-        if is_retrofit:
-            model = load(local, **kwargs)
-        else:
-            if not gguf_file:
-                kwargs["use_safetensors"] = True
-            model = AutoModelForCausalLM.from_pretrained(str(local) if gguf_file else name_or_path, **kwargs)
-    except OSError as e:
-        raise RetrofitError(f"cannot load model {name_or_path!r}: {e}") from e
+    target = str(local) if gguf_file else name_or_path
+    is_retrofit = sources.check(target, gguf=bool(gguf_file))
+    with sources.hub_access(None if local.exists() else target):
+        model = _from_pretrained(target, is_retrofit, gguf_file, kwargs)
+        tok = _tokenizer(target, gguf_file) if tokenizer else None
     if gguf_file:  # dequantized: plain tensors that train, merge and save like any checkpoint
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -162,11 +161,25 @@ def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | 
         model.config._name_or_path = given
     if device:
         model.to(device)
-    tok = None
-    if tokenizer:
-        try:
-            tok = AutoTokenizer.from_pretrained(str(local) if gguf_file else name_or_path,
-                                                **({"gguf_file": gguf_file} if gguf_file else {}))
-        except (OSError, ValueError) as e:
-            log.warning("no tokenizer for %s: %s", name_or_path, e)
     return model, tok
+
+
+def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwargs: dict):
+    from transformers import AutoModelForCausalLM
+
+    if is_retrofit:
+        return load(target, **kwargs)
+    if not gguf_file:
+        kwargs["use_safetensors"] = True
+    with sources.readable(target, gguf_file):
+        return AutoModelForCausalLM.from_pretrained(target, **kwargs)
+
+
+def _tokenizer(target: str, gguf_file: str | None):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(target, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except (OSError, ValueError) as e:
+        log.warning("no tokenizer for %s: %s", target, str(e).splitlines()[0])
+        return None

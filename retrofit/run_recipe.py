@@ -18,7 +18,7 @@ from typing import Optional
 
 from . import schema
 from .errors import OptionError, RecipeError
-from .evaluation.lengths import parse_item
+from .evaluation.lengths import parse_item, parse_list
 from .schema import field_help as _f
 from .training.recipe import Recipe
 
@@ -124,10 +124,23 @@ def load_recipe(recipe, overrides=None) -> RunRecipe:
     if not isinstance(raw, dict):
         raise RecipeError(f"a recipe must be a mapping of keys, got {type(raw).__name__}")
     schema.apply_overrides(raw, overrides)
+    _split_length_lists(raw.get("eval"))
     sections = {name: schema.build(cls, raw.pop(name, None) or {}, prefix=f"{name}.") for name, cls in SECTIONS.items()}
     rr = RunRecipe(finetune=Recipe.from_dict(raw), source=source, **sections)
     _validate(rr)
     return rr
+
+
+def _split_length_lists(section) -> None:
+    """``eval.lengths: 1x,4x`` (as ``--set`` and ``retrofit eval --lengths`` write it) is the list [1x, 4x]."""
+    if not isinstance(section, dict):
+        return
+    for key in ("lengths", "passkey_lengths"):
+        if isinstance(section.get(key), str):
+            try:
+                section[key] = parse_list(section[key], f"eval.{key}")
+            except OptionError as err:
+                raise RecipeError(f"'eval.{key}'{str(err)[len(f'eval.{key}'):]}") from None
 
 
 def _validate(rr: RunRecipe) -> None:

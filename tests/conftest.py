@@ -48,3 +48,13 @@ def cache(tmp_path_factory) -> Path:
 def micro_dir(cache) -> Path:
     """The micro baseline, pretrained once per session into the session cache."""
     return baseline.pretrain("micro", cache_dir=cache / "baseline")
+
+
+@pytest.fixture
+def user_env(tmp_path) -> dict:
+    """The environment of a user's shell for CLI subprocesses: no token, offline, a fresh cache, kernel auto."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    env.update(RETROFIT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
+               OMP_NUM_THREADS="2", RETROFIT_PROGRESS="0")
+    env.pop("RETROFIT_ATTENTION_PATH", None)  # the user's default: kernel auto
+    return env

@@ -124,6 +124,19 @@ def test_card_body_holds_budget_tables_plots_loading_and_limits(run_dir):
     assert "TODO" not in text and "{{" not in text
 
 
+def test_card_trend_words_follow_the_numbers(run_dir):
+    """'perplexity does not rise from 101.82 at 128 to 101.94 at 2,048' contradicted itself (issue 17)."""
+    text = (run_dir / "README.md").read_text()
+    verb, a, b = re.search(r"perplexity (rises|falls|is unchanged)(?: slightly \(under 2%\))? from ([\d,.]+) at [\d,]+ to "
+                           r"([\d,.]+) at",
+                           text).groups()
+    a, b = (float(x.replace(",", "")) for x in (a, b))
+    assert verb == ("rises" if b > a else "falls" if b < a else "is unchanged"), (verb, a, b)
+    assert [cards._trend(101.82, x) for x in (101.94, 101.70, 150.0, 50.0, 101.82)] == [
+        "rises slightly (under 2%) from", "falls slightly (under 2%) from", "rises from", "falls from",
+        "is unchanged from"]
+
+
 def test_card_for_a_hub_base_model_names_it_and_its_licence(run_dir, tmp_path):
     copy = copy_run(run_dir, tmp_path / "run")
     recipe = yaml.safe_load((copy / "run.yaml").read_text())

@@ -114,3 +114,16 @@ def test_cli_eval(tmp_path, capsys):
     assert rc == 2 and "larger than the available text" in capsys.readouterr().err
     rc = main(["eval", str(base_dir), "--lengths", "32,64", "--data", str(text), "--out", str(tmp_path / "y")])
     assert rc == 2 and "at most 32" in capsys.readouterr().err  # the evaluated model must support every length
+
+
+def test_a_footnote_is_said_once_for_all_its_lengths():
+    """A baseline past its table at several lengths: one footnote, not one per length (issue 17)."""
+    from retrofit.evaluation.markdown import render_markdown
+
+    conv = retrofit.convert(tiny_gpt2(n_positions=32), "alibi")
+    report = evaluate(("gpt2-alibi", conv, byte_tokenizer()), [32, 64, 128], data=docs(),
+                      baselines=[("gpt2", tiny_gpt2(n_positions=32), byte_tokenizer())], budget=128, stride=16,
+                      sliding=False, progress=False)
+    md = render_markdown(report)
+    assert md.count("accepts at most 32 tokens") == 1 and md.count("\\* ") == 1, md
+    assert "past the native length" not in md  # a note of unstarred (non-overlapping) rows

@@ -5,7 +5,6 @@ loaders get from a retrofit checkpoint."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -51,15 +50,6 @@ def cli(args: list[str], cwd: Path, env: dict, timeout: int = 600) -> subprocess
     assert args[0] == "retrofit", args
     return subprocess.run([sys.executable, "-m", "retrofit", *args[1:]], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-@pytest.fixture
-def user_env(tmp_path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
-    env.update(RETROFIT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-               OMP_NUM_THREADS="2", RETROFIT_PROGRESS="0")
-    env.pop("RETROFIT_ATTENTION_PATH", None)  # the user's default: kernel auto
-    return env
 
 
 def test_readme_usage_block_is_one_story():

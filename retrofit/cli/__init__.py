@@ -8,15 +8,18 @@ and does its work in that function. Exit codes:
     2  bad input: unknown scheme/option/key, wrong type, bad length, missing data
     3  unsupported architecture
     4  a patch did not take effect (nothing was saved)
-    5  Hub precondition failed (no token, ...)
+    5  Hub precondition failed (no token, Hub unreachable, ...)
     130 interrupted
+
+Building the parser imports no torch (``retrofit --help`` is instant): a subcommand's long epilog
+(scheme options, recipe keys) is a function, run only when that help is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
+import re
 import sys
 
 from ..errors import RetrofitError
@@ -34,18 +37,30 @@ COMMANDS = [
 ]
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be a function, called when the help is printed."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
+    from ..menu import schemes_help
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="retrofit",
         description="Swap the positional mechanism of a pretrained Hugging Face model, "
         "fine-tune it briefly, and evaluate it past its native length.",
-        epilog="Exit codes: 0 ok, 1 bug, 2 bad input, 3 unsupported architecture, "
-        "4 patch not live, 5 Hub precondition, 130 interrupted.",
+        epilog=schemes_help() + "\n\nexit codes: 0 ok, 1 bug (please report it), 2 bad input, 3 unsupported "
+        "architecture, 4 patch not live, 5 Hub precondition, 130 interrupted.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"retrofit {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and the library messages retrofit otherwise keeps quiet")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for _name, mod in COMMANDS:
         importlib.import_module(f"{__name__}.{mod}").add_parser(sub)
@@ -53,18 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..quiet import configure, hushed
+
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    args = parser.parse_args(attach_dash_values(sys.argv[1:] if argv is None else argv))
+    configure(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
-        rc = args.func(args)
+        with hushed():
+            rc = args.func(args)
         return int(rc or 0)
     except RetrofitError as e:
         print(f"retrofit {args.command}: error: {e}", file=sys.stderr)
@@ -72,6 +86,40 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"retrofit {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+_DASH_VALUE = re.compile(r"^-[\d.]")
+
+
+def attach_dash_values(argv: list[str]) -> list[str]:
+    """``--lengths -128,256`` -> ``--lengths=-128,256``. argparse takes a word starting with '-' for an
+    option unless it is one plain negative number; attached, the option's own check says what is wrong."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        if word == "--":
+            return out + argv[i:]
+        if out and _DASH_VALUE.match(word) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={word}"
+        else:
+            out.append(word)
+    return out
+
+
+def output_folder(path: str, overwrite: bool, flag: str = "--out"):
+    """The Path of an output folder to be written: not a file, empty unless ``overwrite``."""
+    from pathlib import Path
+
+    from ..errors import OutputError
+
+    from ..atomic import check_creatable
+
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{flag} {out} is a file; give a folder (it is created if needed)")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(f"{flag} {out} exists and is not empty; pass --overwrite to replace it")
+    check_creatable(out)  # before any work
+    return out
 
 
 def parse_options(pairs: list[str] | None) -> dict:

@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from pathlib import Path
-
-from ..errors import RetrofitError
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +20,9 @@ def _scheme_help() -> str:
             lines.append(f"      {key}: {text}")
     lines.append("  every scheme also takes:")
     lines += [f"      {key}: {text}" for key, text in common_option_help().items()]
-    from ..adapters import ADAPTERS
+    from ..sources import supported_architectures
 
-    lines.append("architectures: " + "; ".join(f"{n} ({', '.join(c.model_types)})" for n, c in ADAPTERS.items()))
+    lines.append("architectures: " + supported_architectures())
     return "\n".join(lines)
 
 
@@ -35,7 +32,7 @@ def add_parser(sub) -> None:
         help="swap a model's positional mechanism and save the patched checkpoint",
         description="Load MODEL (hub id, local folder or GGUF), replace its positional mechanism with SCHEME, "
         "verify the patch is live, and save it (safetensors) to --out. Reload it with retrofit.load(OUT).",
-        epilog=_scheme_help(),
+        epilog=_scheme_help,  # called when --help is printed: it imports torch
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="hub id (gpt2) or local folder; with --gguf-file, the folder holding it")
@@ -46,22 +43,32 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default=None, help="load dtype: float32, bfloat16, float16, auto")
     p.add_argument("--kernel", default="auto", choices=["auto", "fused", "flex", "chunked"], help="attention path for bias schemes")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
+    p.add_argument("--force", action="store_true",
+                   help="convert a retrofit checkpoint again (its scheme is reverted first)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from .. import core, io
-    from . import parse_options
+    from ..encodings import SCHEMES
+    from . import output_folder, parse_options
 
     options = parse_options(args.option)
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise RetrofitError(f"{out} exists and is not empty; pass --overwrite to replace it")
-    from ..encodings import SCHEMES
-
+    out = output_folder(args.out, args.overwrite)
     SCHEMES.get(args.to)  # fail on an unknown scheme before loading anything
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
-    core.convert(model, args.to, kernel=args.kernel, **options)
+    _refuse_converted(model, args)
+    core.convert(model, args.to, kernel=args.kernel, force=args.force, **options)
     io.save(model, out, tokenizer=tokenizer)
     print(json.dumps({"out": str(out), **core.describe(model)}, indent=2, sort_keys=True))
     return 0
+
+
+def _refuse_converted(model, args) -> None:
+    from ..core import describe, is_converted
+    from ..errors import AlreadyConvertedError
+
+    if is_converted(model) and not args.force:
+        raise AlreadyConvertedError(
+            f"{args.model} is already converted to {describe(model)['scheme']!r}; pass --force to revert that and "
+            f"convert it to {args.to!r}")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import codecs
 import logging
 from pathlib import Path
 
 from ..errors import OptionError
 from ..evaluation import defaults as D
+from ..evaluation.lengths import parse_list
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +19,18 @@ def _floats(text: str, what: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise OptionError(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+def _lengths(what: str):
+    """An argparse ``type``: ``1x,2x,4096`` -> ``["1x", "2x", 4096]``, the parser recipes use."""
+
+    def parse(text: str) -> list:
+        try:
+            return parse_list(text, what)
+        except OptionError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"{what}: ")) from None
+
+    return parse
 
 
 def add_parser(sub) -> None:
@@ -29,7 +43,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file")
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
-    p.add_argument("--lengths", default=None,
+    p.add_argument("--lengths", default=None, type=_lengths("--lengths"),
                    help="comma-separated token counts or multiples of the model's native length "
                    f"(e.g. 1024,2048,4096 or 1x,2x,16x; default {','.join(D.LENGTHS)}, up to the model's limit)")
     p.add_argument("--data", default=D.DATA,
@@ -49,7 +63,7 @@ def add_parser(sub) -> None:
     p.add_argument("--buckets", type=int, default=D.POSITION_BUCKETS,
                    help="log-spaced position buckets for loss by position (default %(default)s)")
     p.add_argument("--passkey", action="store_true", help="also run passkey retrieval")
-    p.add_argument("--passkey-lengths", help="comma-separated (default: --lengths)")
+    p.add_argument("--passkey-lengths", type=_lengths("--passkey-lengths"), help="comma-separated (default: --lengths)")
     p.add_argument("--passkey-depths", default=",".join(f"{d:g}" for d in D.PASSKEY_DEPTHS),
                    help="comma-separated, in [0, 1] (default %(default)s)")
     p.add_argument("--passkey-trials", type=int, default=D.PASSKEY_TRIALS,
@@ -65,13 +79,12 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..evaluation import evaluate
-    from ..evaluation.lengths import parse_list
     from ..evaluation.markdown import ppl_table
     from ..run_folder import eval_dir
 
     report = evaluate(
         args.model,
-        parse_list(args.lengths, "--lengths") if args.lengths else None,
+        args.lengths,
         data=args.data,
         gguf_file=args.gguf_file,
         doc_separator=codecs.decode(args.doc_separator, "unicode_escape") if args.doc_separator else None,
@@ -82,7 +95,7 @@ def run(args) -> int:
         batch_size=args.batch_size,
         position_buckets=args.buckets,
         passkey=args.passkey,
-        passkey_lengths=parse_list(args.passkey_lengths, "--passkey-lengths") if args.passkey_lengths else None,
+        passkey_lengths=args.passkey_lengths,
         passkey_depths=_floats(args.passkey_depths, "--passkey-depths"),
         passkey_trials=args.passkey_trials,
         seed=args.seed,

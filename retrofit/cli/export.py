@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-from ..errors import RetrofitError
 
 
 def add_parser(sub) -> None:
@@ -39,10 +36,9 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..native_export import export
+    from . import output_folder
 
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise RetrofitError(f"{out} exists and is not empty; pass --overwrite to replace it")
+    out = output_folder(args.out, args.overwrite)
     given = {"ppl_text": args.ppl_text} if args.ppl_text else {}  # else export's own default
     result = export(args.run_dir, out, native=args.native, max_length=args.max_length, check_length=args.check_length,
                     approximate=args.approximate, **given)

@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
         help="fine-tune a converted model from a recipe (LoRA or full; Accelerate; resumable)",
         description="Convert a model's positional mechanism and fine-tune it as a YAML recipe says. "
         "Runs in one process, or under `accelerate launch` with several (DDP, FSDP, DeepSpeed, CPU/gloo).",
-        epilog=_keys_help(),
+        epilog=_keys_help,  # called when --help is printed
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("recipe", help="recipe YAML file (see recipes/)")

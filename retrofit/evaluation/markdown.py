@@ -85,9 +85,9 @@ def render_markdown(report, plots: dict | None = None) -> str:
     out += ["## Perplexity vs length", "",
             "Non-overlapping windows of each length, and sliding windows (window w, stride s) scoring the same "
             "tokens. Brackets: 95% CI over windows.", "", ppl_table(report), ""]
-    notes = [r for r in report.rows if r["note"]]
-    if notes:
-        out += ["\\* " + "; ".join(dict.fromkeys(r["note"] for r in notes)) + ".", ""]
+    notes = dict.fromkeys(r["note"] for r in report.rows if r["note"] and r["method"] == "sliding")  # the starred cells
+    for note in notes:
+        out += [f"\\* {note}.", ""]
     if "ppl_vs_length.png" in (plots or {}):
         out += ["![perplexity vs length](ppl_vs_length.png)", ""]
     if "loss_by_position.png" in (plots or {}):

@@ -82,8 +82,9 @@ def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int | None, s
                 stride = given or max(1, limit // 2)
                 if stride >= limit:
                     raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {limit}")
-                note = (f"{m.name} accepts at most {limit} tokens, so length {L} is not run plainly; this row is a "
-                        f"sliding-window evaluation (window {limit}, stride {stride})")
+                # the same words for every length past the limit: a table's footnote says it once
+                note = (f"{m.name} accepts at most {limit} tokens, so longer inputs are not run plainly: these rows "
+                        f"are sliding-window evaluations (window {limit}, stride {stride})")
                 jobs.append(Job(i, L, "sliding", limit, stride, note))
                 continue
             past = f"past the native length {native}" if native and L > native else None

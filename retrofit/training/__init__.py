@@ -3,7 +3,14 @@
 See ``docs/finetune.md`` and ``retrofit finetune --help`` for the recipe keys.
 """
 
-from .loop import finetune
 from .recipe import Recipe, iter_keys
 
 __all__ = ["finetune", "Recipe", "iter_keys"]
+
+
+def __getattr__(name):  # the loop (torch, accelerate) is imported on first use: recipes stay light
+    if name == "finetune":
+        from .loop import finetune
+
+        return finetune
+    raise AttributeError(f"module 'retrofit.training' has no attribute {name!r}")

@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 from .. import data as rdata
 from .. import run_folder as rf
 from ..atomic import write_text
+from ..quiet import hushed
 from ..core import describe, max_length, set_position_controls
 from ..encodings import SCHEMES
 from ..errors import LengthError
@@ -62,8 +63,13 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
 
     ``overrides``: ``["train.steps=200", ...]`` applied on top (values parsed as YAML).
     The merged, patched model is in ``<output_dir>/final`` (read it with ``retrofit.load``).
+    Library messages that are harmless here (``retrofit.quiet.HARMLESS``) are kept quiet.
     """
-    r = Recipe.coerce(recipe, overrides)
+    with hushed("shared_tensor", "loss_type", "gradient_checkpointing_name"):
+        return _finetune(Recipe.coerce(recipe, overrides))
+
+
+def _finetune(r: Recipe) -> Path:
     out = Path(r.output_dir)
     acc = _accelerator(r)
     from accelerate.utils import set_seed

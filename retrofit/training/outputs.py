@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from .. import run_folder as rf
-from ..atomic import publish, write_text
+from ..atomic import no_space, no_space_error, publish, write_text
 from ..io import save
 from . import model as mdl
 from .recipe import Recipe
@@ -24,13 +24,20 @@ def checkpoints(out: Path) -> list[Path]:
 
 
 def save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
-    """save_state into a hidden folder, then rename: a kill mid-save never leaves a torn checkpoint."""
+    """save_state into a hidden folder, then rename: a kill mid-save never leaves a torn checkpoint, and
+    a failed save (a full disk: an OutputError that says so) removes the hidden folder."""
     final = out / rf.CHECKPOINTS / f"step_{step:08d}"
     tmp = out / rf.CHECKPOINTS / f".tmp_step_{step:08d}"
     if acc.is_main_process:
         tmp.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
-    acc.save_state(str(tmp))
+    try:
+        acc.save_state(str(tmp))
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if no_space(e, tmp):
+            raise no_space_error(final) from e
+        raise
     acc.wait_for_everyone()
     if acc.is_main_process:
         publish(tmp, final)

@@ -1,0 +1,180 @@
+"""Where a model comes from, checked before transformers reads it: a local folder, a GGUF file or a
+Hub id. Each way that fails for the user's reason (no such path, a folder that is not a model, a
+model that is not a causal LM, damaged weights, the Hub out of reach) is retrofit's own error that
+says what is wrong and what to do, never transformers' traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import HubError, ModelLoadError, RetrofitError, UnsupportedArchitectureError
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 5.0  # one request says whether the Hub answers; its own retries take a minute
+
+
+def check(target: str, *, gguf: bool = False) -> bool:
+    """Refuse what cannot be a causal LM before loading; True for a retrofit checkpoint folder.
+    A name that is not on disk must be a Hub id."""
+    path = Path(target)
+    if gguf:
+        return False
+    if path.exists():
+        return _check_folder(path)
+    if not _is_hub_id(target):
+        raise ModelLoadError(f"no such file or folder: {target}; give a model folder, a .gguf file, or a Hub id "
+                             "(org/name)")
+    return False
+
+
+def _is_hub_id(name: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _check_folder(path: Path) -> bool:
+    if not path.is_dir():
+        raise ModelLoadError(f"{path} is a file, not a model; give the folder that holds config.json and the "
+                             "weights, or a .gguf file")
+    config = path / "config.json"
+    if not config.is_file():
+        raise ModelLoadError(f"{path} is not a model folder (it has no config.json); give a folder written by "
+                             "save_pretrained or retrofit convert, a .gguf file, or a Hub id")
+    try:
+        d = json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{config} is not valid JSON ({e}); restore the file or save the model again") from None
+    if "retrofit" in d:
+        return True
+    if "auto_map" not in d:  # remote-code models name their own classes
+        check_model_type(d.get("model_type"), str(path))
+    return False
+
+
+def check_model_type(model_type: str | None, name: str) -> None:
+    """A config transformers knows, of a causal language model."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if not model_type:
+        raise ModelLoadError(f"{name}/config.json has no model_type: it is not a transformers model config")
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ModelLoadError(f"{name}: model type {model_type!r} is unknown to transformers "
+                             f"{transformers.__version__}; upgrade transformers or check the model")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UnsupportedArchitectureError(
+            f"{name} is a {model_type!r} model, which is not a causal (decoder-only) language model; retrofit "
+            f"converts causal LMs: {supported_architectures()}")
+
+
+def supported_architectures() -> str:
+    from .adapters import ADAPTERS
+
+    return ", ".join(f"{n} ({', '.join(c.model_types)})" for n, c in ADAPTERS.items())
+
+
+def check_gguf(path: Path) -> None:
+    if not path.is_file():
+        raise ModelLoadError(f"no such GGUF file: {path}")
+
+
+@contextlib.contextmanager
+def hub_access(hub_id: str | None) -> Iterator[None]:
+    """For a Hub id, one quick request first: when the Hub does not answer, this block reads the local
+    cache only (said once, at once, instead of a minute of retries per file). No-op for local paths."""
+    from huggingface_hub import constants
+
+    reason = None if hub_id is None or constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
+    if reason is None:
+        yield
+        return
+    log.warning("%s does not answer (%s); looking for %s in the local cache only", constants.ENDPOINT, reason, hub_id)
+    constants.HF_HUB_OFFLINE = True  # what transformers and huggingface_hub read for "cache only"
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = False
+
+
+def _unreachable(endpoint: str) -> str | None:
+    from huggingface_hub import get_session
+
+    try:
+        get_session().head(endpoint, timeout=PROBE_TIMEOUT_S)
+    except Exception as e:  # any transport failure means "not reachable now"; the message says which
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@contextlib.contextmanager
+def readable(target: str | os.PathLike, gguf_file: str | None = None) -> Iterator[None]:
+    """Turn transformers' and safetensors' errors for a model that cannot be read into retrofit's."""
+    try:
+        yield
+    except RetrofitError:
+        raise
+    except Exception as e:
+        error = _explain(e, str(target), gguf_file)
+        if error is None:
+            raise
+        raise error from e
+
+
+def _explain(e: Exception, target: str, gguf_file: str | None):
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if type(e).__name__ == "SafetensorError":
+        return ModelLoadError(f"the weights in {target} cannot be read ({first}): the file is damaged or "
+                              "incomplete; download or save the model again")
+    if gguf_file and isinstance(e, (RuntimeError, ValueError, KeyError)):
+        detail = "its tensors' shapes differ from those its metadata gives (listed above)" \
+            if "ignore_mismatched_sizes" in str(e) else first
+        return ModelLoadError(f"{Path(target) / gguf_file} cannot be loaded as a causal LM: {detail}; the file is "
+                              "damaged or written by a converter transformers cannot read")
+    hub = _hub_error(e, target)
+    if hub is not None:
+        return hub
+    if isinstance(e, OSError):
+        return ModelLoadError(f"cannot load model {target!r}: {first}")
+    return None
+
+
+def _hub_error(e: Exception, target: str):
+    from huggingface_hub import errors as hf
+
+    chain = _chain(e)
+    if any(isinstance(x, hf.GatedRepoError) for x in chain):
+        return HubError(f"{target} is a gated Hub repo: accept its terms on huggingface.co and set HF_TOKEN")
+    if any(isinstance(x, hf.RepositoryNotFoundError) for x in chain):
+        return ModelLoadError(f"{target!r} is neither a local folder nor a model on the Hub; check the name "
+                              "(a private repo needs HF_TOKEN)")
+    if any(isinstance(x, (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError)) for x in chain):
+        why = "HF_HUB_OFFLINE is set" if _offline_by_env() else "the Hub does not answer"
+        return HubError(f"{target!r} is not a local folder and not in the Hugging Face cache, and {why}; check the "
+                        "name or path, or connect to download it")
+    if any(isinstance(x, hf.HfHubHTTPError) for x in chain):
+        return HubError(f"the Hub refused {target!r}: {str(e).splitlines()[0]}")
+    return None
+
+
+def _offline_by_env() -> bool:
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out = []
+    while e is not None and e not in out:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out

@@ -1,0 +1,279 @@
+"""Issue 17: each ordinary user mistake, run through the command line as typed, is retrofit's own
+one-line error with its exit code (2 bad input, 3 unsupported, 5 Hub; never 1, which means a bug),
+leaves nothing half-written, and a clean run prints no warning a user would have to look up.
+`retrofit --help` builds without importing torch."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retrofit.cli import main
+
+from .test_user_path import ROOT, cli
+
+TINY_RECIPE = "recipes/tiny-gpt2-alibi-lora.yaml"
+
+
+@pytest.fixture
+def at(tmp_path, monkeypatch):
+    """Run in tmp_path with its own cache (the tiny GPT-2 is built there), offline."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RETROFIT_PROGRESS", "0")
+    return tmp_path
+
+
+def run(args: list[str], capsys) -> tuple[int, str]:
+    """``retrofit ARGS`` through the console script's entry point: (exit code, the error line)."""
+    try:
+        rc = main(args)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith(f"retrofit {args[0]}: ")]
+    return rc, (lines[-1] if lines else err)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) if folder.is_dir() else []
+
+
+# ---- what cannot be loaded ---------------------------------------------------------------------
+def test_a_model_that_is_not_a_causal_lm_is_unsupported(at, capsys):
+    import transformers as tf
+
+    tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                              num_heads=4)).save_pretrained(at / "t5")
+    rc, err = run(["convert", "t5", "--to", "alibi", "--out", "out"], capsys)
+    assert rc == 3, err
+    assert "'t5' model, which is not a causal (decoder-only) language model" in err and "llama" in err
+    assert not (at / "out").exists()
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda p: (p / "notes").mkdir() or (p / "notes" / "a.txt").write_text("hi"), "is not a model folder"),
+    (lambda p: None, "no such file or folder"),
+])
+def test_a_path_that_is_not_a_model(at, capsys, make, words):
+    make(at)
+    rc, err = run(["convert", "./notes", "--to", "alibi", "--out", "out"], capsys)
+    assert rc == 2 and words in err, err
+    assert "Repo id" not in err and not (at / "out").exists()
+
+
+def test_a_hub_name_offline_is_a_hub_error(at, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rc, err = run(["describe", "someone/not-cached-here"], capsys)
+    assert rc == 5 and "not in the Hugging Face cache, and HF_HUB_OFFLINE is set" in err, err
+
+
+def test_an_unreachable_hub_fails_at_once_from_the_cache(at, capsys, monkeypatch):
+    """One request says the Hub does not answer; the load then reads the cache only (no minute of retries)."""
+    from huggingface_hub import constants
+
+    from retrofit import sources
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    asked = []
+    monkeypatch.setattr(sources, "_unreachable", lambda endpoint: asked.append(endpoint) or "ConnectError: no route")
+    rc, err = run(["describe", "someone/not-cached-here"], capsys)
+    assert rc == 5 and "the Hub does not answer" in err, err
+    assert asked == [constants.ENDPOINT] and constants.HF_HUB_OFFLINE is False  # restored after the load
+
+
+def test_truncated_weights(at, capsys):
+    run(["convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], capsys)
+    weights = at / "ck" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    rc, err = run(["convert", "ck", "--to", "rope", "--out", "out"], capsys)
+    assert rc == 2 and "cannot be read" in err and "damaged or incomplete" in err, err
+    assert not (at / "out").exists()
+
+
+def _gguf(path: Path, embedding_width: int, width: int = 32, vocab: int = 16) -> None:
+    """A one-layer llama GGUF whose metadata says ``width``; its embedding is ``embedding_width`` wide."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64), w.add_embedding_length(width), w.add_block_count(1), w.add_feed_forward_length(64)
+    w.add_head_count(4), w.add_head_count_kv(4), w.add_layer_norm_rms_eps(1e-5), w.add_vocab_size(vocab)
+    w.add_rope_dimension_count(width // 4), w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}" for i in range(vocab)]), w.add_token_scores([0.0] * vocab), w.add_token_types([1] * vocab)
+    rand = np.random.default_rng(0)
+    tensors = {"token_embd": (vocab, embedding_width), "output": (vocab, width), "blk.0.attn_q": (width, width),
+               "blk.0.attn_k": (width, width), "blk.0.attn_v": (width, width), "blk.0.attn_output": (width, width),
+               "blk.0.ffn_gate": (64, width), "blk.0.ffn_up": (64, width), "blk.0.ffn_down": (width, 64)}
+    for name, shape in tensors.items():
+        w.add_tensor(f"{name}.weight", (rand.standard_normal(shape) * 0.02).astype(np.float32))
+    for name in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
+        w.add_tensor(f"{name}.weight", np.ones(width, np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+
+
+def test_a_gguf_whose_shapes_do_not_fit(at, capsys):
+    _gguf(at / "good.gguf", embedding_width=32)
+    rc, err = run(["describe", "good.gguf"], capsys)
+    assert rc == 0, err
+    _gguf(at / "bad.gguf", embedding_width=24)
+    rc, err = run(["convert", "bad.gguf", "--to", "alibi", "--out", "out"], capsys)
+    assert rc == 2 and "bad.gguf cannot be loaded as a causal LM" in err and "shapes differ" in err, err
+    assert not (at / "out").exists()
+
+
+# ---- where the output goes -----------------------------------------------------------------------
+@pytest.mark.parametrize("out,words", [("afile", "--out afile is a file"), ("afile/sub", "a file is in the way")])
+def test_an_out_that_cannot_be_a_folder(at, capsys, out, words):
+    (at / "afile").write_text("keep me")
+    rc, err = run(["convert", "tiny-gpt2", "--to", "alibi", "--out", out], capsys)
+    assert rc == 2 and words in err, err
+    assert (at / "afile").read_text() == "keep me"
+
+
+def test_an_out_that_cannot_be_created(at, capsys, monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # any user without write permission there
+    rc, err = run(["convert", "tiny-gpt2", "--to", "alibi", "--out", "x/y"], capsys)
+    assert rc == 2 and "is not writable" in err, err
+
+
+def _full_disk_after(nbytes: int):
+    def write(path, *a, **k):
+        Path(path).write_bytes(b"\0" * nbytes)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    return write
+
+
+def test_a_full_disk_during_convert(at, capsys, monkeypatch):
+    import transformers.modeling_utils as mu
+
+    from retrofit import builtin
+
+    builtin.tiny_gpt2()  # the input is written before the disk fills
+    monkeypatch.setattr(mu, "safe_save_file", lambda tensors, filename, **k: _full_disk_after(100)(filename))
+    rc, err = run(["convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], capsys)
+    assert rc == 2 and "no space left on device while writing ck" in err, err
+    assert not (at / "ck").exists() and leftovers(at) == []
+
+
+def test_a_full_disk_during_a_finetune_checkpoint(at, capsys, monkeypatch):
+    import torch
+
+    shutil.copytree(ROOT / "recipes", at / "recipes")
+    real_save = torch.save
+
+    def save(obj, f, *a, **k):
+        if "checkpoints" in str(f):
+            return _full_disk_after(100)(f)
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", save)
+    rc, err = run(["finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
+                   "--set", "train.steps=2", "--set", "checkpoint.every=2", "--set", "train.eval_every=0"], capsys)
+    assert rc == 2 and "no space left on device while writing ft/checkpoints/step_00000002" in err, err
+    assert leftovers(at / "ft" / "checkpoints") == [] and not (at / "ft" / "checkpoints" / "step_00000002").exists()
+
+
+def test_torch_short_write_on_a_full_disk_is_recognised(tmp_path, monkeypatch):
+    """torch's zip writer says only "unexpected pos" when the disk fills; the free space decides."""
+    import shutil as sh
+
+    from retrofit.atomic import no_space
+
+    torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    usage = sh.disk_usage(tmp_path)
+    monkeypatch.setattr(sh, "disk_usage", lambda p: usage._replace(free=0))
+    assert no_space(torch_error, tmp_path / "x")
+    monkeypatch.setattr(sh, "disk_usage", lambda p: usage._replace(free=10 << 30))
+    assert not no_space(torch_error, tmp_path / "x")
+    assert not no_space(RuntimeError("something else"), tmp_path)
+
+
+# ---- options that pointed the wrong way ----------------------------------------------------------
+def test_already_converted_names_the_flag_and_force_converts(at, capsys):
+    run(["convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], capsys)
+    rc, err = run(["convert", "ck", "--to", "rope", "--out", "ck2"], capsys)
+    assert rc == 2 and "already converted to 'alibi'; pass --force" in err and "force=True" not in err, err
+    assert not (at / "ck2").exists()
+    rc, err = run(["convert", "ck", "--to", "rope", "--out", "ck2", "--force"], capsys)
+    assert rc == 0, err
+    assert json.loads((at / "ck2" / "config.json").read_text())["retrofit"]["scheme"] == "rope"
+
+
+@pytest.mark.parametrize("lengths,words", [("-128,256", "got '-128'"), ("1x,4y", "got '4y'"), (",", "at least one")])
+def test_bad_eval_lengths_are_reported_by_the_option(at, capsys, lengths, words):
+    rc, err = run(["eval", "tiny-gpt2", "--lengths", lengths], capsys)
+    assert rc == 2 and "argument --lengths: " in err and words in err, err
+
+
+def test_lengths_as_multiples_on_the_command_line_and_in_set(at, capsys):
+    from retrofit.cli.eval import _lengths
+
+    assert _lengths("--lengths")("1x,4x,512") == ["1x", "4x", 512]
+    shutil.copytree(ROOT / "recipes", at / "recipes")
+    rc = main(["run", "recipes/quickstart.yaml", "--set", "eval.lengths=1x,4x", "--check"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "lengths:\n  - 1x\n  - 4x\n" in out, out
+
+
+# ---- help and noise ------------------------------------------------------------------------------
+def test_help_builds_without_torch():
+    code = ("import sys; from retrofit.cli import build_parser; p = build_parser(); p.format_help();"
+            "heavy = [m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules];"
+            "print(heavy)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+
+
+def test_help_lists_every_registered_scheme():
+    from retrofit import menu
+    from retrofit.encodings import SCHEMES
+
+    assert list(menu.SCHEMES) == SCHEMES.names()  # every registered scheme, nothing else
+    r = subprocess.run([sys.executable, "-m", "retrofit", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0
+    assert all(f"\n  {name} " in r.stdout for name in SCHEMES.names()), r.stdout
+
+
+def warnings_in(stderr: str) -> list[str]:
+    words = ("warning", "LOAD REPORT", "UNEXPECTED", "Removed shared tensor", "accelerate.", "Traceback")
+    return [ln for ln in stderr.splitlines() if any(w.lower() in ln.lower() for w in words)]
+
+
+def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_env):
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    steps = [["retrofit", "convert", "tiny-gpt2", "--to", "t5", "--out", "ck"],  # t5: learned position tensors
+             ["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--option", "scale_bias=true", "--out", "ckb"],
+             ["retrofit", "export", "ckb", "--native", "--out", "native"],
+             ["retrofit", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
+              "--set", "train.steps=2", "--set", "checkpoint.every=1", "--set", "train.eval_every=0"]]
+    for args in steps:
+        r = cli(args, tmp_path, user_env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert warnings_in(r.stderr) == [], (args, r.stderr[-3000:])
+    code = "import retrofit, sys; retrofit.load(sys.argv[1])"
+    r = subprocess.run([sys.executable, "-c", code, "ck"], cwd=tmp_path, env=user_env, capture_output=True, text=True)
+    assert r.returncode == 0 and warnings_in(r.stderr) == [], r.stderr[-3000:]
+
+
+def test_verbose_shows_what_is_kept_quiet(tmp_path, user_env):
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    r = cli(["retrofit", "--verbose", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2",
+             "--set", "output_dir=ft", "--set", "train.steps=1", "--set", "checkpoint.every=1",
+             "--set", "train.eval_every=0"], tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Removed shared tensor" in r.stderr and "accelerate.checkpointing" in r.stderr
