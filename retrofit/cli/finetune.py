@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 
 
@@ -20,6 +21,7 @@ def _keys_help() -> str:
         "  retrofit finetune recipes/gpt2-alibi-lora.yaml",
         "  retrofit finetune recipes/gpt2-alibi-lora.yaml --set train.steps=200 --set data.block_length=512",
         "  accelerate launch --num_processes 4 -m retrofit finetune recipes/llama-yarn-lora.yaml",
+        "  accelerate launch --config_file recipes/accelerate/fsdp.yaml -m retrofit finetune recipes/llama-yarn-lora.yaml",
         "",
         "output_dir receives final/ (merged, patched; read with retrofit.load), adapter/ (LoRA),",
         "checkpoints/, log.jsonl, recipe.yaml (resolved), versions.json and summary.json.",
@@ -63,5 +65,6 @@ def run(args) -> int:
     from ..run_folder import FINAL
 
     out = finetune(recipe)
-    print(out / FINAL)
+    if os.environ.get("RANK", "0") == "0":  # under accelerate launch: once, not once per process
+        print(out / FINAL)
     return 0

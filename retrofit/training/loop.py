@@ -37,7 +37,7 @@ from ..optim import param_groups
 from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
-from . import outputs, positions
+from . import outputs, positions, sharding
 from .recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -76,17 +76,18 @@ def _finetune(r: Recipe) -> Path:
 
     set_seed(r.train.seed)
     train_docs, val_docs = _documents(r)
-    with acc.main_process_first():
-        model, tok = mdl.load(r.model)
-    model.train()
-    native = describe(model)["native"].get("length")
-    teacher = mdl.make_teacher(model, r.model) if r.train.objective != "lm" else None
-    mdl.convert(model, r.convert)
-    fade_offset_cap = _check_lengths(r, model)
-    if r.train.gradient_checkpointing:
-        model.config.use_cache = False
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model = mdl.make_trainable(model, r.train)
+    with sharding.whole_models():
+        with acc.main_process_first():
+            model, tok = mdl.load(r.model)
+        model.train()
+        native = describe(model)["native"].get("length")
+        teacher = mdl.make_teacher(model, r.model) if r.train.objective != "lm" else None
+        mdl.convert(model, r.convert)
+        fade_offset_cap = _check_lengths(r, model)
+        if r.train.gradient_checkpointing:
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = mdl.make_trainable(model, r.train)
     train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
     if acc.is_main_process:
         _write_run_info(r, out, model, train_set, val_set)
@@ -98,7 +99,7 @@ def _accelerator(r: Recipe):
     from accelerate import Accelerator
     from accelerate.utils import GradientAccumulationPlugin
 
-    return Accelerator(
+    acc = Accelerator(
         cpu=_cpu_processes(),
         mixed_precision=None if r.train.mixed_precision == "no" else r.train.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
@@ -106,6 +107,9 @@ def _accelerator(r: Recipe):
         ),
         project_dir=r.output_dir,
     )
+    sharding.cpu_route(acc, r.train.mixed_precision)
+    log.info("processes: %d (%s)", acc.num_processes, sharding.route(acc))
+    return acc
 
 
 def _cpu_processes() -> bool:
@@ -207,6 +211,9 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
     model, optimizer, train_loader, val_loader, scheduler, sampler = _prepare(r, acc, model, train_set, val_set)
     if teacher is not None:
         teacher.to(acc.device)
+    shards = sharding.sharded_parameters(model) if sharding.route(acc).startswith("fsdp2") else None
+    if shards is not None:
+        log.info("fsdp2: %d parameters sharded, unsharded: %s", shards["sharded"], shards["unsharded"] or "none")
     progress = Progress()
     acc.register_for_checkpointing(progress)
     outputs.resume(r, acc, out)
@@ -220,7 +227,10 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
 
     acc.step = progress.step * t.gradient_accumulation_steps  # micro-batches seen: where the data resumes
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    # What the optimizer steps is what gets clipped. Not model.parameters(): under FSDP2 a unit left
+    # gathered after a forward (the tail: final norm, lm_head) lists its unsharded tensors there, whose
+    # .grad stays None, and the clip norm would leave them out (measured: 3.70 instead of 4.51).
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     meter = Meter(r, acc, progress.step)
     while progress.step < t.steps:
         where = blk.Position.of(acc.step, len(train_loader))
@@ -233,7 +243,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
                 acc.backward(loss)
                 meter.add(loss, parts)
                 if acc.sync_gradients:
-                    meter.grad_norm = acc.clip_grad_norm_(params, t.max_grad_norm or float("inf"))
+                    meter.grad_norm = sharding.clip_grad_norm(acc, params, t.max_grad_norm or float("inf"))
                     meter.lr = scheduler.get_last_lr()[0]
                 optimizer.step()
                 scheduler.step()
@@ -245,7 +255,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
             if progress.step >= t.steps:
                 break
     meter.close()
-    return _finish(r, acc, model, tok, val_loader, base, progress, meter)
+    return _finish(r, acc, model, tok, val_loader, base, progress, meter, shards)
 
 
 def _prepare(r, acc, model, train_set, val_set):
@@ -319,7 +329,7 @@ def _after_step(r, acc, out, model, val_loader, base, progress, meter):
         outputs.save_checkpoint(acc, out, step, r.checkpoint.keep_last)
 
 
-def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
+def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) -> Path:
     """Validation after training, rank checksums, final/ + adapter/, summary.json."""
     out = Path(r.output_dir)
     _position_controls(base, r, None)
@@ -328,6 +338,7 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
     if r.train.rank_checksums:
         (out / "rank_checksums").mkdir(parents=True, exist_ok=True)
         (out / "rank_checksums" / f"rank{acc.process_index}.txt").write_text(mdl.trainable_hash(base) + "\n")
+    peak = sharding.peak_memory_mib(acc)  # training's peak, before final/ is gathered and written
     outputs.write_final(r, acc, model, tok)
     if acc.is_main_process:
         summary = {
@@ -335,8 +346,11 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter) -> Path:
             "val_loss_before": progress.val_loss_before, "val_loss_after": val_after,
             "train_seconds": round(meter.elapsed, 3),
             "tokens_per_s": round(meter.tokens_per_step * (progress.step - meter.start_step) / max(meter.elapsed, 1e-9), 1),
-            "num_processes": acc.num_processes, "final": str(out / rf.FINAL),
+            "num_processes": acc.num_processes, "route": sharding.route(acc), "final": str(out / rf.FINAL),
         }
+        summary["peak_memory_mib"] = peak
+        if shards is not None:
+            summary["parameters"] = shards
         write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
         log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / rf.FINAL)
     acc.end_training()

@@ -12,6 +12,7 @@ from .. import run_folder as rf
 from ..atomic import no_space, no_space_error, publish, write_text
 from ..io import save
 from . import model as mdl
+from . import sharding
 from .recipe import Recipe
 
 log = logging.getLogger("retrofit.training.loop")
@@ -90,10 +91,8 @@ def log_record(acc, out: Path, record: dict) -> None:
 
 def write_final(r: Recipe, acc, model, tok) -> None:
     """adapter/ (LoRA) and final/ (merged, patched) through retrofit.save, from the main process."""
-    from accelerate.utils import DistributedType
-
     out = Path(r.output_dir)
-    sharded = acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    sharded = sharding.is_sharded(acc)
     state = acc.get_state_dict(model) if sharded else None  # collective: every process takes part
     if acc.is_main_process:
         unwrapped = rebuilt(r, state) if sharded else acc.unwrap_model(model)
@@ -108,8 +107,9 @@ def write_final(r: Recipe, acc, model, tok) -> None:
 
 def rebuilt(r: Recipe, state: dict):
     """A fresh (converted, wrapped) model holding the gathered weights of a sharded run."""
-    model, _ = mdl.load(r.model)
-    mdl.convert(model, r.convert)
-    model = mdl.make_trainable(model, r.train)
+    with sharding.whole_models():
+        model, _ = mdl.load(r.model)
+        mdl.convert(model, r.convert)
+        model = mdl.make_trainable(model, r.train)
     model.load_state_dict(state)
     return model

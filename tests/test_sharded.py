@@ -1,0 +1,269 @@
+"""Sharded fine-tunes as a user launches them: `accelerate launch --config_file recipes/accelerate/X.yaml
+-m retrofit finetune RECIPE`, two CPU processes over gloo.
+
+Route taken here: Accelerate enables FSDP only on accelerator devices, so on CPU processes retrofit
+switches the run to FSDP2 (`fully_shard`) with the plugin Accelerate built from the config
+(`retrofit/training/sharding.py`). Each case is checked against one process over the same global batch:
+per-step loss, validation loss, and the logits of the saved `final/` (a full, unsharded retrofit checkpoint
+read back with `retrofit.load` on one process).
+"""
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import retrofit
+from retrofit.builtin import TINY_GPT2, byte_tokenizer
+from retrofit.training import finetune
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "recipes" / "accelerate"
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py")]
+STEPS, EVERY = 8, 2
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny GPT-2 without dropout (ranks draw different dropout masks) and a tiny LLaMA, each with
+    the byte tokenizer, saved like any local model folder."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    built = {
+        "gpt2": GPT2LMHeadModel(GPT2Config(**TINY_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+        "llama": LlamaForCausalLM(LlamaConfig(
+            vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, bos_token_id=256, eos_token_id=256,
+            tie_word_embeddings=False)),
+    }
+    for name, model in built.items():
+        model.save_pretrained(root / name)
+        byte_tokenizer().save_pretrained(root / name)
+    return root
+
+
+def recipe(model: Path, scheme: str, options: dict, method: str, out: Path, batch_size: int, **train) -> dict:
+    return {
+        "model": {"name_or_path": str(model)},
+        "convert": {"scheme": scheme, "options": options},
+        "data": {"files": FILES, "block_length": 128, "validation_fraction": 0.25, "max_validation_blocks": 4},
+        "train": {"method": method, "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "train_norms": True,
+                  "steps": STEPS, "batch_size": batch_size, "learning_rate": 3e-3, "warmup_steps": 1, "seed": 3,
+                  "log_every": 1, **train},
+        "checkpoint": {"every": EVERY, "keep_last": 2},
+        "output_dir": str(out),
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch_cmd(config: str, recipe_path: Path) -> list[str]:
+    accelerate = Path(sys.executable).parent / "accelerate"  # the console script a user types
+    head = [str(accelerate)] if accelerate.is_file() else [sys.executable, "-m", "accelerate.commands.launch"]
+    if head[-1] == str(accelerate):
+        head.append("launch")
+    return [*head, "--config_file", str(CONFIGS / config), "--main_process_port", str(_free_port()),
+            "-m", "retrofit", "finetune", str(recipe_path)]
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def launch(config: str, r: dict, where: Path) -> subprocess.CompletedProcess:
+    path = where / f"{Path(r['output_dir']).name}.yaml"
+    path.write_text(yaml.safe_dump(r))
+    return subprocess.run(_launch_cmd(config, path), env=_env(), capture_output=True, text=True, timeout=400)
+
+
+def _losses(out: Path) -> list[float]:
+    return [x["loss"] for x in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in x]
+
+
+def _logits(folder: Path) -> torch.Tensor:
+    model = retrofit.load(folder).eval()
+    ids = torch.randint(0, 256, (2, 100), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+CASES = {  # id: (model, scheme, options, method, accelerate config)
+    "gpt2-alibi-lora": ("gpt2", "alibi", {"kernel": "chunked"}, "lora", "fsdp.yaml"),
+    "gpt2-alibi-full": ("gpt2", "alibi", {"kernel": "chunked"}, "full", "fsdp.yaml"),
+    "gpt2-t5-lora": ("gpt2", "t5", {}, "lora", "fsdp.yaml"),
+    "llama-yarn-lora": ("llama", "rope", {"scaling": "yarn", "factor": 4.0}, "lora", "fsdp.yaml"),
+    "llama-yarn-full": ("llama", "rope", {"scaling": "yarn", "factor": 4.0}, "full", "fsdp-offload.yaml"),
+    "gpt2-alibi-lora-ddp": ("gpt2", "alibi", {"kernel": "chunked"}, "lora", "ddp.yaml"),
+}
+ROUTES = {"fsdp.yaml": "fsdp2", "fsdp-offload.yaml": "fsdp2+offload", "ddp.yaml": "ddp"}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def pair(request, models, tmp_path_factory):
+    """(two-process run, one-process run over the same global batch) for one case."""
+    model, scheme, options, method, config = CASES[request.param]
+    where = tmp_path_factory.mktemp(request.param)
+    sharded = recipe(models / model, scheme, options, method, where / "sharded", batch_size=1)
+    res = launch(config, sharded, where)
+    assert res.returncode == 0, res.stderr[-4000:]
+    single = finetune(recipe(models / model, scheme, options, method, where / "single", batch_size=2))
+    return request.param, where / "sharded", single, res
+
+
+def test_sharded_run_matches_one_process(pair):
+    case, sharded, single, res = pair
+    config = CASES[case][4]
+    s = json.loads((sharded / "summary.json").read_text())
+    assert s["num_processes"] == 2 and s["route"] == ROUTES[config], s
+    assert len(s["peak_memory_mib"]["rss"]) == 2
+    if s["route"].startswith("fsdp2"):
+        assert s["parameters"]["sharded"] > 0 and s["parameters"]["unsharded"] == [], s["parameters"]
+        assert "FSDP2" in res.stderr  # the log says which route ran
+    a, b = _losses(sharded), _losses(single)
+    assert len(a) == len(b) == STEPS
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=2e-4, rtol=0)
+    assert abs(s["val_loss_after"] - json.loads((single / "summary.json").read_text())["val_loss_after"]) < 2e-4
+    assert s["val_loss_after"] < s["val_loss_before"]
+
+
+def test_final_is_a_full_checkpoint_with_the_same_logits(pair):
+    case, sharded, single, _ = pair
+    w_sharded, w_single = load_file(sharded / "final" / "model.safetensors"), load_file(single / "final" / "model.safetensors")
+    assert w_sharded.keys() == w_single.keys()
+    assert all(w_sharded[k].shape == w_single[k].shape for k in w_sharded)  # gathered, not one rank's shard
+    info = retrofit.describe(retrofit.load(sharded / "final"))
+    assert info["scheme"] == CASES[case][1]
+    torch.testing.assert_close(_logits(sharded / "final"), _logits(single / "final"), atol=5e-4, rtol=0)
+
+
+def test_position_parameters_are_sharded_and_saved(pair, models):
+    """T5's bucket table (retrofit_positions) is in every FSDP checkpoint like any other parameter, and
+    the trained table reaches final/."""
+    case, sharded, single, _ = pair
+    if CASES[case][1] != "t5":
+        pytest.skip("a scheme with position parameters")
+    from torch.distributed.checkpoint import FileSystemReader
+
+    ckpt = sorted((sharded / "checkpoints").glob("step_*"))[-1]
+    keys = FileSystemReader(str(ckpt / "pytorch_model_fsdp_0")).read_metadata().state_dict_metadata
+    assert any("retrofit_positions" in k for k in keys), sorted(keys)[:20]
+    final = load_file(sharded / "final" / "model.safetensors")
+    table = [k for k in final if "retrofit_positions" in k]
+    assert table
+    trained_alone = load_file(single / "final" / "model.safetensors")
+    from transformers import AutoModelForCausalLM
+
+    start = retrofit.convert(AutoModelForCausalLM.from_pretrained(models / "gpt2"), "t5").state_dict()
+    for k in table:
+        torch.testing.assert_close(final[k], trained_alone[k], atol=5e-4, rtol=0)
+        assert not torch.equal(final[k], start[k]), f"{k} did not train"
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
+    import psutil
+
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "retrofit" in " ".join(child.cmdline()):
+                return child.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def test_kill_one_rank_then_resume_auto(models, tmp_path):
+    """SIGKILL rank 1 after the first checkpoint: the launcher stops the run; launched again with
+    `resume: auto` it goes on from the last checkpoint and ends with the uninterrupted run's weights."""
+    steps = 16
+    ref = recipe(models / "gpt2", "t5", {}, "lora", tmp_path / "reference", batch_size=1, steps=steps)
+    res = launch("fsdp.yaml", ref, tmp_path)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+    r = recipe(models / "gpt2", "t5", {}, "lora", tmp_path / "killed", batch_size=1, steps=steps)
+    path = tmp_path / "killed.yaml"
+    path.write_text(yaml.safe_dump(r))
+    out = tmp_path / "killed"
+    launcher = subprocess.Popen(_launch_cmd("fsdp.yaml", path), env=_env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    deadline, killed = time.time() + 300, False
+    try:
+        while time.time() < deadline and launcher.poll() is None and not killed:
+            if (out / "checkpoints" / f"step_{EVERY:08d}").is_dir():
+                pid = _rank_pid(launcher, 1)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+            time.sleep(0.01)
+        launcher.wait(120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert killed and launcher.returncode != 0, "the run ended before rank 1 could be killed"
+    assert not (out / "final").exists() and not (out / "summary.json").exists()
+
+    res = launch("fsdp.yaml", r, tmp_path)  # checkpoint.resume defaults to auto
+    assert res.returncode == 0, res.stderr[-4000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert EVERY <= s["resumed_from_step"] < steps, s
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log if "loss" in x] == list(range(1, steps + 1))
+    a, b = load_file(out / "final" / "model.safetensors"), load_file(tmp_path / "reference" / "final" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+
+
+def test_deepspeed_on_cpu_processes_is_refused_clearly(monkeypatch):
+    """Accelerate runs DeepSpeed on GPUs only: on CPU processes (cpu=True) it would run DDP without
+    saying so. The run stops with a RecipeError (exit code 2) that says what to use instead."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from retrofit.errors import RecipeError
+    from retrofit.training import sharding
+
+    acc = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, num_processes=2)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(RecipeError, match="recipes/accelerate/fsdp.yaml"):
+        sharding.cpu_route(acc, "no")
+    assert RecipeError.exit_code == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed (CI does not install it)")
+def test_deepspeed_config_launched_on_cpu_is_refused(models, tmp_path):
+    """The same through `accelerate launch --config_file recipes/accelerate/deepspeed-zero3.yaml`."""
+    r = recipe(models / "gpt2", "alibi", {}, "lora", tmp_path / "ds", batch_size=1)
+    res = launch("deepspeed-zero3.yaml", r, tmp_path)
+    assert res.returncode != 0
+    assert "DeepSpeed" in res.stderr and "recipes/accelerate/fsdp.yaml" in res.stderr, res.stderr[-3000:]
+    assert not (tmp_path / "ds" / "checkpoints").exists()
+
+
+def test_shipped_accelerate_configs_parse():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    names = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+    assert names == ["ddp.yaml", "deepspeed-zero3.yaml", "fsdp-offload.yaml", "fsdp.yaml"]
+    for name in names:
+        cfg = load_config_from_file(str(CONFIGS / name))
+        assert cfg.num_processes == 2
+    assert load_config_from_file(str(CONFIGS / "fsdp.yaml")).fsdp_config["fsdp_version"] == 2
