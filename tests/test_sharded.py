@@ -267,3 +267,21 @@ def test_shipped_accelerate_configs_parse():
         cfg = load_config_from_file(str(CONFIGS / name))
         assert cfg.num_processes == 2
     assert load_config_from_file(str(CONFIGS / "fsdp.yaml")).fsdp_config["fsdp_version"] == 2
+
+
+def test_final_from_an_fsdp_checkpoint_on_one_process(pair, tmp_path, capsys):
+    """`retrofit finetune RECIPE --final-from checkpoints/step_N` reads the sharded checkpoint (DCP) on
+    one process and writes the same final/ the two-process run wrote at that step."""
+    case, sharded, single, _ = pair
+    if CASES[case][4] != "fsdp.yaml" or CASES[case][3] != "lora":
+        pytest.skip("one FSDP LoRA case per model is enough")
+    from retrofit.cli import main
+
+    ckpt = sharded / "checkpoints" / f"step_{STEPS:08d}"
+    assert (ckpt / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    recipe_path = sharded.parent / "sharded.yaml"
+    out = tmp_path / "again"
+    assert main(["finetune", str(recipe_path), "--final-from", str(ckpt), "--set", f"output_dir={out}"]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "final")
+    torch.testing.assert_close(_logits(out / "final"), _logits(sharded / "final"), atol=1e-5, rtol=0)
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 import textwrap
 
 
@@ -50,6 +51,16 @@ def add_parser(sub) -> None:
         help="override a recipe key, value parsed as YAML (repeatable): --set train.steps=200",
     )
     p.add_argument("--check", action="store_true", help="validate the recipe, print it resolved, and exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the peak memory per device this recipe needs under DDP, FSDP and FSDP + CPU offload "
+                   "(a formula from the model's config; nothing is trained) and exit")
+    p.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="with --plan: devices to plan for (default: WORLD_SIZE, else 8)")
+    p.add_argument("--final-from", type=Path, default=None, metavar="CHECKPOINT",
+                   help="write final/ (and adapter/) from a checkpoint folder of this recipe's run "
+                   "(checkpoints/step_N: one process, DDP, FSDP sharded or DeepSpeed ZeRO-3), on one process")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="with --final-from: allow unpickling Python objects in DeepSpeed files (your own run's only)")
     p.set_defaults(func=run)
 
 
@@ -59,6 +70,16 @@ def run(args) -> int:
     recipe = Recipe.from_yaml(args.recipe, args.overrides)
     if args.check:
         print(recipe.to_yaml(), end="")
+        return 0
+    if args.plan:
+        from ..training.plan import plan_recipe
+
+        print(plan_recipe(recipe, processes=args.processes))
+        return 0
+    if args.final_from is not None:
+        from ..training.outputs import final_from
+
+        print(final_from(recipe, args.final_from, trust_pickle=args.trust_pickle))
         return 0
     from ..training import finetune
 

@@ -76,6 +76,7 @@ def _finetune(r: Recipe) -> Path:
 
     set_seed(r.train.seed)
     train_docs, val_docs = _documents(r)
+    sharding.mark_baseline()
     with sharding.whole_models():
         with acc.main_process_first():
             model, tok = mdl.load(r.model)

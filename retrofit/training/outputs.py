@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from .. import run_folder as rf
+from ..errors import RetrofitError
 from ..atomic import no_space, no_space_error, publish, write_text
 from ..io import save
 from . import model as mdl
@@ -91,25 +92,56 @@ def log_record(acc, out: Path, record: dict) -> None:
 
 def write_final(r: Recipe, acc, model, tok) -> None:
     """adapter/ (LoRA) and final/ (merged, patched) through retrofit.save, from the main process."""
-    out = Path(r.output_dir)
     sharded = sharding.is_sharded(acc)
     state = acc.get_state_dict(model) if sharded else None  # collective: every process takes part
     if acc.is_main_process:
-        unwrapped = rebuilt(r, state) if sharded else acc.unwrap_model(model)
-        unwrapped.eval()
-        if r.train.method == "lora":
-            unwrapped.save_pretrained(out / rf.ADAPTER, save_embedding_layers=False)  # trained embeddings: modules_to_save
-            tok.save_pretrained(out / rf.ADAPTER)
-            unwrapped = unwrapped.merge_and_unload()
-        save(unwrapped, out / rf.FINAL, tokenizer=tok)
+        write_outputs(r, rebuilt(r, state)[0] if sharded else acc.unwrap_model(model), tok)
     acc.wait_for_everyone()
 
 
-def rebuilt(r: Recipe, state: dict):
-    """A fresh (converted, wrapped) model holding the gathered weights of a sharded run."""
+def write_outputs(r: Recipe, unwrapped, tok) -> Path:
+    """adapter/ (LoRA: the PEFT adapter alone) and final/ (merged, patched) from a trained model."""
+    out = Path(r.output_dir)
+    unwrapped.eval()
+    if r.train.method == "lora":
+        unwrapped.save_pretrained(out / rf.ADAPTER, save_embedding_layers=False)  # trained embeddings: modules_to_save
+        tok.save_pretrained(out / rf.ADAPTER)
+        unwrapped = unwrapped.merge_and_unload()
+    save(unwrapped, out / rf.FINAL, tokenizer=tok)
+    return out / rf.FINAL
+
+
+def rebuilt(r: Recipe, state: dict | None = None):
+    """(model, tokenizer): a fresh model converted and wrapped as the recipe says, holding ``state``
+    (the gathered weights of a sharded run, or a checkpoint's) when given."""
     with sharding.whole_models():
-        model, _ = mdl.load(r.model)
+        model, tok = mdl.load(r.model)
         mdl.convert(model, r.convert)
         model = mdl.make_trainable(model, r.train)
-    model.load_state_dict(state)
-    return model
+    if state is not None:
+        _fit(model, state)
+    return model, tok
+
+
+def _fit(model, state: dict) -> None:
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RetrofitError(
+            f"the weights do not fit the model the recipe builds: missing {sorted(missing)[:8]}, unexpected "
+            f"{sorted(unexpected)[:8]}; was the checkpoint written by this recipe?"
+        )
+
+
+def final_from(r: Recipe, checkpoint: Path, trust_pickle: bool = False) -> Path:
+    """final/ (and adapter/) from a checkpoint folder, on one process (``--final-from``)."""
+    from . import consolidate
+
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise RetrofitError(f"--final-from {checkpoint}: no such folder")
+    consolidate.layout(checkpoint)  # a clear error before the model is loaded
+    model, tok = rebuilt(r)
+    state = consolidate.read(checkpoint, model.state_dict(), trust_pickle=trust_pickle)
+    _fit(model, state)
+    log.info("final/ from %s (%d tensors)", checkpoint, len(state))
+    return write_outputs(r, model, tok)

@@ -119,21 +119,35 @@ def sharded_parameters(model) -> dict:
     return {"sharded": len(names) - len(plain), "unsharded": plain}
 
 
+_BASELINE_MIB = [0.0]
+
+
+def rss_mib() -> float:
+    """This process's resident set size now, MiB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def mark_baseline() -> None:
+    """Remember the RSS before the model is loaded (what the runtime and libraries take)."""
+    _BASELINE_MIB[0] = rss_mib() if os.path.exists("/proc/self/statm") else 0.0
+
+
 def peak_memory_mib(acc) -> dict:
-    """Peak memory of every process in MiB (collective): resident set size (ru_maxrss), and the
-    accelerator's peak allocation where there is one."""
+    """Peak memory of every process in MiB (collective): resident set size (ru_maxrss), the RSS before
+    the model was loaded, and the accelerator's peak allocation where there is one."""
     import resource
 
     import torch
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    mine = [rss, torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else -1.0]
+    dev = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else -1.0
+    mine = [rss, _BASELINE_MIB[0], dev]
     every = acc.gather(torch.tensor([mine], dtype=torch.float64, device=acc.device)).cpu().tolist()
-    out = {"rss": [round(a, 1) for a, _ in every]}
-    if every[0][1] >= 0:
-        out["device"] = [round(b, 1) for _, b in every]
+    out = {"rss": [round(x[0], 1) for x in every], "rss_before_model": [round(x[1], 1) for x in every]}
+    if every[0][2] >= 0:
+        out["device"] = [round(x[2], 1) for x in every]
     return out
-
 
 
 def clip_grad_norm(acc, params, max_norm: float):

@@ -1,0 +1,238 @@
+"""Memory on paper: the peak memory per device of a fine-tune, from the model's shape and the recipe.
+
+``retrofit finetune RECIPE --plan`` prints it for DDP, FSDP (full shard) and FSDP + CPU offload;
+``docs/finetune.md``'s table for 1B / 7B / 70B LLaMA-style models comes from the same function
+(``scripts/memory_table.py``), and ``scripts/check_plan.py`` holds it against measured peaks.
+
+Per device, for P parameters of which T train, N processes, B x S tokens per micro-batch, L layers:
+
+- weights: frozen parameters at the load dtype's width, trainable ones in fp32 (4 bytes);
+  FSDP keeps 1/N of them plus two gathered decoder blocks (the one computing, the one prefetched);
+  with offload only the two gathered blocks are on the device.
+- gradients: 4 T (fp32); DDP adds its bucket copy (another 4 T); FSDP 4 T / N plus one block's.
+- optimizer: AdamW's two fp32 moments, 8 T (/ N under FSDP; on the host with offload).
+- activations: what backward keeps per layer per token, (11 d + 4 d_kv + m) elements at the compute
+  width a (norm inputs and outputs, q/k/v before and after rotation, attention output; m = 5 f for a
+  gated MLP such as LLaMA's, 3 f otherwise), times L; with gradient checkpointing one d-wide input per
+  layer plus one layer's full set. Attention runs in fused or chunked kernels, so there is no S x S
+  term, except where attention dropout is on while training (GPT-2's attn_pdrop = 0.1): the kernels
+  then keep the probabilities, the dropped copy and the mask, 3 a H S bytes per token per layer.
+  (Counted with saved-tensor hooks on 13M-parameter models: LLaMA 26.5 d per token per layer,
+  GPT-2 60 d of which 24 d is the S x S term at S = 512.)
+- logits: B S V at the compute width, an fp32 copy for the loss and its gradient (a + 8 bytes each).
+
+Not counted: the framework (CUDA context, allocator slack; CPU processes: the Python runtime, about
+0.5 GiB RSS each here), a distillation teacher, retrofit's position parameters (under 0.01% of a model).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GiB = 2**30
+WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, None: 4, "auto": 2}
+ROUTES = ("ddp", "fsdp", "fsdp+offload")
+ALL_ROUTES = ("single", *ROUTES)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the formula needs of a model (``from_model`` counts it on a meta-device instance)."""
+
+    name: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    params: int  # every parameter, tied ones once
+    block_params: int  # the largest decoder block
+    gated: bool  # SwiGLU-style MLP (gate and up projections)
+    attention_dropout: float  # > 0: training keeps S x S probabilities
+    lora_per_rank: int  # LoRA parameters per unit of rank over the default targets: sum(in + out)
+    norm_params: int
+    embedding_params: int
+
+    @property
+    def kv_width(self) -> int:
+        return self.hidden // self.heads * self.kv_heads
+
+
+def llama_shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, tied=False) -> Shape:
+    """A LLaMA-architecture model's shape from its config numbers (no weights needed)."""
+    hd = hidden // heads
+    attn = 2 * hidden * hidden + 2 * hidden * hd * kv_heads
+    block = attn + 3 * hidden * intermediate + 2 * hidden
+    emb = vocab * hidden
+    params = layers * block + emb * (1 if tied else 2) + hidden
+    lora = layers * (4 * hidden + 2 * (hidden + hd * kv_heads))  # q, k, v, o: in + out
+    return Shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, params, block, True, 0.0, lora,
+                 layers * 2 * hidden + hidden, emb)
+
+
+PRESETS = {  # public config numbers
+    "llama-1b": llama_shape("Llama-3.2-1B", 16, 2048, 8192, 32, 8, 128256, tied=True),
+    "llama-7b": llama_shape("Llama-2-7B", 32, 4096, 11008, 32, 32, 32000),
+    "llama-70b": llama_shape("Llama-2-70B", 80, 8192, 28672, 64, 8, 32000),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the formula needs of a recipe."""
+
+    method: str = "lora"  # lora | full
+    lora_r: int = 16
+    train_norms: bool = True
+    train_embeddings: bool = False
+    batch_size: int = 1
+    block_length: int = 4096
+    weight_dtype: str | None = "bfloat16"
+    mixed_precision: str = "bf16"
+    gradient_checkpointing: bool = True
+
+    @classmethod
+    def of(cls, r) -> "Run":
+        t = r.train
+        return cls(t.method, t.lora.r, t.train_norms, t.train_embeddings, t.batch_size, r.data.block_length,
+                   r.model.dtype, t.mixed_precision, t.gradient_checkpointing)
+
+
+def trainable(shape: Shape, run: Run) -> int:
+    if run.method == "full":
+        return shape.params
+    extra = (shape.norm_params if run.train_norms else 0) + (shape.embedding_params if run.train_embeddings else 0)
+    return run.lora_r * shape.lora_per_rank + extra
+
+
+def estimate(shape: Shape, run: Run, route: str, processes: int) -> dict:
+    """Bytes per device by component (and on the host, for offload), for one route."""
+    if route not in ALL_ROUTES:
+        raise ValueError(f"route {route!r}: one of {', '.join(ALL_ROUTES)}")
+    n = processes if route.startswith("fsdp") else 1
+    T = trainable(shape, run)
+    w = WIDTH.get(run.weight_dtype, 4)
+    a = 2 if run.mixed_precision in ("bf16", "fp16") or w == 2 else 4  # compute width
+    extra_copies = 0 if run.method == "full" else (  # PEFT modules_to_save keeps the original beside the copy
+        (shape.norm_params if run.train_norms else 0) + (shape.embedding_params if run.train_embeddings else 0))
+    frozen = shape.params - (T if run.method == "full" else 0) + extra_copies
+    weights_all = frozen * w + T * 4
+    block_frac = shape.block_params / shape.params
+    gathered = 2 * shape.block_params * max(a, w if run.method != "full" else a)
+    tokens = run.batch_size * run.block_length
+    mlp = (5 if shape.gated else 3) * shape.intermediate
+    per_token_layer = (11 * shape.hidden + 4 * shape.kv_width + mlp) * a
+    if shape.attention_dropout > 0:
+        per_token_layer += 3 * a * shape.heads * run.block_length
+    if run.gradient_checkpointing:
+        act = tokens * (shape.layers * shape.hidden * a + per_token_layer)
+    else:
+        act = tokens * shape.layers * per_token_layer
+    logits = tokens * shape.vocab * (a + 8)
+    host = 0
+    if route in ("single", "ddp"):  # DDP keeps a bucket copy of the gradients
+        weights, grads, optim = weights_all, (8 if route == "ddp" else 4) * T, 8 * T
+    elif route == "fsdp":
+        weights = weights_all / n + gathered
+        grads = 4 * T / n + 4 * T * block_frac
+        optim = 8 * T / n
+    else:  # offload: shards, gradients and the optimizer step live in host memory
+        weights, grads, optim = gathered, 4 * T * block_frac, 0
+        host = weights_all / n + 4 * T / n + 8 * T / n
+    parts = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act, "logits": logits}
+    return {"route": route, "processes": processes, "trainable": T, **{k: int(v) for k, v in parts.items()},
+            "device_total": int(sum(parts.values())), "host_per_process": int(host)}
+
+
+def from_model(model, lora_targets: list[str] | None = None) -> Shape:
+    """The Shape of a (meta-device or real) transformers model: parameters counted, not assumed."""
+    from torch import nn
+
+    from ..adapters import adapter_class
+    from .model import _is_norm
+
+    cfg = model.config
+    get = lambda *keys, default=None: next((getattr(cfg, k) for k in keys if getattr(cfg, k, None)), default)  # noqa: E731
+    hidden = get("hidden_size", "n_embd", "d_model")
+    heads = get("num_attention_heads", "n_head", "num_heads")
+    blocks = _decoder_blocks(model)
+    params = {id(p): p for p in model.parameters()}
+    if lora_targets is None:
+        adapter = adapter_class(cfg.model_type)
+        lora_targets = list(adapter.lora_targets) if adapter else None
+    lora = 0
+    for name, m in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        weight = getattr(m, "weight", None)
+        if weight is not None and weight.dim() == 2 and not isinstance(m, nn.Embedding) and (
+                (lora_targets is None and isinstance(m, nn.Linear)) or (lora_targets and leaf in lora_targets)):
+            lora += sum(weight.shape)
+    emb = model.get_input_embeddings().weight.numel()
+    names = {n for n, _ in model.named_modules()}
+    return Shape(
+        name=getattr(cfg, "_name_or_path", "") or cfg.model_type,
+        layers=len(blocks), hidden=hidden,
+        intermediate=get("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden), heads=heads,
+        kv_heads=get("num_key_value_heads", default=heads), vocab=cfg.vocab_size,
+        params=sum(p.numel() for p in params.values()),
+        block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks),
+        gated=any(n.endswith(("gate_proj", "w1", "gate_up_proj")) for n in names),
+        attention_dropout=float(get("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", default=0.0)),
+        lora_per_rank=lora,
+        norm_params=sum(p.numel() for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)),
+        embedding_params=emb,
+    )
+
+
+def _decoder_blocks(model):
+    """The repeated decoder blocks: the longest ModuleList of the model."""
+    from torch import nn
+
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else [model]
+
+
+def shape_of_recipe(r) -> Shape:
+    """Shape of the recipe's model from its config alone (a meta-device instance; no weights read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..builtin import resolve
+    from ..io import base_config
+    from ..sources import readable
+    from pathlib import Path
+
+    target, gguf = resolve(r.model.name_or_path, r.model.gguf_file)
+    with readable(target, gguf):
+        is_retrofit = Path(target, "config.json").is_file() and '"retrofit"' in Path(target, "config.json").read_text()
+        cfg = base_config(Path(target)) if is_retrofit else AutoConfig.from_pretrained(target, gguf_file=gguf)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    targets = r.train.lora.target_modules
+    return from_model(model, [targets] if isinstance(targets, str) and targets != "all-linear" else
+                      (None if targets == "all-linear" else targets))
+
+
+def table(shape: Shape, run: Run, processes: int) -> str:
+    """The rows --plan prints: one per route, GiB per device by component."""
+    head = (f"{shape.name}: {shape.params / 1e9:.3g}B parameters, {trainable(shape, run):,} trainable "
+            f"({run.method}), {run.batch_size} x {run.block_length} tokens per device, {processes} processes, "
+            f"gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}")
+    cols = ("weights", "gradients", "optimizer", "activations", "logits", "device_total", "host_per_process")
+    rows = [estimate(shape, run, route, processes) for route in ROUTES]
+    unit, size = ("GiB", GiB) if max(e["device_total"] for e in rows) >= GiB else ("MiB", 2**20)
+    lines = [head, "", "| route | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for e in rows:
+        lines.append(f"| {e['route']} | " + " | ".join(f"{e[c] / size:.2f}" for c in cols) + " |")
+    lines.append("")
+    lines.append(f"{unit} per device (host_per_process: CPU memory per process with offload). Not counted: the "
+                 "framework's own memory (CUDA context, allocator slack), a distillation teacher.")
+    return "\n".join(lines)
+
+
+def plan_recipe(r, processes: int | None = None) -> str:
+    processes = processes or int(os.environ.get("WORLD_SIZE", "0")) or 8
+    return table(shape_of_recipe(r), Run.of(r), processes)
+

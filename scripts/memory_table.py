@@ -1,0 +1,61 @@
+"""Print docs/finetune.md's memory-on-paper table from retrofit.training.plan (the formula `--plan` uses).
+
+    python scripts/memory_table.py            # the Markdown table
+    python scripts/memory_table.py --check    # exit 1 if docs/finetune.md holds another table
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from retrofit.training.plan import GiB, PRESETS, Run, estimate
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "finetune.md"
+BEGIN, END = "<!-- memory-table:begin -->", "<!-- memory-table:end -->"
+PROCESSES = 8
+
+
+def table() -> str:
+    lines = [
+        f"Peak memory per device, GiB, {PROCESSES} devices, batch 1 per device, bf16 weights and compute, "
+        "gradient checkpointing on, AdamW; LoRA r 16 on q, k, v, o with norms trained. "
+        "FSDP + offload: device / host memory per process.",
+        "",
+        "| model | method | tokens | DDP | FSDP | FSDP + offload |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, shape in PRESETS.items():
+        for method in ("lora", "full"):
+            for tokens in (4096, 16384):
+                run = Run(method=method, block_length=tokens)
+                e = {route: estimate(shape, run, route, PROCESSES) for route in ("ddp", "fsdp", "fsdp+offload")}
+                off = e["fsdp+offload"]
+                lines.append(
+                    f"| {shape.name} ({shape.params / 1e9:.2f}B) | {method} | {tokens // 1024}k | "
+                    f"{e['ddp']['device_total'] / GiB:.1f} | {e['fsdp']['device_total'] / GiB:.1f} | "
+                    f"{off['device_total'] / GiB:.1f} / {off['host_per_process'] / GiB:.1f} |"
+                )
+    return "\n".join(lines)
+
+
+def documented() -> str:
+    text = DOC.read_text()
+    return text[text.index(BEGIN) + len(BEGIN): text.index(END)].strip()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    if args.check:
+        ok = documented() == table()
+        print("docs/finetune.md table is current" if ok else "docs/finetune.md table differs: rerun and paste")
+        return 0 if ok else 1
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
