@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from retrofit.training.plan import GiB, PRESETS, Run, estimate
+from retrofit.training.plan import PRESETS, GiB, Run, estimate
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "finetune.md"
 BEGIN, END = "<!-- memory-table:begin -->", "<!-- memory-table:end -->"

@@ -34,13 +34,11 @@ FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heap
 STEPS, EVERY = 8, 2
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def build_models(root: Path) -> Path:
     """A tiny GPT-2 without dropout (ranks draw different dropout masks) and a tiny LLaMA, each with
-    the byte tokenizer, saved like any local model folder."""
+    the byte tokenizer, saved like any local model folder under ``root``."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    root = tmp_path_factory.mktemp("models")
     torch.manual_seed(0)
     built = {
         "gpt2": GPT2LMHeadModel(GPT2Config(**TINY_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
@@ -53,6 +51,11 @@ def models(tmp_path_factory):
         model.save_pretrained(root / name)
         byte_tokenizer().save_pretrained(root / name)
     return root
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return build_models(tmp_path_factory.mktemp("models"))
 
 
 def recipe(model: Path, scheme: str, options: dict, method: str, out: Path, batch_size: int, **train) -> dict:

@@ -12,13 +12,15 @@ Per device, for P parameters of which T train, N processes, B x S tokens per mic
 - gradients: 4 T (fp32); DDP adds its bucket copy (another 4 T); FSDP 4 T / N plus one block's.
 - optimizer: AdamW's two fp32 moments, 8 T (/ N under FSDP; on the host with offload).
 - activations: what backward keeps per layer per token, (11 d + 4 d_kv + m) elements at the compute
-  width a (norm inputs and outputs, q/k/v before and after rotation, attention output; m = 5 f for a
-  gated MLP such as LLaMA's, 3 f otherwise), times L; with gradient checkpointing one d-wide input per
+  width a (norm inputs and outputs, q/k/v before and after rotation, attention output; m, the MLP's
+  f-wide tensors: 5 f for a gated MLP such as LLaMA's, 3 f for GELU, 2 f for ReLU, 6 f for GPT-2's
+  `gelu_new`, whose tanh formula runs as separate ops), times L; with gradient checkpointing one d-wide input per
   layer plus one layer's full set. Attention runs in fused or chunked kernels, so there is no S x S
   term, except where attention dropout is on while training (GPT-2's attn_pdrop = 0.1): the kernels
   then keep the probabilities, the dropped copy and the mask, 3 a H S bytes per token per layer.
-  (Counted with saved-tensor hooks on 13M-parameter models: LLaMA 26.5 d per token per layer,
-  GPT-2 60 d of which 24 d is the S x S term at S = 512.)
+  (Counted with saved-tensor hooks on 13M-parameter models, B x S = 2 x 512: LLaMA 210 MiB against 211
+  predicted; GPT-2 with `gelu` 216 against 216, `relu` 184 against 184, `gelu_new` 312 against 312, and
+  with attention dropout 488 against 504.)
 - logits: B S V at the compute width, an fp32 copy for the loss and its gradient (a + 8 bytes each).
 
 Not counted: the framework (CUDA context, allocator slack; CPU processes: the Python runtime, about
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 GiB = 2**30
 WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, None: 4, "auto": 2}
 ROUTES = ("ddp", "fsdp", "fsdp+offload")
+MLP_SAVED = {"relu": 2.0, "gelu_new": 6.0}  # other activations of an ungated MLP: 3 f (measured, docstring)
 ALL_ROUTES = ("single", *ROUTES)
 
 
@@ -50,6 +53,7 @@ class Shape:
     params: int  # every parameter, tied ones once
     block_params: int  # the largest decoder block
     gated: bool  # SwiGLU-style MLP (gate and up projections)
+    mlp_saved: float  # f-wide tensors the MLP keeps for backward, per token (see the module docstring)
     attention_dropout: float  # > 0: training keeps S x S probabilities
     lora_per_rank: int  # LoRA parameters per unit of rank over the default targets: sum(in + out)
     norm_params: int
@@ -68,7 +72,7 @@ def llama_shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, tied
     emb = vocab * hidden
     params = layers * block + emb * (1 if tied else 2) + hidden
     lora = layers * (4 * hidden + 2 * (hidden + hd * kv_heads))  # q, k, v, o: in + out
-    return Shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, params, block, True, 0.0, lora,
+    return Shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, params, block, True, 5.0, 0.0, lora,
                  layers * 2 * hidden + hidden, emb)
 
 
@@ -122,7 +126,7 @@ def estimate(shape: Shape, run: Run, route: str, processes: int) -> dict:
     block_frac = shape.block_params / shape.params
     gathered = 2 * shape.block_params * max(a, w if run.method != "full" else a)
     tokens = run.batch_size * run.block_length
-    mlp = (5 if shape.gated else 3) * shape.intermediate
+    mlp = shape.mlp_saved * shape.intermediate
     per_token_layer = (11 * shape.hidden + 4 * shape.kv_width + mlp) * a
     if shape.attention_dropout > 0:
         per_token_layer += 3 * a * shape.heads * run.block_length
@@ -171,6 +175,7 @@ def from_model(model, lora_targets: list[str] | None = None) -> Shape:
             lora += sum(weight.shape)
     emb = model.get_input_embeddings().weight.numel()
     names = {n for n, _ in model.named_modules()}
+    gated = any(n.endswith(("gate_proj", "w1", "gate_up_proj")) for n in names)
     return Shape(
         name=getattr(cfg, "_name_or_path", "") or cfg.model_type,
         layers=len(blocks), hidden=hidden,
@@ -178,7 +183,9 @@ def from_model(model, lora_targets: list[str] | None = None) -> Shape:
         kv_heads=get("num_key_value_heads", default=heads), vocab=cfg.vocab_size,
         params=sum(p.numel() for p in params.values()),
         block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks),
-        gated=any(n.endswith(("gate_proj", "w1", "gate_up_proj")) for n in names),
+        gated=gated,
+        mlp_saved=5.0 if gated else MLP_SAVED.get(str(get("activation_function", "hidden_act", "hidden_activation",
+                                                             default="gelu")), 3.0),
         attention_dropout=float(get("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", default=0.0)),
         lora_per_rank=lora,
         norm_params=sum(p.numel() for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)),
@@ -196,13 +203,14 @@ def _decoder_blocks(model):
 
 def shape_of_recipe(r) -> Shape:
     """Shape of the recipe's model from its config alone (a meta-device instance; no weights read)."""
+    from pathlib import Path
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..builtin import resolve
     from ..io import base_config
     from ..sources import readable
-    from pathlib import Path
 
     target, gguf = resolve(r.model.name_or_path, r.model.gguf_file)
     with readable(target, gguf):
