@@ -10,9 +10,10 @@ m_h * (j - c)``, forward and backward, with O(N) memory and no bias tensor.
 Precision: the kernel accumulates the score in fp32 (or the input dtype if wider), so a score of
 size ``m * |j - c|`` loses ``2^-24 * m * |j - c|``. Only keys near a query matter (far ones are
 decayed to nothing by the bias), so the error is set by the distance between a query and its
-block's centre ``c``: queries go in blocks of at most ``MAX_SPAN / m_max`` rows, each block with its
+block's centre ``c``: queries go in blocks of at most ``MAX_SPAN / m`` rows, each block with its
 own centre (one block with ``is_causal`` when the whole sequence fits, else a boolean (C, Tk) mask
-per block). ``MAX_SPAN`` = 2048 keeps the output within ~1e-4 of an fp64 reference in fp32 at any
+per block). Heads are grouped by the blocks they need (``head_groups``): at 8k tokens only the
+steepest one or two heads of a 12-head model are blocked, the others run as one causal square. ``MAX_SPAN`` = 2048 keeps the output within ~1e-4 of an fp64 reference in fp32 at any
 length (``scripts/bench_fused_alibi.py`` measures it per dtype); bf16/fp16 stay at their own
 rounding.
 
@@ -62,6 +63,24 @@ def _pad_to(x: torch.Tensor, dim: int) -> torch.Tensor:
     return F.pad(x, (0, dim - x.shape[-1])) if x.shape[-1] < dim else x
 
 
+def head_groups(slopes: torch.Tensor, Tq: int) -> list[list[int]]:
+    """Heads grouped by the number of query blocks they need, as lists of head indices.
+
+    Only steep heads need several blocks (``m_h * Tq > MAX_SPAN``); the gentle ones, most heads of an
+    ALiBi model at any length, run as one causal square: the fastest call."""
+    groups: dict[int, list[int]] = {}
+    for h in range(slopes.numel()):
+        groups.setdefault(math.ceil(Tq / block_rows(slopes[h : h + 1], Tq)), []).append(h)
+    return [groups[n] for n in sorted(groups)]
+
+
+def _heads(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    """x[:, idx] as a view when the heads are consecutive, else a copy."""
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return x[:, idx[0] : idx[-1] + 1]
+    return x[:, idx]
+
+
 def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_start=0, dropout=0.0,
                  max_rows: int | None = None, row_scale: torch.Tensor | None = None):
     """Causal attention with bias ``-slopes[h] * (i - j)``: q (B, H, Tq, D), k/v (B, H, Tk, D), query r at
@@ -74,6 +93,13 @@ def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_s
     ``row_scale`` (B, Tq) fp32 multiplies query r's bias (a temperature): the q side of the extra dims
     carries ``2^p * tau_r`` instead of ``2^p``, so inputs of at least fp32 only (``kernel.choose_path``)."""
     B, H, Tq, D = q.shape
+    groups = head_groups(slopes, Tq)
+    if len(groups) > 1:  # steep heads in blocks, the rest as one causal square
+        kw = dict(scaling=scaling, key_padding=key_padding, window=window, q_start=q_start, dropout=dropout,
+                  max_rows=max_rows, row_scale=row_scale)
+        outs = [attend_alibi(_heads(q, g), _heads(k, g), _heads(v, g), slopes=slopes[g], **kw) for g in groups]
+        order = torch.tensor([h for g in groups for h in g]).argsort().to(q.device)
+        return torch.cat(outs, dim=1)[:, order]  # (B, H, Tq, D) in the heads' own order
     parts = parts_for(q.dtype)
     width = D + parts
     if q.is_cuda:

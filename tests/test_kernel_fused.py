@@ -299,3 +299,22 @@ def test_the_cli_offers_every_kernel():
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["convert"]
     kernel_opt = next(a for a in sub._actions if "--kernel" in a.option_strings)
     assert tuple(kernel_opt.choices) == kernel.KERNELS
+
+
+def test_only_steep_heads_are_blocked(monkeypatch):
+    """At 8k tokens a 12-head model's steepest heads need query blocks; the other ten run as one causal
+    square. Grouped or not, the output is the same (and matches the paper's equation)."""
+    slopes = torch.tensor(alibi_slopes(12))  # 0.5, 0.25, ..., 2^-8, then 2^-0.5, 2^-1.5, ... (the paper's order)
+    assert fused.head_groups(slopes, 8192) == [[1, 2, 3, 4, 5, 6, 7, 10, 11], [0, 9], [8]]
+    assert fused.head_groups(slopes, 1024) == [list(range(12))]
+    monkeypatch.setattr(fused, "MAX_SPAN", 6.0)
+    monkeypatch.setattr(fused, "MIN_ROWS", 4)
+    H, T, D = 6, 60, 8
+    slopes = torch.tensor(alibi_slopes(H))
+    assert len(fused.head_groups(slopes, T)) > 1
+    q, k, v = _qkv(1, H, T, T, D)
+    grouped, _ = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, kernel="fused")
+    monkeypatch.setattr(fused, "head_groups", lambda s, t: [list(range(s.numel()))])
+    together, _ = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, kernel="fused")
+    torch.testing.assert_close(grouped, together, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(grouped.double(), _reference(q, k, v, D**-0.5, slopes), atol=2e-6, rtol=1e-5)

@@ -154,7 +154,7 @@ def track_inputs(state, base: nn.Module) -> list:
             bound = kwargs
         extra = bound.get("kwargs", {}) if isinstance(bound.get("kwargs"), dict) else {}
         get = lambda k: bound.get(k, extra.get(k))
-        cache = get("past_key_values")
+        cache = get("cache") if get("cache") is not None else get("past_key_values")  # transformers >= 5.24: cache
         past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
         mask = get("attention_mask")
         state.inputs = {
@@ -165,11 +165,20 @@ def track_inputs(state, base: nn.Module) -> list:
         }
 
     def mark(module, args, output):
-        cache = _plain_cache(getattr(output, "past_key_values", None))
+        cache = _plain_cache(_output_cache(output))
         if cache is not None and (state.inputs or {}).get("cache_in_place"):
             setattr(cache, ROTATED_MARK, True)
 
     return [base.register_forward_pre_hook(record, with_kwargs=True), base.register_forward_hook(mark)]
+
+
+def _output_cache(output):
+    """The cache a model output carries: ``cache`` from transformers 5.24, ``past_key_values`` before."""
+    fields = output if isinstance(output, dict) else getattr(output, "__dict__", {})
+    for name in ("cache", "past_key_values"):
+        if fields.get(name) is not None:
+            return fields[name]
+    return None
 
 
 ROTATED_MARK = "_retrofit_keys_rotated"  # set on a DynamicCache whose keys a rotary scheme rotated on entry
