@@ -93,9 +93,26 @@ def _env() -> dict:
 
 
 def launch(config: str, r: dict, where: Path) -> subprocess.CompletedProcess:
+    """The launch, in its own process group: on a timeout (or a test interrupted) no rank is left behind
+    waiting on gloo for a peer."""
     path = where / f"{Path(r['output_dir']).name}.yaml"
     path.write_text(yaml.safe_dump(r))
-    return subprocess.run(_launch_cmd(config, path), env=_env(), capture_output=True, text=True, timeout=400)
+    cmd = _launch_cmd(config, path)
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=400)
+    finally:
+        _kill_group(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _losses(out: Path) -> list[float]:
@@ -206,7 +223,7 @@ def test_kill_one_rank_then_resume_auto(models, tmp_path):
     path.write_text(yaml.safe_dump(r))
     out = tmp_path / "killed"
     launcher = subprocess.Popen(_launch_cmd("fsdp.yaml", path), env=_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, start_new_session=True)
     deadline, killed = time.time() + 300, False
     try:
         while time.time() < deadline and launcher.poll() is None and not killed:
@@ -218,8 +235,7 @@ def test_kill_one_rank_then_resume_auto(models, tmp_path):
             time.sleep(0.01)
         launcher.wait(120)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
+        _kill_group(launcher)
     assert killed and launcher.returncode != 0, "the run ended before rank 1 could be killed"
     assert not (out / "final").exists() and not (out / "summary.json").exists()
 

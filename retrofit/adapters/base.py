@@ -165,20 +165,26 @@ def track_inputs(state, base: nn.Module) -> list:
         }
 
     def mark(module, args, output):
-        cache = _plain_cache(_output_cache(output))
+        cache = _plain_cache(output_cache(output))
         if cache is not None and (state.inputs or {}).get("cache_in_place"):
             setattr(cache, ROTATED_MARK, True)
 
     return [base.register_forward_pre_hook(record, with_kwargs=True), base.register_forward_hook(mark)]
 
 
-def _output_cache(output):
-    """The cache a model output carries: ``cache`` from transformers 5.24, ``past_key_values`` before."""
-    fields = output if isinstance(output, dict) else getattr(output, "__dict__", {})
+def output_cache(output):
+    """The cache a model output carries: ``cache`` from transformers 5.24, ``past_key_values`` before.
+    Read by key: asking a 5.24 output for the old name logs a deprecation warning."""
+    keys = list(output.keys()) if isinstance(output, dict) else []
     for name in ("cache", "past_key_values"):
-        if fields.get(name) is not None:
-            return fields[name]
+        if name in keys and output[name] is not None:
+            return output[name]
     return None
+
+
+def cache_kwarg(model) -> str:
+    """The forward's name for the KV cache: ``cache`` from transformers 5.24, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 ROTATED_MARK = "_retrofit_keys_rotated"  # set on a DynamicCache whose keys a rotary scheme rotated on entry

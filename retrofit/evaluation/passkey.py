@@ -10,12 +10,13 @@ the answer is right when the first 5-digit number in the continuation is the key
 
 from __future__ import annotations
 
-import inspect
 import random
 import re
 from dataclasses import dataclass
 
 import torch
+
+from ..adapters.base import cache_kwarg, output_cache
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -83,11 +84,6 @@ def grade(continuation: str, key: str) -> bool:
     return bool(m) and m.group(1) == key
 
 
-def _cache_kw(model) -> str:
-    """The forward's name for the KV cache: ``cache`` from transformers 5.24, ``past_key_values`` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 def greedy_decode(model, ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:
     """Greedy continuation of ``ids``; uses the KV cache when the model returns one."""
     dev = next(model.parameters()).device
@@ -97,10 +93,10 @@ def greedy_decode(model, ids: list[int], max_new_tokens: int, eos_token_id: int 
     with torch.inference_mode():
         for _ in range(max_new_tokens):
             if past is not None:
-                out = model(input_ids=x[:, -1:], **{_cache_kw(model): past}, use_cache=True)
+                out = model(input_ids=x[:, -1:], **{cache_kwarg(model): past}, use_cache=True)
             else:
                 out = model(input_ids=x, use_cache=True)
-            past = out.get("cache", out.get("past_key_values")) if isinstance(out, dict) else None
+            past = output_cache(out)
             nxt = int(out.logits[0, -1].argmax())
             out_ids.append(nxt)
             if eos_token_id is not None and nxt == eos_token_id:
