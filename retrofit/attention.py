@@ -60,7 +60,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         if rel_query is not None:
             rel_query = rel_query * tau.to(query.dtype)[:, None, :, None]
     relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed)
-    bias = slopes = None
+    bias = slopes = band = None
     if scheme.kind == "bias":
         scale = scaling if scheme.bias_scaled_with_scores else None
         layer = ctx.layer_index(query.device)  # a 0-d tensor: compiled score_mods do not specialise on it
@@ -80,6 +80,10 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         slopes = None if placed else scheme.linear_slopes(ctx.layer)
         if slopes is not None and scale:
             slopes = slopes * scale
+        # T5 / Shaw: a distance bias flat past a reach (not with a block's own positions or a temperature)
+        band = None if placed or tau is not None else scheme.distance_band(ctx.layer)
+        if band is not None and scale:
+            band = band * scale
         if tau is not None and slopes is None and not (placed or moved) and _tau_of_slots(scheme, tau, q_start, Tk):
             # the temperature read from the query's own position inside the bias: a compiled flex score_mod
             # that loads a per-row tensor fails inductor's CPU template (torch 2.13); this one compiles
@@ -91,7 +95,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
     out, path = kernel.attend(
         query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
-        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes, row_scale=tau, relative=relative,
+        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes, band=band, row_scale=tau, relative=relative,
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None

@@ -313,9 +313,10 @@ def set_kernel(model, kernel: str) -> None:
 
 def _check_kernel(scheme, kernel: str, dtype: torch.dtype) -> None:
     """A kernel asked for by name must be able to serve the scheme (auto and chunked serve every one)."""
-    if kernel == "fused" and scheme.linear_slopes(0) is None:
-        raise OptionError(f"kernel 'fused' serves a bias linear in the distance (alibi) only, not {scheme.name!r}; "
-                          "use kernel auto or chunked")
+    linear = scheme.linear_slopes(0) is not None
+    if kernel == "fused" and not linear and (scheme.distance_band(0) is None or scheme.common.temperature):
+        raise OptionError(f"kernel 'fused' serves alibi, and t5/shaw without a temperature, not {scheme.name!r}"
+                          f"{' with a temperature' if scheme.common.temperature else ''}; use kernel auto or chunked")
     if kernel == "fused" and scheme.common.temperature and dtype not in (torch.float32, torch.float64):
         raise OptionError(f"kernel 'fused' scales the bias by the temperature in fp32 or wider only; the model is "
                           f"{str(dtype).removeprefix('torch.')}: use kernel auto or chunked")

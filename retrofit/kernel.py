@@ -4,7 +4,10 @@ The paths, chosen per call by device, dtype and grad, and always recorded (``las
 
 - ``"fused-alibi"``: a bias linear in the distance (ALiBi, either convention) rides as extra q/k
   dimensions through the stock fused SDPA kernel, forward and backward (``fused.attend_alibi``);
-  padding, windows and the cache included. ``"flash-attn-alibi"``: the same bias through
+  padding, windows and the cache included. ``"fused-band"``: a distance bias flat past a reach K
+  (T5, Shaw) as the stock fused causal kernel over the keys at least K back plus an explicit band of
+  the last K keys, merged by log-sum-exp, forward and backward (``band.attend_band``; CPU, full causal
+  self-attention without padding, window or dropout). ``"flash-attn-alibi"``: the same bias through
   FlashAttention 2's ``alibi_slopes`` on CUDA in fp16/bf16 without padding, when it is installed.
 
 - ``"flex"``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import band as band_path
 from . import fused
 
 log = logging.getLogger(__name__)
@@ -56,14 +60,17 @@ _flex_failed = False  # flex compiled or ran and failed in this process: auto no
 
 
 def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float, masked: bool = False,
-                linear: bool = False, padded: bool = False, relative: bool = False, scaled: bool = False) -> str:
+                linear: bool = False, padded: bool = False, relative: bool = False, scaled: bool = False,
+                banded: bool = False, full: bool = False) -> str:
     """Which path runs. ``requested`` is the model's kernel option (the env var decides for "auto").
     ``masked``: padding or a sliding window is present (CPU flex miscompiles those block masks
     in torch 2.13's inductor, so on CPU they take the chunked path). ``linear``: the bias is
     ``-m_h * (i - j)`` (ALiBi), which the fused paths serve; ``padded``: padding is present.
     ``relative``: a query-dependent term (``Relative``), which only the chunked path serves; ``scaled``: each
     query row's bias is scaled by a tensor (a temperature), which neither FlashAttention's ``alibi_slopes``
-    nor CPU flex can take."""
+    nor CPU flex can take. ``banded``: the bias is a distance table flat past a reach (T5, Shaw), which the fused
+    band path serves on CPU when the call is ``full`` causal self-attention (no cache offset) without padding,
+    window, per-row scale or dropout; ``kernel="fused"`` then takes it wherever it can and chunked elsewhere."""
     if requested == "auto":
         requested = os.environ.get("RETROFIT_ATTENTION_PATH", "auto")
     if requested not in KERNELS:
@@ -73,9 +80,13 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
             raise RuntimeError(f"the {requested} attention path cannot serve a query-dependent relative term "
                                "(Transformer-XL, NEZHA); use kernel='auto' or 'chunked'")
         return "chunked"
+    band_ok = banded and full and band_path.available(q) and not (masked or scaled) and dropout == 0
     if requested == "fused" and not linear:
-        raise RuntimeError("the fused attention path serves biases linear in the distance (alibi) only; "
-                           "use kernel='auto', 'flex' or 'chunked'")
+        if banded:  # the band path serves whole-sequence calls; decoding steps and padded batches go chunked
+            return "fused-band" if band_ok else "chunked"
+        raise RuntimeError("the fused attention paths serve ALiBi and, on CPU, distance tables flat past a reach "
+                           "(t5, shaw) without a temperature or a block's own positions; use kernel='auto', "
+                           "'flex' or 'chunked'")
     if linear and requested in ("auto", "fused"):
         half = q.dtype in (torch.float16, torch.bfloat16)
         if requested == "auto" and q.is_cuda and half and not padded and not scaled and fused.flash_attn_available():
@@ -83,6 +94,8 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
         return "fused-alibi"
     if not has_bias or requested == "chunked" or dropout > 0:
         return "chunked"
+    if band_ok and requested == "auto":  # CPU: faster than flex for inference, and it has a backward
+        return "fused-band"
     grad = torch.is_grad_enabled() and q.requires_grad
     # CPU flex: no backward, no padded/windowed block masks, no per-row tensor in a score_mod (inductor's
     # CPU template fails to compile the load, torch 2.13)
@@ -137,6 +150,7 @@ def attend(
     dropout: float = 0.0,
     kernel: str = "auto",
     slopes: torch.Tensor | None = None,
+    band: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
     relative: Relative | None = None,
 ) -> tuple[torch.Tensor, str]:
@@ -145,6 +159,7 @@ def attend(
 
     key_padding: (B, Tk) bool, True = real token. window: keys with i - j >= window are masked.
     slopes: (H,) when ``bias(h, i, j) == -slopes[h] * (i - j)`` exactly (ALiBi): the fused paths may serve it.
+    band: (H, K + 1) when ``bias(h, i, j) == band[h, min(i - j, K)]`` exactly (T5, Shaw): so may the band path.
     row_scale: (B or 1, Tq) multiplies query row i's bias (a temperature; q is already scaled by the caller).
     relative: a query-dependent term added to the logits (chunked path).
     Returns (output (B, H, Tq, D), path name)."""
@@ -156,10 +171,12 @@ def attend(
         row_scale = None
     if key_padding is not None and bool(key_padding.all()):
         key_padding = None
+    if window and q_start + q.shape[-2] <= window:  # every key of this call is within the window
+        window = None
+    Tq, Tk = q.shape[-2], k.shape[-2]
     path = choose_path(kernel, q, bias is not None, dropout, masked=key_padding is not None or bool(window),
                        linear=slopes is not None, padded=key_padding is not None, relative=relative is not None,
-                       scaled=row_scale is not None)
-    Tq, Tk = q.shape[-2], k.shape[-2]
+                       scaled=row_scale is not None, banded=band is not None, full=q_start == 0 and Tq == Tk > 1)
     if path == "chunked" and bias is None and relative is None and key_padding is None and window is None and (Tq == Tk or Tq == 1):
         # stock SDPA: full causal self-attention, or one decoding query that sees every key
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=Tq == Tk and Tq > 1, scale=scaling,
@@ -174,6 +191,8 @@ def attend(
         out = fused.attend_alibi(q, k, v, scaling=scaling, slopes=slopes, key_padding=key_padding, window=window,
                                  q_start=q_start, dropout=dropout, max_rows=cap, row_scale=row_scale)
         return out, path
+    if path == "fused-band":
+        return band_path.attend_band(q, k, v, scaling=scaling, band=band), path
     if path == "flash-attn-alibi":
         return fused.flash_attn_alibi(q, k, v, scaling=scaling, slopes=slopes, window=window, dropout=dropout), path
     if path == "flex":

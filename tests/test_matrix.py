@@ -22,7 +22,7 @@ MODEL_TYPES = sorted(TINY)
 KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+temperature_length=8",
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
                 "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@fused",
-                "alibi+scale_bias+temperature=0.3+temperature_length=8@fused"]
+                "alibi+scale_bias+temperature=0.3+temperature_length=8@fused", "t5@fused", "shaw@fused"]
 CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
 
 
@@ -62,7 +62,11 @@ def test_live_and_matches_reference(model_type, scheme):
         after = model(x).logits
         assert not torch.allclose(before, after, atol=1e-3), "patch is not live: logits unchanged"
         if scheme.endswith("@fused"):
-            assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+            if scheme.startswith("alibi"):
+                assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+            elif model_type not in ("mistral", "starcoder2"):  # the band path, in every layer without a window
+                # shorter than the input (GPT-Neo's local layers, the tiny Mistral's 8 keys go chunked)
+                assert "fused-band" in retrofit.core._state(model).paths
         _set_attn(model, "retrofit_reference")
         ref = model(x).logits
         _set_attn(model, "retrofit")

@@ -41,7 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="scheme option, repeatable")
     p.add_argument("--dtype", default=None, help="load dtype: float32, bfloat16, float16, auto")
-    p.add_argument("--kernel", default="auto", choices=["auto", "fused", "flex", "chunked"], help="attention path for bias schemes")
+    p.add_argument("--kernel", default="auto", choices=["auto", "fused", "flex", "chunked"],
+                   help="attention path for bias schemes: auto picks per call (recorded in describe); fused serves "
+                        "alibi, and t5/shaw on CPU; chunked serves every scheme")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     p.add_argument("--force", action="store_true",
                    help="convert a retrofit checkpoint again (its scheme is reverted first)")

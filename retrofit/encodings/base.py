@@ -199,6 +199,11 @@ class Scheme(nn.Module):
         such a bias without building it); None for any other bias."""
         return None
 
+    def distance_band(self, layer: int) -> torch.Tensor | None:
+        """(H, K + 1) values b when ``bias(layer, h, i, j) == b[h, min(i - j, K)]`` for every i >= j exactly (a
+        distance bias flat from K on: ``band.attend_band`` serves it through the fused kernel); None otherwise."""
+        return None
+
     def rotate(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not a rotary scheme")
 

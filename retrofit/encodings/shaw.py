@@ -52,6 +52,9 @@ class ShawClipped(Scheme):
             table[:] = -slopes[:, None] * torch.arange(options.max_distance + 1, dtype=torch.float32)[None, :]
         self.table = nn.Parameter(table)  # (L or 1, H, k + 1)
 
+    def distance_band(self, layer):
+        return self.table[layer if self.options.per_layer else 0]  # (H, k + 1)
+
     def bias(self, layer, h, q_pos, k_pos):
         # h (H,1,1), q_pos (1,C,1), k_pos (1,1,Tk) -> (H, C, Tk); or 0-d tensors -> 0-d
         table = self.table[layer if self.options.per_layer else 0]  # (H, k + 1)

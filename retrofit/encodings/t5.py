@@ -93,6 +93,9 @@ class T5Buckets(Scheme):
     def bucket(self, distance: torch.Tensor) -> torch.Tensor:
         return t5_bucket(distance, self.options.num_buckets, self.options.max_distance)
 
+    def distance_band(self, layer):
+        return self.table[layer if self.options.per_layer else 0][:, self.lut]  # (H, max_distance + 1)
+
     def bias(self, layer, h, q_pos, k_pos):
         # h (H,1,1), q_pos (1,C,1), k_pos (1,1,Tk) -> (H, C, Tk); or 0-d tensors -> 0-d
         table = self.table[layer if self.options.per_layer else 0]  # (H, num_buckets)

@@ -1,0 +1,202 @@
+"""A distance bias that goes flat past a reach K (T5 buckets, Shaw's clipped table), through the stock
+fused causal kernel.
+
+Such a bias is ``b_h(i - j) = c_h + g_h(i - j)`` with ``c_h = b_h(K)`` and ``g_h(d) = 0`` for ``d >= K``.
+Under the softmax the per-row constant ``c_h`` cancels, so only the band of the last K keys of each
+query carries a bias. The split (the one FlashAttention uses across key blocks):
+
+- **far keys** (``i - j >= K``): queries ``K..N-1`` over keys ``0..N-K-1`` form a causal square shifted
+  by K, which the stock CPU flash kernel computes as it is (``is_causal``), returning its log-sum-exp;
+- **the band** (``0 <= i - j < K``): scored explicitly per block of C queries against its C + K - 1
+  keys, ``g`` added by distance: (B, H, C, C + K - 1) per block, O(N (C + K)) memory, no H x N x N;
+- the two merge through their log-sum-exps.
+
+Backward: the flash kernel's own backward, given the *merged* output and log-sum-exp, returns the far
+part's exact gradients (P = exp(S - lse), dS = P (dP - rowsum(dO * O)) need only the final O and lse);
+the band's gradients, and the bias's per distance, are computed by hand block by block. Saved for
+backward: q, k, v, the output and the log-sum-exp (O(N)).
+
+CPU only (``available``): CUDA takes flex for these biases. Full causal self-attention only (no cache
+offset, padding, window, dropout or per-row scale); the caller picks another path otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ROWS = 128  # queries per band block
+GROUP_ELEMENTS = 1 << 24  # max elements of one group of blocks' scores in the bias gradient (64 MiB fp32)
+
+
+def available(q: torch.Tensor) -> bool:
+    """The CPU flash kernel with its log-sum-exp and backward is present, for this dtype."""
+    return (not q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+
+
+def attend_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float,
+                band: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention of q, k, v (B, H, N, D) with the bias ``band[h, min(i - j, K)]``;
+    band (H, K + 1): the bias at distances 0..K, flat from K on. Returns (B, H, N, D)."""
+    K = band.shape[-1] - 1
+    g = band[:, :K] - band[:, K:]  # (H, K): the band's bias over the far one
+    return _Band.apply(q, k, v, g.to(torch.float32), scaling)
+
+
+def _flash(q, k, v, scaling, mask=None, causal=True):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
+                                                                     scale=scaling)
+
+
+def _flash_backward(dout, q, k, v, out, lse, scaling, mask=None, causal=True):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scaling)
+
+
+class _Layout:
+    """The band in blocks of C queries. Block b's window is the T * C keys ending with its own last one,
+    so every window has the same distance pattern and the same (H, C, W) bias; keys are left-padded by
+    L = (T - 1) * C >= K - 1 and the sequence right-padded to n * C. The first T - 1 blocks (whose
+    windows reach into the padding) are attended one by one over their real keys; the rest in one call
+    with the blocks as the batch."""
+
+    def __init__(self, N: int, K: int, device):
+        self.N, self.K, self.C = N, K, ROWS
+        self.T = -(-(self.C + K - 1) // self.C)  # window tiles
+        self.W, self.L = self.T * self.C, (self.T - 1) * self.C
+        self.n = -(-N // self.C)
+        d = torch.arange(self.C, device=device)[:, None] - torch.arange(self.W, device=device)[None, :] + self.L
+        self.inside = (d >= 0) & (d < K)  # (C, W): query r of a block and column c of its window
+        self.idx = d.clamp(0, K - 1)
+        r = torch.arange(self.C, device=device)[:, None]
+        self.column = r + self.L - torch.arange(K, device=device)[None, :]  # (C, K): the column at distance d
+
+    def bias(self, g):  # (H, K) -> (1, H, C, W) fp32, -inf outside the band
+        return g[:, self.idx].masked_fill(~self.inside, float("-inf"))[None]
+
+    def blocks(self, x):  # (B, H, N, D) -> (B, H, n, C, D) fp32, zero rows at the end
+        x = F.pad(x.float(), (0, 0, 0, self.n * self.C - self.N))
+        return x.view(*x.shape[:2], self.n, self.C, x.shape[-1])
+
+    def windows(self, x):  # (B, H, N, D) -> (B, H, n, W, D) fp32: a strided view of the padded keys
+        x = F.pad(x.float(), (0, 0, self.L, self.n * self.C - self.N))
+        return x.unfold(2, self.W, self.C).transpose(-1, -2)
+
+    def fold(self, w):  # (B, H, n, W, D) window gradients -> (B, H, N, D) key gradients
+        B, H, n, _, D = w.shape
+        acc = w.new_zeros(B, H, (n + self.T - 1) * self.C, D)
+        w = w.view(B, H, n, self.T, self.C, D)
+        for t in range(self.T):
+            acc[:, :, t * self.C : (t + n) * self.C] += w[:, :, :, t].reshape(B, H, n * self.C, D)
+        return acc[:, :, self.L : self.L + self.N]
+
+    def pieces(self):
+        """The flash calls over the band: (blocks, lo) for each of the first blocks alone (window columns
+        before lo are padding), then (blocks, None) for the rest with the blocks as the batch."""
+        first = min(self.n, self.T - 1)
+        for b in range(first):
+            yield slice(b, b + 1), self.L - b * self.C
+        if self.n > first:
+            yield slice(first, self.n), None
+
+    @staticmethod
+    def take(x, piece, lo=0):
+        """Rows of blocks/windows x (B, H, n, R, ...) for a piece: (B, H, R', ...) or (B * m, H, R, ...)."""
+        rows, alone = piece
+        if alone is not None:
+            return x[:, :, rows.start, lo:]
+        x = x[:, :, rows].transpose(1, 2)
+        return x.reshape(-1, *x.shape[2:])
+
+    @staticmethod
+    def put(acc, piece, value):  # the inverse of take for an accumulator (B, H, n, R, ...)
+        rows, alone = piece
+        if alone is not None:
+            view = acc[:, :, rows.start]
+            view[:, :, view.shape[2] - value.shape[2] :] = value
+        else:
+            acc[:, :, rows] = value.view(acc.shape[0], -1, *value.shape[1:]).transpose(1, 2)
+
+
+class _Band(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, scaling):
+        B, H, N, D = q.shape
+        K = g.shape[-1]
+        lay = _Layout(N, K, q.device)
+        bias = lay.bias(g)
+        out = torch.empty(B, H, lay.n, lay.C, D, dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, H, lay.n, lay.C, dtype=torch.float32, device=q.device)
+        qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
+        for piece in lay.pieces():  # the band: blocks of queries over their windows, with the bias as a mask
+            lo = piece[1] or 0
+            o, s = _flash(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
+                          bias[..., lo:].contiguous(), causal=False)
+            lay.put(out, piece, o)
+            lay.put(lse, piece, s)
+        out, lse = out.view(B, H, -1, D)[:, :, :N], lse.view(B, H, -1)[:, :, :N]
+        if N > K:  # far keys: queries K.. over keys ..N-K, a causal square; merged by log-sum-exp
+            far_out, far_lse = _flash(q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K], scaling)
+            near_lse = lse[:, :, K:]
+            both = torch.logaddexp(far_lse.float(), near_lse)
+            out[:, :, K:] = (far_out.float() * (far_lse - both).exp()[..., None]
+                             + out[:, :, K:] * (near_lse - both).exp()[..., None])
+            lse[:, :, K:] = both
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, g, out, lse.contiguous())
+        ctx.scaling = scaling
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, g, out, lse = ctx.saved_tensors
+        scaling = ctx.scaling
+        B, H, N, D = q.shape
+        K = g.shape[-1]
+        lay = _Layout(N, K, q.device)
+        dout = dout.contiguous()
+        qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
+        ob, db, lb = lay.blocks(out), lay.blocks(dout), lay.blocks(lse[..., None])[..., 0]
+        dqb, dkw, dvw = torch.zeros_like(qb), torch.zeros_like(kw), torch.zeros_like(vw)
+        bias = lay.bias(g)
+        for piece in lay.pieces():  # the band's gradients, from the merged output and lse
+            lo = piece[1] or 0
+            grads = _flash_backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
+                                    lay.take(vw, piece, lo), lay.take(ob, piece), lay.take(lb, piece).contiguous(),
+                                    scaling, bias[..., lo:].contiguous(), causal=False)
+            for acc, grad in zip((dqb, dkw, dvw), grads):
+                lay.put(acc, piece, grad)
+        dq, dk, dv = dqb.view(B, H, -1, D)[:, :, :N], lay.fold(dkw), lay.fold(dvw)
+        if N > K:  # the far square's exact gradients, from the merged output and log-sum-exp
+            far = _flash_backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
+                                  out[:, :, K:].contiguous(), lse[:, :, K:].contiguous(), scaling)
+            dq[:, :, K:] += far[0]
+            dk[:, :, : N - K] += far[1]
+            dv[:, :, : N - K] += far[2]
+        dg = _bias_grad(lay, qb, kw, vw, db, ob, lb, g, scaling) if ctx.needs_input_grad[3] else None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, None
+
+
+def _bias_grad(lay, qb, kw, vw, db, ob, lb, g, scaling):
+    """d loss / d g (H, K): sum over queries of dS = P (dP - rowsum(dO * O)) at each distance, read off the
+    band's K entries per query (gathered from the windows' scores), over groups of blocks whose
+    (B, H, G, C, W) scores stay under ``GROUP_ELEMENTS``: O(N K) work past the matmuls, bounded memory."""
+    B, H, n, C, _ = qb.shape
+    group = max(1, GROUP_ELEMENTS // (B * H * C * lay.W))
+    dg = torch.zeros_like(g)
+    for b0 in range(0, n, group):
+        b1 = min(n, b0 + group)
+        index = lay.column.expand(B, H, b1 - b0, C, lay.K)
+        scores = (qb[:, :, b0:b1] @ kw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)  # (B, H, G, C, K)
+        p = (scores.mul_(scaling).add_(g[None, :, None, None, :]) - lb[:, :, b0:b1, :, None]).exp_()
+        p = p.masked_fill_(index < _padding_columns(lay, b0, b1, qb.device), 0.0)  # the first blocks' padding
+        dp = (db[:, :, b0:b1] @ vw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)
+        delta = (db[:, :, b0:b1] * ob[:, :, b0:b1]).sum(-1, keepdim=True)  # (B, H, G, C, 1)
+        dg += p.mul_(dp.sub_(delta)).sum((0, 2, 3))
+    return dg
+
+
+def _padding_columns(lay, b0, b1, device):  # (1, 1, G, 1, 1): window columns below this are padding
+    lo = (lay.L - torch.arange(b0, b1, device=device) * lay.C).clamp(min=0)
+    return lo.view(1, 1, -1, 1, 1)

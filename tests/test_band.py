@@ -1,0 +1,179 @@
+"""T5 and Shaw through the fused band path (``retrofit/band.py``): the far keys through the stock CPU
+flash kernel, the last K keys as an explicit band, merged by log-sum-exp. Exact against a plain fp64
+softmax with the bias from the papers' equations (T5's buckets from transformers' own
+``T5Attention._relative_position_bucket``), forward and backward including the bias table's gradient,
+in each dtype; path selection; and a converted model trains, decodes and reloads on it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.models.t5.modeling_t5 import T5Attention
+
+import retrofit
+from retrofit import band, kernel
+from retrofit.core import set_kernel
+
+from .tiny import TINY, ids
+
+
+def _reference(q, k, v, scaling, table):
+    """softmax(q.k * scaling + table[h, min(i - j, K)]) over causal keys, in fp64."""
+    N, K = q.shape[-2], table.shape[-1] - 1
+    d = torch.arange(N)[:, None] - torch.arange(N)[None, :]
+    s = q.double() @ k.double().transpose(-1, -2) * scaling + table.double()[:, d.clamp(0, K)]
+    return s.masked_fill(d < 0, float("-inf")).softmax(-1) @ v.double()
+
+
+def _inputs(B, H, N, D, K, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    table = (torch.randn(H, K + 1, generator=g) * 3).requires_grad_()
+    return q, k, v, table
+
+
+def _grads(out, leaves, weight):
+    return torch.autograd.grad((out.double() * weight).sum(), leaves)
+
+
+@pytest.mark.parametrize("N,K,rows", [(40, 16, 8), (16, 16, 8), (200, 16, 8), (203, 16, 8), (300, 40, 16),
+                                      (130, 128, 128), (700, 128, 128)])
+def test_band_matches_the_plain_softmax_forward_and_backward(monkeypatch, N, K, rows):
+    """Shorter than the reach, exactly the reach, several blocks, a ragged last block, windows of 3+ tiles."""
+    monkeypatch.setattr(band, "ROWS", rows)
+    monkeypatch.setattr(band, "GROUP_ELEMENTS", 1)  # the bias gradient block by block (the models' tests: one group)
+    q, k, v, table = _inputs(2, 3, N, 8, K)
+    out = band.attend_band(q, k, v, scaling=0.35, band=table)
+    ref = _reference(q, k, v, 0.35, table)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    weight = torch.randn(out.shape, dtype=torch.float64)
+    got = _grads(out, (q, k, v, table), weight)
+    want = _grads(ref, (q, k, v, table), weight)
+    for name, a, b in zip("q k v table".split(), got, want):
+        scale = float(b.abs().max())
+        assert float((a.double() - b).abs().max()) <= 2e-5 * max(1.0, scale), name
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
+def test_band_keeps_half_inputs_at_their_own_rounding(dtype, atol):
+    q, k, v, table = _inputs(1, 4, 600, 16, 128, dtype)
+    out = band.attend_band(q, k, v, scaling=0.25, band=table)
+    assert out.dtype == dtype
+    ref = _reference(q, k, v, 0.25, table)
+    assert float((out.double() - ref).abs().max()) <= atol
+
+
+def test_t5_band_is_the_t5_bucket_bias_of_transformers():
+    """The scheme's band, read at min(i - j, K), equals its own bias and T5's bucketed table everywhere."""
+    model = retrofit.convert(TINY["gpt2"](), "t5")
+    scheme = retrofit.core._state(model).scheme()
+    table = scheme.table[1]  # (H, num_buckets)
+    values = scheme.distance_band(1)
+    K = values.shape[-1] - 1
+    d = torch.arange(3 * K)
+    buckets = T5Attention._relative_position_bucket(-d, bidirectional=False, num_buckets=scheme.options.num_buckets,
+                                                    max_distance=scheme.options.max_distance)
+    torch.testing.assert_close(values[:, d.clamp(max=K)], table[:, buckets], atol=0, rtol=0)
+    h = torch.arange(table.shape[0])[:, None, None]
+    own = scheme.bias(1, h, d[None, :, None], torch.zeros(1, 1, 1, dtype=torch.long))[..., 0]
+    torch.testing.assert_close(values[:, d.clamp(max=K)], own, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scheme", ["t5", "shaw"])
+def test_every_band_scheme_declares_its_band_truthfully(scheme):
+    model = retrofit.convert(TINY["llama"](), scheme, init="zero" if scheme == "shaw" else "alibi")
+    s = retrofit.core._state(model).scheme()
+    with torch.no_grad():
+        s.table.normal_()
+    values = s.distance_band(0)
+    K = values.shape[-1] - 1
+    i, j = torch.arange(3 * K)[:, None], torch.arange(3 * K)[None, :]
+    h = torch.arange(values.shape[0])[:, None, None]
+    full = s.bias(0, h, i[None], j[None])
+    causal = (i >= j).expand_as(full[0])
+    torch.testing.assert_close(full[:, causal], values[:, (i - j).clamp(0, K)][:, causal], atol=0, rtol=0)
+
+
+def test_path_selection(monkeypatch):
+    monkeypatch.setenv("RETROFIT_ATTENTION_PATH", "auto")
+    q = torch.randn(1, 2, 64, 8)
+    assert kernel.choose_path("auto", q, True, 0.0, banded=True, full=True) == "fused-band"
+    assert kernel.choose_path("fused", q, True, 0.0, banded=True, full=True) == "fused-band"
+    assert kernel.choose_path("fused", q, True, 0.0, banded=True, full=False) == "chunked"  # a decoding step
+    assert kernel.choose_path("fused", q, True, 0.0, masked=True, padded=True, banded=True, full=True) == "chunked"
+    assert kernel.choose_path("fused", q, True, 0.1, banded=True, full=True) == "chunked"  # dropout
+    assert kernel.choose_path("chunked", q, True, 0.0, banded=True, full=True) == "chunked"
+    with pytest.raises(RuntimeError, match="fused"):
+        kernel.choose_path("fused", q, True, 0.0)  # FIRE: no fused path
+
+
+def test_fused_kernel_is_refused_at_convert_where_no_fused_path_serves():
+    with pytest.raises(retrofit.errors.OptionError, match="fused"):
+        retrofit.convert(TINY["gpt2"](), "fire", kernel="fused")
+    with pytest.raises(retrofit.errors.OptionError, match="temperature"):
+        retrofit.convert(TINY["gpt2"](), "t5", kernel="fused", temperature=0.3)
+
+
+@pytest.mark.parametrize("scheme", ["t5", "shaw"])
+def test_a_converted_model_trains_on_the_band_path_and_matches_chunked(scheme):
+    torch.manual_seed(0)
+    options = dict(num_buckets=16) if scheme == "t5" else {}
+    model = retrofit.convert(TINY["gpt2"](), scheme, max_distance=16, **options)
+    x = ids(2, 70)
+
+    def step(kernel_name):
+        set_kernel(model, kernel_name)
+        model.zero_grad()
+        loss = model(x, labels=x).loss
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return loss.detach(), grads, retrofit.describe(model)["attention_path"]
+
+    loss_b, grads_b, path_b = step("fused")
+    loss_c, grads_c, path_c = step("chunked")
+    assert path_b == "fused-band" and path_c == "chunked"
+    torch.testing.assert_close(loss_b, loss_c, atol=1e-6, rtol=1e-6)
+    assert any("retrofit_positions" in n for n in grads_b), "the bias table gets no gradient"
+    assert grads_b.keys() == grads_c.keys()
+    for n in grads_c:
+        torch.testing.assert_close(grads_b[n], grads_c[n], atol=2e-6, rtol=1e-4, msg=n)
+
+
+def test_auto_takes_the_band_path_and_generate_with_cache_equals_recompute(monkeypatch):
+    monkeypatch.setenv("RETROFIT_ATTENTION_PATH", "auto")
+    model = retrofit.convert(TINY["llama"](), "t5", num_buckets=16, max_distance=16)
+    x = ids(1, 50)
+    with torch.no_grad():
+        model(x)
+        assert retrofit.describe(model)["attention_path"] == "fused-band"
+        kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        a = model.generate(x, use_cache=True, **kw)
+        b = model.generate(x, use_cache=False, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-5, rtol=1e-4)
+
+
+def test_saved_band_model_reloads_with_the_same_logits(tmp_path):
+    model = retrofit.convert(TINY["gpt2"](), "t5", kernel="fused")
+    x = ids(1, 60)
+    with torch.no_grad():
+        before = model(x).logits
+    retrofit.save(model, tmp_path / "m")
+    loaded = retrofit.load(tmp_path / "m")
+    with torch.no_grad():
+        after = loaded(x).logits
+    assert retrofit.describe(loaded)["attention_path"] == "fused-band"
+    torch.testing.assert_close(after, before, atol=0, rtol=0)
+
+
+def test_a_window_that_reaches_every_key_is_no_window(monkeypatch):
+    """Mistral's 4k window over a 2k input masks nothing: the call keeps the band path and its result."""
+    monkeypatch.setenv("RETROFIT_ATTENTION_PATH", "auto")
+    q, k, v, table = _inputs(1, 2, 40, 8, 16)
+    bias = lambda h, i, j: table[h, (i - j).clamp(0, 16)]  # noqa: E731
+    plain, path = kernel.attend(q, k, v, scaling=0.3, bias=bias, band=table)
+    windowed, wpath = kernel.attend(q, k, v, scaling=0.3, bias=bias, band=table, window=40)
+    assert path == wpath == "fused-band"
+    torch.testing.assert_close(windowed, plain, atol=0, rtol=0)
+    short, spath = kernel.attend(q, k, v, scaling=0.3, bias=bias, band=table, window=39)
+    assert spath == "chunked" and not torch.allclose(short, plain)
