@@ -7,16 +7,17 @@ query carries a bias. The split (the one FlashAttention uses across key blocks):
 
 - **far keys** (``i - j >= K``): queries ``K..N-1`` over keys ``0..N-K-1`` form a causal square shifted
   by K, which the stock CPU flash kernel computes as it is (``is_causal``), returning its log-sum-exp;
-- **the band** (``0 <= i - j < K``): scored explicitly per block of C queries against its C + K - 1
-  keys, ``g`` added by distance: (B, H, C, C + K - 1) per block, O(N (C + K)) memory, no H x N x N;
+- **the band** (``0 <= i - j < K``): each block of C queries over the window of keys ending with its
+  own last one, through the same kernel with ``g`` by distance as a float mask; every window has the same
+  distance pattern, so one (H, C, W) mask serves all blocks, batched as one call (O(N (C + K)) memory);
 - the two merge through their log-sum-exps.
 
-Backward: the flash kernel's own backward, given the *merged* output and log-sum-exp, returns the far
-part's exact gradients (P = exp(S - lse), dS = P (dP - rowsum(dO * O)) need only the final O and lse);
-the band's gradients, and the bias's per distance, are computed by hand block by block. Saved for
-backward: q, k, v, the output and the log-sum-exp (O(N)).
+Backward: the flash kernel's own backward for the far square and for the band (``flash``: given the
+merged output and log-sum-exp it returns each piece's exact gradients); the bias's gradient per distance
+is read off the band's K entries per query, block by block. Saved for backward: q, k, v, the output and
+the log-sum-exp (O(N)).
 
-CPU only (``available``): CUDA takes flex for these biases. Full causal self-attention only (no cache
+CPU only (``flash.available``): CUDA takes flex for these biases. Full causal self-attention only (no cache
 offset, padding, window, dropout or per-row scale); the caller picks another path otherwise.
 """
 
@@ -25,14 +26,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import flash
+
+
 ROWS = 128  # queries per band block
 GROUP_ELEMENTS = 1 << 24  # max elements of one group of blocks' scores in the bias gradient (64 MiB fp32)
-
-
-def available(q: torch.Tensor) -> bool:
-    """The CPU flash kernel with its log-sum-exp and backward is present, for this dtype."""
-    return (not q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
 
 
 def attend_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float,
@@ -42,16 +40,6 @@ def attend_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: f
     K = band.shape[-1] - 1
     g = band[:, :K] - band[:, K:]  # (H, K): the band's bias over the far one
     return _Band.apply(q, k, v, g.to(torch.float32), scaling)
-
-
-def _flash(q, k, v, scaling, mask=None, causal=True):
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
-                                                                     scale=scaling)
-
-
-def _flash_backward(dout, q, k, v, out, lse, scaling, mask=None, causal=True):
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scaling)
 
 
 class _Layout:
@@ -131,18 +119,14 @@ class _Band(torch.autograd.Function):
         qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
         for piece in lay.pieces():  # the band: blocks of queries over their windows, with the bias as a mask
             lo = piece[1] or 0
-            o, s = _flash(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
-                          bias[..., lo:].contiguous(), causal=False)
+            o, s = flash.forward(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
+                                 bias[..., lo:].contiguous(), causal=False)
             lay.put(out, piece, o)
             lay.put(lse, piece, s)
         out, lse = out.view(B, H, -1, D)[:, :, :N], lse.view(B, H, -1)[:, :, :N]
         if N > K:  # far keys: queries K.. over keys ..N-K, a causal square; merged by log-sum-exp
-            far_out, far_lse = _flash(q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K], scaling)
-            near_lse = lse[:, :, K:]
-            both = torch.logaddexp(far_lse.float(), near_lse)
-            out[:, :, K:] = (far_out.float() * (far_lse - both).exp()[..., None]
-                             + out[:, :, K:] * (near_lse - both).exp()[..., None])
-            lse[:, :, K:] = both
+            far_out, far_lse = flash.forward(q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K], scaling)
+            out[:, :, K:], lse[:, :, K:] = flash.merge(far_out, far_lse, out[:, :, K:], lse[:, :, K:])
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, g, out, lse.contiguous())
         ctx.scaling = scaling
@@ -162,14 +146,14 @@ class _Band(torch.autograd.Function):
         bias = lay.bias(g)
         for piece in lay.pieces():  # the band's gradients, from the merged output and lse
             lo = piece[1] or 0
-            grads = _flash_backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
+            grads = flash.backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
                                     lay.take(vw, piece, lo), lay.take(ob, piece), lay.take(lb, piece).contiguous(),
                                     scaling, bias[..., lo:].contiguous(), causal=False)
             for acc, grad in zip((dqb, dkw, dvw), grads):
                 lay.put(acc, piece, grad)
         dq, dk, dv = dqb.view(B, H, -1, D)[:, :, :N], lay.fold(dkw), lay.fold(dvw)
         if N > K:  # the far square's exact gradients, from the merged output and log-sum-exp
-            far = _flash_backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
+            far = flash.backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
                                   out[:, :, K:].contiguous(), lse[:, :, K:].contiguous(), scaling)
             dq[:, :, K:] += far[0]
             dk[:, :, : N - K] += far[1]

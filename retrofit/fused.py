@@ -11,8 +11,9 @@ Precision: the kernel accumulates the score in fp32 (or the input dtype if wider
 size ``m * |j - c|`` loses ``2^-24 * m * |j - c|``. Only keys near a query matter (far ones are
 decayed to nothing by the bias), so the error is set by the distance between a query and its
 block's centre ``c``: queries go in blocks of at most ``MAX_SPAN / m`` rows, each block with its
-own centre (one block with ``is_causal`` when the whole sequence fits, else a boolean (C, Tk) mask
-per block). Heads are grouped by the blocks they need (``head_groups``): at 8k tokens only the
+own centre (one block with ``is_causal`` when the whole sequence fits; a later block on CPU as the keys
+before it plus its own causal square, merged by log-sum-exp (``flash.rectangle_then_square``); else a
+boolean (C, Tk) mask per block, which SDPA keeps for backward). Heads are grouped by the blocks they need (``head_groups``): at 8k tokens only the
 steepest one or two heads of a 12-head model are blocked, the others run as one causal square. ``MAX_SPAN`` = 2048 keeps the output within ~1e-4 of an fp64 reference in fp32 at any
 length (``scripts/bench_fused_alibi.py`` measures it per dtype); bf16/fp16 stay at their own
 rounding.
@@ -28,6 +29,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from . import flash
 
 MAX_SPAN = 2048.0  # rows per query block x steepest slope (fp32 accumulation error ~ 2^-24 * span / 2)
 MIN_ROWS = 64  # never smaller blocks (a slope above MAX_SPAN / 64 = 32 is not ALiBi)
@@ -136,6 +139,11 @@ def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, wid
     qx = torch.cat([qb, q_side], dim=-1)  # (B, H, C, D+P)
     kx = torch.cat([k[:, :, lo:hi], dims.unsqueeze(0).expand(B, H, hi - lo, parts)], dim=-1)  # (B, H, Tc, D+P)
     qx, kx = _pad_to(qx, width), _pad_to(kx, width)
+    if i0 > 0 and C > 1 and key_padding is None and not window and not dropout and flash.available(qx):
+        # keys before the block, then its own causal square: no (C, Tc) mask is built or kept
+        out = flash.rectangle_then_square(qx, kx[:, :, :i0], v_wide[:, :, :i0], kx[:, :, i0:hi], v_wide[:, :, i0:hi],
+                                          scaling)
+        return out[..., :D]
     mask = _block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
     square = mask is None and i0 == 0  # the whole causal square: the fastest call
     out = F.scaled_dot_product_attention(

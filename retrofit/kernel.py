@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from . import band as band_path
-from . import fused
+from . import flash, fused
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
             raise RuntimeError(f"the {requested} attention path cannot serve a query-dependent relative term "
                                "(Transformer-XL, NEZHA); use kernel='auto' or 'chunked'")
         return "chunked"
-    band_ok = banded and full and band_path.available(q) and not (masked or scaled) and dropout == 0
+    band_ok = banded and full and flash.available(q) and not (masked or scaled) and dropout == 0
     if requested == "fused" and not linear:
         if banded:  # the band path serves whole-sequence calls; decoding steps and padded batches go chunked
             return "fused-band" if band_ok else "chunked"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import retrofit
-from retrofit import fused, kernel
+from retrofit import flash, fused, kernel
 from retrofit.core import set_kernel
 from retrofit.encodings import SCHEMES
 from retrofit.encodings.alibi import alibi_slopes
@@ -75,7 +75,11 @@ def test_fused_alibi_gradients_match_the_reference(monkeypatch):
     B, H, T, D = 1, 4, 70, 8
     leaves = _qkv(B, H, T, T, D, grad=True)
     slopes = torch.tensor(alibi_slopes(H))
+    calls = []
+    split = flash.rectangle_then_square
+    monkeypatch.setattr(flash, "rectangle_then_square", lambda *a: calls.append(1) or split(*a))
     out, _ = kernel.attend(*leaves, scaling=0.3, slopes=slopes, kernel="fused")
+    assert calls, "later blocks go as the keys before them plus their own causal square (no mask)"
     grads = torch.autograd.grad(out.square().sum(), leaves)
     ref = _reference(*leaves, 0.3, slopes)
     ref_grads = torch.autograd.grad(ref.square().sum(), leaves)
@@ -133,7 +137,8 @@ def test_path_selection_with_a_faked_cuda_device(monkeypatch):
     # other bias schemes take flex on CUDA, forward and backward
     monkeypatch.setattr(kernel, "_flex_available", lambda: True)
     assert choose("auto", fake(torch.bfloat16), True, 0.0) == "flex"
-    with pytest.raises(RuntimeError, match="linear in the distance"):
+    assert choose("auto", fake(torch.bfloat16), True, 0.0, banded=True, full=True) == "flex"  # the band: CPU only
+    with pytest.raises(RuntimeError, match="serve ALiBi"):
         choose("fused", fake(torch.float32), True, 0.0)
 
 
@@ -318,3 +323,20 @@ def test_only_steep_heads_are_blocked(monkeypatch):
     together, _ = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, kernel="fused")
     torch.testing.assert_close(grouped, together, atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(grouped.double(), _reference(q, k, v, D**-0.5, slopes), atol=2e-6, rtol=1e-5)
+
+
+def test_blocked_heads_keep_no_mask_for_backward(monkeypatch):
+    """A later query block goes as the keys before it plus its own causal square: under grad nothing of
+    the size of a (C, Tk) block mask is saved, only O(N D) tensors (memory linear in N)."""
+    monkeypatch.setattr(fused, "MAX_SPAN", 32.0)
+    monkeypatch.setattr(fused, "MIN_ROWS", 16)
+    B, H, T, D = 1, 4, 512, 8
+    leaves = _qkv(B, H, T, T, D, grad=True)
+    slopes = torch.tensor(alibi_slopes(H))
+    assert fused.block_rows(slopes, T) < T
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+        out, _ = kernel.attend(*leaves, scaling=D**-0.5, slopes=slopes, kernel="fused")
+    assert max(sizes) <= B * H * T * (D + fused.parts_for(torch.float32))
+    ref = _reference(*leaves, D**-0.5, slopes)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)

@@ -1,0 +1,64 @@
+"""The CPU flash attention kernel with its log-sum-exp: what splitting one attention into pieces needs.
+
+``torch.nn.functional.scaled_dot_product_attention`` returns no log-sum-exp, so two pieces of one softmax
+(two key ranges seen by the same queries) cannot be merged through it. The CPU kernel's own op returns it,
+and its backward, given the *merged* output and log-sum-exp, returns each piece's exact gradients
+(P = exp(S - lse), dS = P (dP - rowsum(dO * O)) need only the final O and lse): FlashAttention's split
+across key blocks. ``is_causal`` is top-left aligned: query r sees keys 0..r.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def available(q: torch.Tensor) -> bool:
+    """The CPU flash op and its backward are present, for this dtype."""
+    return (not q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+
+
+def forward(q, k, v, scaling, mask=None, causal=True):
+    """(out, lse): out like q's rows with v's width, lse (B, H, Tq) fp32."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
+                                                                     scale=scaling)
+
+
+def backward(dout, q, k, v, out, lse, scaling, mask=None, causal=True):
+    """(dq, dk, dv) of one piece, given the merged output and log-sum-exp."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scaling)
+
+
+def merge(out_a, lse_a, out_b, lse_b):
+    """Two pieces of one softmax over disjoint keys -> (out fp32, lse fp32)."""
+    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    out = out_a.float() * (lse_a - lse).exp()[..., None] + out_b.float() * (lse_b - lse).exp()[..., None]
+    return out, lse
+
+
+def rectangle_then_square(q, k_rect, v_rect, k_square, v_square, scaling):
+    """Queries (B, H, C, D) over every key of a rectangle (B, H, R, D) and then causally over a square of C
+    keys (query r sees square keys 0..r): a query block at rows [R, R + C) of a causal attention, with
+    no mask tensor. Differentiable in every input."""
+    return _RectangleThenSquare.apply(q, k_rect, v_rect, k_square, v_square, scaling)
+
+
+class _RectangleThenSquare(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k_rect, v_rect, k_square, v_square, scaling):
+        out_r, lse_r = forward(q, k_rect, v_rect, scaling, causal=False)
+        out_s, lse_s = forward(q, k_square, v_square, scaling, causal=True)
+        out, lse = merge(out_r, lse_r, out_s, lse_s)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k_rect, v_rect, k_square, v_square, out, lse)
+        ctx.scaling = scaling
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k_rect, v_rect, k_square, v_square, out, lse = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq_r, dk_r, dv_r = backward(dout, q, k_rect, v_rect, out, lse, ctx.scaling, causal=False)
+        dq_s, dk_s, dv_s = backward(dout, q, k_square, v_square, out, lse, ctx.scaling, causal=True)
+        return dq_r + dq_s, dk_r, dv_r, dk_s, dv_s, None
