@@ -28,9 +28,8 @@ import torch.nn.functional as F
 
 from . import flash
 
-
 ROWS = 128  # queries per band block
-GROUP_ELEMENTS = 1 << 24  # max elements of one group of blocks' scores in the bias gradient (64 MiB fp32)
+GROUP_ELEMENTS = 1 << 24  # max elements of one group's windows, and of its scores in the bias gradient (64 MiB fp32)
 
 
 def attend_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float,
@@ -49,8 +48,9 @@ class _Layout:
     windows reach into the padding) are attended one by one over their real keys; the rest in one call
     with the blocks as the batch."""
 
-    def __init__(self, N: int, K: int, device):
+    def __init__(self, N: int, K: int, device, row_elements: int = 1):
         self.N, self.K, self.C = N, K, ROWS
+        self.row_elements = row_elements  # B * H * D: one key row of every window, for the group budget
         self.T = -(-(self.C + K - 1) // self.C)  # window tiles
         self.W, self.L = self.T * self.C, (self.T - 1) * self.C
         self.n = -(-N // self.C)
@@ -81,12 +81,14 @@ class _Layout:
 
     def pieces(self):
         """The flash calls over the band: (blocks, lo) for each of the first blocks alone (window columns
-        before lo are padding), then (blocks, None) for the rest with the blocks as the batch."""
+        before lo are padding), then (blocks, None) for the rest with the blocks as the batch, in groups
+        whose windows hold at most ``GROUP_ELEMENTS`` elements."""
         first = min(self.n, self.T - 1)
         for b in range(first):
             yield slice(b, b + 1), self.L - b * self.C
-        if self.n > first:
-            yield slice(first, self.n), None
+        per_block = max(1, GROUP_ELEMENTS // (self.row_elements * self.W))  # windows' copies stay bounded
+        for b in range(first, self.n, per_block):
+            yield slice(b, min(self.n, b + per_block)), None
 
     @staticmethod
     def take(x, piece, lo=0):
@@ -112,7 +114,7 @@ class _Band(torch.autograd.Function):
     def forward(ctx, q, k, v, g, scaling):
         B, H, N, D = q.shape
         K = g.shape[-1]
-        lay = _Layout(N, K, q.device)
+        lay = _Layout(N, K, q.device, B * H * D)
         bias = lay.bias(g)
         out = torch.empty(B, H, lay.n, lay.C, D, dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, lay.n, lay.C, dtype=torch.float32, device=q.device)
@@ -138,7 +140,7 @@ class _Band(torch.autograd.Function):
         scaling = ctx.scaling
         B, H, N, D = q.shape
         K = g.shape[-1]
-        lay = _Layout(N, K, q.device)
+        lay = _Layout(N, K, q.device, B * H * D)
         dout = dout.contiguous()
         qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
         ob, db, lb = lay.blocks(out), lay.blocks(dout), lay.blocks(lse[..., None])[..., 0]
