@@ -96,6 +96,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     out, path = kernel.attend(
         query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
         q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes, band=band, row_scale=tau, relative=relative,
+        bias_params=tuple(scheme.parameters()) if bias is not None else (),
     )
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None

@@ -96,7 +96,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     ref = next(model.parameters())
     scheme = scheme_cls(spec, opts)
     scheme.set_common(common)
-    _check_kernel(scheme, kernel, ref.dtype)
+    _check_kernel(scheme, kernel)
     scheme = scheme.to(ref.device)
 
     state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
@@ -307,19 +307,15 @@ def set_kernel(model, kernel: str) -> None:
         raise NotConvertedError("set_kernel needs a converted model")
     if kernel not in KERNELS:
         raise OptionError(f"kernel must be one of {', '.join(KERNELS)}; got {kernel!r}")
-    _check_kernel(state.scheme(), kernel, next(model.parameters()).dtype)
+    _check_kernel(state.scheme(), kernel)
     state.kernel = kernel
 
 
-def _check_kernel(scheme, kernel: str, dtype: torch.dtype) -> None:
+def _check_kernel(scheme, kernel: str) -> None:
     """A kernel asked for by name must be able to serve the scheme (auto and chunked serve every one)."""
-    linear = scheme.linear_slopes(0) is not None
-    if kernel == "fused" and not linear and (scheme.distance_band(0) is None or scheme.common.temperature):
-        raise OptionError(f"kernel 'fused' serves alibi, and t5/shaw without a temperature, not {scheme.name!r}"
-                          f"{' with a temperature' if scheme.common.temperature else ''}; use kernel auto or chunked")
-    if kernel == "fused" and scheme.common.temperature and dtype not in (torch.float32, torch.float64):
-        raise OptionError(f"kernel 'fused' scales the bias by the temperature in fp32 or wider only; the model is "
-                          f"{str(dtype).removeprefix('torch.')}: use kernel auto or chunked")
+    if kernel == "fused" and scheme.kind != "bias":
+        raise OptionError(f"kernel 'fused' serves the bias schemes (alibi, t5, shaw, fire), not {scheme.name!r}; "
+                          "use kernel auto or chunked")
     if kernel == "flex" and scheme.kind == "relative":
         raise OptionError(f"kernel 'flex' cannot serve {scheme.name!r} (its positional term depends on the query: "
                           "a score_mod cannot reduce over the head dim); use kernel auto or chunked")

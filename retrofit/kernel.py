@@ -7,13 +7,17 @@ The paths, chosen per call by device, dtype and grad, and always recorded (``las
   padding, windows and the cache included. ``"fused-band"``: a distance bias flat past a reach K
   (T5, Shaw) as the stock fused causal kernel over the keys at least K back plus an explicit band of
   the last K keys, merged by log-sum-exp, forward and backward (``band.attend_band``; CPU, full causal
-  self-attention without padding, window or dropout). ``"flash-attn-alibi"``: the same bias through
+  self-attention without padding, window or dropout). ``"fused-dense"``: any other bias (FIRE; T5/Shaw/ALiBi
+  with a block's own positions, a temperature, padding or a cache) as the CPU flash kernel's float mask,
+  one block of queries at a time, with its own backward (``dense.attend_dense``; CPU, no dropout).
+  ``"flash-attn-alibi"``: the same bias through
   FlashAttention 2's ``alibi_slopes`` on CUDA in fp16/bf16 without padding, when it is installed.
 
 - ``"flex"``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window
-  and padding as a block mask. The fastest bias path; on CPU it has no backward and (torch 2.13)
-  miscompiles padded/windowed block masks, so there it runs only for unpadded, unwindowed inference,
-  after a ~15 s compile per process (``dynamic=True``: no recompile per length). If compiling fails,
+  and padding as a block mask. The bias path on CUDA; on CPU it has no backward and (torch 2.13)
+  miscompiles padded/windowed block masks, and the dense path is faster, so there it runs only when
+  asked for or when the CPU flash op is missing, for unpadded, unwindowed inference, after a ~15 s
+  compile per process (``dynamic=True``: no recompile per length). If compiling fails,
   the failure is logged, the path is reported as ``"chunked (flex failed)"`` and flex is not tried again.
 - ``"chunked"``: query-chunked SDPA; each chunk builds its own (H, C, Tk) bias, so memory is
   O(H * C * N), linear in N. Exact in any dtype (half inputs are scored in fp32 when there is a
@@ -35,7 +39,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from . import band as band_path
-from . import flash, fused
+from . import dense, flash, fused
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,8 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
     query row's bias is scaled by a tensor (a temperature), which neither FlashAttention's ``alibi_slopes``
     nor CPU flex can take. ``banded``: the bias is a distance table flat past a reach (T5, Shaw), which the fused
     band path serves on CPU when the call is ``full`` causal self-attention (no cache offset) without padding,
-    window, per-row scale or dropout; ``kernel="fused"`` then takes it wherever it can and chunked elsewhere."""
+    window, per-row scale or dropout. Any other bias takes the dense path on CPU (without dropout).
+    ``kernel="fused"`` takes those wherever they run and chunked elsewhere (CUDA, dropout)."""
     if requested == "auto":
         requested = os.environ.get("RETROFIT_ATTENTION_PATH", "auto")
     if requested not in KERNELS:
@@ -80,13 +85,14 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
             raise RuntimeError(f"the {requested} attention path cannot serve a query-dependent relative term "
                                "(Transformer-XL, NEZHA); use kernel='auto' or 'chunked'")
         return "chunked"
-    band_ok = banded and full and flash.available(q) and not (masked or scaled) and dropout == 0
+    dense_ok = has_bias and flash.available(q) and dropout == 0  # CPU: any bias as the flash op's float mask
+    band_ok = banded and full and dense_ok and not (masked or scaled)
     if requested == "fused" and not linear:
-        if banded:  # the band path serves whole-sequence calls; decoding steps and padded batches go chunked
-            return "fused-band" if band_ok else "chunked"
-        raise RuntimeError("the fused attention paths serve ALiBi and, on CPU, distance tables flat past a reach "
-                           "(t5, shaw) without a temperature or a block's own positions; use kernel='auto', "
-                           "'flex' or 'chunked'")
+        if not has_bias:
+            raise RuntimeError("the fused attention paths serve a positional bias (alibi, t5, shaw, fire); "
+                               "use kernel='auto' or 'chunked'")
+        # the band for whole-sequence calls; any other bias on CPU as a dense mask; CUDA or dropout: chunked
+        return "fused-band" if band_ok else "fused-dense" if dense_ok else "chunked"
     if linear and requested in ("auto", "fused"):
         half = q.dtype in (torch.float16, torch.bfloat16)
         if requested == "auto" and q.is_cuda and half and not padded and not scaled and fused.flash_attn_available():
@@ -94,8 +100,8 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
         return "fused-alibi"
     if not has_bias or requested == "chunked" or dropout > 0:
         return "chunked"
-    if band_ok and requested == "auto":  # CPU: faster than flex for inference, and it has a backward
-        return "fused-band"
+    if requested == "auto" and dense_ok:  # CPU: faster than flex for inference, and they have a backward
+        return "fused-band" if band_ok else "fused-dense"
     grad = torch.is_grad_enabled() and q.requires_grad
     # CPU flex: no backward, no padded/windowed block masks, no per-row tensor in a score_mod (inductor's
     # CPU template fails to compile the load, torch 2.13)
@@ -153,6 +159,7 @@ def attend(
     band: torch.Tensor | None = None,
     row_scale: torch.Tensor | None = None,
     relative: Relative | None = None,
+    bias_params: tuple[torch.Tensor, ...] = (),
 ) -> tuple[torch.Tensor, str]:
     """Causal attention of q (B, H, Tq, D) over k, v (B, H or Hkv, Tk, D); query i sits at key position q_start + i.
     Grouped-query keys (Hkv < H) go to stock SDPA as they are (``enable_gqa``), else are repeated per head.
@@ -162,6 +169,7 @@ def attend(
     band: (H, K + 1) when ``bias(h, i, j) == band[h, min(i - j, K)]`` exactly (T5, Shaw): so may the band path.
     row_scale: (B or 1, Tq) multiplies query row i's bias (a temperature; q is already scaled by the caller).
     relative: a query-dependent term added to the logits (chunked path).
+    bias_params: the tensors ``bias`` is computed from (the dense path returns their gradients through it).
     Returns (output (B, H, Tq, D), path name)."""
     if row_scale is not None and bias is not None:
         if q.dtype not in (torch.float32, torch.float64):
@@ -193,6 +201,10 @@ def attend(
         return out, path
     if path == "fused-band":
         return band_path.attend_band(q, k, v, scaling=scaling, band=band), path
+    if path == "fused-dense":
+        rows = _chunk_rows(q.shape[0] * q.shape[1], Tq, Tk)
+        return dense.attend_dense(q, k, v, scaling=scaling, bias=bias, params=bias_params, key_padding=key_padding,
+                                  window=window, q_start=q_start, row_scale=row_scale, max_rows=rows), path
     if path == "flash-attn-alibi":
         return fused.flash_attn_alibi(q, k, v, scaling=scaling, slopes=slopes, window=window, dropout=dropout), path
     if path == "flex":
@@ -235,35 +247,23 @@ def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_
            positions=None):
     # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
     C, Tc = qc.shape[-2], kc.shape[-2]
-    q_pos = torch.arange(q0, q0 + C, device=qc.device)
-    k_pos = torch.arange(k0, k0 + Tc, device=qc.device)
-    rel = q_pos[:, None] - k_pos[None, :]  # (C, Tc)
-    allowed = rel >= 0
-    if window:
-        allowed = allowed & (rel < window)
-    allowed = allowed[None, None]  # (1, 1, C, Tc)
-    if key_padding is not None:
-        pad = key_padding[:, k0 : k0 + Tc].bool()[:, None, None, :]  # (B, 1, 1, Tc)
-        allowed = (allowed & pad) | (rel == 0)  # a padded query still sees itself: no all-masked (NaN) rows
     compute_dtype = qc.dtype
     if bias is not None:
         if qc.dtype in (torch.float16, torch.bfloat16):
             compute_dtype = torch.float32  # the bias is large at long range: score it in fp32
-        h = torch.arange(qc.shape[1], device=qc.device)[:, None, None]
-        mask = bias(h, q_pos[None, :, None], k_pos[None, None, :]).to(compute_dtype)  # (H, C, Tc)
-        mask = mask.unsqueeze(0)  # (1, H, C, Tc)
-        if row_scale is not None:
-            mask = mask * row_scale[:, None, :, None].to(compute_dtype)  # (B, H, C, Tc)
-        mask = mask.masked_fill(~allowed, float("-inf"))
+        mask = dense.block_bias(bias, qc.shape[1], q0, C, k0, Tc, qc.device, compute_dtype, key_padding, window,
+                                row_scale)  # (1 or B, H, C, Tc)
     elif rel_q is not None:
         if qc.dtype in (torch.float16, torch.bfloat16):
             compute_dtype = torch.float32
+        q_pos, k_pos = torch.arange(q0, q0 + C, device=qc.device), torch.arange(k0, k0 + Tc, device=qc.device)
         if positions is not None:  # a block's own positions (PoSE, randomized)
             q_pos, k_pos = positions[q0 : q0 + C], positions[k0 : k0 + Tc]
         mask = _relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype)  # (B, H, C, Tc)
-        mask = mask.masked_fill(~allowed, float("-inf"))
+        mask = mask.masked_fill(~dense.block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding,
+                                                  window=window), float("-inf"))
     else:
-        mask = allowed
+        mask = dense.block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window)
     out = F.scaled_dot_product_attention(
         qc.to(compute_dtype), kc.to(compute_dtype), vc.to(compute_dtype), attn_mask=mask, dropout_p=dropout, scale=scaling
     )

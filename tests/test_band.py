@@ -99,19 +99,23 @@ def test_path_selection(monkeypatch):
     q = torch.randn(1, 2, 64, 8)
     assert kernel.choose_path("auto", q, True, 0.0, banded=True, full=True) == "fused-band"
     assert kernel.choose_path("fused", q, True, 0.0, banded=True, full=True) == "fused-band"
-    assert kernel.choose_path("fused", q, True, 0.0, banded=True, full=False) == "chunked"  # a decoding step
-    assert kernel.choose_path("fused", q, True, 0.0, masked=True, padded=True, banded=True, full=True) == "chunked"
+    # a decoding step, padding: the dense path (the band's far square needs the whole causal square)
+    assert kernel.choose_path("fused", q, True, 0.0, banded=True, full=False) == "fused-dense"
+    assert kernel.choose_path("fused", q, True, 0.0, masked=True, padded=True, banded=True, full=True) == "fused-dense"
+    assert kernel.choose_path("auto", q, True, 0.0, banded=True, full=True, scaled=True) == "fused-dense"
     assert kernel.choose_path("fused", q, True, 0.1, banded=True, full=True) == "chunked"  # dropout
     assert kernel.choose_path("chunked", q, True, 0.0, banded=True, full=True) == "chunked"
-    with pytest.raises(RuntimeError, match="fused"):
-        kernel.choose_path("fused", q, True, 0.0)  # FIRE: no fused path
+    assert kernel.choose_path("fused", q, True, 0.0) == "fused-dense"  # FIRE: no band
 
 
 def test_fused_kernel_is_refused_at_convert_where_no_fused_path_serves():
-    with pytest.raises(retrofit.errors.OptionError, match="fused"):
-        retrofit.convert(TINY["gpt2"](), "fire", kernel="fused")
-    with pytest.raises(retrofit.errors.OptionError, match="temperature"):
-        retrofit.convert(TINY["gpt2"](), "t5", kernel="fused", temperature=0.3)
+    with pytest.raises(retrofit.errors.OptionError, match="kernel 'fused' serves the bias schemes"):
+        retrofit.convert(TINY["gpt2"](), "rope", kernel="fused")
+    for scheme, options in (("fire", {}), ("t5", {"temperature": 0.3})):
+        model = retrofit.convert(TINY["gpt2"](), scheme, kernel="fused", **options)
+        with torch.no_grad():
+            model(ids(1, 20))
+        assert retrofit.describe(model)["attention_path"] == "fused-dense"
 
 
 @pytest.mark.parametrize("scheme", ["t5", "shaw"])
@@ -176,4 +180,4 @@ def test_a_window_that_reaches_every_key_is_no_window(monkeypatch):
     assert path == wpath == "fused-band"
     torch.testing.assert_close(windowed, plain, atol=0, rtol=0)
     short, spath = kernel.attend(q, k, v, scaling=0.3, bias=bias, band=table, window=39)
-    assert spath == "chunked" and not torch.allclose(short, plain)
+    assert spath == "fused-dense" and not torch.allclose(short, plain)

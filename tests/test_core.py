@@ -371,6 +371,7 @@ def test_a_failing_flex_compile_is_reported_and_falls_back(monkeypatch, caplog):
         raise RuntimeError("inductor: simulated compile failure")
 
     monkeypatch.setattr(kernel, "_attend_flex", broken)
+    monkeypatch.setattr(kernel.flash, "available", lambda q: False)  # no CPU flash op: auto tries flex
     q, k, v = (torch.randn(1, 2, 200, 8) for _ in range(3))
     bias = _alibi_bias(2)
     with torch.no_grad():
@@ -382,12 +383,13 @@ def test_a_failing_flex_compile_is_reported_and_falls_back(monkeypatch, caplog):
     assert "simulated compile failure" in caplog.text
 
 
-def test_auto_path_is_chunked_on_cpu_and_the_kernel_survives_save_load(tmp_path, monkeypatch):
+def test_auto_path_on_cpu_and_the_kernel_survives_save_load(tmp_path, monkeypatch):
     monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
     q = torch.randn(1, 2, 200, 8, requires_grad=True)
-    assert kernel.choose_path("auto", q, has_bias=True, dropout=0.0) == "chunked"  # CPU flex has no backward
+    assert kernel.choose_path("auto", q, has_bias=True, dropout=0.0) == "fused-dense"  # CPU: flash op with a mask
+    assert kernel.choose_path("auto", q, has_bias=True, dropout=0.1) == "chunked"
     with torch.no_grad():
-        assert kernel.choose_path("auto", q.detach(), has_bias=True, dropout=0.0, masked=True) == "chunked"
+        assert kernel.choose_path("auto", q.detach(), has_bias=True, dropout=0.0, masked=True) == "fused-dense"
     model = retrofit.convert(TINY["gpt2"](), "alibi", kernel="chunked")
     retrofit.save(model, tmp_path / "m")
     assert retrofit.describe(retrofit.load(tmp_path / "m"))["kernel"] == "chunked"

@@ -138,8 +138,12 @@ def test_path_selection_with_a_faked_cuda_device(monkeypatch):
     monkeypatch.setattr(kernel, "_flex_available", lambda: True)
     assert choose("auto", fake(torch.bfloat16), True, 0.0) == "flex"
     assert choose("auto", fake(torch.bfloat16), True, 0.0, banded=True, full=True) == "flex"  # the band: CPU only
-    with pytest.raises(RuntimeError, match="serve ALiBi"):
-        choose("fused", fake(torch.float32), True, 0.0)
+    assert choose("fused", fake(torch.float32), True, 0.0) == "chunked"  # the dense path: CPU only
+    assert choose("auto", fake(torch.float32, cuda=False), True, 0.0) == "fused-dense"
+    assert choose("fused", fake(torch.float32, cuda=False), True, 0.0) == "fused-dense"
+    assert choose("fused", fake(torch.float32, cuda=False), True, 0.1) == "chunked"  # dropout: chunked
+    with pytest.raises(RuntimeError, match="serve a positional bias"):
+        choose("fused", fake(torch.float32), False, 0.0)
 
 
 def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):

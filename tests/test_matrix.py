@@ -22,7 +22,8 @@ MODEL_TYPES = sorted(TINY)
 KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+temperature_length=8",
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
                 "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@fused",
-                "alibi+scale_bias+temperature=0.3+temperature_length=8@fused", "t5@fused", "shaw@fused"]
+                "alibi+scale_bias+temperature=0.3+temperature_length=8@fused", "t5@fused", "shaw@fused", "fire@fused",
+                "t5+temperature=0.4+temperature_length=8@fused"]
 CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
 
 
@@ -64,8 +65,10 @@ def test_live_and_matches_reference(model_type, scheme):
         if scheme.endswith("@fused"):
             if scheme.startswith("alibi"):
                 assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+            elif "temperature" in scheme or scheme.startswith("fire"):  # no band: the dense path, every layer
+                assert set(retrofit.core._state(model).paths) == {"fused-dense"}
             elif model_type not in ("mistral", "starcoder2"):  # the band path, in every layer without a window
-                # shorter than the input (GPT-Neo's local layers, the tiny Mistral's 8 keys go chunked)
+                # shorter than the input (GPT-Neo's local layers, the tiny Mistral's 8 keys go dense)
                 assert "fused-band" in retrofit.core._state(model).paths
         _set_attn(model, "retrofit_reference")
         ref = model(x).logits

@@ -135,7 +135,7 @@ def test_generate_with_cache_equals_recompute_past_the_native_length():
     assert torch.equal(full[0, NATIVE - 1 :].argmax(-1), out[0, NATIVE:])
 
 
-@pytest.mark.parametrize("scheme,kernel_name", [("xl", "flex"), ("nezha", "fused"), ("fire", "fused")])
+@pytest.mark.parametrize("scheme,kernel_name", [("xl", "flex"), ("nezha", "fused"), ("xl", "fused"), ("rope", "fused")])
 def test_a_kernel_that_cannot_serve_the_scheme_is_refused_at_convert(scheme, kernel_name):
     model = TINY["gpt2"]()
     with pytest.raises(OptionError, match=f"kernel '{kernel_name}'"):

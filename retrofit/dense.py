@@ -1,0 +1,135 @@
+"""A bias of any shape (FIRE's query-normalised distance; T5/Shaw/ALiBi with a block's own positions or a
+temperature) through the CPU flash kernel, one block of queries at a time.
+
+Each block of C queries attends over the keys it can see, with its own (H, C, Tc) bias as the kernel's
+float mask (``block_bias``: the scheme's bias, the causal, window and padding masks as -inf, a per-row
+temperature). Only the causal part is built (about N^2 / 2 + N C / 2 bias entries per head, never
+H x N x N at once), and no score tensor is kept: saved for backward are q, k, v, the output and the
+log-sum-exp (O(N)).
+
+Backward, per block: the flash kernel's own backward for q, k, v (given the output and log-sum-exp), and,
+when a parameter of the bias needs a gradient, the bias's gradient dS = P (dP - rowsum(dO * O)) from the
+block's recomputed scores, pushed through the block's bias rebuilt under autograd to the parameters
+(FIRE's MLP, c and threshold; T5's or Shaw's table).
+
+CPU only (``flash.available``), no dropout; any cache offset, padding or window.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from . import flash
+
+ROWS = 128  # queries per block
+
+BiasFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (h, q_pos, k_pos) -> bias
+
+
+def block_bias(bias: BiasFn | None, H: int, q0: int, C: int, k0: int, Tc: int, device, dtype=torch.float32,
+               key_padding=None, window=None, row_scale=None) -> torch.Tensor:
+    """The float mask of queries at slots q0..q0+C-1 over keys k0..k0+Tc-1: (1 or B, H, C, Tc) in ``dtype``,
+    the bias (times ``row_scale`` (B, C)) where the key is visible, -inf elsewhere (future keys, keys a
+    ``window`` or more back, padding (B, Tk) in the cache's slots; a query always sees itself).
+    ``bias`` None: a (1 or B, 1, C, Tc) bool mask (True = visible)."""
+    q_pos = torch.arange(q0, q0 + C, device=device)
+    k_pos = torch.arange(k0, k0 + Tc, device=device)
+    rel = q_pos[:, None] - k_pos[None, :]  # (C, Tc)
+    allowed = rel >= 0
+    if window:
+        allowed = allowed & (rel < window)
+    allowed = allowed[None, None]  # (1, 1, C, Tc)
+    if key_padding is not None:
+        pad = key_padding[:, k0 : k0 + Tc].bool()[:, None, None, :]  # (B, 1, 1, Tc)
+        allowed = (allowed & pad) | (rel == 0)  # a padded query still sees itself: no all-masked (NaN) rows
+    if bias is None:
+        return allowed
+    h = torch.arange(H, device=device)[:, None, None]
+    mask = bias(h, q_pos[None, :, None], k_pos[None, None, :]).to(dtype)[None]  # (1, H, C, Tc)
+    if row_scale is not None:
+        mask = mask * row_scale[:, None, :, None].to(dtype)  # (B, H, C, Tc)
+    return mask.masked_fill(~allowed, float("-inf"))
+
+
+def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float, bias: BiasFn,
+                 params: Sequence[torch.Tensor] = (), key_padding=None, window=None, q_start: int = 0,
+                 row_scale=None, max_rows: int = ROWS) -> torch.Tensor:
+    """Causal attention of q (B, H, Tq, D) over k, v (B, H, Tk, D) with ``bias(h, i, j)`` added to the scores;
+    query r sits at slot q_start + r. ``params``: the tensors the bias is computed from (their gradients
+    are returned through the bias). ``max_rows``: fewer queries per block when a block's (B, H, C, Tc) scores
+    would be too large. Half inputs are scored in fp32. Returns (B, H, Tq, D) in q's dtype."""
+    rows = max(1, min(ROWS, max_rows))
+    spec = (bias, key_padding, window, q_start, None if row_scale is None else row_scale.detach(), scaling, rows)
+    return _Dense.apply(spec, q, k, v, *params)
+
+
+def _blocks(spec, Tq: int):
+    """(s, e, lo, hi): query rows [s, e) and the keys [lo, hi) they can see."""
+    window, q_start, rows = spec[2], spec[3], spec[6]
+    for s in range(0, Tq, rows):
+        e = min(Tq, s + rows)
+        lo = max(0, q_start + s - window + 1) if window else 0
+        yield s, e, lo, q_start + e
+
+
+def _mask(spec, H, s, e, lo, hi, device):
+    bias, key_padding, window, q_start, row_scale = spec[:5]
+    rows = None if row_scale is None else row_scale[:, s:e]
+    return block_bias(bias, H, q_start + s, e - s, lo, hi - lo, device, key_padding=key_padding, window=window,
+                      row_scale=rows)
+
+
+class _Dense(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, spec, q, k, v, *params):
+        B, H, Tq, D = q.shape
+        scaling = spec[5]
+        qf, kf, vf = (x.float() for x in (q, k, v))
+        out = torch.empty(B, H, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+        for s, e, lo, hi in _blocks(spec, Tq):
+            mask = _mask(spec, H, s, e, lo, hi, q.device).expand(B, -1, -1, -1)
+            out[:, :, s:e], lse[:, :, s:e] = flash.forward(qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], scaling,
+                                                          mask, causal=False)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, *params)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, *params = ctx.saved_tensors
+        spec = ctx.spec
+        scaling = spec[5]
+        B, H, Tq, _ = q.shape
+        qf, kf, vf, of, df = (x.float() for x in (q, k, v, out, dout.contiguous()))
+        dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        wanted = [i for i, p in enumerate(params) if ctx.needs_input_grad[4 + i]]
+        dparams = [None] * len(params)
+        for s, e, lo, hi in _blocks(spec, Tq):
+            qc, kc, vc, oc, dc, lc = qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], of[:, :, s:e], df[:, :, s:e], lse[:, :, s:e]
+            with torch.enable_grad():
+                mask = _mask(spec, H, s, e, lo, hi, q.device)
+            fixed = mask.detach()
+            g = flash.backward(dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False)
+            dq[:, :, s:e] += g[0]
+            dk[:, :, lo:hi] += g[1]
+            dv[:, :, lo:hi] += g[2]
+            if wanted and mask.requires_grad:
+                dmask = _score_grad(qc, kc, vc, oc, dc, lc, fixed, scaling)  # (B, H, C, Tc)
+                if mask.shape[0] == 1:
+                    dmask = dmask.sum(0, keepdim=True)
+                got = torch.autograd.grad(mask, [params[i] for i in wanted], dmask, allow_unused=True)
+                for i, grad in zip(wanted, got):
+                    if grad is not None:
+                        dparams[i] = grad if dparams[i] is None else dparams[i] + grad
+        return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *dparams
+
+
+def _score_grad(qc, kc, vc, oc, dc, lse, mask, scaling):
+    """d loss / d scores of one block: P (dP - rowsum(dO * O)), P = exp(q k^T scaling + mask - lse)."""
+    p = (qc @ kc.transpose(-1, -2)).mul_(scaling).add_(mask).sub_(lse[..., None]).exp_()  # (B, H, C, Tc)
+    dp = dc @ vc.transpose(-1, -2)
+    return p.mul_(dp.sub_((dc * oc).sum(-1, keepdim=True)))

@@ -1,0 +1,151 @@
+"""Any bias through the CPU flash kernel block by block (``retrofit/dense.py``, path ``fused-dense``): exact
+against a plain fp64 softmax with an arbitrary per-(head, query, key) bias table, forward and backward
+(q, k, v and the table the bias is read from), with a cache offset, a window, padding, a per-row
+temperature and half inputs; FIRE models train on it with the chunked path's gradients; blocks stay
+bounded; a frozen bias costs no score recompute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import retrofit
+from retrofit import dense, kernel
+from retrofit.core import set_kernel
+
+from .tiny import NATIVE, TINY, ids
+
+
+def _reference(q, k, v, scaling, table, q_start=0, window=None, padding=None, row_scale=None):
+    """softmax(q.k * scaling + table[h, i, j] (x row_scale[b, i])) over the visible keys, fp64."""
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    i = torch.arange(q_start, q_start + Tq)[:, None]
+    j = torch.arange(Tk)[None, :]
+    b = table.double()[:, q_start : q_start + Tq, :Tk][None]  # (1, H, Tq, Tk)
+    if row_scale is not None:
+        b = b * row_scale.double()[:, None, :, None]
+    s = q.double() @ k.double().transpose(-1, -2) * scaling + b
+    ok = (j <= i)[None, None]
+    if window:
+        ok = ok & (i - j < window)
+    if padding is not None:
+        ok = (ok & padding[:, None, None, :]) | (i == j)
+    return s.masked_fill(~ok, float("-inf")).softmax(-1) @ v.double()
+
+
+def _inputs(B, H, Tq, Tk, D, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Tq, D, generator=g).to(dtype).requires_grad_()
+    k, v = (torch.randn(B, H, Tk, D, generator=g).to(dtype).requires_grad_() for _ in range(2))
+    table = (torch.randn(H, Tk, Tk, generator=g) * 2).requires_grad_()  # bias[h, i, j]: no structure at all
+    return q, k, v, table
+
+
+def _bias(table):
+    return lambda h, i, j: table[h, i, j]  # (H, 1, 1), (1, C, 1), (1, 1, Tc) -> (H, C, Tc)
+
+
+def _check_grads(out, ref, leaves, tol=2e-5):
+    weight = torch.randn(out.shape, dtype=torch.float64)
+    got = torch.autograd.grad((out.double() * weight).sum(), leaves)
+    want = torch.autograd.grad((ref * weight).sum(), leaves)
+    for name, a, b in zip("q k v table".split(), got, want):
+        assert float((a.double() - b).abs().max()) <= tol * max(1.0, float(b.abs().max())), name
+
+
+@pytest.mark.parametrize("Tq,Tk,rows", [(40, 40, 8), (37, 37, 8), (8, 8, 8), (5, 45, 8), (1, 30, 8), (300, 300, 128)])
+def test_dense_matches_the_plain_softmax_forward_and_backward(monkeypatch, Tq, Tk, rows):
+    """Several blocks, a ragged last block, one block, a cached prefix (Tq < Tk), one decoding query."""
+    monkeypatch.setattr(dense, "ROWS", rows)
+    q, k, v, table = _inputs(2, 3, Tq, Tk, 8)
+    out = dense.attend_dense(q, k, v, scaling=0.35, bias=_bias(table), params=(table,), q_start=Tk - Tq)
+    ref = _reference(q, k, v, 0.35, table, q_start=Tk - Tq)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    _check_grads(out, ref, (q, k, v, table))
+
+
+def test_dense_with_window_padding_and_row_scale(monkeypatch):
+    monkeypatch.setattr(dense, "ROWS", 8)
+    q, k, v, table = _inputs(2, 3, 30, 30, 8, seed=1)
+    padding = torch.ones(2, 30, dtype=torch.bool)
+    padding[0, :7] = False  # left padding in the first row
+    row_scale = torch.rand(2, 30, generator=torch.Generator().manual_seed(2)) + 0.5
+    kw = dict(window=11, key_padding=padding, row_scale=row_scale)
+    out = dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(table), params=(table,), **kw)
+    ref = _reference(q, k, v, 0.3, table, window=11, padding=padding, row_scale=row_scale)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    _check_grads(out, ref, (q, k, v, table))
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
+def test_dense_scores_half_inputs_in_fp32(dtype, atol):
+    q, k, v, table = _inputs(1, 4, 300, 300, 16, dtype)
+    out = dense.attend_dense(q, k, v, scaling=0.25, bias=_bias(table), params=(table,))
+    assert out.dtype == dtype
+    assert float((out.double() - _reference(q, k, v, 0.25, table)).abs().max()) <= atol
+
+
+def test_blocks_stay_bounded_and_a_frozen_bias_costs_no_score_recompute(monkeypatch):
+    """Every block's mask holds at most max_rows x Tk entries per head; without a parameter that needs a
+    gradient the backward is the flash kernel's alone (no recomputed scores)."""
+    shapes, recomputed = [], []
+    real_mask, real_grad = dense.block_bias, dense._score_grad
+    monkeypatch.setattr(dense, "block_bias", lambda *a, **kw: shapes.append(a[3]) or real_mask(*a, **kw))
+    monkeypatch.setattr(dense, "_score_grad", lambda *a: recomputed.append(1) or real_grad(*a))
+    q, k, v, table = _inputs(1, 2, 100, 100, 8)
+    frozen = table.detach()
+    out = dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(frozen), params=(frozen,), max_rows=16)
+    out.sum().backward()
+    assert max(shapes) == 16 and len(shapes) == 2 * 7 and not recomputed  # 7 blocks, forward + backward
+    ref = _reference(q, k, v, 0.3, frozen)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+
+
+def test_kernel_attend_picks_dense_on_cpu_for_a_bias_without_structure(monkeypatch):
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+    q, k, v, table = _inputs(1, 2, 64, 64, 8)
+    out, path = kernel.attend(q, k, v, scaling=0.3, bias=_bias(table), bias_params=(table,))
+    assert path == "fused-dense"
+    torch.testing.assert_close(out.double(), _reference(q, k, v, 0.3, table), atol=2e-6, rtol=1e-5)
+    _, path = kernel.attend(q, k, v, scaling=0.3, bias=_bias(table), dropout=0.1)
+    assert path == "chunked"  # dropout: the chunked path (CPU SDPA's dropout)
+
+
+@pytest.mark.parametrize("scheme,options", [("fire", {}), ("t5", {"temperature": 0.4, "temperature_length": 8}),
+                                            ("alibi", {"temperature": 0.4, "temperature_length": 8})])
+def test_a_model_trains_on_dense_with_the_chunked_gradients(monkeypatch, scheme, options):
+    """FIRE (its bias reads the query's position), T5 with a temperature, ALiBi in bf16 with a temperature:
+    the model's loss and every trainable parameter's gradient (the position module's included) equal the
+    chunked path's."""
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+    dtype = torch.bfloat16 if scheme == "alibi" else torch.float32  # bf16 ALiBi + temperature: no fused q side
+    model = retrofit.convert(TINY["gpt2"]().to(dtype), scheme, **options)
+    x = ids(2, 3 * NATIVE)
+    grads = {}
+    for path in ("auto", "chunked"):
+        set_kernel(model, path)
+        model.zero_grad()
+        loss = model(x, labels=x).loss
+        loss.backward()
+        grads[path] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        if path == "auto":
+            assert set(retrofit.core._state(model).paths) == {"fused-dense"}
+            retrofit.core._state(model).paths.clear()
+    (la, ga), (lc, gc) = grads["auto"], grads["chunked"]
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(la, lc, atol=tol, rtol=tol)
+    assert ga.keys() == gc.keys() and any(n.startswith("retrofit_positions") for n in ga) == (scheme != "alibi")
+    for n in ga:
+        scale = max(1.0, float(gc[n].abs().max()))
+        assert float((ga[n].float() - gc[n].float()).abs().max()) <= tol * scale, n
+
+
+def test_fire_decodes_and_generates_on_dense(monkeypatch):
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+    model = retrofit.convert(TINY["gpt2"]().eval(), "fire", kernel="fused")
+    x = ids(1, 2 * NATIVE)
+    with torch.no_grad():
+        out = model.generate(x, max_new_tokens=NATIVE, do_sample=False, use_cache=True)
+        full = model(out[:, :-1]).logits
+    assert retrofit.describe(model)["attention_path"] == "fused-dense"
+    assert torch.equal(full[0, 2 * NATIVE - 1 :].argmax(-1), out[0, 2 * NATIVE :])
