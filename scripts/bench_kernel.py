@@ -7,7 +7,8 @@ stock SDPA against each converted scheme, inference and training step, at severa
 Time: stock and every variant run alternately in one process (median of per-repeat ratios).
 Memory: each variant in its own process so peak-memory readings don't leak between runs. Memory is
 the peak over the measured step minus the memory before it: CUDA ``max_memory_allocated`` on a
-GPU, else the process's peak RSS (VmHWM, reset through /proc/self/clear_refs). The measured
+GPU, else the process's peak RSS (VmHWM, reset through /proc/self/clear_refs; glibc malloc set to
+mmap every block over 64 KiB and never trim, so the reading repeats). The measured
 forward is the transformer body (no LM head: a 50k-vocab logits tensor would dominate and hide
 the attention's cost). Targets (issue 12): ALiBi train <= 1.10x, inference <= 1.05x at 1k/2k/8k,
 memory <= 1.1x; T5/Shaw/FIRE inference <= 1.5x, train <= 1.6x at 2k, memory at 8k <= 1.3x.
@@ -103,13 +104,17 @@ def make_step(model, mode, x):
 
 
 def saved_bytes(step) -> int:
-    """Bytes autograd keeps for backward during one training step (unique storages of every saved
-    tensor): the activation memory, free of the allocator noise a peak-RSS reading carries."""
+    """Bytes autograd keeps for backward during one training step (unique storages of every tensor saved
+    by the forward): the activation memory, free of the allocator noise a peak-RSS reading carries. Graphs
+    built inside the backward (a kernel that rebuilds one block's bias under autograd to reach its
+    parameters) are transient, one block at a time, and are not counted."""
     import torch
 
     storages = {}
 
     def pack(t):
+        if torch._C._current_graph_task_id() != -1:  # inside the backward
+            return t
         try:
             st = t.untyped_storage()
             storages[st.data_ptr()] = st.nbytes()
@@ -175,7 +180,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--schemes", default="alibi,alibi+scale_bias,t5,shaw,fire",
                    help="comma list of variants: scheme or scheme+flag (a boolean option set true)")
-    p.add_argument("--lengths", default="1024,2048,8192")
+    p.add_argument("--lengths", default="1024,2048,8192", help="lengths timed ('' = none: memory only)")
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per model (halved past 2k)")
@@ -188,7 +193,7 @@ def main():
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.variants = args.schemes.split(",")
-    args.lengths = [int(x) for x in args.lengths.split(",")]
+    args.lengths = [int(x) for x in args.lengths.split(",") if x]
     args.modes = args.modes.split(",")
     if args.worker:
         print(json.dumps(worker(args)))
@@ -210,10 +215,16 @@ def main():
     print(markdown(write(args, rows)))
 
 
+# glibc's defaults hand large freed blocks back to the OS or keep them by heuristics that shift between
+# runs: the same stock step read 431-855 MB peak RSS. Every allocation above 64 KiB through mmap and
+# no trimming make the reading repeat to within 1 MB.
+MEMORY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
 def run_worker(args, argv, what) -> list[dict]:
     print(f"[bench_kernel] {what} ...", file=sys.stderr, flush=True)
-    r = subprocess.run([sys.executable, __file__, "--worker", *argv], capture_output=True, text=True,
-                       env={**os.environ, "RETROFIT_ATTENTION_PATH": "auto"})
+    env = {**os.environ, "RETROFIT_ATTENTION_PATH": "auto", **(MEMORY_MALLOC if "--memory" in argv else {})}
+    r = subprocess.run([sys.executable, __file__, "--worker", *argv], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         why = "killed (out of memory)" if r.returncode in (-9, 137) else r.stderr.strip().splitlines()[-1:]
         return [{"what": what, "error": str(why)}]
@@ -248,7 +259,8 @@ def write(args, rows) -> dict:
                      "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
                      "retrofit": retrofit.__version__},
-        "memory_measure": "cuda max_memory_allocated" if torch.cuda.is_available() else "peak RSS (VmHWM) delta",
+        "memory_measure": "cuda max_memory_allocated" if torch.cuda.is_available() else
+                          "peak RSS (VmHWM) delta, glibc malloc with " + " ".join(f"{k}={v}" for k, v in MEMORY_MALLOC.items()),
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

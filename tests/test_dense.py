@@ -101,6 +101,21 @@ def test_blocks_stay_bounded_and_a_frozen_bias_costs_no_score_recompute(monkeypa
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
 
 
+def test_long_key_spans_take_fewer_rows_per_block(monkeypatch):
+    """The block's rows shrink (to MIN_ROWS at least) as the keys grow, so a block's mask stays near
+    BLOCK_ELEMENTS whatever the length; the result is the same softmax."""
+    monkeypatch.setattr(dense, "BLOCK_ELEMENTS", 2 * 160 * 64)  # 2 heads x 160 keys x 64 rows
+    monkeypatch.setattr(dense, "MIN_ROWS", 16)
+    assert dense.block_rows(2, 160) == 64 and dense.block_rows(2, 1000) == 16 and dense.block_rows(2, 10) == dense.ROWS
+    shapes = []
+    real_mask = dense.block_bias
+    monkeypatch.setattr(dense, "block_bias", lambda *a, **kw: shapes.append(a[3]) or real_mask(*a, **kw))
+    q, k, v, table = _inputs(1, 2, 160, 160, 8)
+    out = dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(table), params=(table,))
+    assert max(shapes) == 64 and len(shapes) == 3  # 160 queries: 64 + 64 + 32
+    _check_grads(out, _reference(q, k, v, 0.3, table), (q, k, v, table))
+
+
 def test_kernel_attend_picks_dense_on_cpu_for_a_bias_without_structure(monkeypatch):
     monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
     q, k, v, table = _inputs(1, 2, 64, 64, 8)

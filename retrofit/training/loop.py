@@ -29,11 +29,11 @@ from torch.utils.data import DataLoader
 from .. import data as rdata
 from .. import run_folder as rf
 from ..atomic import write_text
-from ..quiet import hushed
 from ..core import describe, max_length, set_position_controls
 from ..encodings import SCHEMES
 from ..errors import LengthError
 from ..optim import param_groups
+from ..quiet import hushed
 from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
@@ -354,6 +354,7 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) 
             summary["parameters"] = shards
         write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
         log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / rf.FINAL)
+    acc.wait_for_everyone()  # no rank tears its process group down while another still uses it
     acc.end_training()
     return out
 
