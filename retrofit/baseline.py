@@ -114,6 +114,10 @@ PRESETS: dict[str, BaselineConfig] = {
         name="micro", n_positions=32, n_layer=2, n_head=2, n_embd=32, vocab_size=320,
         steps=4, batch_size=4, lr=1e-3, warmup_steps=1, max_chars_per_play=4000, eval_max_blocks=8,
     ),
+    "micro-llama": BaselineConfig(
+        name="micro-llama", arch="llama", n_positions=32, n_layer=2, n_head=2, n_embd=32, vocab_size=320,
+        steps=4, batch_size=4, lr=1e-3, warmup_steps=1, max_chars_per_play=4000, eval_max_blocks=8,
+    ),
     "quickstart": BaselineConfig(
         name="quickstart", n_positions=128, n_layer=4, n_head=4, n_embd=128, vocab_size=2048,
         steps=300, batch_size=8, lr=3e-3, warmup_steps=20, eval_max_blocks=256,

@@ -4,8 +4,9 @@
   byte-level tokenizer (256 bytes + ``<|endoftext|>``). Built offline on first use in
   ``$RETROFIT_CACHE/tiny-gpt2`` (default ``~/.cache/retrofit``). CI and the ``tiny-*`` recipes use it.
 - ``smollm2``: the SmolLM2 GGUF that ``retrofit.assets.smollm2_gguf()`` provides.
-- ``baseline:<preset>``: the small GPT-2 pretrained offline on Shakespeare by
-  ``retrofit.baseline.pretrain(preset)`` (``micro``, ``quickstart``, ``study``; cached after the first call).
+- ``baseline:<preset>``: the small GPT-2 (or, for the ``*-llama`` presets, LLaMA-architecture) model
+  pretrained offline on Shakespeare by ``retrofit.baseline.pretrain(preset)`` (``micro``, ``quickstart``,
+  ``study``, ``study2-gpt2``, ``study2-llama``, ...; cached after the first call).
 """
 
 from __future__ import annotations

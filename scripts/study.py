@@ -15,6 +15,11 @@ budget (a fraction of the stand-in's pretraining tokens), evaluated on the held-
 Part 2 (SmolLM2-135M GGUF, RoPE, 8k native): its own ppl vs length; alibi + LoRA at 1k; rescaled
 RoPE (yarn, ntk; factor 4) with no fine-tune; passkey accuracy by length.
 
+Part 1 runs on any stand-in preset: ``--preset study2-llama`` is the RoPE one (LLaMA architecture, same
+size and data as ``study2-gpt2``). A ``--schemes`` entry may carry the scheme's options
+(``pi8=rope:scaling=linear;factor=8``), and an original that can read past its native length as is
+(RoPE) gets those rows too (``original (read past native as is)``), beside the cropped sliding window.
+
 Every cell is cached under ``--runs`` (``cell.json``), so an interrupted study resumes where it
 stopped. Writes ``benchmarks/study.json``, ``benchmarks/study.md`` and ``benchmarks/study_*.png``.
 """
@@ -36,6 +41,32 @@ from retrofit import run_folder as rf
 
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
+# --schemes entries: a scheme name, or [LABEL=]SCHEME:KEY=VALUE;KEY=VALUE (the scheme's options), e.g.
+# "rope:scaling=yarn;factor=8" (cells named rope-yarn-8-...) or "pi8=rope:scaling=linear;factor=8"
+
+
+def parse_scheme(spec: str) -> dict:
+    """One --schemes entry -> {"label", "scheme", "options"}; values read as JSON where they parse."""
+    if ":" in spec:
+        head, _, opts = spec.partition(":")
+        label, _, scheme = head.rpartition("=")
+    else:
+        scheme, opts = spec, ""
+        label = ""
+    options = {}
+    for item in (x for x in opts.split(";") if x):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--schemes {spec!r}: option {item!r} is not KEY=VALUE")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    if not label:
+        label = "-".join([scheme, *(str(v) for v in options.values())])
+    if not scheme or any(c in label for c in "/ "):
+        raise SystemExit(f"--schemes {spec!r}: expected SCHEME or [LABEL=]SCHEME:KEY=VALUE;...")
+    return {"label": label, "scheme": scheme, "options": options}
 SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", "rope-reduced-lora", "rope-yarnx4-lora"]
 
 
@@ -69,7 +100,7 @@ def recipe_for(cell: dict, base: Path, native: int, args, out: Path) -> dict:
         train["distill_weight"] = 1.0
     return {
         "model": {"name_or_path": str(base)},
-        "convert": {"scheme": cell["scheme"]},
+        "convert": {"scheme": cell["scheme"], **({"options": cell["options"]} if cell.get("options") else {})},
         "data": {"dataset": "shakespeare:train", "block_length": native, "validation_fraction": 0.03,
                  "max_validation_blocks": 16},
         "train": train,
@@ -107,7 +138,7 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     if cell["steps"] == 0:  # conversion alone, no fine-tune
         model, tok = retrofit.load_model(str(base))
         if cell["scheme"]:
-            retrofit.convert(model, cell["scheme"])
+            retrofit.convert(model, cell["scheme"], **cell.get("options", {}))
         report = evaluate_model(model, lengths, args, tokenizer=tok)
         trainable = 0
     else:
@@ -131,13 +162,14 @@ def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
         for method in (args.methods if frac > 0 else ["none"]):
             cells.append({"name": f"control-{method}-{frac}", "scheme": None, "method": method, "budget": frac,
                           "steps": steps, "extra_tokens": steps * tps, "role": "control"})
-            for scheme in args.schemes:
-                cells.append({"name": f"{scheme}-{method}-{frac}", "scheme": scheme, "method": method,
+            for spec in map(parse_scheme, args.schemes):
+                cells.append({"name": f"{spec['label']}-{method}-{frac}", "scheme": spec["scheme"],
+                              "options": spec["options"], "method": method,
                               "budget": frac, "steps": steps, "extra_tokens": steps * tps, "role": "converted"})
     top = max(args.budgets)
     if top > 0 and args.variants:
         steps = steps_for(top, pretrain_tokens, tps)
-        for scheme in [s for s in ("alibi", "rope") if s in args.schemes]:
+        for scheme in [s for s in ("alibi", "rope") if s in args.schemes]:  # the plain schemes only
             common = {"scheme": scheme, "method": args.methods[0], "budget": top, "steps": steps,
                       "extra_tokens": steps * tps, "role": "converted"}
             cells.append({**common, "name": f"{scheme}-{common['method']}-{top}-distill", "objective": "both"})
@@ -183,9 +215,28 @@ def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict
     rows = [{**r, "role": "baseline"} for r in rows]
     rows += [{**sliding, "role": "baseline", "length": L, "note": f"sliding window {native}, same targets"}
              for L in lengths if L > native]
+    rows += read_as_is(base, [L for L in lengths if L > native], args)
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({"rows": rows}, indent=1))
     return rows
+
+
+def read_as_is(base: Path, longer: list[int], args) -> list[dict]:
+    """The original read past its native length unchanged (role ``baseline-as-is``), where its positional
+    mechanism allows it (RoPE); a learned table refuses (LengthError), and then there are no such rows."""
+    import retrofit
+    from retrofit.errors import LengthError
+
+    if not longer:
+        return []
+    try:
+        report = retrofit.evaluate(str(base), lengths=longer, data="shakespeare:heldout", budget=args.eval_budget,
+                                   sliding=False, seed=args.seed, progress=False)
+    except LengthError as e:
+        log.info("the original cannot read past its native length, so it has no as-is rows: %s", e)
+        return []
+    log.info("the original reads past its native length as is: rows at %s", longer)
+    return [{**r, "role": "baseline-as-is", "note": "past the native length, unchanged"} for r in rows_of(report)]
 
 
 def ppl_at(rows: list[dict], length: int, role: str = "converted", method: str = "non-overlapping"):
@@ -202,6 +253,11 @@ def table_gpt2(original: list[dict], results: list[dict], lengths: list[int], na
     controls = {(c["method"], c["budget"]): c for c in results if c.get("role") == "control" and "rows" in c}
     out = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0,
             "extra_tokens": 0, **{f"ppl@{L // native}x": orig[L] for L in lengths}}]
+    as_is = {L: ppl_at(original, L, "baseline-as-is") for L in lengths if L > native}
+    if any(v is not None for v in as_is.values()):
+        out.append({"cell": "original (read past native as is)", "scheme": None, "method": None, "budget": 0,
+                    "extra_tokens": 0, "ppl@1x": orig[native],
+                    **{f"ppl@{L // native}x": v for L, v in as_is.items()}})
     for c in results:
         row = {"cell": c["name"], "scheme": c["scheme"], "method": c["method"], "budget": c["budget"],
                "extra_tokens": c["extra_tokens"], "objective": c.get("objective", "lm"),
@@ -359,7 +415,7 @@ def markdown(study: dict) -> str:
     g = study.get("gpt2")
     if g:
         s = g["stand_in"]
-        lines += [f"## GPT-2 stand-in (native {s['native_length']}, pretrained on {s['pretrain_tokens']:,} tokens)", "",
+        lines += [f"## {stand_in_name(s)} (native {s['native_length']}, pretrained on {s['pretrain_tokens']:,} tokens)", "",
                   "Perplexity on the held-out plays, non-overlapping windows (the original: sliding window past 1x). "
                   "`vs control` = native-length ppl / the continued-training control's at equal extra tokens.", ""]
         keys = [k for k in g["table"][0] if k.startswith("ppl@")]
@@ -392,6 +448,13 @@ def markdown(study: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stand_in_name(s: dict) -> str:
+    """"GPT-2 stand-in" or "LlamaForCausalLM stand-in `study2-llama`", from the stand-in's pretrain stats."""
+    stats = s.get("pretrain_stats") or {}
+    kind = "GPT-2" if stats.get("model_class", "GPT2LMHeadModel") == "GPT2LMHeadModel" else stats["model_class"]
+    return f"{kind} stand-in" + (f" `{stats['preset']}`" if stats.get("preset") else "")
+
+
 def _fmt(x):
     if x is None:
         return "–"
@@ -418,6 +481,9 @@ def plot(study: dict, out_dir: Path) -> list[str]:
             if not (r["cell"].startswith("original") or (r.get("budget") == top and plain)):
                 continue
             ys = [r.get(k) for k in keys]
+            if r["cell"] == "original (read past native as is)":
+                ax.plot(xs, ys, color="black", linestyle="-.", linewidth=1, label=r["cell"])
+                continue
             if r["cell"].startswith(("original", "control")):  # a flat reference line
                 ax.axhline(ys[0], color="black", linestyle=":" if r["cell"].startswith("control") else "--",
                            linewidth=1, label=r["cell"])
@@ -428,7 +494,7 @@ def plot(study: dict, out_dir: Path) -> list[str]:
         ax.set_yscale("log")
         ax.set_xlabel(f"length / native ({native})")
         ax.set_ylabel("perplexity (held-out plays)")
-        ax.set_title(f"GPT-2 stand-in, fine-tune budget {top:.1%} of pretraining")
+        ax.set_title(f"{stand_in_name(g['stand_in'])}, fine-tune budget {top:.1%} of pretraining")
         ax.legend(fontsize=7, ncol=2)
         path = out_dir / "study_gpt2_ppl_vs_length.png"
         fig.tight_layout()
@@ -441,8 +507,11 @@ def plot(study: dict, out_dir: Path) -> list[str]:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["gpt2", "smollm2", "all"], default="all")
-    p.add_argument("--preset", default="study", help="baseline preset for the GPT-2 stand-in")
-    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--preset", default="study",
+                   help="baseline preset of the stand-in (retrofit.baseline.PRESETS: study, study2-gpt2, study2-llama, ...)")
+    p.add_argument("--schemes", default=",".join(SCHEMES),
+                   help="comma list of SCHEME or [LABEL=]SCHEME:KEY=VALUE;KEY=VALUE, "
+                        "e.g. 'alibi,yarn8=rope:scaling=yarn;factor=8,rope:scaling=dynamic;factor=8'")
     p.add_argument("--methods", default="full,lora", help="the first also runs the distill/fade/offset variants")
     p.add_argument("--budgets", default="0,0.001,0.005,0.02", help="fine-tune budgets, fractions of pretraining tokens")
     p.add_argument("--multiples", default="1,2,4,8,16,32", help="eval lengths as multiples of the native length")
@@ -488,7 +557,7 @@ def main(argv=None):
 
     import retrofit
 
-    unknown = sorted(set(args.schemes) - set(retrofit.schemes()))
+    unknown = sorted({parse_scheme(x)["scheme"] for x in args.schemes} - set(retrofit.schemes()))
     if unknown:
         raise SystemExit(f"unknown schemes {unknown}; registered: {retrofit.schemes()}")
     unknown = sorted(set(args.smollm2_runs) - set(SMOLLM2_RUNS))

@@ -174,7 +174,7 @@ def test_llama_stand_in_pretrains_in_bf16_reloads_and_converts(cache, tmp_path):
 
     import retrofit
 
-    cfg = dataclasses.replace(baseline.PRESETS["micro"], name="micro-llama", arch="llama", precision="bf16")
+    cfg = dataclasses.replace(baseline.PRESETS["micro-llama"], precision="bf16")
     path = baseline.pretrain(cfg, cache_dir=tmp_path)
     stats = baseline.load_stats(path)
     model = AutoModelForCausalLM.from_pretrained(path)

@@ -104,3 +104,46 @@ def test_end_to_end_on_the_micro_stand_in_is_cached_and_deterministic(study, cac
     study.main(argv + ["--cached-only"])
     again = json.loads((tmp_path / "study.json").read_text())["gpt2"]["table"]
     assert again == g["table"]
+
+
+def test_scheme_specs_carry_options_into_the_cells_and_the_recipe(study, tmp_path):
+    assert study.parse_scheme("alibi") == {"label": "alibi", "scheme": "alibi", "options": {}}
+    assert study.parse_scheme("rope:scaling=yarn;factor=8") == {
+        "label": "rope-yarn-8", "scheme": "rope", "options": {"scaling": "yarn", "factor": 8}}
+    assert study.parse_scheme("pi4=rope:scaling=linear;factor=4.0;learned=true")["options"] == {
+        "scaling": "linear", "factor": 4.0, "learned": True}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        study.parse_scheme("rope:factor")
+    args = Namespace(budgets=[0, 0.02], methods=["lora"], schemes=["alibi", "pi4=rope:scaling=linear;factor=4"],
+                     batch_size=2, variants=True)
+    cells = {c["name"]: c for c in study.grid(args, pretrain_tokens=1_024_000, native=256)}
+    assert {"pi4-none-0", "pi4-lora-0.02", "alibi-lora-0.02"} <= set(cells)
+    assert not any(n.startswith("rope-") for n in cells)  # variants run for the plain schemes only
+    pi4 = cells["pi4-lora-0.02"]
+    assert pi4["scheme"] == "rope" and pi4["options"] == {"scaling": "linear", "factor": 4}
+    r = study.recipe_for(pi4, tmp_path, 256, Namespace(batch_size=2, lr_full=1e-4, lr_lora=1e-3, seed=0,
+                                                      lora_embeddings=True), tmp_path / "out")
+    assert r["convert"] == {"scheme": "rope", "options": {"scaling": "linear", "factor": 4}}
+    assert study.recipe_for(cells["alibi-lora-0.02"], tmp_path, 256, Namespace(
+        batch_size=2, lr_full=1e-4, lr_lora=1e-3, seed=0, lora_embeddings=True), tmp_path / "o")["convert"] == {
+        "scheme": "alibi"}
+    with pytest.raises(SystemExit, match="unknown schemes"):
+        study.main(["--part", "gpt2", "--schemes", "x=bogus:factor=2", "--out", str(tmp_path / "s.json")])
+
+
+def test_end_to_end_on_the_micro_llama_stand_in_reads_the_original_as_is(study, cache, tmp_path):
+    argv = ["--part", "gpt2", "--preset", "micro-llama", "--schemes", "yarn2=rope:scaling=yarn;factor=2,alibi",
+            "--methods", "lora", "--budgets", "0,2", "--multiples", "1,2", "--eval-budget", "64", "--batch-size", "2",
+            "--no-variants", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "study.json")]
+    study.main(argv)
+    g = json.loads((tmp_path / "study.json").read_text())["gpt2"]
+    assert g["stand_in"]["pretrain_stats"]["model_class"] == "LlamaForCausalLM" and g["lengths"] == [32, 64]
+    cells = {c["name"]: c for c in g["cells"]}
+    assert not [c for c in cells.values() if "error" in c], [c.get("error") for c in cells.values()]
+    assert cells["yarn2-lora-2.0"]["options"] == {"scaling": "yarn", "factor": 2}
+    table = {r["cell"]: r for r in g["table"]}
+    as_is, cropped = table["original (read past native as is)"], table["original (plain at 1x, sliding beyond)"]
+    assert as_is["ppl@1x"] == cropped["ppl@1x"] and math.isfinite(as_is["ppl@2x"])
+    assert as_is["ppl@2x"] != cropped["ppl@2x"]  # a 64-token window, not the 32-token crop
+    assert all(math.isfinite(table[n]["ppl@2x"]) for n in ("yarn2-none-0.0", "yarn2-lora-2.0", "alibi-lora-2.0"))
+    assert "LlamaForCausalLM stand-in `micro-llama`" in (tmp_path / "study.md").read_text()
