@@ -12,8 +12,9 @@ at the native length.
 
 Presets: ``"micro"`` (seconds, for tests), ``"quickstart"`` (about 2-3 min on 2 CPU cores), ``"study"``
 (about 30 min on 2 CPU cores), ``"study2-gpt2"`` and ``"study2-llama"`` (~10M parameters, 10.5M tokens,
-native 256: hours on 2 CPU cores; ``scripts/bench_pretrain.py`` measures the rate). The output dir is a normal Hugging Face folder (``GPT2LMHeadModel``
-safetensors + tokenizer) plus ``pretrain_stats.json`` (see ``pretrain``).
+native 256: ~35 min each on 2 idle CPU cores in bf16, 75 min each when both run at once;
+``scripts/bench_pretrain.py`` measures the rate). The output dir is a normal Hugging Face folder
+(``GPT2LMHeadModel`` or ``LlamaForCausalLM`` safetensors + tokenizer) plus ``pretrain_stats.json`` (see ``pretrain``).
 
 Same config -> same weights (seeded data order, init and dropout; on the same hardware and thread
 count, since CPU float sums depend on both).
@@ -325,7 +326,7 @@ def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: s
              force: bool = False) -> Path:
     """Pretrain (or find cached) the baseline for a preset or config; returns its HF folder.
 
-    The folder holds the GPT2LMHeadModel (safetensors), the tokenizer and ``pretrain_stats.json``:
+    The folder holds the GPT2LMHeadModel or LlamaForCausalLM (safetensors), the tokenizer and ``pretrain_stats.json``:
     config, ``pretrain_tokens`` (tokens seen = steps x batch x n_positions; quote fine-tune budgets
     as a fraction of it), steps, wall time, final train loss, held-out loss/ppl at the native
     length, the plays used, library versions. Written to a temp dir, then renamed into place.

@@ -24,7 +24,8 @@ import torch
 from . import flash
 
 ROWS = 128  # queries per block, at most
-BLOCK_ELEMENTS = 1 << 21  # a block's (B, H, C, Tc) mask stays near this size: C falls to 32 rows past ~1.4k keys
+BLOCK_ELEMENTS = 1 << 21  # a block's (B, H, C, Tc) mask stays near this size: with 12 heads C leaves 128
+# rows past ~1.4k keys and reaches 32 past ~2.7k
 MIN_ROWS = 32  # the CPU flash kernel's own query split; fewer rows only add calls
 
 BiasFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (h, q_pos, k_pos) -> bias

@@ -8,7 +8,7 @@ Time: stock and every variant run alternately in one process (median of per-repe
 Memory: each variant in its own process so peak-memory readings don't leak between runs. Memory is
 the peak over the measured step minus the memory before it: CUDA ``max_memory_allocated`` on a
 GPU, else the process's peak RSS (VmHWM, reset through /proc/self/clear_refs; glibc malloc set to
-mmap every block over 64 KiB and never trim, so the reading repeats). The measured
+mmap every block over 64 KiB and trim the heap top on every free, so the reading repeats). The measured
 forward is the transformer body (no LM head: a 50k-vocab logits tensor would dominate and hide
 the attention's cost). Targets (issue 12): ALiBi train <= 1.10x, inference <= 1.05x at 1k/2k/8k,
 memory <= 1.1x; T5/Shaw/FIRE inference <= 1.5x, train <= 1.6x at 2k, memory at 8k <= 1.3x.
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -217,7 +218,7 @@ def main():
 
 # glibc's defaults hand large freed blocks back to the OS or keep them by heuristics that shift between
 # runs: the same stock step read 431-855 MB peak RSS. Every allocation above 64 KiB through mmap and
-# no trimming make the reading repeat to within 1 MB.
+# a trim on every free (MALLOC_TRIM_THRESHOLD_=0) make the reading repeat to within 1 MB.
 MEMORY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 
 
@@ -249,7 +250,7 @@ def write(args, rows) -> dict:
             r["saved_vs_stock"] = round(r["saved_for_backward_bytes"] / s, 3)
     result = {
         "benchmark": "bench_kernel",
-        "command": "python scripts/bench_kernel.py " + " ".join(sys.argv[1:]),
+        "command": "python scripts/bench_kernel.py " + shlex.join(sys.argv[1:]),
         "model": f"GPT-2-small shape ({args.layers} layers for time, {args.memory_layers or args.layers} for memory; "
                  f"768 wide, 12 heads), random weights, batch 1, body only, dropout {args.dropout}",
         "method": "time: stock and each variant alternately in one process, ratio = median of per-repeat ratios; "

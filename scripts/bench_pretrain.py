@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -37,6 +38,17 @@ class VocabOnly:
 
     def __len__(self) -> int:
         return self.size
+
+
+def cpu_info() -> dict:
+    """The CPU's model name and the matmul-relevant flags (bf16 and AMX decide what autocast buys)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"processor": platform.processor()}
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return {"processor": name, "flags": sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma")))}
 
 
 def time_steps(cfg: baseline.BaselineConfig, model, blocks: torch.Tensor) -> float:
@@ -90,17 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/bench_pretrain.json")
     args = p.parse_args(argv)
     args.precisions = args.precisions.split(",")
-    args.threads = [int(t) for t in args.threads.split(",")]
+    args.threads = list(dict.fromkeys(int(t) for t in args.threads.split(",")))  # 1 core: "1,1" -> [1]
     logging.basicConfig(level=logging.WARNING)
-    os.environ.setdefault("RETROFIT_PROGRESS", "0")
     rows = []
     for name in args.presets.split(","):
         rows += bench_preset(name, args)
     result = {
-        "benchmark": "bench_pretrain", "command": "python scripts/bench_pretrain.py " + " ".join(sys.argv[1:]),
+        "benchmark": "bench_pretrain", "command": "python scripts/bench_pretrain.py " + shlex.join(sys.argv[1:]),
         "method": "baseline.train on random blocks; variants interleaved round after round in one process, "
                   "tokens/s = tokens per measurement / median seconds; round 0 is a warm-up",
-        "hardware": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor()},
+        "hardware": {"cpu_count": os.cpu_count(), "platform": platform.platform(), **cpu_info()},
         "versions": library_versions(), "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

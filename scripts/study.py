@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -41,18 +42,16 @@ from retrofit import run_folder as rf
 
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
+# what a cached cell must share with the planned one to be reused (a label may be given new options)
+PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset")
 # --schemes entries: a scheme name, or [LABEL=]SCHEME:KEY=VALUE;KEY=VALUE (the scheme's options), e.g.
 # "rope:scaling=yarn;factor=8" (cells named rope-yarn-8-...) or "pi8=rope:scaling=linear;factor=8"
 
 
 def parse_scheme(spec: str) -> dict:
     """One --schemes entry -> {"label", "scheme", "options"}; values read as JSON where they parse."""
-    if ":" in spec:
-        head, _, opts = spec.partition(":")
-        label, _, scheme = head.rpartition("=")
-    else:
-        scheme, opts = spec, ""
-        label = ""
+    head, _, opts = spec.partition(":")
+    label, _, scheme = head.rpartition("=")  # LABEL=SCHEME, with or without options
     options = {}
     for item in (x for x in opts.split(";") if x):
         key, eq, value = item.partition("=")
@@ -129,7 +128,13 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     cdir = Path(args.runs) / cell["name"]
     cached = cdir / "cell.json"
     if cached.exists() and not args.force:
-        return json.loads(cached.read_text())
+        old = json.loads(cached.read_text())
+        same = {k: old.get(k, {} if k == "options" else None) for k in PLAN_KEYS} == {
+            k: cell.get(k, {} if k == "options" else None) for k in PLAN_KEYS}
+        if same:
+            return old
+        log.warning("cell %s: the cached run had other settings (%s); running it again", cell["name"],
+                    {k: old.get(k) for k in PLAN_KEYS})
     if args.cached_only:
         raise LookupError("not run yet (--cached-only)")
     t0 = time.time()
@@ -461,7 +466,9 @@ def _fmt(x):
     return f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
-def plot(study: dict, out_dir: Path) -> list[str]:
+def plot(study: dict, out: Path) -> list[str]:
+    """The ppl-vs-length plot next to ``out``: study_gpt2_ppl_vs_length.png for benchmarks/study.json
+    (the first round's name), else <out stem>_ppl_vs_length.png, so one study never overwrites another's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -496,7 +503,8 @@ def plot(study: dict, out_dir: Path) -> list[str]:
         ax.set_ylabel("perplexity (held-out plays)")
         ax.set_title(f"{stand_in_name(g['stand_in'])}, fine-tune budget {top:.1%} of pretraining")
         ax.legend(fontsize=7, ncol=2)
-        path = out_dir / "study_gpt2_ppl_vs_length.png"
+        stem = "study_gpt2" if out.stem == "study" else out.stem
+        path = out.parent / f"{stem}_ppl_vs_length.png"
         fig.tight_layout()
         fig.savefig(path, dpi=120)
         written.append(str(path))
@@ -566,7 +574,7 @@ def main(argv=None):
     out = Path(args.out)
     study = json.loads(out.read_text()) if out.exists() else {}
     study.update({
-        "command": " ".join(["python", "scripts/study.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", "scripts/study.py", *(sys.argv[1:] if argv is None else argv)]),
         "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
                      "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
         "versions": {"retrofit": retrofit.__version__, "torch": torch.__version__,
@@ -583,7 +591,7 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(study, indent=1, default=str))
     (out.with_suffix(".md")).write_text(markdown(study))
-    plots = plot(study, out.parent)
+    plots = plot(study, out)
     print(markdown(study))
     print(f"wrote {out}, {out.with_suffix('.md')}, {', '.join(plots)}")
 

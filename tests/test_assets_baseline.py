@@ -169,13 +169,23 @@ class _Vocab:
         return self.n
 
 
-def test_llama_stand_in_pretrains_in_bf16_reloads_and_converts(cache, tmp_path):
+def test_llama_stand_in_pretrains_in_bf16_reloads_and_converts(cache, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     import retrofit
 
     cfg = dataclasses.replace(baseline.PRESETS["micro-llama"], precision="bf16")
+    asked, real = [], torch.autocast
+
+    def autocast(*a, **kw):
+        asked.append((a, kw))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(torch, "autocast", autocast)
     path = baseline.pretrain(cfg, cache_dir=tmp_path)
+    monkeypatch.undo()
+    steps = [kw for a, kw in asked if a == ("cpu",) and kw.get("dtype") == torch.bfloat16]
+    assert len(steps) == cfg.steps and all(kw["enabled"] for kw in steps)  # every step under bf16 autocast
     stats = baseline.load_stats(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     assert type(model).__name__ == "LlamaForCausalLM" and stats["model_class"] == "LlamaForCausalLM"
