@@ -115,10 +115,6 @@ PRESETS: dict[str, BaselineConfig] = {
         name="micro", n_positions=32, n_layer=2, n_head=2, n_embd=32, vocab_size=320,
         steps=4, batch_size=4, lr=1e-3, warmup_steps=1, max_chars_per_play=4000, eval_max_blocks=8,
     ),
-    "micro-llama": BaselineConfig(
-        name="micro-llama", arch="llama", n_positions=32, n_layer=2, n_head=2, n_embd=32, vocab_size=320,
-        steps=4, batch_size=4, lr=1e-3, warmup_steps=1, max_chars_per_play=4000, eval_max_blocks=8,
-    ),
     "quickstart": BaselineConfig(
         name="quickstart", n_positions=128, n_layer=4, n_head=4, n_embd=128, vocab_size=2048,
         steps=300, batch_size=8, lr=3e-3, warmup_steps=20, eval_max_blocks=256,
@@ -127,17 +123,15 @@ PRESETS: dict[str, BaselineConfig] = {
         name="study", n_positions=256, n_layer=6, n_head=5, n_embd=160, vocab_size=4096,
         steps=500, batch_size=8, lr=2e-3, warmup_steps=30, eval_max_blocks=192,
     ),
-    # the second study (issue 14): ~10M parameters, native 256, 10.5M tokens (2,560 steps of 16 x 256);
-    # the same body and data for both position mechanisms
+    # the second study (issue 14): ~10M parameters, native 256, 10.5M tokens (2,560 steps of 16 x 256)
     "study2-gpt2": BaselineConfig(
         name="study2-gpt2", n_positions=256, n_layer=10, n_head=8, n_embd=256, vocab_size=8192,
         steps=2560, batch_size=16, lr=2e-3, warmup_steps=100, eval_max_blocks=256, precision="bf16",
     ),
-    "study2-llama": BaselineConfig(
-        name="study2-llama", arch="llama", n_positions=256, n_layer=10, n_head=8, n_embd=256, vocab_size=8192,
-        steps=2560, batch_size=16, lr=2e-3, warmup_steps=100, eval_max_blocks=256, precision="bf16",
-    ),
 }
+# the RoPE twins: the same body, data and optimisation, LLaMA architecture
+for _gpt2, _llama in (("micro", "micro-llama"), ("study2-gpt2", "study2-llama")):
+    PRESETS[_llama] = dataclasses.replace(PRESETS[_gpt2], name=_llama, arch="llama")
 
 
 def get_config(preset_or_config: str | BaselineConfig) -> BaselineConfig:
@@ -211,26 +205,26 @@ def llama_intermediate(cfg: BaselineConfig) -> int:
     return cfg.intermediate_size or -(-8 * cfg.n_embd // 3 // 32) * 32
 
 
-def build_model(cfg: BaselineConfig, tokenizer):
-    """A fresh GPT2LMHeadModel or LlamaForCausalLM (tied embeddings) for ``cfg``, initialised from ``cfg.seed``."""
+def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
+    """A fresh GPT2LMHeadModel or LlamaForCausalLM (tied embeddings) for ``cfg`` and a tokenizer of
+    ``vocab_size`` tokens whose EOS (= BOS = pad) is ``eos_token_id``, initialised from ``cfg.seed``."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
     if cfg.arch == "llama":
         config = LlamaConfig(
-            vocab_size=len(tokenizer), max_position_embeddings=cfg.n_positions, hidden_size=cfg.n_embd,
+            vocab_size=vocab_size, max_position_embeddings=cfg.n_positions, hidden_size=cfg.n_embd,
             intermediate_size=llama_intermediate(cfg), num_hidden_layers=cfg.n_layer,
             num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_head, attention_dropout=cfg.dropout,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-            bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+            bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+            tie_word_embeddings=True,
         )
         return LlamaForCausalLM(config)
     config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        vocab_size=vocab_size, n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
         n_head=cfg.n_head, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+        bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id, tie_word_embeddings=True,
     )
     return GPT2LMHeadModel(config)
 
@@ -371,7 +365,7 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     held_blocks = pack_blocks(tokenizer, held_docs, cfg.n_positions)  # [n_held, L]
     held_blocks = spread_blocks(held_blocks, cfg.eval_max_blocks)  # [<= eval_max_blocks, L]
     t_data = time.perf_counter() - t0
-    model = build_model(cfg, tokenizer)
+    model = build_model(cfg, len(tokenizer), tokenizer.eos_token_id)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("baseline %s: %d params, %d training blocks of %d, %d steps x %d", cfg.name, n_params,
              train_blocks.shape[0], cfg.n_positions, cfg.steps, cfg.batch_size)

@@ -30,16 +30,6 @@ from retrofit import baseline
 from retrofit.versions import library_versions
 
 
-class VocabOnly:
-    """What ``baseline.build_model`` reads from a tokenizer: its size and EOS id."""
-
-    def __init__(self, size: int):
-        self.size, self.eos_token_id = size, 0
-
-    def __len__(self) -> int:
-        return self.size
-
-
 def cpu_info() -> dict:
     """The CPU's model name and the matmul-relevant flags (bf16 and AMX decide what autocast buys)."""
     try:
@@ -69,13 +59,14 @@ def bench_preset(name: str, args) -> list[dict]:
         for precision, threads in variants:
             cfg = dataclasses.replace(base, precision=precision, steps=args.steps, warmup_steps=1)
             torch.set_num_threads(threads)
-            model = baseline.build_model(cfg, VocabOnly(base.vocab_size))
+            model = baseline.build_model(cfg, base.vocab_size, eos_token_id=0)
             n_params = sum(p.numel() for p in model.parameters())
             s = time_steps(cfg, model, blocks)
             if r:
                 times[(precision, threads)].append(s)
             print(f"[bench_pretrain] {name} {precision} threads={threads} round {r}: {s:.2f} s", file=sys.stderr, flush=True)
     tokens = args.steps * base.batch_size * base.n_positions
+    preset_tokens = base.steps * base.batch_size * base.n_positions
     rows = []
     for (precision, threads), ts in times.items():
         rate = tokens / statistics.median(ts)
@@ -83,8 +74,8 @@ def bench_preset(name: str, args) -> list[dict]:
             "preset": name, "arch": base.arch, "n_params": n_params, "precision": precision, "threads": threads,
             "tokens_per_step": base.batch_size * base.n_positions, "tokens_per_s": round(rate, 1),
             "seconds_per_round": [round(t, 3) for t in ts],
-            "preset_steps": base.steps, "preset_tokens": base.steps * base.batch_size * base.n_positions,
-            "estimated_pretrain_hours": round(base.steps * base.batch_size * base.n_positions / rate / 3600, 2),
+            "preset_steps": base.steps, "preset_tokens": preset_tokens,
+            "estimated_pretrain_hours": round(preset_tokens / rate / 3600, 2),
         })
     best = max(r["tokens_per_s"] for r in rows)
     for r in rows:

@@ -42,6 +42,7 @@ from retrofit import run_folder as rf
 
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
+SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", "rope-reduced-lora", "rope-yarnx4-lora"]
 # what a cached cell must share with the planned one to be reused (a label may be given new options)
 PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset")
 # --schemes entries: a scheme name, or [LABEL=]SCHEME:KEY=VALUE;KEY=VALUE (the scheme's options), e.g.
@@ -66,7 +67,6 @@ def parse_scheme(spec: str) -> dict:
     if not scheme or any(c in label for c in "/ "):
         raise SystemExit(f"--schemes {spec!r}: expected SCHEME or [LABEL=]SCHEME:KEY=VALUE;...")
     return {"label": label, "scheme": scheme, "options": options}
-SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", "rope-reduced-lora", "rope-yarnx4-lora"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,12 +129,10 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     cached = cdir / "cell.json"
     if cached.exists() and not args.force:
         old = json.loads(cached.read_text())
-        same = {k: old.get(k, {} if k == "options" else None) for k in PLAN_KEYS} == {
-            k: cell.get(k, {} if k == "options" else None) for k in PLAN_KEYS}
-        if same:
+        if plan_of(old) == plan_of(cell):
             return old
         log.warning("cell %s: the cached run had other settings (%s); running it again", cell["name"],
-                    {k: old.get(k) for k in PLAN_KEYS})
+                    plan_of(old))
     if args.cached_only:
         raise LookupError("not run yet (--cached-only)")
     t0 = time.time()
@@ -224,6 +222,11 @@ def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps({"rows": rows}, indent=1))
     return rows
+
+
+def plan_of(cell: dict) -> dict:
+    """The settings that decide a cell's figures (absent, empty and zero alike: cells cached before a key existed)."""
+    return {k: cell.get(k) or None for k in PLAN_KEYS}
 
 
 def read_as_is(base: Path, longer: list[int], args) -> list[dict]:
