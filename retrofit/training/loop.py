@@ -92,7 +92,14 @@ def _finetune(r: Recipe) -> Path:
     train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
     if acc.is_main_process:
         _write_run_info(r, out, model, train_set, val_set)
-    return _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_cap)
+    out = _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_cap)
+    # Every tensor of the run goes before the process group does: gloo's threads must not hold any when
+    # the interpreter finalises (a rank aborted at exit, "terminate called without an active exception").
+    del model, teacher, train_set, val_set
+    acc.free_memory()  # the accelerator's references (prepared model, optimizer, loaders), then gc
+    acc.wait_for_everyone()
+    acc.end_training()
+    return out
 
 
 # ---- setup -------------------------------------------------------------------------------
@@ -354,8 +361,6 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) 
             summary["parameters"] = shards
         write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
         log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / rf.FINAL)
-    acc.wait_for_everyone()  # no rank tears its process group down while another still uses it
-    acc.end_training()
     return out
 
 
