@@ -42,11 +42,18 @@ from retrofit import run_folder as rf
 
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
-SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", "rope-reduced-lora", "rope-yarnx4-lora"]
+PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
+SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", "rope-reduced-lora", "rope-yarnx4-lora",
+                "nope", "nope-temperature", "rope-temperature", "rope-yarnx4-temperature", "control-lora",
+                "control-yarnx4-lora"]
+SMOLLM2_BETA = 0.1  # the length-aware temperature of the zero-shot runs (benchmarks/measure_temperature.json)
 # what a cached cell must share with the planned one to be reused (a label may be given new options)
-PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset")
+PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset", "pose", "seed")
 # --schemes entries: a scheme name, or [LABEL=]SCHEME:KEY=VALUE;KEY=VALUE (the scheme's options), e.g.
-# "rope:scaling=yarn;factor=8" (cells named rope-yarn-8-...) or "pi8=rope:scaling=linear;factor=8"
+# "rope:scaling=yarn;factor=8" (cells named rope-yarn-8-...) or "pi8=rope:scaling=linear;factor=8".
+# TRAIN_KEYS among them are the fine-tune's, not the scheme's: pose=TARGET trains with PoSE positions
+# spanning TARGET tokens (train.positions.method: pose).
+TRAIN_KEYS = ("pose",)
 
 
 def parse_scheme(spec: str) -> dict:
@@ -66,7 +73,10 @@ def parse_scheme(spec: str) -> dict:
         label = "-".join([scheme, *(str(v) for v in options.values())])
     if not scheme or any(c in label for c in "/ "):
         raise SystemExit(f"--schemes {spec!r}: expected SCHEME or [LABEL=]SCHEME:KEY=VALUE;...")
-    return {"label": label, "scheme": scheme, "options": options}
+    train = {k: options.pop(k) for k in TRAIN_KEYS if k in options}
+    if "pose" in train and (not isinstance(train["pose"], int) or train["pose"] <= 0):
+        raise SystemExit(f"--schemes {spec!r}: pose=TARGET takes a target length in tokens, got {train['pose']!r}")
+    return {"label": label, "scheme": scheme, "options": options, **train}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,12 +99,14 @@ def recipe_for(cell: dict, base: Path, native: int, args, out: Path) -> dict:
     train = {
         "method": cell["method"], "steps": cell["steps"], "batch_size": args.batch_size,
         "learning_rate": args.lr_full if cell["method"] == "full" else args.lr_lora,
-        "warmup_steps": max(1, cell["steps"] // 10), "lr_scheduler": "cosine", "seed": args.seed,
+        "warmup_steps": max(1, cell["steps"] // 10), "lr_scheduler": "cosine", "seed": args.seed if cell.get("seed") is None else cell["seed"],
         "objective": cell.get("objective", "lm"), "train_norms": cell["method"] == "lora",
         "train_embeddings": cell["method"] == "lora" and args.lora_embeddings,
         "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
         "positions": {"random_offset": cell.get("random_offset", 0), "native_fade_steps": cell.get("fade", 0)},
     }
+    if cell.get("pose"):
+        train["positions"].update(method="pose", target_length=cell["pose"])
     if train["objective"] != "lm":
         train["distill_weight"] = 1.0
     return {
@@ -130,7 +142,7 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     if cached.exists() and not args.force:
         old = json.loads(cached.read_text())
         if plan_of(old) == plan_of(cell):
-            return old
+            return {**old, **{k: v for k, v in cell.items() if k not in old}}  # e.g. a label added since
         log.warning("cell %s: the cached run had other settings (%s); running it again", cell["name"],
                     plan_of(old))
     if args.cached_only:
@@ -159,16 +171,26 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
 
 def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
     tps = args.batch_size * native
+    specs = [parse_scheme(x) for x in args.schemes]
     cells = []
     for frac in args.budgets:
         steps = steps_for(frac, pretrain_tokens, tps)
+        common = {"budget": frac, "steps": steps, "extra_tokens": steps * tps}
         for method in (args.methods if frac > 0 else ["none"]):
-            cells.append({"name": f"control-{method}-{frac}", "scheme": None, "method": method, "budget": frac,
-                          "steps": steps, "extra_tokens": steps * tps, "role": "control"})
-            for spec in map(parse_scheme, args.schemes):
-                cells.append({"name": f"{spec['label']}-{method}-{frac}", "scheme": spec["scheme"],
-                              "options": spec["options"], "method": method,
-                              "budget": frac, "steps": steps, "extra_tokens": steps * tps, "role": "converted"})
+            for seed in [None, *(args.seeds if frac in args.seed_budgets else [])]:
+                tail = f"-seed{seed}" if seed is not None else ""
+                extra = {"seed": seed} if seed is not None else {}
+                cells.append({"name": f"control-{method}-{frac}{tail}", "label": "control", "scheme": None,
+                              "method": method, **common, "role": "control", **extra})
+                for spec in specs:
+                    if frac > 0 and spec["label"] in args.zero_shot_only or frac == 0 and spec.get("pose"):
+                        continue  # zero-shot-only labels train no cell; PoSE is a fine-tune, so it has no budget-0 cell
+                    if seed is not None and spec["label"] not in args.seed_labels:
+                        continue
+                    cells.append({"name": f"{spec['label']}-{method}-{frac}{tail}", "label": spec["label"],
+                                  "scheme": spec["scheme"],
+                                  "options": spec["options"], "method": method, **common, "role": "converted",
+                                  **({"pose": spec["pose"]} if spec.get("pose") else {}), **extra})
     top = max(args.budgets)
     if top > 0 and args.variants:
         steps = steps_for(top, pretrain_tokens, tps)
@@ -197,9 +219,171 @@ def part_gpt2(args) -> dict:
         except Exception as e:  # record and go on: one broken cell must not hide the others
             log.exception("cell %s failed", cell["name"])
             results.append({**cell, "error": f"{type(e).__name__}: {e}"})
+    passkey = passkey_part(base, native, lengths, results, args)
+    table = table_gpt2(original, results, lengths, native)
     return {"stand_in": {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
                          "pretrain_stats": stats}, "lengths": lengths, "original": original, "cells": results,
-            "table": table_gpt2(original, results, lengths, native)}
+            "table": table, "seeds": seed_table(table, lengths, native), "cheapest": cheapest_budgets(table, native),
+            "passkey": passkey, "seconds": {
+                "original": json.loads((Path(args.runs) / "original" / "cell.json").read_text()).get("seconds"),
+                "cells": round(sum(c.get("seconds", 0) for c in results), 1),
+                "passkey": round(sum(v.get("seconds", 0) for v in passkey.values()), 1)}}
+
+
+# ----------------------------------------------------------------------------------------------
+# passkey retrieval on the stand-in, per length and depth, with the Wilson interval of each accuracy
+# ----------------------------------------------------------------------------------------------
+def passkey_budgets(args, budgets: list[float]) -> list[float]:
+    """Budgets whose cells get the passkey test: 'top' (the largest), 'all', 'none' or a comma list."""
+    spec = args.stand_in_passkey_budgets
+    if spec == "none" or not args.stand_in_passkey_trials:
+        return []
+    if spec == "all":
+        return sorted(set(budgets))
+    if spec == "top":
+        return [max(budgets)]
+    return [float(x) for x in spec.split(",") if x]
+
+
+def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict], args) -> dict:
+    """Passkey for the original (at every length it can read) and for the cells at the passkey budgets;
+    each cached in <runs>/<cell>/passkey.json. {name: {"rows": [...], "by_length": {...}, "seconds"}}."""
+    import retrofit
+
+    wanted = passkey_budgets(args, [c["budget"] for c in results])
+    if not wanted:
+        return {}
+    out = {"original": _passkey_cached("original", lambda: retrofit.load_model(str(base)), lengths, args)}
+    for c in results:
+        if "rows" not in c or c["budget"] not in wanted:
+            continue
+
+        def load(c=c):
+            if c["steps"] == 0:
+                model, tok = retrofit.load_model(str(base))
+                if c["scheme"]:
+                    retrofit.convert(model, c["scheme"], **c.get("options", {}))
+                return model, tok
+            return retrofit.load_model(str(Path(args.runs) / c["name"] / "ft" / rf.FINAL))
+
+        cell_lengths = [native] if c["scheme"] is None else lengths  # the control keeps its learned table
+        try:
+            out[c["name"]] = _passkey_cached(c["name"], load, cell_lengths, args)
+        except Exception as e:  # recorded, not cached: one broken cell must not hide the others
+            log.exception("passkey %s failed", c["name"])
+            out[c["name"]] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _passkey_cached(name: str, load, lengths: list[int], args) -> dict:
+    path = Path(args.runs) / name / "passkey.json"
+    plan = {"lengths": lengths, "trials": args.stand_in_passkey_trials, "depths": PASSKEY_DEPTHS, "seed": args.seed}
+    if path.exists() and not args.force:
+        old = json.loads(path.read_text())
+        if old.get("plan") == plan:
+            return old
+    if args.cached_only:
+        return {"error": "LookupError: not run yet (--cached-only)"}
+    log.info("passkey: %s at %s, %d trials per length and depth", name, lengths, args.stand_in_passkey_trials)
+    t0 = time.time()
+    model, tok = load()
+    rows = [row for L in lengths for row in _passkey_rows(model, tok, L, args)]
+    res = {"plan": plan, "rows": rows, "by_length": pooled_passkey(rows), "seconds": round(time.time() - t0, 1)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1))
+    return res
+
+
+def _passkey_rows(model, tok, length: int, args) -> list[dict]:
+    """Passkey at one length and every depth; where the model cannot take the length (a learned table past
+    its rows) or the prompt does not fit in it, one row saying why (accuracy None)."""
+    import retrofit
+    from retrofit.errors import LengthError
+
+    try:
+        rep = retrofit.evaluate(model, lengths=[length], data="shakespeare:heldout", tokenizer=tok, budget=length,
+                                sliding=False, seed=args.seed, passkey=True, passkey_lengths=[length],
+                                passkey_depths=PASSKEY_DEPTHS, passkey_trials=args.stand_in_passkey_trials,
+                                progress=False)
+    except LengthError as e:
+        return [{"length": length, "depth": None, "correct": 0, "trials": 0, "accuracy": None, "note": str(e)}]
+    keep = ("length", "depth", "correct", "trials", "accuracy", "ci_low", "ci_high", "note")
+    return [{k: r.get(k) for k in keep} for r in rep.data["passkey"] if r["role"] == "converted"]
+
+
+def pooled_passkey(rows: list[dict]) -> dict:
+    """{length: {"correct", "trials", "accuracy", "ci_low", "ci_high"}} over the depths."""
+    from retrofit.evaluation.passkey import wilson
+
+    out = {}
+    for r in rows:
+        if r.get("accuracy") is None:
+            continue
+        c = out.setdefault(str(r["length"]), {"correct": 0, "trials": 0})
+        c["correct"] += r["correct"]
+        c["trials"] += r["trials"]
+    for c in out.values():
+        c["accuracy"] = round(c["correct"] / c["trials"], 4)
+        c["ci_low"], c["ci_high"] = (round(x, 4) for x in wilson(c["correct"], c["trials"]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the README's summary: cheapest budget per method; seeds as mean ± spread
+# ----------------------------------------------------------------------------------------------
+CONTROL_SLACK, LENGTH_SLACK, LONG = 1.02, 1.05, 16  # ppl@1x <= 1.02 x control@1x; ppl@16x <= 1.05 x own ppl@1x
+
+
+def cheapest_budgets(table: list[dict], native: int) -> list[dict]:
+    """Per scheme label and fine-tune method: the cheapest budget at which the cell reaches ppl@1x <= 1.02x
+    the control's at equal tokens (at budget 0: the original's) and ppl@16x <= 1.05x its own ppl@1x.
+    Budget-0 cells (no fine-tune) count for every method. Seeded repeats are left out (the base seed)."""
+    orig = next(r for r in table if r["cell"].startswith("original (plain"))["ppl@1x"]
+    controls = {(r["method"], r["budget"]): r.get("ppl@1x") for r in table if r.get("scheme") is None
+                and r["cell"].startswith("control") and not r.get("seed")}
+    cells = [r for r in table if r.get("label") and r.get("scheme") and not r.get("seed") and r.get("objective", "lm") == "lm"
+             and not r.get("fade") and not r.get("random_offset")]
+    methods = sorted({r["method"] for r in cells if r["method"] != "none"}) or ["none"]
+    out = []
+    for label in dict.fromkeys(r["label"] for r in cells):
+        for method in methods:
+            mine = sorted((r for r in cells if r["label"] == label and r["method"] in (method, "none")),
+                          key=lambda r: r["budget"])
+            if not mine:
+                continue
+            found, checked = None, []
+            for r in mine:
+                ref = orig if r["budget"] == 0 else controls.get((method, r["budget"]))
+                p1, p16 = r.get("ppl@1x"), r.get(f"ppl@{LONG}x")
+                ok = None if None in (ref, p1, p16) else (p1 <= CONTROL_SLACK * ref and p16 <= LENGTH_SLACK * p1)
+                checked.append({"budget": r["budget"], "ppl@1x": p1, "reference@1x": ref, f"ppl@{LONG}x": p16, "met": ok})
+                if ok and found is None:
+                    found = r["budget"]
+            out.append({"label": label, "method": method, "cheapest_budget": found, "checked": checked})
+    return out
+
+
+def seed_table(table: list[dict], lengths: list[int], native: int) -> list[dict]:
+    """Cells run with several seeds: mean ± sample standard deviation (and min..max) of ppl@1x, ppl@16x and
+    vs_control@1x over the seeds, the base seed included."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in table:
+        if "label" in r and "error" not in r:
+            groups.setdefault((r["label"], r["method"], r["budget"]), []).append(r)
+    out = []
+    for (label, method, budget), rows in groups.items():
+        if len(rows) < 2:
+            continue
+        row = {"label": label, "method": method, "budget": budget, "seeds": sorted(r.get("seed") or 0 for r in rows)}
+        for key in ("ppl@1x", f"ppl@{LONG}x", "vs_control@1x"):
+            vals = [r[key] for r in rows if r.get(key) is not None]
+            if len(vals) >= 2:
+                row[key] = {"mean": round(statistics.mean(vals), 4), "sd": round(statistics.stdev(vals), 4),
+                            "min": round(min(vals), 4), "max": round(max(vals), 4), "n": len(vals)}
+        out.append(row)
+    return out
 
 
 def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict]:
@@ -211,6 +395,7 @@ def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict
     cached = Path(args.runs) / "original" / "cell.json"
     if cached.exists() and not args.force:
         return json.loads(cached.read_text())["rows"]
+    t0 = time.time()
     report = retrofit.evaluate(str(base), lengths=[native], data="shakespeare:heldout", budget=args.eval_budget,
                                sliding=True, stride=args.stride, seed=args.seed, progress=False)
     rows = rows_of(report)
@@ -220,7 +405,7 @@ def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict
              for L in lengths if L > native]
     rows += read_as_is(base, [L for L in lengths if L > native], args)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps({"rows": rows}, indent=1))
+    cached.write_text(json.dumps({"rows": rows, "seconds": round(time.time() - t0, 1)}, indent=1))
     return rows
 
 
@@ -258,7 +443,7 @@ def table_gpt2(original: list[dict], results: list[dict], lengths: list[int], na
     """One row per cell: ppl at each length, and the ratio to the control at equal tokens."""
     orig = {L: ppl_at(original, L, "baseline", "non-overlapping") or ppl_at(original, L, "baseline", "sliding")
             for L in lengths}
-    controls = {(c["method"], c["budget"]): c for c in results if c.get("role") == "control" and "rows" in c}
+    controls = {(c["method"], c["budget"], c.get("seed")): c for c in results if c.get("role") == "control" and "rows" in c}
     out = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0,
             "extra_tokens": 0, **{f"ppl@{L // native}x": orig[L] for L in lengths}}]
     as_is = {L: ppl_at(original, L, "baseline-as-is") for L in lengths if L > native}
@@ -269,13 +454,14 @@ def table_gpt2(original: list[dict], results: list[dict], lengths: list[int], na
     for c in results:
         row = {"cell": c["name"], "scheme": c["scheme"], "method": c["method"], "budget": c["budget"],
                "extra_tokens": c["extra_tokens"], "objective": c.get("objective", "lm"),
-               "fade": c.get("fade", 0), "random_offset": c.get("random_offset", 0)}
+               "fade": c.get("fade", 0), "random_offset": c.get("random_offset", 0), "seconds": c.get("seconds"),
+               **{k: c[k] for k in ("label", "seed", "pose") if c.get(k) is not None}}
         if "rows" not in c:
             out.append({**row, "error": c.get("error")})
             continue
         for L in lengths:
             row[f"ppl@{L // native}x"] = ppl_at(c["rows"], L)
-        ctrl = controls.get((c["method"], c["budget"]))
+        ctrl = controls.get((c["method"], c["budget"], c.get("seed")))
         native_ppl = row["ppl@1x"]
         if native_ppl and orig.get(native):
             row["vs_original@1x"] = round(native_ppl / orig[native], 4)
@@ -333,7 +519,7 @@ def part_smollm2(args) -> dict:
                                 budget=max(args.smollm2_budget, max(lens)), sliding=False, seed=args.seed,
                                 passkey=args.passkey, passkey_lengths=[x for x in args.passkey_lengths if x in lens] or lens[:1],
                                 passkey_trials=args.passkey_trials,
-                                passkey_depths=[0.0, 0.5, 1.0], progress=False)
+                                passkey_depths=PASSKEY_DEPTHS, progress=False)
         return {"rows": rows_of(rep), "passkey": _passkey_summary(rep)}
 
     def original():
@@ -352,7 +538,7 @@ def part_smollm2(args) -> dict:
         def fn():
             recipe = {
                 "model": {"name_or_path": str(gguf.parent), "gguf_file": gguf.name},
-                "convert": convert,
+                **({"convert": convert} if convert else {}),
                 "data": {"dataset": "shakespeare:train", "block_length": args.smollm2_train_length,
                          "validation_fraction": 0.03, "max_validation_blocks": 4},
                 "train": {"method": "lora", "steps": steps, "batch_size": 1,
@@ -364,18 +550,18 @@ def part_smollm2(args) -> dict:
             }
             final = Path(retrofit.finetune(recipe)) / rf.FINAL
             summary = rf.summary(final.parent)
-            model = retrofit.load(final)
+            model, _ = retrofit.load_model(str(final), tokenizer=False)  # re-patched, or plain for a control
             _, tok = load()
             return {"steps": steps, "train_length": args.smollm2_train_length,
                     "train_seconds": summary["train_seconds"],
                     **evaluate(model, tok, eval_lengths)}
         return fn
 
-    def converted(scheme, **options):
+    def converted(scheme, lens=None, **options):
         def fn():
             model, tok = load()
             retrofit.convert(model, scheme, **options)
-            return evaluate(model, tok, lengths)
+            return evaluate(model, tok, lens or lengths)
         return fn
 
     long_lengths = args.smollm2_long_lengths or lengths
@@ -395,6 +581,22 @@ def part_smollm2(args) -> dict:
         "rope-yarnx4-lora": (f"rope-yarnx4-lora-{ysteps}", f"rope-yarnx4-lora-{ysteps}",
                              lora_run(f"rope-yarnx4-lora-{ysteps}", yarn4, long_lengths, ysteps)),
     }
+    beta = {"temperature": SMOLLM2_BETA}
+    plan.update({  # zero-shot past the native 8k: NoPE, and the length-aware temperature
+        "nope": ("nope-no-finetune", "nope", converted("nope", long_lengths)),
+        "nope-temperature": (f"nope-temperature{SMOLLM2_BETA}-no-finetune", f"nope-temperature{SMOLLM2_BETA}",
+                             converted("nope", long_lengths, **beta)),
+        "rope-temperature": (f"rope-temperature{SMOLLM2_BETA}-no-finetune", f"rope-temperature{SMOLLM2_BETA}",
+                             converted("rope", long_lengths, **beta)),
+        "rope-yarnx4-temperature": (f"rope-yarnx4-temperature{SMOLLM2_BETA}-no-finetune",
+                                    f"rope-yarnx4-temperature{SMOLLM2_BETA}",
+                                    converted("rope", long_lengths, scaling="yarn", factor=4.0, **beta)),
+        # the continued-training controls: the same LoRA on the unconverted model, the same tokens
+        "control-lora": (f"control-lora-{steps}", f"control-lora-{steps}",
+                         lora_run(f"control-lora-{steps}", None, lengths, steps)),
+        "control-yarnx4-lora": (f"control-lora-{ysteps}", f"control-lora-{ysteps}",
+                                lora_run(f"control-lora-{ysteps}", None, long_lengths, ysteps)),
+    })
     assert list(plan) == SMOLLM2_RUNS, "SMOLLM2_RUNS must list the plan"
     for key in args.smollm2_runs:
         label, name, fn = plan[key]
@@ -428,14 +630,20 @@ def markdown(study: dict) -> str:
                   "`vs control` = native-length ppl / the continued-training control's at equal extra tokens.", ""]
         keys = [k for k in g["table"][0] if k.startswith("ppl@")]
         head = ["cell", "extra tokens", *keys, "vs control@1x", "vs original@1x", "8x/1x", "16x/1x",
-                "< original everywhere"]
+                "< original everywhere", "seconds"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in g["table"]:
             vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[_fmt(r.get(k)) for k in keys],
                     _fmt(r.get("vs_control@1x")), _fmt(r.get("vs_original@1x")), _fmt(r.get("ppl@8x/1x")), _fmt(r.get("ppl@16x/1x")),
-                    str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}"]
+                    str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}",
+                    _fmt(r.get("seconds"))]
             lines.append("| " + " | ".join(vals) + " |")
         lines.append("")
+        lines += cheapest_markdown(g.get("cheapest") or [], g["stand_in"]["pretrain_tokens"])
+        lines += seeds_markdown(g.get("seeds") or [])
+        lines += passkey_markdown(g.get("passkey") or {}, g["lengths"], g["stand_in"]["native_length"])
+        if g.get("seconds"):
+            lines += [f"Seconds: {g['seconds']}", ""]
     sm = study.get("smollm2")
     if sm:
         runs = sm["runs"]
@@ -454,6 +662,58 @@ def markdown(study: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {pk} | {ft} | {res.get('seconds', '–')} |")
         lines += ["", f"Longest length measured: {sm['longest_length_measured']}."]
     return "\n".join(lines) + "\n"
+
+
+def budget_words(budget, pretrain_tokens: int) -> str:
+    if budget is None:
+        return "not reached"
+    return "0 (no fine-tune)" if budget == 0 else f"{budget:.1%} ({round(budget * pretrain_tokens):,} tokens)"
+
+
+def cheapest_markdown(rows: list[dict], pretrain_tokens: int) -> list[str]:
+    if not rows:
+        return []
+    out = ["### Cheapest budget", "",
+           f"The cheapest fine-tune budget at which a method reaches ppl@1x <= {CONTROL_SLACK}x the continued-training "
+           f"control's at equal tokens (budget 0: the original's) and ppl@{LONG}x <= {LENGTH_SLACK}x its own ppl@1x.", "",
+           "| method | fine-tune | cheapest budget | at each budget: ppl@1x / reference, ppl@16x / ppl@1x |", "|---|---|---|---|"]
+    for r in rows:
+        checks = "; ".join(
+            f"{c['budget']:g}: {_fmt(_ratio(c['ppl@1x'], c['reference@1x']))}, {_fmt(_ratio(c[f'ppl@{LONG}x'], c['ppl@1x']))}"
+            for c in r["checked"])
+        out.append(f"| {r['label']} | {r['method']} | {budget_words(r['cheapest_budget'], pretrain_tokens)} | {checks} |")
+    return out + [""]
+
+
+def seeds_markdown(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    out = ["### Seeds", "", "Mean ± sample standard deviation over the seeds (min..max).", "",
+           f"| method | fine-tune | budget | seeds | ppl@1x | ppl@{LONG}x | vs control@1x |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{v['mean']:.3f} ± {v['sd']:.3f} ({v['min']:.3f}..{v['max']:.3f})" if (v := r.get(k)) else "–"
+                 for k in ("ppl@1x", f"ppl@{LONG}x", "vs_control@1x")]
+        out.append(f"| {r['label']} | {r['method']} | {r['budget']:g} | {','.join(map(str, r['seeds']))} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def passkey_markdown(passkey: dict, lengths: list[int], native: int) -> list[str]:
+    if not passkey:
+        return []
+    head = ["model", *[f"{L // native}x ({L})" for L in lengths]]
+    out = ["### Passkey retrieval", "",
+           "Correct of trials at each length, pooled over depths 0, 0.5 and 1 (greedy decoding), with the 95% Wilson "
+           "interval of the accuracy; – = not run at that length.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, res in passkey.items():
+        if "error" in res:
+            out.append(f"| {name} | error: {res['error']} |")
+            continue
+        by = res["by_length"]
+        vals = [f"{c['correct']}/{c['trials']} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" if (c := by.get(str(L))) else "–"
+                for L in lengths]
+        out.append(f"| {name} | " + " | ".join(vals) + " |")
+    return out + [""]
 
 
 def stand_in_name(s: dict) -> str:
@@ -527,6 +787,11 @@ def main(argv=None):
     p.add_argument("--budgets", default="0,0.001,0.005,0.02", help="fine-tune budgets, fractions of pretraining tokens")
     p.add_argument("--multiples", default="1,2,4,8,16,32", help="eval lengths as multiples of the native length")
     p.add_argument("--no-variants", dest="variants", action="store_false", help="skip distill/fade/offset cells")
+    p.add_argument("--zero-shot-only", default="", help="comma list of --schemes labels run at budget 0 only")
+    p.add_argument("--seeds", default="", help="extra fine-tune seeds (comma list) for --seed-labels at --seed-budgets, "
+                   "with the control; cells named ...-seedN")
+    p.add_argument("--seed-labels", default="", help="comma list of --schemes labels that get the extra seeds")
+    p.add_argument("--seed-budgets", default="0.02,0.1", help="budgets that get the extra seeds")
     # defaults chosen by the 2%-budget sweep in docs/study.md (alibi vs the control, native-length ppl)
     p.add_argument("--batch-size", type=int, default=2, help="blocks of the native length per step")
     p.add_argument("--lr-lora", type=float, default=1e-3)
@@ -549,6 +814,11 @@ def main(argv=None):
     p.add_argument("--no-passkey", dest="passkey", action="store_false")
     p.add_argument("--passkey-trials", type=int, default=1, help="trials per length and depth (3 depths)")
     p.add_argument("--passkey-lengths", default="1024,2048,4096,8192", help="SmolLM2 passkey lengths")
+    p.add_argument("--stand-in-passkey-trials", type=int, default=10,
+                   help="part 1: passkey trials per length and depth (3 depths); 0 = no passkey in part 1")
+    p.add_argument("--stand-in-passkey-budgets", default="top",
+                   help="part 1: which cells get the passkey test besides the original: top (the largest budget), "
+                        "all, none, or a comma list of budgets")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="runs/study", help="cache of finished cells")
     p.add_argument("--force", action="store_true", help="recompute cached cells")
@@ -557,6 +827,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     args.schemes = [s for s in args.schemes.split(",") if s]
     args.methods = args.methods.split(",")
+    args.zero_shot_only = {x for x in args.zero_shot_only.split(",") if x}
+    args.seeds = [int(x) for x in args.seeds.split(",") if x]
+    args.seed_labels = {x for x in args.seed_labels.split(",") if x}
+    args.seed_budgets = [float(x) for x in args.seed_budgets.split(",") if x]
     args.budgets = [float(b) for b in args.budgets.split(",")]
     args.multiples = [int(m) for m in args.multiples.split(",")]
     args.smollm2_lengths = [int(x) for x in args.smollm2_lengths.split(",")]
@@ -571,6 +845,12 @@ def main(argv=None):
     unknown = sorted({parse_scheme(x)["scheme"] for x in args.schemes} - set(retrofit.schemes()))
     if unknown:
         raise SystemExit(f"unknown schemes {unknown}; registered: {retrofit.schemes()}")
+    labels = {parse_scheme(x)["label"] for x in args.schemes}
+    unknown = sorted((args.zero_shot_only | args.seed_labels) - labels)
+    if unknown:
+        raise SystemExit(f"--zero-shot-only/--seed-labels name no --schemes label: {unknown}; labels: {sorted(labels)}")
+    if args.seed in args.seeds:
+        raise SystemExit(f"--seeds are the extra seeds; {args.seed} is --seed already")
     unknown = sorted(set(args.smollm2_runs) - set(SMOLLM2_RUNS))
     if unknown:
         raise SystemExit(f"unknown --smollm2-runs {unknown}; known: {', '.join(SMOLLM2_RUNS)}")

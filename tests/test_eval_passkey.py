@@ -66,6 +66,16 @@ def test_grader_round_trip():
     assert pk.grade(f" 12 then {key}", key)  # first 5-digit number counts
 
 
+def test_wilson_interval_matches_published_values():
+    # Wilson (1927); Newcombe (1998) table I: 0/10 -> [0, 0.2775], 5/10 -> [0.2366, 0.7634]
+    assert pk.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert pk.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    low, high = pk.wilson(30, 30)
+    assert high == 1.0 and low == pytest.approx(30 / (30 + 1.96**2), abs=1e-9)  # n / (n + z^2) at n/n
+    with pytest.raises(ValueError):
+        pk.wilson(0, 0)
+
+
 def test_copying_model_scores_100_percent():
     tok = byte_tokenizer()
     m = EvalModel("copier", "converted", Copier(), tok, {"max_length": None})
@@ -74,6 +84,7 @@ def test_copying_model_scores_100_percent():
         results = run_passkey([m, capped], [280, 400], [0.0, 0.5, 1.0], trials=2, seed=7, bar=bar)
     mine = [r for r in results if r["model"] == "copier"]
     assert len(mine) == 6 and all(r["accuracy"] == 1.0 for r in mine)
+    assert all((r["ci_low"], r["ci_high"]) == (round(pk.wilson(2, 2)[0], 4), 1.0) for r in mine)
     assert all(a["answer"].strip().startswith(a["key"]) for r in mine for a in r["answers"])
     past = [r for r in results if r["model"] == "capped" and r["length"] == 400]
     assert all(r["accuracy"] is None and "not run" in r["note"] for r in past)  # never run past its limit

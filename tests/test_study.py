@@ -21,6 +21,11 @@ def study():
     return mod
 
 
+def _grid_args(**kw):
+    base = dict(batch_size=2, variants=False, zero_shot_only=set(), seeds=[], seed_labels=set(), seed_budgets=[])
+    return Namespace(**{**base, **kw})
+
+
 def test_steps_for_rounds_up_and_zero_means_none(study):
     assert study.steps_for(0, 1_000_000, 512) == 0
     assert study.steps_for(0.001, 1_000_000, 512) == 2  # 1000 tokens -> 2 steps of 512
@@ -29,8 +34,7 @@ def test_steps_for_rounds_up_and_zero_means_none(study):
 
 
 def test_grid_has_one_control_per_budget_and_variants_at_the_top(study):
-    args = Namespace(budgets=[0, 0.005, 0.02], methods=["full", "lora"], schemes=["alibi", "rope"],
-                     batch_size=2, variants=True)
+    args = _grid_args(budgets=[0, 0.005, 0.02], methods=["full", "lora"], schemes=["alibi", "rope"], variants=True)
     cells = study.grid(args, pretrain_tokens=1_024_000, native=256)
     names = [c["name"] for c in cells]
     assert len(names) == len(set(names))
@@ -74,7 +78,7 @@ def test_unknown_names_are_refused_before_any_work(study, tmp_path):
     with pytest.raises(SystemExit, match="unknown schemes"):
         study.main(["--part", "gpt2", "--schemes", "alibi,bogus", "--out", str(tmp_path / "s.json")])
     with pytest.raises(SystemExit, match="unknown --smollm2-runs"):
-        study.main(["--part", "smollm2", "--smollm2-runs", "original,nope", "--out", str(tmp_path / "s.json")])
+        study.main(["--part", "smollm2", "--smollm2-runs", "original,bogus", "--out", str(tmp_path / "s.json")])
     assert not (tmp_path / "s.json").exists()
 
 
@@ -98,7 +102,13 @@ def test_end_to_end_on_the_micro_stand_in_is_cached_and_deterministic(study, cac
     assert table["alibi-full-2.0"]["vs_control@1x"] > 0
     # fine-tuning changed the converted model
     assert table["alibi-full-2.0"]["ppl@1x"] != table["alibi-none-0.0"]["ppl@1x"]
-    assert (tmp_path / "study.md").read_text().count("| alibi-full-2.0 |") == 1
+    md = (tmp_path / "study.md").read_text()
+    assert md.split("### ")[0].count("| alibi-full-2.0 |") == 1
+    # passkey at the top budget and for the original: the prompt does not fit in 32 or 64 tokens, and says so
+    assert set(g["passkey"]) == {"original", "control-full-2.0", "alibi-full-2.0", "alibi-full-2.0-distill",
+                                 "alibi-full-2.0-fade"}
+    assert all(r["accuracy"] is None and "too short" in r["note"] for r in g["passkey"]["alibi-full-2.0"]["rows"])
+    assert "### Passkey retrieval" in md and "### Cheapest budget" in md
     assert (tmp_path / "study_gpt2_ppl_vs_length.png").stat().st_size > 0
     # a second run reads every cell from the cache and reports the same table
     study.main(argv + ["--cached-only"])
@@ -114,8 +124,8 @@ def test_scheme_specs_carry_options_into_the_cells_and_the_recipe(study, tmp_pat
         "scaling": "linear", "factor": 4.0, "learned": True}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         study.parse_scheme("rope:factor")
-    args = Namespace(budgets=[0, 0.02], methods=["lora"], schemes=["alibi", "pi4=rope:scaling=linear;factor=4"],
-                     batch_size=2, variants=True)
+    args = _grid_args(budgets=[0, 0.02], methods=["lora"], schemes=["alibi", "pi4=rope:scaling=linear;factor=4"],
+                      variants=True)
     cells = {c["name"]: c for c in study.grid(args, pretrain_tokens=1_024_000, native=256)}
     assert {"pi4-none-0", "pi4-lora-0.02", "alibi-lora-0.02"} <= set(cells)
     assert not any(n.startswith("rope-") for n in cells)  # variants run for the plain schemes only
@@ -145,17 +155,84 @@ def test_a_cached_cell_with_other_options_is_not_reused(study, tmp_path):
 
 def test_end_to_end_on_the_micro_llama_stand_in_reads_the_original_as_is(study, cache, tmp_path):
     argv = ["--part", "gpt2", "--preset", "micro-llama", "--schemes", "yarn2=rope:scaling=yarn;factor=2,alibi",
-            "--methods", "lora", "--budgets", "0,2", "--multiples", "1,2", "--eval-budget", "64", "--batch-size", "2",
-            "--no-variants", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "study.json")]
+            "--methods", "lora", "--budgets", "0,2", "--multiples", "1,8", "--eval-budget", "256", "--batch-size", "2",
+            "--no-variants", "--stand-in-passkey-trials", "2", "--runs", str(tmp_path / "runs"),
+            "--out", str(tmp_path / "study.json")]
     study.main(argv)
     g = json.loads((tmp_path / "study.json").read_text())["gpt2"]
-    assert g["stand_in"]["pretrain_stats"]["model_class"] == "LlamaForCausalLM" and g["lengths"] == [32, 64]
+    assert g["stand_in"]["pretrain_stats"]["model_class"] == "LlamaForCausalLM" and g["lengths"] == [32, 256]
     cells = {c["name"]: c for c in g["cells"]}
     assert not [c for c in cells.values() if "error" in c], [c.get("error") for c in cells.values()]
     assert cells["yarn2-lora-2.0"]["options"] == {"scaling": "yarn", "factor": 2}
     table = {r["cell"]: r for r in g["table"]}
     as_is, cropped = table["original (read past native as is)"], table["original (plain at 1x, sliding beyond)"]
-    assert math.isfinite(as_is["ppl@2x"])
-    assert as_is["ppl@2x"] != cropped["ppl@2x"]  # a 64-token window, not the 32-token crop
-    assert all(math.isfinite(table[n]["ppl@2x"]) for n in ("yarn2-none-0.0", "yarn2-lora-2.0", "alibi-lora-2.0"))
+    assert math.isfinite(as_is["ppl@8x"])
+    assert as_is["ppl@8x"] != cropped["ppl@8x"]  # a 256-token window, not the 32-token crop
+    assert all(math.isfinite(table[n]["ppl@8x"]) for n in ("yarn2-none-0.0", "yarn2-lora-2.0", "alibi-lora-2.0"))
+    # passkey: the original read as is and the top-budget cells at every length the prompt fits in (not 32)
+    for name in ("original", "yarn2-lora-2.0", "alibi-lora-2.0"):
+        pk = g["passkey"][name]
+        assert [r["depth"] for r in pk["rows"] if r["length"] == 256] == [0.0, 0.5, 1.0]
+        assert set(pk["by_length"]) == {"256"} and pk["by_length"]["256"]["trials"] == 6
+        low, high = pk["by_length"]["256"]["ci_low"], pk["by_length"]["256"]["ci_high"]
+        assert 0 <= low <= pk["by_length"]["256"]["accuracy"] <= high <= 1 and high - low > 0.3  # 6 trials: wide
+    assert g["passkey"]["control-lora-2.0"]["by_length"].keys() == {"32"} or not g["passkey"]["control-lora-2.0"]["by_length"]
     assert "LlamaForCausalLM stand-in `micro-llama`" in (tmp_path / "study.md").read_text()
+
+
+def test_pose_zero_shot_only_and_seeded_cells_in_the_grid(study, tmp_path):
+    spec = study.parse_scheme("yp=rope:scaling=yarn;factor=32;pose=8192")
+    assert spec == {"label": "yp", "scheme": "rope", "options": {"scaling": "yarn", "factor": 32}, "pose": 8192}
+    with pytest.raises(SystemExit, match="pose=TARGET"):
+        study.parse_scheme("rope:pose=long")
+    args = _grid_args(budgets=[0, 0.02, 0.1], methods=["full"], zero_shot_only={"dyn"}, seeds=[1, 2],
+                      seed_labels={"yp"}, seed_budgets=[0.1],
+                      schemes=["yp=rope:scaling=yarn;factor=32;pose=8192", "dyn=rope:scaling=dynamic;factor=32", "nope"])
+    cells = {c["name"]: c for c in study.grid(args, pretrain_tokens=1_024_000, native=256)}
+    assert "yp-none-0" not in cells  # PoSE is a fine-tune: no budget-0 cell
+    assert "dyn-none-0" in cells and not [n for n in cells if n.startswith("dyn-full")]  # zero-shot only
+    seeded = sorted(n for n in cells if "-seed" in n)
+    assert seeded == ["control-full-0.1-seed1", "control-full-0.1-seed2", "yp-full-0.1-seed1", "yp-full-0.1-seed2"]
+    assert cells["yp-full-0.1-seed2"]["seed"] == 2 and cells["yp-full-0.1-seed2"]["steps"] == cells["yp-full-0.1"]["steps"]
+    assert study.plan_of(cells["yp-full-0.1-seed1"]) != study.plan_of(cells["yp-full-0.1"])
+    rargs = Namespace(batch_size=2, lr_full=1e-4, lr_lora=1e-3, seed=0, lora_embeddings=True)
+    r = study.recipe_for(cells["yp-full-0.1-seed2"], tmp_path, 256, rargs, tmp_path / "o")
+    assert r["train"]["seed"] == 2 and r["train"]["positions"]["method"] == "pose"
+    assert r["train"]["positions"]["target_length"] == 8192 and "pose" not in r["convert"]["options"]
+    assert study.recipe_for(cells["yp-full-0.1"], tmp_path, 256, rargs, tmp_path / "o")["train"]["seed"] == 0
+    with pytest.raises(SystemExit, match="name no --schemes label"):
+        study.main(["--part", "gpt2", "--schemes", "alibi", "--seed-labels", "rope", "--out", str(tmp_path / "s.json")])
+
+
+def _row(cell, label, method, budget, p1, p16=None, **kw):
+    return {"cell": cell, "label": label, "scheme": None if label == "control" else "x", "method": method,
+            "budget": budget, "ppl@1x": p1, "ppl@16x": p16, **kw}
+
+
+def test_cheapest_budget_needs_both_the_control_and_the_length_criteria(study):
+    table = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0, "ppl@1x": 10.0},
+             _row("control-full-0.02", "control", "full", 0.02, 9.0), _row("control-full-0.1", "control", "full", 0.1, 8.0),
+             _row("a-none-0", "a", "none", 0, 10.1, 10.5),         # 1.01x original, 16x/1x 1.04: met at 0
+             _row("b-none-0", "b", "none", 0, 30.0, 90.0),
+             _row("b-full-0.02", "b", "full", 0.02, 9.2, 9.3),      # 1.022x control: not met
+             _row("b-full-0.1", "b", "full", 0.1, 8.1, 8.4),        # 1.0125x, 1.037: met
+             _row("c-full-0.1", "c", "full", 0.1, 8.0, 8.5),        # length criterion fails (1.0625)
+             _row("b-full-0.1-seed1", "b", "full", 0.1, 20.0, 20.0, seed=1)]  # seeds never decide
+    got = {(r["label"], r["method"]): r for r in study.cheapest_budgets(table, native=256)}
+    assert got[("a", "full")]["cheapest_budget"] == 0
+    assert got[("b", "full")]["cheapest_budget"] == 0.1
+    assert [c["met"] for c in got[("b", "full")]["checked"]] == [False, False, True]
+    assert got[("c", "full")]["cheapest_budget"] is None
+    md = "\n".join(study.cheapest_markdown(list(got.values()), 1_000_000))
+    assert "| c | full | not reached |" in md and "| b | full | 10.0% (100,000 tokens) |" in md
+    seeds = study.seed_table(table, [256], 256)
+    assert len(seeds) == 1 and seeds[0]["seeds"] == [0, 1]
+    assert seeds[0]["ppl@1x"]["mean"] == pytest.approx((8.1 + 20.0) / 2) and seeds[0]["ppl@1x"]["n"] == 2
+
+
+def test_passkey_pooled_over_depths_with_the_wilson_interval(study):
+    rows = [{"length": 256, "depth": d, "correct": c, "trials": 10, "accuracy": c / 10} for d, c in ((0, 0), (0.5, 3), (1, 2))]
+    rows.append({"length": 512, "depth": None, "correct": 0, "trials": 0, "accuracy": None, "note": "too short"})
+    pooled = study.pooled_passkey(rows)
+    assert set(pooled) == {"256"} and pooled["256"]["correct"] == 5 and pooled["256"]["trials"] == 30
+    assert pooled["256"]["ci_low"] < 5 / 30 < pooled["256"]["ci_high"]

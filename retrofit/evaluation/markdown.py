@@ -63,7 +63,8 @@ def passkey_table(report) -> str:
             cells = []
             for d in pk["depths"]:
                 r = next(r for r in report["passkey"] if (r["model"], r["length"], r["depth"]) == (model, L, d))
-                cells.append("not run" if r["accuracy"] is None else f"{r['correct']}/{r['trials']}")
+                ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r.get("ci_low") is not None else ""
+                cells.append("not run" if r["accuracy"] is None else f"{r['correct']}/{r['trials']}{ci}")
             body.append([f"`{model}`", str(L), *cells])
     return _table(["model", "length", *[f"depth {d:g}" for d in pk["depths"]]], body)
 
@@ -95,7 +96,8 @@ def render_markdown(report, plots: dict | None = None) -> str:
     if d.get("passkey"):
         s = d["settings"]["passkey"]
         out += ["## Passkey retrieval", "",
-                f"Correct answers out of {s['trials']} trials per cell (greedy decoding, seed {d['seeds']['passkey']}).",
+                f"Correct answers out of {s['trials']} trials per cell (greedy decoding, seed {d['seeds']['passkey']}), "
+                "with the 95% Wilson interval of the accuracy.",
                 "", passkey_table(report), ""]
         if "passkey.png" in (plots or {}):
             out += ["![passkey](passkey.png)", ""]

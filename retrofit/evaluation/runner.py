@@ -165,8 +165,10 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
                     answers.append(pk.run_trial(m.model, m.tokenizer, prompt, PASSKEY_NEW_TOKENS))
                     bar.update(1)
                 correct = sum(a["correct"] for a in answers)
+                low, high = pk.wilson(correct, trials)
                 results.append({"model": m.name, "role": m.role, "length": L, "depth": d, "trials": trials,
                                 "correct": correct, "accuracy": correct / trials, "note": None,
+                                "ci_low": round(low, 4), "ci_high": round(high, 4),
                                 "answers": [{"key": a["key"], "answer": a["answer"]} for a in answers]})
     return results
 
