@@ -147,10 +147,13 @@ def test_a_cached_cell_with_other_options_is_not_reused(study, tmp_path):
             "budget": 0.02, "steps": 4, "extra_tokens": 8, "role": "converted"}
     (tmp_path / cell["name"]).mkdir()
     (tmp_path / cell["name"] / "cell.json").write_text(json.dumps({**cell, "rows": []}))
-    args = Namespace(runs=str(tmp_path), force=False, cached_only=True)
+    args = Namespace(runs=str(tmp_path), force=False, cached_only=True, new_cells=True)
     assert study.run_cell(cell, tmp_path, 32, [32], args)["rows"] == []  # same settings: reused
     with pytest.raises(LookupError, match="not run yet"):  # same label, factor 16: never the factor-8 figures
         study.run_cell({**cell, "options": {"scaling": "yarn", "factor": 16}}, tmp_path, 32, [32], args)
+    with pytest.raises(LookupError, match="no-new-cells"):
+        study.run_cell({**cell, "options": {"scaling": "yarn", "factor": 16}}, tmp_path, 32, [32],
+                       Namespace(runs=str(tmp_path), force=False, cached_only=False, new_cells=False))
 
 
 def test_end_to_end_on_the_micro_llama_stand_in_reads_the_original_as_is(study, cache, tmp_path):
