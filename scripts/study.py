@@ -636,7 +636,7 @@ def markdown(study: dict) -> str:
             vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[_fmt(r.get(k)) for k in keys],
                     _fmt(r.get("vs_control@1x")), _fmt(r.get("vs_original@1x")), _fmt(r.get("ppl@8x/1x")), _fmt(r.get("ppl@16x/1x")),
                     str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}",
-                    _fmt(r.get("seconds"))]
+                    _fmt(round(r["seconds"]) if r.get("seconds") is not None else None)]
             lines.append("| " + " | ".join(vals) + " |")
         lines.append("")
         lines += cheapest_markdown(g.get("cheapest") or [], g["stand_in"]["pretrain_tokens"])
@@ -744,7 +744,7 @@ def plot(study: dict, out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(8, 5))
         keys = [k for k in g["table"][0] if k.startswith("ppl@")]
         xs = [int(k[4:-1]) for k in keys]
-        top = max(c["budget"] for c in g["cells"])
+        top = max((c["budget"] for c in g["cells"] if "rows" in c and c["scheme"]), default=0)  # the largest budget run
         labels = list(dict.fromkeys(r.get("label") or r.get("scheme") for r in g["table"] if r.get("scheme")))
         colors = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(labels)}  # one per label
         for r in g["table"]:
@@ -752,6 +752,8 @@ def plot(study: dict, out: Path) -> list[str]:
             if not (r["cell"].startswith("original") or (r.get("budget") == top and plain)):
                 continue
             ys = [r.get(k) for k in keys]
+            if ys[0] is None:
+                continue  # a cell not run (or failed): nothing to draw
             if r["cell"] == "original (read past native as is)":
                 ax.plot(xs, ys, color="black", linestyle="-.", linewidth=1, label=r["cell"])
                 continue
