@@ -69,11 +69,11 @@ def parse_scheme(spec: str) -> dict:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
+    train = {k: options.pop(k) for k in TRAIN_KEYS if k in options}
     if not label:
-        label = "-".join([scheme, *(str(v) for v in options.values())])
+        label = "-".join([scheme, *(str(v) for v in options.values()), *(f"{k}{v}" for k, v in train.items())])
     if not scheme or any(c in label for c in "/ "):
         raise SystemExit(f"--schemes {spec!r}: expected SCHEME or [LABEL=]SCHEME:KEY=VALUE;...")
-    train = {k: options.pop(k) for k in TRAIN_KEYS if k in options}
     if "pose" in train and (not isinstance(train["pose"], int) or train["pose"] <= 0):
         raise SystemExit(f"--schemes {spec!r}: pose=TARGET takes a target length in tokens, got {train['pose']!r}")
     return {"label": label, "scheme": scheme, "options": options, **train}
@@ -172,12 +172,15 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
 def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
     tps = args.batch_size * native
     specs = [parse_scheme(x) for x in args.schemes]
+    short = [x["label"] for x in specs if x.get("pose") and x["pose"] <= native]
+    if short:
+        raise SystemExit(f"--schemes {short}: pose=TARGET must exceed the native length {native}")
     cells = []
     for frac in args.budgets:
         steps = steps_for(frac, pretrain_tokens, tps)
         common = {"budget": frac, "steps": steps, "extra_tokens": steps * tps}
         for method in (args.methods if frac > 0 else ["none"]):
-            for seed in [None, *(args.seeds if frac in args.seed_budgets else [])]:
+            for seed in [None, *(args.seeds if frac in args.seed_budgets and frac > 0 else [])]:
                 tail = f"-seed{seed}" if seed is not None else ""
                 extra = {"seed": seed} if seed is not None else {}
                 cells.append({"name": f"control-{method}-{frac}{tail}", "label": "control", "scheme": None,
@@ -223,7 +226,7 @@ def part_gpt2(args) -> dict:
     table = table_gpt2(original, results, lengths, native)
     return {"stand_in": {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
                          "pretrain_stats": stats}, "lengths": lengths, "original": original, "cells": results,
-            "table": table, "seeds": seed_table(table, lengths, native), "cheapest": cheapest_budgets(table, native),
+            "table": table, "seeds": seed_table(table, lengths, native, args.seed), "cheapest": cheapest_budgets(table, native),
             "passkey": passkey, "seconds": {
                 "original": json.loads((Path(args.runs) / "original" / "cell.json").read_text()).get("seconds"),
                 "cells": round(sum(c.get("seconds", 0) for c in results), 1),
@@ -241,7 +244,7 @@ def passkey_budgets(args, budgets: list[float]) -> list[float]:
     if spec == "all":
         return sorted(set(budgets))
     if spec == "top":
-        return [max(budgets)]
+        return [max(budgets)] if budgets else []
     return [float(x) for x in spec.split(",") if x]
 
 
@@ -253,7 +256,12 @@ def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict
     wanted = passkey_budgets(args, [c["budget"] for c in results])
     if not wanted:
         return {}
-    out = {"original": _passkey_cached("original", lambda: retrofit.load_model(str(base)), lengths, args)}
+    out = {}
+    try:
+        out["original"] = _passkey_cached("original", lambda: retrofit.load_model(str(base)), lengths, args)
+    except Exception as e:  # recorded, not cached, like a cell's
+        log.exception("passkey of the original failed")
+        out["original"] = {"error": f"{type(e).__name__}: {e}"}
     for c in results:
         if "rows" not in c or c["budget"] not in wanted:
             continue
@@ -268,16 +276,17 @@ def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict
 
         cell_lengths = [native] if c["scheme"] is None else lengths  # the control keeps its learned table
         try:
-            out[c["name"]] = _passkey_cached(c["name"], load, cell_lengths, args)
+            out[c["name"]] = _passkey_cached(c["name"], load, cell_lengths, args, plan_of(c))
         except Exception as e:  # recorded, not cached: one broken cell must not hide the others
             log.exception("passkey %s failed", c["name"])
             out[c["name"]] = {"error": f"{type(e).__name__}: {e}"}
     return out
 
 
-def _passkey_cached(name: str, load, lengths: list[int], args) -> dict:
+def _passkey_cached(name: str, load, lengths: list[int], args, cell_plan: dict | None = None) -> dict:
     path = Path(args.runs) / name / "passkey.json"
-    plan = {"lengths": lengths, "trials": args.stand_in_passkey_trials, "depths": PASSKEY_DEPTHS, "seed": args.seed}
+    plan = {"lengths": lengths, "trials": args.stand_in_passkey_trials, "depths": PASSKEY_DEPTHS, "seed": args.seed,
+            **({"cell": cell_plan} if cell_plan else {})}  # a cell given new settings is tested again
     if path.exists() and not args.force:
         old = json.loads(path.read_text())
         if old.get("plan") == plan:
@@ -340,8 +349,8 @@ def cheapest_budgets(table: list[dict], native: int) -> list[dict]:
     Budget-0 cells (no fine-tune) count for every method. Seeded repeats are left out (the base seed)."""
     orig = next(r for r in table if r["cell"].startswith("original (plain"))["ppl@1x"]
     controls = {(r["method"], r["budget"]): r.get("ppl@1x") for r in table if r.get("scheme") is None
-                and r["cell"].startswith("control") and not r.get("seed")}
-    cells = [r for r in table if r.get("label") and r.get("scheme") and not r.get("seed") and r.get("objective", "lm") == "lm"
+                and r["cell"].startswith("control") and r.get("seed") is None}
+    cells = [r for r in table if r.get("label") and r.get("scheme") and r.get("seed") is None and r.get("objective", "lm") == "lm"
              and not r.get("fade") and not r.get("random_offset")]
     methods = sorted({r["method"] for r in cells if r["method"] != "none"}) or ["none"]
     out = []
@@ -363,7 +372,7 @@ def cheapest_budgets(table: list[dict], native: int) -> list[dict]:
     return out
 
 
-def seed_table(table: list[dict], lengths: list[int], native: int) -> list[dict]:
+def seed_table(table: list[dict], lengths: list[int], native: int, base_seed: int = 0) -> list[dict]:
     """Cells run with several seeds: mean ± sample standard deviation (and min..max) of ppl@1x, ppl@16x and
     vs_control@1x over the seeds, the base seed included."""
     import statistics
@@ -376,7 +385,7 @@ def seed_table(table: list[dict], lengths: list[int], native: int) -> list[dict]
     for (label, method, budget), rows in groups.items():
         if len(rows) < 2:
             continue
-        row = {"label": label, "method": method, "budget": budget, "seeds": sorted(r.get("seed") or 0 for r in rows)}
+        row = {"label": label, "method": method, "budget": budget, "seeds": sorted(base_seed if r.get("seed") is None else r["seed"] for r in rows)}
         for key in ("ppl@1x", f"ppl@{LONG}x", "vs_control@1x"):
             vals = [r[key] for r in rows if r.get(key) is not None]
             if len(vals) >= 2:
@@ -411,7 +420,7 @@ def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict
 
 def plan_of(cell: dict) -> dict:
     """The settings that decide a cell's figures (absent, empty and zero alike: cells cached before a key existed)."""
-    return {k: cell.get(k) or None for k in PLAN_KEYS}
+    return {k: cell.get(k) if k == "seed" else cell.get(k) or None for k in PLAN_KEYS}  # seed 0 is a seed
 
 
 def read_as_is(base: Path, longer: list[int], args) -> list[dict]:
@@ -594,13 +603,14 @@ def part_smollm2(args) -> dict:
         # the continued-training controls: the same LoRA on the unconverted model, the same tokens
         "control-lora": (f"control-lora-{steps}", f"control-lora-{steps}",
                          lora_run(f"control-lora-{steps}", None, lengths, steps)),
-        "control-yarnx4-lora": (f"control-lora-{ysteps}", f"control-lora-{ysteps}",
-                                lora_run(f"control-lora-{ysteps}", None, long_lengths, ysteps)),
+        "control-yarnx4-lora": (f"control-lora-{ysteps}-long", f"control-lora-{ysteps}-long",
+                                lora_run(f"control-lora-{ysteps}-long", None, long_lengths, ysteps)),
     })
     assert list(plan) == SMOLLM2_RUNS, "SMOLLM2_RUNS must list the plan"
     for key in args.smollm2_runs:
         label, name, fn = plan[key]
         out["runs"][label] = cached(name, fn)
+    out["seconds"] = round(sum(res.get("seconds") or 0 for res in out["runs"].values()), 1)  # as run, cached or not
     out["longest_length_measured"] = max(
         r["length"] for res in out["runs"].values() for r in res.get("rows", [])) if out["runs"] else None
     return out
@@ -643,7 +653,7 @@ def markdown(study: dict) -> str:
         lines += seeds_markdown(g.get("seeds") or [])
         lines += passkey_markdown(g.get("passkey") or {}, g["lengths"], g["stand_in"]["native_length"])
         if g.get("seconds"):
-            lines += [f"Seconds: {g['seconds']}", ""]
+            lines += ["Seconds: " + ", ".join(f"{k} {v:,.0f}" for k, v in g["seconds"].items() if v is not None), ""]
     sm = study.get("smollm2")
     if sm:
         runs = sm["runs"]
@@ -660,7 +670,8 @@ def markdown(study: dict) -> str:
             ft = f"LoRA {res['steps']} steps at {res.get('train_length', 1024)}" if res.get("steps") else "none"
             pk = ", ".join(f"{k}: {v}" for k, v in (res.get("passkey") or {}).items()) or "–"
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {pk} | {ft} | {res.get('seconds', '–')} |")
-        lines += ["", f"Longest length measured: {sm['longest_length_measured']}."]
+        lines += ["", f"Longest length measured: {sm['longest_length_measured']}.",
+                  f"Seconds of these runs, as each was run: {sm.get('seconds', 0):,.0f}."]
     return "\n".join(lines) + "\n"
 
 
@@ -761,7 +772,7 @@ def plot(study: dict, out: Path) -> list[str]:
                 ax.axhline(ys[0], color="black", linestyle=":" if r["cell"].startswith("control") else "--",
                            linewidth=1, label=r["cell"])
                 continue
-            if r.get("seed"):
+            if r.get("seed") is not None:
                 continue  # the base seed's curve; the seeds table holds the spread
             ax.plot(xs, ys, marker="o" if r["method"] == "full" else "x", color=colors.get(r.get("label") or r["scheme"]),
                     linestyle="-" if r["method"] == "full" else "--", label=r["cell"])
@@ -853,7 +864,11 @@ def main(argv=None):
     unknown = sorted({parse_scheme(x)["scheme"] for x in args.schemes} - set(retrofit.schemes()))
     if unknown:
         raise SystemExit(f"unknown schemes {unknown}; registered: {retrofit.schemes()}")
-    labels = {parse_scheme(x)["label"] for x in args.schemes}
+    all_labels = [parse_scheme(x)["label"] for x in args.schemes]
+    twice = sorted({x for x in all_labels if all_labels.count(x) > 1})
+    if twice:
+        raise SystemExit(f"--schemes: two entries share the label(s) {twice}; name them LABEL=SCHEME:...")
+    labels = set(all_labels)
     unknown = sorted((args.zero_shot_only | args.seed_labels) - labels)
     if unknown:
         raise SystemExit(f"--zero-shot-only/--seed-labels name no --schemes label: {unknown}; labels: {sorted(labels)}")

@@ -239,3 +239,25 @@ def test_passkey_pooled_over_depths_with_the_wilson_interval(study):
     pooled = study.pooled_passkey(rows)
     assert set(pooled) == {"256"} and pooled["256"]["correct"] == 5 and pooled["256"]["trials"] == 30
     assert pooled["256"]["ci_low"] < 5 / 30 < pooled["256"]["ci_high"]
+
+
+def test_labels_seeds_and_pose_targets_are_checked(study, tmp_path):
+    assert study.parse_scheme("rope:pose=4096")["label"] == "rope-pose4096"  # never "rope-4096" (= theta 4096)
+    with pytest.raises(SystemExit, match="share the label"):
+        study.main(["--part", "gpt2", "--schemes", "a=alibi,a=rope", "--out", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit, match="must exceed the native length"):
+        study.grid(_grid_args(budgets=[0.02], methods=["full"], schemes=["rope:pose=256"]), 1_024_000, 256)
+    # seed 0 as an extra seed (base seed 1) is a seed of its own, not the base cell
+    args = _grid_args(budgets=[0, 0.02], methods=["full"], schemes=["alibi"], seeds=[0], seed_labels={"alibi"},
+                      seed_budgets=[0, 0.02])
+    cells = {c["name"]: c for c in study.grid(args, 1_024_000, 256)}
+    assert "alibi-none-0-seed0" not in cells  # no seeds for the no-fine-tune cells
+    assert study.plan_of(cells["alibi-full-0.02-seed0"]) != study.plan_of(cells["alibi-full-0.02"])
+    table = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0, "ppl@1x": 10.0},
+             _row("control-full-0.02", "control", "full", 0.02, 9.0),
+             _row("control-full-0.02-seed0", "control", "full", 0.02, 99.0, seed=0),
+             _row("a-full-0.02", "a", "full", 0.02, 9.1, 9.2),
+             _row("a-full-0.02-seed0", "a", "full", 0.02, 50.0, 50.0, seed=0)]
+    (got,) = study.cheapest_budgets(table, 256)
+    assert got["cheapest_budget"] == 0.02 and got["checked"][0]["reference@1x"] == 9.0  # the base control
+    assert study.seed_table(table, [256], 256, base_seed=1)[0]["seeds"] == [0, 1]
