@@ -317,13 +317,17 @@ def load_stats(path: str | os.PathLike) -> dict:
 
 
 def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: str | os.PathLike | None = None,
-             force: bool = False) -> Path:
+             force: bool = False, shipped: str | os.PathLike | None = None) -> Path:
     """Pretrain (or find cached) the baseline for a preset or config; returns its HF folder.
 
     The folder holds the GPT2LMHeadModel or LlamaForCausalLM (safetensors), the tokenizer and ``pretrain_stats.json``:
     config, ``pretrain_tokens`` (tokens seen = steps x batch x n_positions; quote fine-tune budgets
     as a fraction of it), steps, wall time, final train loss, held-out loss/ppl at the native
     length, the plays used, library versions. Written to a temp dir, then renamed into place.
+
+    ``shipped``: a folder of stand-ins written by ``ship`` (the study's are in the repo's ``standins/``).
+    Where it holds this config and the cache does not, that copy is checked against its SHA256SUMS and
+    copied into the cache instead of pretraining (the log says so); ``force`` pretrains anew regardless.
     """
     cfg = get_config(preset_or_config)
     out = output_dir(cfg, cache_dir)
@@ -331,6 +335,9 @@ def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: s
         log.info("baseline %s: cached at %s", cfg.name, out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    ready = Path(shipped).expanduser() / out.name if shipped is not None else None
+    if ready is not None and ready.is_dir() and not force:
+        return _unship(ready, out)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
         stats = _pretrain_into(cfg, tmp)
@@ -350,6 +357,82 @@ def _publish(tmp: Path, out: Path, replace: bool) -> None:
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache is shared
     publish(tmp, out)
     log.info("saved baseline to %s", out)
+
+
+# ----------------------------------------------------------------------------- shipped stand-ins
+SUMS_FILE = "SHA256SUMS"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def weights_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a pretrained folder's ``model.safetensors``: which stand-in a result was measured on."""
+    return file_sha256(Path(path) / "model.safetensors")
+
+
+def ship(path: str | os.PathLike, shipped: str | os.PathLike) -> Path:
+    """Copy a pretrained folder into ``shipped/<name>-<key>/`` with a ``SHA256SUMS`` of every file, so a
+    machine without the cache gets the very same weights from ``pretrain(..., shipped=...)``."""
+    src = Path(path)
+    load_stats(src)  # a pretrained folder, or a clear error
+    dest = Path(shipped).expanduser() / src.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".tmp-{dest.name}-"))
+    try:
+        files = sorted(p.name for p in src.iterdir() if p.is_file() and p.name != SUMS_FILE)
+        for name in files:
+            shutil.copy2(src / name, tmp / name)
+        sums = "".join(f"{file_sha256(tmp / name)}  {name}\n" for name in files)
+        (tmp / SUMS_FILE).write_text(sums)
+        os.chmod(tmp, 0o755)
+        publish(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("shipped %s to %s (%d files)", src.name, dest, len(files))
+    return dest
+
+
+def check_shipped(folder: Path) -> None:
+    """Every file named in ``SHA256SUMS`` is there with that hash, and no other file is: else OptionError."""
+    sums = folder / SUMS_FILE
+    if not sums.is_file():
+        raise OptionError(f"shipped stand-in {folder} has no {SUMS_FILE}; write it with baseline.ship "
+                          f"(scripts/pretrain_baseline.py --ship), or pretrain with --force")
+    pairs = (line.split("  ", 1) for line in sums.read_text().splitlines() if line.strip())
+    want = {name: digest for digest, name in pairs}  # sha256sum's format: "<digest>  <name>"
+    have = {p.name for p in folder.iterdir() if p.is_file() and p.name != SUMS_FILE}
+    if have != set(want):
+        raise OptionError(f"shipped stand-in {folder}: files {sorted(have ^ set(want))} differ from {SUMS_FILE}")
+    for name, digest in sorted(want.items()):
+        if file_sha256(folder / name) != digest:
+            raise OptionError(f"shipped stand-in {folder}: {name} does not match its SHA-256 in {SUMS_FILE}; "
+                              f"restore it (git checkout) or pretrain with --force")
+
+
+def _unship(ready: Path, out: Path) -> Path:
+    """Copy a checked shipped stand-in into the cache at ``out`` (atomically); return ``out``."""
+    check_shipped(ready)
+    stats = load_stats(ready)
+    if stats.get("cache_key") != out.name.rsplit("-", 1)[-1]:
+        raise OptionError(f"shipped stand-in {ready} was pretrained under cache key {stats.get('cache_key')!r}, "
+                          f"not {out.name!r}'s")
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
+    try:
+        for p in ready.iterdir():
+            if p.is_file() and p.name != SUMS_FILE:
+                shutil.copy2(p, tmp / p.name)
+        _publish(tmp, out, replace=False)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("baseline %s: copied the shipped stand-in %s into the cache (pretrained %s, held-out ppl %.2f; "
+             "not pretrained here)", stats["preset"], ready, stats.get("created_utc"), stats["heldout_ppl"])
+    return out
 
 
 def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
@@ -380,7 +463,8 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     pretrain_tokens = cfg.steps * cfg.batch_size * cfg.n_positions
     return {
         "preset": cfg.name, "cache_key": cfg.cache_key(), "config": dataclasses.asdict(cfg),
-        "model_class": type(model).__name__, "n_params": n_params, "vocab_size": len(tokenizer),
+        "model_class": type(model).__name__, "weights_sha256": weights_sha256(path), "n_params": n_params,
+        "vocab_size": len(tokenizer),
         "native_length": cfg.n_positions, "pretrain_tokens": pretrain_tokens, "steps": cfg.steps,
         "train_corpus_tokens": train_blocks.numel(), "epochs": pretrain_tokens / train_blocks.numel(),
         "final_train_loss": sum(tail) / len(tail), "final_train_loss_steps": len(tail),

@@ -3,6 +3,10 @@
 
     python scripts/pretrain_baseline.py --preset quickstart
     nice python scripts/pretrain_baseline.py --preset study          # about 30 min on 2 CPU cores
+    python scripts/pretrain_baseline.py --preset study2-gpt2 --ship  # also copy it into standins/ (to commit)
+
+A preset found in ``standins/`` (the repo's shipped stand-ins, checked against their SHA256SUMS) is copied
+into the cache instead of being pretrained; ``--force`` pretrains anew.
 
 The model folder is printed on stderr (log) and is ``stats["path"]`` in the printed JSON.
 """
@@ -20,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from retrofit import baseline
 from retrofit.errors import RetrofitError
 
+STANDINS = Path(__file__).resolve().parents[1] / "standins"  # the shipped stand-ins, committed with the study
+
 
 def main(argv: list[str] | None = None) -> int:
     """Parse args, pretrain, print the stats JSON (with the folder under "path")."""
@@ -30,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is faster on an oversubscribed machine)")
+    parser.add_argument("--shipped", default=str(STANDINS),
+                        help="folder of shipped stand-ins to copy from before pretraining ('' = none; default: standins/)")
+    parser.add_argument("--ship", action="store_true",
+                        help="copy the result into --shipped with a SHA256SUMS, so it can be committed")
     args = parser.parse_args(argv)
     if args.threads:
         import torch
@@ -37,8 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, datefmt="%H:%M:%S",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.ship and not args.shipped:
+        parser.error("--ship needs a --shipped folder")
     try:
-        path = baseline.pretrain(args.preset, cache_dir=args.cache_dir, force=args.force)
+        path = baseline.pretrain(args.preset, cache_dir=args.cache_dir, force=args.force, shipped=args.shipped or None)
+        if args.ship:
+            baseline.ship(path, args.shipped)
     except RetrofitError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -22,6 +22,11 @@ size and data as ``study2-gpt2``). A ``--schemes`` entry may carry the scheme's 
 
 Every cell is cached under ``--runs`` (``cell.json``), so an interrupted study resumes where it
 stopped. Writes ``benchmarks/study.json``, ``benchmarks/study.md`` and ``benchmarks/study_*.png``.
+
+Across machines: the stand-in comes from the repo's ``standins/`` when it is shipped there (the same
+weights, checked by SHA-256, instead of pretraining anew), and the cells already in the ``--out`` report
+go back into an empty ``--runs`` cache when that report was measured on the same stand-in (the SHA-256
+of its weights) with the same settings; so a study can grow over several sessions on fresh machines.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "rando
 # TRAIN_KEYS among them are the fine-tune's, not the scheme's: pose=TARGET trains with PoSE positions
 # spanning TARGET tokens (train.positions.method: pose).
 TRAIN_KEYS = ("pose",)
+STANDINS = Path(__file__).resolve().parents[1] / "standins"  # shipped stand-ins (scripts/pretrain_baseline.py --ship)
 
 
 def parse_scheme(spec: str) -> dict:
@@ -85,7 +91,7 @@ def parse_scheme(spec: str) -> dict:
 def stand_in(args) -> tuple[Path, dict, int]:
     from retrofit import baseline
 
-    path = baseline.pretrain(args.preset)
+    path = baseline.pretrain(args.preset, shipped=args.stand_ins or None)
     stats = baseline.load_stats(path)
     native = rf.native_length(path)
     return path, stats, native
@@ -207,11 +213,16 @@ def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
     return [c for c in cells if not (c["scheme"] is None and c["budget"] == 0)]
 
 
-def part_gpt2(args) -> dict:
+def part_gpt2(args, previous: dict | None = None) -> dict:
+    from retrofit.baseline import weights_sha256
+
     base, stats, native = stand_in(args)
     pretrain_tokens = stats["pretrain_tokens"]
     lengths = [native * k for k in args.multiples]
-    log.info("stand-in %s: native %d, pretrained on %d tokens", base, native, pretrain_tokens)
+    sha = weights_sha256(base)
+    log.info("stand-in %s: native %d, pretrained on %d tokens, weights sha256 %s", base, native, pretrain_tokens, sha[:12])
+    if previous and not args.force:
+        restore_cells(previous, base, sha, args)
     original = run_original(base, native, lengths, args)
     cells = grid(args, pretrain_tokens, native)
     results = []
@@ -225,12 +236,77 @@ def part_gpt2(args) -> dict:
     passkey = passkey_part(base, native, lengths, results, args)
     table = table_gpt2(original, results, lengths, native)
     return {"stand_in": {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
-                         "pretrain_stats": stats}, "lengths": lengths, "original": original, "cells": results,
+                         "weights_sha256": sha, "pretrain_stats": stats, "settings": settings_of(args)}, "lengths": lengths, "original": original, "cells": results,
             "table": table, "seeds": seed_table(table, lengths, native, args.seed), "cheapest": cheapest_budgets(table, native),
             "passkey": passkey, "seconds": {
                 "original": json.loads((Path(args.runs) / "original" / "cell.json").read_text()).get("seconds"),
                 "cells": round(sum(c.get("seconds", 0) for c in results), 1),
                 "passkey": round(sum(v.get("seconds", 0) for v in passkey.values()), 1)}}
+
+
+# ----------------------------------------------------------------------------------------------
+# a study grown over several sessions: the cells of the committed report back into the --runs cache
+# ----------------------------------------------------------------------------------------------
+SETTINGS = ("preset", "batch_size", "lr_full", "lr_lora", "lora_embeddings", "eval_budget", "stride", "seed",
+            "multiples")  # what decides every cell's figures besides the cell's own plan (plan_of)
+
+
+def settings_of(args) -> dict:
+    return {k: getattr(args, k) for k in SETTINGS}
+
+
+def same_stand_in(recorded: dict, base: Path, sha: str) -> bool:
+    """The report's stand-in is this one: the same SHA-256 of the weights; a report from before the hash was
+    recorded names its stand-in by the cache key and the pretraining losses, which match only for the same run."""
+    from retrofit.baseline import load_stats
+
+    if recorded.get("weights_sha256"):
+        return recorded["weights_sha256"] == sha
+    mine, theirs = load_stats(base), recorded.get("pretrain_stats") or {}
+    keys = ("cache_key", "heldout_loss", "final_train_loss")
+    return all(theirs.get(k) is not None and mine.get(k) == theirs.get(k) for k in keys)
+
+
+def restore_cells(previous: dict, base: Path, sha: str, args) -> int:
+    """Write the finished cells of a previous report (the --out JSON, e.g. committed by another session) into
+    the --runs cache where they are missing, if that report was measured on this stand-in with these settings.
+    The original's rows and the passkey results go back too. Returns how many files were written."""
+    recorded = previous.get("stand_in") or {}
+    theirs = recorded.get("settings") or (parse_args(shlex.split(previous["command"])[2:])
+                                          if previous.get("command") else None)
+    if isinstance(theirs, argparse.Namespace):
+        theirs = settings_of(theirs)
+    mine = settings_of(args)
+    if theirs is not None and theirs.get("stride") is None:  # main sets it to native/2
+        theirs = {**theirs, "stride": recorded.get("native_length", 0) // 2}
+    if not same_stand_in(recorded, base, sha):
+        log.warning("the report at --out was measured on another stand-in (%s); none of its cells is reused",
+                    recorded.get("weights_sha256") or recorded.get("path"))
+        return 0
+    if theirs != mine:
+        diff = sorted(k for k in SETTINGS if (theirs or {}).get(k) != mine[k])
+        log.warning("the report at --out was measured with other settings (%s); none of its cells is reused", diff)
+        return 0
+    runs, written = Path(args.runs), 0
+
+    def put(path: Path, data: dict) -> None:
+        nonlocal written
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=1))
+            written += 1
+
+    if previous.get("original"):
+        put(runs / "original" / "cell.json", {"rows": previous["original"],
+                                              "seconds": (previous.get("seconds") or {}).get("original")})
+    for cell in previous.get("cells", []):
+        if "rows" in cell and "error" not in cell:
+            put(runs / cell["name"] / "cell.json", cell)
+    for name, res in (previous.get("passkey") or {}).items():
+        if "plan" in res and "error" not in res:
+            put(runs / name / "passkey.json", res)
+    log.info("restored %d cached results from the report at --out (same stand-in, same settings) into %s", written, runs)
+    return written
 
 
 # ----------------------------------------------------------------------------------------------
@@ -791,7 +867,8 @@ def plot(study: dict, out: Path) -> list[str]:
     return written
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, its lists split (no check of names: main does that)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=["gpt2", "smollm2", "all"], default="all")
     p.add_argument("--preset", default="study",
@@ -842,7 +919,11 @@ def main(argv=None):
     p.add_argument("--no-new-cells", dest="new_cells", action="store_false",
                    help="part 1: fine-tune no new cell (those not cached are reported as not run), but run the passkey "
                         "test of the cached ones")
-    p.add_argument("--out", default="benchmarks/study.json")
+    p.add_argument("--out", default="benchmarks/study.json",
+                   help="the report (JSON; .md and plots beside it); its cells go back into an empty --runs cache "
+                        "when they were measured on the same stand-in with the same settings")
+    p.add_argument("--stand-ins", default=str(STANDINS),
+                   help="shipped stand-ins to copy from instead of pretraining ('' = none; default: standins/)")
     args = p.parse_args(argv)
     args.schemes = [s for s in args.schemes.split(",") if s]
     args.methods = args.methods.split(",")
@@ -856,6 +937,11 @@ def main(argv=None):
     args.smollm2_long_lengths = [int(x) for x in args.smollm2_long_lengths.split(",") if x]
     args.passkey_lengths = [int(x) for x in args.passkey_lengths.split(",") if x]
     args.smollm2_runs = [x for x in args.smollm2_runs.split(",") if x]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     import torch
 
@@ -879,6 +965,7 @@ def main(argv=None):
         raise SystemExit(f"unknown --smollm2-runs {unknown}; known: {', '.join(SMOLLM2_RUNS)}")
     out = Path(args.out)
     study = json.loads(out.read_text()) if out.exists() else {}
+    previous = {**study.get("gpt2", {}), "command": study.get("command")} if study.get("gpt2") else None
     study.update({
         "command": shlex.join(["python", "scripts/study.py", *(sys.argv[1:] if argv is None else argv)]),
         "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
@@ -890,7 +977,7 @@ def main(argv=None):
     if args.part in ("gpt2", "all"):
         _, _, native = stand_in(args)
         args.stride = args.stride or native // 2
-        study["gpt2"] = part_gpt2(args)
+        study["gpt2"] = part_gpt2(args, previous)
     if args.part in ("smollm2", "all"):
         study["smollm2"] = part_smollm2(args)
     study["seconds"] = round(time.time() - t0, 1)

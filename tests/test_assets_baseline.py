@@ -106,6 +106,28 @@ def test_micro_is_cached_deterministic_and_force_is_atomic(micro_dir, tmp_path, 
     assert (micro_dir / "tokenizer.json").read_text() == (other / "tokenizer.json").read_text()
 
 
+def test_a_shipped_stand_in_is_checked_and_copied_instead_of_pretrained(micro_dir, tmp_path, monkeypatch):
+    shipped = baseline.ship(micro_dir, tmp_path / "standins")
+    assert shipped == tmp_path / "standins" / micro_dir.name
+    sums = (shipped / baseline.SUMS_FILE).read_text()
+    assert f"{baseline.weights_sha256(micro_dir)}  model.safetensors" in sums
+    monkeypatch.setattr(baseline, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
+    got = baseline.pretrain("micro", cache_dir=tmp_path / "cache", shipped=tmp_path / "standins")
+    assert got == tmp_path / "cache" / micro_dir.name and not (got / baseline.SUMS_FILE).exists()
+    assert baseline.weights_sha256(got) == baseline.weights_sha256(micro_dir)
+    assert baseline.load_stats(got) == baseline.load_stats(micro_dir)
+    # a damaged or incomplete shipped copy is a clear error, never a silent retrain or a bad copy
+    with open(shipped / "model.safetensors", "r+b") as f:
+        f.seek(-4, 2)
+        f.write(b"\0\0\0\1")
+    with pytest.raises(OptionError, match="model.safetensors does not match its SHA-256"):
+        baseline.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
+    (shipped / "model.safetensors").unlink()
+    with pytest.raises(OptionError, match="differ from SHA256SUMS"):
+        baseline.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
+    assert not [p for p in (tmp_path / "cache2").iterdir() if p.name.startswith(micro_dir.name)]
+
+
 def test_saved_folder_reloads_with_plain_transformers(micro_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

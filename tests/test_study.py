@@ -5,10 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
+
+from retrofit import baseline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,6 +117,23 @@ def test_end_to_end_on_the_micro_stand_in_is_cached_and_deterministic(study, cac
     study.main(argv + ["--cached-only"])
     again = json.loads((tmp_path / "study.json").read_text())["gpt2"]["table"]
     assert again == g["table"]
+    # another machine (an empty --runs cache): the cells come back from the report itself, same stand-in
+    assert g["stand_in"]["weights_sha256"] == baseline.weights_sha256(micro_dir)
+    shutil.rmtree(tmp_path / "runs")
+    study.main(argv + ["--cached-only"])
+    again = json.loads((tmp_path / "study.json").read_text())["gpt2"]
+    assert again["table"] == g["table"] and again["passkey"].keys() == g["passkey"].keys()
+    assert (tmp_path / "runs" / "alibi-full-2.0" / "cell.json").is_file()
+    # ... but not when the report was measured on another stand-in, nor with other settings
+    for key, value in (("weights_sha256", "0" * 64), ("settings", {**g["stand_in"]["settings"], "lr_full": 1.0})):
+        report = json.loads((tmp_path / "study.json").read_text())
+        report["gpt2"]["stand_in"][key] = value
+        (tmp_path / "study.json").write_text(json.dumps(report))
+        shutil.rmtree(tmp_path / "runs")
+        study.main(argv + ["--cached-only"])
+        cells = {c["name"]: c for c in json.loads((tmp_path / "study.json").read_text())["gpt2"]["cells"]}
+        assert "not run yet" in cells["alibi-full-2.0"]["error"], key
+        (tmp_path / "study.json").write_text(json.dumps({**report, "gpt2": g}))  # the measured report again
 
 
 def test_scheme_specs_carry_options_into_the_cells_and_the_recipe(study, tmp_path):
