@@ -236,7 +236,8 @@ def part_gpt2(args, previous: dict | None = None) -> dict:
     passkey = passkey_part(base, native, lengths, results, args)
     table = table_gpt2(original, results, lengths, native)
     return {"stand_in": {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
-                         "weights_sha256": sha, "pretrain_stats": stats, "settings": settings_of(args)}, "lengths": lengths, "original": original, "cells": results,
+                         "weights_sha256": sha, "pretrain_stats": stats, "settings": settings_of(args)},
+            "lengths": lengths, "original": original, "cells": results,
             "table": table, "seeds": seed_table(table, lengths, native, args.seed), "cheapest": cheapest_budgets(table, native),
             "passkey": passkey, "seconds": {
                 "original": json.loads((Path(args.runs) / "original" / "cell.json").read_text()).get("seconds"),
