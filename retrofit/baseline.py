@@ -338,6 +338,11 @@ def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: s
     ready = Path(shipped).expanduser() / out.name if shipped is not None else None
     if ready is not None and ready.is_dir() and not force:
         return _unship(ready, out)
+    if ready is not None and not force:
+        others = sorted(p.name for p in ready.parent.glob(f"{cfg.name}-*") if p.is_dir())
+        if others:
+            log.warning("baseline %s: %s ships %s, not this config's %s (the config, CODE_VERSION or data changed): "
+                        "pretraining anew", cfg.name, ready.parent, others, out.name)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
         stats = _pretrain_into(cfg, tmp)
@@ -382,6 +387,13 @@ def ship(path: str | os.PathLike, shipped: str | os.PathLike) -> Path:
     src = Path(path)
     load_stats(src)  # a pretrained folder, or a clear error
     dest = Path(shipped).expanduser() / src.name
+    if (dest / "model.safetensors").is_file():
+        if file_sha256(dest / "model.safetensors") == weights_sha256(src):
+            check_shipped(dest)
+            log.info("%s is shipped already at %s", src.name, dest)
+            return dest
+        raise OptionError(f"{dest} ships other weights than {src}: reports measured on it name its SHA-256, so it "
+                          f"is not replaced; delete it first to ship these")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".tmp-{dest.name}-"))
     try:
@@ -401,18 +413,22 @@ def ship(path: str | os.PathLike, shipped: str | os.PathLike) -> Path:
 def check_shipped(folder: Path) -> None:
     """Every file named in ``SHA256SUMS`` is there with that hash, and no other file is: else OptionError."""
     sums = folder / SUMS_FILE
+    fix = (f"restore it (git checkout {folder}), or pretrain anew: scripts/pretrain_baseline.py --preset "
+           f"{folder.name.rsplit('-', 1)[0]} --force (the study: --stand-ins '')")
     if not sums.is_file():
-        raise OptionError(f"shipped stand-in {folder} has no {SUMS_FILE}; write it with baseline.ship "
-                          f"(scripts/pretrain_baseline.py --ship), or pretrain with --force")
-    pairs = (line.split("  ", 1) for line in sums.read_text().splitlines() if line.strip())
-    want = {name: digest for digest, name in pairs}  # sha256sum's format: "<digest>  <name>"
+        raise OptionError(f"shipped stand-in {folder} has no {SUMS_FILE}; {fix}")
+    want = {}
+    for line in sums.read_text().splitlines():  # sha256sum's format: "<digest>  <name>" ("*<name>" in binary mode)
+        digest, sep, name = line.strip().partition(" ")
+        if not sep or len(digest) != 64:
+            raise OptionError(f"shipped stand-in {folder}: {SUMS_FILE} line {line!r} is not '<sha256>  <file>'; {fix}")
+        want[name.strip().lstrip("*")] = digest.lower()
     have = {p.name for p in folder.iterdir() if p.is_file() and p.name != SUMS_FILE}
     if have != set(want):
-        raise OptionError(f"shipped stand-in {folder}: files {sorted(have ^ set(want))} differ from {SUMS_FILE}")
+        raise OptionError(f"shipped stand-in {folder}: files {sorted(have ^ set(want))} differ from {SUMS_FILE}; {fix}")
     for name, digest in sorted(want.items()):
         if file_sha256(folder / name) != digest:
-            raise OptionError(f"shipped stand-in {folder}: {name} does not match its SHA-256 in {SUMS_FILE}; "
-                              f"restore it (git checkout) or pretrain with --force")
+            raise OptionError(f"shipped stand-in {folder}: {name} does not match its SHA-256 in {SUMS_FILE}; {fix}")
 
 
 def _unship(ready: Path, out: Path) -> Path:

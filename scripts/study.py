@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from retrofit import run_folder as rf
+from retrofit.atomic import write_text
 
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
@@ -171,7 +172,7 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
         shutil.rmtree(Path(out) / "checkpoints", ignore_errors=True)
     result = {**cell, "rows": rows_of(report), "seconds": round(time.time() - t0, 1), "trainable_parameters": trainable}
     cdir.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(result, indent=1))
+    write_text(cached, json.dumps(result, indent=1))
     return result
 
 
@@ -213,7 +214,10 @@ def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
     return [c for c in cells if not (c["scheme"] is None and c["budget"] == 0)]
 
 
-def part_gpt2(args, previous: dict | None = None) -> dict:
+def part_gpt2(args, previous: dict | None = None, checkpoint=None) -> dict:
+    """The grid on the stand-in. ``previous``: the report at --out (its cells come back, see restore_cells);
+    ``checkpoint(report)`` is called with the report so far after every cell, so a run stopped midway
+    leaves every finished cell in the report."""
     from retrofit.baseline import weights_sha256
 
     base, stats, native = stand_in(args)
@@ -221,10 +225,25 @@ def part_gpt2(args, previous: dict | None = None) -> dict:
     lengths = [native * k for k in args.multiples]
     sha = weights_sha256(base)
     log.info("stand-in %s: native %d, pretrained on %d tokens, weights sha256 %s", base, native, pretrain_tokens, sha[:12])
-    if previous and not args.force:
-        restore_cells(previous, base, sha, args)
+    kept = restore_cells(previous, base, sha, args) if previous and not args.force else []
     original = run_original(base, native, lengths, args)
     cells = grid(args, pretrain_tokens, native)
+    planned = {c["name"] for c in cells}
+    kept = [c for c in kept if c["name"] not in planned]  # measured earlier, outside this grid: kept in the report
+    if kept:
+        log.info("keeping %d cells of the report that are not in this grid: %s", len(kept), [c["name"] for c in kept])
+    stand = {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
+             "weights_sha256": sha, "pretrain_stats": stats, "settings": settings_of(args)}
+
+    def report(results: list[dict], passkey: dict) -> dict:
+        table = table_gpt2(original, results, lengths, native)
+        return {"stand_in": stand, "lengths": lengths, "original": original, "cells": results, "table": table,
+                "seeds": seed_table(table, lengths, native, args.seed), "cheapest": cheapest_budgets(table, native),
+                "passkey": passkey, "seconds": {
+                    "original": json.loads((Path(args.runs) / "original" / "cell.json").read_text()).get("seconds"),
+                    "cells": round(sum(c.get("seconds") or 0 for c in results), 1),
+                    "passkey": round(sum(v.get("seconds") or 0 for v in passkey.values()), 1)}}
+
     results = []
     for i, cell in enumerate(cells, 1):
         log.info("[%d/%d] %s (%d steps)", i, len(cells), cell["name"], cell["steps"])
@@ -233,16 +252,11 @@ def part_gpt2(args, previous: dict | None = None) -> dict:
         except Exception as e:  # record and go on: one broken cell must not hide the others
             log.exception("cell %s failed", cell["name"])
             results.append({**cell, "error": f"{type(e).__name__}: {e}"})
-    passkey = passkey_part(base, native, lengths, results, args)
-    table = table_gpt2(original, results, lengths, native)
-    return {"stand_in": {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
-                         "weights_sha256": sha, "pretrain_stats": stats, "settings": settings_of(args)},
-            "lengths": lengths, "original": original, "cells": results,
-            "table": table, "seeds": seed_table(table, lengths, native, args.seed), "cheapest": cheapest_budgets(table, native),
-            "passkey": passkey, "seconds": {
-                "original": json.loads((Path(args.runs) / "original" / "cell.json").read_text()).get("seconds"),
-                "cells": round(sum(c.get("seconds", 0) for c in results), 1),
-                "passkey": round(sum(v.get("seconds", 0) for v in passkey.values()), 1)}}
+        if checkpoint is not None and args.new_cells and not args.cached_only:
+            pending = [{**c, "error": "LookupError: not run yet (pending)"} for c in cells[i:]]
+            checkpoint(report(results + pending + kept, (previous or {}).get("passkey") or {}))
+    results += kept
+    return report(results, passkey_part(base, native, lengths, results, args))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,58 +270,65 @@ def settings_of(args) -> dict:
     return {k: getattr(args, k) for k in SETTINGS}
 
 
-def same_stand_in(recorded: dict, base: Path, sha: str) -> bool:
-    """The report's stand-in is this one: the same SHA-256 of the weights; a report from before the hash was
-    recorded names its stand-in by the cache key and the pretraining losses, which match only for the same run."""
+def legacy_settings(previous: dict) -> dict | None:
+    """The settings of a report written before they were recorded: read off its command, if that was a part-1 run."""
+    try:
+        old = parse_args(shlex.split(previous.get("command") or "")[2:])
+    except SystemExit:  # a flag that no longer exists
+        return None
+    if old.part not in ("gpt2", "all"):
+        return None
+    return {**settings_of(old), "stride": old.stride or (previous.get("stand_in") or {}).get("native_length", 0) // 2}
+
+
+def restore_cells(previous: dict, base: Path, sha: str, args) -> list[dict]:
+    """The finished cells of the report at --out (e.g. committed by another session, on another machine) go
+    back into the --runs cache where missing, with the original's rows and the passkey results, when that
+    report was measured on this stand-in (the SHA-256 of its weights) with these settings (SETTINGS).
+    Returns those cells. A report with a hash that does not match is an error (its cells would be lost):
+    another --out, or --force. A report from before hashes were recorded counts as this stand-in's only
+    if its cache key and pretraining losses are this one's to the last digit (the same pretraining run)
+    and its command had these settings; else it is replaced, as before."""
     from retrofit.baseline import load_stats
 
+    recorded, mine = previous.get("stand_in") or {}, settings_of(args)
     if recorded.get("weights_sha256"):
-        return recorded["weights_sha256"] == sha
-    mine, theirs = load_stats(base), recorded.get("pretrain_stats") or {}
-    keys = ("cache_key", "heldout_loss", "final_train_loss")
-    return all(theirs.get(k) is not None and mine.get(k) == theirs.get(k) for k in keys)
-
-
-def restore_cells(previous: dict, base: Path, sha: str, args) -> int:
-    """Write the finished cells of a previous report (the --out JSON, e.g. committed by another session) into
-    the --runs cache where they are missing, if that report was measured on this stand-in with these settings.
-    The original's rows and the passkey results go back too. Returns how many files were written."""
-    recorded = previous.get("stand_in") or {}
-    theirs = recorded.get("settings") or (parse_args(shlex.split(previous["command"])[2:])
-                                          if previous.get("command") else None)
-    if isinstance(theirs, argparse.Namespace):
-        theirs = settings_of(theirs)
-    mine = settings_of(args)
-    if theirs is not None and theirs.get("stride") is None:  # main sets it to native/2
-        theirs = {**theirs, "stride": recorded.get("native_length", 0) // 2}
-    if not same_stand_in(recorded, base, sha):
-        log.warning("the report at --out was measured on another stand-in (%s); none of its cells is reused",
-                    recorded.get("weights_sha256") or recorded.get("path"))
-        return 0
-    if theirs != mine:
-        diff = sorted(k for k in SETTINGS if (theirs or {}).get(k) != mine[k])
-        log.warning("the report at --out was measured with other settings (%s); none of its cells is reused", diff)
-        return 0
+        theirs = recorded.get("settings") or {}
+        why = (f"another stand-in (weights sha256 {recorded['weights_sha256'][:12]}, this one {sha[:12]})"
+               if recorded["weights_sha256"] != sha else
+               f"other settings ({', '.join(k for k in SETTINGS if theirs.get(k) != mine[k])})" if theirs != mine else "")
+        if why:
+            raise SystemExit(f"the report at --out ({args.out}) was measured on {why}: running on would replace its "
+                             f"cells. Give another --out, or --force to replace it.")
+    else:
+        stats, theirs = load_stats(base), legacy_settings(previous)
+        old_stats = recorded.get("pretrain_stats") or {}
+        same = all(stats.get(k) is not None and old_stats.get(k) == stats.get(k)
+                   for k in ("cache_key", "heldout_loss", "final_train_loss"))
+        if not same or theirs != mine:
+            log.warning("the report at --out records no stand-in hash and %s: none of its cells is reused, and "
+                        "it will be replaced", "another stand-in's losses" if not same else "other settings")
+            return []
     runs, written = Path(args.runs), 0
 
     def put(path: Path, data: dict) -> None:
         nonlocal written
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data, indent=1))
+            write_text(path, json.dumps(data, indent=1))
             written += 1
 
     if previous.get("original"):
         put(runs / "original" / "cell.json", {"rows": previous["original"],
                                               "seconds": (previous.get("seconds") or {}).get("original")})
-    for cell in previous.get("cells", []):
-        if "rows" in cell and "error" not in cell:
-            put(runs / cell["name"] / "cell.json", cell)
+    cells = [c for c in previous.get("cells", []) if "rows" in c and "error" not in c]
+    for cell in cells:
+        put(runs / cell["name"] / "cell.json", cell)
     for name, res in (previous.get("passkey") or {}).items():
         if "plan" in res and "error" not in res:
             put(runs / name / "passkey.json", res)
-    log.info("restored %d cached results from the report at --out (same stand-in, same settings) into %s", written, runs)
-    return written
+    log.info("restored %d results from the report at --out (same stand-in, same settings) into %s", written, runs)
+    return cells
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,7 +370,11 @@ def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict
                 if c["scheme"]:
                     retrofit.convert(model, c["scheme"], **c.get("options", {}))
                 return model, tok
-            return retrofit.load_model(str(Path(args.runs) / c["name"] / "ft" / rf.FINAL))
+            final = Path(args.runs) / c["name"] / "ft" / rf.FINAL
+            if not final.is_dir():
+                raise LookupError(f"the fine-tuned weights of {c['name']} are not on this machine (its figures came "
+                                  f"back from the report at --out); --force reruns the cell")
+            return retrofit.load_model(str(final))
 
         cell_lengths = [native] if c["scheme"] is None else lengths  # the control keeps its learned table
         try:
@@ -376,7 +401,7 @@ def _passkey_cached(name: str, load, lengths: list[int], args, cell_plan: dict |
     rows = [row for L in lengths for row in _passkey_rows(model, tok, L, args)]
     res = {"plan": plan, "rows": rows, "by_length": pooled_passkey(rows), "seconds": round(time.time() - t0, 1)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=1))
+    write_text(path, json.dumps(res, indent=1))
     return res
 
 
@@ -491,7 +516,7 @@ def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict
              for L in lengths if L > native]
     rows += read_as_is(base, [L for L in lengths if L > native], args)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps({"rows": rows, "seconds": round(time.time() - t0, 1)}, indent=1))
+    write_text(cached, json.dumps({"rows": rows, "seconds": round(time.time() - t0, 1)}, indent=1))
     return rows
 
 
@@ -594,7 +619,7 @@ def part_smollm2(args) -> dict:
         res["seconds"] = round(time.time() - t0, 1)
         if "error" not in res:  # a failure is reported, never cached
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(res, indent=1))
+            write_text(path, json.dumps(res, indent=1))
         return res
 
     def load():
@@ -978,12 +1003,16 @@ def main(argv=None):
     if args.part in ("gpt2", "all"):
         _, _, native = stand_in(args)
         args.stride = args.stride or native // 2
-        study["gpt2"] = part_gpt2(args, previous)
+        def checkpoint(g: dict) -> None:  # the report so far, JSON only (the .md and plots at the end)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_text(out, json.dumps({**study, "gpt2": g}, indent=1, default=str))
+
+        study["gpt2"] = part_gpt2(args, previous, checkpoint)
     if args.part in ("smollm2", "all"):
         study["smollm2"] = part_smollm2(args)
     study["seconds"] = round(time.time() - t0, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(study, indent=1, default=str))
+    write_text(out, json.dumps(study, indent=1, default=str))
     (out.with_suffix(".md")).write_text(markdown(study))
     plots = plot(study, out)
     print(markdown(study))

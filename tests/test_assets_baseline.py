@@ -125,7 +125,18 @@ def test_a_shipped_stand_in_is_checked_and_copied_instead_of_pretrained(micro_di
     (shipped / "model.safetensors").unlink()
     with pytest.raises(OptionError, match="differ from SHA256SUMS"):
         baseline.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
-    assert not [p for p in (tmp_path / "cache2").iterdir() if p.name.startswith(micro_dir.name)]
+    assert not list((tmp_path / "cache2").iterdir())  # nothing copied, no temp folder left
+    # shipping again: the same weights are a no-op, other weights are refused (reports name the hash)
+    shutil.rmtree(shipped)
+    assert baseline.ship(micro_dir, tmp_path / "standins") == shipped
+    assert baseline.ship(micro_dir, tmp_path / "standins") == shipped
+    other = tmp_path / "other" / micro_dir.name
+    shutil.copytree(micro_dir, other)
+    with open(other / "model.safetensors", "r+b") as f:
+        f.seek(-4, 2)
+        f.write(b"\0\0\0\1")
+    with pytest.raises(OptionError, match="ships other weights"):
+        baseline.ship(other, tmp_path / "standins")
 
 
 def test_saved_folder_reloads_with_plain_transformers(micro_dir):

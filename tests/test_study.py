@@ -122,18 +122,40 @@ def test_end_to_end_on_the_micro_stand_in_is_cached_and_deterministic(study, cac
     shutil.rmtree(tmp_path / "runs")
     study.main(argv + ["--cached-only"])
     again = json.loads((tmp_path / "study.json").read_text())["gpt2"]
-    assert again["table"] == g["table"] and again["passkey"].keys() == g["passkey"].keys()
+    assert again["table"] == g["table"] and again["passkey"] == g["passkey"]
     assert (tmp_path / "runs" / "alibi-full-2.0" / "cell.json").is_file()
-    # ... but not when the report was measured on another stand-in, nor with other settings
+    # a smaller grid keeps the report's other cells
+    study.main([*argv[:argv.index("--budgets") + 1], "0", *argv[argv.index("--budgets") + 2:], "--cached-only"])
+    smaller = json.loads((tmp_path / "study.json").read_text())["gpt2"]
+    assert {c["name"] for c in smaller["cells"]} == set(cells) and smaller["table"] == g["table"]
+    # a report measured on another stand-in, or with other settings, is refused and left as it was
     for key, value in (("weights_sha256", "0" * 64), ("settings", {**g["stand_in"]["settings"], "lr_full": 1.0})):
         report = json.loads((tmp_path / "study.json").read_text())
         report["gpt2"]["stand_in"][key] = value
         (tmp_path / "study.json").write_text(json.dumps(report))
-        shutil.rmtree(tmp_path / "runs")
-        study.main(argv + ["--cached-only"])
-        cells = {c["name"]: c for c in json.loads((tmp_path / "study.json").read_text())["gpt2"]["cells"]}
-        assert "not run yet" in cells["alibi-full-2.0"]["error"], key
+        shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+        with pytest.raises(SystemExit, match="another stand-in" if key == "weights_sha256" else "other settings.*lr_full"):
+            study.main(argv + ["--cached-only"])
+        assert json.loads((tmp_path / "study.json").read_text()) == report
         (tmp_path / "study.json").write_text(json.dumps({**report, "gpt2": g}))  # the measured report again
+
+
+def test_a_run_stopped_midway_leaves_its_finished_cells_in_the_report(study, cache, micro_dir, tmp_path, monkeypatch):
+    argv = ["--part", "gpt2", "--preset", "micro", "--schemes", "alibi,nope", "--methods", "full", "--budgets", "0",
+            "--multiples", "1,2", "--eval-budget", "64", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "s.json")]
+    run_cell, calls = study.run_cell, []
+
+    def stop_at_the_second(*a, **k):
+        calls.append(a[0]["name"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return run_cell(*a, **k)
+
+    monkeypatch.setattr(study, "run_cell", stop_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        study.main(argv)
+    cells = {c["name"]: c for c in json.loads((tmp_path / "s.json").read_text())["gpt2"]["cells"]}
+    assert "rows" in cells["alibi-none-0.0"] and "pending" in cells["nope-none-0.0"]["error"]
 
 
 def test_scheme_specs_carry_options_into_the_cells_and_the_recipe(study, tmp_path):
