@@ -285,30 +285,28 @@ def restore_cells(previous: dict, base: Path, sha: str, args) -> list[dict]:
     """The finished cells of the report at --out (e.g. committed by another session, on another machine) go
     back into the --runs cache where missing, with the original's rows and the passkey results, when that
     report was measured on this stand-in (the SHA-256 of its weights) with these settings (SETTINGS).
-    Returns those cells. A report with a hash that does not match is an error (its cells would be lost):
-    another --out, or --force. A report from before hashes were recorded counts as this stand-in's only
-    if its cache key and pretraining losses are this one's to the last digit (the same pretraining run)
-    and its command had these settings; else it is replaced, as before."""
+    Returns those cells. A report from before hashes were recorded counts as this stand-in's if its cache
+    key and pretraining losses are this one's to the last digit (the same pretraining run), with the
+    settings of its command. Anything else is an error, since running on would lose the report's cells:
+    another --out, or --force."""
     from retrofit.baseline import load_stats
 
     recorded, mine = previous.get("stand_in") or {}, settings_of(args)
     if recorded.get("weights_sha256"):
+        same = recorded["weights_sha256"] == sha
         theirs = recorded.get("settings") or {}
-        why = (f"another stand-in (weights sha256 {recorded['weights_sha256'][:12]}, this one {sha[:12]})"
-               if recorded["weights_sha256"] != sha else
-               f"other settings ({', '.join(k for k in SETTINGS if theirs.get(k) != mine[k])})" if theirs != mine else "")
-        if why:
-            raise SystemExit(f"the report at --out ({args.out}) was measured on {why}: running on would replace its "
-                             f"cells. Give another --out, or --force to replace it.")
-    else:
-        stats, theirs = load_stats(base), legacy_settings(previous)
-        old_stats = recorded.get("pretrain_stats") or {}
+        stand = f"weights sha256 {recorded['weights_sha256'][:12]}, this one {sha[:12]}"
+    else:  # a report from before the hash was recorded: the same pretraining run has the same losses
+        old_stats, stats = recorded.get("pretrain_stats") or {}, load_stats(base)
         same = all(stats.get(k) is not None and old_stats.get(k) == stats.get(k)
                    for k in ("cache_key", "heldout_loss", "final_train_loss"))
-        if not same or theirs != mine:
-            log.warning("the report at --out records no stand-in hash and %s: none of its cells is reused, and "
-                        "it will be replaced", "another stand-in's losses" if not same else "other settings")
-            return []
+        theirs = legacy_settings(previous) or {}
+        stand = "no hash recorded, and other pretraining losses"
+    why = (f"another stand-in ({stand})" if not same else
+           f"other settings ({', '.join(k for k in SETTINGS if theirs.get(k) != mine[k])})" if theirs != mine else "")
+    if why:
+        raise SystemExit(f"the report at --out ({args.out}) was measured on {why}: running on would replace its "
+                         f"cells. Give another --out, or --force to replace it.")
     runs, written = Path(args.runs), 0
 
     def put(path: Path, data: dict) -> None:

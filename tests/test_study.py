@@ -138,6 +138,19 @@ def test_end_to_end_on_the_micro_stand_in_is_cached_and_deterministic(study, cac
             study.main(argv + ["--cached-only"])
         assert json.loads((tmp_path / "study.json").read_text()) == report
         (tmp_path / "study.json").write_text(json.dumps({**report, "gpt2": g}))  # the measured report again
+    # a report from before the hash was recorded: the same pretraining losses and the command's settings
+    legacy = json.loads((tmp_path / "study.json").read_text())
+    for key in ("weights_sha256", "settings"):
+        del legacy["gpt2"]["stand_in"][key]
+    (tmp_path / "study.json").write_text(json.dumps(legacy))
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    study.main(argv + ["--cached-only"])
+    assert json.loads((tmp_path / "study.json").read_text())["gpt2"]["table"] == g["table"]
+    legacy["gpt2"]["stand_in"]["pretrain_stats"]["heldout_loss"] += 1e-9
+    (tmp_path / "study.json").write_text(json.dumps(legacy))
+    shutil.rmtree(tmp_path / "runs")
+    with pytest.raises(SystemExit, match="no hash recorded"):
+        study.main(argv + ["--cached-only"])
 
 
 def test_a_run_stopped_midway_leaves_its_finished_cells_in_the_report(study, cache, micro_dir, tmp_path, monkeypatch):
