@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from . import assets
-from .atomic import publish
+from .atomic import publish, write_dir
 from .data import Document
 from .errors import OptionError
 from .optim import param_groups
@@ -394,20 +394,22 @@ def ship(path: str | os.PathLike, shipped: str | os.PathLike) -> Path:
             return dest
         raise OptionError(f"{dest} ships other weights than {src}: reports measured on it name its SHA-256, so it "
                           f"is not replaced; delete it first to ship these")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".tmp-{dest.name}-"))
-    try:
-        files = sorted(p.name for p in src.iterdir() if p.is_file() and p.name != SUMS_FILE)
-        for name in files:
-            shutil.copy2(src / name, tmp / name)
-        sums = "".join(f"{file_sha256(tmp / name)}  {name}\n" for name in files)
-        (tmp / SUMS_FILE).write_text(sums)
-        os.chmod(tmp, 0o755)
-        publish(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log.info("shipped %s to %s (%d files)", src.name, dest, len(files))
+
+    def write(tmp: Path) -> None:
+        names = _copy_files(src, tmp)
+        (tmp / SUMS_FILE).write_text("".join(f"{file_sha256(tmp / name)}  {name}\n" for name in names))
+
+    write_dir(dest, write)
+    log.info("shipped %s to %s", src.name, dest)
     return dest
+
+
+def _copy_files(src: Path, dest: Path) -> list[str]:
+    """Copy the files of ``src`` (not its SHA256SUMS) into the new folder ``dest``; return their names."""
+    names = sorted(p.name for p in src.iterdir() if p.is_file() and p.name != SUMS_FILE)
+    for name in names:
+        shutil.copy2(src / name, dest / name)
+    return names
 
 
 def check_shipped(folder: Path) -> None:
@@ -438,14 +440,7 @@ def _unship(ready: Path, out: Path) -> Path:
     if stats.get("cache_key") != out.name.rsplit("-", 1)[-1]:
         raise OptionError(f"shipped stand-in {ready} was pretrained under cache key {stats.get('cache_key')!r}, "
                           f"not {out.name!r}'s")
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
-    try:
-        for p in ready.iterdir():
-            if p.is_file() and p.name != SUMS_FILE:
-                shutil.copy2(p, tmp / p.name)
-        _publish(tmp, out, replace=False)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    write_dir(out, lambda tmp: _copy_files(ready, tmp), keep_existing=True)  # another process may have finished first
     log.info("baseline %s: copied the shipped stand-in %s into the cache (pretrained %s, held-out ppl %.2f; "
              "not pretrained here)", stats["preset"], ready, stats.get("created_utc"), stats["heldout_ppl"])
     return out
