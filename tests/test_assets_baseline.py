@@ -221,3 +221,31 @@ def test_llama_stand_in_pretrains_in_bf16_reloads_and_converts(cache, tmp_path, 
     converted = retrofit.convert(model, "rope", scaling="yarn", factor=4.0)
     with torch.no_grad():
         assert torch.isfinite(converted(input_ids=ids).logits).all()
+
+
+def test_the_committed_stand_ins_are_intact_reachable_and_the_ones_reports_name():
+    """Every folder under standins/ passes its SHA256SUMS, sits under the name its preset's config gives now
+    (a changed preset would otherwise pretrain anew, silently leaving the shipped weights unused), and every
+    committed study report that names a stand-in's hash names a shipped one."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    folders = sorted(p for p in (root / "standins").iterdir() if p.is_dir())
+    assert folders, "no shipped stand-in under standins/"
+    shipped = {}
+    for folder in folders:
+        baseline.check_shipped(folder)
+        stats = baseline.load_stats(folder)
+        assert baseline.output_dir(stats["preset"], cache_dir=root).name == folder.name
+        assert stats.get("weights_sha256", baseline.weights_sha256(folder)) == baseline.weights_sha256(folder)
+        shipped[baseline.weights_sha256(folder)] = folder.name
+    named = {}
+    for report in sorted((root / "benchmarks").glob("study*.json")):
+        part = json.loads(report.read_text()).get("gpt2") or {}
+        sha = (part.get("stand_in") or {}).get("weights_sha256")
+        if sha:
+            named[report.name] = sha
+    assert named, "no committed study report records its stand-in's hash"
+    unshipped = {name: sha[:12] for name, sha in named.items() if sha not in shipped}
+    assert not unshipped, f"reports measured on weights not under standins/: {unshipped}"
