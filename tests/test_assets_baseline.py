@@ -238,8 +238,9 @@ def test_the_committed_stand_ins_are_intact_reachable_and_the_ones_reports_name(
         baseline.check_shipped(folder)
         stats = baseline.load_stats(folder)
         assert baseline.output_dir(stats["preset"], cache_dir=root).name == folder.name
-        assert stats.get("weights_sha256", baseline.weights_sha256(folder)) == baseline.weights_sha256(folder)
-        shipped[baseline.weights_sha256(folder)] = folder.name
+        sha = baseline.weights_sha256(folder)
+        assert stats.get("weights_sha256", sha) == sha
+        shipped[sha] = folder.name
     named = {}
     for report in sorted((root / "benchmarks").glob("study*.json")):
         part = json.loads(report.read_text()).get("gpt2") or {}
