@@ -41,6 +41,7 @@ from .atomic import publish, write_dir
 from .data import Document
 from .errors import OptionError
 from .optim import param_groups
+from .quiet import progress_bars
 from .versions import library_versions
 
 log = logging.getLogger(__name__)
@@ -263,7 +264,8 @@ def train(model, blocks: torch.Tensor, cfg: BaselineConfig) -> list[float]:
     model.train()
     torch.manual_seed(cfg.seed + 2)  # dropout stream
     losses: list[float] = []
-    bar = tqdm(_batches(blocks.shape[0], cfg), total=cfg.steps, desc=f"pretrain {cfg.name}", unit="step")
+    bar = tqdm(_batches(blocks.shape[0], cfg), total=cfg.steps, desc=f"pretrain {cfg.name}", unit="step",
+               disable=not progress_bars())
     for step, idx in enumerate(bar):
         x = blocks[idx]  # [batch, n_positions]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):

@@ -35,6 +35,7 @@ from . import run_folder as rf
 from .atomic import write_text
 from .errors import RetrofitError
 from .evaluation.lengths import resolve as resolve_lengths
+from .quiet import progress_bars
 from .run_recipe import SECTIONS, RunRecipe, _hash, load_recipe  # noqa: F401  (public here too)
 from .training.recipe import Recipe
 from .versions import library_versions
@@ -188,7 +189,7 @@ def stage_eval(rr: RunRecipe, previous: dict):
             main, lengths, data=e.data, baselines=baselines, doc_separator=e.doc_separator, budget=e.budget,
             stride=e.stride, sliding=e.sliding, batch_size=e.batch_size, passkey=e.passkey,
             passkey_lengths=pk_lengths, passkey_depths=e.passkey_depths, passkey_trials=e.passkey_trials,
-            seed=e.seed, progress=_progress(),
+            seed=e.seed, progress=progress_bars(),
         )
     report.save(out)
     outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
@@ -260,10 +261,6 @@ def stage_push(rr: RunRecipe, previous: dict):
 
 STAGE_FUNCS = {"finetune": stage_finetune, "eval": stage_eval, "export": stage_export, "card": stage_card,
                "push": stage_push}
-
-
-def _progress() -> bool:
-    return os.environ.get("RETROFIT_PROGRESS", "1") != "0"
 
 
 def where(run_dir: Path) -> dict:

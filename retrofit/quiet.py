@@ -1,5 +1,7 @@
 """What retrofit keeps out of the user's terminal, and why.
 
+``progress_bars()`` is the one switch for retrofit's progress bars (``RETROFIT_PROGRESS=0`` turns them off).
+
 ``HARMLESS`` is the one list of library messages that are harmless where retrofit triggers them, each
 with the reason. ``hushed(*keys)`` drops them for the duration of a block unless retrofit's own logger
 is at DEBUG (``retrofit --verbose``, or ``logging.getLogger("retrofit").setLevel(logging.DEBUG)``),
@@ -12,11 +14,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 import warnings
 from collections.abc import Iterator
 
 VERBOSE_LOGGER = "retrofit"
+PROGRESS_ENV = "RETROFIT_PROGRESS"  # "0": no progress bars (fine-tune, pretraining, evaluation), for logs and CI
+
+
+def progress_bars() -> bool:
+    """Whether retrofit draws progress bars: yes unless ``RETROFIT_PROGRESS=0``."""
+    return os.environ.get(PROGRESS_ENV, "1") != "0"
 
 
 @dataclasses.dataclass(frozen=True)

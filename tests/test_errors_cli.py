@@ -277,3 +277,13 @@ def test_verbose_shows_what_is_kept_quiet(tmp_path, user_env):
              "--set", "train.eval_every=0"], tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Removed shared tensor" in r.stderr and "accelerate.checkpointing" in r.stderr
+
+
+@pytest.mark.parametrize("progress", ["0", "1"])
+def test_retrofit_progress_0_silences_the_finetune_bar_and_1_keeps_it(tmp_path, user_env, progress):
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    r = cli(["retrofit", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
+             "--set", "train.steps=2", "--set", "checkpoint.every=0", "--set", "train.eval_every=0"],
+            tmp_path, {**user_env, "RETROFIT_PROGRESS": progress})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ("finetune:" in r.stderr) == (progress == "1"), r.stderr[-3000:]

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import OptionError
 from ..evaluation import defaults as D
 from ..evaluation.lengths import parse_list
+from ..quiet import progress_bars
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
     p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
     p.add_argument("--no-plots", action="store_true", help="write report.json and report.md only")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar (so does RETROFIT_PROGRESS=0 for every command)")
     p.set_defaults(func=run)
 
 
@@ -101,7 +102,7 @@ def run(args) -> int:
         seed=args.seed,
         device=args.device,
         dtype=args.dtype,
-        progress=not args.no_progress,
+        progress=not args.no_progress and progress_bars(),
     )
     out = Path(args.out) if args.out else eval_dir(args.model)
     report.save(out, plots=not args.no_plots)

@@ -33,7 +33,7 @@ from ..core import describe, max_length, set_position_controls
 from ..encodings import SCHEMES
 from ..errors import LengthError
 from ..optim import param_groups
-from ..quiet import hushed
+from ..quiet import hushed, progress_bars
 from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
@@ -298,7 +298,7 @@ class Meter:
         self.sums: dict = {}
         self.n = 0
         self.grad_norm, self.lr = math.nan, math.nan
-        self.bar = tqdm(total=t.steps, initial=start_step, disable=not acc.is_local_main_process, desc="finetune",
+        self.bar = tqdm(total=t.steps, initial=start_step, disable=not (acc.is_local_main_process and progress_bars()), desc="finetune",
                         unit="step", dynamic_ncols=True)
 
     def add(self, loss, parts) -> None:
