@@ -594,7 +594,9 @@ def _ratio(a, b):
 # ----------------------------------------------------------------------------------------------
 # part 2: SmolLM2
 # ----------------------------------------------------------------------------------------------
-def part_smollm2(args) -> dict:
+def part_smollm2(args, previous: dict | None = None) -> dict:
+    """The SmolLM2 runs of ``--smollm2-runs``, each cached under <runs>/smollm2/. ``previous``: the report's
+    SmolLM2 part at --out; its finished runs go back into an empty cache (see restore_smollm2_runs)."""
     import retrofit
     from retrofit import assets
 
@@ -707,12 +709,52 @@ def part_smollm2(args) -> dict:
                                 lora_run(f"control-lora-{ysteps}-long", None, long_lengths, ysteps)),
     })
     assert list(plan) == SMOLLM2_RUNS, "SMOLLM2_RUNS must list the plan"
+    if previous and not args.force:
+        restore_smollm2_runs(previous, {label: name for label, name, _ in plan.values()}, args)
     for key in args.smollm2_runs:
         label, name, fn = plan[key]
         out["runs"][label] = cached(name, fn)
     out["seconds"] = round(sum(res.get("seconds") or 0 for res in out["runs"].values()), 1)  # as run, cached or not
+    out["vs_control"] = smollm2_vs_control(out["runs"])
     out["longest_length_measured"] = max(
         r["length"] for res in out["runs"].values() for r in res.get("rows", [])) if out["runs"] else None
+    return out
+
+
+def restore_smollm2_runs(previous: dict, names: dict[str, str], args) -> None:
+    """The finished SmolLM2 runs of the report at --out go back into the --runs cache where it has none, under
+    the file name their label has in the plan (``names``: label -> cache name), as that report's machine had
+    them: a session on a fresh machine then runs only the runs the report lacks. Each restored run keeps what
+    it was measured with (its rows, steps, lengths and seconds); the cache is not checked against the
+    current options either (--force runs everything again)."""
+    written = []
+    for label, res in (previous.get("runs") or {}).items():
+        path = Path(args.runs) / "smollm2" / f"{names[label]}.json" if label in names else None
+        if path is None or "error" in res or "rows" not in res or path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, json.dumps(res, indent=1))
+        written.append(label)
+    if written:
+        log.info("restored %d SmolLM2 runs from the report at --out into %s: %s", len(written),
+                 Path(args.runs) / "smollm2", ", ".join(written))
+
+
+def smollm2_vs_control(runs: dict) -> list[dict]:
+    """Each converted LoRA run against the continued-training control with the same LoRA steps (the
+    unconverted model, the same tokens), at every length both measured: ppl / the control's ppl. The
+    control's own gain over the original is the domain-adaptation share of the LoRA runs' gain."""
+    controls = {r["steps"]: (label, r) for label, r in runs.items()
+                if label.startswith("control-") and "rows" in r and r.get("steps")}
+    out = []
+    for label, r in runs.items():
+        if label.startswith("control-") or "rows" not in r or r.get("steps") not in controls:
+            continue
+        clabel, c = controls[r["steps"]]
+        lens = [L for L in sorted({x["length"] for x in r["rows"]}) if ppl_at(c["rows"], L) and ppl_at(r["rows"], L)]
+        for L in lens:
+            out.append({"run": label, "control": clabel, "length": L, "ppl": ppl_at(r["rows"], L),
+                        "control_ppl": ppl_at(c["rows"], L), "ratio": _ratio(ppl_at(r["rows"], L), ppl_at(c["rows"], L))})
     return out
 
 
@@ -770,6 +812,12 @@ def markdown(study: dict) -> str:
             ft = f"LoRA {res['steps']} steps at {res.get('train_length', 1024)}" if res.get("steps") else "none"
             pk = ", ".join(f"{k}: {v}" for k, v in (res.get("passkey") or {}).items()) or "–"
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {pk} | {ft} | {res.get('seconds', '–')} |")
+        if sm.get("vs_control"):
+            lines += ["", "Against the continued-training control (LoRA on the unconverted model, the same steps and "
+                          "tokens): ppl / the control's ppl at the same length.", "",
+                      "| run | control | length | ppl | control ppl | ratio |", "|---|---|---|---|---|---|"]
+            lines += [f"| {v['run']} | {v['control']} | {v['length']} | {_fmt(v['ppl'])} | {_fmt(v['control_ppl'])} | "
+                      f"{_fmt(v['ratio'])} |" for v in sm["vs_control"]]
         lines += ["", f"Longest length measured: {sm['longest_length_measured']}.",
                   f"Seconds of these runs, as each was run: {sm.get('seconds', 0):,.0f}."]
     return "\n".join(lines) + "\n"
@@ -1007,7 +1055,7 @@ def main(argv=None):
 
         study["gpt2"] = part_gpt2(args, previous, checkpoint)
     if args.part in ("smollm2", "all"):
-        study["smollm2"] = part_smollm2(args)
+        study["smollm2"] = part_smollm2(args, study.get("smollm2"))
     study["seconds"] = round(time.time() - t0, 1)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text(out, json.dumps(study, indent=1, default=str))

@@ -316,3 +316,36 @@ def test_labels_seeds_and_pose_targets_are_checked(study, tmp_path):
     (got,) = study.cheapest_budgets(table, 256)
     assert got["cheapest_budget"] == 0.02 and got["checked"][0]["reference@1x"] == 9.0  # the base control
     assert study.seed_table(table, [256], 256, base_seed=1)[0]["seeds"] == [0, 1]
+
+
+def test_the_smollm2_runs_of_the_report_come_back_into_an_empty_cache(study, tmp_path, monkeypatch):
+    """The committed report's SmolLM2 runs go back into an empty --runs cache under their plan's file names, so
+    only the runs it lacks would run; the converted LoRA runs are compared with the control of the same steps."""
+    from retrofit import assets
+
+    committed = json.loads((ROOT / "benchmarks" / "study.json").read_text())
+    runs = {label: res for label, res in committed["smollm2"]["runs"].items() if "rows" in res}
+    assert "alibi-lora-100" in runs and "rope-yarnx4-lora-30" in runs  # what the first round reported
+    monkeypatch.setattr(assets, "smollm2_gguf", lambda: tmp_path / "absent.gguf")  # nothing is loaded: --cached-only
+    out = tmp_path / "study.json"
+    out.write_text(json.dumps(committed))
+    argv = ["--part", "smollm2", "--cached-only", "--runs", str(tmp_path / "runs"), "--out", str(out)]
+    study.main(argv)
+    again = json.loads(out.read_text())
+    assert again["gpt2"] == committed["gpt2"]  # the other part is kept
+    for label, res in runs.items():
+        assert again["smollm2"]["runs"][label] == res
+    assert (tmp_path / "runs" / "smollm2" / "alibi-lora-100.json").is_file()
+    assert "not run yet" in again["smollm2"]["runs"]["control-lora-100"]["error"]  # a new run is not invented
+    assert again["smollm2"]["vs_control"] == []  # no control measured: nothing to compare with
+    # a control measured (here: a made-up one, in the cache) is compared with the runs of the same steps
+    ctrl = {"steps": 100, "rows": [{"length": 1024, "role": "converted", "method": "non-overlapping", "ppl": 40.0}]}
+    (tmp_path / "runs" / "smollm2" / "control-lora-100.json").write_text(json.dumps(ctrl))
+    (tmp_path / "runs" / "smollm2" / "alibi-lora-100.json").unlink()  # and the report's run comes back again
+    study.main(argv)
+    vs = json.loads(out.read_text())["smollm2"]["vs_control"]
+    alibi = [v for v in vs if v["run"] == "alibi-lora-100"]
+    assert [(v["length"], v["control"]) for v in alibi] == [(1024, "control-lora-100")]
+    assert alibi[0]["ratio"] == round(study.ppl_at(runs["alibi-lora-100"]["rows"], 1024) / 40.0, 4)
+    assert not [v for v in vs if v["run"] == "rope-yarnx4-lora-30"]  # 30 steps: no control of its steps here
+    assert "| alibi-lora-100 | control-lora-100 | 1024 |" in out.with_suffix(".md").read_text()
