@@ -345,8 +345,9 @@ def passkey_budgets(args, budgets: list[float]) -> list[float]:
 
 
 def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict], args) -> dict:
-    """Passkey for the original (at every length it can read) and for the cells at the passkey budgets;
-    each cached in <runs>/<cell>/passkey.json. {name: {"rows": [...], "by_length": {...}, "seconds"}}."""
+    """Passkey for the original (at every length it can read) and for the cells at the passkey budgets, the
+    base seed's only (the extra seeds measure the spread of perplexity); each cached in
+    <runs>/<cell>/passkey.json. {name: {"rows": [...], "by_length": {...}, "seconds"}}."""
     import retrofit
 
     wanted = passkey_budgets(args, [c["budget"] for c in results])
@@ -359,7 +360,7 @@ def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict
         log.exception("passkey of the original failed")
         out["original"] = {"error": f"{type(e).__name__}: {e}"}
     for c in results:
-        if "rows" not in c or c["budget"] not in wanted:
+        if "rows" not in c or c["budget"] not in wanted or c.get("seed") is not None:
             continue
 
         def load(c=c):

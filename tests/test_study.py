@@ -349,3 +349,17 @@ def test_the_smollm2_runs_of_the_report_come_back_into_an_empty_cache(study, tmp
     assert alibi[0]["ratio"] == round(study.ppl_at(runs["alibi-lora-100"]["rows"], 1024) / 40.0, 4)
     assert not [v for v in vs if v["run"] == "rope-yarnx4-lora-30"]  # 30 steps: no control of its steps here
     assert "| alibi-lora-100 | control-lora-100 | 1024 |" in out.with_suffix(".md").read_text()
+
+
+def test_passkey_runs_for_the_base_seeds_cells_at_the_passkey_budgets_only(study, tmp_path, monkeypatch):
+    tested = []
+    monkeypatch.setattr(study, "_passkey_cached", lambda name, *a, **k: tested.append(name) or {"rows": []})
+    cell = {"scheme": "alibi", "method": "full", "steps": 4, "rows": []}
+    results = [{**cell, "name": "alibi-full-0.1", "budget": 0.1},
+               {**cell, "name": "alibi-full-0.1-seed1", "budget": 0.1, "seed": 1},
+               {**cell, "name": "alibi-full-0.02", "budget": 0.02},
+               {"scheme": "rope", "method": "full", "steps": 4, "name": "rope-full-0.1", "budget": 0.1,
+                "error": "RuntimeError: boom"}]
+    args = Namespace(stand_in_passkey_budgets="top", stand_in_passkey_trials=5, runs=str(tmp_path))
+    out = study.passkey_part(tmp_path, 32, [32, 64], results, args)
+    assert tested == ["original", "alibi-full-0.1"] and set(out) == set(tested)
