@@ -187,7 +187,8 @@ def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
         steps = steps_for(frac, pretrain_tokens, tps)
         common = {"budget": frac, "steps": steps, "extra_tokens": steps * tps}
         for method in (args.methods if frac > 0 else ["none"]):
-            for seed in [None, *(args.seeds if frac in args.seed_budgets and frac > 0 else [])]:
+            seeded = frac in args.seed_budgets and frac > 0 and (not args.seed_methods or method in args.seed_methods)
+            for seed in [None, *(args.seeds if seeded else [])]:
                 tail = f"-seed{seed}" if seed is not None else ""
                 extra = {"seed": seed} if seed is not None else {}
                 cells.append({"name": f"control-{method}-{frac}{tail}", "label": "control", "scheme": None,
@@ -961,6 +962,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "with the control; cells named ...-seedN")
     p.add_argument("--seed-labels", default="", help="comma list of --schemes labels that get the extra seeds")
     p.add_argument("--seed-budgets", default="0.02,0.1", help="budgets that get the extra seeds")
+    p.add_argument("--seed-methods", default="", help="methods that get the extra seeds (default: every --methods)")
     # defaults chosen by the 2%-budget sweep in docs/study.md (alibi vs the control, native-length ppl)
     p.add_argument("--batch-size", type=int, default=2, help="blocks of the native length per step")
     p.add_argument("--lr-lora", type=float, default=1e-3)
@@ -1007,6 +1009,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.seeds = [int(x) for x in args.seeds.split(",") if x]
     args.seed_labels = {x for x in args.seed_labels.split(",") if x}
     args.seed_budgets = [float(x) for x in args.seed_budgets.split(",") if x]
+    args.seed_methods = {x for x in args.seed_methods.split(",") if x}
     args.budgets = [float(b) for b in args.budgets.split(",")]
     args.multiples = [int(m) for m in args.multiples.split(",")]
     args.smollm2_lengths = [int(x) for x in args.smollm2_lengths.split(",")]
@@ -1034,6 +1037,8 @@ def main(argv=None):
     unknown = sorted((args.zero_shot_only | args.seed_labels) - labels)
     if unknown:
         raise SystemExit(f"--zero-shot-only/--seed-labels name no --schemes label: {unknown}; labels: {sorted(labels)}")
+    if args.seed_methods - set(args.methods):
+        raise SystemExit(f"--seed-methods {sorted(args.seed_methods - set(args.methods))} are not in --methods {args.methods}")
     if args.seed in args.seeds:
         raise SystemExit(f"--seeds are the extra seeds; {args.seed} is --seed already")
     unknown = sorted(set(args.smollm2_runs) - set(SMOLLM2_RUNS))

@@ -25,7 +25,8 @@ def study():
 
 
 def _grid_args(**kw):
-    base = dict(batch_size=2, variants=False, zero_shot_only=set(), seeds=[], seed_labels=set(), seed_budgets=[])
+    base = dict(batch_size=2, variants=False, zero_shot_only=set(), seeds=[], seed_labels=set(), seed_budgets=[],
+                seed_methods=set())
     return Namespace(**{**base, **kw})
 
 
@@ -364,3 +365,16 @@ def test_passkey_runs_for_the_base_seeds_cells_at_the_passkey_budgets_only(study
     args = Namespace(stand_in_passkey_budgets="top", stand_in_passkey_trials=5, runs=str(tmp_path))
     out = study.passkey_part(tmp_path, 32, [32, 64], results, args)
     assert tested == ["original", "alibi-full-0.1"] and set(out) == set(tested)
+
+
+def test_seed_methods_limit_the_extra_seeds_to_those_methods(study, tmp_path):
+    args = _grid_args(budgets=[0.1], methods=["full", "lora"], schemes=["alibi"], seeds=[1], seed_labels={"alibi"},
+                      seed_budgets=[0.1])
+    both = sorted(c["name"] for c in study.grid(args, pretrain_tokens=1_024_000, native=256) if "-seed" in c["name"])
+    assert both == ["alibi-full-0.1-seed1", "alibi-lora-0.1-seed1", "control-full-0.1-seed1", "control-lora-0.1-seed1"]
+    args.seed_methods = {"full"}
+    full = sorted(c["name"] for c in study.grid(args, pretrain_tokens=1_024_000, native=256) if "-seed" in c["name"])
+    assert full == ["alibi-full-0.1-seed1", "control-full-0.1-seed1"]
+    with pytest.raises(SystemExit, match="--seed-methods"):
+        study.main(["--part", "gpt2", "--schemes", "alibi", "--methods", "full", "--seed-methods", "lora",
+                    "--out", str(tmp_path / "s.json")])
