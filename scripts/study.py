@@ -478,8 +478,9 @@ def cheapest_budgets(table: list[dict], native: int) -> list[dict]:
 
 
 def seed_table(table: list[dict], lengths: list[int], native: int, base_seed: int = 0) -> list[dict]:
-    """Cells run with several seeds: mean ± sample standard deviation (and min..max) of ppl@1x, ppl@16x and
-    vs_control@1x over the seeds, the base seed included."""
+    """Cells run with several seeds: mean ± sample standard deviation (and min..max) of ppl@1x, ppl@16x,
+    ppl@16x/1x and vs_control@1x over the seeds, the base seed included, and how many seeds meet the target
+    (each against the control of its own seed)."""
     import statistics
 
     groups: dict[tuple, list[dict]] = {}
@@ -491,11 +492,15 @@ def seed_table(table: list[dict], lengths: list[int], native: int, base_seed: in
         if len(rows) < 2:
             continue
         row = {"label": label, "method": method, "budget": budget, "seeds": sorted(base_seed if r.get("seed") is None else r["seed"] for r in rows)}
-        for key in ("ppl@1x", f"ppl@{LONG}x", "vs_control@1x"):
+        for key in ("ppl@1x", f"ppl@{LONG}x", f"ppl@{LONG}x/1x", "vs_control@1x"):
             vals = [r[key] for r in rows if r.get(key) is not None]
             if len(vals) >= 2:
                 row[key] = {"mean": round(statistics.mean(vals), 4), "sd": round(statistics.stdev(vals), 4),
                             "min": round(min(vals), 4), "max": round(max(vals), 4), "n": len(vals)}
+        judged = [r for r in rows if r.get("vs_control@1x") is not None and r.get(f"ppl@{LONG}x/1x") is not None]
+        if judged:  # the target, seed by seed
+            row["met"] = {"seeds": sum(r["vs_control@1x"] <= CONTROL_SLACK and r[f"ppl@{LONG}x/1x"] <= LENGTH_SLACK
+                                       for r in judged), "of": len(judged)}
         out.append(row)
     return out
 
@@ -852,12 +857,16 @@ def cheapest_markdown(rows: list[dict], pretrain_tokens: int) -> list[str]:
 def seeds_markdown(rows: list[dict]) -> list[str]:
     if not rows:
         return []
-    out = ["### Seeds", "", "Mean ± sample standard deviation over the seeds (min..max).", "",
-           f"| method | fine-tune | budget | seeds | ppl@1x | ppl@{LONG}x | vs control@1x |", "|---|---|---|---|---|---|---|"]
+    out = ["### Seeds", "", "Mean ± sample standard deviation over the seeds (min..max); the last column: how many "
+           "seeds meet the target, each against the control of its own seed.", "",
+           f"| method | fine-tune | budget | seeds | ppl@1x | ppl@{LONG}x | {LONG}x/1x | vs control@1x | target met |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [f"{v['mean']:.3f} ± {v['sd']:.3f} ({v['min']:.3f}..{v['max']:.3f})" if (v := r.get(k)) else "–"
-                 for k in ("ppl@1x", f"ppl@{LONG}x", "vs_control@1x")]
-        out.append(f"| {r['label']} | {r['method']} | {r['budget']:g} | {','.join(map(str, r['seeds']))} | " + " | ".join(cells) + " |")
+                 for k in ("ppl@1x", f"ppl@{LONG}x", f"ppl@{LONG}x/1x", "vs_control@1x")]
+        met = f"{m['seeds']} of {m['of']}" if (m := r.get("met")) else "–"
+        out.append(f"| {r['label']} | {r['method']} | {r['budget']:g} | {','.join(map(str, r['seeds']))} | "
+                   + " | ".join(cells) + f" | {met} |")
     return out + [""]
 
 
