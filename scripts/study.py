@@ -448,6 +448,12 @@ def pooled_passkey(rows: list[dict]) -> dict:
 CONTROL_SLACK, LENGTH_SLACK, LONG = 1.02, 1.05, 16  # ppl@1x <= 1.02 x control@1x; ppl@16x <= 1.05 x own ppl@1x
 
 
+def meets_target(p1: float | None, ref: float | None, p16: float | None) -> bool | None:
+    """The study's target: ppl@1x <= 1.02x the reference's ppl@1x and ppl@16x <= 1.05x its own ppl@1x
+    (None when a figure is missing)."""
+    return None if None in (p1, ref, p16) else (p1 <= CONTROL_SLACK * ref and p16 <= LENGTH_SLACK * p1)
+
+
 def cheapest_budgets(table: list[dict], native: int) -> list[dict]:
     """Per scheme label and fine-tune method: the cheapest budget at which the cell reaches ppl@1x <= 1.02x
     the control's at equal tokens (at budget 0: the original's) and ppl@16x <= 1.05x its own ppl@1x.
@@ -469,7 +475,7 @@ def cheapest_budgets(table: list[dict], native: int) -> list[dict]:
             for r in mine:
                 ref = orig if r["budget"] == 0 else controls.get((method, r["budget"]))
                 p1, p16 = r.get("ppl@1x"), r.get(f"ppl@{LONG}x")
-                ok = None if None in (ref, p1, p16) else (p1 <= CONTROL_SLACK * ref and p16 <= LENGTH_SLACK * p1)
+                ok = meets_target(p1, ref, p16)
                 checked.append({"budget": r["budget"], "ppl@1x": p1, "reference@1x": ref, f"ppl@{LONG}x": p16, "met": ok})
                 if ok and found is None:
                     found = r["budget"]
@@ -497,10 +503,10 @@ def seed_table(table: list[dict], lengths: list[int], native: int, base_seed: in
             if len(vals) >= 2:
                 row[key] = {"mean": round(statistics.mean(vals), 4), "sd": round(statistics.stdev(vals), 4),
                             "min": round(min(vals), 4), "max": round(max(vals), 4), "n": len(vals)}
-        judged = [r for r in rows if r.get("vs_control@1x") is not None and r.get(f"ppl@{LONG}x/1x") is not None]
-        if judged:  # the target, seed by seed
-            row["met"] = {"seeds": sum(r["vs_control@1x"] <= CONTROL_SLACK and r[f"ppl@{LONG}x/1x"] <= LENGTH_SLACK
-                                       for r in judged), "of": len(judged)}
+        judged = [v for r in rows if (v := meets_target(r.get("ppl@1x"), r.get("control_ppl@1x"), r.get(f"ppl@{LONG}x")))
+                  is not None]  # the target, seed by seed, each against the control of its own seed
+        if judged:
+            row["met"] = {"seeds": sum(judged), "of": len(judged)}
         out.append(row)
     return out
 

@@ -288,12 +288,12 @@ def test_cheapest_budget_needs_both_the_control_and_the_length_criteria(study):
     assert len(seeds) == 1 and seeds[0]["seeds"] == [0, 1]
     assert seeds[0]["ppl@1x"]["mean"] == pytest.approx((8.1 + 20.0) / 2) and seeds[0]["ppl@1x"]["n"] == 2
     # the target seed by seed: each seed against its own control; a seed that fails either test is not counted
-    judged = [{**r, "vs_control@1x": v, "ppl@16x/1x": q} for r, v, q in
-              ((_row("d-full-0.1", "d", "full", 0.1, 8.1), 1.01, 1.04),
-               (_row("d-full-0.1-seed1", "d", "full", 0.1, 8.2, seed=1), 1.01, 1.06),
-               (_row("d-full-0.1-seed2", "d", "full", 0.1, 8.3, seed=2), 1.03, 1.01))]
+    judged = [{**r, "control_ppl@1x": 8.0, "ppl@16x/1x": round(r["ppl@16x"] / r["ppl@1x"], 4)} for r in
+              (_row("d-full-0.1", "d", "full", 0.1, 8.1, 8.4),                # 1.0125x, 1.037: met
+               _row("d-full-0.1-seed1", "d", "full", 0.1, 8.1, 8.6, seed=1),  # 16x/1x 1.062: not met
+               _row("d-full-0.1-seed2", "d", "full", 0.1, 8.3, 8.3, seed=2))]  # 1.0375x the control: not met
     (d,) = study.seed_table(judged, [256], 256)
-    assert d["met"] == {"seeds": 1, "of": 3} and d["ppl@16x/1x"]["max"] == 1.06
+    assert d["met"] == {"seeds": 1, "of": 3} and d["ppl@16x/1x"]["max"] == 1.0617
     assert "| d | full | 0.1 | 0,1,2 |" in "\n".join(study.seeds_markdown([d])) and "| 1 of 3 |" in study.seeds_markdown([d])[-2]
 
 
