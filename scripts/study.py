@@ -638,27 +638,60 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
             write_text(path, json.dumps(res, indent=1))
         return res
 
+    def more_passkey(name, res, model):
+        """A cached run with rows at a --passkey-lengths length it has no passkey for gets that passkey
+        (the model rebuilt; its perplexity is not measured again), added to its cache with its seconds."""
+        have = {int(x) for x in res.get("passkey") or {}}
+        todo = [L for L in args.passkey_lengths if L not in have and any(r["length"] == L for r in res.get("rows", []))]
+        if not todo or not args.passkey or args.cached_only or "error" in res:
+            return res
+        log.info("smollm2 %s: passkey at %s (the cached run has none there)", name, todo)
+        t0 = time.time()
+        try:
+            m, tok = model()
+            small = [min(lengths)]  # the perplexity evaluate() always measures: one short window, not kept
+            extra = evaluate(m, tok, small, passkey_lengths=todo)["passkey"]
+        except Exception as e:  # reported, not cached: the run's cached figures stay as they were
+            log.exception("smollm2 %s: passkey at %s failed", name, todo)
+            return {**res, "passkey_error": f"{type(e).__name__}: {e}"}
+        res = {**res, "passkey": dict(sorted({**res.get("passkey", {}), **extra}.items(), key=lambda kv: int(kv[0]))),
+               "passkey_seconds": {**res.get("passkey_seconds", {}), ",".join(map(str, todo)): round(time.time() - t0, 1)}}
+        write_text(Path(args.runs) / "smollm2" / f"{name}.json", json.dumps(res, indent=1))
+        return res
+
     def load():
         return retrofit.load_model(str(gguf.parent), gguf_file=gguf.name)
 
-    def evaluate(model, tok, lens):
+    def evaluate(model, tok, lens, passkey_lengths=None):
         rep = retrofit.evaluate(model, lengths=lens, data="shakespeare:heldout", tokenizer=tok,
                                 budget=max(args.smollm2_budget, max(lens)), sliding=False, seed=args.seed,
-                                passkey=args.passkey, passkey_lengths=[x for x in args.passkey_lengths if x in lens] or lens[:1],
-                                passkey_trials=args.passkey_trials,
+                                passkey=args.passkey, passkey_trials=args.passkey_trials,
+                                passkey_lengths=passkey_lengths or [x for x in args.passkey_lengths if x in lens] or lens[:1],
                                 passkey_depths=PASSKEY_DEPTHS, progress=False)
         return {"rows": rows_of(rep), "passkey": _passkey_summary(rep)}
 
-    def original():
-        model, tok = load()
-        return evaluate(model, tok, lengths)
+    def converted(scheme=None, **options):
+        """The GGUF model, converted to ``scheme`` (None: as it is)."""
+        def model():
+            m, tok = load()
+            if scheme:
+                retrofit.convert(m, scheme, **options)
+            return m, tok
+        return model
 
-    def rescaled(scaling):
-        def fn():
-            model, tok = load()
-            retrofit.convert(model, "rope", scaling=scaling, factor=4.0)
-            return evaluate(model, tok, args.smollm2_long_lengths or lengths)
-        return fn
+    def tuned(name):
+        """A LoRA run's fine-tuned model, from its folder (re-patched, or plain for a control)."""
+        def model():
+            final = Path(args.runs) / "smollm2" / f"{name}-ft" / rf.FINAL
+            if not final.is_dir():
+                raise LookupError(f"the fine-tuned weights of {name} are not on this machine; --force reruns it")
+            m, _ = retrofit.load_model(str(final), tokenizer=False)
+            _, tok = load()
+            return m, tok
+        return model
+
+    def zero_shot(model, lens):
+        return lambda: evaluate(*model(), lens)
 
     def lora_run(name, convert, eval_lengths, steps):
         """Convert, LoRA fine-tune at 1k tokens (norms trainable), evaluate at ``eval_lengths``."""
@@ -677,19 +710,9 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
             }
             final = Path(retrofit.finetune(recipe)) / rf.FINAL
             summary = rf.summary(final.parent)
-            model, _ = retrofit.load_model(str(final), tokenizer=False)  # re-patched, or plain for a control
-            _, tok = load()
             return {"steps": steps, "train_length": args.smollm2_train_length,
-                    "train_seconds": summary["train_seconds"],
-                    **evaluate(model, tok, eval_lengths)}
-        return fn
-
-    def converted(scheme, lens=None, **options):
-        def fn():
-            model, tok = load()
-            retrofit.convert(model, scheme, **options)
-            return evaluate(model, tok, lens or lengths)
-        return fn
+                    "train_seconds": summary["train_seconds"], **evaluate(*tuned(name)(), eval_lengths)}
+        return name, name, fn, tuned(name)
 
     long_lengths = args.smollm2_long_lengths or lengths
     reduced = {"scheme": "rope", "options": {"scaling": "yarn", "factor": max(lengths) / args.smollm2_train_length,
@@ -697,40 +720,42 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
     steps, ysteps = args.smollm2_steps, args.smollm2_yarn_lora_steps
     reduced_name = f"rope-yarn-native{args.smollm2_train_length}-lora-{steps}"
     yarn4 = {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}}
-    plan = {  # --smollm2-runs key: (label in the report, cache file under <runs>/smollm2/, run)
-        "original": ("original", "original", original),
-        "rope-yarnx4": ("rope-yarnx4-no-finetune", "rope-yarnx4", rescaled("yarn")),
-        "rope-ntkx4": ("rope-ntkx4-no-finetune", "rope-ntkx4", rescaled("ntk")),
-        "alibi": ("alibi-no-finetune", "alibi-no-finetune", converted("alibi")),
-        "alibi-lora": (f"alibi-lora-{steps}", f"alibi-lora-{steps}",
-                       lora_run(f"alibi-lora-{steps}", {"scheme": "alibi"}, lengths, steps)),
-        "rope-reduced-lora": (reduced_name, reduced_name, lora_run(reduced_name, reduced, lengths, steps)),
-        "rope-yarnx4-lora": (f"rope-yarnx4-lora-{ysteps}", f"rope-yarnx4-lora-{ysteps}",
-                             lora_run(f"rope-yarnx4-lora-{ysteps}", yarn4, long_lengths, ysteps)),
-    }
     beta = {"temperature": SMOLLM2_BETA}
-    plan.update({  # zero-shot past the native 8k: NoPE, and the length-aware temperature
-        "nope": ("nope-no-finetune", "nope", converted("nope", long_lengths)),
-        "nope-temperature": (f"nope-temperature{SMOLLM2_BETA}-no-finetune", f"nope-temperature{SMOLLM2_BETA}",
-                             converted("nope", long_lengths, **beta)),
-        "rope-temperature": (f"rope-temperature{SMOLLM2_BETA}-no-finetune", f"rope-temperature{SMOLLM2_BETA}",
-                             converted("rope", long_lengths, **beta)),
-        "rope-yarnx4-temperature": (f"rope-yarnx4-temperature{SMOLLM2_BETA}-no-finetune",
-                                    f"rope-yarnx4-temperature{SMOLLM2_BETA}",
-                                    converted("rope", long_lengths, scaling="yarn", factor=4.0, **beta)),
+
+    def zs(label, name, model, lens):  # a zero-shot run: (label, cache name, run, model)
+        return label, name, zero_shot(model, lens), model
+
+    plan = {  # --smollm2-runs key: (label in the report, cache file under <runs>/smollm2/, run, its model)
+        "original": zs("original", "original", converted(), lengths),
+        "rope-yarnx4": zs("rope-yarnx4-no-finetune", "rope-yarnx4", converted("rope", scaling="yarn", factor=4.0),
+                          long_lengths),
+        "rope-ntkx4": zs("rope-ntkx4-no-finetune", "rope-ntkx4", converted("rope", scaling="ntk", factor=4.0),
+                         long_lengths),
+        "alibi": zs("alibi-no-finetune", "alibi-no-finetune", converted("alibi"), lengths),
+        "alibi-lora": lora_run(f"alibi-lora-{steps}", {"scheme": "alibi"}, lengths, steps),
+        "rope-reduced-lora": lora_run(reduced_name, reduced, lengths, steps),
+        "rope-yarnx4-lora": lora_run(f"rope-yarnx4-lora-{ysteps}", yarn4, long_lengths, ysteps),
+        # zero-shot past the native 8k: NoPE, and the length-aware temperature
+        "nope": zs("nope-no-finetune", "nope", converted("nope"), long_lengths),
+        "nope-temperature": zs(f"nope-temperature{SMOLLM2_BETA}-no-finetune", f"nope-temperature{SMOLLM2_BETA}",
+                               converted("nope", **beta), long_lengths),
+        "rope-temperature": zs(f"rope-temperature{SMOLLM2_BETA}-no-finetune", f"rope-temperature{SMOLLM2_BETA}",
+                               converted("rope", **beta), long_lengths),
+        "rope-yarnx4-temperature": zs(f"rope-yarnx4-temperature{SMOLLM2_BETA}-no-finetune",
+                                      f"rope-yarnx4-temperature{SMOLLM2_BETA}",
+                                      converted("rope", scaling="yarn", factor=4.0, **beta), long_lengths),
         # the continued-training controls: the same LoRA on the unconverted model, the same tokens
-        "control-lora": (f"control-lora-{steps}", f"control-lora-{steps}",
-                         lora_run(f"control-lora-{steps}", None, lengths, steps)),
-        "control-yarnx4-lora": (f"control-lora-{ysteps}-long", f"control-lora-{ysteps}-long",
-                                lora_run(f"control-lora-{ysteps}-long", None, long_lengths, ysteps)),
-    })
+        "control-lora": lora_run(f"control-lora-{steps}", None, lengths, steps),
+        "control-yarnx4-lora": lora_run(f"control-lora-{ysteps}-long", None, long_lengths, ysteps),
+    }
     assert list(plan) == SMOLLM2_RUNS, "SMOLLM2_RUNS must list the plan"
     if previous and not args.force:
-        restore_smollm2_runs(previous, {label: name for label, name, _ in plan.values()}, args)
+        restore_smollm2_runs(previous, {label: name for label, name, _, _ in plan.values()}, args)
     for key in args.smollm2_runs:
-        label, name, fn = plan[key]
-        out["runs"][label] = cached(name, fn)
-    out["seconds"] = round(sum(res.get("seconds") or 0 for res in out["runs"].values()), 1)  # as run, cached or not
+        label, name, fn, model = plan[key]
+        out["runs"][label] = more_passkey(name, cached(name, fn), model)
+    out["seconds"] = round(sum((res.get("seconds") or 0) + sum((res.get("passkey_seconds") or {}).values())
+                               for res in out["runs"].values()), 1)  # as run, cached or not
     out["vs_control"] = smollm2_vs_control(out["runs"])
     out["longest_length_measured"] = max(
         r["length"] for res in out["runs"].values() for r in res.get("rows", [])) if out["runs"] else None
@@ -999,7 +1024,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--passkey", action="store_true", default=True)
     p.add_argument("--no-passkey", dest="passkey", action="store_false")
     p.add_argument("--passkey-trials", type=int, default=1, help="trials per length and depth (3 depths)")
-    p.add_argument("--passkey-lengths", default="1024,2048,4096,8192", help="SmolLM2 passkey lengths")
+    p.add_argument("--passkey-lengths", default="1024,2048,4096,8192,16384",
+                   help="SmolLM2 passkey lengths (each run: those it measures perplexity at)")
     p.add_argument("--stand-in-passkey-trials", type=int, default=10,
                    help="part 1: passkey trials per length and depth (3 depths); 0 = no passkey in part 1")
     p.add_argument("--stand-in-passkey-budgets", default="top",

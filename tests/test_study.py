@@ -386,3 +386,43 @@ def test_seed_methods_limit_the_extra_seeds_to_those_methods(study, tmp_path):
     with pytest.raises(SystemExit, match="--seed-methods"):
         study.main(["--part", "gpt2", "--schemes", "alibi", "--methods", "full", "--seed-methods", "lora",
                     "--out", str(tmp_path / "s.json")])
+
+
+def test_a_cached_smollm2_run_gets_passkey_at_its_new_lengths_only(study, tmp_path, monkeypatch):
+    """--passkey-lengths longer than a cached run's passkey: only the missing lengths the run has rows at are
+    tested (its rebuilt model, its perplexity not measured again), added to its cache with their seconds; a
+    second invocation runs nothing."""
+    import retrofit
+    from retrofit import assets
+
+    monkeypatch.setattr(assets, "smollm2_gguf", lambda: tmp_path / "model.gguf")
+    built, calls = [], []
+    monkeypatch.setattr(retrofit, "load_model", lambda *a, **k: (object(), "tok"))
+    monkeypatch.setattr(retrofit, "convert", lambda model, scheme, **o: built.append((scheme, o)))
+
+    def fake_evaluate(model, lengths, passkey_lengths, **k):
+        calls.append((lengths, passkey_lengths))
+        data = {"passkey": [{"role": "converted", "length": L, "correct": 2, "trials": 3, "accuracy": 2 / 3}
+                            for L in passkey_lengths]}
+        return Namespace(rows=[], data=data)
+
+    monkeypatch.setattr(retrofit, "evaluate", fake_evaluate)
+    cache = tmp_path / "runs" / "smollm2"
+    cache.mkdir(parents=True)
+    rows = [{"length": L, "role": "converted", "method": "non-overlapping", "ppl": 20.0} for L in (8192, 16384)]
+    (cache / "rope-yarnx4.json").write_text(json.dumps({"rows": rows, "passkey": {"8192": 1.0}, "seconds": 9.0}))
+    argv = ["--part", "smollm2", "--smollm2-runs", "rope-yarnx4", "--runs", str(tmp_path / "runs"),
+            "--out", str(tmp_path / "s.json")]
+    study.main(argv)
+    assert calls == [([1024], [16384])]  # 16k only: 8k is cached, and the run has no rows at 1k-4k
+    assert built == [("rope", {"scaling": "yarn", "factor": 4.0})]  # the run's own conversion
+    res = json.loads((cache / "rope-yarnx4.json").read_text())
+    assert res["passkey"] == {"8192": 1.0, "16384": 0.667} and res["rows"] == rows and res["seconds"] == 9.0
+    assert list(res["passkey_seconds"]) == ["16384"]
+    report = json.loads((tmp_path / "s.json").read_text())["smollm2"]
+    assert report["runs"]["rope-yarnx4-no-finetune"]["passkey"]["16384"] == 0.667
+    assert report["seconds"] == 9.0 + res["passkey_seconds"]["16384"]
+    study.main(argv)
+    assert len(calls) == 1  # nothing left to test
+    study.main([*argv, "--passkey-lengths", "8192"])
+    assert len(calls) == 1
