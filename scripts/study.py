@@ -146,7 +146,7 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
 
     cdir = Path(args.runs) / cell["name"]
     cached = cdir / "cell.json"
-    if cached.exists() and not args.force:
+    if cached.exists() and not args.force and cell["name"] not in args.rerun:
         old = json.loads(cached.read_text())
         if plan_of(old) == plan_of(cell):
             return {**old, **{k: v for k, v in cell.items() if k not in old}}  # e.g. a label added since
@@ -230,6 +230,9 @@ def part_gpt2(args, previous: dict | None = None, checkpoint=None) -> dict:
     original = run_original(base, native, lengths, args)
     cells = grid(args, pretrain_tokens, native)
     planned = {c["name"] for c in cells}
+    if set(args.rerun) - planned:
+        raise SystemExit(f"--rerun {sorted(set(args.rerun) - planned)}: not cells of this grid; its cells: "
+                         f"{', '.join(c['name'] for c in cells)}")
     kept = [c for c in kept if c["name"] not in planned]  # measured earlier, outside this grid: kept in the report
     if kept:
         log.info("keeping %d cells of the report that are not in this grid: %s", len(kept), [c["name"] for c in kept])
@@ -376,7 +379,7 @@ def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict
             final = Path(args.runs) / c["name"] / "ft" / rf.FINAL
             if not final.is_dir():
                 raise LookupError(f"the fine-tuned weights of {c['name']} are not on this machine (its figures came "
-                                  f"back from the report at --out); --force reruns the cell")
+                                  f"back from the report at --out); --rerun {c['name']} trains it again")
             return retrofit.load_model(str(final))
 
         cell_lengths = [native] if c["scheme"] is None else lengths  # the control keeps its learned table
@@ -392,7 +395,7 @@ def _passkey_cached(name: str, load, lengths: list[int], args, cell_plan: dict |
     path = Path(args.runs) / name / "passkey.json"
     plan = {"lengths": lengths, "trials": args.stand_in_passkey_trials, "depths": PASSKEY_DEPTHS, "seed": args.seed,
             **({"cell": cell_plan} if cell_plan else {})}  # a cell given new settings is tested again
-    if path.exists() and not args.force:
+    if path.exists() and not args.force and name not in args.rerun:
         old = json.loads(path.read_text())
         if old.get("plan") == plan:
             return old
@@ -1034,6 +1037,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--runs", default="runs/study", help="cache of finished cells")
     p.add_argument("--force", action="store_true", help="recompute cached cells")
+    p.add_argument("--rerun", default="",
+                   help="comma-separated cell names to run again (and test for passkey again) though cached, "
+                        "e.g. a cell restored from the report whose fine-tuned weights are not on this machine")
     p.add_argument("--cached-only", action="store_true", help="report the cells already computed, run nothing new")
     p.add_argument("--no-new-cells", dest="new_cells", action="store_false",
                    help="part 1: fine-tune no new cell (those not cached are reported as not run), but run the passkey "
@@ -1057,6 +1063,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.smollm2_long_lengths = [int(x) for x in args.smollm2_long_lengths.split(",") if x]
     args.passkey_lengths = [int(x) for x in args.passkey_lengths.split(",") if x]
     args.smollm2_runs = [x for x in args.smollm2_runs.split(",") if x]
+    args.rerun = {x for x in args.rerun.split(",") if x}
     return args
 
 

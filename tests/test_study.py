@@ -203,13 +203,15 @@ def test_a_cached_cell_with_other_options_is_not_reused(study, tmp_path):
             "budget": 0.02, "steps": 4, "extra_tokens": 8, "role": "converted"}
     (tmp_path / cell["name"]).mkdir()
     (tmp_path / cell["name"] / "cell.json").write_text(json.dumps({**cell, "rows": []}))
-    args = Namespace(runs=str(tmp_path), force=False, cached_only=True, new_cells=True)
+    args = Namespace(runs=str(tmp_path), force=False, cached_only=True, new_cells=True, rerun=set())
     assert study.run_cell(cell, tmp_path, 32, [32], args)["rows"] == []  # same settings: reused
+    with pytest.raises(LookupError, match="not run yet"):  # named in --rerun: the cache is not used
+        study.run_cell(cell, tmp_path, 32, [32], Namespace(**{**vars(args), "rerun": {cell["name"]}}))
     with pytest.raises(LookupError, match="not run yet"):  # same label, factor 16: never the factor-8 figures
         study.run_cell({**cell, "options": {"scaling": "yarn", "factor": 16}}, tmp_path, 32, [32], args)
     with pytest.raises(LookupError, match="no-new-cells"):
         study.run_cell({**cell, "options": {"scaling": "yarn", "factor": 16}}, tmp_path, 32, [32],
-                       Namespace(runs=str(tmp_path), force=False, cached_only=False, new_cells=False))
+                       Namespace(runs=str(tmp_path), force=False, cached_only=False, new_cells=False, rerun=set()))
 
 
 def test_end_to_end_on_the_micro_llama_stand_in_reads_the_original_as_is(study, cache, tmp_path):
@@ -237,6 +239,19 @@ def test_end_to_end_on_the_micro_llama_stand_in_reads_the_original_as_is(study, 
         assert 0 <= low <= pk["by_length"]["256"]["accuracy"] <= high <= 1 and high - low > 0.3  # 6 trials: wide
     assert g["passkey"]["control-lora-2.0"]["by_length"].keys() == {"32"} or not g["passkey"]["control-lora-2.0"]["by_length"]
     assert "LlamaForCausalLM stand-in `micro-llama`" in (tmp_path / "study.md").read_text()
+    # --rerun: one cell trained again (its weights gone, as on a fresh machine), the others left as cached
+    runs = tmp_path / "runs"
+    shutil.rmtree(runs / "alibi-lora-2.0" / "ft")
+    (runs / "alibi-lora-2.0" / "passkey.json").unlink()
+    kept = {p: p.stat().st_mtime_ns for p in runs.glob("*/cell.json") if p.parent.name != "alibi-lora-2.0"}
+    with pytest.raises(SystemExit, match="not cells of this grid"):
+        study.main([*argv, "--rerun", "alibi-lora-0.5"])
+    study.main([*argv, "--rerun", "alibi-lora-2.0"])
+    again = json.loads((tmp_path / "study.json").read_text())["gpt2"]
+    assert (runs / "alibi-lora-2.0" / "ft" / "final").is_dir()
+    assert {c["name"]: c["rows"] for c in again["cells"]} == {n: c["rows"] for n, c in cells.items()}  # seeded
+    assert again["passkey"]["alibi-lora-2.0"]["rows"] == g["passkey"]["alibi-lora-2.0"]["rows"]
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
 
 
 def test_pose_zero_shot_only_and_seeded_cells_in_the_grid(study, tmp_path):
