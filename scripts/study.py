@@ -855,7 +855,11 @@ def markdown(study: dict) -> str:
             cells = [_fmt(ppl_at(res["rows"], L)) for L in lens]
             ft = f"LoRA {res['steps']} steps at {res.get('train_length', 1024)}" if res.get("steps") else "none"
             pk = ", ".join(f"{k}: {v}" for k, v in (res.get("passkey") or {}).items()) or "–"
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {pk} | {ft} | {res.get('seconds', '–')} |")
+            if res.get("passkey_error"):
+                pk += f"; later lengths not run: {res['passkey_error']}"
+            secs = f"{res.get('seconds', '–')}" + "".join(f" + {v} (passkey at {k})"
+                                                         for k, v in (res.get("passkey_seconds") or {}).items())
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {pk} | {ft} | {secs} |")
         if sm.get("vs_control"):
             lines += ["", "Against the continued-training control (LoRA on the unconverted model, the same steps and "
                           "tokens): ppl / the control's ppl at the same length.", "",

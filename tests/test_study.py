@@ -437,6 +437,7 @@ def test_a_cached_smollm2_run_gets_passkey_at_its_new_lengths_only(study, tmp_pa
     report = json.loads((tmp_path / "s.json").read_text())["smollm2"]
     assert report["runs"]["rope-yarnx4-no-finetune"]["passkey"]["16384"] == 0.667
     assert report["seconds"] == 9.0 + res["passkey_seconds"]["16384"]
+    assert f"| 9.0 + {res['passkey_seconds']['16384']} (passkey at 16384) |" in (tmp_path / "s.md").read_text()
     study.main(argv)
     assert len(calls) == 1  # nothing left to test
     study.main([*argv, "--passkey-lengths", "8192"])
