@@ -164,8 +164,7 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
         report = evaluate_model(model, lengths, args, tokenizer=tok)
         trainable = 0
     else:
-        if cdir.exists():
-            shutil.rmtree(cdir)
+        shutil.rmtree(cdir / "ft", ignore_errors=True)  # cell.json stays until the new one replaces it
         out = retrofit.finetune(recipe_for(cell, base, native, args, cdir / "ft"))
         trainable = rf.versions(out)["trainable_parameters"]
         report = evaluate_model(str(Path(out) / rf.FINAL), lengths, args)
@@ -174,6 +173,16 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     cdir.mkdir(parents=True, exist_ok=True)
     write_text(cached, json.dumps(result, indent=1))
     return result
+
+
+def _cached_or_pending(cell: dict, args) -> dict:
+    """A cell the loop has not reached, for the report written midway: its cached figures where the cache has
+    them for its plan (a --rerun cell keeps its old ones until replaced), else "pending"."""
+    path = Path(args.runs) / cell["name"] / "cell.json"
+    old = json.loads(path.read_text()) if path.exists() else None
+    if old and plan_of(old) == plan_of(cell) and "rows" in old:
+        return {**old, **{k: v for k, v in cell.items() if k not in old}}
+    return {**cell, "error": "LookupError: not run yet (pending)"}
 
 
 def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
@@ -260,7 +269,7 @@ def part_gpt2(args, previous: dict | None = None, checkpoint=None) -> dict:
             log.exception("cell %s failed", cell["name"])
             results.append({**cell, "error": f"{type(e).__name__}: {e}"})
         if checkpoint is not None and args.new_cells and not args.cached_only:
-            pending = [{**c, "error": "LookupError: not run yet (pending)"} for c in cells[i:]]
+            pending = [_cached_or_pending(c, args) for c in cells[i:]]
             checkpoint(report(results + pending + kept, (previous or {}).get("passkey") or {}))
     results += kept
     return report(results, passkey_part(base, native, lengths, results, args))
@@ -644,6 +653,7 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
     def more_passkey(name, res, model):
         """A cached run with rows at a --passkey-lengths length it has no passkey for gets that passkey
         (the model rebuilt; its perplexity is not measured again), added to its cache with its seconds."""
+        res = {k: v for k, v in res.items() if k != "passkey_error"}  # an earlier failure is not kept
         have = {int(x) for x in res.get("passkey") or {}}
         todo = [L for L in args.passkey_lengths if L not in have and any(r["length"] == L for r in res.get("rows", []))]
         if not todo or not args.passkey or args.cached_only or "error" in res:
@@ -687,7 +697,8 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
         def model():
             final = Path(args.runs) / "smollm2" / f"{name}-ft" / rf.FINAL
             if not final.is_dir():
-                raise LookupError(f"the fine-tuned weights of {name} are not on this machine; --force reruns it")
+                raise LookupError(f"the fine-tuned weights of {name} are not on this machine; "
+                                  f"--force with --smollm2-runs naming only this run trains it again")
             m, _ = retrofit.load_model(str(final), tokenizer=False)
             _, tok = load()
             return m, tok
@@ -1093,6 +1104,11 @@ def main(argv=None):
         raise SystemExit(f"--seed-methods {sorted(args.seed_methods - set(args.methods))} are not in --methods {args.methods}")
     if args.seed in args.seeds:
         raise SystemExit(f"--seeds are the extra seeds; {args.seed} is --seed already")
+    if args.rerun and (args.cached_only or not args.new_cells):
+        raise SystemExit("--rerun trains cells again; it cannot go with --cached-only or --no-new-cells")
+    if args.rerun and args.part == "smollm2":
+        raise SystemExit("--rerun names cells of the stand-in grid (--part gpt2); to run a SmolLM2 run again, "
+                         "give --force with --smollm2-runs naming only that run")
     unknown = sorted(set(args.smollm2_runs) - set(SMOLLM2_RUNS))
     if unknown:
         raise SystemExit(f"unknown --smollm2-runs {unknown}; known: {', '.join(SMOLLM2_RUNS)}")

@@ -170,6 +170,14 @@ def test_a_run_stopped_midway_leaves_its_finished_cells_in_the_report(study, cac
         study.main(argv)
     cells = {c["name"]: c for c in json.loads((tmp_path / "s.json").read_text())["gpt2"]["cells"]}
     assert "rows" in cells["alibi-none-0.0"] and "pending" in cells["nope-none-0.0"]["error"]
+    monkeypatch.setattr(study, "run_cell", run_cell)
+    study.main(argv)  # the grid finished
+    calls.clear()
+    monkeypatch.setattr(study, "run_cell", stop_at_the_second)
+    with pytest.raises(KeyboardInterrupt):  # a --rerun of nope stopped before it ends: its figures stay
+        study.main([*argv, "--rerun", "nope-none-0.0"])
+    cells = {c["name"]: c for c in json.loads((tmp_path / "s.json").read_text())["gpt2"]["cells"]}
+    assert "rows" in cells["nope-none-0.0"] and "error" not in cells["nope-none-0.0"]
 
 
 def test_scheme_specs_carry_options_into_the_cells_and_the_recipe(study, tmp_path):
@@ -246,6 +254,10 @@ def test_end_to_end_on_the_micro_llama_stand_in_reads_the_original_as_is(study, 
     kept = {p: p.stat().st_mtime_ns for p in runs.glob("*/cell.json") if p.parent.name != "alibi-lora-2.0"}
     with pytest.raises(SystemExit, match="not cells of this grid"):
         study.main([*argv, "--rerun", "alibi-lora-0.5"])
+    with pytest.raises(SystemExit, match="cannot go with --cached-only"):
+        study.main([*argv, "--rerun", "alibi-lora-2.0", "--cached-only"])
+    with pytest.raises(SystemExit, match="stand-in grid"):
+        study.main(["--part", "smollm2", "--rerun", "alibi-lora", "--out", str(tmp_path / "sm.json")])
     study.main([*argv, "--rerun", "alibi-lora-2.0"])
     again = json.loads((tmp_path / "study.json").read_text())["gpt2"]
     assert (runs / "alibi-lora-2.0" / "ft" / "final").is_dir()
@@ -425,7 +437,8 @@ def test_a_cached_smollm2_run_gets_passkey_at_its_new_lengths_only(study, tmp_pa
     cache = tmp_path / "runs" / "smollm2"
     cache.mkdir(parents=True)
     rows = [{"length": L, "role": "converted", "method": "non-overlapping", "ppl": 20.0} for L in (8192, 16384)]
-    (cache / "rope-yarnx4.json").write_text(json.dumps({"rows": rows, "passkey": {"8192": 1.0}, "seconds": 9.0}))
+    (cache / "rope-yarnx4.json").write_text(json.dumps({"rows": rows, "passkey": {"8192": 1.0}, "seconds": 9.0,
+                                                        "passkey_error": "LookupError: an earlier try"}))
     argv = ["--part", "smollm2", "--smollm2-runs", "rope-yarnx4", "--runs", str(tmp_path / "runs"),
             "--out", str(tmp_path / "s.json")]
     study.main(argv)
@@ -433,7 +446,7 @@ def test_a_cached_smollm2_run_gets_passkey_at_its_new_lengths_only(study, tmp_pa
     assert built == [("rope", {"scaling": "yarn", "factor": 4.0})]  # the run's own conversion
     res = json.loads((cache / "rope-yarnx4.json").read_text())
     assert res["passkey"] == {"8192": 1.0, "16384": 0.667} and res["rows"] == rows and res["seconds"] == 9.0
-    assert list(res["passkey_seconds"]) == ["16384"]
+    assert list(res["passkey_seconds"]) == ["16384"] and "passkey_error" not in res  # the earlier failure is gone
     report = json.loads((tmp_path / "s.json").read_text())["smollm2"]
     assert report["runs"]["rope-yarnx4-no-finetune"]["passkey"]["16384"] == 0.667
     assert report["seconds"] == 9.0 + res["passkey_seconds"]["16384"]
