@@ -146,12 +146,10 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
 
     cdir = Path(args.runs) / cell["name"]
     cached = cdir / "cell.json"
-    if cached.exists() and not args.force and cell["name"] not in args.rerun:
-        old = json.loads(cached.read_text())
-        if plan_of(old) == plan_of(cell):
-            return {**old, **{k: v for k, v in cell.items() if k not in old}}  # e.g. a label added since
-        log.warning("cell %s: the cached run had other settings (%s); running it again", cell["name"],
-                    plan_of(old))
+    if not _recompute(cell["name"], args):
+        old = _cached_cell(cell, args)
+        if old is not None:
+            return old
     if args.cached_only or not args.new_cells:
         raise LookupError("not run yet (--cached-only)" if args.cached_only else "not run yet (--no-new-cells)")
     t0 = time.time()
@@ -175,14 +173,28 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     return result
 
 
-def _cached_or_pending(cell: dict, args) -> dict:
-    """A cell the loop has not reached, for the report written midway: its cached figures where the cache has
-    them for its plan (a --rerun cell keeps its old ones until replaced), else "pending"."""
+def _recompute(name: str, args) -> bool:
+    """Whether a cached cell (or its passkey) is run again: --force, or named in --rerun."""
+    return args.force or name in args.rerun
+
+
+def _cached_cell(cell: dict, args, warn: bool = True) -> dict | None:
+    """The cell's cached figures when the cache has them for its plan, else None."""
     path = Path(args.runs) / cell["name"] / "cell.json"
-    old = json.loads(path.read_text()) if path.exists() else None
-    if old and plan_of(old) == plan_of(cell) and "rows" in old:
-        return {**old, **{k: v for k, v in cell.items() if k not in old}}
-    return {**cell, "error": "LookupError: not run yet (pending)"}
+    if not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    if plan_of(old) == plan_of(cell):
+        return {**old, **{k: v for k, v in cell.items() if k not in old}}  # e.g. a label added since
+    if warn:
+        log.warning("cell %s: the cached run had other settings (%s); running it again", cell["name"], plan_of(old))
+    return None
+
+
+def _cached_or_pending(cell: dict, args) -> dict:
+    """A cell the loop has not reached, for the report written midway: its cached figures (a --rerun cell
+    keeps its old ones until replaced), else "pending"."""
+    return _cached_cell(cell, args, warn=False) or {**cell, "error": "LookupError: not run yet (pending)"}
 
 
 def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
@@ -404,7 +416,7 @@ def _passkey_cached(name: str, load, lengths: list[int], args, cell_plan: dict |
     path = Path(args.runs) / name / "passkey.json"
     plan = {"lengths": lengths, "trials": args.stand_in_passkey_trials, "depths": PASSKEY_DEPTHS, "seed": args.seed,
             **({"cell": cell_plan} if cell_plan else {})}  # a cell given new settings is tested again
-    if path.exists() and not args.force and name not in args.rerun:
+    if path.exists() and not _recompute(name, args):
         old = json.loads(path.read_text())
         if old.get("plan") == plan:
             return old
@@ -704,9 +716,6 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
             return m, tok
         return model
 
-    def zero_shot(model, lens):
-        return lambda: evaluate(*model(), lens)
-
     def lora_run(name, convert, eval_lengths, steps):
         """Convert, LoRA fine-tune at 1k tokens (norms trainable), evaluate at ``eval_lengths``."""
         def fn():
@@ -725,8 +734,9 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
             final = Path(retrofit.finetune(recipe)) / rf.FINAL
             summary = rf.summary(final.parent)
             return {"steps": steps, "train_length": args.smollm2_train_length,
-                    "train_seconds": summary["train_seconds"], **evaluate(*tuned(name)(), eval_lengths)}
-        return name, name, fn, tuned(name)
+                    "train_seconds": summary["train_seconds"], **evaluate(*model(), eval_lengths)}
+        model = tuned(name)
+        return name, name, fn, model
 
     long_lengths = args.smollm2_long_lengths or lengths
     reduced = {"scheme": "rope", "options": {"scaling": "yarn", "factor": max(lengths) / args.smollm2_train_length,
@@ -737,7 +747,7 @@ def part_smollm2(args, previous: dict | None = None) -> dict:
     beta = {"temperature": SMOLLM2_BETA}
 
     def zs(label, name, model, lens):  # a zero-shot run: (label, cache name, run, model)
-        return label, name, zero_shot(model, lens), model
+        return label, name, (lambda: evaluate(*model(), lens)), model
 
     plan = {  # --smollm2-runs key: (label in the report, cache file under <runs>/smollm2/, run, its model)
         "original": zs("original", "original", converted(), lengths),
