@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from .errors import OutputError
 # How writers say "the disk is full": an errno, or the text of safetensors' Rust error.
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
+_REFUSED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 
 def sibling(path: Path, tag: str = "tmp") -> Path:
@@ -87,6 +89,11 @@ def no_space(exc: BaseException, where: str | os.PathLike) -> bool:
     return False
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is the file system refusing a write: no permission, or a read-only mount."""
+    return isinstance(exc, OSError) and exc.errno in _REFUSED_ERRNOS
+
+
 def no_space_error(path: str | os.PathLike) -> OutputError:
     return OutputError(f"no space left on device while writing {path}; nothing was kept. Free some space "
                        "(or write somewhere else) and run again")
@@ -105,15 +112,33 @@ def make_parent(path: str | os.PathLike) -> Path:
     return parent
 
 
-def check_creatable(path: str | os.PathLike) -> None:
-    """Say now, creating nothing, when ``path`` cannot be created: a file in the way, or an existing
-    ancestor that is not writable."""
-    path = Path(path).absolute()
-    ancestor = next(p for p in path.parents if p.exists())
-    if not ancestor.is_dir():
-        raise OutputError(f"cannot create {path}: a file is in the way ({ancestor}); choose another path")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot create {path}: {ancestor} is not writable; choose another path")
+def check_creatable(path: str | os.PathLike, what: str = "") -> None:
+    """Say now, before any work and creating nothing that stays, when the folder ``path`` cannot be created
+    or written into: it or an ancestor is a file, or the nearest existing one refuses a new file. ``what``
+    names where the path came from ("--out", "output_dir") for the message."""
+    path = Path(path)
+    name = f"{what} {path}" if what else str(path)
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    if not nearest.is_dir():
+        if nearest == path:
+            raise OutputError(f"{name} is a file; give a folder (it is created if needed)")
+        raise OutputError(f"{name} cannot be created: a file is in the way ({nearest}); choose another path")
+    refused = _cannot_write_in(nearest)
+    if refused:
+        raise OutputError(f"{name} cannot be written: {nearest.absolute()} is not writable ({refused}); "
+                          "choose another path")
+
+
+def _cannot_write_in(folder: Path) -> str | None:
+    """Why a file cannot be created in ``folder`` (None when it can). Tried, not read from permission bits:
+    root writes past them, and a read-only mount or an ACL refuses what the bits allow."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".retrofit-probe-")
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def _file_in_the_way(path: Path) -> Path:
@@ -137,6 +162,8 @@ def replacing(path: str | os.PathLike, *, keep_existing: bool = False) -> Iterat
     except Exception as e:
         if no_space(e, tmp):
             raise no_space_error(path) from e
+        if _refused(e):
+            raise OutputError(f"cannot write {path}: {e.strerror or e}; nothing was kept. Choose another path") from e
         raise
     finally:
         if tmp.exists():

@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from . import run_folder as rf
-from .atomic import write_text
+from .atomic import check_creatable, write_text
 from .errors import RetrofitError
 from .evaluation.lengths import resolve as resolve_lengths
 from .quiet import progress_bars
@@ -93,6 +93,7 @@ def run(recipe_or_path, overrides=None, *, force: tuple[str, ...] = ()) -> Path:
     """
     rr = load_recipe(recipe_or_path, overrides)
     run_dir = rr.run_dir
+    check_creatable(run_dir, "output_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     manifest = Manifest(run_dir)
     manifest.data.update(recipe=rr.source, recipe_hash=_hash(rr.to_dict()), updated=_now())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -142,12 +143,97 @@ def test_an_out_that_cannot_be_a_folder(at, capsys, out, words):
     assert (at / "afile").read_text() == "keep me"
 
 
-def test_an_out_that_cannot_be_created(at, capsys, monkeypatch):
-    import os
+# Every command that writes a folder, with its output pointed at OUT (the same words the user types)
+WRITERS = {
+    "convert": ["convert", "tiny-gpt2", "--to", "alibi", "--out", "OUT"],
+    "eval": ["eval", "tiny-gpt2", "--lengths", "64", "--budget", "128", "--out", "OUT"],
+    "finetune": ["finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=OUT",
+                 "--set", "train.steps=2"],
+    "run": ["run", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=OUT",
+            "--set", "train.steps=2"],
+}
 
-    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # any user without write permission there
-    rc, err = run(["convert", "tiny-gpt2", "--to", "alibi", "--out", "x/y"], capsys)
+
+def _writer(command: str, out: str) -> list[str]:
+    return [w.replace("OUT", out) for w in WRITERS[command]]
+
+
+@pytest.fixture
+def no_work(at, monkeypatch):
+    """Recipes in place, and any model load fails the test: the output is checked before the work."""
+    from retrofit import builtin
+
+    shutil.copytree(ROOT / "recipes", at / "recipes")
+    monkeypatch.setattr(builtin, "resolve", lambda *a, **k: pytest.fail("a model was loaded before --out was checked"))
+    return at
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_an_output_under_a_file_fails_before_the_work(no_work, capsys, command):
+    (no_work / "afile").write_text("keep me")
+    rc, err = run(_writer(command, "afile/sub"), capsys)
+    assert rc == 2 and "afile/sub cannot be created: a file is in the way (afile)" in err, err
+    assert (no_work / "afile").read_text() == "keep me"
+
+
+def _refuse_writes_in(folder: Path, monkeypatch) -> None:
+    """``folder`` refuses new files, for any user: read-only bits (which root writes past), and the
+    refusal a read-only mount gives root too, on the probe that retrofit's check makes."""
+    import tempfile
+
+    folder.mkdir(exist_ok=True)
+    folder.chmod(0o555)
+    real = tempfile.mkstemp
+
+    def mkstemp(*a, dir=None, **k):
+        if dir is not None and Path(dir).resolve() == folder.resolve():
+            raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+        return real(*a, dir=dir, **k)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+
+@pytest.mark.parametrize("command,out", [*((c, "ro/sub") for c in WRITERS), *((c, "ro") for c in WRITERS)])
+def test_an_output_that_cannot_be_written_fails_before_the_work(no_work, capsys, monkeypatch, command, out):
+    """In a read-only folder, or the read-only folder itself (empty: convert must not replace it)."""
+    ro = no_work / "ro"
+    _refuse_writes_in(ro, monkeypatch)
+    inode = ro.stat().st_ino
+    try:
+        rc, err = run(_writer(command, out), capsys)
+    finally:
+        ro.chmod(0o755)
+    assert rc == 2 and f"{out} cannot be written: {ro} is not writable (Permission denied)" in err, err
+    assert ro.stat().st_ino == inode and list(ro.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
+def test_a_read_only_folder_as_it_is(at, capsys):
+    (at / "ro").mkdir(mode=0o555)
+    try:
+        rc, err = run(_writer("convert", "ro"), capsys)
+    finally:
+        (at / "ro").chmod(0o755)
     assert rc == 2 and "is not writable" in err, err
+
+
+def test_a_write_refused_midway_is_an_output_error(at, capsys, monkeypatch):
+    """The file system refusing a write after the checks (permissions changed, a read-only mount): retrofit's
+    error, nothing half-written."""
+    import pathlib
+
+    run(["convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], capsys)
+    real_open = pathlib.Path.open
+
+    def refusing_open(self, mode="r", *a, **k):
+        if "w" in mode and self.parent.resolve() == (at / "ck").resolve():
+            raise PermissionError(errno.EROFS, "Read-only file system", str(self))
+        return real_open(self, mode, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "open", refusing_open)
+    rc, err = run(["card", "ck"], capsys)
+    assert rc == 2 and "cannot write ck/README.md: Read-only file system" in err, err
+    assert leftovers(at / "ck") == [] and not (at / "ck" / "README.md").exists()
 
 
 def _full_disk_after(nbytes: int):

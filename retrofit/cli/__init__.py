@@ -105,20 +105,18 @@ def attach_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
-def output_folder(path: str, overwrite: bool, flag: str = "--out"):
-    """The Path of an output folder to be written: not a file, empty unless ``overwrite``."""
+def output_folder(path, overwrite: bool, flag: str = "--out"):
+    """The Path of an output folder to be written, checked before any work: a folder that can be created
+    or written into, empty unless ``overwrite`` (True for commands that write into an existing one)."""
     from pathlib import Path
 
+    from ..atomic import check_creatable
     from ..errors import OutputError
 
-    from ..atomic import check_creatable
-
     out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"{flag} {out} is a file; give a folder (it is created if needed)")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise OutputError(f"{flag} {out} exists and is not empty; pass --overwrite to replace it")
-    check_creatable(out)  # before any work
+    check_creatable(out, flag)
     return out
 
 

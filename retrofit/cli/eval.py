@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import codecs
 import logging
-from pathlib import Path
 
 from ..errors import OptionError
 from ..evaluation import defaults as D
@@ -82,7 +81,10 @@ def run(args) -> int:
     from ..evaluation import evaluate
     from ..evaluation.markdown import ppl_table
     from ..run_folder import eval_dir
+    from . import output_folder
 
+    out = output_folder(args.out or eval_dir(args.model), overwrite=True,  # reports in it are replaced
+                        flag="--out" if args.out else "the default --out")
     report = evaluate(
         args.model,
         args.lengths,
@@ -104,7 +106,6 @@ def run(args) -> int:
         dtype=args.dtype,
         progress=not args.no_progress and progress_bars(),
     )
-    out = Path(args.out) if args.out else eval_dir(args.model)
     report.save(out, plots=not args.no_plots)
     print(ppl_table(report))
     print(f"\nwrote {out / 'report.json'}, {out / 'report.md'}" + ("" if args.no_plots else " and plots"))

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from .. import data as rdata
 from .. import run_folder as rf
-from ..atomic import write_text
+from ..atomic import check_creatable, write_text
 from ..core import describe, max_length, set_position_controls
 from ..encodings import SCHEMES
 from ..errors import LengthError
@@ -71,6 +71,7 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
 
 def _finetune(r: Recipe) -> Path:
     out = Path(r.output_dir)
+    check_creatable(out, "output_dir")  # before anything is loaded or trained
     acc = _accelerator(r)
     from accelerate.utils import set_seed
 
