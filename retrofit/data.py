@@ -86,10 +86,25 @@ def _expand_paths(spec: str) -> list[Path]:
 
 
 def _read_text(path: Path) -> str:
+    """A text file's contents, with newlines as open() reads them: the one place data files are decoded."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        raw = path.read_bytes()
     except OSError as e:
         raise DataError(f"cannot read {path}: {e}") from e
+    return _decode(raw, path).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    """UTF-8 only: a binary file (NUL bytes) or another encoding is a DataError naming the file, never
+    text with replacement characters scored or trained on."""
+    if b"\0" in raw:
+        raise DataError(f"{path} is not text: it holds NUL bytes (a binary file?); leave it out of the data")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(f"{path} is not UTF-8 text (byte {raw[e.start:e.start + 1]!r} on line {line}); convert it, "
+                        "e.g. with `iconv -f latin1 -t utf-8`, or leave it out of the data") from None
 
 
 def stdlib_documents(min_chars: int = 2000) -> list[Document]:

@@ -289,6 +289,48 @@ def test_torch_short_write_on_a_full_disk_is_recognised(tmp_path, monkeypatch):
     assert not no_space(RuntimeError("something else"), tmp_path)
 
 
+# ---- data that is not text -----------------------------------------------------------------------
+NOT_TEXT = {
+    "latin-1": ("Ça coûte très cher.\n".encode("latin-1") * 300, "is not UTF-8 text (byte b'\\xc7' on line 1)"),
+    "binary": (bytes(range(256)) * 40, "is not text: it holds NUL bytes"),
+}
+
+
+def _data_with(folder: Path, content: bytes) -> None:
+    folder.mkdir()
+    (folder / "good.txt").write_text("plain words, nothing odd. " * 400)
+    (folder / "bad.txt").write_bytes(content)
+
+
+@pytest.mark.parametrize("kind", NOT_TEXT)
+@pytest.mark.parametrize("spec", ["data/bad.txt", "data"])
+def test_eval_data_that_is_not_utf8_text_is_refused(no_work, capsys, kind, spec):
+    content, words = NOT_TEXT[kind]
+    _data_with(no_work / "data", content)
+    rc, err = run(["eval", "tiny-gpt2", "--data", spec, "--lengths", "64", "--out", "ev"], capsys)
+    assert rc == 2 and f"data/bad.txt {words}" in err, err
+    assert not (no_work / "ev").exists()
+
+
+@pytest.mark.parametrize("kind", NOT_TEXT)
+def test_recipe_data_files_that_are_not_utf8_text_are_refused(no_work, capsys, kind):
+    content, words = NOT_TEXT[kind]
+    _data_with(no_work / "data", content)
+    rc, err = run(["finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
+                   "--set", "data.dataset=null", "--set", "data.files=[data/good.txt, data/bad.txt]"], capsys)
+    assert rc == 2 and f"data/bad.txt {words}" in err, err
+
+
+def test_a_finetune_without_validation_says_so(tmp_path, user_env):
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    r = cli(["retrofit", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
+             "--set", "train.steps=1", "--set", "checkpoint.every=0", "--set", "data.validation_fraction=0"],
+            tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "no validation loss: data.validation_fraction is 0" in r.stderr, r.stderr[-3000:]
+    assert "None" not in r.stderr and "done: no validation loss" in r.stderr, r.stderr[-3000:]
+
+
 # ---- options that pointed the wrong way ----------------------------------------------------------
 def test_already_converted_names_the_flag_and_force_converts(at, capsys):
     run(["convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], capsys)

@@ -178,6 +178,18 @@ def _check_lengths(r: Recipe, model) -> int | None:
     return None if fade_limit is None else fade_limit - L
 
 
+def _say_no_validation(d, val_docs) -> None:
+    """Why this fine-tune has no validation loss: chosen (a warning when it was not)."""
+    if d.validation_fraction == 0:
+        log.info("no validation loss: data.validation_fraction is 0")
+    elif not val_docs:
+        log.warning("no validation loss: too few documents to hold one out for validation (data.validation_fraction "
+                    "= %g); add documents", d.validation_fraction)
+    else:
+        log.warning("no validation loss: the validation documents give no block of %d tokens; raise "
+                    "data.validation_fraction or lower data.block_length", d.block_length)
+
+
 def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
     d = r.data
     train_ids = rdata.tokenize_documents(tok, train_docs)
@@ -187,8 +199,8 @@ def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
     if val_docs:
         val_ids = rdata.tokenize_documents(tok, val_docs)
         val = blk.make_blocks(val_ids, d.block_length, d.packing)[: d.max_validation_blocks]
-        if not len(val):
-            log.warning("validation documents give no block of %d tokens; no validation loss", d.block_length)
+    if not len(val):
+        _say_no_validation(d, val_docs)
     need = r.train.batch_size * acc.num_processes
     if len(train) < need:
         raise LengthError(
@@ -361,8 +373,14 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) 
         if shards is not None:
             summary["parameters"] = shards
         write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
-        log.info("done: val loss %s -> %s; %s", progress.val_loss_before, val_after, out / rf.FINAL)
+        log.info("done: %s; %s", _val_change(progress.val_loss_before, val_after), out / rf.FINAL)
     return out
+
+
+def _val_change(before: float | None, after: float | None) -> str:
+    if before is None and after is None:
+        return "no validation loss (no validation blocks)"
+    return f"val loss {before} -> {after}"
 
 
 def _loss(acc, model, teacher, batch, r, window):
