@@ -135,9 +135,15 @@ def evaluate_model(model_or_path, lengths, args, baselines=(), sliding=False, to
                              stride=args.stride, seed=args.seed, progress=False)
 
 
+# evaluate()'s roles for the model it evaluates: "original" when its scheme was not changed (a control, SmolLM2
+# as it is). The study calls the cell's model "converted" either way.
+EVALUATED = ("converted", "original")
+
+
 def rows_of(report, **extra) -> list[dict]:
     keep = ("model", "role", "length", "method", "window", "ppl", "tokens", "windows", "ci_low", "ci_high")
-    return [{**{k: r.get(k) for k in keep}, **extra} for r in report.rows]
+    return [{**{k: r.get(k) for k in keep}, **({"role": "converted"} if r["role"] in EVALUATED else {}), **extra}
+            for r in report.rows]
 
 
 def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> dict:
@@ -446,7 +452,7 @@ def _passkey_rows(model, tok, length: int, args) -> list[dict]:
     except LengthError as e:
         return [{"length": length, "depth": None, "correct": 0, "trials": 0, "accuracy": None, "note": str(e)}]
     keep = ("length", "depth", "correct", "trials", "accuracy", "ci_low", "ci_high", "note")
-    return [{k: r.get(k) for k in keep} for r in rep.data["passkey"] if r["role"] == "converted"]
+    return [{k: r.get(k) for k in keep} for r in rep.data["passkey"] if r["role"] in EVALUATED]
 
 
 def pooled_passkey(rows: list[dict]) -> dict:
@@ -827,7 +833,7 @@ def _passkey_summary(report) -> dict:
     """Accuracy by length over depths and trials, for the evaluated (converted-role) model."""
     acc: dict[int, list[int]] = {}
     for cell in report.data.get("passkey") or []:
-        if cell.get("role") == "converted" and cell.get("accuracy") is not None:
+        if cell.get("role") in EVALUATED and cell.get("accuracy") is not None:
             c = acc.setdefault(cell["length"], [0, 0])
             c[0] += cell["correct"]
             c[1] += cell["trials"]

@@ -358,6 +358,17 @@ def test_lengths_as_multiples_on_the_command_line_and_in_set(at, capsys):
     assert rc == 0 and "lengths:\n  - 1x\n  - 4x\n" in out, out
 
 
+def test_eval_of_an_unconverted_model_says_which_lengths_it_drops_and_labels_it_the_original(tmp_path, user_env):
+    r = cli(["retrofit", "eval", "tiny-gpt2", "--budget", "256", "--no-plots", "--out", "ev"], tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert ("tiny-gpt2 is not converted (learned_absolute: at most 64 tokens): the default lengths 128, 256, 512 "
+            "are not evaluated, only 64") in r.stderr, r.stderr[-3000:]
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert report["settings"]["lengths"] == [64]
+    assert [m["role"] for m in report["models"]] == ["original"]
+    assert {row["role"] for row in report["rows"]} == {"original"} and "| original |" in r.stdout, r.stdout
+
+
 # ---- help and noise ------------------------------------------------------------------------------
 def test_help_builds_without_torch():
     code = ("import sys; from retrofit.cli import build_parser; p = build_parser(); p.format_help();"

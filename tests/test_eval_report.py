@@ -41,7 +41,7 @@ def test_report_json_validates_and_has_rows(saved):
         assert {"model", "role", "length", "method", "ppl", "tokens"} <= set(row)
         assert row["tokens"] == data["data"]["tokens"] == 256
     by = {(r["model"], r["length"], r["method"]): r for r in data["rows"]}
-    assert by[("llama", 64, "non-overlapping")]["role"] == "converted"
+    assert by[("llama", 64, "non-overlapping")]["role"] == "original"  # evaluated as it came: not converted
     # the learned-absolute baseline never runs 64 plainly: only a labelled sliding row
     assert ("gpt2-32", 64, "non-overlapping") not in by
     slid = by[("gpt2-32", 64, "sliding")]

@@ -19,7 +19,7 @@ class EvalModel:
     """A model in the run. ``max_length`` None means no limit."""
 
     name: str
-    role: str  # "converted" | "baseline"
+    role: str  # the evaluated model: "converted", or "original" when it is not; else "baseline"
     model: Any
     tokenizer: Any
     info: dict = field(default_factory=dict)
@@ -80,8 +80,10 @@ def base_model_name(model) -> str | None:
     return None
 
 
-def resolve(spec, role: str, *, tokenizer=None, gguf_file=None, device=None, dtype=None, default_name: str) -> EvalModel:
-    """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel."""
+def resolve(spec, role: str | None, *, tokenizer=None, gguf_file=None, device=None, dtype=None,
+            default_name: str) -> EvalModel:
+    """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel.
+    ``role`` None: the evaluated model's, "converted" or "original" as the model is."""
     if isinstance(spec, str):
         if not spec.endswith(".gguf") and not gguf_file:
             from ..run_folder import model_dir
@@ -108,6 +110,7 @@ def resolve(spec, role: str, *, tokenizer=None, gguf_file=None, device=None, dty
         info["base_model"] = base_model_name(model) or (cfg_name if cfg_name and cfg_name != name else None)
     info["parameters"] = sum(p.numel() for p in model.parameters())
     info["dtype"] = str(next(model.parameters()).dtype).replace("torch.", "")
+    role = role or ("converted" if info.get("converted") else "original")
     return EvalModel(name=name, role=role, model=model, tokenizer=tok, info=info)
 
 

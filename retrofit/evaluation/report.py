@@ -68,7 +68,7 @@ class Report:
         return self.data[key]
 
     def ppl(self, model: str | None = None, length: int | None = None, method: str = "non-overlapping") -> float:
-        """The perplexity of one row (model defaults to the converted one)."""
+        """The perplexity of one row (model defaults to the evaluated one, the first)."""
         model = model or self.data["models"][0]["name"]
         for r in self.rows:
             if r["model"] == model and r["method"] == method and (length is None or r["length"] == length):

@@ -57,14 +57,30 @@ def _check_options(budget, stride, batch_size, position_buckets, depths, trials)
             raise OptionError(f"passkey depths must lie in [0, 1], got {d!r}")
 
 
+def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
+    """The default lengths ``m`` runs plainly; those past its limit are dropped with a message."""
+    limit = m.max_length
+    kept, dropped = [L for L in lengths if L <= limit] or [limit], [L for L in lengths if L > limit]
+    if dropped:
+        what = "is not converted" if m.role == "original" else "is converted"
+        log.warning("%s %s (%s: at most %d tokens): the default lengths %s are not evaluated, only %s. Convert it "
+                    "to a scheme without that limit, or evaluate it as a baseline (it then gets sliding-window "
+                    "figures)", m.name, what, _mechanism(m), limit, ", ".join(map(str, dropped)),
+                    ", ".join(map(str, kept)))
+    return kept
+
+
+def _mechanism(m: EvalModel) -> str:
+    return m.info.get("scheme") or (m.info.get("native") or {}).get("kind") or "its positional mechanism"
+
+
 def _check_supported(m: EvalModel, lengths: list[int], what: str) -> None:
     """The converted model must run every length plainly: a clear LengthError otherwise."""
     limit = m.max_length
     too_long = [L for L in lengths if limit is not None and L > limit]
     if too_long:
-        scheme = m.info.get("scheme") or (m.info.get("native") or {}).get("kind") or "its positional mechanism"
         raise LengthError(
-            f"{what} {', '.join(map(str, too_long))} exceed what {m.name!r} supports ({scheme}: at most {limit} "
+            f"{what} {', '.join(map(str, too_long))} exceed what {m.name!r} supports ({_mechanism(m)}: at most {limit} "
             "tokens). Drop those lengths, convert to a scheme without a limit, or evaluate this model as a "
             "baseline (it then gets a sliding-window figure)."
         )
@@ -223,7 +239,7 @@ def evaluate(
     native = (models[0].info.get("native") or {}).get("length")
     lengths = resolve_lengths(lengths, native)
     if default_lengths and models[0].max_length:
-        lengths = [L for L in lengths if L <= models[0].max_length] or [models[0].max_length]
+        lengths = _within_limit(models[0], lengths)
     pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
     _check_supported(models[0], lengths, "lengths")
     if passkey:
@@ -268,7 +284,7 @@ def load_models(model_or_path, baselines, *, tokenizer=None, gguf_file=None, dev
         isinstance(baselines, tuple) and any(hasattr(b, "forward") for b in baselines)
     ):
         baselines = [baselines]  # one baseline given bare
-    models = [resolve(model_or_path, "converted", tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype,
+    models = [resolve(model_or_path, None, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype,
                       default_name="model")]
     for j, b in enumerate(baselines):
         models.append(resolve(b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype,
