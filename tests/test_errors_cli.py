@@ -388,6 +388,16 @@ def test_help_lists_every_registered_scheme():
     assert all(f"\n  {name} " in r.stdout for name in SCHEMES.names()), r.stdout
 
 
+def test_convert_help_lists_the_built_in_models():
+    from retrofit import builtin
+
+    r = subprocess.run([sys.executable, "-m", "retrofit", "convert", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    listed = " ".join(r.stdout.split("built-in models", 1)[-1].split())
+    assert "built-in models" in r.stdout and all(f" {name}," in listed + "," for name in builtin.names()), r.stdout
+    assert "baseline:micro" in listed and "tiny-gpt2" in listed and "smollm2" in listed
+
+
 def warnings_in(stderr: str) -> list[str]:
     words = ("warning", "LOAD REPORT", "UNEXPECTED", "Removed shared tensor", "accelerate.", "Traceback")
     return [ln for ln in stderr.splitlines() if any(w.lower() in ln.lower() for w in words)]

@@ -23,7 +23,17 @@ def _scheme_help() -> str:
     from ..sources import supported_architectures
 
     lines.append("architectures: " + supported_architectures())
+    lines.append(_builtin_help())
     return "\n".join(lines)
+
+
+def _builtin_help() -> str:
+    import textwrap
+
+    from ..builtin import names
+
+    return textwrap.fill("built-in models (MODEL; made on first use, then cached): "
+                         + ", ".join(names()), width=100, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def add_parser(sub) -> None:
@@ -35,7 +45,8 @@ def add_parser(sub) -> None:
         epilog=_scheme_help,  # called when --help is printed: it imports torch
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", help="hub id (gpt2) or local folder; with --gguf-file, the folder holding it")
+    p.add_argument("model", help="hub id (gpt2), local folder or built-in name (see below); with --gguf-file, "
+                   "the folder holding it")
     p.add_argument("--to", required=True, metavar="SCHEME", help="the new positional scheme (see below)")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
