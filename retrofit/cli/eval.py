@@ -47,7 +47,8 @@ def add_parser(sub) -> None:
                    help="comma-separated token counts or multiples of the model's native length "
                    f"(e.g. 1024,2048,4096 or 1x,2x,16x; default {','.join(D.LENGTHS)}, up to the model's limit)")
     p.add_argument("--data", default=D.DATA,
-                   help="'stdlib', 'shakespeare[:heldout]', files/globs, or a datasets name[:config[:split[:field]]] "
+                   help="'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, or a datasets "
+                   "name[:config[:split[:field]]] "
                    "(default: stdlib)")
     p.add_argument("--doc-separator", metavar="TEXT",
                    help="join documents with this text instead of EOS (escapes allowed: '\\n\\n' for wikitext rows)")

@@ -62,7 +62,8 @@ class DataConfig:
     split: str = _help("Hub dataset split.", "train")
     text_field: str = _help("Hub dataset column holding the text.", "text")
     files: Optional[Union[str, list]] = _help(
-        "Local text files, directories or globs (a string or a list), relative to the working directory.", None
+        "Local UTF-8 text files, directories or globs (a string or a list), relative to the working directory; a "
+        "file in another encoding or a binary one is an error.", None
     )
     max_documents: Optional[int] = _help("Use only the first N documents (null = all).", None)
     block_length: int = _help("Training block length in tokens (may exceed the model's native length).", 1024)
