@@ -8,6 +8,9 @@ Every entry point is imported on first use.
 """
 
 __version__ = "0.1.0"
+# The name to `pip install` (PyPI's "retrofit" is an unrelated project); the import name and the command
+# stay `retrofit`. pyproject.toml's [project] name must equal it (tests/test_cards_push.py checks).
+DISTRIBUTION = "retrofit-positions"
 
 from .errors import RetrofitError  # noqa: E402
 from . import auto as _auto  # noqa: E402
@@ -43,4 +46,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'retrofit' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "RetrofitError", *_LAZY]
+__all__ = ["__version__", "DISTRIBUTION", "RetrofitError", *_LAZY]

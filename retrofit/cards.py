@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from . import DISTRIBUTION
 from . import run_folder as rf
 from .atomic import write_text
 from .errors import RetrofitError
@@ -119,6 +120,7 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
         "export": export_info(run_dir, manifest),
         "repo": repo or (recipe.get("push") or {}).get("repo"),
         "versions": info.get("versions") or {"retrofit": block.get("retrofit_version")},
+        "distribution": DISTRIBUTION,  # what `pip install` takes (the import name is retrofit)
     }
     ctx["limits"] = limits(ctx) + list((recipe.get("card") or {}).get("limits") or [])
     ctx["metadata"] = metadata(ctx)
