@@ -113,7 +113,8 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
     ctx = {
         "recipe": recipe, "report": report, "summary": summary, "manifest": manifest,
         "base": base_info(base, recipe, folder),
-        "conversion": {"scheme": block.get("scheme"), "options": block.get("options") or {}, "native_length": native},
+        "conversion": {"scheme": block.get("scheme"), "options": block.get("options") or {}, "native_length": native,
+                       "native_note": native_note(block)},
         "budget": budget(recipe, summary, info, report or {}, manifest) if trained else None,
         "eval": eval_summary(report, native) if report else None,
         "folder": str(run_dir),
@@ -122,6 +123,7 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
         "versions": info.get("versions") or {"retrofit": block.get("retrofit_version")},
         "distribution": DISTRIBUTION,  # what `pip install` takes (the import name is retrofit)
     }
+    ctx["load"] = load_info(run_dir, ctx["repo"])
     ctx["limits"] = limits(ctx) + list((recipe.get("card") or {}).get("limits") or [])
     ctx["metadata"] = metadata(ctx)
     ctx["title"] = ctx["repo"] or f"{base} → {ctx['conversion']['scheme'] or 'unconverted'}"
@@ -217,6 +219,37 @@ def _passkey_summary(report: dict) -> dict:
     return out
 
 
+def native_note(block: dict) -> str:
+    """What became of the model's own positional mechanism, from the checkpoint's ``native.kind`` (the
+    adapter's: a learned position table, or rotary embeddings, which have no weights)."""
+    scheme, native = block.get("scheme"), block.get("native") or {}
+    if not scheme:
+        return "Not converted: the model keeps its native positions."
+    kind, n = native.get("kind"), native.get("length")
+    if kind == "learned_absolute":
+        rows = f" ({n:,} rows)" if n else ""
+        return (f"The native learned position table{rows} is kept in the weights under its own name, frozen and "
+                f"unused: {scheme} gives the positions.")
+    if kind == "rope":
+        return (f"The native rotary embedding (RoPE, which has no weights) is switched off (an identity rotation): "
+                f"{scheme} gives the positions.")
+    return f"{scheme} replaces the native positions ({(kind or 'of an unrecorded kind').replace('_', ' ')})."
+
+
+def load_info(run_dir: Path, repo: str | None) -> dict:
+    """Where the card's loading code points: for a card made for ``repo``, the repo as ``retrofit push``
+    lays it out (``run_folder.published_layout``); else the local folders that hold the weights."""
+    run_dir = Path(run_dir)
+    root = rf.published_layout(run_dir)[""]
+    checkpoint = rf.model_dir(run_dir)
+    if repo:
+        return {"hub": True, "root": repo, "native_args": f'"{repo}", subfolder="native"', "native_where": "`native/`",
+                "checkpoint": None}
+    export = run_dir / rf.EXPORT
+    return {"hub": False, "root": str(root), "native_args": f'"{export}"', "native_where": f"`{export}/`",
+            "checkpoint": str(checkpoint) if root == export and rf.is_model_dir(checkpoint) else None}
+
+
 def export_info(run_dir: Path, manifest: dict) -> dict:
     """The native export: status, where the pushed weights come from, and the export's own record."""
     e = (manifest.get("stages") or {}).get("export") or {}
@@ -287,8 +320,18 @@ def _native_quality(b: dict, ev: dict, ppl_native: float | None, base: dict) -> 
     text = f"Fine-tuned for {b['steps']:,} steps ({b['tokens']:,} tokens) only." if b else "Not fine-tuned."
     orig = next((ev["by_model"][m["name"]].get(ev["native"]) for m in ev["models"]
                  if m["role"] == "baseline" and not m["converted"] and m["name"] in ev["by_model"]), None)
-    if ppl_native is None or orig is None or orig["method"] != "non-overlapping":
-        return text + " Compare the 1x column with the original's before relying on it."
+    n = ev["native"]
+    if ppl_native is None:
+        measured = ", ".join(f"{x:,}" for x in ev["lengths"])
+        return text + (f" The evaluation has no column at its native length ({n:,} tokens; measured: {measured}), "
+                       "so this card cannot compare it with the original there.")
+    if orig is None:
+        return text + (f" The original was not evaluated alongside it (`--baseline original` adds it), so this card "
+                       f"cannot compare its {ppl_native:.2f} perplexity at the native length ({n:,} tokens) with "
+                       "the original's.")
+    if orig["method"] != "non-overlapping":
+        return text + (f" Compare its {n:,}-token column with the original's ({orig['method']} windows there) "
+                       "before relying on it.")
     if ppl_native > orig["ppl"]:
         return text + (f" At the native length it is worse than the original ({ppl_native:.2f} vs {orig['ppl']:.2f} "
                        "perplexity): the conversion costs some quality that a longer fine-tune would recover.")
@@ -356,14 +399,27 @@ def render_card(run_dir: str | Path, template: str | None = None, repo: str | No
     return env.get_template(Path(template).name if template else DEFAULT_TEMPLATE).render(**ctx)
 
 
-AUTO_MARK = "<!-- written by retrofit push from this folder; rewritten on every push (delete this line to keep edits) -->"
+# The last line of every card retrofit writes: ``retrofit push`` renders such a card again for the repo it
+# pushes to (a card without it, edited by hand, is uploaded as it is). OLD_MARKS: earlier versions' line.
+AUTO_MARK = ("<!-- generated by retrofit from this folder; retrofit push renders it again for the repo "
+             "(delete this line to keep hand edits) -->")
+OLD_MARKS = ("<!-- written by retrofit push from this folder; rewritten on every push (delete this line to keep edits) -->",)
+
+
+def is_generated(text: str) -> bool:
+    """A card retrofit wrote (and may rewrite), not one kept for its hand edits."""
+    return any(mark in text for mark in (AUTO_MARK, *OLD_MARKS))
+
+
+def card_text(run_dir: str | Path, template: str | None = None, repo: str | None = None) -> str:
+    """The card as written to a file: ``render_card`` plus the mark of a generated card."""
+    return render_card(run_dir, template, repo) + f"\n{AUTO_MARK}\n"
 
 
 def write_card(run_dir: str | Path, out: str | Path | None = None, template: str | None = None,
-               repo: str | None = None, auto: bool = False) -> Path:
-    """Render the card into ``out`` (default ``<run_dir>/README.md``); returns its path. ``auto``: a card
-    that ``retrofit push`` wrote itself (marked, so the next push rewrites it from the folder's state)."""
-    text = render_card(run_dir, template, repo) + (f"\n{AUTO_MARK}\n" if auto else "")
-    out = write_text(Path(out) if out else Path(run_dir) / rf.CARD, text)
+               repo: str | None = None) -> Path:
+    """Render the card into ``out`` (default ``<run_dir>/README.md``); returns its path. The card is marked as
+    generated (``AUTO_MARK``), so ``retrofit push`` renders it again for the repo it pushes to."""
+    out = write_text(Path(out) if out else Path(run_dir) / rf.CARD, card_text(run_dir, template, repo))
     log.info("wrote the model card %s", out)
     return out

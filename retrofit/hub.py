@@ -6,11 +6,11 @@ What is uploaded, from a staging folder that holds exactly these files:
   tokenizer files (see ``run_folder.published_layout``): an exact native transformers export at the root; else the
   retrofit checkpoint (``final/`` of a fine-tune, or the folder ``retrofit convert`` wrote) at the
   root and an inexact native export, if any, in ``native/``;
-- ``README.md`` (the model card; written from the folder when it has none, and rewritten on each
-  push while it is one that push wrote);
+- ``README.md`` (the model card, rendered in memory for the repo from what the folder holds when the folder
+  has none or one that retrofit generated; a card edited by hand is uploaded as it is);
 - ``eval/report.json``, ``eval/report.md`` and ``eval/*.png``.
 
-Never uploaded: optimizer, scheduler or RNG state, ``checkpoints/``, ``adapter/``, logs, the
+Nothing is written into the run folder (a dry run writes nothing at all). Never uploaded: optimizer, scheduler or RNG state, ``checkpoints/``, ``adapter/``, logs, the
 manifest or the recipe (they hold local paths). The token comes from ``HF_TOKEN`` or the login
 cache (``hf auth login``); a missing token is a :class:`~retrofit.errors.HubError` (exit 5) before
 anything is created. The token is passed to ``HfApi`` only: never logged, printed or written.
@@ -58,20 +58,26 @@ def _weights(prefix: str, src: Path) -> dict[str, Path]:
     return files
 
 
-def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tuple[str, Path]]:
-    """[(path in the repo, local file)] of everything a push uploads, sorted by repo path. A folder
-    without a model card gets one written (for ``repo``)."""
+def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tuple[str, Path | bytes]]:
+    """[(path in the repo, local file or the bytes to upload)] of everything a push uploads, sorted by repo
+    path. Writes nothing: the card is rendered in memory for ``repo`` when the folder has none or has one
+    retrofit generated (``cards.is_generated``); a card edited by hand is uploaded as it is."""
     run_dir = Path(run_dir)
-    plan: dict[str, Path] = {}
+    plan: dict[str, Path | bytes] = {}
     for prefix, src in rf.published_layout(run_dir).items():
         plan.update(_weights(prefix, src))
     card = run_dir / rf.CARD
-    from .cards import AUTO_MARK, write_card
+    from .cards import card_text, is_generated
 
-    if not card.is_file() or AUTO_MARK in card.read_text():  # none, or one push wrote: (re)write from the folder
-        write_card(run_dir, repo=repo, auto=True)
-        log.info("model card %s written from what %s holds (remove its last line to keep hand edits)", card, run_dir)
-    plan[rf.CARD] = card
+    if not card.is_file() or is_generated(card.read_text()):
+        template = ((rf.recipe(run_dir) or {}).get("card") or {}).get("template")
+        plan[rf.CARD] = card_text(run_dir, template=template, repo=repo).encode()
+        log.info("model card rendered for %s from what %s holds", repo or "the Hub", run_dir)
+    else:
+        plan[rf.CARD] = card
+        if repo and repo not in card.read_text():
+            log.warning("%s was edited by hand (no retrofit mark) and does not name %s: it is uploaded as it is",
+                        card, repo)
     ev = run_dir / rf.EVAL
     for p in [ev / n for n in REPORT_FILES] + sorted(ev.glob("*.png")):
         if p.is_file():
@@ -82,11 +88,18 @@ def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tup
     return sorted(plan.items())
 
 
+def _size(src: Path | bytes) -> int:
+    return len(src) if isinstance(src, bytes) else src.stat().st_size
+
+
 def stage(plan: list[tuple[str, Path]], folder: Path) -> Path:
     """Copy (hard-link where possible) the planned files into ``folder``."""
     for name, src in plan:
         dest = folder / name
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(src, bytes):  # rendered in memory (the card)
+            dest.write_bytes(src)
+            continue
         config = json.loads(src.read_text()) if src.name == "config.json" else {}
         if "retrofit" in config and config.get("model_type") != SAVED_MODEL_TYPE:  # saved before configs were marked
             dest.write_text(json.dumps(marked(config), indent=2, sort_keys=True) + "\n")
@@ -123,26 +136,27 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def format_plan(plan: list[tuple[str, Path]]) -> str:
-    total = sum(p.stat().st_size for _, p in plan)
-    width = max(len(n) for n, _ in plan)
-    lines = [f"  {name:<{width}}  {_human(p.stat().st_size):>10}" for name, p in plan]
-    return "\n".join(lines + [f"  {len(plan)} files, {_human(total)}"])
+def format_plan(files: list[tuple[str, int]]) -> str:
+    """The listing a dry run prints: ``files`` is ``push(...)["files"]``, [(path in the repo, bytes)]."""
+    total = sum(n for _, n in files)
+    width = max(len(name) for name, _ in files)
+    lines = [f"  {name:<{width}}  {_human(n):>10}" for name, n in files]
+    return "\n".join(lines + [f"  {len(files)} files, {_human(total)}"])
 
 
 def push(run_dir, repo: str, *, private: bool = False, revision: str = "main", dry_run: bool = False,
          commit_message: str | None = None) -> dict:
-    """Upload a run folder's model, card and report to ``repo`` (``user/name``).
+    """Upload a run folder's model, card and report to ``repo`` (``user/name``). Writes nothing into the folder.
 
     Returns ``{"repo", "revision", "files": [(path in repo, bytes)], "commit_url"}`` (no commit_url
-    for a dry run, which calls nothing on the Hub).
+    for a dry run, which calls nothing on the Hub and writes nothing anywhere).
     """
     repo = check_repo_id(repo)
     if not isinstance(revision, str) or not revision:
         raise OptionError(f"--revision must be a branch name, got {revision!r}")
     run_dir = Path(run_dir)
     plan = upload_plan(run_dir, repo)
-    result = {"repo": repo, "revision": revision, "files": [(n, p.stat().st_size) for n, p in plan],
+    result = {"repo": repo, "revision": revision, "files": [(n, _size(p)) for n, p in plan],
               "weights": rf.published_weights(run_dir), "commit_url": None}
     if dry_run:
         log.info("dry run: would upload %d files to %s@%s", len(plan), repo, revision)

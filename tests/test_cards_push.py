@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import filecmp
+import shutil
 import json
 import logging
 import os
@@ -37,8 +38,6 @@ def run_dir(tmp_path_factory):
 @pytest.fixture
 def fresh(run_dir, tmp_path):
     """A copy of the run (checkpoints included, to prove they are never uploaded)."""
-    import shutil
-
     copy = copy_run(run_dir, tmp_path / "run")
     ckpt = copy / "checkpoints" / "step_00000004"
     ckpt.mkdir(parents=True)
@@ -186,7 +185,10 @@ def test_push_calls_hfapi_with_the_right_arguments_and_folder(fresh, fake_api, m
     assert all(ALLOWED.match(n) for n in fake_api.uploaded)
     assert not any(re.search(r"optimizer|scheduler|random_states|checkpoint|\.pkl|\.bin|log\.jsonl|manifest", n)
                    for n in fake_api.uploaded)
-    assert fake_api.uploaded["README.md"] == (fresh / "README.md").read_bytes()
+    # the folder's generated (local) card, rendered again for the repo; nothing written into the folder
+    assert fake_api.uploaded["README.md"] == cards.card_text(fresh, repo="someone/tiny-alibi").encode()
+    assert b'from_pretrained("someone/tiny-alibi")' in fake_api.uploaded["README.md"]
+    assert "someone/tiny-alibi" not in (fresh / "README.md").read_text()
     assert fake_api.uploaded["eval/report.json"] == (fresh / "eval" / "report.json").read_bytes()
     # the token is nowhere but in the HfApi call
     out = capsys.readouterr()
@@ -210,8 +212,39 @@ def test_dry_run_lists_files_with_sizes_and_calls_nothing(fresh, no_hub, monkeyp
     listed = dict(re.findall(r"^  (\S+)\s+([\d,.]+ (?:B|KiB|MiB|GiB))$", out, re.MULTILINE))
     assert set(listed) == _expected(fresh)
     assert f"{len(listed)} files" in out and TOKEN not in out and "token: HF_TOKEN" in out
-    plan = dict(hub.upload_plan(fresh))
-    assert listed["README.md"] == hub._human(plan["README.md"].stat().st_size)
+    plan = dict(hub.upload_plan(fresh, "someone/tiny-alibi"))
+    assert listed["README.md"] == hub._human(len(plan["README.md"]))
+
+
+def _listing(folder: Path) -> list:
+    return sorted((p.relative_to(folder).as_posix(), p.is_dir(), p.stat().st_mtime_ns, p.stat().st_size,
+                   None if p.is_dir() else p.read_bytes()) for p in [folder, *folder.rglob("*")])
+
+
+@pytest.mark.parametrize("card", ["generated", "none"])
+def test_dry_run_writes_nothing(fresh, no_hub, monkeypatch, capsys, card):
+    """Issue 32 item 10: a dry run wrote the card into the folder (and crashed on a read-only one)."""
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    if card == "none":
+        (fresh / "README.md").unlink()
+    before = _listing(fresh)
+    modes = {p: p.stat().st_mode for p in [fresh, *fresh.rglob("*")] if p.is_dir()}
+    try:
+        for p in modes:
+            p.chmod(0o555)  # read-only (root ignores it: the listing check is what proves it)
+        assert main(["push", str(fresh), "--repo", "someone/tiny-alibi", "--dry-run"]) == 0
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+    assert _listing(fresh) == before
+    assert "README.md" in capsys.readouterr().out
+
+
+def test_a_hand_edited_card_is_uploaded_as_it_is(fresh):
+    text = (fresh / "README.md").read_text()
+    (fresh / "README.md").write_text(text.replace(cards.AUTO_MARK, "My own words."))
+    plan = dict(hub.upload_plan(fresh, "someone/tiny-alibi"))
+    assert plan["README.md"] == fresh / "README.md"
 
 
 def test_missing_token_is_a_clear_error_before_any_upload(fresh, no_hub, monkeypatch, tmp_path, capsys):
@@ -259,3 +292,82 @@ def test_pipeline_pushes_when_the_recipe_names_a_repo(fresh, fake_api, monkeypat
     meta = ModelCard((fresh / "README.md").read_text()).data.to_dict()
     assert meta["model-index"][0]["name"] == "someone/tiny-alibi"  # the card was re-rendered for the repo
     assert os.environ["HF_TOKEN"] == TOKEN
+
+
+# ---- issue 32 items 6 and 11: the card says what the run holds and where ----------------------------------
+def test_card_install_line_names_the_pyproject_distribution(fresh):
+    """PyPI's 'retrofit' is someone else's project: the card installs the name pyproject.toml declares."""
+    import tomllib
+
+    import retrofit
+
+    name = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    assert name == retrofit.DISTRIBUTION != "retrofit"
+    shutil.rmtree(fresh / "export")  # no native export: loading needs retrofit, so the card says what to install
+    text = cards.render_card(fresh)
+    assert re.findall(r"pip install (\S+)", text) == [name]
+    for doc in [REPO / "README.md", *(REPO / "docs").glob("*.md"), cards.TEMPLATE_DIR / cards.DEFAULT_TEMPLATE]:
+        assert not re.search(r"pip install retrofit(?![\w-])", doc.read_text()), doc
+
+
+def _converted_folder(tmp_path, factory: str, scheme: str) -> Path:
+    import retrofit
+
+    from .tiny import TINY
+
+    model = TINY[factory]()
+    retrofit.convert(model, scheme)
+    return retrofit.save(model, tmp_path / f"{factory}-{scheme}")
+
+
+def test_card_native_mechanism_follows_the_checkpoint(tmp_path):
+    """The SmolLM2 (RoPE) card spoke of a 'native position table ... frozen and unused': it has none."""
+    table = cards.render_card(_converted_folder(tmp_path, "gpt2", "alibi"))
+    assert "native learned position table (32 rows) is kept in the weights" in table and "RoPE" not in table
+    rope = cards.render_card(_converted_folder(tmp_path, "llama", "alibi"))
+    assert "native rotary embedding (RoPE, which has no weights) is switched off" in rope
+    assert "position table" not in rope
+
+
+def test_card_loads_from_the_repo_or_from_the_local_folder(fresh):
+    shutil.rmtree(fresh / "export")  # the retrofit checkpoint in final/ is what loads
+    local = cards.render_card(fresh)
+    assert f'from_pretrained("{fresh / "final"}")' in local and f'retrofit.load("{fresh / "final"}")' in local
+    assert "REPO_ID" not in local and "weights at the root" not in local
+    hub_card = cards.render_card(fresh, repo="someone/tiny-alibi")
+    assert 'from_pretrained("someone/tiny-alibi")' in hub_card and "weights at the root are a retrofit" in hub_card
+    assert str(fresh) + "/final" not in hub_card and "REPO_ID" not in hub_card
+
+
+def test_card_with_an_export_loads_it_from_where_it_is(fresh):
+    record = json.loads((fresh / "export" / "retrofit_export.json").read_text())
+    local, hub_card = cards.render_card(fresh), cards.render_card(fresh, repo="someone/tiny-alibi")
+    if record["exact"]:  # the export replaces the checkpoint at the repo's root
+        assert f'from_pretrained("{fresh / "export"}")' in local and f"`{fresh / 'final'}/`" in local
+        assert 'from_pretrained("someone/tiny-alibi")' in hub_card and "subfolder" not in hub_card
+    else:
+        assert f'from_pretrained("{fresh / "export"}")' in local and 'subfolder="native"' not in local
+        assert 'from_pretrained("someone/tiny-alibi", subfolder="native")' in hub_card
+
+
+def _edit_report(run: Path, keep) -> None:
+    path = run / "eval" / "report.json"
+    report = json.loads(path.read_text())
+    report["rows"] = [r for r in report["rows"] if keep(r, report)]
+    report["cost"] = [c for c in report.get("cost") or [] if keep(c, report)]
+    report["models"] = [m for m in report["models"] if any(r["model"] == m["name"] for r in report["rows"])]
+    report["settings"]["lengths"] = sorted({r["length"] for r in report["rows"]})
+    path.write_text(json.dumps(report))
+
+
+def test_card_quality_line_follows_the_reports_columns(fresh):
+    """'Compare the 1x column' where the table has no such column: the line says what the report holds."""
+    text = cards.render_card(fresh)
+    assert "1x column" not in text and "vs the original's" in text
+    _edit_report(fresh, lambda r, rep: "(original)" not in r["model"])
+    text = cards.render_card(fresh)
+    assert "original was not evaluated alongside it (`--baseline original` adds it)" in text
+    assert "1x column" not in text
+    _edit_report(fresh, lambda r, rep: r["length"] != 64)
+    text = cards.render_card(fresh)
+    assert "no column at its native length (64 tokens; measured: 128, 256)" in text
