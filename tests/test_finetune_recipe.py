@@ -105,3 +105,29 @@ def test_docs_list_every_key():
     text = (Path(__file__).parent.parent / "docs" / "finetune.md").read_text()
     missing = [key for key, *_ in iter_keys() if f"`{key}`" not in text]
     assert not missing, f"docs/finetune.md does not list {missing}"
+
+
+def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code(monkeypatch):
+    """docs/finetune.md said ALiBi trains on the chunked path at 0.54x while the benchmark (and the README)
+    had it on the fused path (issue 32 item 11): the doc names the path each scheme trains on, which must
+    be the one benchmarks/bench_finetune.json recorded and the one choose_path picks for such a step."""
+    import json
+    import re
+
+    import torch
+
+    from retrofit.kernel import choose_path
+
+    root = Path(__file__).parent.parent
+    text = (root / "docs" / "finetune.md").read_text()
+    section = text[text.index("### Benchmark: fine-tune throughput"):text.index("### Does distillation")]
+    assert "0.54" not in section
+    doc_paths = dict(re.findall(r"^\| (\w+) \| ([\w -]+?) \| ", section, re.MULTILINE))
+    bench = json.loads((root / "benchmarks" / "bench_finetune.json").read_text())["results"]
+    for scheme, result in bench.items():
+        assert doc_paths[scheme] == (result["attention_path"] or "stock SDPA"), scheme
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)  # conftest pins chunked; a user's auto
+    q = torch.zeros(1, 2, 8, 4, requires_grad=True)
+    dropout = 0.1  # GPT-2's, as in the benchmark
+    assert choose_path("auto", q, True, dropout, linear=True) == doc_paths["alibi"]
+    assert choose_path("auto", q, True, dropout, banded=True, full=True) == doc_paths["t5"]
