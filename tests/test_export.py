@@ -239,3 +239,24 @@ def test_bfloat16_model_exports_in_its_dtype(tmp_path):
     assert any("float32 only" in n for n in result["notes"])
     plain = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert plain.dtype == torch.bfloat16
+
+
+def test_falcon_exact_range_is_stated_once_as_the_code_has_it():
+    """The range was 256, 257 or 258 tokens depending on the document (issue 32 item 11): docs/export.md states
+    it from the constant the export uses; the other documents link there and give no number of their own."""
+    import re
+    from pathlib import Path
+
+    from retrofit.native_export.gpt2 import FALCON_BF16_EXACT
+
+    root = Path(__file__).resolve().parents[1]
+    export_md = (root / "docs" / "export.md").read_text()
+    assert f"inputs of up to **{FALCON_BF16_EXACT - 1}\n  tokens**" in export_md
+    assert f"`exact_below: {FALCON_BF16_EXACT}`" in export_md and 'id="falcon-exact-range"' in export_md
+    for doc in [root / "README.md", *(root / "docs").glob("*.md")]:
+        if doc.name == "export.md":
+            continue
+        text = doc.read_text()
+        assert not re.search(r"exact (only )?(below|up to|under) 25\d", text), doc
+        if "bfloat16" in text and "Falcon" in text:
+            assert "export.md#falcon-exact-range" in text, doc
