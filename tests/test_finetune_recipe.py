@@ -131,3 +131,23 @@ def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code(monkeypa
     dropout = 0.1  # GPT-2's, as in the benchmark
     assert choose_path("auto", q, True, dropout, linear=True) == doc_paths["alibi"]
     assert choose_path("auto", q, True, dropout, banded=True, full=True) == doc_paths["t5"]
+
+
+def test_quickstart_and_tiny_recipes_leave_the_kernel_to_auto(monkeypatch):
+    """They forced `kernel: chunked` 'to skip compiling flex' (issue 32 item 11), but auto no longer picks
+    flex for them on CPU: ALiBi takes fused-alibi (training and inference), RoPE has no bias."""
+    import torch
+    import yaml
+
+    from retrofit.kernel import choose_path
+
+    names = [p for p in RECIPES if p.name == "quickstart.yaml" or p.name.startswith("tiny-")]
+    for path in names:
+        options = (yaml.safe_load(path.read_text()).get("convert") or {}).get("options") or {}
+        assert options.get("kernel", "auto") == "auto", path.name
+        assert "flex" not in path.read_text(), path.name
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+    q = torch.zeros(1, 2, 8, 4, requires_grad=True)
+    assert choose_path("auto", q, True, 0.0, linear=True) == "fused-alibi"
+    with torch.no_grad():
+        assert choose_path("auto", q.detach(), True, 0.0, linear=True) == "fused-alibi"

@@ -98,8 +98,10 @@ def test_readme_usage_block_runs_in_order_on_a_tiny_model(tmp_path, user_env):
     r = cli(push + ["--dry-run"], tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
     assert r.returncode == 0, r.stderr[-3000:]
     assert "eval/report.json" in r.stdout
-    card = (folder / "README.md").read_text()
-    assert "fine-tuned briefly (12 steps)" in card and "user/tiny-gpt2-alibi" in card  # rewritten since convert
+    assert not (folder / "README.md").exists()  # a dry run writes nothing, not even the card it lists
+    r = cli(["retrofit", "card", str(folder.relative_to(tmp_path)), "--print"], tmp_path, user_env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fine-tuned briefly (12 steps)" in r.stdout and 'from_pretrained("runs/tiny-gpt2-alibi/final")' in r.stdout
 
     # Third-party loaders: the converted model with retrofit imported, a loud refusal without it.
     code = ("import json, sys, torch, retrofit; from transformers import AutoModelForCausalLM, AutoConfig;"
