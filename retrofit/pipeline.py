@@ -148,9 +148,22 @@ def _named(model, tok, name: str, base: str):
     return (name, model, tok)
 
 
+def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None):
+    """A run's "original" baseline: ``name_or_path`` loaded and, when it is itself a retrofit checkpoint (a
+    recipe that starts from ``retrofit convert``'s output), reverted to the positions kept in its weights.
+    Returns ``(name, model, tokenizer)``, named "<name> (original)" as in the report of ``retrofit run``."""
+    from .core import is_converted, revert
+    from .io import load_model
+
+    bm, btok = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device)  # built-in names too
+    if is_converted(bm):
+        revert(bm)
+    return _named(bm, btok, f"{name_or_path} (original)", name_or_path)
+
+
 def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
-    from .core import convert, is_converted, revert
+    from .core import convert, is_converted
     from .io import load_model
 
     m = rr.finetune.model
@@ -160,16 +173,13 @@ def eval_models(rr: RunRecipe):
     main = _named(model, tok, f"{base} + {scheme} (fine-tuned)", base)
     baselines = []
     for b in rr.eval.baselines:
-        if b in ("original", "converted"):
+        if b == "original":  # the checkpoint's own original positions (kept in its weights)
+            baselines.append(load_original(base, gguf_file=m.gguf_file, dtype=m.dtype))
+        elif b == "converted":
             bm, btok = load_model(base, gguf_file=m.gguf_file, dtype=m.dtype)  # built-in names resolve there
-            if b == "converted":
-                if not is_converted(bm):  # a recipe that starts from a converted checkpoint: it is that one
-                    convert(bm, rr.finetune.convert.scheme, **rr.finetune.convert.options)
-                baselines.append(_named(bm, btok, f"{base} + {scheme} (not fine-tuned)", base))
-            else:
-                if is_converted(bm):  # the checkpoint's own original positions (kept in its weights)
-                    revert(bm)
-                baselines.append(_named(bm, btok, f"{base} (original)", base))
+            if not is_converted(bm):  # a recipe that starts from a converted checkpoint: it is that one
+                convert(bm, rr.finetune.convert.scheme, **rr.finetune.convert.options)
+            baselines.append(_named(bm, btok, f"{base} + {scheme} (not fine-tuned)", base))
         else:
             bm, btok = load_model(b)
             baselines.append(_named(bm, btok, b, b))

@@ -128,6 +128,26 @@ def retrofit_block(model_folder: Path) -> dict:
     return (read_json(Path(model_folder) / "config.json") or {}).get("retrofit") or {}
 
 
+def original_source(path) -> dict | None:
+    """What "the original" of the model in ``path`` (a run folder, its ``final/``, or a ``retrofit convert``
+    checkpoint) is, from what the run saved: ``{"name_or_path", "gguf_file", "dtype"}`` for ``load_model``, then
+    reverted if it is itself a retrofit checkpoint (as a recipe's ``baselines: [original]``); None when
+    nothing says (a plain model is its own original). The recipe's model when it is here to load (a local
+    folder, e.g. the converted checkpoint a fine-tune went on from), else the base model the conversion
+    recorded (``retrofit.base_model``), else the recipe's name as written (a Hub id)."""
+    path = Path(path)
+    runs = [path, path.parent] if path.name == FINAL else [path]
+    model = next(((recipe(d) or {}).get("model") or {} for d in runs if recipe(d)), {})
+    from_recipe = {"name_or_path": model.get("name_or_path"), "gguf_file": model.get("gguf_file"),
+                   "dtype": model.get("dtype")}
+    base = retrofit_block(model_dir(path)).get("base_model")
+    if from_recipe["name_or_path"] and Path(from_recipe["name_or_path"]).expanduser().exists():
+        return from_recipe
+    if base:
+        return {"name_or_path": str(base), "gguf_file": None, "dtype": from_recipe["dtype"]}
+    return from_recipe if from_recipe["name_or_path"] else None
+
+
 def native_length(model_folder: Path) -> int:
     """The native length of a checkpoint (``retrofit.native.native_length`` of its config.json)."""
     n = read_native_length(read_json(Path(model_folder) / "config.json") or {})

@@ -206,3 +206,37 @@ def test_run_from_a_converted_checkpoint_compares_with_its_original_positions(tm
     report = json.loads((out / "eval" / "report.json").read_text())
     by_role = [(m["role"], m["converted"], m["scheme"]) for m in report["models"]]
     assert by_role == [("converted", True, "alibi"), ("baseline", False, None), ("baseline", True, "alibi")]
+
+
+def test_cli_eval_baseline_original_means_what_recipes_mean(run_dir, tmp_path, capsys):
+    """`--baseline original` worked in recipes only (issue 32 item 11): `retrofit eval RUN --baseline original`
+    scores the unconverted model the run started from (read from its run.yaml / the checkpoint's retrofit
+    block), and gets the very numbers the pipeline's own 'original' row has on the same tokens."""
+    from retrofit.cli import main
+
+    ran = json.loads((run_dir / "eval" / "report.json").read_text())
+    rec = yaml.safe_load((run_dir / "run.yaml").read_text())["eval"]
+    args = ["--baseline", "original", "--data", rec["data"], "--budget", str(rec["budget"]), "--lengths",
+            ",".join(rec["lengths"]), "--no-plots", "--no-progress"]
+    for target in (run_dir, run_dir / "final"):
+        out = tmp_path / target.name
+        assert main(["eval", str(target), *args, "--out", str(out)]) == 0
+        report = json.loads((out / "report.json").read_text())
+        base = report["models"][1]
+        assert base["name"] == "tiny-gpt2 (original)" and base["role"] == "baseline" and not base["converted"]
+        row = lambda rep, name: [r["ppl"] for r in rep["rows"] if r["model"] == name and r["method"] == "non-overlapping"]
+        assert row(report, base["name"]) == row(ran, base["name"]) != []
+    capsys.readouterr()
+    # a converted checkpoint without a run: its config's retrofit block names the base model
+    model, tok = retrofit.load_model("tiny-gpt2")
+    ck = retrofit.save(retrofit.convert(model, "alibi"), tmp_path / "ck", tokenizer=tok)
+    assert main(["eval", str(ck), *args, "--out", str(tmp_path / "ck-eval")]) == 0
+    report = json.loads((tmp_path / "ck-eval" / "report.json").read_text())
+    assert [(m["name"], m["converted"]) for m in report["models"]][1] == ("tiny-gpt2 (original)", False)
+    # a plain model records no original: a clear error (exit 2), before any scoring
+    plain = tmp_path / "plain"
+    retrofit.revert(model)
+    model.save_pretrained(plain)
+    tok.save_pretrained(plain)
+    assert main(["eval", str(plain), "--baseline", "original", "--out", str(tmp_path / "x")]) == 2
+    assert "records no model it was converted from" in capsys.readouterr().err

@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
     p.add_argument("--doc-separator", metavar="TEXT",
                    help="join documents with this text instead of EOS (escapes allowed: '\\n\\n' for wikitext rows)")
     p.add_argument("--baseline", action="append", default=[], metavar="MODEL",
-                   help="a model to score on the same tokens (repeatable)")
+                   help="a model to score on the same tokens (repeatable); 'original': the unconverted model MODEL "
+                   "was converted from (read from its run's recipe or its config's retrofit block), as in recipes")
     p.add_argument("--budget", type=int, default=D.BUDGET, help="tokens scored per length (default %(default)s)")
     p.add_argument("--stride", type=int, default=None,
                    help="sliding-window stride (default: half of each sliding window)")
@@ -78,6 +79,28 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _baselines(args) -> list:
+    """``--baseline`` values; ``original`` becomes the model MODEL was converted from, loaded and unconverted
+    (what a recipe's ``baselines: [original]`` scores)."""
+    from ..run_folder import original_source
+
+    out = []
+    for b in args.baseline:
+        if b != "original":
+            out.append(b)
+            continue
+        src = original_source(args.model) if Path(args.model).exists() else None
+        if src is None:
+            raise OptionError(f"--baseline original: {args.model} records no model it was converted from (no "
+                              "run recipe, no retrofit block in its config); name that model instead: --baseline NAME")
+        from ..pipeline import load_original
+
+        log.info("--baseline original: %s", src["name_or_path"])
+        out.append(load_original(src["name_or_path"], gguf_file=src["gguf_file"], dtype=args.dtype or src["dtype"],
+                                 device=args.device))
+    return out
+
+
 def run(args) -> int:
     from ..evaluation import evaluate
     from ..evaluation.markdown import ppl_table
@@ -92,7 +115,7 @@ def run(args) -> int:
         data=args.data,
         gguf_file=args.gguf_file,
         doc_separator=codecs.decode(args.doc_separator, "unicode_escape") if args.doc_separator else None,
-        baselines=args.baseline,
+        baselines=_baselines(args),
         budget=args.budget,
         stride=args.stride,
         sliding=not args.no_sliding,
