@@ -58,6 +58,160 @@ def test_plots_and_markdown_written(saved):
     assert "| `gpt2-32` | baseline | sliding |" in md and "## Passkey retrieval" in md and "not run" in md
 
 
+
+# --- the plots a user opens: nothing cut off, nothing hidden, plain labels -----------------------------
+
+def _drawn(fig):
+    fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def _assert_nothing_past_the_edge(fig):
+    """Every drawn title, label, tick label and legend lies inside the figure (before any tight
+    cropping at save): the figure's tight box, the union of what is drawn, is within its canvas."""
+    renderer = _drawn(fig)
+    box = fig.bbox
+    drawn = [fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)]
+    drawn += [a.get_tightbbox(renderer) for a in fig.axes] + [lg.get_window_extent(renderer) for lg in fig.legends]
+    for e in drawn:
+        assert (e.x0 >= box.x0 - 1 and e.y0 >= box.y0 - 1 and e.x1 <= box.x1 + 1 and e.y1 <= box.y1 + 1), (e, box)
+
+
+def _assert_legends_outside_the_axes(fig):
+    renderer = _drawn(fig)
+    assert fig.legends
+    for legend in fig.legends:
+        for ax in fig.axes:
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer))
+
+
+def _labelled_lines(ax):
+    return [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+
+
+def _assert_styles_unique(ax):
+    from matplotlib.colors import to_rgba
+
+    lines = _labelled_lines(ax)
+    styles = [(to_rgba(ln.get_color()), ln.get_linestyle(), ln.get_marker()) for ln in lines]
+    assert len(set(styles)) == len(styles), styles
+    pairs = [(c, ls) for c, ls, _ in styles]
+    assert len(set(pairs)) == len(pairs), pairs
+
+
+def test_ppl_plot_is_readable(saved):
+    import matplotlib.pyplot as plt
+
+    from retrofit.evaluation.plots import ppl_figure
+
+    report, _ = saved
+    fig = ppl_figure(report)
+    try:
+        _assert_nothing_past_the_edge(fig)
+        _assert_legends_outside_the_axes(fig)
+        ax = fig.axes[0]
+        assert ax.get_yscale() == "log"
+        labels = [t.get_text() for t in ax.get_yticklabels(which="both") + ax.get_xticklabels(which="both")]
+        assert [x for x in labels if x]  # plain numbers, never 1.05×10² or 2⁶
+        assert not any("10^" in x or "\\times" in x or "×" in x or "$" in x for x in labels), labels
+        _assert_styles_unique(ax)
+        # the original's single non-overlapping point: plotted, inside the axes, above every other series
+        [single] = [c for c in ax.containers if c.get_label() == "gpt2-32 (non-overlapping)"]
+        point = single.lines[0]
+        [(x, y)] = point.get_xydata()
+        row = next(r for r in report.rows if r["model"] == "gpt2-32" and r["method"] == "non-overlapping")
+        assert (x, y) == (row["length"], pytest.approx(row["ppl"]))
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        assert x0 < x < x1 and y0 < y < y1
+        others = [ln for ln in ax.get_lines() if ln is not point]
+        assert point.get_zorder() > max(ln.get_zorder() for ln in others)
+        assert point.get_markersize() > max(ln.get_markersize() for ln in _labelled_lines(ax))
+        assert "gpt2-32 (non-overlapping)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    finally:
+        plt.close(fig)
+
+
+def test_loss_by_position_plot_tells_eleven_lines_apart(saved):
+    import copy
+
+    import matplotlib.pyplot as plt
+
+    from retrofit.evaluation import Report
+    from retrofit.evaluation.plots import positions_figure
+
+    report, _ = saved
+    # a run like the quickstart's: three models, five lengths each for two of them (11 lines)
+    entries = report["loss_by_position"]
+    many = Report(copy.deepcopy(report.data))
+    many.data["loss_by_position"] = [dict(entries[i % len(entries)], model=name, length=L)
+                                for i, (name, lengths) in enumerate(
+                                    [("base + alibi (fine-tuned)", [128, 256, 512, 1024, 2048]),
+                                     ("base (original)", [128]),
+                                     ("base + alibi (not fine-tuned)", [128, 256, 512, 1024, 2048])])
+                                for L in lengths]
+    assert len(many["loss_by_position"]) == 11
+    for rep, n in ((report, len(entries)), (many, 11)):
+        fig = positions_figure(rep)
+        try:
+            _assert_nothing_past_the_edge(fig)
+            _assert_legends_outside_the_axes(fig)
+            ax = fig.axes[0]
+            assert len(_labelled_lines(ax)) == n
+            _assert_styles_unique(ax)
+            texts = [t.get_text() for t in fig.legends[0].get_texts()]
+            assert {e["model"] for e in rep["loss_by_position"]} <= {t.replace("\n", " ") for t in texts}
+        finally:
+            plt.close(fig)
+
+
+def test_passkey_plot_has_full_titles_and_a_not_run_legend(saved):
+    import matplotlib.pyplot as plt
+
+    from retrofit.evaluation import Report
+    from retrofit.evaluation.plots import NOT_RUN_COLOR, passkey_figure
+
+    report, _ = saved
+    long = Report(json.loads(json.dumps(report.data)))
+    for r in long["passkey"]:  # names like the pipeline's, longer than a panel is wide
+        r["model"] = f"baseline:quickstart + alibi {r['model']} (not fine-tuned)"
+    for rep in (report, long):
+        fig = passkey_figure(rep)
+        try:
+            _assert_nothing_past_the_edge(fig)
+            _assert_legends_outside_the_axes(fig)
+            renderer = _drawn(fig)
+            panels = [ax for ax in fig.axes if ax.get_title()]
+            models = list(dict.fromkeys(r["model"] for r in rep["passkey"]))
+            assert [ax.get_title().replace("\n", " ") for ax in panels] == models  # whole names, never cut
+            boxes = [ax.get_tightbbox(renderer) for ax in panels]  # panels, labels included, do not overlap
+            assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+            assert any(r["accuracy"] is None for r in rep["passkey"])
+            [legend] = fig.legends
+            assert [t.get_text() for t in legend.get_texts()][0].startswith("not run")
+            from matplotlib.colors import to_rgba
+            assert to_rgba(legend.legend_handles[0].get_facecolor()) == to_rgba(NOT_RUN_COLOR)
+        finally:
+            plt.close(fig)
+
+
+def test_plots_are_written_atomically(saved, tmp_path, monkeypatch):
+    """A plot that fails half-way leaves the old PNG and no temporary file."""
+    from retrofit.evaluation import plots
+
+    report, out = saved
+    old = (out / "ppl_vs_length.png").read_bytes()
+    target = tmp_path / "ppl_vs_length.png"
+    target.write_bytes(old)
+
+    def broken(self, fname, **kw):
+        open(fname, "wb").write(b"half")
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(plots.plt.Figure, "savefig", broken)
+    with pytest.raises(RuntimeError):
+        plots.plot_ppl(report, target)
+    assert target.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == [target.name]
+
 def test_rerun_is_identical(saved):
     report, _ = saved
     again = _run()
