@@ -44,12 +44,13 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
                             f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first")
     if scheme.kind == "rotary":
         k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
-        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], Tk + shift)
+        length = _rotary_length(state, scheme, Tq, Tk + shift, query.device, placed)
+        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], length)
         if _rotate_once(state, scheme, key):
             # the cache keeps rotated keys, as a native RoPE model's does: rotate only the new rows, in place
-            key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], Tk + shift)
+            key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], length)
         else:
-            key = scheme.rotate(ctx.layer, key, k_pos, Tk + shift)
+            key = scheme.rotate(ctx.layer, key, k_pos, length)
     rel_query = None
     if scheme.kind == "relative":  # Transformer-XL: content query q + u, position query q + v
         query, rel_query = scheme.relative_queries(ctx.layer, query)
@@ -60,22 +61,15 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         if rel_query is not None:
             rel_query = rel_query * tau.to(query.dtype)[:, None, :, None]
     relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed)
-    bias = slopes = band = None
+    bias = slopes = band = rows = None
     if scheme.kind == "bias":
         scale = scaling if scheme.bias_scaled_with_scores else None
         layer = ctx.layer_index(query.device)  # a 0-d tensor: compiled score_mods do not specialise on it
         moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
-        # (the common unmoved case passes i, j as they are: a Python int added inside a compiled flex
-        # score_mod is specialised per value and hits the same inductor C++ error as a per-layer int)
-        if placed:
-            bias = lambda h, i, j: scheme.bias(layer, h, state.place(i), state.place(j))  # noqa: E731
-        elif moved:
-            bias = lambda h, i, j: scheme.bias(layer, h, i + moved, j + moved)  # noqa: E731
-        else:
-            bias = lambda h, i, j: scheme.bias(layer, h, i, j)  # noqa: E731
-        if scale:
-            unscaled = bias
-            bias = lambda h, i, j: unscaled(h, i, j) * scale  # noqa: E731
+        if not (scheme.shift_invariant or placed):  # left padding / position_ids move a row's tokens off their slots
+            rows = _row_shifts(state, Tq, Tk, query.device)
+            rows = None if rows is None or bool((rows == shift).all()) else rows + state.offset  # (B,)
+        bias = _bias_fn(scheme, layer, state.place if placed else None, moved, scale)
         # ALiBi: the fused kernels need no bias function (not with a block's own positions)
         slopes = None if placed else scheme.linear_slopes(ctx.layer)
         if slopes is not None and scale:
@@ -84,7 +78,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         band = None if placed or tau is not None else scheme.distance_band(ctx.layer)
         if band is not None and scale:
             band = band * scale
-        if tau is not None and slopes is None and not (placed or moved) and _tau_of_slots(scheme, tau, q_start, Tk):
+        if (tau is not None and slopes is None and rows is None and not (placed or moved)
+                and _tau_of_slots(scheme, tau, q_start, Tk)):
             # the temperature read from the query's own position inside the bias: a compiled flex score_mod
             # that loads a per-row tensor fails inductor's CPU template (torch 2.13); this one compiles
             tempered, temperature = bias, scheme.temperature_fn(query.device)
@@ -93,13 +88,65 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
-    out, path = kernel.attend(
-        query, key, value, scaling=scaling, bias=bias, key_padding=padding, window=ctx.window,
-        q_start=q_start, dropout=dropout, kernel=state.kernel, slopes=slopes, band=band, row_scale=tau, relative=relative,
-        bias_params=tuple(scheme.parameters()) if bias is not None else (),
-    )
+    call = dict(scaling=scaling, window=ctx.window, q_start=q_start, dropout=dropout, kernel=state.kernel,
+                slopes=slopes, band=band, relative=relative,
+                bias_params=tuple(scheme.parameters()) if bias is not None else ())
+    if rows is None:
+        out, path = kernel.attend(query, key, value, bias=bias, key_padding=padding, row_scale=tau, **call)
+    else:  # rows at different positions: one call per group of rows that share a shift
+        out, path = torch.empty_like(query), None
+        for moved in rows.unique().tolist():
+            idx = (rows == moved).nonzero()[:, 0]
+            pick = lambda t: None if t is None else t[idx] if t.shape[0] > 1 else t  # noqa: E731
+            part, path = kernel.attend(query[idx], key[idx], value[idx], bias=_bias_fn(scheme, layer, None, moved, scale),
+                                       key_padding=pick(padding), row_scale=pick(tau), **call)
+            out[idx] = part
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _bias_fn(scheme, layer, place, moved: int, scale):
+    """The bias of slot indices i, j: at a block's own positions (``place``), else moved by ``moved``.
+    (The common unmoved case passes i, j as they are: a Python int added inside a compiled flex score_mod is
+    specialised per value and hits the same inductor C++ error as a per-layer int.)"""
+    if place is not None:
+        bias = lambda h, i, j: scheme.bias(layer, h, place(i), place(j))  # noqa: E731
+    elif moved:
+        bias = lambda h, i, j: scheme.bias(layer, h, i + moved, j + moved)  # noqa: E731
+    else:
+        bias = lambda h, i, j: scheme.bias(layer, h, i, j)  # noqa: E731
+    if scale:
+        return lambda h, i, j: bias(h, i, j) * scale  # noqa: E731
+    return bias
+
+
+def _row_shifts(state, Tq: int, Tk: int, device) -> torch.Tensor | None:
+    """Per batch row, position - slot index of its tokens (B,): left padding (positions counted over real
+    tokens, as ``generate`` builds them) or a caller's ``position_ids`` move a row's tokens off their slots.
+    Read at the row's last real query of this call (its tokens are contiguous). None: no position inputs."""
+    info = state.inputs or {}
+    if info.get("position_ids") is None and info.get("attention_mask") is None:
+        return None
+    pos = state_positions(state, Tq, device)  # (B or 1, Tq)
+    mask = info.get("attention_mask")
+    real = torch.ones_like(pos, dtype=torch.bool)
+    if mask is not None and mask.shape[-1] >= Tq:
+        real = mask[:, -Tq:].to(device=device, dtype=torch.bool).expand_as(pos)
+    index = torch.where(real, torch.arange(Tq, device=device), -1).max(-1).values  # (B,) last real query; -1: none
+    at = index.clamp(min=0)
+    shift = pos.expand(real.shape).gather(-1, at[:, None])[:, 0] - (Tk - Tq + at)  # position - slot
+    return torch.where(index >= 0, shift, torch.zeros_like(shift))
+
+
+def _rotary_length(state, scheme, Tq: int, slots: int, device, placed: bool) -> int:
+    """The sequence length a length-dependent rotation (dynamic RoPE) is sized on: as transformers'
+    ``dynamic_rope_update``, max(position_ids) + 1 over the batch, so left padding does not count (positions
+    from the caller or counted over the 2D mask's real tokens); ``slots`` (the key count) without either."""
+    info = state.inputs or {}
+    if not scheme.rotation_depends_on_length or placed or (info.get("position_ids") is None
+                                                           and info.get("attention_mask") is None):
+        return slots
+    return int(state_positions(state, Tq, device).max()) + 1
 
 
 def _tau_of_slots(scheme, tau, q_start, Tk) -> bool:

@@ -9,6 +9,7 @@ modified, so converted and unconverted models (or two conversions) live side by 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from typing import Any
@@ -90,6 +91,8 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "load it with retrofit.load(path) (plain from_pretrained does not re-apply the patch)"
         )
     adapter = adapter_for(model)
+    if state is None:
+        _own_config(model)
     spec = dataclasses.replace(adapter.spec(), embedding_rms=_embedding_rms(model))
     common, own = parse_common(spec, options)
     opts = scheme_cls.parse_options(spec, own)
@@ -153,6 +156,17 @@ def _embedding_rms(model) -> float | None:
             return float(model.get_input_embeddings().weight.float().pow(2).mean().sqrt())
     except (AttributeError, NotImplementedError, RuntimeError):  # no embedding module, meta or quantised weights
         return None
+
+
+def _own_config(model) -> None:
+    """Give the model a config object of its own before converting writes to it (reach, attention function,
+    the ``retrofit`` block): the caller may still hold the one it built the model from and build another
+    model from it. Every module that shares the model's config gets the copy."""
+    shared = model.config
+    own = copy.deepcopy(shared)
+    for m in model.modules():
+        if getattr(m, "config", None) is shared:
+            m.config = own
 
 
 def _set_attn(model, name: str | None):

@@ -104,12 +104,12 @@ def choose_path(requested: str, q: torch.Tensor, has_bias: bool, dropout: float,
         return "fused-band" if band_ok else "fused-dense"
     grad = torch.is_grad_enabled() and q.requires_grad
     # CPU flex: no backward, no padded/windowed block masks, no per-row tensor in a score_mod (inductor's
-    # CPU template fails to compile the load, torch 2.13)
-    flex_ok = q.is_cuda or not (grad or masked or scaled)
+    # CPU template fails to compile the load, torch 2.13), no float64 (refused on CPU)
+    flex_ok = q.is_cuda or not (grad or masked or scaled or q.dtype == torch.float64)
     if requested == "flex":
         if not flex_ok:
-            raise RuntimeError("flex attention on CPU has no backward and cannot take padding, windows or a "
-                               "per-row bias scale; use kernel='chunked' or 'auto'")
+            raise RuntimeError("flex attention on CPU has no backward and cannot take padding, windows, a "
+                               "per-row bias scale or float64; use kernel='chunked' or 'auto'")
         if not _flex_available():
             raise RuntimeError(f"flex attention was requested but is unavailable: {_flex_error}")
         return "flex"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+from pathlib import Path
 
 from . import __version__
 
@@ -22,3 +23,16 @@ def library_versions() -> dict[str, str | None]:
     out["python"] = platform.python_version()
     out["platform"] = platform.platform()
     return out
+
+
+def cpu_info() -> dict:
+    """The CPU a speed or precision figure was measured on: its model name and the flags that decide the
+    kernels (AVX2/AVX-512/AMX, FMA). Every benchmark JSON records it: a figure holds for its CPU."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"processor": platform.processor() or platform.machine(), "flags": []}
+    lines = text.splitlines()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return {"processor": name, "flags": sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma")))}

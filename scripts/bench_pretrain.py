@@ -27,18 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch
 
 from retrofit import baseline
-from retrofit.versions import library_versions
-
-
-def cpu_info() -> dict:
-    """The CPU's model name and the matmul-relevant flags (bf16 and AMX decide what autocast buys)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {"processor": platform.processor()}
-    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return {"processor": name, "flags": sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma")))}
+from retrofit.versions import cpu_info, library_versions
 
 
 def time_steps(cfg: baseline.BaselineConfig, model, blocks: torch.Tensor) -> float:

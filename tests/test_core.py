@@ -395,3 +395,39 @@ def test_auto_path_on_cpu_and_the_kernel_survives_save_load(tmp_path, monkeypatc
     assert retrofit.describe(retrofit.load(tmp_path / "m"))["kernel"] == "chunked"
     with pytest.raises(RuntimeError, match="no backward"):
         kernel.choose_path("flex", q, has_bias=True, dropout=0.0)
+
+
+def test_convert_leaves_the_callers_config_alone_and_revert_stays_exact():
+    cfg = tf.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=NATIVE, bos_token_id=1,
+                        eos_token_id=2)
+    model = tf.GPT2LMHeadModel(cfg).eval()
+    before_cfg = cfg.to_dict()
+    x = ids(1, 20)
+    with torch.no_grad():
+        before = model(x).logits
+    retrofit.convert(model, "alibi")
+    assert model.config.n_positions == retrofit.core.UNBOUNDED
+    assert cfg.to_dict() == before_cfg and cfg.n_positions == NATIVE and not getattr(cfg, "retrofit", None)
+    tf.GPT2LMHeadModel(cfg)  # a second model from the caller's config still builds
+    retrofit.revert(model)
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, before)
+    assert model.config.n_positions == NATIVE
+
+
+@pytest.mark.parametrize("scheme", ["t5", "shaw", "fire"])
+def test_auto_never_picks_a_path_that_refuses_float64(scheme, monkeypatch):
+    """CPU flex refuses float64: kernel auto must not try it (and lose a compile) before falling back."""
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+
+    def no_flex():
+        raise AssertionError("auto tried flex for float64 on CPU")
+
+    monkeypatch.setattr(kernel, "_flex_available", no_flex)
+    model = retrofit.convert(TINY["gpt2"]().double(), scheme)
+    with torch.no_grad():
+        model(ids(1, 2 * NATIVE + 200))  # long enough for auto to consider flex
+    paths = set(retrofit.core._state(model).paths)
+    assert paths == {"chunked"}, paths
+    with pytest.raises(RuntimeError, match="float64"):
+        kernel.choose_path("flex", torch.zeros(1, 1, 200, 8, dtype=torch.float64), has_bias=True, dropout=0.0)

@@ -14,7 +14,7 @@ from retrofit.adapters import ADAPTERS
 from retrofit.core import _set_attn
 
 from . import reference  # noqa: F401  (registers "retrofit_reference")
-from .tiny import MATRIX_OPTIONS, NATIVE, TINY, ids
+from .tiny import MATRIX_OPTIONS, NATIVE, TINY, _llama_like, ids
 
 MODEL_TYPES = sorted(TINY)
 # "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
@@ -23,7 +23,7 @@ KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+t
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
                 "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@fused",
                 "alibi+scale_bias+temperature=0.3+temperature_length=8@fused", "t5@fused", "shaw@fused", "fire@fused",
-                "t5+temperature=0.4+temperature_length=8@fused"]
+                "t5+temperature=0.4+temperature_length=8@fused", "rope+scaling=dynamic+factor=2.0"]
 CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
 
 
@@ -32,9 +32,18 @@ def convert_case(model, case):
     name, _, kernel = case.partition("@")
     scheme, *flags = name.split("+")
     extra = dict(f.split("=") if "=" in f else (f, True) for f in flags)
-    extra = {k: v if v is True else float(v) if "." in v else int(v) for k, v in extra.items()}
+    extra = {k: v if v is True else _value(v) for k, v in extra.items()}
     options = {**MATRIX_OPTIONS[scheme], **extra}
     return retrofit.convert(model, scheme, kernel=kernel or "auto", **options)
+
+
+def _value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def scheme_of(case):
@@ -118,20 +127,69 @@ def test_generate_cache_equals_recompute_left_padded(model_type, scheme):
     torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-5, rtol=1e-4)
 
 
+def _tolerance(scheme):
+    # absolute rotary positions shift by the padding; relative geometry is the same
+    return dict(atol=1e-4, rtol=1e-3) if scheme_of(scheme) == "rope" else dict(atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("with_position_ids", [False, True], ids=["mask", "mask+position_ids"])
 @pytest.mark.parametrize("model_type,scheme", CASES)
-def test_padding_is_applied(model_type, scheme):
-    """A left-padded row gives the same logits on its real tokens as the unpadded sequence."""
+def test_padding_is_applied(model_type, scheme, with_position_ids):
+    """A left-padded row gives the same logits on its real tokens as the unpadded sequence, past the native
+    length (FIRE's threshold, dynamic RoPE's rescaling), with the mask alone or with position ids built from it
+    as ``generate`` builds them."""
     model = converted(model_type, scheme)
-    x = ids(1, 10)
-    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), x], 1)
-    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(x)], 1)
+    x = ids(1, NATIVE + 8)
+    padded = torch.cat([torch.zeros(1, 6, dtype=torch.long), x], 1)
+    mask = torch.cat([torch.zeros(1, 6, dtype=torch.long), torch.ones_like(x)], 1)
+    extra = {"position_ids": (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)} if with_position_ids else {}
     with torch.no_grad():
         plain = model(x).logits
-        pad = model(padded, attention_mask=mask).logits[:, 3:]
-    if scheme == "rope":  # absolute rotary positions shift by the padding; relative geometry is the same
-        torch.testing.assert_close(pad, plain, atol=1e-4, rtol=1e-3)
-    else:
-        torch.testing.assert_close(pad, plain, atol=2e-5, rtol=1e-4)
+        pad = model(padded, attention_mask=mask, **extra).logits[:, 6:]
+    torch.testing.assert_close(pad, plain, **_tolerance(scheme))
+
+
+@pytest.mark.parametrize("model_type,scheme", CASES)
+def test_left_padded_batch_generates_as_each_prompt_alone(model_type, scheme):
+    """Greedy ``generate`` on a left-padded batch of two prompts (one crossing the native length) gives each
+    prompt's tokens and logits alone. Dynamic RoPE sizes its frequencies on the batch's longest row (as
+    transformers' does): only that row is compared."""
+    model = converted(model_type, scheme)
+    prompts = [ids(1, NATIVE + 4, seed=1), ids(1, NATIVE - 9, seed=2)]
+    width = max(p.shape[1] for p in prompts)
+    batch, mask = torch.zeros(2, width, dtype=torch.long), torch.zeros(2, width, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        batch[r, width - p.shape[1]:], mask[r, width - p.shape[1]:] = p[0], 1
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    rows = [0] if "dynamic" in scheme else [0, 1]
+    with torch.no_grad():
+        together = model.generate(batch, attention_mask=mask, **kw)
+        for r in rows:
+            alone = model.generate(prompts[r], attention_mask=torch.ones_like(prompts[r]), **kw)
+            new = alone.sequences[0, prompts[r].shape[1]:]  # may stop early at EOS; the batch goes on padding
+            assert torch.equal(together.sequences[r, width:width + len(new)], new), f"row {r}"
+            torch.testing.assert_close(torch.stack(together.logits)[:len(new), r], torch.stack(alone.logits)[:, 0],
+                                       **_tolerance(scheme))
+
+
+def test_dynamic_rope_under_padding_follows_transformers():
+    """Dynamic RoPE sizes its frequencies on max(position_ids) + 1, as transformers' own dynamic RoPE
+    (LLaMA with rope_type dynamic): a left-padded batch past the native length gives its logits."""
+    native_cfg = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    native = _llama_like(transformers.LlamaConfig, transformers.LlamaForCausalLM, rope_parameters=native_cfg)()
+    plain = TINY["llama"]()
+    plain.load_state_dict(native.state_dict())
+    model = retrofit.convert(plain, "rope", scaling="dynamic", factor=2.0)
+    x, mask = torch.zeros(2, NATIVE + 12, dtype=torch.long), torch.zeros(2, NATIVE + 12, dtype=torch.long)
+    x[0], mask[0] = ids(1, NATIVE + 12, seed=1)[0], 1
+    x[1, 14:], mask[1, 14:] = ids(1, NATIVE - 2, seed=2)[0], 1
+    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    for given in ({"position_ids": position_ids}, {}):  # the mask alone: positions counted over real tokens
+        with torch.no_grad():
+            ref = native(x, attention_mask=mask, position_ids=position_ids).logits
+            out = model(x, attention_mask=mask, **given).logits
+        torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(out[1, 14:], ref[1, 14:], atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("model_type,scheme", CASES)

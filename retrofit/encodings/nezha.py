@@ -3,6 +3,13 @@ for Chinese Language Understanding", sec. 3.2): Shaw et al.'s key form, q_i . a_
 with fixed sinusoidal vectors a_ij[2k] = sin((j - i) / base^(2k/D)), a_ij[2k+1] = cos((j - i) / base^(2k/D))
 of the clipped offset (|j - i| <= ``max_distance``; the paper's 64). No learned parameters; the same
 chunked relative-logit kernel as ``xl`` (``kind = "relative"``), with one table shared by every head.
+
+Convention: the paper's equations, not the released code's. Huawei's NEZHA code indexes a sinusoid table by
+clip(j - i, -max_distance, max_distance) + max_distance (so its vectors are sinusoids of a shifted,
+non-negative index) and adds a value term as well (a_ij^V to the values, Shaw's second term). Here a_ij is
+the sinusoid of the signed clipped offset itself, as in the paper's sec. 3.2 formula, and there is no value
+term: the positions act on the scores only, like every other scheme of this package. A checkpoint trained
+with the released code therefore does not load into this scheme as it is.
 """
 
 from __future__ import annotations

@@ -1,0 +1,66 @@
+"""Precision of ALiBi's fused path (``retrofit/fused.py``) against an fp64 reference of the paper's
+equation, per length: max |output - reference| of one attention call over random q, k, v (12 heads of 64,
+GPT-2 small's ALiBi slopes), the last ``--rows`` query rows of each length (where the keys are most), a few
+seeds; the chunked path beside it. The bound stated in the README and ``fused.py`` comes from this run.
+
+    python scripts/measure_fused_alibi.py --out benchmarks/fused_alibi_precision.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from retrofit import fused, kernel  # noqa: E402
+from retrofit.atomic import write_text  # noqa: E402
+from retrofit.encodings.alibi import alibi_slopes  # noqa: E402
+from retrofit.versions import cpu_info, library_versions  # noqa: E402
+
+
+def errors(T: int, heads: int, dim: int, rows: int, seed: int, dtype=torch.float32) -> dict[str, float]:
+    """max |fused - fp64| and max |chunked - fp64| over the last ``rows`` queries of one call of length T."""
+    slopes = torch.tensor(alibi_slopes(heads))
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, T, dim, generator=g) for _ in range(3))
+    R, scaling = min(rows, T), dim**-0.5
+    bias = lambda h, i, j: -slopes.double()[h.long()] * (i - j)  # noqa: E731
+    with torch.no_grad():
+        ref, _ = kernel.attend(q[:, :, -R:].double(), k.double(), v.double(), scaling=scaling, bias=bias,
+                               kernel="chunked", q_start=T - R)
+        out = fused.attend_alibi(q.to(dtype), k.to(dtype), v.to(dtype), scaling=scaling, slopes=slopes)[:, :, -R:]
+        chunked, _ = kernel.attend(q[:, :, -R:].to(dtype), k.to(dtype), v.to(dtype), scaling=scaling,
+                                   bias=lambda h, i, j: -slopes[h.long()] * (i - j), kernel="chunked", q_start=T - R)
+    return {"fused": float((out.double() - ref).abs().max()), "chunked": float((chunked.double() - ref).abs().max())}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", default="1024,2048,4096,8192")
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=1024, help="query rows compared per length (the last ones)")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/fused_alibi_precision.json")
+    a = ap.parse_args(argv)
+    rows = []
+    for T in (int(x) for x in a.lengths.split(",")):
+        per_seed = [errors(T, a.heads, a.dim, a.rows, s) for s in range(a.seeds)]
+        row = {"length": T, **{k: max(e[k] for e in per_seed) for k in ("fused", "chunked")}}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    record = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+              "setup": {"heads": a.heads, "dim": a.dim, "rows": a.rows, "seeds": a.seeds, "dtype": "float32",
+                        "max_span": fused.MAX_SPAN},
+              "hardware": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), **cpu_info()},
+              "versions": library_versions(), "rows": rows}
+    write_text(Path(a.out), json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
