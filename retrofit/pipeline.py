@@ -193,6 +193,7 @@ def stage_eval(rr: RunRecipe, previous: dict):
     native = rf.native_length(rr.run_dir / rf.FINAL)
     lengths = resolve_lengths(e.lengths, native)
     pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
+    rc_lengths = resolve_lengths(e.recall_lengths, native, "recall lengths") if e.recall_lengths else None
     out = rr.run_dir / rf.EVAL
     with _kernel(rr.finetune.convert.options.get("kernel")):
         main, baselines = eval_models(rr)
@@ -200,7 +201,8 @@ def stage_eval(rr: RunRecipe, previous: dict):
             main, lengths, data=e.data, baselines=baselines, doc_separator=e.doc_separator, budget=e.budget,
             stride=e.stride, sliding=e.sliding, batch_size=e.batch_size, passkey=e.passkey,
             passkey_lengths=pk_lengths, passkey_depths=e.passkey_depths, passkey_trials=e.passkey_trials,
-            seed=e.seed, progress=progress_bars(),
+            recall=e.recall, recall_lengths=rc_lengths, recall_depths=e.recall_depths, recall_trials=e.recall_trials,
+            recall_span=e.recall_span, recall_cue=e.recall_cue, seed=e.seed, progress=progress_bars(),
         )
     report.save(out)
     outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
@@ -279,6 +281,7 @@ def where(run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     ev = run_dir / rf.EVAL
     items = {"card": run_dir / rf.CARD, "report": ev / rf.REPORT_MD, "report (JSON)": ev / rf.REPORT,
-             "plot": ev / "ppl_vs_length.png", "passkey grid": ev / "passkey.png", "model": run_dir / rf.FINAL,
+             "plot": ev / "ppl_vs_length.png", "passkey grid": ev / "passkey.png",
+             "recall grid": ev / "recall.png", "model": run_dir / rf.FINAL,
              "native export": run_dir / rf.EXPORT, "manifest": run_dir / rf.MANIFEST}
     return {k: v for k, v in items.items() if v.exists()}

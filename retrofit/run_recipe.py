@@ -18,6 +18,7 @@ from typing import Optional
 
 from . import schema
 from .errors import OptionError, RecipeError
+from .evaluation import defaults as D
 from .evaluation.lengths import parse_item, parse_list
 from .schema import field_help as _f
 from .training.recipe import Recipe
@@ -46,7 +47,14 @@ class EvalSection:
     passkey_lengths: Optional[list] = _f("Passkey lengths, same units as lengths (null = lengths).", None)
     passkey_depths: list = _f("Passkey depths in [0, 1].", factory=lambda: [0.0, 0.5, 1.0])
     passkey_trials: int = _f("Passkey trials per (length, depth).", 3)
-    seed: int = _f("Passkey seed.", 0)
+    recall: bool = _f("Also run recall: continue a random span seen at each depth of the eval text from its "
+                      "first recall_cue tokens (retrofit.evaluation.recall).", False)
+    recall_lengths: Optional[list] = _f("Recall lengths, same units as lengths (null = lengths).", None)
+    recall_depths: list = _f("Recall depths in [0, 1].", factory=lambda: list(D.RECALL_DEPTHS))
+    recall_trials: int = _f("Recall trials per (length, depth), one forward pass each.", D.RECALL_TRIALS)
+    recall_span: int = _f("Tokens in recall's random span.", D.RECALL_SPAN)
+    recall_cue: int = _f("The span's first tokens repeated at the end (fewer than recall_span).", D.RECALL_CUE)
+    seed: int = _f("Passkey and recall seed.", 0)
 
 
 @dataclass
@@ -98,7 +106,7 @@ class RunRecipe:
         d = self.to_dict()
         parts = {"finetune": {k: v for k, v in self.finetune.to_dict().items() if k != "output_dir"}}  # a moved run stays done
         if stage in ("eval", "card", "push"):
-            parts["eval"] = d["eval"]
+            parts["eval"] = _eval_hashed(d["eval"])
         if stage in ("export", "card", "push"):
             parts["export"] = d["export"]
         if stage in ("card", "push"):
@@ -107,6 +115,12 @@ class RunRecipe:
         if stage == "push":
             parts["push"] = d["push"]
         return _hash(parts)
+
+
+def _eval_hashed(e: dict) -> dict:
+    """The eval section as stage hashes see it: the recall keys only when recall runs, so runs made
+    before recall existed keep their hashes (and are not re-evaluated)."""
+    return e if e.get("recall") else {k: v for k, v in e.items() if not k.startswith("recall")}
 
 
 def load_recipe(recipe, overrides=None) -> RunRecipe:
@@ -135,7 +149,7 @@ def _split_length_lists(section) -> None:
     """``eval.lengths: 1x,4x`` (as ``--set`` and ``retrofit eval --lengths`` write it) is the list [1x, 4x]."""
     if not isinstance(section, dict):
         return
-    for key in ("lengths", "passkey_lengths"):
+    for key in ("lengths", "passkey_lengths", "recall_lengths"):
         if isinstance(section.get(key), str):
             try:
                 section[key] = parse_list(section[key], f"eval.{key}")
@@ -145,7 +159,8 @@ def _split_length_lists(section) -> None:
 
 def _validate(rr: RunRecipe) -> None:
     e = rr.eval
-    for key, items in (("eval.lengths", e.lengths), ("eval.passkey_lengths", e.passkey_lengths or ["1x"])):
+    for key, items in (("eval.lengths", e.lengths), ("eval.passkey_lengths", e.passkey_lengths or ["1x"]),
+                       ("eval.recall_lengths", e.recall_lengths or ["1x"])):
         if not items:
             raise RecipeError(f"'{key}' must list at least one length")
         for x in items:
@@ -153,13 +168,18 @@ def _validate(rr: RunRecipe) -> None:
                 parse_item(x, key)
             except OptionError as err:
                 raise RecipeError(f"'{key}'{str(err)[len(key):]}") from None
-    for key, v in (("eval.budget", e.budget), ("eval.batch_size", e.batch_size), ("eval.passkey_trials", e.passkey_trials)):
+    for key, v in (("eval.budget", e.budget), ("eval.batch_size", e.batch_size), ("eval.passkey_trials", e.passkey_trials),
+                   ("eval.recall_trials", e.recall_trials), ("eval.recall_span", e.recall_span),
+                   ("eval.recall_cue", e.recall_cue)):
         if v < 1:
             raise RecipeError(f"'{key}' must be > 0, got {v}")
+    if e.recall_cue >= e.recall_span:
+        raise RecipeError(f"'eval.recall_cue' ({e.recall_cue}) must be smaller than 'eval.recall_span' ({e.recall_span})")
     if e.stride is not None and e.stride < 1:
         raise RecipeError(f"'eval.stride' must be > 0, got {e.stride}")
-    if not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1 for d in e.passkey_depths):
-        raise RecipeError(f"'eval.passkey_depths' must be numbers in [0, 1], got {e.passkey_depths!r}")
+    for key, depths in (("eval.passkey_depths", e.passkey_depths), ("eval.recall_depths", e.recall_depths)):
+        if not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 <= d <= 1 for d in depths):
+            raise RecipeError(f"'{key}' must be numbers in [0, 1], got {depths!r}")
     if not all(isinstance(b, str) and b for b in e.baselines):
         raise RecipeError(f"'eval.baselines' must be a list of names, got {e.baselines!r}")
     if "converted" in e.baselines and rr.finetune.convert.scheme is None:

@@ -1,4 +1,4 @@
-"""``retrofit eval MODEL``: perplexity vs length with baselines, loss by position, passkey, cost."""
+"""``retrofit eval MODEL``: perplexity vs length with baselines, loss by position, passkey, recall, cost."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _lengths(what: str):
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "eval",
-        help="evaluate a model past its native length (perplexity, passkey, cost) against baselines",
+        help="evaluate a model past its native length (perplexity, passkey, recall, cost) against baselines",
         description="Score MODEL and every --baseline on exactly the same tokens at each length: non-overlapping "
         "windows and sliding windows (stride --stride). A baseline past its own limit gets only the sliding row, "
         "labelled as such. Writes report.json, report.md and plots to --out.",
@@ -70,7 +70,18 @@ def add_parser(sub) -> None:
                    help="comma-separated, in [0, 1] (default %(default)s)")
     p.add_argument("--passkey-trials", type=int, default=D.PASSKEY_TRIALS,
                    help="trials per (length, depth) (default %(default)s)")
-    p.add_argument("--seed", type=int, default=D.SEED, help="passkey seed (default %(default)s)")
+    p.add_argument("--recall", action="store_true",
+                   help="also run recall: a random span of --recall-span tokens sits at each depth of the eval text, "
+                   "its first --recall-cue tokens repeat at the end, the model must continue with the rest "
+                   "(any --recall-* option turns it on)")
+    p.add_argument("--recall-lengths", type=_lengths("--recall-lengths"), help="comma-separated (default: --lengths)")
+    p.add_argument("--recall-depths", help="comma-separated, in [0, 1] (default "
+                   f"{','.join(f'{d:g}' for d in D.RECALL_DEPTHS)})")
+    p.add_argument("--recall-trials", type=int, help=f"trials per (length, depth) (default {D.RECALL_TRIALS})")
+    p.add_argument("--recall-span", type=int, help=f"tokens in the random span (default {D.RECALL_SPAN})")
+    p.add_argument("--recall-cue", type=int,
+                   help=f"the span's first tokens repeated at the end, fewer than --recall-span (default {D.RECALL_CUE})")
+    p.add_argument("--seed", type=int, default=D.SEED, help="passkey and recall seed (default %(default)s)")
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
     p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
@@ -101,6 +112,15 @@ def _baselines(args) -> list:
     return out
 
 
+def _recall_options(args) -> dict:
+    """``evaluate``'s recall keywords: the defaults (``evaluation.defaults``) where an option is not given."""
+    given = {"lengths": args.recall_lengths, "trials": args.recall_trials, "span": args.recall_span,
+             "cue": args.recall_cue,
+             "depths": _floats(args.recall_depths, "--recall-depths") if args.recall_depths is not None else None}
+    opts = {f"recall_{k}": v for k, v in given.items() if v is not None}
+    return {"recall": args.recall or bool(opts), **opts}
+
+
 def run(args) -> int:
     from ..evaluation import evaluate
     from ..evaluation.markdown import ppl_table
@@ -125,6 +145,7 @@ def run(args) -> int:
         passkey_lengths=args.passkey_lengths,
         passkey_depths=_floats(args.passkey_depths, "--passkey-depths"),
         passkey_trials=args.passkey_trials,
+        **_recall_options(args),
         seed=args.seed,
         device=args.device,
         dtype=args.dtype,

@@ -55,18 +55,37 @@ def cost_table(report) -> str:
     return _table(["model", "length", "method", "tokens/s", "peak memory", "peak − start", "attention", ""], body)
 
 
-def passkey_table(report) -> str:
-    pk = report["settings"]["passkey"]
+def _correct(r: dict) -> str:
+    """'4/5 [0.38, 0.96]': correct of trials with the 95% Wilson interval."""
+    ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r.get("ci_low") is not None else ""
+    return f"{r['correct']}/{r['trials']}{ci}"
+
+
+def _recall_cell(r: dict) -> str:
+    """'9/10 [0.60, 0.98]; 96% tok, -0.21': exact matches, then per-token accuracy and mean log-prob."""
+    return f"{_correct(r)}; {r['token_accuracy']:.0%} tok, {r['mean_logprob']:.2f}"
+
+
+def _grid(report, section: str, cell) -> str:
+    """A retrieval section as a table: a row per (model, length), a column per depth."""
+    s = report["settings"][section]
     body = []
-    for model in dict.fromkeys(r["model"] for r in report["passkey"]):
-        for L in pk["lengths"]:
+    for model in dict.fromkeys(r["model"] for r in report[section]):
+        for L in s["lengths"]:
             cells = []
-            for d in pk["depths"]:
-                r = next(r for r in report["passkey"] if (r["model"], r["length"], r["depth"]) == (model, L, d))
-                ci = f" [{r['ci_low']:.2f}, {r['ci_high']:.2f}]" if r.get("ci_low") is not None else ""
-                cells.append("not run" if r["accuracy"] is None else f"{r['correct']}/{r['trials']}{ci}")
+            for d in s["depths"]:
+                r = next(r for r in report[section] if (r["model"], r["length"], r["depth"]) == (model, L, d))
+                cells.append("not run" if r["accuracy"] is None else cell(r))
             body.append([f"`{model}`", str(L), *cells])
-    return _table(["model", "length", *[f"depth {d:g}" for d in pk["depths"]]], body)
+    return _table(["model", "length", *[f"depth {d:g}" for d in s["depths"]]], body)
+
+
+def passkey_table(report) -> str:
+    return _grid(report, "passkey", _correct)
+
+
+def recall_table(report) -> str:
+    return _grid(report, "recall", _recall_cell)
 
 
 def _scheme(m: dict) -> str:
@@ -101,6 +120,18 @@ def render_markdown(report, plots: dict | None = None) -> str:
                 "", passkey_table(report), ""]
         if "passkey.png" in (plots or {}):
             out += ["![passkey](passkey.png)", ""]
+    if d.get("recall"):
+        s = d["settings"]["recall"]
+        out += ["## Recall", "",
+                f"A random span of {s['span']} tokens sits at each depth of the eval text; its first {s['cue']} "
+                f"repeat at the end and the model must continue with the other {s['span'] - s['cue']}. Each cell: "
+                f"exact continuations out of {s['trials']} trials (seed {d['seeds'].get('recall')}) with the 95% "
+                "Wilson interval; the share of continuation tokens predicted right; the mean log-probability per "
+                "continuation token. Teacher-forced in one forward pass: a continuation is exact exactly when "
+                "greedy decoding would produce it.",
+                "", recall_table(report), ""]
+        if "recall.png" in (plots or {}):
+            out += ["![recall](recall.png)", ""]
     env = d["environment"]
     out += ["## Cost", "", f"Memory measure: {d['cost'][0]['memory_measure'] if d['cost'] else '–'}.", "",
             cost_table(report), ""]

@@ -37,6 +37,12 @@ class PasskeyPrompt:
     key_token_index: int  # where the key line starts, in tokens
 
 
+def bos_prefix(tokenizer) -> list[int]:
+    """``[BOS]`` when the tokenizer starts its inputs with one (LLaMA-style), else ``[]``."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [bos] if bos is not None and getattr(tokenizer, "add_bos_token", False) else []
+
+
 class PromptBuilder:
     """Builds passkey prompts of an exact token length for one tokenizer."""
 
@@ -45,8 +51,7 @@ class PromptBuilder:
         self.intro = self._enc(INTRO)
         self.filler = self._enc(FILLER)
         self.question = self._enc(QUESTION)
-        bos = getattr(tokenizer, "bos_token_id", None)
-        self.prefix = [bos] if bos is not None and getattr(tokenizer, "add_bos_token", False) else []
+        self.prefix = bos_prefix(tokenizer)
 
     def _enc(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]

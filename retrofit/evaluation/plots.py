@@ -1,4 +1,4 @@
-"""PNG plots of a Report: ppl vs length, loss by position, passkey heatmap.
+"""PNG plots of a Report: ppl vs length, loss by position, passkey and recall heatmaps.
 
 Each ``*_figure(report)`` builds a matplotlib figure (the tests inspect it); ``plot_*`` saves it through
 the atomic writer. The layout is constrained with the legends outside the axes, so nothing is drawn
@@ -179,8 +179,19 @@ def positions_figure(report):
 def passkey_figure(report):
     """One heatmap per model: accuracy over lengths (rows) x depths (columns); grey = not run (the
     legend says so, and so do the cells)."""
-    s = report["settings"]["passkey"]
-    models = list(dict.fromkeys(r["model"] for r in report["passkey"]))
+    return _retrieval_figure(report, "passkey", "Passkey retrieval", "depth of the key (0 = start)")
+
+
+def recall_figure(report):
+    """Recall's exact-match accuracy, drawn as passkey's."""
+    s = report["settings"]["recall"]
+    title = f"Recall: continue a {s['span']}-token random span from its first {s['cue']}"
+    return _retrieval_figure(report, "recall", title, "depth of the span (0 = start)")
+
+
+def _retrieval_figure(report, section: str, title: str, xlabel: str):
+    s = report["settings"][section]
+    models = list(dict.fromkeys(r["model"] for r in report[section]))
     fig, axes = plt.subplots(1, len(models), figsize=(2.6 * len(models) + 1.6, 0.4 * len(s["lengths"]) + 2.6),
                              squeeze=False, sharey=True, layout="constrained")
     cmap = plt.get_cmap("RdYlGn").with_extremes(bad=NOT_RUN_COLOR)
@@ -188,13 +199,13 @@ def passkey_figure(report):
     im = None
     for k, (ax, model) in enumerate(zip(axes[0], models)):
         grid = np.full((len(s["lengths"]), len(s["depths"])), np.nan)
-        for r in report["passkey"]:
+        for r in report[section]:
             if r["model"] == model and r["accuracy"] is not None:
                 grid[s["lengths"].index(r["length"]), s["depths"].index(r["depth"])] = r["accuracy"]
         im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
         ax.set_xticks(range(len(s["depths"])), [f"{d:g}" for d in s["depths"]])
         ax.set_yticks(range(len(s["lengths"])), [f"{L:,}" for L in s["lengths"]])
-        ax.set_xlabel("depth of the key (0 = start)", fontsize=8)
+        ax.set_xlabel(xlabel, fontsize=8)
         if k == 0:
             ax.set_ylabel("length (tokens)")
         ax.set_title(_wrap(model, 26), fontsize=8)
@@ -209,9 +220,9 @@ def passkey_figure(report):
                     ax.text(j, i, f"{v:.0%}", ha="center", va="center", fontsize=7,
                             color="white" if v < 0.2 or v > 0.85 else "black")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.9, label="accuracy")
-    fig.suptitle(f"Passkey retrieval ({s['trials']} trial{'s' * (s['trials'] != 1)} per cell)", fontsize=9)
+    fig.suptitle(_wrap(f"{title} ({s['trials']} trial{'s' * (s['trials'] != 1)} per cell)", 80), fontsize=9)
     if any_not_run:
-        notes = [r.get("note") or "" for r in report["passkey"] if r["accuracy"] is None]
+        notes = [r.get("note") or "" for r in report[section] if r["accuracy"] is None]
         why = " (longer than the model accepts)" if notes and all("accepts at most" in n for n in notes) else ""
         fig.legend([Patch(facecolor=NOT_RUN_COLOR, edgecolor="grey")], [f"not run{why}"],
                    loc="outside lower center", fontsize=7, frameon=False)
@@ -230,6 +241,10 @@ def plot_passkey(report, path: Path) -> None:
     _save(passkey_figure(report), path)
 
 
+def plot_recall(report, path: Path) -> None:
+    _save(recall_figure(report), path)
+
+
 def write_plots(report, out: Path) -> dict[str, Path]:
     """Write every plot the report has data for; {file name: path}."""
     files = {}
@@ -242,4 +257,7 @@ def write_plots(report, out: Path) -> dict[str, Path]:
     if report.data.get("passkey"):
         files["passkey.png"] = out / "passkey.png"
         plot_passkey(report, files["passkey.png"])
+    if report.data.get("recall"):
+        files["recall.png"] = out / "recall.png"
+        plot_recall(report, files["recall.png"])
     return files

@@ -1,4 +1,4 @@
-"""``evaluate()``: perplexity vs length, loss by position, passkey retrieval and cost, for a
+"""``evaluate()``: perplexity vs length, loss by position, passkey, recall and cost, for a
 converted model and its baselines on exactly the same tokens."""
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from tqdm.auto import tqdm
 from ..errors import LengthError, OptionError
 from . import defaults as D
 from . import passkey as pk
+from . import recall as rc
 from .cost import Meter
 from .lengths import parse_item
 from .lengths import resolve as resolve_lengths
 from .models import EvalModel, check_tokenizers, describe_model, resolve
 from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
 from .report import SCHEMA_VERSION, Report, environment
-from .tokens import build_stream, resolve_documents
+from .tokens import build_stream, first_tokens, resolve_documents
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +48,25 @@ def _check_lengths(lengths, what: str = "lengths") -> list:
     return [parse_item(x, what) for x in lengths]
 
 
-def _check_options(budget, stride, batch_size, position_buckets, depths, trials):
-    for name, v in (("budget", budget), ("stride", stride), ("batch_size", batch_size),
-                    ("position_buckets", position_buckets), ("passkey_trials", trials)):
+def _check_options(budget, stride, batch_size, position_buckets, depths, trials, recall=None):
+    """``recall``: (depths, trials, span, cue) when recall runs."""
+    ints = [("budget", budget), ("stride", stride), ("batch_size", batch_size),
+            ("position_buckets", position_buckets), ("passkey_trials", trials)]
+    all_depths = [("passkey", depths)]
+    if recall is not None:
+        r_depths, r_trials, span, cue = recall
+        ints += [("recall_trials", r_trials), ("recall_span", span), ("recall_cue", cue)]
+        all_depths.append(("recall", r_depths))
+    for name, v in ints:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise OptionError(f"{name} must be a positive integer, got {v!r}")
-    for d in depths:
-        if not isinstance(d, (int, float)) or not 0.0 <= float(d) <= 1.0:
-            raise OptionError(f"passkey depths must lie in [0, 1], got {d!r}")
+    for what, ds in all_depths:
+        for d in ds:
+            if not isinstance(d, (int, float)) or not 0.0 <= float(d) <= 1.0:
+                raise OptionError(f"{what} depths must lie in [0, 1], got {d!r}")
+    if recall is not None and not recall[3] < recall[2]:
+        raise OptionError(f"recall_cue ({recall[3]}) must be smaller than recall_span ({recall[2]}): "
+                          "the model continues with the span's other tokens")
 
 
 def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
@@ -158,6 +170,22 @@ def run_perplexity(models, jobs, stream, batch_size, buckets, bar) -> tuple[list
     return rows, positions, costs
 
 
+def _not_run(m: EvalModel, L: int, d: float, bar, trials: int) -> dict | None:
+    """The cell of a length past the model's limit (recorded as not run), else None."""
+    if m.max_length is None or L <= m.max_length:
+        return None
+    bar.update(trials)
+    return {"model": m.name, "role": m.role, "length": L, "depth": d, "trials": 0, "correct": 0, "accuracy": None,
+            "note": f"not run: {m.name} accepts at most {m.max_length} tokens"}
+
+
+def _cell(m: EvalModel, L: int, d: float, correct: int, trials: int) -> dict:
+    """A retrieval cell's accuracy with its 95% Wilson interval."""
+    low, high = pk.wilson(correct, trials)
+    return {"model": m.name, "role": m.role, "length": L, "depth": d, "trials": trials, "correct": correct,
+            "accuracy": correct / trials, "note": None, "ci_low": round(low, 4), "ci_high": round(high, 4)}
+
+
 def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
     """Accuracy per (model, length, depth); lengths past a model's limit are recorded as not run."""
     results = []
@@ -168,11 +196,9 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
         for L in lengths:
             for d in depths:
                 cell_keys, k = keys[k : k + trials], k + trials
-                if m.max_length is not None and L > m.max_length:
-                    results.append({"model": m.name, "role": m.role, "length": L, "depth": d, "trials": 0,
-                                    "correct": 0, "accuracy": None,
-                                    "note": f"not run: {m.name} accepts at most {m.max_length} tokens"})
-                    bar.update(trials)
+                skipped = _not_run(m, L, d, bar, trials)
+                if skipped:
+                    results.append(skipped)
                     continue
                 answers = []
                 bar.set_description(f"{m.name[-24:]} passkey L={L} depth={d:g}")
@@ -181,11 +207,37 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
                     answers.append(pk.run_trial(m.model, m.tokenizer, prompt, PASSKEY_NEW_TOKENS))
                     bar.update(1)
                 correct = sum(a["correct"] for a in answers)
-                low, high = pk.wilson(correct, trials)
-                results.append({"model": m.name, "role": m.role, "length": L, "depth": d, "trials": trials,
-                                "correct": correct, "accuracy": correct / trials, "note": None,
-                                "ci_low": round(low, 4), "ci_high": round(high, 4),
+                results.append({**_cell(m, L, d, correct, trials),
                                 "answers": [{"key": a["key"], "answer": a["answer"]} for a in answers]})
+    return results
+
+
+def run_recall(models, text_ids: list[int], lengths, depths, trials, span, cue, seed, bar) -> list[dict]:
+    """Recall per (model, length, depth): exact-match accuracy (with its Wilson interval), per-token
+    accuracy and mean log-probability of the continuation; lengths past a model's limit are not run.
+    Every model sees the same sequences (``text_ids``: the eval text, in the shared tokenizer's ids)."""
+    pool = rc.token_pool(text_ids, models[0].tokenizer)
+    spans = rc.make_spans(seed, trials, span, pool)
+    prefix = pk.bos_prefix(models[0].tokenizer)
+    results = []
+    for m in models:
+        for L in lengths:
+            starts = rc.offsets(seed, L, trials, L - len(prefix) - 2 * span, len(text_ids))
+            for d in depths:
+                skipped = _not_run(m, L, d, bar, trials)
+                if skipped:
+                    results.append({**skipped, "token_accuracy": None, "mean_logprob": None})
+                    continue
+                bar.set_description(f"{m.name[-24:]} recall L={L} depth={d:g}")
+                scores = []
+                for s, o in zip(spans, starts):
+                    scores.append(rc.score(m.model, rc.build(text_ids, L, d, s, cue, o, prefix)))
+                    bar.update(1)
+                n_tokens = sum(x["tokens"] for x in scores)
+                results.append({**_cell(m, L, d, sum(x["exact"] for x in scores), trials),
+                                "token_accuracy": round(sum(x["tokens_right"] for x in scores) / n_tokens, 4),
+                                "mean_logprob": round(sum(x["logprob"] for x in scores) / trials, 4),
+                                "scores": [{k: x[k] for k in ("exact", "tokens_right", "logprob")} for x in scores]})
     return results
 
 
@@ -207,6 +259,12 @@ def evaluate(
     passkey_lengths: Sequence[int] | None = None,
     passkey_depths: Sequence[float] = D.PASSKEY_DEPTHS,
     passkey_trials: int = D.PASSKEY_TRIALS,
+    recall: bool = False,
+    recall_lengths: Sequence[int] | None = None,
+    recall_depths: Sequence[float] = D.RECALL_DEPTHS,
+    recall_trials: int = D.RECALL_TRIALS,
+    recall_span: int = D.RECALL_SPAN,
+    recall_cue: int = D.RECALL_CUE,
     seed: int = D.SEED,
     device=None,
     dtype=None,
@@ -225,6 +283,11 @@ def evaluate(
     non-overlapping windows and, when ``sliding``, sliding windows of stride ``stride``. A baseline
     past its own limit gets only the sliding row, labelled as such.
 
+    ``passkey``: passkey retrieval at ``passkey_lengths`` (default: ``lengths``) x ``passkey_depths``.
+    ``recall``: copy a ``recall_span``-token random span from depth d of the eval text when its first
+    ``recall_cue`` tokens repeat at the end (``retrofit.evaluation.recall``), at ``recall_lengths``
+    (default: ``lengths``) x ``recall_depths``, ``recall_trials`` sequences per cell. ``seed`` seeds both.
+
     All bad input raises a ``RetrofitError`` before any scoring. Writes report.json, report.md and
     plots to ``out`` when given. Returns the ``Report``.
     """
@@ -232,8 +295,11 @@ def evaluate(
     default_lengths = lengths is None  # D.LENGTHS, up to the evaluated model's limit
     lengths = _check_lengths(D.LENGTHS if default_lengths else lengths)
     pk_items = _check_lengths(passkey_lengths, "passkey lengths") if passkey and passkey_lengths else None
+    rc_items = _check_lengths(recall_lengths, "recall lengths") if recall and recall_lengths else None
     depths = [float(d) for d in passkey_depths]
-    _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials)
+    rc_depths = [float(d) for d in recall_depths] if recall else []
+    _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials,
+                   (rc_depths, recall_trials, recall_span, recall_cue) if recall else None)
     docs, data_label = resolve_documents(data)
     models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
     native = (models[0].info.get("native") or {}).get("length")
@@ -241,20 +307,30 @@ def evaluate(
     if default_lengths and models[0].max_length:
         lengths = _within_limit(models[0], lengths)
     pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
+    rc_lengths = resolve_lengths(rc_items, native, "recall lengths") if rc_items else lengths
     _check_supported(models[0], lengths, "lengths")
     if passkey:
         _check_supported(models[0], pk_lengths, "passkey lengths")
         _check_passkey_room(models[0], min(pk_lengths))
+    if recall:
+        _check_supported(models[0], rc_lengths, "recall lengths")
+        _check_recall_room(models[0], min(rc_lengths), recall_span)
     check_tokenizers(models, docs[0].text[:4000])
     stream = build_stream(models[0].tokenizer, docs, data_label, budget, lengths, doc_separator)
     jobs = plan_jobs(models, lengths, stride, sliding)
     total = sum(_windows(j, stream.targets) for j in _unique(jobs))
     if passkey:
         total += len(models) * len(pk_lengths) * len(depths) * passkey_trials
+    rc_text = None
+    if recall:
+        rc_text = _recall_text(models[0], docs, data_label, budget, max(rc_lengths), recall_span, doc_separator)
+        total += len(models) * len(rc_lengths) * len(rc_depths) * recall_trials
     log.info("evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), stream.targets, data_label, lengths)
     with tqdm(total=total, disable=not progress, unit="window", dynamic_ncols=True) as bar:
         rows, positions, costs = run_perplexity(models, jobs, stream, batch_size, position_buckets, bar)
         pk_results = run_passkey(models, pk_lengths, depths, passkey_trials, seed, bar) if passkey else None
+        rc_results = (run_recall(models, rc_text, rc_lengths, rc_depths, recall_trials, recall_span, recall_cue, seed,
+                                 bar) if recall else None)
     finished = _dt.datetime.now(_dt.timezone.utc)
     report = Report({
         "schema_version": SCHEMA_VERSION,
@@ -263,12 +339,16 @@ def evaluate(
         "settings": {"lengths": lengths, "stride": stride, "sliding": sliding, "batch_size": batch_size,
                      "position_buckets": position_buckets,
                      "passkey": {"lengths": pk_lengths, "depths": depths, "trials": passkey_trials,
-                                 "new_tokens": PASSKEY_NEW_TOKENS} if passkey else None},
-        "seeds": {"passkey": seed},
+                                 "new_tokens": PASSKEY_NEW_TOKENS} if passkey else None,
+                     "recall": {"lengths": rc_lengths, "depths": rc_depths, "trials": recall_trials,
+                                "span": recall_span, "cue": recall_cue, "text_tokens": len(rc_text),
+                                "scoring": "teacher-forced argmax (one forward per trial)"} if recall else None},
+        "seeds": {"passkey": seed, **({"recall": seed} if recall else {})},
         "environment": environment(models[0].model),
         "rows": rows,
         "loss_by_position": positions,
         "passkey": pk_results,
+        "recall": rc_results,
         "cost": costs,
         "timing": {"started": started.isoformat(), "finished": finished.isoformat(),
                    "seconds": (finished - started).total_seconds()},
@@ -317,6 +397,23 @@ def _check_passkey_room(m: EvalModel, length: int) -> None:
     need = pk.PromptBuilder(m.tokenizer).fixed_tokens() + PASSKEY_NEW_TOKENS
     if length < need:
         raise LengthError(f"passkey length {length} is too short: the prompt alone takes {need} tokens")
+
+
+def _check_recall_room(m: EvalModel, length: int, span: int) -> None:
+    need = rc.room(m.tokenizer, span)
+    if length < need:
+        raise LengthError(f"recall length {length} is too short: a {span}-token span and its repeat take {need} tokens")
+
+
+def _recall_text(m: EvalModel, docs, label: str, budget: int, longest: int, span: int, separator) -> list[int]:
+    """The eval text recall draws fillers and spans from: the perplexity's tokens (the same documents,
+    joined the same way), as many as the budget or the longest recall length asks for."""
+    ids, _ = first_tokens(m.tokenizer, docs, max(budget, longest) + 1, separator)
+    need = longest - rc.room(m.tokenizer, span)  # filler tokens of the longest recall sequence
+    if len(ids) < need:
+        raise LengthError(f"recall length {longest} is larger than the available text: {label!r} gives only "
+                          f"{len(ids)} tokens and its filler needs {need}; use shorter lengths or more data")
+    return ids
 
 
 def _model_entry(m: EvalModel) -> dict:
