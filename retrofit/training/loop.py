@@ -39,6 +39,7 @@ from . import blocks as blk
 from . import model as mdl
 from . import outputs, positions, sharding
 from .recipe import Recipe
+from .teacher import Clock, TeacherView, distill_kl
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ def _finetune(r: Recipe) -> Path:
             model, tok = mdl.load(r.model)
         model.train()
         native = describe(model)["native"].get("length")
+        view = TeacherView.of(r.train, r.data.block_length, native)  # a stride past native fails here
         teacher = mdl.make_teacher(model, r.model) if r.train.objective != "lm" else None
         mdl.convert(model, r.convert)
         fade_offset_cap = _check_lengths(r, model)
@@ -93,7 +95,7 @@ def _finetune(r: Recipe) -> Path:
     train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
     if acc.is_main_process:
         _write_run_info(r, out, model, train_set, val_set)
-    out = _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_cap)
+    out = _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap)
     # Every tensor of the run goes before the process group does: gloo's threads must not hold any when
     # the interpreter finalises (a rank aborted at exit, "terminate called without an active exception").
     del model, teacher, train_set, val_set
@@ -162,9 +164,13 @@ def _check_lengths(r: Recipe, model) -> int | None:
                         info["scheme"])
         log.info("positions: %s, blocks of %d spread over [0, %d)", pos.method, L, pos.target_length)
     if limit is not None and L + pos.random_offset > limit:
+        # the scheme says how far it reads (Scheme.max_length(): a stretched table its rows, relative schemes
+        # no limit); an unconverted model reads its native length
+        reach = (f"the reach of scheme {info['scheme']!r}" if info["converted"]
+                 else "its native length; 'convert.scheme' reads further")
         raise LengthError(
             f"'data.block_length' = {L} + 'train.positions.random_offset' = {pos.random_offset} exceeds the "
-            f"{limit} positions the model accepts"
+            f"{limit} positions the model accepts ({reach})"
         )
     if not pos.native_fade_steps:
         _warn_if_offset_is_a_no_op(r)
@@ -227,7 +233,7 @@ def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
 
 
 # ---- training ------------------------------------------------------------------------------
-def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_cap) -> Path:
+def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap) -> Path:
     t, out = r.train, Path(r.output_dir)
     model, optimizer, train_loader, val_loader, scheduler, sampler = _prepare(r, acc, model, train_set, val_set)
     if teacher is not None:
@@ -241,7 +247,9 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
     if acc.is_main_process and progress.step:
         outputs.truncate_log(out, progress.step)
     base = mdl.base_model(acc.unwrap_model(model))
-    window = min(r.data.block_length, native or r.data.block_length)
+    clock = Clock(acc.device) if teacher is not None else None
+    if teacher is not None:
+        log.info("distillation teacher: %s per block of %d", view.describe(r.data.block_length), r.data.block_length)
     if progress.val_loss_before is None:
         progress.val_loss_before = _evaluate(acc, model, val_loader, base, r)
         outputs.log_record(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
@@ -252,7 +260,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
     # gathered after a forward (the tail: final norm, lm_head) lists its unsharded tensors there, whose
     # .grad stays None, and the clip norm would leave them out (measured: 3.70 instead of 4.51).
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    meter = Meter(r, acc, progress.step)
+    meter = Meter(r, acc, progress.step, clock, view)
     while progress.step < t.steps:
         where = blk.Position.of(acc.step, len(train_loader))
         sampler.epoch = where.epoch
@@ -260,7 +268,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, native, fade_offset_
         for batch in loader:
             _position_controls(base, r, progress.step, fade_offset_cap)
             with acc.accumulate(model):
-                loss, parts = _loss(acc, model, teacher, batch, r, window)
+                loss, parts = _loss(acc, model, teacher, batch, r, view, clock)
                 acc.backward(loss)
                 meter.add(loss, parts)
                 if acc.sync_gradients:
@@ -300,12 +308,16 @@ def _prepare(r, acc, model, train_set, val_set):
 
 
 class Meter:
-    """Loss (mean over the accumulated micro-batches), grad norm, lr, tokens/s; progress bar."""
+    """Loss (mean over the accumulated micro-batches), grad norm, lr, tokens/s, the teacher's time; progress bar."""
 
-    def __init__(self, r, acc, start_step: int):
+    def __init__(self, r, acc, start_step: int, clock: Clock | None = None, view: TeacherView | None = None):
         from tqdm.auto import tqdm
 
         t = r.train
+        self.clock, self.view, self.block_length = clock, view, r.data.block_length
+        self.interval = (start_step, time.perf_counter())  # (step, time) of the last record
+        self.skipped = 0.0  # seconds since then spent outside training steps (evaluation, checkpoints)
+        self.teacher_total = [0.0, 0.0]  # teacher seconds, step seconds since the start
         self.tokens_per_step = t.batch_size * r.data.block_length * t.gradient_accumulation_steps * acc.num_processes
         self.start_step, self.t0 = start_step, time.perf_counter()
         self.sums: dict = {}
@@ -327,8 +339,35 @@ class Meter:
         rec = {"step": step}
         rec.update({k: acc.reduce(v / self.n, "mean").item() for k, v in self.sums.items()})
         rec.update(lr=self.lr, grad_norm=float(self.grad_norm), tokens_per_s=round(self.rate(step), 1))
+        if self.clock is not None:
+            rec.update(self._teacher(acc, step))
         self.bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
         return rec
+
+    def _teacher(self, acc, step: int) -> dict:
+        """The teacher's seconds per step and share of the step time since the last record (mean over processes)."""
+        last_step, last_t = self.interval
+        now = time.perf_counter()
+        wall = max(now - last_t - self.skipped, 1e-9)
+        both = torch.tensor([self.clock.take(), wall], dtype=torch.float32, device=acc.device)
+        teacher, wall = acc.reduce(both, "mean").tolist()
+        self.interval, self.skipped = (step, now), 0.0
+        self.teacher_total = [self.teacher_total[0] + teacher, self.teacher_total[1] + wall]
+        steps = max(step - last_step, 1)
+        return {"teacher_s_per_step": round(teacher / steps, 6), "teacher_share": round(teacher / wall, 4)}
+
+    def teacher_summary(self, steps: int) -> dict | None:
+        """The teacher's cost over the run (None without a teacher), for summary.json and the log."""
+        if self.clock is None or not steps:
+            return None
+        teacher, wall = self.teacher_total
+        return {"windows_per_block": len(self.view.spans(self.block_length)), "window": self.view.window,
+                "stride": self.view.stride, "seconds_per_step": round(teacher / steps, 6),
+                "share_of_step": round(teacher / max(wall, 1e-9), 4)}
+
+    def skip(self, seconds: float) -> None:
+        """Leave ``seconds`` spent outside the training steps out of the teacher's share."""
+        self.skipped += seconds
 
     def reset(self) -> None:
         self.sums, self.n = {}, 0
@@ -344,10 +383,12 @@ def _after_step(r, acc, out, model, val_loader, base, progress, meter):
         outputs.log_record(acc, out, meter.record(acc, step))
         meter.reset()
     meter.bar.update(1)
+    t0 = time.perf_counter()
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
         outputs.log_record(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
     if r.checkpoint.every and step % r.checkpoint.every == 0:
         outputs.save_checkpoint(acc, out, step, r.checkpoint.keep_last)
+    meter.skip(time.perf_counter() - t0)
 
 
 def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) -> Path:
@@ -370,6 +411,11 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) 
             "num_processes": acc.num_processes, "route": sharding.route(acc), "final": str(out / rf.FINAL),
         }
         summary["peak_memory_mib"] = peak
+        teacher = meter.teacher_summary(progress.step - meter.start_step)
+        if teacher is not None:
+            summary["teacher"] = teacher
+            log.info("teacher: %s, %.3g s/step (%.0f%% of the step)", meter.view.describe(r.data.block_length),
+                     teacher["seconds_per_step"], 100 * teacher["share_of_step"])
         if shards is not None:
             summary["parameters"] = shards
         write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
@@ -383,28 +429,19 @@ def _val_change(before: float | None, after: float | None) -> str:
     return f"val loss {before} -> {after}"
 
 
-def _loss(acc, model, teacher, batch, r, window):
-    """(loss, {part: value}) for the recipe's objective."""
+def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None = None):
+    """(loss, {part: value}) for the recipe's objective; the teacher reads the block as ``view`` says."""
     t = r.train
     if t.objective == "distill":
-        batch = batch[:, :window]
+        batch = batch[:, : view.student_length(batch.shape[1])]
     labels = batch if t.objective != "distill" else None
     outputs = model(input_ids=batch, labels=labels)
     if teacher is None:
         return outputs.loss, {}
-    with torch.no_grad(), acc.autocast():
-        teacher_logits = teacher(input_ids=batch[:, :window]).logits
-    kd = _kl(outputs.logits[:, :window], teacher_logits, t.temperature)
+    kd = distill_kl(outputs.logits, teacher, batch, view, t.temperature, acc.autocast, clock)
     if t.objective == "distill":
         return kd, {"distill_loss": kd}
     return outputs.loss + t.distill_weight * kd, {"lm_loss": outputs.loss, "distill_loss": kd}
-
-
-def _kl(student_logits, teacher_logits, temperature: float):
-    """KL(teacher || student) per token, summed over the vocabulary, averaged over tokens, x T^2."""
-    s = F.log_softmax(student_logits.float() / temperature, dim=-1)
-    p = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    return (p.exp() * (p - s)).sum(-1).mean() * temperature**2
 
 
 def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = None) -> None:

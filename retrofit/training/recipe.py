@@ -113,9 +113,22 @@ class PositionsConfig:
 class TrainConfig:
     method: Literal["lora", "full"] = _help("lora: PEFT LoRA adapters; full: every weight.", "lora")
     objective: Literal["lm", "distill", "both"] = _help(
-        "lm: next-token loss; distill: KL to the unconverted original on native-length windows; "
+        "lm: next-token loss; distill: KL to the unconverted original (read as teacher_window says); "
         "both: lm + distill_weight * distill.",
         "lm",
+    )
+    teacher_window: Literal["sliding", "first"] = _help(
+        "How the distillation teacher (the unconverted original; objective distill or both) reads a block longer "
+        "than its native length W. sliding: through its own sliding window (W tokens, advancing by teacher_stride), "
+        "so every position gets the original's prediction from between W - stride and W tokens of context; "
+        "first: the first W tokens only (positions past W get no teacher, and distill trains on those W alone; "
+        "the behaviour before this option). Blocks of at most W tokens are one window either way.",
+        "sliding",
+    )
+    teacher_stride: Optional[int] = _help(
+        "Stride of the sliding teacher, at most the native length (null = half the native length). A smaller "
+        "stride gives more context past native at more teacher forwards: 1 + ceil((block - W) / stride) per block.",
+        None,
     )
     distill_weight: float = _help("Weight of the distillation term when objective is both.", 1.0)
     temperature: float = _help("Distillation softmax temperature.", 1.0)
@@ -250,6 +263,7 @@ class Recipe:
             if t.positions.random_offset or t.positions.native_fade_steps or t.positions.method != "none":
                 raise RecipeError("'train.positions' needs 'convert.scheme' (position controls act on a converted model)")
         _check_position_method(t.positions, d.block_length)
+        _check_teacher(t)
         if c.resume not in ("auto", "never") and not Path(c.resume).is_dir():
             raise RecipeError(f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none")
 
@@ -271,6 +285,17 @@ def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
         raise RecipeError(f"'train.positions.method: {pos.method}' cannot be combined with random_offset or native_fade_steps")
     if pos.pose_chunks < 1:
         raise RecipeError(f"'train.positions.pose_chunks' must be >= 1, got {pos.pose_chunks}")
+
+
+def _check_teacher(t: TrainConfig) -> None:
+    if t.teacher_stride is None:
+        return
+    _positive("train.teacher_stride", t.teacher_stride)
+    if t.objective == "lm":
+        raise RecipeError("'train.teacher_stride' is read by the distillation teacher (objective distill or both); "
+                          "the objective is lm")
+    if t.teacher_window != "sliding":
+        raise RecipeError(f"'train.teacher_stride' is read by 'train.teacher_window: sliding'; it is {t.teacher_window!r}")
 
 
 def _positive(key: str, value: int) -> None:
