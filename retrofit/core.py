@@ -93,7 +93,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     adapter = adapter_for(model)
     if state is None:
         _own_config(model)
-    spec = dataclasses.replace(adapter.spec(), embedding_rms=_embedding_rms(model))
+    spec = dataclasses.replace(adapter.spec(), embedding_rms=_embedding_rms(model), native_table=adapter.native_table())
     common, own = parse_common(spec, options)
     opts = scheme_cls.parse_options(spec, own)
     ref = next(model.parameters())

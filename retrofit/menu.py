@@ -6,6 +6,7 @@ from __future__ import annotations
 
 SCHEMES = {
     "alibi": "score bias linear in the distance, one slope per head (Press et al.)",
+    "extend": "the learned table stretched to a longer one: rows copied (Longformer) or interpolated",
     "fire": "learned MLP of the log-transformed, length-normalised distance (Li et al. 2023)",
     "nezha": "fixed sinusoidal relative vectors of the clipped offset, query-dependent (NEZHA)",
     "nope": "no positions: the causal mask alone carries order",

@@ -11,10 +11,11 @@ import transformers
 
 import retrofit
 from retrofit.adapters import ADAPTERS
+from retrofit.adapters.base import adapter_class
 from retrofit.core import _set_attn
 
 from . import reference  # noqa: F401  (registers "retrofit_reference")
-from .tiny import MATRIX_OPTIONS, NATIVE, TINY, _llama_like, ids
+from .tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, _llama_like, ids
 
 MODEL_TYPES = sorted(TINY)
 # "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
@@ -23,8 +24,10 @@ KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+t
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
                 "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@fused",
                 "alibi+scale_bias+temperature=0.3+temperature_length=8@fused", "t5@fused", "shaw@fused", "fire@fused",
-                "t5+temperature=0.4+temperature_length=8@fused", "rope+scaling=dynamic+factor=2.0"]
-CASES = list(itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES))
+                "t5+temperature=0.4+temperature_length=8@fused", "rope+scaling=dynamic+factor=2.0+theta=5000.0"]
+CASES = [(m, c) for m, c in itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES)
+         if c.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
+         or adapter_class(m).native_kind == "learned_absolute"]
 
 
 def convert_case(model, case):

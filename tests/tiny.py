@@ -78,7 +78,9 @@ MATRIX_OPTIONS = {
     "fire": {},  # threshold = native length: the 4x test runs with a growing normaliser
     "xl": {"init": "random"},  # zero (the default) would leave the positional terms out of the comparison
     "nezha": {"max_distance": 48},  # clipped inside the 4x-native test
+    "extend": {"length": 4 * NATIVE, "init": "interpolate"},  # copy is exact below native: interpolate is live
 }
+ONLY_LEARNED_ABSOLUTE = ("extend",)  # schemes that stretch a learned table: the matrix runs them on those families
 
 
 def ids(batch=1, length=16, seed=0):

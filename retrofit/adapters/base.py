@@ -116,6 +116,17 @@ class Adapter(abc.ABC):
         """Longest input the *unconverted* model accepts: a learned table's rows; rotary models have no hard limit."""
         return native_length(self.config) if self.native_kind == "learned_absolute" else None
 
+    def native_table(self) -> torch.Tensor | None:
+        """The learned table's rows for positions 0 .. native - 1 (OPT's offset skipped), or None."""
+        table = self.position_table
+        if table is None:
+            return None
+        weight = dict(self.model.named_parameters(remove_duplicate=False)).get(table.key)
+        if weight is None:  # already swapped out (a checkpoint being re-converted): the stand-in keeps its weight
+            weight = self.model.state_dict().get(table.key)
+        first = table.first_row
+        return None if weight is None else weight.detach()[first : first + native_length(self.config)]
+
     @abc.abstractmethod
     def neutralise(self, state) -> list[Swap]:
         """Swap the native positional mechanism for stand-ins; return the swaps (revert undoes them)."""

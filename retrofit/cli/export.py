@@ -11,7 +11,7 @@ def add_parser(sub) -> None:
         help="write a converted model as a native transformers architecture (no retrofit needed to load it)",
         description="Export RUN_DIR (a retrofit checkpoint, or a run folder holding final/) to --out. With --native, "
         "the weights are mapped into an architecture transformers already has (Falcon for GPT-2+ALiBi with "
-        "scale_bias=true, GPT-NeoX for GPT-2+RoPE, the same architecture for NoPE/sinusoidal tables and rescaled "
+        "scale_bias=true, GPT-NeoX for GPT-2+RoPE, the same architecture for NoPE/sinusoidal/extend tables and rescaled "
         "RoPE), so plain AutoModelForCausalLM.from_pretrained(OUT) loads it; the logits are checked against the "
         "patched model and the result is printed as JSON and written to OUT/retrofit_export.json. Without "
         "--native, the retrofit format is written (load it with retrofit.load).",
@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--native", action="store_true", help="map into a native transformers architecture")
     p.add_argument("--max-length", type=int, default=None,
                    help="longest input of the exported model where the architecture has a table "
-                   "(NoPE/sinusoidal; default max(8192, 4 x native))")
+                   "(NoPE/sinusoidal/extend; default: the model's reach if finite (extend: its table), else "
+                   "max(8192, 4 x native))")
     p.add_argument("--check-length", type=int, default=None,
                    help="tokens of the random-input equivalence check (default min(4 x native, native + 1024))")
     p.add_argument("--approximate", action="store_true",

@@ -7,6 +7,7 @@ from . import nope  # noqa: F401
 from . import sinusoidal  # noqa: F401
 from . import fire  # noqa: F401
 from . import xl, nezha  # noqa: F401
+from . import extend  # noqa: F401
 from .base import SCHEMES, ModelSpec, Scheme, register_scheme
 
 __all__ = ["SCHEMES", "ModelSpec", "Scheme", "register_scheme"]

@@ -49,6 +49,8 @@ class ModelSpec:
     native_kind: str  # "learned_absolute" | "rope"
     native_rope: dict | None = None  # {"theta", "fraction", "rope_type", "inv_freq" (tensor), "attention_scaling"}
     embedding_rms: float | None = None  # RMS of the input token embeddings (filled by convert; absolute schemes scale to it)
+    # learned-absolute families: the native table's rows for positions 0 .. native - 1 (filled by convert)
+    native_table: Any = field(default=None, compare=False, repr=False)
 
 
 def option(default, help: str, choices: tuple | None = None):

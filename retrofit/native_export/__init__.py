@@ -106,7 +106,7 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
     is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.data`` spec) at ``check_length``.
     An export that should be exact but differs by more than ``tolerance`` raises and writes nothing."""
-    from ..core import reach
+    from ..core import UNBOUNDED, reach
     from ..io import save
 
     model, tok, source = _resolve_source(model_or_run_dir)
@@ -131,7 +131,11 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
         )
     fn = MAPPINGS.get(f"{pair[0]}+{pair[1]}").build
     native_len = int(info["native"]["length"])
-    opts = {"max_length": _positive("max_length", max_length, max(8192, 4 * native_len)), "approximate": approximate,
+    limit = reach(model) if reach(model) < UNBOUNDED else None  # a finite scheme (extend: its table's rows)
+    if max_length is not None and limit is not None and max_length > limit:
+        raise OptionError(f"max_length {max_length} is past what the converted model reads ({limit} positions)")
+    opts = {"max_length": _positive("max_length", max_length, limit or max(8192, 4 * native_len)),
+            "approximate": approximate,
             "reach": max_length or reach(model)}  # what an unbounded export advertises (ALiBi: no limit)
     check_len = _positive("check_length", check_length, min(4 * native_len, native_len + 1024))
     was_training = model.training

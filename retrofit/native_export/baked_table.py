@@ -1,5 +1,6 @@
 """Learned-absolute families keep their own architecture: the position table holds the scheme's values
-(all zeros for NoPE, the fixed sinusoids for ``sinusoidal``), enlarged to ``max_length`` rows."""
+(all zeros for NoPE, the fixed sinusoids for ``sinusoidal``, the stretched table's rows for ``extend``),
+enlarged to ``max_length`` rows."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from .base import Built, Surgery, mapping, plain_config
 
 def baked_table(model, info, opts) -> Built:
     """A learned-absolute family keeps its own architecture; its position table is replaced by the scheme's
-    values at positions 0..max_length-1: all zeros for NoPE, the (scaled) sinusoids for ``sinusoidal``."""
+    values at positions 0..max_length-1: all zeros for NoPE, the (scaled) sinusoids for ``sinusoidal``, the
+    learned rows for ``extend``."""
     table = ADAPTERS.get(info["architecture"]).position_table
     key, size_attr, first = table.key, table.size_attr, table.first_row
     cfg = plain_config(model)
@@ -29,7 +31,7 @@ def baked_table(model, info, opts) -> Built:
             cut(p, _table_rows(model, info, p, first), name)
         elif name in src_sd:
             cut(p, src_sd[name], name)
-    what = "an all-zero" if info["scheme"] == "nope" else f"a fixed {info['scheme']}"
+    what = {"nope": "an all-zero", "extend": "the stretched"}.get(info["scheme"], f"a fixed {info['scheme']}")
     note = (f"{type(dst).__name__} with {what} position table of {opts['max_length']} positions: longer inputs do "
             "not fit the table; re-export with a larger max_length (--max-length)")
     return Built(cut.finish(model), exact=True, notes=[note], limit=opts["max_length"])
@@ -51,5 +53,5 @@ def _table_rows(model, info, table: torch.Tensor, first: int) -> torch.Tensor:
 
 for _name, _adapter in ADAPTERS.items():
     if _adapter.position_table is not None:  # every learned-absolute family
-        for _scheme in ("nope", "sinusoidal"):
+        for _scheme in ("nope", "sinusoidal", "extend"):
             mapping(_name, _scheme, "same architecture (baked position table)")(baked_table)
