@@ -54,12 +54,15 @@ SMOLLM2_RUNS = ["original", "rope-yarnx4", "rope-ntkx4", "alibi", "alibi-lora", 
                 "control-yarnx4-lora"]
 SMOLLM2_BETA = 0.1  # the length-aware temperature of the zero-shot runs (benchmarks/measure_temperature.json)
 # what a cached cell must share with the planned one to be reused (a label may be given new options)
-PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset", "pose", "seed")
+PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset", "pose", "seed", "block",
+             "calibrate")
 # --schemes entries: a scheme name, or [LABEL=]SCHEME:KEY=VALUE;KEY=VALUE (the scheme's options), e.g.
 # "rope:scaling=yarn;factor=8" (cells named rope-yarn-8-...) or "pi8=rope:scaling=linear;factor=8".
 # TRAIN_KEYS among them are the fine-tune's, not the scheme's: pose=TARGET trains with PoSE positions
-# spanning TARGET tokens (train.positions.method: pose).
-TRAIN_KEYS = ("pose",)
+# spanning TARGET tokens (train.positions.method: pose); block=N trains on blocks of N tokens (the same tokens
+# per step: the batch shrinks by N / native); calibrate=STEPS first fits the scheme's own position parameters
+# to the original (KL at the native length, everything else frozen), also at budget 0.
+TRAIN_KEYS = ("pose", "block", "calibrate")
 STANDINS = Path(__file__).resolve().parents[1] / "standins"  # shipped stand-ins (scripts/pretrain_baseline.py --ship)
 
 
@@ -81,8 +84,9 @@ def parse_scheme(spec: str) -> dict:
         label = "-".join([scheme, *(str(v) for v in options.values()), *(f"{k}{v}" for k, v in train.items())])
     if not scheme or any(c in label for c in "/ "):
         raise SystemExit(f"--schemes {spec!r}: expected SCHEME or [LABEL=]SCHEME:KEY=VALUE;...")
-    if "pose" in train and (not isinstance(train["pose"], int) or train["pose"] <= 0):
-        raise SystemExit(f"--schemes {spec!r}: pose=TARGET takes a target length in tokens, got {train['pose']!r}")
+    for key in train:
+        if not isinstance(train[key], int) or train[key] <= 0:
+            raise SystemExit(f"--schemes {spec!r}: {key}=N takes a positive int, got {train[key]!r}")
     return {"label": label, "scheme": scheme, "options": options, **train}
 
 
@@ -103,8 +107,12 @@ def steps_for(fraction: float, pretrain_tokens: int, tokens_per_step: int) -> in
 
 
 def recipe_for(cell: dict, base: Path, native: int, args, out: Path) -> dict:
+    block = cell.get("block") or native
+    if block % native or args.batch_size * native % block:
+        raise SystemExit(f"{cell['name']}: block={block} must be a multiple of the native {native} that divides "
+                         f"the tokens of a step ({args.batch_size} x {native})")
     train = {
-        "method": cell["method"], "steps": cell["steps"], "batch_size": args.batch_size,
+        "method": cell["method"], "steps": cell["steps"], "batch_size": args.batch_size * native // block,
         "learning_rate": args.lr_full if cell["method"] == "full" else args.lr_lora,
         "warmup_steps": max(1, cell["steps"] // 10), "lr_scheduler": "cosine", "seed": args.seed if cell.get("seed") is None else cell["seed"],
         "objective": cell.get("objective", "lm"), "train_norms": cell["method"] == "lora",
@@ -119,8 +127,8 @@ def recipe_for(cell: dict, base: Path, native: int, args, out: Path) -> dict:
     return {
         "model": {"name_or_path": str(base)},
         "convert": {"scheme": cell["scheme"], **({"options": cell["options"]} if cell.get("options") else {})},
-        "data": {"dataset": "shakespeare:train", "block_length": native, "validation_fraction": 0.03,
-                 "max_validation_blocks": 16},
+        "data": {"dataset": "shakespeare:train", "block_length": block, "validation_fraction": 0.03,
+                 "max_validation_blocks": max(1, 16 * native // block)},  # the same validation tokens
         "train": train,
         "checkpoint": {"every": 0},
         "output_dir": str(out),
@@ -221,14 +229,15 @@ def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
                 cells.append({"name": f"control-{method}-{frac}{tail}", "label": "control", "scheme": None,
                               "method": method, **common, "role": "control", **extra})
                 for spec in specs:
-                    if frac > 0 and spec["label"] in args.zero_shot_only or frac == 0 and spec.get("pose"):
-                        continue  # zero-shot-only labels train no cell; PoSE is a fine-tune, so it has no budget-0 cell
+                    if frac > 0 and spec["label"] in args.zero_shot_only or frac == 0 and (spec.get("pose")
+                                                                                           or spec.get("block")):
+                        continue  # zero-shot-only labels train no cell; PoSE and long blocks are fine-tunes: no budget-0 cell
                     if seed is not None and spec["label"] not in args.seed_labels:
                         continue
                     cells.append({"name": f"{spec['label']}-{method}-{frac}{tail}", "label": spec["label"],
                                   "scheme": spec["scheme"],
                                   "options": spec["options"], "method": method, **common, "role": "converted",
-                                  **({"pose": spec["pose"]} if spec.get("pose") else {}), **extra})
+                                  **{k: spec[k] for k in TRAIN_KEYS if spec.get(k)}, **extra})
     top = max(args.budgets)
     if top > 0 and args.variants:
         steps = steps_for(top, pretrain_tokens, tps)
