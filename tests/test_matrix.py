@@ -24,7 +24,7 @@ KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+t
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
                 "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@fused",
                 "alibi+scale_bias+temperature=0.3+temperature_length=8@fused", "t5@fused", "shaw@fused", "fire@fused",
-                "t5+temperature=0.4+temperature_length=8@fused", "rope+scaling=dynamic+factor=2.0+theta=5000.0"]
+                "t5+temperature=0.4+temperature_length=8@fused", "rope+scaling=dynamic+factor=2.0+theta=100.0"]
 CASES = [(m, c) for m, c in itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES)
          if c.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
          or adapter_class(m).native_kind == "learned_absolute"]
@@ -102,6 +102,10 @@ def test_runs_at_4x_native_and_matches_reference(model_type, scheme):
 
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_incremental_decoding_equals_full_forward(model_type, scheme):
+    if "dynamic" in scheme:
+        pytest.skip("dynamic RoPE re-sizes its frequencies with the length: past the native length a cached step "
+                    "reuses upper layers' keys computed at the shorter length, so it cannot equal a recompute (as in "
+                    "transformers' own dynamic RoPE); docs/ARCHITECTURE.md")
     model = converted(model_type, scheme)
     x = ids(1, 40)
     with torch.no_grad():
