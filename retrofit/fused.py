@@ -45,7 +45,7 @@ def parts_for(dtype: torch.dtype) -> int:
 
 def block_rows(slopes: torch.Tensor, Tq: int) -> int:
     """Query rows per block: as many as keep ``m_max * rows <= MAX_SPAN``, balanced over the blocks."""
-    m = float(slopes.abs().max()) if slopes.numel() else 0.0
+    m = float(slopes.detach().abs().max()) if slopes.numel() else 0.0
     cap = Tq if m == 0 else max(MIN_ROWS, int(MAX_SPAN / m))
     blocks = max(1, math.ceil(Tq / cap))
     return math.ceil(Tq / blocks)

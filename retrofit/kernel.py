@@ -193,18 +193,20 @@ def attend(
     if k.shape[1] != q.shape[1]:  # grouped-query attention: (B, Hkv, Tk, D) -> (B, H, Tk, D)
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    if path == "fused-alibi":
-        # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
-        cap = _chunk_rows(q.shape[1], q.shape[-2], k.shape[-2]) if dropout > 0 and not q.is_cuda else None
-        out = fused.attend_alibi(q, k, v, scaling=scaling, slopes=slopes, key_padding=key_padding, window=window,
-                                 q_start=q_start, dropout=dropout, max_rows=cap, row_scale=row_scale)
-        return out, path
     if path == "fused-band":
         return band_path.attend_band(q, k, v, scaling=scaling, band=band), path
     if path == "fused-dense":
         rows = _chunk_rows(q.shape[0] * q.shape[1], Tq, Tk)
         return dense.attend_dense(q, k, v, scaling=scaling, bias=bias, params=bias_params, key_padding=key_padding,
                                   window=window, q_start=q_start, row_scale=row_scale, max_rows=rows), path
+    if path == "flash-attn-alibi" and torch.is_grad_enabled() and slopes.requires_grad:
+        path = "fused-alibi"  # FlashAttention returns no gradient for alibi_slopes: learned slopes take the fused path
+    if path == "fused-alibi":
+        # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
+        cap = _chunk_rows(q.shape[1], q.shape[-2], k.shape[-2]) if dropout > 0 and not q.is_cuda else None
+        out = fused.attend_alibi(q, k, v, scaling=scaling, slopes=slopes, key_padding=key_padding, window=window,
+                                 q_start=q_start, dropout=dropout, max_rows=cap, row_scale=row_scale)
+        return out, path
     if path == "flash-attn-alibi":
         return fused.flash_attn_alibi(q, k, v, scaling=scaling, slopes=slopes, window=window, dropout=dropout), path
     if path == "flex":

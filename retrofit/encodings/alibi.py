@@ -1,4 +1,6 @@
-"""ALiBi (Press et al., 2022): a fixed linear recency bias per head, no learned parameters."""
+"""ALiBi (Press et al., 2022): a linear recency bias per head. Fixed by default (no learned parameters);
+``learn_slopes=True`` makes the per-head slopes a parameter (started at the standard slopes; saved, trained,
+reloaded), e.g. for ``retrofit convert --calibrate``."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from .base import ModelSpec, Scheme, option, register_scheme
 
@@ -37,12 +40,26 @@ class ALiBi(Scheme):
             "add the bias before the 1/sqrt(d) score scaling (Falcon's convention, needed for an exact "
             "Falcon export); default adds it after, as in the paper",
         )
+        learn_slopes: bool = option(
+            False,
+            "make the per-head slopes a learned parameter (started at the standard slopes, saved with the "
+            "checkpoint; what `convert --calibrate` trains); default: fixed slopes",
+        )
 
     def __init__(self, spec: ModelSpec, options):
         super().__init__(spec, options)
-        # fp32, non-persistent: recomputed from the head count, moves with .to(device)
-        self.register_buffer("slopes", torch.tensor(alibi_slopes(spec.num_heads), dtype=torch.float32), persistent=False)
+        slopes = torch.tensor(alibi_slopes(spec.num_heads), dtype=torch.float32)
+        if options.learn_slopes:  # a parameter: saved, trained, loaded like any scheme parameter
+            self.slopes = nn.Parameter(slopes)
+        else:  # fp32, non-persistent: recomputed from the head count, moves with .to(device)
+            self.register_buffer("slopes", slopes, persistent=False)
         self.bias_scaled_with_scores = options.scale_bias
+
+    def options_dict(self):
+        out = super().options_dict()
+        if not out.get("learn_slopes"):  # fixed slopes: the config reads as before the option existed
+            out.pop("learn_slopes", None)
+        return out
 
     def linear_slopes(self, layer):
         return self.slopes

@@ -40,6 +40,14 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
 
     _gpt2_checks(model)
     scaled = bool(info["options"].get("scale_bias"))
+    learned = bool(info["options"].get("learn_slopes"))
+    if learned and not opts["approximate"]:
+        raise RetrofitError(
+            "export: this model's ALiBi slopes are learned (learn_slopes=true); Falcon always uses the standard "
+            "slopes of its head count, so no native architecture carries them. Pass approximate=True "
+            "(--approximate) for an inexact Falcon export with the standard slopes, or load this model with "
+            "retrofit.load(path)"
+        )
     if not scaled and not opts["approximate"]:
         raise RetrofitError(
             "export: gpt2 + alibi with scale_bias=False (bias added after the 1/sqrt(d) scaling) has no native "
@@ -58,7 +66,10 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
     dst = FalconForCausalLM(cfg).to(dtype=model.dtype).eval()
     out = dst.transformer
     done = _gpt2_body(model, dst, out.word_embeddings, out.h, lambda d: d.self_attention, out.ln_f)
-    built = Built(done, exact=scaled, exact_below=FALCON_BF16_EXACT if scaled else None)
+    exact = scaled and not learned
+    built = Built(done, exact=exact, exact_below=FALCON_BF16_EXACT if exact else None)
+    if learned:
+        built.notes.append("approximate: the model's learned ALiBi slopes are replaced by Falcon's standard ones")
     if not scaled:
         built.notes.append(
             f"approximate: the model adds the ALiBi bias after the 1/sqrt(d) scaling, Falcon before it, so the "
