@@ -1,9 +1,11 @@
 """A run folder: what ``retrofit convert``, ``retrofit finetune`` and ``retrofit run`` leave behind,
 named and read in this one place.
 
-- ``retrofit convert ... --out DIR``: DIR is a retrofit checkpoint (``config.json`` + safetensors).
+- ``retrofit convert ... --out DIR``: DIR is a retrofit checkpoint (``config.json`` + safetensors), with
+  ``calibrate.json`` when ``--calibrate`` trained its position parameters first.
 - ``retrofit finetune``: ``final/`` (the merged, patched checkpoint), ``adapter/`` (LoRA),
-  ``checkpoints/``, ``log.jsonl``, ``recipe.yaml`` (resolved), ``versions.json``, ``summary.json``
+  ``checkpoints/``, ``log.jsonl``, ``recipe.yaml`` (resolved), ``versions.json``, ``calibrate.json`` (with
+  ``convert.calibrate``), ``summary.json``
   (written last: a fine-tune is complete when it exists). A fine-tune may write into the folder its
   model came from, so DIR can hold a checkpoint and ``final/``.
 - ``retrofit run``: the above plus ``run.yaml``, ``manifest.json``, ``eval/`` (``report.json``,
@@ -41,6 +43,7 @@ CARD = "README.md"
 REPORT = "report.json"
 REPORT_MD = "report.md"
 EXPORT_RECORD = "retrofit_export.json"
+CALIBRATE = "calibrate.json"  # convert --calibrate / a recipe's convert.calibrate: the record of the calibration
 _told: set[str] = set()
 
 

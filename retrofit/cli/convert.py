@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 
+_CALIBRATE = "calibrate.json"  # retrofit.run_folder.CALIBRATE (this module imports nothing heavy)
+
 log = logging.getLogger(__name__)
 
 
@@ -58,6 +60,19 @@ def add_parser(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     p.add_argument("--force", action="store_true",
                    help="convert a retrofit checkpoint again (its scheme is reverted first)")
+    c = p.add_argument_group("calibration (train only the new position parameters to match the original first)")
+    c.add_argument("--calibrate", metavar="DATA",
+                   help="data spec (shakespeare:train, stdlib, files, a datasets name): before saving, train only the "
+                        "scheme's position parameters for KL to the original on native-length blocks of DATA; "
+                        f"writes {_CALIBRATE} with the ratio to the original at 1x before and after")
+    c.add_argument("--calibrate-steps", type=int, default=200, metavar="N", help="optimizer steps (default 200)")
+    c.add_argument("--calibrate-lr", type=float, default=1e-2, metavar="LR", help="Adam peak learning rate (default 1e-2)")
+    c.add_argument("--calibrate-batch-size", type=int, default=1, metavar="N", help="blocks per step (default 1)")
+    c.add_argument("--calibrate-heldout", default="shakespeare:heldout", metavar="DATA",
+                   help="held-out data spec for the before/after ratio; must share no document with DATA "
+                        "(default shakespeare:heldout)")
+    c.add_argument("--calibrate-budget", type=int, default=16384, metavar="TOKENS",
+                   help="held-out tokens scored before and after (default 16384)")
     p.set_defaults(func=run)
 
 
@@ -71,10 +86,49 @@ def run(args) -> int:
     SCHEMES.get(args.to)  # fail on an unknown scheme before loading anything
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
     _refuse_converted(model, args)
+    teacher = _teacher(model, args) if args.calibrate else None
     core.convert(model, args.to, kernel=args.kernel, force=args.force, **options)
+    record = _calibrate(model, teacher, tokenizer, args) if args.calibrate else None
+    del teacher
     io.save(model, out, tokenizer=tokenizer)
-    print(json.dumps({"out": str(out), **core.describe(model)}, indent=2, sort_keys=True))
+    shown = {"out": str(out), **core.describe(model)}
+    if record is not None:
+        from .. import run_folder as rf
+        from ..atomic import write_text
+
+        assert rf.CALIBRATE == _CALIBRATE
+        write_text(out / rf.CALIBRATE, json.dumps(record, indent=2) + "\n")
+        shown["calibration"] = {k: v for k, v in record.items() if k != "kl"}
+    print(json.dumps(shown, indent=2, sort_keys=True))
     return 0
+
+
+def _teacher(model, args):
+    """The frozen original the calibration matches: a copy taken before converting (a converted checkpoint
+    given with --force is loaded again and reverted: its original mechanism)."""
+    import copy
+
+    from ..core import is_converted, revert
+    from ..io import load_model
+
+    if is_converted(model):
+        return revert(load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)[0])
+    return copy.deepcopy(model)
+
+
+def _calibrate(model, teacher, tokenizer, args) -> dict:
+    from ..calibration import calibrate, check_calibratable, summary_line
+
+    check_calibratable(model)
+    if tokenizer is None:
+        from ..errors import OptionError
+
+        raise OptionError(f"--calibrate needs a tokenizer; {args.model} has none")
+    record = calibrate(model, teacher, args.calibrate, tokenizer=tokenizer, steps=args.calibrate_steps,
+                       learning_rate=args.calibrate_lr, batch_size=args.calibrate_batch_size,
+                       heldout=args.calibrate_heldout, budget=args.calibrate_budget)
+    log.info("%s", summary_line(record))
+    return record
 
 
 def _refuse_converted(model, args) -> None:

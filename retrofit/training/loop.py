@@ -85,8 +85,14 @@ def _finetune(r: Recipe) -> Path:
         model.train()
         native = describe(model)["native"].get("length")
         view = TeacherView.of(r.train, r.data.block_length, native)  # a stride past native fails here
-        teacher = mdl.make_teacher(model, r.model) if r.train.objective != "lm" else None
+        calibrating = r.convert.calibrate.data is not None and not _resuming(r, out)
+        needs_teacher = r.train.objective != "lm" or calibrating
+        teacher = mdl.make_teacher(model, r.model) if needs_teacher else None
         mdl.convert(model, r.convert)
+        if calibrating:
+            _calibrate(r, acc, out, model, teacher, tok)
+        if r.train.objective == "lm":
+            teacher = None  # the calibration's teacher only
         fade_offset_cap = _check_lengths(r, model)
         if r.train.gradient_checkpointing:
             model.config.use_cache = False
@@ -106,6 +112,31 @@ def _finetune(r: Recipe) -> Path:
 
 
 # ---- setup -------------------------------------------------------------------------------
+def _resuming(r: Recipe, out: Path) -> bool:
+    """A run that will load a checkpoint (its position parameters included): calibrating again is wasted."""
+    if r.checkpoint.resume == "never":
+        return False
+    if r.checkpoint.resume != "auto" or outputs.checkpoints(out):
+        log.info("convert.calibrate: not calibrating again, the run resumes from a checkpoint")
+        return True
+    return False
+
+
+def _calibrate(r: Recipe, acc, out: Path, model, teacher, tok) -> None:
+    """The recipe's ``convert.calibrate``: every process calibrates alike (same data, seed and order); the main
+    one writes calibrate.json."""
+    from ..calibration import calibrate, summary_line
+
+    c = r.convert.calibrate
+    record = calibrate(model, teacher, c.data, tokenizer=tok, steps=c.steps, learning_rate=c.learning_rate,
+                       batch_size=c.batch_size, heldout=c.heldout, budget=c.budget, seed=r.train.seed,
+                       progress=progress_bars() and acc.is_local_main_process)
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / rf.CALIBRATE, json.dumps(record, indent=2) + "\n")
+        log.info("%s", summary_line(record))
+
+
 def _accelerator(r: Recipe):
     from accelerate import Accelerator
     from accelerate.utils import GradientAccumulationPlugin

@@ -41,6 +41,24 @@ class ModelConfig:
 
 
 @dataclass
+class CalibrateConfig:
+    data: Optional[str] = _help(
+        "Calibrate before fine-tuning: a data spec ('shakespeare:train', 'stdlib', files, a datasets name). Right "
+        "after converting, only the scheme's own position parameters (model.retrofit_positions: T5/Shaw tables, "
+        "FIRE's MLP, ALiBi slopes with learn_slopes, ...) are trained for KL to the unconverted original on "
+        "native-length blocks of it; calibrate.json records the ratio to the original at 1x before and after. "
+        "null = no calibration.",
+        None,
+    )
+    steps: int = _help("Calibration optimizer steps.", 200)
+    learning_rate: float = _help("Calibration Adam peak learning rate (warmup, then cosine to 10%).", 1e-2)
+    batch_size: int = _help("Calibration blocks (of the native length) per step.", 1)
+    heldout: str = _help("Held-out data spec for the before/after ratio; must share no document with 'data'.",
+                         "shakespeare:heldout")
+    budget: int = _help("Held-out tokens scored before and after calibrating.", 16384)
+
+
+@dataclass
 class ConvertConfig:
     scheme: Optional[str] = _help(
         "Positional scheme to convert to (see `retrofit describe --list`): alibi, rope, t5, nope, ... "
@@ -48,6 +66,8 @@ class ConvertConfig:
         None,
     )
     options: dict = _help("Scheme options passed to retrofit.convert (e.g. {theta: 10000, scaling: yarn}).", factory=dict)
+    calibrate: CalibrateConfig = _help("Calibration of the new position parameters before fine-tuning (off unless "
+                                       "'data' is set).", factory=CalibrateConfig)
 
 
 @dataclass
@@ -257,6 +277,17 @@ class Recipe:
             raise RecipeError(f"'train.learning_rate' must be > 0, got {t.learning_rate}")
         if t.temperature <= 0:
             raise RecipeError(f"'train.temperature' must be > 0, got {t.temperature}")
+        cal = self.convert.calibrate
+        if cal.data is not None:
+            if self.convert.scheme is None:
+                raise RecipeError("'convert.calibrate.data' needs 'convert.scheme' (it trains the new scheme's parameters)")
+            if not cal.data:
+                raise RecipeError("'convert.calibrate.data' must be a data spec or null")
+            _positive("convert.calibrate.steps", cal.steps)
+            _positive("convert.calibrate.batch_size", cal.batch_size)
+            _positive("convert.calibrate.budget", cal.budget)
+            if cal.learning_rate <= 0:
+                raise RecipeError(f"'convert.calibrate.learning_rate' must be > 0, got {cal.learning_rate}")
         if self.convert.scheme is None:
             if t.objective != "lm":
                 raise RecipeError(f"'train.objective: {t.objective}' needs 'convert.scheme' (the teacher is the unconverted model)")

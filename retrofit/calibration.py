@@ -1,0 +1,241 @@
+"""``retrofit.calibrate``: train only a converted model's own position parameters to match the original at its native length.
+
+``calibrate(model, teacher, data, tokenizer=...)`` minimises KL(original || converted), the next-token
+distributions of the frozen unconverted model (``teacher``) against the converted one, on native-length
+blocks of ``data`` (a ``retrofit.data`` spec). Only the parameters of the scheme module
+(``model.retrofit_positions``: T5/Shaw tables, FIRE's MLP, Transformer-XL's vectors, learned ALiBi slopes
+(``learn_slopes=true``), QK-norm gains, a stretched table's rows) are trained; every other tensor is left
+bit-identical. Before and after, the zero-shot ratio (perplexity of the converted model / perplexity of the
+original, both at 1x the native length, non-overlapping windows) is measured by ``retrofit.evaluate`` on
+held-out text that shares no document with ``data``.
+
+The teacher is a frozen copy of the model taken before converting (``copy.deepcopy``): the one exact
+way to get the original's distributions that costs one forward per step and the weights once more in
+memory. Mixing the native mechanism back in (``native_fade``) keeps the new scheme on too, so it is
+not the original; reverting and converting again every step would rebuild the scheme module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .errors import DataError, LengthError, OptionError
+
+log = logging.getLogger(__name__)
+
+STEPS = 200
+LEARNING_RATE = 1e-2
+BATCH_SIZE = 1
+HELDOUT = "shakespeare:heldout"
+BUDGET = 16384
+SEED = 0
+
+
+def position_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """(name, parameter) of the converted model's scheme module (``retrofit_positions``): what calibration trains."""
+    from .core import scheme_of
+
+    return list(scheme_of(model).named_parameters())
+
+
+def check_calibratable(model) -> None:
+    """OptionError (exit 2) when the model's scheme has no position parameters."""
+    from .core import describe
+
+    if position_parameters(model):
+        return
+    info = describe(model)
+    scheme = info["scheme"]
+    why = {
+        "alibi": "its slopes are fixed; convert with --option learn_slopes=true to make them parameters",
+        "rope": "RoPE's rotation frequencies are fixed (no learned part)",
+        "nope": "NoPE has no positional term at all",
+        "sinusoidal": "the sinusoidal table is fixed",
+    }.get(scheme, "the scheme defines no learned parameters")
+    raise OptionError(f"nothing to calibrate: scheme {scheme!r} has no position parameters ({why}; "
+                      "qk_norm=true adds learned gains). Calibration trains only the scheme's own parameters.")
+
+
+def _doc_hashes(docs) -> set[str]:
+    return {hashlib.sha256(d.text.encode()).hexdigest() for d in docs}
+
+
+def _documents(data, heldout):
+    from .evaluation.tokens import resolve_documents
+
+    train, _ = resolve_documents(data)
+    held, _ = resolve_documents(heldout)
+    shared = _doc_hashes(train) & _doc_hashes(held)
+    if shared:
+        raise DataError(f"calibration data {data!r} and held-out data {heldout!r} share {len(shared)} document(s): the "
+                        "before/after ratio must be read on text the calibration never saw (e.g. calibrate on "
+                        "shakespeare:train and hold out shakespeare:heldout)")
+    return train, held
+
+
+def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
+    """Packed native-length blocks of the documents, tokenized in order until ``want`` blocks are there (a few
+    hundred steps read a small part of a large corpus; the rest is not tokenized)."""
+    from .data import tokenize_documents
+    from .training.blocks import check_blocks, make_blocks
+
+    ids, total = [], 0
+    for d in docs:
+        if total >= want * length:
+            break
+        ids += tokenize_documents(tokenizer, [d])
+        total += len(ids[-1])
+    blocks = make_blocks(ids, length, packing=True)
+    if not len(blocks):
+        total = sum(map(len, ids))
+        raise LengthError(f"calibration needs blocks of the native length {length}; the data gives {total} tokens")
+    check_blocks(blocks, ids, length, True, "calibration")
+    return blocks
+
+
+def zero_shot(model, teacher, tokenizer, heldout_docs, length: int, budget: int, progress: bool,
+              original: dict | None = None) -> dict:
+    """ppl of ``model`` and of the original (``teacher``) at ``length`` on the held-out documents, through
+    ``retrofit.evaluate`` (non-overlapping windows); ``original``: a previous call's original row (same tokens)."""
+    from .evaluation import evaluate
+
+    baselines = [] if original else [("original", teacher, tokenizer)]
+    report = evaluate(("converted", model, tokenizer), [length], data=heldout_docs, baselines=baselines,
+                      budget=budget, sliding=False, progress=progress)
+    rows = {r["role"]: r for r in report.data["rows"] if r["method"] == "non-overlapping"}
+    orig = original or {"ppl": rows["baseline"]["ppl"], "tokens": rows["baseline"]["tokens"],
+                        "fingerprint": report.data["data"]["fingerprint"]}
+    if report.data["data"]["fingerprint"] != orig["fingerprint"]:
+        raise RuntimeError("the held-out tokens changed between the two evaluations")
+    ppl = rows["converted"]["ppl"]
+    return {"ppl": ppl, "original": orig, "ratio": ppl / orig["ppl"]}
+
+
+def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_rate: float = LEARNING_RATE,
+              batch_size: int = BATCH_SIZE, heldout=HELDOUT, budget: int = BUDGET, seed: int = SEED,
+              progress: bool | None = None) -> dict:
+    """Train ``model``'s position parameters (only them) for ``steps`` Adam steps on KL(teacher || model) over
+    native-length blocks of ``data``; returns the record (also what ``retrofit convert --calibrate`` saves as
+    ``calibrate.json``): the ratio to the original at 1x on ``heldout`` before and after, the KL per step,
+    seconds. ``teacher``: the unconverted original (frozen here). ``data``/``heldout``: data specs or lists of
+    ``Document``; they must share no document. Documents are tokenized in order until there are
+    ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate."""
+    from .core import describe, set_position_controls
+    from .quiet import progress_bars
+
+    check_calibratable(model)
+    for key, v in (("steps", steps), ("batch_size", batch_size), ("budget", budget)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise OptionError(f"calibrate: {key} must be a positive integer, got {v!r}")
+    if not learning_rate > 0:
+        raise OptionError(f"calibrate: learning_rate must be > 0, got {learning_rate!r}")
+    progress = progress_bars() if progress is None else progress
+    info = describe(model)
+    length = info["native"]["length"]
+    if info["max_length"]:
+        length = min(length, info["max_length"])
+    train_docs, held_docs = _documents(data, heldout)
+    blocks = _blocks(tokenizer, train_docs, length, steps * batch_size)
+    device = next(model.parameters()).device
+    teacher.to(device).eval().requires_grad_(False)
+    set_position_controls(model)  # no offset, fade or override: the model as it will be used
+
+    t0 = time.perf_counter()
+    before = zero_shot(model, teacher, tokenizer, held_docs, length, budget, progress)
+    eval_seconds = time.perf_counter() - t0
+    log.info("calibrate: ratio to the original at 1x before: %.4f", before["ratio"])
+
+    named = position_parameters(model)
+    params = [p for _, p in named]
+    trains = {id(p) for p in params}
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    was_training = model.training
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trains)
+    model.eval()  # no dropout: the converted model's distribution as it is used, against the original's
+    optimizer = torch.optim.Adam(params, lr=learning_rate)
+    warmup = max(1, min(10, steps // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warmup, then cosine to 10% of the peak
+        optimizer, lambda s: (s + 1) / warmup if s < warmup else
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup))))
+    order = _order(len(blocks), steps * batch_size, seed)
+    losses: list[float] = []
+    from tqdm.auto import tqdm
+
+    t1, c1 = time.perf_counter(), time.process_time()
+    try:
+        with tqdm(total=steps, disable=not progress, desc="calibrate", unit="step", dynamic_ncols=True) as bar:
+            for step in range(steps):
+                batch = blocks[order[step * batch_size:(step + 1) * batch_size]].to(device)
+                with torch.no_grad():
+                    target = teacher(input_ids=batch, use_cache=False).logits
+                logits = model(input_ids=batch, use_cache=False).logits
+                loss = kl_to_original(logits, target)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                losses.append(loss.item())
+                bar.update(1)
+                bar.set_postfix(kl=f"{losses[-1]:.4f}")
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        model.train(was_training)
+    train_seconds, train_cpu = time.perf_counter() - t1, time.process_time() - c1
+
+    t2 = time.perf_counter()
+    after = zero_shot(model, teacher, tokenizer, held_docs, length, budget, progress, original=before["original"])
+    eval_seconds += time.perf_counter() - t2
+    head = losses[: min(10, len(losses))]
+    tail = losses[-min(10, len(losses)):]
+    record = {
+        "data": _label(data), "heldout": _label(heldout), "native_length": length, "blocks": len(blocks),
+        "steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "seed": seed,
+        "schedule": f"Adam, linear warmup {warmup} steps, cosine to 10%",
+        "parameters": {name: p.numel() for name, p in named},
+        "kl_first10": sum(head) / len(head), "kl_last10": sum(tail) / len(tail), "kl": [round(x, 6) for x in losses],
+        "heldout_tokens": before["original"]["tokens"], "heldout_fingerprint": before["original"]["fingerprint"],
+        "ppl_original": before["original"]["ppl"], "ppl_before": before["ppl"], "ppl_after": after["ppl"],
+        "ratio_before": before["ratio"], "ratio_after": after["ratio"],
+        "train_seconds": round(train_seconds, 2), "train_cpu_seconds": round(train_cpu, 2), "eval_seconds": round(eval_seconds, 2),
+        "threads": torch.get_num_threads(),
+    }
+    log.info("calibrate: %d steps in %.1f s, KL %.4f -> %.4f; ratio to the original at 1x %.4f -> %.4f", steps,
+             train_seconds, record["kl_first10"], record["kl_last10"], before["ratio"], after["ratio"])
+    return record
+
+
+def kl_to_original(logits: torch.Tensor, original_logits: torch.Tensor) -> torch.Tensor:
+    """KL(original || converted) per token, summed over the vocabulary, averaged over tokens (temperature 1)."""
+    from .training.loop import _kl
+
+    return _kl(logits, original_logits, 1.0)
+
+
+def _order(n: int, count: int, seed: int) -> torch.Tensor:
+    """``count`` block indices: seeded permutations of ``range(n)``, one after another."""
+    g = torch.Generator().manual_seed(seed)
+    perms = [torch.randperm(n, generator=g) for _ in range(-(-count // n))]
+    return torch.cat(perms)[:count]
+
+
+def _label(data) -> str | list:
+    if isinstance(data, str):
+        return data
+    if isinstance(data, Sequence) and all(isinstance(x, str) for x in data):
+        return list(data)
+    return f"{len(data)} documents"
+
+
+def summary_line(record: dict) -> str:
+    return (f"calibrated {sum(record['parameters'].values()):,} position parameters in {record['steps']} steps "
+            f"({record['train_seconds']:.1f} s): KL {record['kl_first10']:.4f} -> {record['kl_last10']:.4f}; "
+            f"ppl / original's at 1x on {record['heldout']}: {record['ratio_before']:.4f} -> {record['ratio_after']:.4f}")
