@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
                         "scheme's position parameters for KL to the original on native-length blocks of DATA; "
                         f"writes {_CALIBRATE} with the ratio to the original at 1x before and after")
     c.add_argument("--calibrate-steps", type=int, default=200, metavar="N", help="optimizer steps (default 200)")
-    c.add_argument("--calibrate-lr", type=float, default=1e-2, metavar="LR", help="Adam peak learning rate (default 1e-2)")
+    c.add_argument("--calibrate-lr", type=float, default=5e-2, metavar="LR", help="Adam peak learning rate (default 5e-2)")
     c.add_argument("--calibrate-batch-size", type=int, default=1, metavar="N", help="blocks per step (default 1)")
     c.add_argument("--calibrate-heldout", default="shakespeare:heldout", metavar="DATA",
                    help="held-out data spec for the before/after ratio; must share no document with DATA "

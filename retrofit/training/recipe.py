@@ -51,7 +51,7 @@ class CalibrateConfig:
         None,
     )
     steps: int = _help("Calibration optimizer steps.", 200)
-    learning_rate: float = _help("Calibration Adam peak learning rate (warmup, then cosine to 10%).", 1e-2)
+    learning_rate: float = _help("Calibration Adam peak learning rate (warmup, then cosine to 10%).", 5e-2)
     batch_size: int = _help("Calibration blocks (of the native length) per step.", 1)
     heldout: str = _help("Held-out data spec for the before/after ratio; must share no document with 'data'.",
                          "shakespeare:heldout")
