@@ -32,7 +32,7 @@ _LAZY = {
     "load_model": ("retrofit.io", "load_model"),
     "finetune": ("retrofit.training", "finetune"),
     "evaluate": ("retrofit.evaluation", "evaluate"),
-    "calibrate": ("retrofit.calibration", "calibrate"),
+    "calibrate": ("retrofit.training.calibrate", "calibrate"),
     "export": ("retrofit.native_export", "export"),
     "run": ("retrofit.pipeline", "run"),
 }

@@ -11,7 +11,7 @@ import torch
 
 import retrofit
 from retrofit.core import scheme_of, set_kernel
-from retrofit.calibration import calibrate, kl_to_original, position_parameters
+from retrofit.training.calibrate import calibrate, kl_to_original, position_parameters
 from retrofit.data import Document
 from retrofit.errors import DataError, OptionError
 from tests.tiny import TINY

@@ -117,7 +117,7 @@ def _teacher(model, args):
 
 
 def _calibrate(model, teacher, tokenizer, args) -> dict:
-    from ..calibration import calibrate, check_calibratable, summary_line
+    from ..training.calibrate import calibrate, check_calibratable, summary_line
 
     check_calibratable(model)
     if tokenizer is None:

@@ -125,7 +125,7 @@ def _resuming(r: Recipe, out: Path) -> bool:
 def _calibrate(r: Recipe, acc, out: Path, model, teacher, tok) -> None:
     """The recipe's ``convert.calibrate``: every process calibrates alike (same data, seed and order); the main
     one writes calibrate.json."""
-    from ..calibration import calibrate, summary_line
+    from .calibrate import calibrate, summary_line
 
     c = r.convert.calibrate
     record = calibrate(model, teacher, c.data, tokenizer=tok, steps=c.steps, learning_rate=c.learning_rate,

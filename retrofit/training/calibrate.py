@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .errors import DataError, LengthError, OptionError
+from ..errors import DataError, LengthError, OptionError
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,14 @@ SEED = 0
 
 def position_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, parameter) of the converted model's scheme module (``retrofit_positions``): what calibration trains."""
-    from .core import scheme_of
+    from ..core import scheme_of
 
     return list(scheme_of(model).named_parameters())
 
 
 def check_calibratable(model) -> None:
     """OptionError (exit 2) when the model's scheme has no position parameters."""
-    from .core import describe
+    from ..core import describe
 
     if position_parameters(model):
         return
@@ -68,7 +68,7 @@ def _doc_hashes(docs) -> set[str]:
 
 
 def _documents(data, heldout):
-    from .evaluation.tokens import resolve_documents
+    from ..evaluation.tokens import resolve_documents
 
     train, _ = resolve_documents(data)
     held, _ = resolve_documents(heldout)
@@ -83,8 +83,8 @@ def _documents(data, heldout):
 def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
     """Packed native-length blocks of the documents, tokenized in order until ``want`` blocks are there (a few
     hundred steps read a small part of a large corpus; the rest is not tokenized)."""
-    from .data import tokenize_documents
-    from .training.blocks import check_blocks, make_blocks
+    from ..data import tokenize_documents
+    from .blocks import check_blocks, make_blocks
 
     ids, total = [], 0
     for d in docs:
@@ -104,7 +104,7 @@ def zero_shot(model, teacher, tokenizer, heldout_docs, length: int, budget: int,
               original: dict | None = None) -> dict:
     """ppl of ``model`` and of the original (``teacher``) at ``length`` on the held-out documents, through
     ``retrofit.evaluate`` (non-overlapping windows); ``original``: a previous call's original row (same tokens)."""
-    from .evaluation import evaluate
+    from ..evaluation import evaluate
 
     baselines = [] if original else [("original", teacher, tokenizer)]
     report = evaluate(("converted", model, tokenizer), [length], data=heldout_docs, baselines=baselines,
@@ -127,8 +127,8 @@ def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_r
     seconds. ``teacher``: the unconverted original (frozen here). ``data``/``heldout``: data specs or lists of
     ``Document``; they must share no document. Documents are tokenized in order until there are
     ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate."""
-    from .core import describe, set_position_controls
-    from .quiet import progress_bars
+    from ..core import describe, set_position_controls
+    from ..quiet import progress_bars
 
     check_calibratable(model)
     for key, v in (("steps", steps), ("batch_size", batch_size), ("budget", budget)):
@@ -215,9 +215,9 @@ def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_r
 
 def kl_to_original(logits: torch.Tensor, original_logits: torch.Tensor) -> torch.Tensor:
     """KL(original || converted) per token, summed over the vocabulary, averaged over tokens (temperature 1)."""
-    from .training.loop import _kl
+    from .teacher import kl_sum
 
-    return _kl(logits, original_logits, 1.0)
+    return kl_sum(logits, original_logits, 1.0) / logits.shape[:-1].numel()
 
 
 def _order(n: int, count: int, seed: int) -> torch.Tensor:
