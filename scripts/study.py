@@ -124,9 +124,12 @@ def recipe_for(cell: dict, base: Path, native: int, args, out: Path) -> dict:
         train["positions"].update(method="pose", target_length=cell["pose"])
     if train["objective"] != "lm":
         train["distill_weight"] = 1.0
+    convert = {"scheme": cell["scheme"], **({"options": cell["options"]} if cell.get("options") else {})}
+    if cell.get("calibrate"):
+        convert["calibrate"] = {"data": "shakespeare:train", "steps": cell["calibrate"]}
     return {
         "model": {"name_or_path": str(base)},
-        "convert": {"scheme": cell["scheme"], **({"options": cell["options"]} if cell.get("options") else {})},
+        "convert": convert,
         "data": {"dataset": "shakespeare:train", "block_length": block, "validation_fraction": 0.03,
                  "max_validation_blocks": max(1, 16 * native // block)},  # the same validation tokens
         "train": train,
@@ -169,10 +172,8 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     t0 = time.time()
     if cell["scheme"] is None:  # the control keeps its learned table: it is scored at the native length
         lengths = [native]
-    if cell["steps"] == 0:  # conversion alone, no fine-tune
-        model, tok = retrofit.load_model(str(base))
-        if cell["scheme"]:
-            retrofit.convert(model, cell["scheme"], **cell.get("options", {}))
+    if cell["steps"] == 0:  # conversion alone (and its calibration), no fine-tune
+        model, tok = converted_stand_in(base, cell, args)
         report = evaluate_model(model, lengths, args, tokenizer=tok)
         trainable = 0
     else:
@@ -185,6 +186,24 @@ def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> d
     cdir.mkdir(parents=True, exist_ok=True)
     write_text(cached, json.dumps(result, indent=1))
     return result
+
+
+def converted_stand_in(base: Path, cell: dict, args):
+    """(model, tokenizer): the stand-in converted as the cell says, its position parameters calibrated first
+    when the cell has calibrate=STEPS (KL to the original at the native length, retrofit.calibrate)."""
+    import copy
+
+    import retrofit
+
+    model, tok = retrofit.load_model(str(base))
+    if not cell["scheme"]:
+        return model, tok
+    original = copy.deepcopy(model) if cell.get("calibrate") else None
+    retrofit.convert(model, cell["scheme"], **cell.get("options", {}))
+    if original is not None:
+        retrofit.calibrate(model, original, "shakespeare:train", tokenizer=tok, steps=cell["calibrate"],
+                           seed=args.seed, progress=False)
+    return model, tok
 
 
 def _recompute(name: str, args) -> bool:
@@ -408,10 +427,7 @@ def passkey_part(base: Path, native: int, lengths: list[int], results: list[dict
 
         def load(c=c):
             if c["steps"] == 0:
-                model, tok = retrofit.load_model(str(base))
-                if c["scheme"]:
-                    retrofit.convert(model, c["scheme"], **c.get("options", {}))
-                return model, tok
+                return converted_stand_in(base, c, args)
             final = Path(args.runs) / c["name"] / "ft" / rf.FINAL
             if not final.is_dir():
                 raise LookupError(f"the fine-tuned weights of {c['name']} are not on this machine (its figures came "
