@@ -123,10 +123,12 @@ def check_creatable(path: str | os.PathLike, what: str = "") -> None:
         if nearest == path:
             raise OutputError(f"{name} is a file; give a folder (it is created if needed)")
         raise OutputError(f"{name} cannot be created: a file is in the way ({nearest}); choose another path")
-    refused = _cannot_write_in(nearest)
-    if refused:
-        raise OutputError(f"{name} cannot be written: {nearest.absolute()} is not writable ({refused}); "
-                          "choose another path")
+    # an existing folder is replaced through a temporary sibling: its parent must take one too
+    for folder in (nearest, *([path.absolute().parent] if nearest == path else [])):
+        refused = _cannot_write_in(folder)
+        if refused:
+            raise OutputError(f"{name} cannot be written: {folder.absolute()} is not writable ({refused}); "
+                              "choose another path")
 
 
 def _cannot_write_in(folder: Path) -> str | None:

@@ -131,10 +131,11 @@ def _row_shifts(state, Tq: int, Tk: int, device) -> torch.Tensor | None:
     mask = info.get("attention_mask")
     real = torch.ones_like(pos, dtype=torch.bool)
     if mask is not None and mask.shape[-1] >= Tq:
-        real = mask[:, -Tq:].to(device=device, dtype=torch.bool).expand_as(pos)
+        real = mask[:, -Tq:].to(device=device, dtype=torch.bool)
+    pos, real = torch.broadcast_tensors(pos, real)  # (B, Tq) each: (1, Tq) position ids with a (B, T) mask
     index = torch.where(real, torch.arange(Tq, device=device), -1).max(-1).values  # (B,) last real query; -1: none
     at = index.clamp(min=0)
-    shift = pos.expand(real.shape).gather(-1, at[:, None])[:, 0] - (Tk - Tq + at)  # position - slot
+    shift = pos.gather(-1, at[:, None])[:, 0] - (Tk - Tq + at)  # position - slot
     return torch.where(index >= 0, shift, torch.zeros_like(shift))
 
 

@@ -104,7 +104,7 @@ class RunRecipe:
     def stage_hash(self, stage: str) -> str:
         """Hash of the recipe sections a stage depends on (changing them re-runs the stage)."""
         d = self.to_dict()
-        parts = {"finetune": {k: v for k, v in self.finetune.to_dict().items() if k != "output_dir"}}  # a moved run stays done
+        parts = {"finetune": _finetune_hashed(self.finetune.to_dict())}
         if stage in ("eval", "card", "push"):
             parts["eval"] = _eval_hashed(d["eval"])
         if stage in ("export", "card", "push"):
@@ -115,6 +115,18 @@ class RunRecipe:
         if stage == "push":
             parts["push"] = d["push"]
         return _hash(parts)
+
+
+def _finetune_hashed(f: dict) -> dict:
+    """The fine-tune sections as stage hashes see them: not ``output_dir`` (a moved run stays done); the
+    teacher's keys only when a teacher trains (objective distill or both) and ``convert.calibrate`` only when
+    it calibrates, so runs made before those keys existed keep their hashes (and are not trained again)."""
+    f = {k: v for k, v in f.items() if k != "output_dir"}
+    if f["train"].get("objective", "lm") == "lm":
+        f["train"] = {k: v for k, v in f["train"].items() if not k.startswith("teacher_")}
+    if not (f["convert"].get("calibrate") or {}).get("data"):
+        f["convert"] = {k: v for k, v in f["convert"].items() if k != "calibrate"}
+    return f
 
 
 def _eval_hashed(e: dict) -> dict:

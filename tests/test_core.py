@@ -431,3 +431,19 @@ def test_auto_never_picks_a_path_that_refuses_float64(scheme, monkeypatch):
     assert paths == {"chunked"}, paths
     with pytest.raises(RuntimeError, match="float64"):
         kernel.choose_path("flex", torch.zeros(1, 1, 200, 8, dtype=torch.float64), has_bias=True, dropout=0.0)
+
+
+def test_fire_reads_one_row_of_position_ids_across_a_padded_batch():
+    """(1, T) position ids with a (B, T) padding mask: every row at those positions (a padded row's real
+    tokens too: they sit at the positions the caller gave them)."""
+    model = retrofit.convert(TINY["gpt2"](), "fire")
+    x = ids(2, NATIVE + 8)
+    mask = torch.ones_like(x)
+    mask[1, :5] = 0
+    T = x.shape[1]
+    with torch.no_grad():
+        out = model(x, attention_mask=mask, position_ids=torch.arange(T)[None]).logits
+        alone = model(x[1:, 5:], position_ids=torch.arange(5, T)[None]).logits
+        first = model(x[:1]).logits
+    torch.testing.assert_close(out[1:, 5:], alone, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out[:1], first, atol=2e-5, rtol=1e-4)

@@ -61,8 +61,14 @@ def test_equals_transformers_model_with_a_bigger_table(model_type, init):
     big = type(model)(type(model.config).from_dict(cfg)).eval()
     sd = {k: v for k, v in model.state_dict().items() if not k.startswith("retrofit_positions")}
     sd[table_name + ".weight"] = big.get_submodule(table_name).weight.detach().clone()
-    stretched = copied_rows(native_rows[first:], length, 1) if init == "copy" else interpolated_rows(native_rows[first:], length)
-    sd[table_name + ".weight"][first:] = stretched
+    table, p = native_rows[first:], torch.arange(length)
+    if init == "copy":  # rows p < native as they are, later ones cycle rows 1 .. native - 1
+        stretched = table[torch.where(p < NATIVE, p, 1 + (p - NATIVE) % (NATIVE - 1))]
+    else:  # the table read at p * native / length, linear between neighbours
+        x = p.double() * NATIVE / length
+        lo = x.floor().long()
+        stretched = torch.lerp(table[lo].double(), table[(lo + 1).clamp(max=NATIVE - 1)].double(), (x - lo)[:, None])
+    sd[table_name + ".weight"][first:] = stretched.float()
     big.load_state_dict(sd)
     x = ids(2, length, seed=3)
     with torch.no_grad():

@@ -151,3 +151,19 @@ def test_quickstart_and_tiny_recipes_leave_the_kernel_to_auto(monkeypatch):
     assert choose_path("auto", q, True, 0.0, linear=True) == "fused-alibi"
     with torch.no_grad():
         assert choose_path("auto", q.detach(), True, 0.0, linear=True) == "fused-alibi"
+
+
+def test_new_keys_at_their_defaults_leave_old_runs_hashes_alone():
+    """A run made before train.teacher_* and convert.calibrate existed keeps its stage hash (retrofit run does
+    not train it again); setting them changes it."""
+    from retrofit.run_recipe import _hash, load_recipe
+
+    r = load_recipe("recipes/tiny-run.yaml")
+    old = r.finetune.to_dict()
+    old.pop("output_dir")
+    old["train"] = {k: v for k, v in old["train"].items() if not k.startswith("teacher_")}
+    old["convert"] = {k: v for k, v in old["convert"].items() if k != "calibrate"}
+    assert r.stage_hash("finetune") == _hash({"finetune": old})
+    calibrated = load_recipe("recipes/tiny-run.yaml", overrides=["convert.calibrate.data=stdlib"])
+    distilled = load_recipe("recipes/tiny-run.yaml", overrides=["train.objective=both", "train.teacher_window=first"])
+    assert calibrated.stage_hash("finetune") != r.stage_hash("finetune") != distilled.stage_hash("finetune")

@@ -6,8 +6,10 @@ import argparse
 import json
 import logging
 
-_CALIBRATE = "calibrate.json"  # retrofit.run_folder.CALIBRATE (this module imports nothing heavy)
+from ..run_folder import CALIBRATE
+from ..training.recipe import CalibrateConfig
 
+CAL = CalibrateConfig()  # the calibration defaults (one place: the recipe's convert.calibrate section)
 log = logging.getLogger(__name__)
 
 
@@ -64,15 +66,17 @@ def add_parser(sub) -> None:
     c.add_argument("--calibrate", metavar="DATA",
                    help="data spec (shakespeare:train, stdlib, files, a datasets name): before saving, train only the "
                         "scheme's position parameters for KL to the original on native-length blocks of DATA; "
-                        f"writes {_CALIBRATE} with the ratio to the original at 1x before and after")
-    c.add_argument("--calibrate-steps", type=int, default=200, metavar="N", help="optimizer steps (default 200)")
-    c.add_argument("--calibrate-lr", type=float, default=5e-2, metavar="LR", help="Adam peak learning rate (default 5e-2)")
-    c.add_argument("--calibrate-batch-size", type=int, default=1, metavar="N", help="blocks per step (default 1)")
-    c.add_argument("--calibrate-heldout", default="shakespeare:heldout", metavar="DATA",
+                        f"writes {CALIBRATE} with the ratio to the original at 1x before and after")
+    c.add_argument("--calibrate-steps", type=int, default=CAL.steps, metavar="N", help="optimizer steps (default %(default)s)")
+    c.add_argument("--calibrate-lr", type=float, default=CAL.learning_rate, metavar="LR",
+                   help="Adam peak learning rate (default %(default)s)")
+    c.add_argument("--calibrate-batch-size", type=int, default=CAL.batch_size, metavar="N",
+                   help="blocks per step (default %(default)s)")
+    c.add_argument("--calibrate-heldout", default=CAL.heldout, metavar="DATA",
                    help="held-out data spec for the before/after ratio; must share no document with DATA "
-                        "(default shakespeare:heldout)")
-    c.add_argument("--calibrate-budget", type=int, default=16384, metavar="TOKENS",
-                   help="held-out tokens scored before and after (default 16384)")
+                        "(default %(default)s)")
+    c.add_argument("--calibrate-budget", type=int, default=CAL.budget, metavar="TOKENS",
+                   help="held-out tokens scored before and after (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -93,27 +97,20 @@ def run(args) -> int:
     io.save(model, out, tokenizer=tokenizer)
     shown = {"out": str(out), **core.describe(model)}
     if record is not None:
-        from .. import run_folder as rf
         from ..atomic import write_text
 
-        assert rf.CALIBRATE == _CALIBRATE
-        write_text(out / rf.CALIBRATE, json.dumps(record, indent=2) + "\n")
+        write_text(out / CALIBRATE, json.dumps(record, indent=2) + "\n")
         shown["calibration"] = {k: v for k, v in record.items() if k != "kl"}
     print(json.dumps(shown, indent=2, sort_keys=True))
     return 0
 
 
 def _teacher(model, args):
-    """The frozen original the calibration matches: a copy taken before converting (a converted checkpoint
-    given with --force is loaded again and reverted: its original mechanism)."""
-    import copy
+    """The frozen original the calibration matches (a converted checkpoint given with --force: reloaded, reverted)."""
+    from ..training.model import make_teacher
+    from ..training.recipe import ModelConfig
 
-    from ..core import is_converted, revert
-    from ..io import load_model
-
-    if is_converted(model):
-        return revert(load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)[0])
-    return copy.deepcopy(model)
+    return make_teacher(model, ModelConfig(name_or_path=args.model, gguf_file=args.gguf_file, dtype=args.dtype))
 
 
 def _calibrate(model, teacher, tokenizer, args) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import logging
+from pathlib import Path
 
 from ..errors import OptionError
 from ..evaluation import defaults as D

@@ -27,14 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DataError, LengthError, OptionError
+from .recipe import CalibrateConfig
 
 log = logging.getLogger(__name__)
 
-STEPS = 200
-LEARNING_RATE = 5e-2  # measured on the GPT-2 stand-in: t5 2.17x at 1e-2, 1.33x at 5e-2; alibi the same (docs/calibrate.md)
-BATCH_SIZE = 1
-HELDOUT = "shakespeare:heldout"
-BUDGET = 16384
+_DEFAULTS = CalibrateConfig()  # one set of defaults: the recipe's convert.calibrate section
+STEPS, LEARNING_RATE, BATCH_SIZE = _DEFAULTS.steps, _DEFAULTS.learning_rate, _DEFAULTS.batch_size
+HELDOUT, BUDGET = _DEFAULTS.heldout, _DEFAULTS.budget
 SEED = 0
 
 
@@ -193,6 +192,7 @@ def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_r
 
     t2 = time.perf_counter()
     after = zero_shot(model, teacher, tokenizer, held_docs, length, budget, progress, original=before["original"])
+    model.train(was_training)  # the evaluation leaves it in eval mode: the caller's mode back
     eval_seconds += time.perf_counter() - t2
     head = losses[: min(10, len(losses))]
     tail = losses[-min(10, len(losses)):]

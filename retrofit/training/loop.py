@@ -89,11 +89,11 @@ def _finetune(r: Recipe) -> Path:
         needs_teacher = r.train.objective != "lm" or calibrating
         teacher = mdl.make_teacher(model, r.model) if needs_teacher else None
         mdl.convert(model, r.convert)
+        fade_offset_cap = _check_lengths(r, model)  # an impossible block fails before calibrating
         if calibrating:
-            _calibrate(r, acc, out, model, teacher, tok)
+            _calibrate(r, acc, out, model.to(acc.device), teacher.to(acc.device), tok)
         if r.train.objective == "lm":
             teacher = None  # the calibration's teacher only
-        fade_offset_cap = _check_lengths(r, model)
         if r.train.gradient_checkpointing:
             model.config.use_cache = False
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
