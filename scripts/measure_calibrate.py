@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ def main() -> int:
     import retrofit
     from retrofit.atomic import write_text
     from retrofit.data import load_documents
-    from retrofit.versions import library_versions
+    from retrofit.versions import cpu_info, library_versions
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", nargs="+", default=["t5:1e-2", "alibi:1e-2"])
@@ -57,6 +58,7 @@ def main() -> int:
               f"total {rec['total_seconds']} s)", flush=True)
     if args.out:
         out = {"model": str(STANDIN.relative_to(ROOT)), "command": " ".join(sys.argv), "threads": 1,
+               "hardware": {"cpu_count": os.cpu_count(), **cpu_info()},
                "versions": library_versions(), "rows": rows}
         write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     return 0
