@@ -62,7 +62,8 @@ PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "rando
 # spanning TARGET tokens (train.positions.method: pose); block=N trains on blocks of N tokens (the same tokens
 # per step: the batch shrinks by N / native); calibrate=STEPS first fits the scheme's own position parameters
 # to the original (KL at the native length, everything else frozen), also at budget 0.
-TRAIN_KEYS = ("pose", "block", "calibrate")
+TRAIN_KEYS = ("pose", "block", "calibrate", "objective")  # objective=both: LM + KL to the original (sliding teacher)
+OBJECTIVES = ("lm", "both", "distill")
 STANDINS = Path(__file__).resolve().parents[1] / "standins"  # shipped stand-ins (scripts/pretrain_baseline.py --ship)
 
 
@@ -84,9 +85,12 @@ def parse_scheme(spec: str) -> dict:
         label = "-".join([scheme, *(str(v) for v in options.values()), *(f"{k}{v}" for k, v in train.items())])
     if not scheme or any(c in label for c in "/ "):
         raise SystemExit(f"--schemes {spec!r}: expected SCHEME or [LABEL=]SCHEME:KEY=VALUE;...")
-    for key in train:
+    if train.get("objective", "lm") not in OBJECTIVES:
+        raise SystemExit(f"--schemes {spec!r}: objective= takes one of {', '.join(OBJECTIVES)}")
+    for key in (k for k in train if k != "objective"):
         if not isinstance(train[key], int) or train[key] <= 0:
-            raise SystemExit(f"--schemes {spec!r}: {key}=N takes a positive int, got {train[key]!r}")
+            raise SystemExit(f"--schemes {spec!r}: {key}= takes a positive int (pose=TARGET tokens, block=N tokens, "
+                             f"calibrate=STEPS), got {train[key]!r}")
     return {"label": label, "scheme": scheme, "options": options, **train}
 
 
@@ -248,9 +252,9 @@ def grid(args, pretrain_tokens: int, native: int) -> list[dict]:
                 cells.append({"name": f"control-{method}-{frac}{tail}", "label": "control", "scheme": None,
                               "method": method, **common, "role": "control", **extra})
                 for spec in specs:
-                    if frac > 0 and spec["label"] in args.zero_shot_only or frac == 0 and (spec.get("pose")
-                                                                                           or spec.get("block")):
-                        continue  # zero-shot-only labels train no cell; PoSE and long blocks are fine-tunes: no budget-0 cell
+                    trains = spec.get("pose") or spec.get("block") or spec.get("objective", "lm") != "lm"
+                    if frac > 0 and spec["label"] in args.zero_shot_only or frac == 0 and trains:
+                        continue  # zero-shot-only labels train no cell; PoSE, long blocks, a teacher: no budget-0 cell
                     if seed is not None and spec["label"] not in args.seed_labels:
                         continue
                     cells.append({"name": f"{spec['label']}-{method}-{frac}{tail}", "label": spec["label"],

@@ -290,6 +290,27 @@ def test_pose_zero_shot_only_and_seeded_cells_in_the_grid(study, tmp_path):
         study.main(["--part", "gpt2", "--schemes", "alibi", "--seed-labels", "rope", "--out", str(tmp_path / "s.json")])
 
 
+def test_long_blocks_calibration_and_a_teacher_in_the_grid(study, tmp_path):
+    spec = study.parse_scheme("ek=extend:length=8192;block=4096;calibrate=50;objective=both")
+    assert spec == {"label": "ek", "scheme": "extend", "options": {"length": 8192}, "block": 4096, "calibrate": 50,
+                    "objective": "both"}
+    for bad in ("t5:block=long", "t5:objective=kl"):
+        with pytest.raises(SystemExit):
+            study.parse_scheme(bad)
+    args = _grid_args(budgets=[0, 0.02], methods=["full"],
+                      schemes=["ek=extend:length=8192;block=4096;objective=both", "tc=t5:calibrate=50"])
+    cells = {c["name"]: c for c in study.grid(args, pretrain_tokens=1_024_000, native=256)}
+    assert "ek-none-0" not in cells and "tc-none-0" in cells  # long blocks train; calibration alone is zero-shot
+    rargs = Namespace(batch_size=16, lr_full=1e-4, lr_lora=1e-3, seed=0, lora_embeddings=True)
+    r = study.recipe_for(cells["ek-full-0.02"], tmp_path, 256, rargs, tmp_path / "o")
+    assert r["data"]["block_length"] == 4096 and r["train"]["batch_size"] == 1  # the same 4,096 tokens a step
+    assert r["data"]["max_validation_blocks"] == 1 and r["train"]["objective"] == "both"
+    r = study.recipe_for(cells["tc-full-0.02"], tmp_path, 256, rargs, tmp_path / "o")
+    assert r["convert"]["calibrate"] == {"data": "shakespeare:train", "steps": 50} and r["train"]["batch_size"] == 16
+    with pytest.raises(SystemExit, match="multiple of the native"):
+        study.recipe_for({**cells["ek-full-0.02"], "block": 300}, tmp_path, 256, rargs, tmp_path / "o")
+
+
 def _row(cell, label, method, budget, p1, p16=None, **kw):
     return {"cell": cell, "label": label, "scheme": None if label == "control" else "x", "method": method,
             "budget": budget, "ppl@1x": p1, "ppl@16x": p16, **kw}
