@@ -1160,10 +1160,12 @@ def main(argv=None):
     out = Path(args.out)
     study = json.loads(out.read_text()) if out.exists() else {}
     previous = {**study.get("gpt2", {}), "command": study.get("command")} if study.get("gpt2") else None
+    from retrofit.versions import cpu_info
+
     study.update({
         "command": shlex.join(["python", "scripts/study.py", *(sys.argv[1:] if argv is None else argv)]),
         "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
-                     "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+                     "platform": platform.platform(), "torch_threads": torch.get_num_threads(), **cpu_info()},
         "versions": {"retrofit": retrofit.__version__, "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
     })
