@@ -176,7 +176,7 @@ def test_every_linear_scheme_declares_its_slopes_truthfully():
     from retrofit.encodings.base import ModelSpec
 
     spec = ModelSpec(num_layers=2, num_heads=6, num_kv_heads=6, head_dim=8, hidden_size=48, native_length=64,
-                     native_kind="learned_absolute")
+                     native_kind="learned_absolute", native_table=torch.randn(64, 48))  # extend stretches a table
     h = torch.arange(6)[:, None, None]
     i = torch.arange(40)[None, :, None]
     j = torch.arange(40)[None, None, :]
