@@ -20,7 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 import retrofit
-from retrofit.errors import DataError, LengthError, RecipeError
+from retrofit.errors import DataError, HubError, LengthError, RecipeError
 from retrofit.training import finetune
 from retrofit.builtin import tiny_gpt2
 
@@ -233,8 +233,14 @@ def test_missing_files(tmp_path):
     _fails(tmp_path, DataError, ["nothing-here"], data__files=str(tmp_path / "nothing-here" / "*.txt"))
 
 
-def test_missing_hub_dataset(tmp_path):
-    _fails(tmp_path, DataError, ["no-such-dataset-xyz"], data__files=None, data__dataset="no-such-org/no-such-dataset-xyz")
+def test_missing_hub_dataset(tmp_path, monkeypatch):
+    """Offline (CI sets HF_HUB_OFFLINE) a Hub dataset not in the cache cannot be told from one that does not
+    exist: a HubError (exit 5) naming it, at once. Online, a missing one is a DataError (datasets' not-found)."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    _fails(tmp_path, HubError, ["no-such-dataset-xyz", "cache"], data__files=None,
+           data__dataset="no-such-org/no-such-dataset-xyz")
 
 
 def test_missing_dataset_field(tmp_path):

@@ -3,10 +3,11 @@
 ``finetune(recipe)`` runs unchanged in one process or under ``accelerate launch`` (DDP, FSDP,
 DeepSpeed; CPU processes over gloo). Order of work:
 
-1. validate the recipe, resolve the documents (missing dataset/field fails here);
+1. validate the recipe, resolve the documents or open the stream (missing dataset/field fails here);
 2. load the model; keep a frozen copy as distillation teacher; convert; wrap (LoRA/full) --
    unmatched LoRA targets fail here;
-3. tokenize and cut blocks -- a block length larger than the documents fails here;
+3. tokenize and cut blocks -- a block length larger than the documents fails here; a stream is
+   tokenized and packed as it is read (``stream.py``), each process reading its own part;
 4. ``prepare``; resume (``load_state``) from the latest checkpoint when asked;
 5. train: ``accumulate`` / ``backward`` / clip / step, checkpoints with ``save_state``;
 6. write ``final/`` (merged, patched, through ``retrofit.save``) and ``adapter/`` (LoRA).
@@ -37,8 +38,8 @@ from ..quiet import hushed, progress_bars
 from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
-from . import outputs, positions, sharding
-from .recipe import Recipe
+from . import outputs, positions, sharding, stream
+from .recipe import Recipe, tokens_per_step
 from .teacher import Clock, TeacherView, distill_kl
 
 log = logging.getLogger(__name__)
@@ -51,12 +52,14 @@ class Progress:
     def __init__(self):
         self.step = 0
         self.val_loss_before = None
+        self.stream = None  # streaming: every process's stream.Position, [[epoch, document, offset], ...]
 
     def state_dict(self):
-        return {"step": self.step, "val_loss_before": self.val_loss_before}
+        return {"step": self.step, "val_loss_before": self.val_loss_before, "stream": self.stream}
 
     def load_state_dict(self, state):
         self.step, self.val_loss_before = state["step"], state["val_loss_before"]
+        self.stream = state.get("stream")
 
 
 def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
@@ -77,7 +80,9 @@ def _finetune(r: Recipe) -> Path:
     from accelerate.utils import set_seed
 
     set_seed(r.train.seed)
-    train_docs, val_docs = _documents(r)
+    source = stream.StreamSource.of(r.data) if stream.streams(r.data) else None  # opened and probed here
+    train_docs, val_docs = _documents(r) if source is None else (None, None)
+    _budget(r, acc, source)
     sharding.mark_baseline()
     with sharding.whole_models():
         with acc.main_process_first():
@@ -98,7 +103,10 @@ def _finetune(r: Recipe) -> Path:
             model.config.use_cache = False
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model = mdl.make_trainable(model, r.train)
-    train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
+    if source is None:
+        train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
+    else:
+        train_set, val_set = source, _stream_validation(r, tok, source)
     if acc.is_main_process:
         _write_run_info(r, out, model, train_set, val_set)
     out = _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap)
@@ -160,6 +168,21 @@ def _cpu_processes() -> bool:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
     return world > 1 and not torch.cuda.is_available() and not xpu
+
+
+def _budget(r: Recipe, acc, source) -> None:
+    """Resolve train.steps from data.max_tokens (the smaller bound wins) and say the arithmetic."""
+    d, t = r.data, r.train
+    per_step = tokens_per_step(r, acc.num_processes)
+    if d.max_tokens is not None:
+        by_budget = d.max_tokens // per_step
+        if by_budget < 1:
+            raise LengthError(f"'data.max_tokens' = {d.max_tokens:,} is less than one step of {per_step:,} tokens")
+        t.steps = by_budget if t.steps is None else min(t.steps, by_budget)
+    log.info("budget: %d steps x %s tokens (batch %d x accumulation %d x block %d x %d processes) = %s tokens%s",
+             t.steps, f"{per_step:,}", t.batch_size, t.gradient_accumulation_steps, d.block_length,
+             acc.num_processes, f"{t.steps * per_step:,}",
+             f", streamed from {source.what}" if source is not None else "")
 
 
 def _documents(r: Recipe):
@@ -248,18 +271,29 @@ def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
     return train, val
 
 
+def _stream_validation(r: Recipe, tok, source):
+    val = source.validation(tok, r.data.block_length, r.data.packing, r.data.max_validation_blocks)
+    if not len(val) and r.data.validation_documents != 0:
+        log.warning("no validation loss: the validation documents give no block of %d tokens", r.data.block_length)
+    return val
+
+
 def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / rf.RECIPE, r.to_yaml())
+    write_text(out / rf.RECIPE, r.to_yaml())  # resolved: train.steps as the budget sets it
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     info = {
         "versions": library_versions(),
         "trainable_parameters": trainable,
         "total_parameters": sum(p.numel() for p in model.parameters()),
-        "train_blocks": len(train), "validation_blocks": len(val),
-        "train_fingerprint": rdata.fingerprint(train.flatten().tolist()),
+        "validation_blocks": len(val),
         "validation_fingerprint": rdata.fingerprint(val.flatten().tolist()),
     }
+    if isinstance(train, stream.StreamSource):
+        info.update(train_stream=train.what, validation_documents=train.validation_documents,
+                    budget_tokens=r.train.steps * tokens_per_step(r, int(os.environ.get("WORLD_SIZE", "1"))))
+    else:
+        info.update(train_blocks=len(train), train_fingerprint=rdata.fingerprint(train.flatten().tolist()))
     write_text(out / rf.VERSIONS, json.dumps(info, indent=2) + "\n")
 
 
@@ -286,54 +320,119 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
         outputs.log_record(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
 
     acc.step = progress.step * t.gradient_accumulation_steps  # micro-batches seen: where the data resumes
+    where = _StreamPlace(r, acc, progress) if sampler is None else None
     model.train()
     # What the optimizer steps is what gets clipped. Not model.parameters(): under FSDP2 a unit left
     # gathered after a forward (the tail: final norm, lm_head) lists its unsharded tensors there, whose
     # .grad stays None, and the clip norm would leave them out (measured: 3.70 instead of 4.51).
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     meter = Meter(r, acc, progress.step, clock, view)
-    while progress.step < t.steps:
+    batches = _block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, tok)
+    for batch in batches if progress.step < t.steps else ():
+        _position_controls(base, r, progress.step, fade_offset_cap)
+        with acc.accumulate(model):
+            loss, parts = _loss(acc, model, teacher, batch, r, view, clock)
+            acc.backward(loss)
+            meter.add(loss, parts)
+            if acc.sync_gradients:
+                meter.grad_norm = sharding.clip_grad_norm(acc, params, t.max_grad_norm or float("inf"))
+                meter.lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+        if not acc.sync_gradients:
+            continue
+        progress.step += 1
+        _after_step(r, acc, out, model, val_loader, base, progress, meter, where)
+        if progress.step >= t.steps:
+            break
+    if progress.step < t.steps:
+        optimizer.zero_grad()  # a partial accumulation at the stream's end is not stepped
+        where.say_short(progress.step, meter.tokens_per_step)
+    meter.close()
+    return _finish(r, acc, model, tok, val_loader, base, progress, meter, shards, where)
+
+
+def _block_batches(acc, train_loader, sampler):
+    """Micro-batches of the whole-read blocks, epoch after epoch, from where ``acc.step`` says."""
+    while True:
         where = blk.Position.of(acc.step, len(train_loader))
         sampler.epoch = where.epoch
-        loader = acc.skip_first_batches(train_loader, where.skip) if where.skip else train_loader
-        for batch in loader:
-            _position_controls(base, r, progress.step, fade_offset_cap)
-            with acc.accumulate(model):
-                loss, parts = _loss(acc, model, teacher, batch, r, view, clock)
-                acc.backward(loss)
-                meter.add(loss, parts)
-                if acc.sync_gradients:
-                    meter.grad_norm = sharding.clip_grad_norm(acc, params, t.max_grad_norm or float("inf"))
-                    meter.lr = scheduler.get_last_lr()[0]
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            if not acc.sync_gradients:
-                continue
-            progress.step += 1
-            _after_step(r, acc, out, model, val_loader, base, progress, meter)
-            if progress.step >= t.steps:
-                break
-    meter.close()
-    return _finish(r, acc, model, tok, val_loader, base, progress, meter, shards)
+        yield from acc.skip_first_batches(train_loader, where.skip) if where.skip else train_loader
+
+
+class _StreamPlace:
+    """This process's place in the stream: where it starts (a checkpoint's), where it stands after each batch."""
+
+    def __init__(self, r, acc, progress):
+        self.r, self.acc, self.progress = r, acc, progress
+        self.seen: list[str] = []  # train.rank_checksums: a digest of every block this process trained on
+        saved = progress.stream
+        if saved is not None and len(saved) != acc.num_processes:
+            from ..errors import RecipeError
+
+            raise RecipeError(f"the checkpoint was written by {len(saved)} processes; resume it with as many "
+                              f"(this run has {acc.num_processes}), or start again with checkpoint.resume: never")
+        self.now = stream.Position(*saved[acc.process_index]) if saved is not None else stream.Position()
+        if saved is not None:
+            log.info("data: resuming the stream at epoch %d, document %d, token %d", *self.now.as_list())
+
+    def batches(self, source, tok):
+        """Micro-batches on the device; every process stops when any one's stream ends (no rank left waiting)."""
+        d, t = self.r.data, self.r.train
+        it = source.batches(tok, t.batch_size, d.block_length, d.packing, rank=self.acc.process_index,
+                            world=self.acc.num_processes, seed=t.seed, start=self.now)
+        for batch, after in it:
+            if not self._all_have(True):
+                return
+            self.now = after
+            if self.r.train.rank_checksums:
+                self.seen += [rdata.fingerprint(row.tolist()) for row in batch]
+            yield batch.to(self.acc.device)
+        self._all_have(False)
+
+    def _all_have(self, mine: bool) -> bool:
+        if self.acc.num_processes == 1:
+            return mine
+        flags = self.acc.gather(torch.tensor([int(mine)], device=self.acc.device))
+        return bool(flags.min().item())
+
+    def save(self) -> None:
+        """Every process's place into the loop state (collective: call on every process before a checkpoint)."""
+        mine = torch.tensor([self.now.as_list()], dtype=torch.long, device=self.acc.device)
+        self.progress.stream = self.acc.gather(mine).view(-1, 3).tolist()
+
+    def say_short(self, step: int, per_step: int) -> None:
+        d, t = self.r.data, self.r.train
+        log.warning("data: the stream ended after %s tokens, %s short of the %s budget (step %d of %d); stopping "
+                    "there (data.on_short: stop) and saving the weights; set data.on_short: repeat to read it "
+                    "again, or add data", f"{step * per_step:,}", f"{(t.steps - step) * per_step:,}",
+                    f"{t.steps * per_step:,}", step, t.steps)
+        self.short = {"steps_planned": t.steps, "steps_done": step, "tokens": step * per_step}
 
 
 def _prepare(r, acc, model, train_set, val_set):
-    """Loaders (seeded order; own generators), AdamW, schedule; all through ``accelerator.prepare``."""
+    """Loaders (seeded order; own generators), AdamW, schedule; all through ``accelerator.prepare``.
+    A stream (``train_set`` a StreamSource) has no train loader: each process reads its own part."""
     from transformers import get_scheduler
 
     t = r.train
-    sampler = blk.EpochShuffle(len(train_set), t.seed)
+    streaming = isinstance(train_set, stream.StreamSource)
+    sampler = None if streaming else blk.EpochShuffle(len(train_set), t.seed)
     # Each loader gets its own generator: a new iterator draws a seed from it, and drawing from the
     # global RNG would shift dropout after a resume.
-    train_loader = DataLoader(blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True,
-                              generator=torch.Generator().manual_seed(t.seed))
+    train_loader = None if streaming else DataLoader(
+        blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True,
+        generator=torch.Generator().manual_seed(t.seed))
     val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed))
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.learning_rate)
     scheduler = get_scheduler(  # a prepared scheduler steps once per process: scale like the HF examples
         t.lr_scheduler, optimizer,
         num_warmup_steps=t.warmup_steps * acc.num_processes, num_training_steps=t.steps * acc.num_processes,
     )
+    if streaming:
+        model, optimizer, val_loader, scheduler = acc.prepare(model, optimizer, val_loader, scheduler)
+        return model, optimizer, None, val_loader, scheduler, None
     prepared = acc.prepare(model, optimizer, train_loader, val_loader, scheduler)
     return (*prepared, sampler)
 
@@ -354,8 +453,10 @@ class Meter:
         self.sums: dict = {}
         self.n = 0
         self.grad_norm, self.lr = math.nan, math.nan
-        self.bar = tqdm(total=t.steps, initial=start_step, disable=not (acc.is_local_main_process and progress_bars()), desc="finetune",
-                        unit="step", dynamic_ncols=True)
+        self.steps = t.steps
+        self.bar = tqdm(total=t.steps * self.tokens_per_step, initial=start_step * self.tokens_per_step,
+                        disable=not (acc.is_local_main_process and progress_bars()), desc="finetune (tokens)",
+                        unit="tok", unit_scale=True, dynamic_ncols=True)
 
     def add(self, loss, parts) -> None:
         for k, v in {"loss": loss, **parts}.items():
@@ -369,10 +470,15 @@ class Meter:
         """The record for the steps since the last one (collective: every process calls it)."""
         rec = {"step": step}
         rec.update({k: acc.reduce(v / self.n, "mean").item() for k, v in self.sums.items()})
-        rec.update(lr=self.lr, grad_norm=float(self.grad_norm), tokens_per_s=round(self.rate(step), 1))
+        rec.update(lr=self.lr, grad_norm=float(self.grad_norm), tokens=step * self.tokens_per_step,
+                   tokens_per_s=round(self.rate(step), 1))
         if self.clock is not None:
             rec.update(self._teacher(acc, step))
-        self.bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
+        self.bar.set_postfix(step=f"{step}/{self.steps}", loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
+        if self.bar.disable and acc.is_main_process and (step % max(1, self.steps // 20) == 0 or step == self.steps):
+            log.info("step %d/%d: %s of %s tokens, %s tokens/s, loss %.4f", step, self.steps,
+                     f"{rec['tokens']:,}", f"{self.steps * self.tokens_per_step:,}", f"{rec['tokens_per_s']:,.0f}",
+                     rec["loss"])
         return rec
 
     def _teacher(self, acc, step: int) -> dict:
@@ -408,21 +514,23 @@ class Meter:
         self.elapsed = time.perf_counter() - self.t0
 
 
-def _after_step(r, acc, out, model, val_loader, base, progress, meter):
+def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=None):
     t, step = r.train, progress.step
     if step % t.log_every == 0 or step == t.steps:
         outputs.log_record(acc, out, meter.record(acc, step))
         meter.reset()
-    meter.bar.update(1)
+    meter.bar.update(meter.tokens_per_step)
     t0 = time.perf_counter()
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
         outputs.log_record(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
     if r.checkpoint.every and step % r.checkpoint.every == 0:
+        if where is not None:
+            where.save()
         outputs.save_checkpoint(acc, out, step, r.checkpoint.keep_last)
     meter.skip(time.perf_counter() - t0)
 
 
-def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) -> Path:
+def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, where=None) -> Path:
     """Validation after training, rank checksums, final/ + adapter/, summary.json."""
     out = Path(r.output_dir)
     _position_controls(base, r, None)
@@ -431,6 +539,9 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) 
     if r.train.rank_checksums:
         (out / "rank_checksums").mkdir(parents=True, exist_ok=True)
         (out / "rank_checksums" / f"rank{acc.process_index}.txt").write_text(mdl.trainable_hash(base) + "\n")
+        if where is not None:  # the blocks this process read from the stream, one digest per line
+            (out / "rank_checksums" / f"rank{acc.process_index}.blocks.txt").write_text("".join(
+                x + "\n" for x in where.seen))
     peak = sharding.peak_memory_mib(acc)  # training's peak, before final/ is gathered and written
     outputs.write_final(r, acc, model, tok)
     if acc.is_main_process:
@@ -440,7 +551,10 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None) 
             "train_seconds": round(meter.elapsed, 3),
             "tokens_per_s": round(meter.tokens_per_step * (progress.step - meter.start_step) / max(meter.elapsed, 1e-9), 1),
             "num_processes": acc.num_processes, "route": sharding.route(acc), "final": str(out / rf.FINAL),
+            "tokens": progress.step * meter.tokens_per_step, "budget_tokens": r.train.steps * meter.tokens_per_step,
         }
+        if getattr(where, "short", None):
+            summary["stream_ended_early"] = where.short
         summary["peak_memory_mib"] = peak
         teacher = meter.teacher_summary(progress.step - meter.start_step)
         if teacher is not None:

@@ -87,6 +87,38 @@ class DataConfig:
         "file in another encoding or a binary one is an error.", None
     )
     max_documents: Optional[int] = _help("Use only the first N documents (null = all).", None)
+    streaming: Optional[bool] = _help(
+        "Read the documents as a stream (datasets' streaming=True): tokenized on the fly, packed, never held whole; "
+        "each process reads its own part; a checkpoint saves the document and token where it stands. null = "
+        "true for Hub datasets and local json/jsonl/parquet files (and folders of them), false for the built-ins "
+        "(stdlib, shakespeare) and plain text files, which are read whole and shuffled by block as before. "
+        "true on text files streams them too (one document per file).",
+        None,
+    )
+    max_tokens: Optional[int] = _help(
+        "Streaming: the token budget. Training runs min(train.steps, max_tokens // tokens per step) steps, "
+        "tokens per step = batch_size x gradient_accumulation_steps x block_length x processes (null = "
+        "train.steps alone bounds it).",
+        None,
+    )
+    on_short: Literal["stop", "repeat"] = _help(
+        "Streaming: what happens when the stream ends before the budget. stop: say how many tokens it gave, stop "
+        "training there and save the weights; repeat: read it again (reshuffled when shuffle_buffer > 0).",
+        "stop",
+    )
+    shuffle_buffer: int = _help(
+        "Streaming: documents in datasets' shuffle buffer (seeded by train.seed; 0 = the stream's own order).", 1000
+    )
+    validation_split: Optional[str] = _help(
+        "Streaming: a separate split to validate on (e.g. 'validation'); null = hold out the first documents of "
+        "the training stream (see validation_documents), which training then skips.",
+        None,
+    )
+    validation_documents: Optional[int] = _help(
+        "Streaming: validate on the first N documents of validation_split or of the stream (held out of "
+        "training). null = as many as fill max_validation_blocks; 0 = no validation.",
+        None,
+    )
     block_length: int = _help("Training block length in tokens (may exceed the model's native length).", 1024)
     packing: bool = _help(
         "true: concatenate documents (EOS between them) and cut into blocks; "
@@ -156,7 +188,7 @@ class TrainConfig:
     lora: LoraSettings = _help("LoRA settings (method: lora).", factory=LoraSettings)
     train_norms: bool = _help("Also train normalization layers (LongLoRA found this matters).", False)
     train_embeddings: bool = _help("Also train the input token embeddings.", False)
-    steps: int = _help("Optimizer steps.", 100)
+    steps: Optional[int] = _help("Optimizer steps (null = from data.max_tokens, which is then required).", 100)
     batch_size: int = _help("Blocks per process per micro-batch.", 1)
     gradient_accumulation_steps: int = _help("Micro-batches per optimizer step.", 1)
     learning_rate: float = _help("Peak learning rate.", 2e-4)
@@ -175,7 +207,8 @@ class TrainConfig:
     log_every: int = _help("Write a log.jsonl record every N steps.", 1)
     positions: PositionsConfig = _help("Position augmentation during fine-tuning.", factory=PositionsConfig)
     rank_checksums: bool = _help(
-        "Debug: every process writes a hash of its trained weights to rank_checksums/ (multi-process checks).", False
+        "Debug: every process writes a hash of its trained weights to rank_checksums/ (multi-process checks); "
+        "streaming, also a digest of every block it trained on (rankN.blocks.txt).", False
     )
 
 
@@ -247,7 +280,11 @@ class Recipe:
             raise RecipeError("'data.files' must be a string or a list of non-empty strings")
         if isinstance(t.lora.target_modules, list) and not all(isinstance(x, str) for x in t.lora.target_modules):
             raise RecipeError("'train.lora.target_modules' must be a string or a list of strings")
-        _positive("train.steps", t.steps)
+        if t.steps is None and d.max_tokens is None:
+            raise RecipeError("'train.steps' is null: set it, or set 'data.max_tokens' to derive it from the budget")
+        if t.steps is not None:
+            _positive("train.steps", t.steps)
+        _check_streaming(d)
         _positive("train.batch_size", t.batch_size)
         _positive("train.gradient_accumulation_steps", t.gradient_accumulation_steps)
         _positive("train.lora.r", t.lora.r)
@@ -317,6 +354,28 @@ def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
         raise RecipeError(f"'train.positions.method: {pos.method}' cannot be combined with random_offset or native_fade_steps")
     if pos.pose_chunks < 1:
         raise RecipeError(f"'train.positions.pose_chunks' must be >= 1, got {pos.pose_chunks}")
+
+
+def tokens_per_step(r: "Recipe", processes: int = 1) -> int:
+    """Tokens one optimizer step trains on: batch x accumulation x block x processes."""
+    t = r.train
+    return t.batch_size * t.gradient_accumulation_steps * r.data.block_length * processes
+
+
+def _check_streaming(d: DataConfig) -> None:
+    if d.max_tokens is not None:
+        _positive("data.max_tokens", d.max_tokens)
+    if d.shuffle_buffer < 0:
+        raise RecipeError(f"'data.shuffle_buffer' must be >= 0, got {d.shuffle_buffer}")
+    if d.validation_documents is not None and d.validation_documents < 0:
+        raise RecipeError(f"'data.validation_documents' must be >= 0, got {d.validation_documents}")
+    if d.streaming is False:
+        for key in ("max_tokens", "validation_split", "validation_documents"):
+            if getattr(d, key) is not None:
+                raise RecipeError(f"'data.{key}' is read by a streaming source; 'data.streaming' is false")
+    if d.validation_split is not None and d.files is not None:
+        raise RecipeError("'data.validation_split' names a split of a Hub dataset; local 'data.files' have one split "
+                          "(leave it null: the first documents are held out)")
 
 
 def _check_teacher(t: TrainConfig) -> None:
