@@ -107,6 +107,8 @@ def _coerce(value, tp, key: str, error=RecipeError):
                 return _coerce(value, a, key, error)
             except error as e:
                 errors.append(e)
+        if len(errors) == 1 and type(None) in args:  # Optional[X]: X's own message, "or null"
+            raise error(str(errors[0]).replace(", got", " or null, got", 1))
         raise error(f"'{key}' must be {type_name(tp)}, got {type(value).__name__} ({value!r})")
     if origin is Literal:
         if value is False and "no" in args:  # YAML 1.1 reads a bare `no` as false

@@ -295,3 +295,39 @@ def test_offline_hub_dataset_not_cached_is_exit_5_at_once(tmp_path):
     assert res.returncode == 5, res.stderr[-2000:]
     assert "no-such-org/not-cached-corpus" in res.stderr and "cache" in res.stderr
     assert time.time() - t0 < 60 and not (tmp_path / "out").exists()
+
+
+# ---- the shipped recipes: a real corpus, a budget with its arithmetic -------------------------------
+HUB_RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if not p.stem.startswith(("tiny", "quickstart", "study")))
+
+
+@pytest.mark.parametrize("path", HUB_RECIPES, ids=lambda p: p.stem)
+def test_real_recipes_stream_a_general_corpus_on_a_stated_budget(path):
+    r = Recipe.from_yaml(path)
+    text = path.read_text()
+    assert stream.streams(r.data) and r.data.dataset == "HuggingFaceFW/fineweb-edu" and r.data.max_tokens
+    from retrofit.training.recipe import tokens_per_step
+
+    per = tokens_per_step(r, 1)
+    assert r.train.steps == r.data.max_tokens // per  # steps, batch and block agree with the budget
+    assert f"{r.train.steps:,} steps x {per:,} tokens" in text and "% " in text.split("# Budget:")[1]
+    assert "# Data: FineWeb-Edu" in text and "ODC-By" in text and "--plan --processes 1" in text
+
+
+def _plan(path, env=None):
+    return subprocess.run([sys.executable, "-m", "retrofit", "finetune", str(path), "--plan", "--processes", "1"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_plan_prints_budget_time_and_memory():
+    res = _plan(ROOT / "recipes" / "smollm2-drope.yaml")  # a built-in model: its config reads offline
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = Recipe.from_yaml(ROOT / "recipes" / "smollm2-drope.yaml")
+    assert f"budget: {r.train.steps:,} steps" in res.stdout and "tokens per step" in res.stdout
+    assert "time: " in res.stdout and "tokens/s per device" in res.stdout and "| ddp |" in res.stdout
+    assert "on one A100" in (ROOT / "recipes" / "smollm2-drope.yaml").read_text()
+
+
+def test_plan_prints_the_budget_before_an_offline_model_fails():
+    res = _plan(ROOT / "recipes" / "gpt2-t5-full.yaml", {"HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 5 and "budget: 5,493 steps" in res.stdout, (res.stdout, res.stderr[-1000:])

@@ -52,10 +52,14 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--check", action="store_true", help="validate the recipe, print it resolved, and exit")
     p.add_argument("--plan", action="store_true",
-                   help="print the peak memory per device this recipe needs under DDP, FSDP and FSDP + CPU offload "
-                   "(a formula from the model's config; nothing is trained) and exit")
+                   help="print the budget (tokens, steps), the time and the peak memory per device this recipe needs "
+                   "under DDP, FSDP and FSDP + CPU offload (formulas from the recipe and the model's config; "
+                   "nothing is read or trained) and exit")
     p.add_argument("--processes", type=int, default=None, metavar="N",
                    help="with --plan: devices to plan for (default: WORLD_SIZE, else 8)")
+    p.add_argument("--tokens-per-s", type=float, default=None, metavar="R",
+                   help="with --plan: your measured tokens/s (all devices together) for the time estimate (default: "
+                   "on paper, from the model's FLOPs per token on one A100 at 30%% utilisation per device)")
     p.add_argument("--final-from", type=Path, default=None, metavar="CHECKPOINT",
                    help="write final/ (and adapter/) from a checkpoint folder of this recipe's run "
                    "(checkpoints/step_N: one process, DDP, FSDP sharded or DeepSpeed ZeRO-3), on one process")
@@ -72,9 +76,11 @@ def run(args) -> int:
         print(recipe.to_yaml(), end="")
         return 0
     if args.plan:
-        from ..training.plan import plan_recipe
+        from ..training.plan import plan_budget, plan_model
 
-        print(plan_recipe(recipe, processes=args.processes))
+        processes = args.processes or int(os.environ.get("WORLD_SIZE", "0")) or 8
+        print(plan_budget(recipe, processes), flush=True)  # printed even where the model's config cannot be read
+        print("\n".join(plan_model(recipe, processes, args.tokens_per_s)))
         return 0
     if args.final_from is not None:
         from ..training.outputs import final_from

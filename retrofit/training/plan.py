@@ -58,6 +58,7 @@ class Shape:
     lora_per_rank: int  # LoRA parameters per unit of rank over the default targets: sum(in + out)
     norm_params: int
     embedding_params: int
+    native: int | None = None  # the positions the config declares (the distillation teacher's window)
 
     @property
     def kv_width(self) -> int:
@@ -190,6 +191,7 @@ def from_model(model, lora_targets: list[str] | None = None) -> Shape:
         lora_per_rank=lora,
         norm_params=sum(p.numel() for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)),
         embedding_params=emb,
+        native=get("max_position_embeddings", "n_positions", "n_ctx"),
     )
 
 
@@ -240,7 +242,77 @@ def table(shape: Shape, run: Run, processes: int) -> str:
     return "\n".join(lines)
 
 
-def plan_recipe(r, processes: int | None = None) -> str:
+# Time on paper: a GPU's dense bf16 peak at a utilisation a Hugging Face fine-tune reaches (not measured here;
+# pass --tokens-per-s with a rate you measured, e.g. log.jsonl's tokens_per_s of a short run, to replace it).
+PAPER_GPU = ("one A100 (312 bf16 TFLOP/s at 30% utilisation)", 312e12 * 0.30)
+
+
+def budget(r, processes: int) -> tuple[int, int, str]:
+    """(steps, tokens, the arithmetic in words) a recipe trains for on ``processes`` processes."""
+    from .recipe import tokens_per_step
+
+    d, t = r.data, r.train
+    per = tokens_per_step(r, processes)
+    steps = t.steps
+    why = "train.steps"
+    if d.max_tokens is not None:
+        by_budget = d.max_tokens // per
+        if steps is None or by_budget < steps:
+            steps, why = by_budget, f"data.max_tokens = {d.max_tokens:,} // {per:,}"
+    words = (f"{steps:,} steps ({why}) x {per:,} tokens per step (batch {t.batch_size} x accumulation "
+             f"{t.gradient_accumulation_steps} x block {d.block_length} x {processes} processes) = "
+             f"{steps * per:,} tokens")
+    return steps, steps * per, words
+
+
+def flops_per_token(shape: Shape, run: Run, teacher_forwards: float = 0.0) -> float:
+    """Training FLOPs per token on paper: a forward is 2 P + 2 L S d (matmuls; causal attention scores and
+    values); backward is 2 forwards for full fine-tuning, 1 for LoRA (input gradients only through frozen
+    weights); gradient checkpointing recomputes one forward; a distillation teacher adds its forwards."""
+    forward = 2 * shape.params + 2 * shape.layers * run.block_length * shape.hidden
+    backward = (2.0 if run.method == "full" else 1.0) * forward
+    recompute = forward if run.gradient_checkpointing else 0.0
+    return forward + backward + recompute + teacher_forwards * forward
+
+
+def time_lines(r, shape: Shape, tokens: int, processes: int, tokens_per_s: float | None) -> list[str]:
+    from .teacher import TeacherView
+
+    teacher = 0.0  # teacher tokens read per student token (a sliding window re-reads context)
+    if r.train.objective != "lm":
+        L = r.data.block_length
+        teacher = sum(end - start for start, end, _ in TeacherView.of(r.train, L, shape.native).spans(L)) / L
+    if tokens_per_s:
+        rate, where = tokens_per_s, "at the rate given (--tokens-per-s)"
+    else:
+        fpt = flops_per_token(shape, Run.of(r), teacher)
+        rate, where = PAPER_GPU[1] / fpt, (f"on paper on {PAPER_GPU[0]}: {fpt / 1e9:.2f} GFLOP per token"
+                                           + (f", with the teacher reading {teacher:.2g} tokens per token" if teacher else ""))
+    seconds = tokens / (rate * processes if not tokens_per_s else rate)
+    return [f"time: {tokens:,} tokens at {rate:,.0f} tokens/s{' per device' if not tokens_per_s else ''} "
+            f"= {_duration(seconds)} ({where})"]
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def plan_recipe(r, processes: int | None = None, tokens_per_s: float | None = None) -> str:
+    """``retrofit finetune RECIPE --plan``: the budget (tokens, steps), the time and the memory, on paper."""
     processes = processes or int(os.environ.get("WORLD_SIZE", "0")) or 8
-    return table(shape_of_recipe(r), Run.of(r), processes)
+    return "\n".join([plan_budget(r, processes), *plan_model(r, processes, tokens_per_s)])
+
+
+def plan_budget(r, processes: int) -> str:
+    """The budget lines alone (no model config needed)."""
+    return "budget: " + budget(r, processes)[2]
+
+
+def plan_model(r, processes: int, tokens_per_s: float | None = None) -> list[str]:
+    """The time and memory lines (the model's config is read)."""
+    shape = shape_of_recipe(r)
+    return [*time_lines(r, shape, budget(r, processes)[1], processes, tokens_per_s), "",
+            table(shape, Run.of(r), processes)]
 

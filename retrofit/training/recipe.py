@@ -83,8 +83,9 @@ class DataConfig:
     split: str = _help("Hub dataset split.", "train")
     text_field: str = _help("Hub dataset column holding the text.", "text")
     files: Optional[Union[str, list]] = _help(
-        "Local UTF-8 text files, directories or globs (a string or a list), relative to the working directory; a "
-        "file in another encoding or a binary one is an error.", None
+        "Local files, directories or globs (a string or a list), relative to the working directory: json, jsonl and "
+        "parquet records (text in text_field) stream; UTF-8 text files are read whole, one document per file (a file "
+        "in another encoding or a binary one is an error).", None
     )
     max_documents: Optional[int] = _help("Use only the first N documents (null = all).", None)
     streaming: Optional[bool] = _help(
