@@ -455,7 +455,7 @@ class Meter:
         self.grad_norm, self.lr = math.nan, math.nan
         self.steps = t.steps
         self.bar = tqdm(total=t.steps * self.tokens_per_step, initial=start_step * self.tokens_per_step,
-                        disable=not (acc.is_local_main_process and progress_bars()), desc="finetune (tokens)",
+                        disable=not (acc.is_local_main_process and progress_bars()), desc="finetune",
                         unit="tok", unit_scale=True, dynamic_ncols=True)
 
     def add(self, loss, parts) -> None:
