@@ -35,6 +35,7 @@ from . import run_folder as rf
 from .atomic import check_creatable, write_text
 from .errors import RetrofitError
 from .evaluation.lengths import resolve as resolve_lengths
+from .evaluation.options import EvalOptions
 from .quiet import progress_bars
 from .run_recipe import SECTIONS, RunRecipe, _hash, load_recipe  # noqa: F401  (public here too)
 from .training.recipe import Recipe
@@ -197,13 +198,9 @@ def stage_eval(rr: RunRecipe, previous: dict):
     out = rr.run_dir / rf.EVAL
     with _kernel(rr.finetune.convert.options.get("kernel")):
         main, baselines = eval_models(rr)
-        report = evaluate(
-            main, lengths, data=e.data, baselines=baselines, doc_separator=e.doc_separator, budget=e.budget,
-            stride=e.stride, sliding=e.sliding, batch_size=e.batch_size, passkey=e.passkey,
-            passkey_lengths=pk_lengths, passkey_depths=e.passkey_depths, passkey_trials=e.passkey_trials,
-            recall=e.recall, recall_lengths=rc_lengths, recall_depths=e.recall_depths, recall_trials=e.recall_trials,
-            recall_span=e.recall_span, recall_cue=e.recall_cue, seed=e.seed, progress=progress_bars(),
-        )
+        opts = {f.name: getattr(e, f.name) for f in dataclasses.fields(EvalOptions)}
+        report = evaluate(main, baselines=baselines, **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths,
+                                                         "recall_lengths": rc_lengths}, progress=progress_bars())
     report.save(out)
     outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
     return "done", outputs, {"lengths": lengths, "native_length": native}

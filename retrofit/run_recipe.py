@@ -2,6 +2,7 @@
 validated as strictly (``retrofit.schema``): an unknown key or a wrong type names the key.
 
     eval:   {lengths: [1x, 2x, 4x, 8x, 16x], data: shakespeare:heldout, budget: 16384, baselines: [original], passkey: true}
+            (every option of ``retrofit.evaluation.options.EvalOptions``, its defaults where unset)
     export: {native: true}
     card:   {license: null, datasets: null, tags: [], limits: []}
     push:   {repo: null, private: false, revision: main}
@@ -18,7 +19,7 @@ from typing import Optional
 
 from . import schema
 from .errors import OptionError, RecipeError
-from .evaluation import defaults as D
+from .evaluation.options import DEFAULTS, EvalOptions
 from .evaluation.lengths import parse_item, parse_list
 from .schema import field_help as _f
 from .training.recipe import Recipe
@@ -30,31 +31,12 @@ def _hash(obj) -> str:
 
 # ---- the extra recipe sections ----------------------------------------------------------------
 @dataclass
-class EvalSection:
-    lengths: list = _f("Evaluation lengths: multiples of the native length ('4x') or token counts (512).",
-                       factory=lambda: ["1x", "2x", "4x", "8x", "16x"])
-    data: str = _f("Data spec (retrofit.data): 'shakespeare:heldout', 'stdlib', files, or a datasets name.",
-                   "shakespeare:heldout")
-    doc_separator: Optional[str] = _f("Join documents with this text instead of EOS.", None)
-    budget: int = _f("Tokens scored at every length.", 16384)
-    stride: Optional[int] = _f("Sliding-window stride (null = half of each sliding window).", None)
-    sliding: bool = _f("Also sliding rows for models that run a length plainly (baselines past "
-                       "their limit always get theirs).", False)
-    batch_size: int = _f("Windows per forward pass.", 1)
+class EvalSection(EvalOptions):
+    """Every evaluation option (``EvalOptions``: its defaults, in one place) plus the models scored beside
+    the fine-tuned one."""
+
     baselines: list = _f("Baselines scored on the same tokens: 'original' (the unconverted model), "
                          "'converted' (converted, not fine-tuned), or a model name/path.", factory=lambda: ["original"])
-    passkey: bool = _f("Also run passkey retrieval.", False)
-    passkey_lengths: Optional[list] = _f("Passkey lengths, same units as lengths (null = lengths).", None)
-    passkey_depths: list = _f("Passkey depths in [0, 1].", factory=lambda: [0.0, 0.5, 1.0])
-    passkey_trials: int = _f("Passkey trials per (length, depth).", 3)
-    recall: bool = _f("Also run recall: continue a random span seen at each depth of the eval text from its "
-                      "first recall_cue tokens (retrofit.evaluation.recall).", False)
-    recall_lengths: Optional[list] = _f("Recall lengths, same units as lengths (null = lengths).", None)
-    recall_depths: list = _f("Recall depths in [0, 1].", factory=lambda: list(D.RECALL_DEPTHS))
-    recall_trials: int = _f("Recall trials per (length, depth), one forward pass each.", D.RECALL_TRIALS)
-    recall_span: int = _f("Tokens in recall's random span.", D.RECALL_SPAN)
-    recall_cue: int = _f("The span's first tokens repeated at the end (fewer than recall_span).", D.RECALL_CUE)
-    seed: int = _f("Passkey and recall seed.", 0)
 
 
 @dataclass
@@ -130,9 +112,12 @@ def _finetune_hashed(f: dict) -> dict:
 
 
 def _eval_hashed(e: dict) -> dict:
-    """The eval section as stage hashes see it: the recall keys only when recall runs, so runs made
-    before recall existed keep their hashes (and are not re-evaluated)."""
-    return e if e.get("recall") else {k: v for k, v in e.items() if not k.startswith("recall")}
+    """The eval section as stage hashes see it: the recall keys only when recall runs and
+    ``position_buckets`` only when it is not the default, so runs made before those keys existed keep
+    their hashes (and are not re-evaluated)."""
+    e = e if e.get("recall") else {k: v for k, v in e.items() if not k.startswith("recall")}
+    return e if e["position_buckets"] != DEFAULTS.position_buckets else {k: v for k, v in e.items()
+                                                                         if k != "position_buckets"}
 
 
 def load_recipe(recipe, overrides=None) -> RunRecipe:
@@ -181,6 +166,7 @@ def _validate(rr: RunRecipe) -> None:
             except OptionError as err:
                 raise RecipeError(f"'{key}'{str(err)[len(key):]}") from None
     for key, v in (("eval.budget", e.budget), ("eval.batch_size", e.batch_size), ("eval.passkey_trials", e.passkey_trials),
+                   ("eval.position_buckets", e.position_buckets),
                    ("eval.recall_trials", e.recall_trials), ("eval.recall_span", e.recall_span),
                    ("eval.recall_cue", e.recall_cue)):
         if v < 1:

@@ -172,14 +172,14 @@ def test_cli_eval_with_recall_flags(tmp_path, capsys):
 
 def test_recipe_eval_section_takes_recall_with_the_cli_defaults():
     from retrofit.errors import RecipeError
-    from retrofit.evaluation import defaults as D
+    from retrofit.evaluation.options import DEFAULTS as D
     from retrofit.run_recipe import load_recipe
 
     rr = load_recipe("recipes/tiny-run.yaml", ["eval.recall=true", "eval.recall_lengths=1x,4x"])
     e = rr.eval
     assert e.recall and e.recall_lengths == ["1x", "4x"]
     assert (tuple(e.recall_depths), e.recall_trials, e.recall_span, e.recall_cue) == (
-        D.RECALL_DEPTHS, D.RECALL_TRIALS, D.RECALL_SPAN, D.RECALL_CUE)
+        tuple(D.recall_depths), D.recall_trials, D.recall_span, D.recall_cue)
     off = load_recipe("recipes/tiny-run.yaml", ["eval.recall_trials=7"])
     assert off.stage_hash("eval") == load_recipe("recipes/tiny-run.yaml").stage_hash("eval")  # recall off: not hashed
     assert rr.stage_hash("eval") != off.stage_hash("eval")

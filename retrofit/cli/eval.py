@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import dataclasses
 import logging
+import typing
 from pathlib import Path
 
 from ..errors import OptionError
-from ..evaluation import defaults as D
+from ..evaluation.options import DEFAULTS, NAMES, EvalOptions
 from ..evaluation.lengths import parse_list
 from ..quiet import progress_bars
 
 log = logging.getLogger(__name__)
 
 
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise OptionError(f"{what} must be comma-separated numbers, got {text!r}") from None
+def _floats(what: str):
+    """An argparse ``type``: ``0,0.5,1`` -> ``[0.0, 0.5, 1.0]``."""
+
+    def parse(text: str) -> list[float]:
+        try:
+            return [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}") from None
+
+    return parse
 
 
 def _lengths(what: str):
@@ -44,51 +51,49 @@ def add_parser(sub) -> None:
     )
     p.add_argument("model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file")
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
-    p.add_argument("--lengths", default=None, type=_lengths("--lengths"),
-                   help="comma-separated token counts or multiples of the model's native length "
-                   f"(e.g. 1024,2048,4096 or 1x,2x,16x; default {','.join(D.LENGTHS)}, up to the model's limit)")
-    p.add_argument("--data", default=D.DATA,
-                   help="'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, or a datasets "
-                   "name[:config[:split[:field]]] "
-                   "(default: stdlib)")
-    p.add_argument("--doc-separator", metavar="TEXT",
-                   help="join documents with this text instead of EOS (escapes allowed: '\\n\\n' for wikitext rows)")
     p.add_argument("--baseline", action="append", default=[], metavar="MODEL",
                    help="a model to score on the same tokens (repeatable); 'original': the unconverted model MODEL "
                    "was converted from (read from its run's recipe or its config's retrofit block), as in recipes")
-    p.add_argument("--budget", type=int, default=D.BUDGET, help="tokens scored per length (default %(default)s)")
-    p.add_argument("--stride", type=int, default=None,
-                   help="sliding-window stride (default: half of each sliding window)")
-    p.add_argument("--no-sliding", action="store_true",
-                   help="skip sliding rows where a model runs the length plainly "
-                   "(baselines past their limit keep theirs)")
-    p.add_argument("--batch-size", type=int, default=D.BATCH_SIZE, help="windows per forward pass (default %(default)s)")
-    p.add_argument("--buckets", type=int, default=D.POSITION_BUCKETS,
-                   help="log-spaced position buckets for loss by position (default %(default)s)")
-    p.add_argument("--passkey", action="store_true", help="also run passkey retrieval")
-    p.add_argument("--passkey-lengths", type=_lengths("--passkey-lengths"), help="comma-separated (default: --lengths)")
-    p.add_argument("--passkey-depths", default=",".join(f"{d:g}" for d in D.PASSKEY_DEPTHS),
-                   help="comma-separated, in [0, 1] (default %(default)s)")
-    p.add_argument("--passkey-trials", type=int, default=D.PASSKEY_TRIALS,
-                   help="trials per (length, depth) (default %(default)s)")
-    p.add_argument("--recall", action="store_true",
-                   help="also run recall: a random span of --recall-span tokens sits at each depth of the eval text, "
-                   "its first --recall-cue tokens repeat at the end, the model must continue with the rest "
-                   "(any --recall-* option turns it on)")
-    p.add_argument("--recall-lengths", type=_lengths("--recall-lengths"), help="comma-separated (default: --lengths)")
-    p.add_argument("--recall-depths", help="comma-separated, in [0, 1] (default "
-                   f"{','.join(f'{d:g}' for d in D.RECALL_DEPTHS)})")
-    p.add_argument("--recall-trials", type=int, help=f"trials per (length, depth) (default {D.RECALL_TRIALS})")
-    p.add_argument("--recall-span", type=int, help=f"tokens in the random span (default {D.RECALL_SPAN})")
-    p.add_argument("--recall-cue", type=int,
-                   help=f"the span's first tokens repeated at the end, fewer than --recall-span (default {D.RECALL_CUE})")
-    p.add_argument("--seed", type=int, default=D.SEED, help="passkey and recall seed (default %(default)s)")
+    add_option_flags(p)
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
     p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
     p.add_argument("--no-plots", action="store_true", help="write report.json and report.md only")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar (so does RETROFIT_PROGRESS=0 for every command)")
     p.set_defaults(func=run)
+
+
+def flag(f: dataclasses.Field) -> str:
+    """The command-line flag of an ``EvalOptions`` field."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _show(v) -> str:
+    return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
+
+
+def add_option_flags(p) -> None:
+    """One flag per ``EvalOptions`` field, its help and default read from the field. A flag not given
+    leaves the attribute unset (``argparse.SUPPRESS``), so ``run`` passes only what the user gave."""
+    hints = typing.get_type_hints(EvalOptions)
+    for f in dataclasses.fields(EvalOptions):
+        name, tp, default = flag(f), hints[f.name], getattr(DEFAULTS, f.name)
+        kw = {"dest": f.name, "default": argparse.SUPPRESS}
+        shown = "off" if default is False else "on" if default is True else "none" if default is None else _show(default)
+        text = f.metadata["help"] + f" (default: {shown})"
+        if tp is bool:
+            kw["action"] = "store_false" if name.startswith("--no-") else "store_true"
+            text = (f"turn off (on by default): {f.metadata['help']}" if name.startswith("--no-")
+                    else f.metadata["help"])
+        elif f.name.endswith("lengths"):
+            kw["type"], kw["metavar"] = _lengths(name), "LIST"
+        elif f.name.endswith("depths"):
+            kw["type"], kw["metavar"] = _floats(name), "LIST"
+        elif int in (tp, *typing.get_args(tp)):
+            kw["type"], kw["metavar"] = int, "N"
+        elif f.name == "doc_separator":
+            kw["metavar"] = "TEXT"
+        p.add_argument(name, help=text.replace("%", "%%"), **kw)
 
 
 def _baselines(args) -> list:
@@ -113,13 +118,15 @@ def _baselines(args) -> list:
     return out
 
 
-def _recall_options(args) -> dict:
-    """``evaluate``'s recall keywords: the defaults (``evaluation.defaults``) where an option is not given."""
-    given = {"lengths": args.recall_lengths, "trials": args.recall_trials, "span": args.recall_span,
-             "cue": args.recall_cue,
-             "depths": _floats(args.recall_depths, "--recall-depths") if args.recall_depths is not None else None}
-    opts = {f"recall_{k}": v for k, v in given.items() if v is not None}
-    return {"recall": args.recall or bool(opts), **opts}
+def _options(args) -> dict:
+    """``evaluate``'s option keywords: the flags given (the rest keep ``EvalOptions``' defaults); any
+    ``--recall-*`` option turns recall on."""
+    given = {k: getattr(args, k) for k in NAMES if hasattr(args, k)}
+    if any(k.startswith("recall_") for k in given):
+        given["recall"] = True
+    if given.get("doc_separator"):
+        given["doc_separator"] = codecs.decode(given["doc_separator"], "unicode_escape")
+    return given
 
 
 def run(args) -> int:
@@ -132,22 +139,9 @@ def run(args) -> int:
                         flag="--out" if args.out else "the default --out")
     report = evaluate(
         args.model,
-        args.lengths,
-        data=args.data,
         gguf_file=args.gguf_file,
-        doc_separator=codecs.decode(args.doc_separator, "unicode_escape") if args.doc_separator else None,
         baselines=_baselines(args),
-        budget=args.budget,
-        stride=args.stride,
-        sliding=not args.no_sliding,
-        batch_size=args.batch_size,
-        position_buckets=args.buckets,
-        passkey=args.passkey,
-        passkey_lengths=args.passkey_lengths,
-        passkey_depths=_floats(args.passkey_depths, "--passkey-depths"),
-        passkey_trials=args.passkey_trials,
-        **_recall_options(args),
-        seed=args.seed,
+        **_options(args),
         device=args.device,
         dtype=args.dtype,
         progress=not args.no_progress and progress_bars(),

@@ -9,7 +9,7 @@ baselines on the same tokens, loss by position, passkey retrieval, speed and mem
 __all__ = ["evaluate", "Report"]
 
 
-def __getattr__(name):  # imported on first use: ``retrofit.evaluation.defaults`` stays light
+def __getattr__(name):  # imported on first use: ``retrofit.evaluation.options`` stays light
     if name == "evaluate":
         from .runner import evaluate
 

@@ -11,13 +11,13 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from ..errors import LengthError, OptionError
-from . import defaults as D
 from . import passkey as pk
 from . import recall as rc
 from .cost import Meter
 from .lengths import parse_item
 from .lengths import resolve as resolve_lengths
 from .models import EvalModel, check_tokenizers, describe_model, resolve
+from .options import DEFAULTS, EvalOptions, eval_options
 from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
 from .report import SCHEMA_VERSION, Report, environment
 from .tokens import build_stream, first_tokens, resolve_documents
@@ -244,32 +244,17 @@ def run_recall(models, text_ids: list[int], lengths, depths, trials, span, cue, 
 def evaluate(
     model_or_path,
     lengths: Sequence | None = None,
-    data=D.DATA,
+    data=None,
     baselines: Sequence = (),
     *,
+    options: EvalOptions | None = None,
     tokenizer=None,
     gguf_file: str | None = None,
-    doc_separator: str | None = None,
-    budget: int = D.BUDGET,
-    stride: int | None = None,
-    sliding: bool = True,
-    batch_size: int = D.BATCH_SIZE,
-    position_buckets: int = D.POSITION_BUCKETS,
-    passkey: bool = False,
-    passkey_lengths: Sequence[int] | None = None,
-    passkey_depths: Sequence[float] = D.PASSKEY_DEPTHS,
-    passkey_trials: int = D.PASSKEY_TRIALS,
-    recall: bool = False,
-    recall_lengths: Sequence[int] | None = None,
-    recall_depths: Sequence[float] = D.RECALL_DEPTHS,
-    recall_trials: int = D.RECALL_TRIALS,
-    recall_span: int = D.RECALL_SPAN,
-    recall_cue: int = D.RECALL_CUE,
-    seed: int = D.SEED,
     device=None,
     dtype=None,
     out=None,
     progress: bool = True,
+    **option_keywords,
 ) -> Report:
     """Evaluate a (converted) model and its baselines past the native length.
 
@@ -277,6 +262,10 @@ def evaluate(
     hub id / retrofit checkpoint / ``.gguf`` file loaded with ``retrofit.load_model`` (``gguf_file``:
     the GGUF file inside a folder). ``baselines``: the same forms (a baseline given as an
     ``nn.Module`` alone uses the model's tokenizer).
+
+    The options (``retrofit.evaluation.options.EvalOptions``, their defaults and help in one place) are
+    given as ``options=`` and/or as keywords (``budget=4096, passkey=True``); ``lengths`` and ``data`` may
+    also be given by position. Left unset, ``lengths`` (1x-8x) stops at the model's limit.
     ``data``: a ``retrofit.data`` spec or a list of ``Document``, joined with EOS (or with the text
     ``doc_separator``, e.g. ``"\\n\\n"`` for wikitext's paragraph rows). Every model scores the same first
     ``budget`` tokens (cut to a multiple of the largest length) at every length, with
@@ -292,12 +281,18 @@ def evaluate(
     plots to ``out`` when given. Returns the ``Report``.
     """
     started = _dt.datetime.now(_dt.timezone.utc)
-    default_lengths = lengths is None  # D.LENGTHS, up to the evaluated model's limit
-    lengths = _check_lengths(D.LENGTHS if default_lengths else lengths)
-    pk_items = _check_lengths(passkey_lengths, "passkey lengths") if passkey and passkey_lengths else None
-    rc_items = _check_lengths(recall_lengths, "recall lengths") if recall and recall_lengths else None
-    depths = [float(d) for d in passkey_depths]
-    rc_depths = [float(d) for d in recall_depths] if recall else []
+    given = {k: v for k, v in (("lengths", lengths), ("data", data)) if v is not None}
+    o = eval_options(options, **given, **option_keywords)
+    default_lengths = "lengths" not in given and "lengths" not in option_keywords and (
+        options is None or options.lengths == DEFAULTS.lengths)  # the defaults, up to the model's limit
+    data, budget, stride, sliding, doc_separator = o.data, o.budget, o.stride, o.sliding, o.doc_separator
+    batch_size, position_buckets, passkey, passkey_trials = o.batch_size, o.position_buckets, o.passkey, o.passkey_trials
+    recall, recall_trials, recall_span, recall_cue, seed = o.recall, o.recall_trials, o.recall_span, o.recall_cue, o.seed
+    lengths = _check_lengths(o.lengths)
+    pk_items = _check_lengths(o.passkey_lengths, "passkey lengths") if passkey and o.passkey_lengths else None
+    rc_items = _check_lengths(o.recall_lengths, "recall lengths") if recall and o.recall_lengths else None
+    depths = [float(d) for d in o.passkey_depths]
+    rc_depths = [float(d) for d in o.recall_depths] if recall else []
     _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials,
                    (rc_depths, recall_trials, recall_span, recall_cue) if recall else None)
     docs, data_label = resolve_documents(data)

@@ -1,0 +1,72 @@
+"""Every option of an evaluation, once: ``EvalOptions`` (no torch). ``evaluate()`` takes its fields as
+keywords, ``retrofit eval`` makes one flag per field (``cli/eval.py``), and a pipeline recipe's ``eval:``
+section is this dataclass plus its baselines (``run_recipe.EvalSection``). A new option is one field here.
+The defaults and why they were chosen: docs/eval.md ("Options and their defaults").
+
+A field's metadata: ``help``; ``flag`` when the command-line flag is not ``--name-with-dashes``
+(``--no-sliding`` turns a true default off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import OptionError
+
+MISSING = dataclasses.MISSING
+
+
+def _opt(text: str, default=MISSING, factory=MISSING, flag: str | None = None):
+    meta = {"help": text, **({"flag": flag} if flag else {})}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass
+class EvalOptions:
+    """What an evaluation scores and how (the models and where they run are ``evaluate``'s own arguments)."""
+
+    lengths: list = _opt("Lengths: token counts (512) or multiples of the model's native length ('4x'). Left "
+                         "unset in retrofit eval and evaluate(), the default stops at the model's limit.",
+                         factory=lambda: ["1x", "2x", "4x", "8x"])
+    data: str = _opt("Data spec (retrofit.data): 'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, "
+                     "or a datasets name[:config[:split[:field]]].", "stdlib")
+    doc_separator: Optional[str] = _opt("Join documents with this text instead of EOS (escapes allowed on the "
+                                        "command line: '\\n\\n' for wikitext rows).", None)
+    budget: int = _opt("Tokens scored at every length.", 65536)
+    stride: Optional[int] = _opt("Sliding-window stride (null = half of each sliding window).", None)
+    sliding: bool = _opt("Also sliding rows for models that run a length plainly (baselines past their limit "
+                         "always get theirs).", True, flag="--no-sliding")
+    batch_size: int = _opt("Windows per forward pass.", 1)
+    position_buckets: int = _opt("Log-spaced position buckets for loss by position.", 32, flag="--buckets")
+    passkey: bool = _opt("Also run passkey retrieval.", False)
+    passkey_lengths: Optional[list] = _opt("Passkey lengths, same units as lengths (null = lengths).", None)
+    passkey_depths: list = _opt("Passkey depths in [0, 1].", factory=lambda: list(DEPTHS))
+    passkey_trials: int = _opt("Passkey trials per (length, depth).", 5)
+    recall: bool = _opt("Also run recall: continue a random span seen at each depth of the eval text from its "
+                        "first recall_cue tokens (retrofit.evaluation.recall; any recall option turns it on "
+                        "in retrofit eval).", False)
+    recall_lengths: Optional[list] = _opt("Recall lengths, same units as lengths (null = lengths).", None)
+    recall_depths: list = _opt("Recall depths in [0, 1].", factory=lambda: list(DEPTHS))
+    recall_trials: int = _opt("Recall trials per (length, depth), one forward pass each.", 10)
+    recall_span: int = _opt("Tokens in recall's random span.", 12)
+    recall_cue: int = _opt("The span's first tokens repeated at the end (fewer than recall_span).", 4)
+    seed: int = _opt("Passkey and recall seed (keys, spans, text offsets).", 0)
+
+
+NAMES = tuple(f.name for f in dataclasses.fields(EvalOptions))
+DEFAULTS = EvalOptions()
+
+
+def eval_options(options: EvalOptions | None = None, **given) -> EvalOptions:
+    """``options`` (default: the defaults) with the keywords ``given`` set; an unknown keyword is an error."""
+    unknown = sorted(set(given) - set(NAMES))
+    if unknown:
+        raise OptionError(f"unknown evaluation option(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    return dataclasses.replace(options or EvalOptions(), **given)
