@@ -7,12 +7,12 @@
 Every entry point is imported on first use.
 """
 
-__version__ = "0.1.0"
 # The name to `pip install` (PyPI's "retrofit" is an unrelated project); the import name and the command
 # stay `retrofit`. pyproject.toml's [project] name must equal it (tests/test_cards_push.py checks).
 DISTRIBUTION = "retrofit-positions"
 
 from .errors import RetrofitError  # noqa: E402
+from .versions import __version__  # noqa: E402
 from . import auto as _auto  # noqa: E402
 
 _auto.install()  # plain AutoModelForCausalLM.from_pretrained(checkpoint) gives the converted model

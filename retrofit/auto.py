@@ -22,7 +22,6 @@ import logging
 import importlib.machinery
 import sys
 
-MODEL_TYPE = "retrofit"
 _CONFIG_AUTO = "transformers.models.auto.configuration_auto"
 _MODELING_AUTO = "transformers.models.auto.modeling_auto"
 
@@ -30,7 +29,7 @@ _MODELING_AUTO = "transformers.models.auto.modeling_auto"
 def _register_config(configuration_auto) -> None:
     from .hf_classes import RetrofitConfig
 
-    configuration_auto.AutoConfig.register(MODEL_TYPE, RetrofitConfig, exist_ok=True)
+    configuration_auto.AutoConfig.register(RetrofitConfig.model_type, RetrofitConfig, exist_ok=True)
 
 
 def _register_model(modeling_auto) -> None:
@@ -47,8 +46,8 @@ def _register(name: str, module) -> None:
         _AFTER[name](module)
     except Exception as e:  # a transformers API change must not break transformers itself
         logging.getLogger(__name__).warning(
-            "retrofit could not register model_type %r with transformers (%s: %s); load retrofit checkpoints "
-            "with retrofit.load(path)", MODEL_TYPE, type(e).__name__, e)
+            "retrofit could not register its model type with transformers (%s: %s); load retrofit checkpoints "
+            "with retrofit.load(path)", type(e).__name__, e)
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):

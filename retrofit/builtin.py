@@ -5,8 +5,9 @@
   ``$RETROFIT_CACHE/tiny-gpt2`` (default ``~/.cache/retrofit``). CI and the ``tiny-*`` recipes use it.
 - ``smollm2``: the SmolLM2 GGUF that ``retrofit.assets.smollm2_gguf()`` provides.
 - ``baseline:<preset>``: the small GPT-2 (or, for the ``*-llama`` presets, LLaMA-architecture) model
-  pretrained offline on Shakespeare by ``retrofit.baseline.pretrain(preset)`` (``micro``, ``quickstart``,
-  ``study``, ``study2-gpt2``, ``study2-llama``, ...; cached after the first call).
+  pretrained offline on Shakespeare (``micro``, ``quickstart``, ``study``, ``study2-gpt2``,
+  ``study2-llama``, ...): its cached folder. Resolving it never pretrains; a missing one is an error that
+  says how to build it (``retrofit.baseline``).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
         p = Path(assets.smollm2_gguf())
         return (str(p.parent), p.name) if p.is_file() else (str(p), gguf_file)
     if name_or_path.startswith("baseline:"):
-        from . import baseline
+        from .baseline import cached
 
-        return str(baseline.pretrain(name_or_path.split(":", 1)[1])), gguf_file
+        return str(cached(name_or_path.split(":", 1)[1])), gguf_file
     return name_or_path, gguf_file
 
 

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
 from .adapters import ADAPTERS, adapter_for
 from .adapters.base import track_inputs
 from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
@@ -34,6 +33,7 @@ from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_sa
     withdraw_reach,
 )
 from .state import POSITIONS_MODULE, LayerContext, RetrofitState
+from .versions import __version__
 
 log = logging.getLogger(__name__)
 

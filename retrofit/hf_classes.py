@@ -6,7 +6,7 @@ import os
 
 from transformers import PretrainedConfig
 
-from .auto import MODEL_TYPE
+from .saved_config import SAVED_MODEL_TYPE as MODEL_TYPE
 from .errors import RetrofitError
 
 

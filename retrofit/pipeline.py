@@ -167,8 +167,11 @@ def eval_models(rr: RunRecipe):
     from .core import convert, is_converted
     from .io import load_model
 
+    from .training.standin import ensure
+
     m = rr.finetune.model
     base = m.name_or_path
+    ensure(base)  # the run's stand-in, when it names one (the finetune stage built it; a cleared cache builds it again)
     scheme = rr.finetune.convert.scheme or "unconverted"
     model, tok = load_model(str(rr.run_dir / rf.FINAL))
     main = _named(model, tok, f"{base} + {scheme} (fine-tuned)", base)

@@ -10,9 +10,10 @@ import types
 from pathlib import Path
 
 from .atomic import write_text
-from .auto import MODEL_TYPE as SAVED_MODEL_TYPE
 from .errors import RetrofitError
 from .native import LENGTH_KEYS
+
+SAVED_MODEL_TYPE = "retrofit"  # config.json's model_type of a saved converted model (hf_classes registers it)
 
 UNBOUNDED = int(1e30)  # transformers' VERY_LARGE_INTEGER: how tokenizers (and lm-eval) spell "no limit"
 

@@ -7,7 +7,7 @@ import importlib.metadata
 import platform
 from pathlib import Path
 
-from . import __version__
+__version__ = "0.1.0"  # retrofit's own (pyproject.toml's [project] version must equal it)
 
 LIBRARIES = ("torch", "transformers", "accelerate", "peft", "huggingface_hub", "tokenizers", "safetensors")
 

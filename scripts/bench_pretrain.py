@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Pretraining throughput of a baseline preset's model on this machine: tokens/s of the real
-training loop (``retrofit.baseline.train``: AdamW, clipping, cosine schedule) on random token blocks,
+training loop (``retrofit.training.standin.train``: AdamW, clipping, cosine schedule) on random token blocks,
 for each precision x torch thread count, the variants run round after round in one process
 (median tokens/s over the rounds). It tells how long ``pretrain(preset)`` will take before starting it.
 
@@ -27,13 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch
 
 from retrofit import baseline
+from retrofit.training import standin
 from retrofit.versions import cpu_info, library_versions
 
 
 def time_steps(cfg: baseline.BaselineConfig, model, blocks: torch.Tensor) -> float:
     """Seconds for ``cfg.steps`` steps of the baseline's own training loop."""
     t0 = time.perf_counter()
-    baseline.train(model, blocks, cfg)
+    standin.train(model, blocks, cfg)
     return time.perf_counter() - t0
 
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_preset(name, args)
     result = {
         "benchmark": "bench_pretrain", "command": "python scripts/bench_pretrain.py " + shlex.join(sys.argv[1:]),
-        "method": "baseline.train on random blocks; variants interleaved round after round in one process, "
+        "method": "standin.train on random blocks; variants interleaved round after round in one process, "
                   "tokens/s = tokens per measurement / median seconds; round 0 is a warm-up",
         "hardware": {"cpu_count": os.cpu_count(), "platform": platform.platform(), **cpu_info()},
         "versions": library_versions(), "rows": rows,

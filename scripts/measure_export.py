@@ -49,7 +49,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import retrofit
-    from retrofit.baseline import pretrain
+    from retrofit.training.standin import pretrain
     from retrofit.data import load_documents, tokenize_documents
 
     path = pretrain(args.preset)

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from retrofit import baseline
+from retrofit.training import standin
 from retrofit.errors import RetrofitError
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"  # the shipped stand-ins, committed with the study
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ship and not args.shipped:
         parser.error("--ship needs a --shipped folder")
     try:
-        path = baseline.pretrain(args.preset, cache_dir=args.cache_dir, force=args.force, shipped=args.shipped or None)
+        path = standin.pretrain(args.preset, cache_dir=args.cache_dir, force=args.force, shipped=args.shipped or None)
         if args.ship:
             baseline.ship(path, args.shipped)
     except RetrofitError as e:

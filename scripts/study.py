@@ -4,7 +4,7 @@
     python scripts/study.py --part gpt2 --schemes alibi,rope --methods lora --budgets 0,0.02
     python scripts/study.py --part smollm2 --smollm2-lengths 1024,2048,4096,8192
 
-Part 1 (GPT-2 stand-in, ``retrofit.baseline.pretrain("study")``): every scheme x method x fine-tune
+Part 1 (GPT-2 stand-in, ``retrofit.training.standin.pretrain("study")``): every scheme x method x fine-tune
 budget (a fraction of the stand-in's pretraining tokens), evaluated on the held-out plays at
 1x..32x the native length (non-overlapping windows), beside
 
@@ -99,8 +99,9 @@ def parse_scheme(spec: str) -> dict:
 # ----------------------------------------------------------------------------------------------
 def stand_in(args) -> tuple[Path, dict, int]:
     from retrofit import baseline
+    from retrofit.training import standin
 
-    path = baseline.pretrain(args.preset, shipped=args.stand_ins or None)
+    path = standin.pretrain(args.preset, shipped=args.stand_ins or None)
     stats = baseline.load_stats(path)
     native = rf.native_length(path)
     return path, stats, native

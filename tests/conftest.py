@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrofit import assets, baseline
+from retrofit import assets
+from retrofit.training import standin
 from retrofit.errors import DataError
 
 # Unit tests use the chunked kernel (flex compiles for ~15 s on CPU); test_kernel.py checks flex on its own.
@@ -47,7 +48,7 @@ def cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def micro_dir(cache) -> Path:
     """The micro baseline, pretrained once per session into the session cache."""
-    return baseline.pretrain("micro", cache_dir=cache / "baseline")
+    return standin.pretrain("micro", cache_dir=cache / "baseline")
 
 
 @pytest.fixture

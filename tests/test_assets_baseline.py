@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from retrofit import assets, baseline
+from retrofit.training import standin
 from retrofit.errors import DataError, OptionError
 
 
@@ -70,7 +71,7 @@ def test_tokenizer_never_saw_heldout_plays(micro_dir):
     assert stats["heldout_plays"] == list(assets.HELDOUT_PLAYS_EXPECTED)
     assert stats["tokenizer_corpus"] == stats["train_plays"]
     assert held.isdisjoint(stats["tokenizer_corpus"]) and len(stats["tokenizer_corpus"]) == assets.N_PLAYS_EXPECTED - 4
-    assert [d.name for d in baseline._training_plays(baseline.PRESETS["micro"])] == stats["tokenizer_corpus"]
+    assert [d.name for d in standin._training_plays(baseline.PRESETS["micro"])] == stats["tokenizer_corpus"]
 
 
 def test_micro_stats_are_complete(micro_dir):
@@ -88,15 +89,15 @@ def test_micro_stats_are_complete(micro_dir):
 def test_micro_is_cached_deterministic_and_force_is_atomic(micro_dir, tmp_path, monkeypatch):
     # cache hit: no training on the second call
     with monkeypatch.context() as m:
-        m.setattr(baseline, "_pretrain_into", lambda *a: pytest.fail("cache miss"))
+        m.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("cache miss"))
         t0 = time.perf_counter()
-        assert baseline.pretrain("micro", cache_dir=micro_dir.parent) == micro_dir
+        assert standin.pretrain("micro", cache_dir=micro_dir.parent) == micro_dir
         assert time.perf_counter() - t0 < 2.0
     # a copy retrained with force in another cache dir: identical weights and tokenizer
     other = tmp_path / "baseline" / micro_dir.name
     shutil.copytree(micro_dir, other)
     (other / "marker").write_text("old")
-    assert baseline.pretrain("micro", cache_dir=tmp_path / "baseline", force=True) == other
+    assert standin.pretrain("micro", cache_dir=tmp_path / "baseline", force=True) == other
     assert not (other / "marker").exists()
     assert sorted(p.name for p in other.parent.iterdir()) == [micro_dir.name]  # no temp or old dirs left
     from safetensors.torch import load_file
@@ -111,8 +112,8 @@ def test_a_shipped_stand_in_is_checked_and_copied_instead_of_pretrained(micro_di
     assert shipped == tmp_path / "standins" / micro_dir.name
     sums = (shipped / baseline.SUMS_FILE).read_text()
     assert f"{baseline.weights_sha256(micro_dir)}  model.safetensors" in sums
-    monkeypatch.setattr(baseline, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
-    got = baseline.pretrain("micro", cache_dir=tmp_path / "cache", shipped=tmp_path / "standins")
+    monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
+    got = standin.pretrain("micro", cache_dir=tmp_path / "cache", shipped=tmp_path / "standins")
     assert got == tmp_path / "cache" / micro_dir.name and not (got / baseline.SUMS_FILE).exists()
     assert baseline.weights_sha256(got) == baseline.weights_sha256(micro_dir)
     assert baseline.load_stats(got) == baseline.load_stats(micro_dir)
@@ -121,10 +122,10 @@ def test_a_shipped_stand_in_is_checked_and_copied_instead_of_pretrained(micro_di
         f.seek(-4, 2)
         f.write(b"\0\0\0\1")
     with pytest.raises(OptionError, match="model.safetensors does not match its SHA-256"):
-        baseline.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
+        standin.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
     (shipped / "model.safetensors").unlink()
     with pytest.raises(OptionError, match="differ from SHA256SUMS"):
-        baseline.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
+        standin.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
     assert not list((tmp_path / "cache2").iterdir())  # nothing copied, no temp folder left
     # shipping again: the same weights are a no-op, other weights are refused (reports name the hash)
     shutil.rmtree(shipped)
@@ -149,8 +150,8 @@ def test_saved_folder_reloads_with_plain_transformers(micro_dir):
     assert tok.eos_token == baseline.EOS_TOKEN and len(tok) == stats["vocab_size"]
     # the held-out loss from the reloaded folder equals the one computed in memory before saving
     held = [d.__class__(d.name, d.text[: cfg.max_chars_per_play]) for d in assets.shakespeare_documents("heldout")]
-    blocks = baseline.spread_blocks(baseline.pack_blocks(tok, held, cfg.n_positions), cfg.eval_max_blocks)
-    assert baseline.heldout_loss(model, blocks) == pytest.approx(stats["heldout_loss"], abs=1e-5)
+    blocks = standin.spread_blocks(standin.pack_blocks(tok, held, cfg.n_positions), cfg.eval_max_blocks)
+    assert standin.heldout_loss(model, blocks) == pytest.approx(stats["heldout_loss"], abs=1e-5)
 
 
 def test_bad_presets_and_configs_raise():
@@ -163,9 +164,9 @@ def test_bad_presets_and_configs_raise():
 
 def test_spread_blocks_samples_evenly():
     blocks = torch.arange(100).view(100, 1)
-    picked = baseline.spread_blocks(blocks, 5)[:, 0].tolist()
+    picked = standin.spread_blocks(blocks, 5)[:, 0].tolist()
     assert picked == [0, 25, 50, 74, 99] or picked == [0, 25, 50, 75, 99]
-    assert baseline.spread_blocks(blocks, None) is blocks
+    assert standin.spread_blocks(blocks, None) is blocks
 
 
 def test_cache_keys_of_the_first_presets_did_not_move():
@@ -207,7 +208,7 @@ def test_llama_stand_in_pretrains_in_bf16_reloads_and_converts(cache, tmp_path, 
         return real(*a, **kw)
 
     monkeypatch.setattr(torch, "autocast", autocast)
-    path = baseline.pretrain(cfg, cache_dir=tmp_path)
+    path = standin.pretrain(cfg, cache_dir=tmp_path)
     monkeypatch.undo()
     steps = [kw for a, kw in asked if a == ("cpu",) and kw.get("dtype") == torch.bfloat16]
     assert len(steps) == cfg.steps and all(kw["enabled"] for kw in steps)  # every step under bf16 autocast

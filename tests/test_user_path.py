@@ -143,23 +143,24 @@ def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, us
     assert [(x["method"], x["window"], x["stride"]) for x in past] == [("sliding", 64, 32)]
 
 
-def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypatch):
+def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypatch, caplog):
     """Each name `builtin.names()` lists goes through `load_model`: tiny-gpt2 and baseline:micro for
-    real; presets that take minutes to pretrain reach `baseline.pretrain` with their name (the
-    quickstart preset is pretrained for real by CI's quickstart run); smollm2 from its PyPI wheel."""
-    from retrofit import assets, baseline
+    real; smollm2 from its PyPI wheel. Loading a stand-in never pretrains: one not built yet is a clear
+    error that says how to build it; a recipe that fine-tunes it (`standin.ensure`) pretrains it, saying
+    so first (the quickstart preset is pretrained for real by CI's quickstart run)."""
+    from retrofit import assets
+    from retrofit.errors import OptionError
+    from retrofit.training import standin
 
     names = builtin.names()
     assert {"tiny-gpt2", "smollm2", "baseline:micro", "baseline:quickstart", "baseline:study"} <= set(names)
     asked = []
-    real_pretrain = baseline.pretrain
-
-    def pretrain(preset, *a, **kw):
-        asked.append(preset)
-        return real_pretrain("micro", cache_dir=cache / "baseline") if preset != "micro" else real_pretrain(preset, *a, **kw)
-
-    monkeypatch.setattr(baseline, "pretrain", pretrain)
+    monkeypatch.setattr(standin, "pretrain", lambda preset, *a, **kw: asked.append(preset))
     for name in names:
+        if name.startswith("baseline:") and name != "baseline:micro":
+            with pytest.raises(OptionError, match=f"{name} is not built yet.*never pretrains"):
+                load_model(name, tokenizer=True)
+            continue
         if name == "smollm2":
             try:
                 assets.smollm2_gguf()
@@ -168,7 +169,13 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
         model, tok = load_model(name, tokenizer=True)
         assert tok is not None and model.config._name_or_path == name, name
         assert sum(p.numel() for p in model.parameters()) > 0
-    assert sorted(asked) == sorted(n.split(":", 1)[1] for n in names if n.startswith("baseline:"))
+    assert asked == []
+    with caplog.at_level("WARNING", logger="retrofit.training.standin"):
+        standin.ensure("baseline:micro")  # cached: nothing to do
+        standin.ensure("tiny-gpt2")
+        assert asked == [] and not caplog.records
+        standin.ensure("baseline:study")
+    assert asked == ["study"] and "pretraining it now" in caplog.text and "about 30 minutes" in caplog.text
 
 
 def test_default_eval_lengths_stop_at_the_models_limit():

@@ -47,7 +47,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from ..versions import __version__
     from ..menu import schemes_help
 
     parser = Parser(

