@@ -5,6 +5,11 @@ crash leaves the old one, never half of the new one). Every writer in the packag
     write_dir(path, lambda tmp: model.save_pretrained(tmp))   # a folder
     with replacing(path) as tmp: ...         # anything written to tmp, renamed over path on success
     publish(tmp, path)                       # a folder that other processes filled (checkpoints)
+
+A library writer (``save_pretrained``, ``savefig``, ``save_state``) writes into the temporary path one of
+these hands out. ``RAW_WRITERS`` names every function of the package that calls a raw writer
+(``open(..., "w")``, ``.write_text``, ``.save_pretrained``, ``savefig``, ``torch.save``, ...) and why it may;
+``tests/test_run_folder_names.py`` fails on any other.
 """
 
 from __future__ import annotations
@@ -24,6 +29,26 @@ from .errors import OutputError
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
 _REFUSED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+# {"module path::function": why its raw write is safe}; every other write goes through the functions below
+RAW_WRITERS = {
+    "atomic.py::write_text": "writes the temporary file that replacing() renames into place",
+    "io.py::save.write": "inside write_dir's temporary folder",
+    "builtin.py::tiny_gpt2.write": "inside write_dir's temporary folder",
+    "native_export/__init__.py::_write.write": "inside write_dir's temporary folder",
+    "training/outputs.py::write_outputs.adapter": "adapter/: inside write_dir's temporary folder",
+    "training/outputs.py::save_checkpoint": "Accelerate's save_state into a hidden folder that publish() renames",
+    "training/outputs.py::log_record": "log.jsonl is appended to, a line per record (a rename per line would copy "
+                                       "the whole log each step); resume cuts it back to the checkpoint's step",
+    "training/standin.py::pretrain": "inside a temporary folder that publish() renames into the cache",
+    "training/standin.py::_pretrain_into": "inside pretrain's temporary folder",
+    "evaluation/plots.py::_save": "savefig into the temporary path replacing() hands out",
+    "evaluation/cost.py::_reset_rss_peak": "not a file: resets the kernel's peak-RSS counter (/proc/self/clear_refs)",
+    "assets.py::smollm2_gguf": "into the temporary path replacing() hands out",
+    "hub.py::stage": "a temporary staging folder, uploaded and then deleted",
+    "saved_config.py::_save_pretrained": "the user's own save_pretrained call on a converted model, into the "
+                                          "folder the user named (config.json is then rewritten through write_text)",
+}
 
 
 def sibling(path: Path, tag: str = "tmp") -> Path:

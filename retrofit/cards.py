@@ -64,11 +64,11 @@ def base_license(name: str) -> tuple[str | None, str]:
 
 
 def _local_readmes(name: str) -> list[Path]:
-    out = [Path(name).expanduser() / "README.md"]
+    out = [Path(name).expanduser() / rf.CARD]
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        hit = try_to_load_from_cache(name, "README.md")
+        hit = try_to_load_from_cache(name, rf.CARD)
         if isinstance(hit, str):
             out.append(Path(hit))
     except Exception:  # not a valid repo id, no cache: nothing to read
@@ -201,8 +201,8 @@ def eval_summary(report: dict, native: int) -> dict:
         "max_length": max(lengths), "ppl_table": ppl_table(r), "by_model": by_model,
         "passkey_table": passkey_table(r) if report.get("passkey") else None,
         "passkey": _passkey_summary(report) if report.get("passkey") else None,
-        "plot": "eval/ppl_vs_length.png" if "ppl_vs_length.png" in plots else None,
-        "passkey_plot": "eval/passkey.png" if "passkey.png" in plots else None,
+        "plot": f"{rf.EVAL}/{rf.PLOT_PPL}" if rf.PLOT_PPL in plots else None,
+        "passkey_plot": f"{rf.EVAL}/{rf.PLOT_PASSKEY}" if rf.PLOT_PASSKEY in plots else None,
         "notes": list(dict.fromkeys(x["note"] for x in report["rows"] if x["note"] and x["method"] == "sliding")),
         "models": report["models"],
     }

@@ -81,7 +81,7 @@ def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tup
     ev = run_dir / rf.EVAL
     for p in [ev / n for n in REPORT_FILES] + sorted(ev.glob("*.png")):
         if p.is_file():
-            plan[f"eval/{p.name}"] = p
+            plan[f"{rf.EVAL}/{p.name}"] = p
     bad = [name for name in plan if FORBIDDEN.search(name)]
     if bad:
         raise RetrofitError(f"refusing to upload {bad}: training state and logs are never pushed")

@@ -281,7 +281,7 @@ def where(run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     ev = run_dir / rf.EVAL
     items = {"card": run_dir / rf.CARD, "report": ev / rf.REPORT_MD, "report (JSON)": ev / rf.REPORT,
-             "plot": ev / "ppl_vs_length.png", "passkey grid": ev / "passkey.png",
-             "recall grid": ev / "recall.png", "model": run_dir / rf.FINAL,
+             "plot": ev / rf.PLOT_PPL, "passkey grid": ev / rf.PLOT_PASSKEY,
+             "recall grid": ev / rf.PLOT_RECALL, "model": run_dir / rf.FINAL,
              "native export": run_dir / rf.EXPORT, "manifest": run_dir / rf.MANIFEST}
     return {k: v for k, v in items.items() if v.exists()}

@@ -44,6 +44,11 @@ REPORT = "report.json"
 REPORT_MD = "report.md"
 EXPORT_RECORD = "retrofit_export.json"
 CALIBRATE = "calibrate.json"  # convert --calibrate / a recipe's convert.calibrate: the record of the calibration
+RANK_CHECKSUMS = "rank_checksums"  # train.rank_checksums: rank<i>.txt, the trainable weights' hash on each process
+PLOT_PPL = "ppl_vs_length.png"  # an eval folder's plots
+PLOT_POSITIONS = "loss_by_position.png"
+PLOT_PASSKEY = "passkey.png"
+PLOT_RECALL = "recall.png"
 _told: set[str] = set()
 
 

@@ -13,6 +13,7 @@ from ..errors import OptionError
 from ..evaluation.options import DEFAULTS, NAMES, EvalOptions
 from ..evaluation.lengths import parse_list
 from ..quiet import progress_bars
+from ..run_folder import REPORT, REPORT_MD
 
 log = logging.getLogger(__name__)
 
@@ -148,5 +149,5 @@ def run(args) -> int:
     )
     report.save(out, plots=not args.no_plots)
     print(ppl_table(report))
-    print(f"\nwrote {out / 'report.json'}, {out / 'report.md'}" + ("" if args.no_plots else " and plots"))
+    print(f"\nwrote {out / REPORT}, {out / REPORT_MD}" + ("" if args.no_plots else " and plots"))
     return 0

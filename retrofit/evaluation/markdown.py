@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .. import run_folder as rf
+
 
 def _fmt(x, digits: int = 2) -> str:
     if x is None:
@@ -108,18 +110,18 @@ def render_markdown(report, plots: dict | None = None) -> str:
     notes = dict.fromkeys(r["note"] for r in report.rows if r["note"] and r["method"] == "sliding")  # the starred cells
     for note in notes:
         out += [f"\\* {note}.", ""]
-    if "ppl_vs_length.png" in (plots or {}):
-        out += ["![perplexity vs length](ppl_vs_length.png)", ""]
-    if "loss_by_position.png" in (plots or {}):
-        out += ["## Loss by position", "", "![loss by position](loss_by_position.png)", ""]
+    if rf.PLOT_PPL in (plots or {}):
+        out += [f"![perplexity vs length]({rf.PLOT_PPL})", ""]
+    if rf.PLOT_POSITIONS in (plots or {}):
+        out += ["## Loss by position", "", f"![loss by position]({rf.PLOT_POSITIONS})", ""]
     if d.get("passkey"):
         s = d["settings"]["passkey"]
         out += ["## Passkey retrieval", "",
                 f"Correct answers out of {s['trials']} trials per cell (greedy decoding, seed {d['seeds']['passkey']}), "
                 "with the 95% Wilson interval of the accuracy.",
                 "", passkey_table(report), ""]
-        if "passkey.png" in (plots or {}):
-            out += ["![passkey](passkey.png)", ""]
+        if rf.PLOT_PASSKEY in (plots or {}):
+            out += [f"![passkey]({rf.PLOT_PASSKEY})", ""]
     if d.get("recall"):
         s = d["settings"]["recall"]
         out += ["## Recall", "",
@@ -130,8 +132,8 @@ def render_markdown(report, plots: dict | None = None) -> str:
                 "continuation token. Teacher-forced in one forward pass: a continuation is exact exactly when "
                 "greedy decoding would produce it.",
                 "", recall_table(report), ""]
-        if "recall.png" in (plots or {}):
-            out += ["![recall](recall.png)", ""]
+        if rf.PLOT_RECALL in (plots or {}):
+            out += [f"![recall]({rf.PLOT_RECALL})", ""]
     env = d["environment"]
     out += ["## Cost", "", f"Memory measure: {d['cost'][0]['memory_measure'] if d['cost'] else '–'}.", "",
             cost_table(report), ""]

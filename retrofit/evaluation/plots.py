@@ -19,6 +19,7 @@ from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from .. import run_folder as rf  # noqa: E402
 from ..atomic import replacing  # noqa: E402
 
 NOT_RUN_COLOR = "lightgrey"
@@ -247,17 +248,12 @@ def plot_recall(report, path: Path) -> None:
 
 def write_plots(report, out: Path) -> dict[str, Path]:
     """Write every plot the report has data for; {file name: path}."""
+    wanted = ((rf.PLOT_PPL, report.rows, plot_ppl), (rf.PLOT_POSITIONS, report["loss_by_position"], plot_positions),
+              (rf.PLOT_PASSKEY, report.data.get("passkey"), plot_passkey),
+              (rf.PLOT_RECALL, report.data.get("recall"), plot_recall))
     files = {}
-    if report.rows:
-        files["ppl_vs_length.png"] = out / "ppl_vs_length.png"
-        plot_ppl(report, files["ppl_vs_length.png"])
-    if report["loss_by_position"]:
-        files["loss_by_position.png"] = out / "loss_by_position.png"
-        plot_positions(report, files["loss_by_position.png"])
-    if report.data.get("passkey"):
-        files["passkey.png"] = out / "passkey.png"
-        plot_passkey(report, files["passkey.png"])
-    if report.data.get("recall"):
-        files["recall.png"] = out / "recall.png"
-        plot_recall(report, files["recall.png"])
+    for name, has_data, plot in wanted:
+        if has_data:
+            files[name] = out / name
+            plot(report, files[name])
     return files

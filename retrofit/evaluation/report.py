@@ -10,6 +10,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from .. import run_folder as rf
 from ..atomic import write_text
 from ..versions import library_versions
 
@@ -101,16 +102,16 @@ class Report:
 
             files = write_plots(self, out)
             self.data["plots"] = sorted(files)
-        write_text(out / "report.json", self.to_json() + "\n")
-        write_text(out / "report.md", render_markdown(self, files))
-        log.info("wrote %s", out / "report.json")
+        write_text(out / rf.REPORT, self.to_json() + "\n")
+        write_text(out / rf.REPORT_MD, render_markdown(self, files))
+        log.info("wrote %s", out / rf.REPORT)
         return out
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Report":
         p = Path(path)
         if p.is_dir():
-            p = p / "report.json"
+            p = p / rf.REPORT
         return cls(json.loads(p.read_text()))
 
     def __repr__(self):

@@ -537,10 +537,10 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
     val_after = _evaluate(acc, model, val_loader, base, r)
     outputs.log_record(acc, out, {"step": progress.step, "val_loss": val_after})
     if r.train.rank_checksums:
-        (out / "rank_checksums").mkdir(parents=True, exist_ok=True)
-        (out / "rank_checksums" / f"rank{acc.process_index}.txt").write_text(mdl.trainable_hash(base) + "\n")
+        (out / rf.RANK_CHECKSUMS).mkdir(parents=True, exist_ok=True)
+        write_text(out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.txt", mdl.trainable_hash(base) + "\n")
         if where is not None:  # the blocks this process read from the stream, one digest per line
-            (out / "rank_checksums" / f"rank{acc.process_index}.blocks.txt").write_text("".join(
+            write_text(out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.blocks.txt", "".join(
                 x + "\n" for x in where.seen))
     peak = sharding.peak_memory_mib(acc)  # training's peak, before final/ is gathered and written
     outputs.write_final(r, acc, model, tok)

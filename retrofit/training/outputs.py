@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import run_folder as rf
 from ..errors import RetrofitError
-from ..atomic import no_space, no_space_error, publish, write_text
+from ..atomic import no_space, no_space_error, publish, write_dir, write_text
 from ..io import save
 from . import model as mdl
 from . import sharding
@@ -104,8 +104,11 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
     out = Path(r.output_dir)
     unwrapped.eval()
     if r.train.method == "lora":
-        unwrapped.save_pretrained(out / rf.ADAPTER, save_embedding_layers=False)  # trained embeddings: modules_to_save
-        tok.save_pretrained(out / rf.ADAPTER)
+        def adapter(tmp: Path) -> None:
+            unwrapped.save_pretrained(tmp, save_embedding_layers=False)  # trained embeddings: modules_to_save
+            tok.save_pretrained(tmp)
+
+        write_dir(out / rf.ADAPTER, adapter)
         unwrapped = unwrapped.merge_and_unload()
     save(unwrapped, out / rf.FINAL, tokenizer=tok)
     return out / rf.FINAL
