@@ -1,12 +1,12 @@
 """The attention and mask functions registered as ``"retrofit"`` with transformers'
 ``AttentionInterface`` / ``AttentionMaskInterface``: they read the layer's context (``state.LayerContext``)
-and run the converted model's scheme through ``kernel.attend``."""
+and run the converted model's scheme: one ``kernels.Call`` per call, handed to the path table (``kernels.attend``)."""
 
 from __future__ import annotations
 
 import torch
 
-from . import kernel
+from . import kernels
 from .errors import LengthError, PatchNotLiveError, RetrofitError
 from .adapters.base import state_positions
 from .state import LayerContext
@@ -88,19 +88,16 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
-    call = dict(scaling=scaling, window=ctx.window, q_start=q_start, dropout=dropout, kernel=state.kernel,
-                slopes=slopes, band=band, relative=relative,
-                bias_params=tuple(scheme.parameters()) if bias is not None else ())
+    call = kernels.Call(query, key, value, scaling, bias=bias, slopes=slopes, band=band, row_scale=tau,
+                        relative=relative, key_padding=padding, window=ctx.window, q_start=q_start, dropout=dropout,
+                        bias_params=tuple(scheme.parameters()) if bias is not None else ())
     if rows is None:
-        out, path = kernel.attend(query, key, value, bias=bias, key_padding=padding, row_scale=tau, **call)
+        out, path = kernels.attend(call, state.kernel)
     else:  # rows at different positions: one call per group of rows that share a shift
         out, path = torch.empty_like(query), None
         for moved in rows.unique().tolist():
             idx = (rows == moved).nonzero()[:, 0]
-            pick = lambda t: None if t is None else t[idx] if t.shape[0] > 1 else t  # noqa: E731
-            part, path = kernel.attend(query[idx], key[idx], value[idx], bias=_bias_fn(scheme, layer, None, moved, scale),
-                                       key_padding=pick(padding), row_scale=pick(tau), **call)
-            out[idx] = part
+            out[idx], path = kernels.attend(call.rows(idx, _bias_fn(scheme, layer, None, moved, scale)), state.kernel)
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
 
@@ -155,13 +152,13 @@ def _tau_of_slots(scheme, tau, q_start, Tk) -> bool:
     return bool((tau == scheme.temperature(torch.arange(q_start, Tk, device=tau.device))[None]).all())
 
 
-def _relative(state, scheme, layer, rel_query, Tk, placed) -> kernel.Relative:
+def _relative(state, scheme, layer, rel_query, Tk, placed) -> kernels.Relative:
     """The position side of a relative scheme: one key vector per distance this call can meet (distances
     only, so a sliding-window cache's shift does not enter; a block's own positions may span more)."""
     positions = state.place(torch.arange(Tk, device=rel_query.device)) if placed else None
     n = int(positions.max() - positions.min()) + 1 if placed else Tk
     keys = scheme.relative_keys(layer, n, rel_query.dtype, rel_query.device)  # (H or 1, n, D)
-    return kernel.Relative(rel_query, keys, positions)
+    return kernels.Relative(rel_query, keys, positions)
 
 
 def _qk_norm(state, scheme, layer, query, key, q_start):

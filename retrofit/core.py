@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import kernels
 from .adapters import ADAPTERS, adapter_for
 from .adapters.base import track_inputs
 from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
 from .encodings import SCHEMES, Scheme
 from .encodings.base import parse_common
 from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
-from .kernel import KERNELS
 from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_saved_config: public here too)
     SAVED_MODEL_TYPE,
     UNBOUNDED,
@@ -65,7 +65,8 @@ def _check_model(model):
 def convert(model, to: str, *, force: bool = False, kernel: str = "auto", verify: bool = True, **options) -> nn.Module:
     """Replace ``model``'s positional mechanism with scheme ``to``, in place; returns the model.
 
-    ``options`` are the scheme's (see ``retrofit convert --help``). ``kernel``: auto | flex | chunked.
+    ``options`` are the scheme's (see ``retrofit convert --help``). ``kernel``: auto or a path of
+    ``retrofit.kernels.PATHS`` (saved with the checkpoint; ``set_kernel`` changes it).
     ``force=True`` converts a model that was already converted (it is reverted first).
     Raises UnknownSchemeError, UnsupportedArchitectureError, OptionError, AlreadyConvertedError,
     PatchNotLiveError (nothing is left half-patched: a failed conversion is reverted)."""
@@ -75,8 +76,7 @@ def convert(model, to: str, *, force: bool = False, kernel: str = "auto", verify
 def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False):
     _check_model(model)
     scheme_cls = SCHEMES.get(to)
-    if kernel not in KERNELS:
-        raise OptionError(f"kernel must be one of {', '.join(KERNELS)}; got {kernel!r}")
+    kernel = kernels.check(kernel, scheme_cls.kind)
     state = _state(model)
     if state is not None:
         if not force:
@@ -99,7 +99,6 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     ref = next(model.parameters())
     scheme = scheme_cls(spec, opts)
     scheme.set_common(common)
-    _check_kernel(scheme, kernel)
     scheme = scheme.to(ref.device)
 
     state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
@@ -315,24 +314,12 @@ def frozen_parameters(model) -> list[nn.Parameter]:
 
 
 def set_kernel(model, kernel: str) -> None:
-    """Choose the attention path of a converted model: auto | fused | flex | chunked."""
+    """Choose the attention path of a converted model: auto or a path of ``retrofit.kernels.PATHS``
+    (earlier names such as ``fused`` are mapped). Saved with the model (its config's ``retrofit`` block)."""
     state = _state(model)
     if state is None:
         raise NotConvertedError("set_kernel needs a converted model")
-    if kernel not in KERNELS:
-        raise OptionError(f"kernel must be one of {', '.join(KERNELS)}; got {kernel!r}")
-    _check_kernel(state.scheme(), kernel)
-    state.kernel = kernel
-
-
-def _check_kernel(scheme, kernel: str) -> None:
-    """A kernel asked for by name must be able to serve the scheme (auto and chunked serve every one)."""
-    if kernel == "fused" and scheme.kind != "bias":
-        raise OptionError(f"kernel 'fused' serves the bias schemes (alibi, t5, shaw, fire), not {scheme.name!r}; "
-                          "use kernel auto or chunked")
-    if kernel == "flex" and scheme.kind == "relative":
-        raise OptionError(f"kernel 'flex' cannot serve {scheme.name!r} (its positional term depends on the query: "
-                          "a score_mod cannot reduce over the head dim); use kernel auto or chunked")
+    state.kernel = model.config.retrofit["kernel"] = kernels.check(kernel, state.scheme().kind)
 
 
 def set_position_controls(model, offset: int = 0, native_fade: float = 0.0, positions=None) -> None:

@@ -19,12 +19,10 @@ checkpoint (``checkpoint.resume: auto``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -164,7 +162,7 @@ def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None)
 
 def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
-    from .core import convert, is_converted
+    from .core import convert, is_converted, set_kernel
     from .io import load_model
 
     from .training.standin import ensure
@@ -183,6 +181,8 @@ def eval_models(rr: RunRecipe):
             bm, btok = load_model(base, gguf_file=m.gguf_file, dtype=m.dtype)  # built-in names resolve there
             if not is_converted(bm):  # a recipe that starts from a converted checkpoint: it is that one
                 convert(bm, rr.finetune.convert.scheme, **rr.finetune.convert.options)
+            elif rr.finetune.convert.options.get("kernel"):  # the recipe's kernel, as the fine-tuned model's
+                set_kernel(bm, rr.finetune.convert.options["kernel"])
             baselines.append(_named(bm, btok, f"{base} + {scheme} (not fine-tuned)", base))
         else:
             bm, btok = load_model(b)
@@ -199,28 +199,13 @@ def stage_eval(rr: RunRecipe, previous: dict):
     pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
     rc_lengths = resolve_lengths(e.recall_lengths, native, "recall lengths") if e.recall_lengths else None
     out = rr.run_dir / rf.EVAL
-    with _kernel(rr.finetune.convert.options.get("kernel")):
-        main, baselines = eval_models(rr)
-        opts = {f.name: getattr(e, f.name) for f in dataclasses.fields(EvalOptions)}
-        report = evaluate(main, baselines=baselines, **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths,
-                                                         "recall_lengths": rc_lengths}, progress=progress_bars())
+    main, baselines = eval_models(rr)
+    opts = {f.name: getattr(e, f.name) for f in dataclasses.fields(EvalOptions)}
+    report = evaluate(main, baselines=baselines, **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths,
+                                                     "recall_lengths": rc_lengths}, progress=progress_bars())
     report.save(out)
     outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
     return "done", outputs, {"lengths": lengths, "native_length": native}
-
-
-@contextlib.contextmanager
-def _kernel(kernel: str | None):
-    """The recipe's ``convert.options.kernel`` for the eval too: a saved checkpoint reloads with
-    ``kernel=auto``, which reads ``RETROFIT_ATTENTION_PATH`` (an explicit setting of it wins)."""
-    if not kernel or kernel == "auto" or "RETROFIT_ATTENTION_PATH" in os.environ:
-        yield
-        return
-    os.environ["RETROFIT_ATTENTION_PATH"] = kernel
-    try:
-        yield
-    finally:
-        os.environ.pop("RETROFIT_ATTENTION_PATH", None)
 
 
 def stage_export(rr: RunRecipe, previous: dict):
@@ -233,8 +218,7 @@ def stage_export(rr: RunRecipe, previous: dict):
     out = rr.run_dir / rf.EXPORT
     shutil.rmtree(out, ignore_errors=True)  # a stale export must not outlive a re-run that cannot export
     try:
-        with _kernel(rr.finetune.convert.options.get("kernel")):
-            result = export(rr.run_dir / rf.FINAL, out, native=True)
+        result = export(rr.run_dir / rf.FINAL, out, native=True)
     except RetrofitError as e:
         log.warning("export: not available: %s", e)
         return "not available", [], {"reason": str(e)}

@@ -131,7 +131,7 @@ def saved_bytes(step) -> int:
 def path_of(model, variant):
     import retrofit
 
-    return retrofit.describe(model)["attention_path"] if variant != "stock" else "sdpa-causal (stock)"
+    return retrofit.describe(model)["attention_path"] if variant != "stock" else "sdpa (stock)"
 
 
 def worker(args) -> dict:
@@ -224,7 +224,7 @@ MEMORY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0
 
 def run_worker(args, argv, what) -> list[dict]:
     print(f"[bench_kernel] {what} ...", file=sys.stderr, flush=True)
-    env = {**os.environ, "RETROFIT_ATTENTION_PATH": "auto", **(MEMORY_MALLOC if "--memory" in argv else {})}
+    env = {**os.environ, **(MEMORY_MALLOC if "--memory" in argv else {})}
     r = subprocess.run([sys.executable, __file__, "--worker", *argv], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         why = "killed (out of memory)" if r.returncode in (-9, 137) else r.stderr.strip().splitlines()[-1:]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import tempfile
 
 import torch
@@ -44,7 +43,6 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--text", default="shakespeare:heldout", help="retrofit data spec of the text")
     args = p.parse_args()
-    os.environ.setdefault("RETROFIT_ATTENTION_PATH", "chunked")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -59,7 +57,7 @@ def main() -> None:
     cases = [("alibi", {"scale_bias": True}), ("rope", {}), ("rope", {"scaling": "yarn", "factor": 4.0}),
              ("nope", {}), ("sinusoidal", {})]
     for scheme, options in cases:
-        model = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), scheme, **options)
+        model = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), scheme, kernel="chunked", **options)
         with tempfile.TemporaryDirectory() as tmp:
             for length in args.lengths:
                 res = retrofit.export(model, f"{tmp}/x", check_length=length, max_length=max(args.lengths))
@@ -74,8 +72,9 @@ def main() -> None:
     # the refused pair: alibi added after the scaling, exported as Falcon (bias before the scaling) anyway
     for length in args.lengths:
         ids = windows(tokens, length, args.windows)
-        after = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), "alibi")
-        before = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), "alibi", scale_bias=True)
+        after = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), "alibi", kernel="chunked")
+        before = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), "alibi", kernel="chunked",
+                                  scale_bias=True)
         a, b = nll(after, ids), nll(before, ids)
         rows.append({"scheme": "alibi", "options": {"scale_bias": False}, "target": "FalconForCausalLM (refused)",
                      "length": length, "ppl_patched": math.exp(a), "ppl_exported": math.exp(b),

@@ -1,7 +1,7 @@
-"""Precision of ALiBi's fused path (``retrofit/fused.py``) against an fp64 reference of the paper's
-equation, per length: max |output - reference| of one attention call over random q, k, v (12 heads of 64,
+"""Precision of ALiBi's fused path (``sdpa-alibi-dims``, ``retrofit/kernels/sdpa_alibi_dims.py``) against an
+fp64 reference of the paper's equation, per length: max |output - reference| of one attention call over random q, k, v (12 heads of 64,
 GPT-2 small's ALiBi slopes), the last ``--rows`` query rows of each length (where the keys are most), a few
-seeds; the chunked path beside it. The bound stated in the README and ``fused.py`` comes from this run.
+seeds; the chunked path beside it. The bound stated in the README and ``sdpa_alibi_dims.py`` comes from this run.
 
     python scripts/measure_fused_alibi.py --out benchmarks/fused_alibi_precision.json
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from retrofit import fused, kernel  # noqa: E402
+from retrofit.kernels import Call, attend, sdpa_alibi_dims  # noqa: E402
 from retrofit.atomic import write_text  # noqa: E402
 from retrofit.encodings.alibi import alibi_slopes  # noqa: E402
 from retrofit.versions import cpu_info, library_versions  # noqa: E402
@@ -31,11 +31,11 @@ def errors(T: int, heads: int, dim: int, rows: int, seed: int, dtype=torch.float
     R, scaling = min(rows, T), dim**-0.5
     bias = lambda h, i, j: -slopes.double()[h.long()] * (i - j)  # noqa: E731
     with torch.no_grad():
-        ref, _ = kernel.attend(q[:, :, -R:].double(), k.double(), v.double(), scaling=scaling, bias=bias,
-                               kernel="chunked", q_start=T - R)
-        out = fused.attend_alibi(q.to(dtype), k.to(dtype), v.to(dtype), scaling=scaling, slopes=slopes)[:, :, -R:]
-        chunked, _ = kernel.attend(q[:, :, -R:].to(dtype), k.to(dtype), v.to(dtype), scaling=scaling,
-                                   bias=lambda h, i, j: -slopes[h.long()] * (i - j), kernel="chunked", q_start=T - R)
+        ref, _ = attend(Call(q[:, :, -R:].double(), k.double(), v.double(), scaling, bias=bias, q_start=T - R),
+                        "chunked")
+        out = sdpa_alibi_dims.attend_alibi(q.to(dtype), k.to(dtype), v.to(dtype), scaling=scaling, slopes=slopes)[:, :, -R:]
+        chunked, _ = attend(Call(q[:, :, -R:].to(dtype), k.to(dtype), v.to(dtype), scaling,
+                                 bias=lambda h, i, j: -slopes[h.long()] * (i - j), q_start=T - R), "chunked")
     return {"fused": float((out.double() - ref).abs().max()), "chunked": float((chunked.double() - ref).abs().max())}
 
 
@@ -56,7 +56,7 @@ def main(argv=None):
         rows.append(row)
     record = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
               "setup": {"heads": a.heads, "dim": a.dim, "rows": a.rows, "seeds": a.seeds, "dtype": "float32",
-                        "max_span": fused.MAX_SPAN},
+                        "max_span": sdpa_alibi_dims.MAX_SPAN},
               "hardware": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), **cpu_info()},
               "versions": library_versions(), "rows": rows}
     write_text(Path(a.out), json.dumps(record, indent=2) + "\n")

@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrofit import assets
+from retrofit import assets, core
 from retrofit.training import standin
 from retrofit.errors import DataError
 
-# Unit tests use the chunked kernel (flex compiles for ~15 s on CPU); test_kernel.py checks flex on its own.
-os.environ.setdefault("RETROFIT_ATTENTION_PATH", "chunked")
+# Unit tests convert onto the chunked path (the reference) unless they name a kernel or ask for the user's
+# default (``user_kernel``); the kernel tests (test_kernel_fused, test_band, test_dense) check the others.
+core.convert.__kwdefaults__["kernel"] = "chunked"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -52,10 +53,15 @@ def micro_dir(cache) -> Path:
 
 
 @pytest.fixture
+def user_kernel(monkeypatch):
+    """``convert`` at the user's default kernel (auto) for this test."""
+    monkeypatch.setitem(core.convert.__kwdefaults__, "kernel", "auto")
+
+
+@pytest.fixture
 def user_env(tmp_path) -> dict:
-    """The environment of a user's shell for CLI subprocesses: no token, offline, a fresh cache, kernel auto."""
+    """The environment of a user's shell for CLI subprocesses: no token, offline, a fresh cache."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
     env.update(RETROFIT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
                OMP_NUM_THREADS="2", RETROFIT_PROGRESS="0")
-    env.pop("RETROFIT_ATTENTION_PATH", None)  # the user's default: kernel auto
     return env

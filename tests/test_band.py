@@ -1,5 +1,5 @@
-"""T5 and Shaw through the fused band path (``retrofit/band.py``): the far keys through the stock CPU
-flash kernel, the last K keys as an explicit band, merged by log-sum-exp. Exact against a plain fp64
+"""T5 and Shaw through the band path (``cpu-flash-band``, ``retrofit/kernels/cpu_flash_band.py``): the far keys
+through the stock CPU flash kernel, the last K keys as an explicit band, merged by log-sum-exp. Exact against a plain fp64
 softmax with the bias from the papers' equations (T5's buckets from transformers' own
 ``T5Attention._relative_position_bucket``), forward and backward including the bias table's gradient,
 in each dtype; path selection; and a converted model trains, decodes and reloads on it."""
@@ -11,7 +11,9 @@ import torch
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import retrofit
-from retrofit import band, kernel
+from retrofit import kernels
+from retrofit.kernels import Call
+from retrofit.kernels import cpu_flash_band as band
 from retrofit.core import set_kernel
 
 from .tiny import TINY, ids
@@ -94,28 +96,37 @@ def test_every_band_scheme_declares_its_band_truthfully(scheme):
     torch.testing.assert_close(full[:, causal], values[:, (i - j).clamp(0, K)][:, causal], atol=0, rtol=0)
 
 
-def test_path_selection(monkeypatch):
-    monkeypatch.setenv("RETROFIT_ATTENTION_PATH", "auto")
+def test_path_selection():
     q = torch.randn(1, 2, 64, 8)
-    assert kernel.choose_path("auto", q, True, 0.0, banded=True, full=True) == "fused-band"
-    assert kernel.choose_path("fused", q, True, 0.0, banded=True, full=True) == "fused-band"
-    # a decoding step, padding: the dense path (the band's far square needs the whole causal square)
-    assert kernel.choose_path("fused", q, True, 0.0, banded=True, full=False) == "fused-dense"
-    assert kernel.choose_path("fused", q, True, 0.0, masked=True, padded=True, banded=True, full=True) == "fused-dense"
-    assert kernel.choose_path("auto", q, True, 0.0, banded=True, full=True, scaled=True) == "fused-dense"
-    assert kernel.choose_path("fused", q, True, 0.1, banded=True, full=True) == "chunked"  # dropout
-    assert kernel.choose_path("chunked", q, True, 0.0, banded=True, full=True) == "chunked"
-    assert kernel.choose_path("fused", q, True, 0.0) == "fused-dense"  # FIRE: no band
+    table = torch.zeros(2, 5)
+    bias = lambda h, i, j: table[h, (i - j).clamp(0, 4)]  # noqa: E731
+
+    def choose(kernel="auto", q=q, **hints):
+        return kernels.choose(Call(q, k=torch.randn(1, 2, 64, 8), v=q, scaling=0.3, bias=bias, **hints), kernel).name
+
+    padding = torch.ones(1, 64, dtype=torch.bool)
+    padding[0, 3] = False
+    assert choose(band=table) == "cpu-flash-band"
+    assert choose("cpu-flash-band", band=table) == "cpu-flash-band"
+    # a decoding step, padding: the mask path (the band's far square needs the whole causal square)
+    assert choose(q=q[:, :, -1:], band=table, q_start=63) == "cpu-flash-mask"
+    assert choose(band=table, key_padding=padding) == "cpu-flash-mask"
+    assert choose(band=table, row_scale=torch.ones(1, 64)) == "cpu-flash-mask"
+    with pytest.raises(RuntimeError, match="not full causal self-attention"):
+        choose("cpu-flash-band", q=q[:, :, -1:], band=table, q_start=63)
+    assert choose(band=table, dropout=0.1) == "chunked"  # dropout
+    assert choose("chunked", band=table) == "chunked"
+    assert choose() == "cpu-flash-mask"  # FIRE: no band
 
 
-def test_fused_kernel_is_refused_at_convert_where_no_fused_path_serves():
-    with pytest.raises(retrofit.errors.OptionError, match="kernel 'fused' serves the bias schemes"):
-        retrofit.convert(TINY["gpt2"](), "rope", kernel="fused")
+def test_a_path_is_refused_at_convert_where_it_cannot_serve_the_scheme():
+    with pytest.raises(retrofit.errors.OptionError, match="kernel 'cpu-flash-band' .* cannot serve a rotary scheme"):
+        retrofit.convert(TINY["gpt2"](), "rope", kernel="cpu-flash-band")
     for scheme, options in (("fire", {}), ("t5", {"temperature": 0.3})):
-        model = retrofit.convert(TINY["gpt2"](), scheme, kernel="fused", **options)
+        model = retrofit.convert(TINY["gpt2"](), scheme, kernel="cpu-flash-mask", **options)
         with torch.no_grad():
             model(ids(1, 20))
-        assert retrofit.describe(model)["attention_path"] == "fused-dense"
+        assert retrofit.describe(model)["attention_path"] == "cpu-flash-mask"
 
 
 @pytest.mark.parametrize("scheme", ["t5", "shaw"])
@@ -133,9 +144,9 @@ def test_a_converted_model_trains_on_the_band_path_and_matches_chunked(scheme):
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         return loss.detach(), grads, retrofit.describe(model)["attention_path"]
 
-    loss_b, grads_b, path_b = step("fused")
+    loss_b, grads_b, path_b = step("cpu-flash-band")
     loss_c, grads_c, path_c = step("chunked")
-    assert path_b == "fused-band" and path_c == "chunked"
+    assert path_b == "cpu-flash-band" and path_c == "chunked"
     torch.testing.assert_close(loss_b, loss_c, atol=1e-6, rtol=1e-6)
     assert any("retrofit_positions" in n for n in grads_b), "the bias table gets no gradient"
     assert grads_b.keys() == grads_c.keys()
@@ -143,13 +154,12 @@ def test_a_converted_model_trains_on_the_band_path_and_matches_chunked(scheme):
         torch.testing.assert_close(grads_b[n], grads_c[n], atol=2e-6, rtol=1e-4, msg=n)
 
 
-def test_auto_takes_the_band_path_and_generate_with_cache_equals_recompute(monkeypatch):
-    monkeypatch.setenv("RETROFIT_ATTENTION_PATH", "auto")
+def test_auto_takes_the_band_path_and_generate_with_cache_equals_recompute(user_kernel):
     model = retrofit.convert(TINY["llama"](), "t5", num_buckets=16, max_distance=16)
     x = ids(1, 50)
     with torch.no_grad():
         model(x)
-        assert retrofit.describe(model)["attention_path"] == "fused-band"
+        assert retrofit.describe(model)["attention_path"] == "cpu-flash-band"
         kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
         a = model.generate(x, use_cache=True, **kw)
         b = model.generate(x, use_cache=False, **kw)
@@ -158,7 +168,7 @@ def test_auto_takes_the_band_path_and_generate_with_cache_equals_recompute(monke
 
 
 def test_saved_band_model_reloads_with_the_same_logits(tmp_path):
-    model = retrofit.convert(TINY["gpt2"](), "t5", kernel="fused")
+    model = retrofit.convert(TINY["gpt2"](), "t5", kernel="fused")  # an earlier name: auto (kernels.RENAMED)
     x = ids(1, 60)
     with torch.no_grad():
         before = model(x).logits
@@ -166,18 +176,17 @@ def test_saved_band_model_reloads_with_the_same_logits(tmp_path):
     loaded = retrofit.load(tmp_path / "m")
     with torch.no_grad():
         after = loaded(x).logits
-    assert retrofit.describe(loaded)["attention_path"] == "fused-band"
+    assert retrofit.describe(loaded)["attention_path"] == "cpu-flash-band"
     torch.testing.assert_close(after, before, atol=0, rtol=0)
 
 
-def test_a_window_that_reaches_every_key_is_no_window(monkeypatch):
+def test_a_window_that_reaches_every_key_is_no_window():
     """Mistral's 4k window over a 2k input masks nothing: the call keeps the band path and its result."""
-    monkeypatch.setenv("RETROFIT_ATTENTION_PATH", "auto")
     q, k, v, table = _inputs(1, 2, 40, 8, 16)
     bias = lambda h, i, j: table[h, (i - j).clamp(0, 16)]  # noqa: E731
-    plain, path = kernel.attend(q, k, v, scaling=0.3, bias=bias, band=table)
-    windowed, wpath = kernel.attend(q, k, v, scaling=0.3, bias=bias, band=table, window=40)
-    assert path == wpath == "fused-band"
+    plain, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table))
+    windowed, wpath = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table, window=40))
+    assert path == wpath == "cpu-flash-band"
     torch.testing.assert_close(windowed, plain, atol=0, rtol=0)
-    short, spath = kernel.attend(q, k, v, scaling=0.3, bias=bias, band=table, window=39)
-    assert spath == "fused-dense" and not torch.allclose(short, plain)
+    short, spath = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table, window=39))
+    assert spath == "cpu-flash-mask" and not torch.allclose(short, plain)

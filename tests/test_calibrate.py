@@ -90,13 +90,13 @@ def test_alibi_learn_slopes_round_trip_and_gradient(tiny, tmp_path):
     assert isinstance(scheme.slopes, torch.nn.Parameter)
     assert dict(scheme.named_parameters())["slopes"] is scheme.slopes
     x = torch.tensor([list(TEXT.encode())[:48]])
-    for kernel in ("auto", "fused", "chunked"):  # tests run with RETROFIT_ATTENTION_PATH=chunked: auto -> chunked
+    for kernel in ("auto", "sdpa-alibi-dims", "chunked"):
         set_kernel(model, kernel)
         scheme.slopes.grad = None
         model(input_ids=x).logits.pow(2).mean().backward()
         path = retrofit.describe(model)["attention_path"]
         assert scheme.slopes.grad is not None and scheme.slopes.grad.abs().sum() > 0, path
-    assert {"fused-alibi", "chunked"} <= set(retrofit.describe(model)["attention_paths"])
+    assert {"sdpa-alibi-dims", "chunked"} <= set(retrofit.describe(model)["attention_paths"])
     with torch.no_grad():
         scheme.slopes.mul_(torch.linspace(0.5, 1.5, scheme.slopes.numel()))
     retrofit.save(model, tmp_path / "m", tokenizer=tok)
@@ -108,7 +108,7 @@ def test_alibi_learn_slopes_round_trip_and_gradient(tiny, tmp_path):
 
 
 def test_alibi_fused_slope_gradient_matches_finite_differences():
-    model = retrofit.convert(TINY["gpt2"](), "alibi", learn_slopes=True, kernel="fused").double()  # slopes too
+    model = retrofit.convert(TINY["gpt2"](), "alibi", learn_slopes=True, kernel="sdpa-alibi-dims").double()  # slopes too
     slopes = scheme_of(model).slopes
     x = torch.randint(3, 100, (2, 40))
 
@@ -116,7 +116,7 @@ def test_alibi_fused_slope_gradient_matches_finite_differences():
         return model(input_ids=x).logits.pow(2).mean()
 
     loss().backward()
-    assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+    assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
     eps = 1e-6
     for h in range(slopes.numel()):
         with torch.no_grad():

@@ -12,7 +12,8 @@ import torch
 import transformers as tf
 
 import retrofit
-from retrofit import kernel
+from retrofit import kernels
+from retrofit.kernels import Call, call, cpu_flash, flex
 from retrofit.errors import (AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError,
                              RetrofitError, UnknownSchemeError, UnsupportedArchitectureError)
 
@@ -302,25 +303,24 @@ def _naive(q, k, v, scaling, bias, pad=None, window=None, q_start=0):
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("q_start", [0, 5])
 def test_chunked_kernel_matches_naive_across_chunk_boundaries(monkeypatch, window, q_start):
-    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 4 * 16 * 3)  # force many tiny chunks
+    monkeypatch.setattr(call, "CHUNK_ELEMENTS", 4 * 16 * 3)  # force many tiny chunks
     B, H, Tq, D = 2, 4, 40, 8
     Tk = Tq + q_start
     q, k, v = torch.randn(B, H, Tq, D), torch.randn(B, H, Tk, D), torch.randn(B, H, Tk, D)
     pad = torch.ones(B, Tk, dtype=torch.bool)
     pad[0, :6] = False
     bias = _alibi_bias(H)
-    out, path = kernel.attend(q, k, v, scaling=D**-0.5, bias=bias, key_padding=pad, window=window, q_start=q_start,
-                              kernel="chunked")
+    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=bias, key_padding=pad, window=window, q_start=q_start), "chunked")
     assert path == "chunked"
     torch.testing.assert_close(out, _naive(q, k, v, D**-0.5, bias, pad, window, q_start), atol=1e-5, rtol=1e-5)
 
 
 def test_chunked_kernel_gradients_with_checkpointing_match_naive(monkeypatch):
-    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 4 * 16 * 3)
+    monkeypatch.setattr(call, "CHUNK_ELEMENTS", 4 * 16 * 3)
     B, H, T, D = 1, 4, 33, 8
     leaves = [torch.randn(B, H, T, D, requires_grad=True) for _ in range(3)]
     bias = _alibi_bias(H)
-    out, _ = kernel.attend(*leaves, scaling=0.3, bias=bias, kernel="chunked")
+    out, _ = kernels.attend(Call(*leaves, scaling=0.3, bias=bias), "chunked")
     grads = torch.autograd.grad(out.square().sum(), leaves)
     ref = _naive(*leaves, 0.3, bias)
     ref_grads = torch.autograd.grad(ref.square().sum(), leaves)
@@ -331,8 +331,8 @@ def test_chunked_kernel_gradients_with_checkpointing_match_naive(monkeypatch):
 def test_chunk_memory_is_bounded_at_long_lengths():
     """The per-chunk score tensor never exceeds CHUNK_ELEMENTS: linear memory in N."""
     for T in [1024, 8192, 65536]:
-        rows = kernel._chunk_rows(12, T, T)
-        assert 12 * rows * T <= max(kernel.CHUNK_ELEMENTS, 12 * 16 * T)
+        rows = call.chunk_rows(12, T, T)
+        assert 12 * rows * T <= max(call.CHUNK_ELEMENTS, 12 * 16 * T)
 
 
 def test_half_precision_bias_is_scored_in_fp32():
@@ -340,7 +340,7 @@ def test_half_precision_bias_is_scored_in_fp32():
     q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
     bias = _alibi_bias(H)
     ref = _naive(q, k, v, D**-0.5, bias)
-    out, _ = kernel.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), scaling=D**-0.5, bias=bias, kernel="chunked")
+    out, _ = kernels.attend(Call(q.bfloat16(), k.bfloat16(), v.bfloat16(), scaling=D**-0.5, bias=bias), "chunked")
     assert out.dtype == torch.bfloat16
     assert (out.float() - ref).abs().max() < 0.05  # bf16 inputs/outputs, fp32 scores
 
@@ -352,49 +352,48 @@ def test_flex_path_matches_chunked_without_grad():
     bias = _alibi_bias(H)
     with torch.no_grad():
         try:
-            flex, path = kernel.attend(q, k, v, scaling=D**-0.5, bias=bias, kernel="flex")
+            flex, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=bias), "flex")
         except RuntimeError as e:
             pytest.skip(f"flex attention unavailable here: {e}")
-        chunked, _ = kernel.attend(q, k, v, scaling=D**-0.5, bias=bias, kernel="chunked")
+        chunked, _ = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=bias), "chunked")
     assert path == "flex"
     torch.testing.assert_close(flex, chunked, atol=1e-5, rtol=1e-4)
 
 
 def test_a_failing_flex_compile_is_reported_and_falls_back(monkeypatch, caplog):
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
-    monkeypatch.setattr(kernel, "_flex_available", lambda: True)
-    monkeypatch.setattr(kernel, "_flex_fn", None)
-    monkeypatch.setattr(kernel, "_flex_error", None)
-    monkeypatch.setattr(kernel, "_flex_failed", False)
+    monkeypatch.setattr(flex, "_fn", None)
+    monkeypatch.setattr(flex, "_error", None)
+    monkeypatch.setattr(flex, "_failed", False)
+    monkeypatch.setattr(flex, "compiled", lambda: object())
 
     def broken(*a, **k):
         raise RuntimeError("inductor: simulated compile failure")
 
-    monkeypatch.setattr(kernel, "_attend_flex", broken)
-    monkeypatch.setattr(kernel.flash, "available", lambda q: False)  # no CPU flash op: auto tries flex
+    monkeypatch.setattr(flex, "attend_flex", broken)
+    monkeypatch.setattr(cpu_flash, "available", lambda q: False)  # no CPU flash op: auto tries flex
     q, k, v = (torch.randn(1, 2, 200, 8) for _ in range(3))
     bias = _alibi_bias(2)
     with torch.no_grad():
-        out, path = kernel.attend(q, k, v, scaling=0.3, bias=bias, kernel="auto")
-        ref, _ = kernel.attend(q, k, v, scaling=0.3, bias=bias, kernel="chunked")
+        out, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias), "auto")
+        ref, _ = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias), "chunked")
         with pytest.raises(RuntimeError, match="simulated"):
-            kernel.attend(q, k, v, scaling=0.3, bias=bias, kernel="flex")  # explicit: never substituted
+            kernels.attend(Call(q, k, v, scaling=0.3, bias=bias), "flex")  # explicit: never substituted
     assert path == "chunked (flex failed)" and torch.equal(out, ref)
     assert "simulated compile failure" in caplog.text
 
 
-def test_auto_path_on_cpu_and_the_kernel_survives_save_load(tmp_path, monkeypatch):
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+def test_auto_path_on_cpu_and_the_kernel_survives_save_load(tmp_path):
     q = torch.randn(1, 2, 200, 8, requires_grad=True)
-    assert kernel.choose_path("auto", q, has_bias=True, dropout=0.0) == "fused-dense"  # CPU: flash op with a mask
-    assert kernel.choose_path("auto", q, has_bias=True, dropout=0.1) == "chunked"
+    bias = _alibi_bias(2)
+    assert kernels.choose(Call(q, q, q, 0.3, bias=bias)).name == "cpu-flash-mask"  # CPU: flash op with a mask
+    assert kernels.choose(Call(q, q, q, 0.3, bias=bias, dropout=0.1)).name == "chunked"
     with torch.no_grad():
-        assert kernel.choose_path("auto", q.detach(), has_bias=True, dropout=0.0, masked=True) == "fused-dense"
+        assert kernels.choose(Call(q.detach(), q, q, 0.3, bias=bias, window=50)).name == "cpu-flash-mask"
     model = retrofit.convert(TINY["gpt2"](), "alibi", kernel="chunked")
     retrofit.save(model, tmp_path / "m")
     assert retrofit.describe(retrofit.load(tmp_path / "m"))["kernel"] == "chunked"
     with pytest.raises(RuntimeError, match="no backward"):
-        kernel.choose_path("flex", q, has_bias=True, dropout=0.0)
+        kernels.choose(Call(q, q, q, 0.3, bias=bias), "flex")
 
 
 def test_convert_leaves_the_callers_config_alone_and_revert_stays_exact():
@@ -416,21 +415,21 @@ def test_convert_leaves_the_callers_config_alone_and_revert_stays_exact():
 
 
 @pytest.mark.parametrize("scheme", ["t5", "shaw", "fire"])
-def test_auto_never_picks_a_path_that_refuses_float64(scheme, monkeypatch):
+def test_auto_never_picks_a_path_that_refuses_float64(scheme, monkeypatch, user_kernel):
     """CPU flex refuses float64: kernel auto must not try it (and lose a compile) before falling back."""
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
 
     def no_flex():
         raise AssertionError("auto tried flex for float64 on CPU")
 
-    monkeypatch.setattr(kernel, "_flex_available", no_flex)
+    monkeypatch.setattr(flex, "compiled", no_flex)
     model = retrofit.convert(TINY["gpt2"]().double(), scheme)
     with torch.no_grad():
         model(ids(1, 2 * NATIVE + 200))  # long enough for auto to consider flex
     paths = set(retrofit.core._state(model).paths)
     assert paths == {"chunked"}, paths
     with pytest.raises(RuntimeError, match="float64"):
-        kernel.choose_path("flex", torch.zeros(1, 1, 200, 8, dtype=torch.float64), has_bias=True, dropout=0.0)
+        q = torch.zeros(1, 1, 200, 8, dtype=torch.float64)
+        kernels.choose(Call(q, q, q, 0.3, bias=_alibi_bias(1)), "flex")
 
 
 def test_fire_reads_one_row_of_position_ids_across_a_padded_batch():

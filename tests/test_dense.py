@@ -1,5 +1,5 @@
-"""Any bias through the CPU flash kernel block by block (``retrofit/dense.py``, path ``fused-dense``): exact
-against a plain fp64 softmax with an arbitrary per-(head, query, key) bias table, forward and backward
+"""Any bias through the CPU flash kernel block by block (path ``cpu-flash-mask``,
+``retrofit/kernels/cpu_flash_mask.py``): exact against a plain fp64 softmax with an arbitrary per-(head, query, key) bias table, forward and backward
 (q, k, v and the table the bias is read from), with a cache offset, a window, padding, a per-row
 temperature and half inputs; FIRE models train on it with the chunked path's gradients; blocks stay
 bounded; a frozen bias costs no score recompute."""
@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import retrofit
-from retrofit import dense, kernel
+from retrofit import kernels
+from retrofit.kernels import Call
+from retrofit.kernels import cpu_flash_mask as dense
 from retrofit.core import set_kernel
 
 from .tiny import NATIVE, TINY, ids
@@ -116,23 +118,21 @@ def test_long_key_spans_take_fewer_rows_per_block(monkeypatch):
     _check_grads(out, _reference(q, k, v, 0.3, table), (q, k, v, table))
 
 
-def test_kernel_attend_picks_dense_on_cpu_for_a_bias_without_structure(monkeypatch):
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+def test_kernel_attend_picks_dense_on_cpu_for_a_bias_without_structure():
     q, k, v, table = _inputs(1, 2, 64, 64, 8)
-    out, path = kernel.attend(q, k, v, scaling=0.3, bias=_bias(table), bias_params=(table,))
-    assert path == "fused-dense"
+    out, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=_bias(table), bias_params=(table,)))
+    assert path == "cpu-flash-mask"
     torch.testing.assert_close(out.double(), _reference(q, k, v, 0.3, table), atol=2e-6, rtol=1e-5)
-    _, path = kernel.attend(q, k, v, scaling=0.3, bias=_bias(table), dropout=0.1)
+    _, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=_bias(table), dropout=0.1))
     assert path == "chunked"  # dropout: the chunked path (CPU SDPA's dropout)
 
 
 @pytest.mark.parametrize("scheme,options", [("fire", {}), ("t5", {"temperature": 0.4, "temperature_length": 8}),
                                             ("alibi", {"temperature": 0.4, "temperature_length": 8})])
-def test_a_model_trains_on_dense_with_the_chunked_gradients(monkeypatch, scheme, options):
+def test_a_model_trains_on_dense_with_the_chunked_gradients(scheme, options, user_kernel):
     """FIRE (its bias reads the query's position), T5 with a temperature, ALiBi in bf16 with a temperature:
     the model's loss and every trainable parameter's gradient (the position module's included) equal the
     chunked path's."""
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
     dtype = torch.bfloat16 if scheme == "alibi" else torch.float32  # bf16 ALiBi + temperature: no fused q side
     model = retrofit.convert(TINY["gpt2"]().to(dtype), scheme, **options)
     x = ids(2, 3 * NATIVE)
@@ -144,7 +144,7 @@ def test_a_model_trains_on_dense_with_the_chunked_gradients(monkeypatch, scheme,
         loss.backward()
         grads[path] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         if path == "auto":
-            assert set(retrofit.core._state(model).paths) == {"fused-dense"}
+            assert set(retrofit.core._state(model).paths) == {"cpu-flash-mask"}
             retrofit.core._state(model).paths.clear()
     (la, ga), (lc, gc) = grads["auto"], grads["chunked"]
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
@@ -155,12 +155,11 @@ def test_a_model_trains_on_dense_with_the_chunked_gradients(monkeypatch, scheme,
         assert float((ga[n].float() - gc[n].float()).abs().max()) <= tol * scale, n
 
 
-def test_fire_decodes_and_generates_on_dense(monkeypatch):
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
-    model = retrofit.convert(TINY["gpt2"]().eval(), "fire", kernel="fused")
+def test_fire_decodes_and_generates_on_dense():
+    model = retrofit.convert(TINY["gpt2"]().eval(), "fire", kernel="cpu-flash-mask")
     x = ids(1, 2 * NATIVE)
     with torch.no_grad():
         out = model.generate(x, max_new_tokens=NATIVE, do_sample=False, use_cache=True)
         full = model(out[:, :-1]).logits
-    assert retrofit.describe(model)["attention_path"] == "fused-dense"
+    assert retrofit.describe(model)["attention_path"] == "cpu-flash-mask"
     assert torch.equal(full[0, 2 * NATIVE - 1 :].argmax(-1), out[0, 2 * NATIVE :])

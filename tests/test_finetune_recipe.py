@@ -107,16 +107,17 @@ def test_docs_list_every_key():
     assert not missing, f"docs/finetune.md does not list {missing}"
 
 
-def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code(monkeypatch):
+def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code():
     """docs/finetune.md said ALiBi trains on the chunked path at 0.54x while the benchmark (and the README)
     had it on the fused path (issue 32 item 11): the doc names the path each scheme trains on, which must
-    be the one benchmarks/bench_finetune.json recorded and the one choose_path picks for such a step."""
+    be the one benchmarks/bench_finetune.json recorded and the one the path table picks for such a step."""
     import json
     import re
 
     import torch
 
-    from retrofit.kernel import choose_path
+    from retrofit import kernels
+    from retrofit.kernels import Call
 
     root = Path(__file__).parent.parent
     text = (root / "docs" / "finetune.md").read_text()
@@ -124,33 +125,36 @@ def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code(monkeypa
     assert "0.54" not in section
     doc_paths = dict(re.findall(r"^\| (\w+) \| ([\w -]+?) \| ", section, re.MULTILINE))
     bench = json.loads((root / "benchmarks" / "bench_finetune.json").read_text())["results"]
-    for scheme, result in bench.items():
-        assert doc_paths[scheme] == (result["attention_path"] or "stock SDPA"), scheme
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)  # conftest pins chunked; a user's auto
+    for scheme, result in bench.items():  # recorded under the path names of its day
+        recorded = result["attention_path"]
+        assert doc_paths[scheme] == (kernels.RENAMED.get(recorded, recorded) if recorded else "stock SDPA"), scheme
     q = torch.zeros(1, 2, 8, 4, requires_grad=True)
+    bias = lambda h, i, j: -(i - j)  # noqa: E731
     dropout = 0.1  # GPT-2's, as in the benchmark
-    assert choose_path("auto", q, True, dropout, linear=True) == doc_paths["alibi"]
-    assert choose_path("auto", q, True, dropout, banded=True, full=True) == doc_paths["t5"]
+    assert kernels.choose(Call(q, q, q, 0.5, bias=bias, slopes=torch.ones(2), dropout=dropout)).name == doc_paths["alibi"]
+    assert kernels.choose(Call(q, q, q, 0.5, bias=bias, band=torch.zeros(2, 5), dropout=dropout)).name == doc_paths["t5"]
+    assert kernels.choose(Call(q, q, q, 0.5, dropout=dropout)).name == doc_paths["rope"]
 
 
-def test_quickstart_and_tiny_recipes_leave_the_kernel_to_auto(monkeypatch):
+def test_quickstart_and_tiny_recipes_leave_the_kernel_to_auto():
     """They forced `kernel: chunked` 'to skip compiling flex' (issue 32 item 11), but auto no longer picks
     flex for them on CPU: ALiBi takes fused-alibi (training and inference), RoPE has no bias."""
     import torch
     import yaml
 
-    from retrofit.kernel import choose_path
+    from retrofit import kernels
+    from retrofit.kernels import Call
 
     names = [p for p in RECIPES if p.name == "quickstart.yaml" or p.name.startswith("tiny-")]
     for path in names:
         options = (yaml.safe_load(path.read_text()).get("convert") or {}).get("options") or {}
         assert options.get("kernel", "auto") == "auto", path.name
         assert "flex" not in path.read_text(), path.name
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
     q = torch.zeros(1, 2, 8, 4, requires_grad=True)
-    assert choose_path("auto", q, True, 0.0, linear=True) == "fused-alibi"
+    alibi = dict(bias=lambda h, i, j: -(i - j), slopes=torch.ones(2))
+    assert kernels.choose(Call(q, q, q, 0.5, **alibi)).name == "sdpa-alibi-dims"
     with torch.no_grad():
-        assert choose_path("auto", q.detach(), True, 0.0, linear=True) == "fused-alibi"
+        assert kernels.choose(Call(q.detach(), q, q, 0.5, **alibi)).name == "sdpa-alibi-dims"
 
 
 def test_new_keys_at_their_defaults_leave_old_runs_hashes_alone():

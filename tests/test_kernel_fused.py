@@ -11,7 +11,10 @@ import pytest
 import torch
 
 import retrofit
-from retrofit import flash, fused, kernel
+from retrofit import kernels
+from retrofit.kernels import Call, call, cpu_flash, flash_attn_alibi
+from retrofit.kernels import flex as flex_path
+from retrofit.kernels import sdpa_alibi_dims as fused
 from retrofit.core import set_kernel
 from retrofit.encodings import SCHEMES
 from retrofit.encodings.alibi import alibi_slopes
@@ -53,9 +56,9 @@ def test_fused_alibi_matches_the_paper_with_padding_windows_and_a_cached_prefix(
         pad = torch.ones(B, Tk, dtype=torch.bool)
         pad[0, :6] = False
     assert fused.block_rows(slopes, Tq) < Tq
-    out, path = kernel.attend(q, k, v, scaling=D**-0.5, bias=None, slopes=slopes, key_padding=pad, window=window,
-                              q_start=q_start, kernel="fused")
-    assert path == "fused-alibi"
+    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=None, slopes=slopes, key_padding=pad, window=window,
+                              q_start=q_start), "sdpa-alibi-dims")
+    assert path == "sdpa-alibi-dims"
     torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes, pad, window, q_start),
                                atol=2e-6, rtol=1e-5)
 
@@ -64,8 +67,8 @@ def test_fused_alibi_decoding_one_query_sees_every_key():
     H, D, Tk = 4, 8, 300
     q, k, v = _qkv(1, H, 1, Tk, D)
     slopes = torch.tensor(alibi_slopes(H))
-    out, path = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=Tk - 1, kernel="fused")
-    assert path == "fused-alibi"
+    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=Tk - 1), "sdpa-alibi-dims")
+    assert path == "sdpa-alibi-dims"
     torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes, q_start=Tk - 1), atol=2e-6, rtol=1e-5)
 
 
@@ -76,9 +79,9 @@ def test_fused_alibi_gradients_match_the_reference(monkeypatch):
     leaves = _qkv(B, H, T, T, D, grad=True)
     slopes = torch.tensor(alibi_slopes(H))
     calls = []
-    split = flash.rectangle_then_square
-    monkeypatch.setattr(flash, "rectangle_then_square", lambda *a: calls.append(1) or split(*a))
-    out, _ = kernel.attend(*leaves, scaling=0.3, slopes=slopes, kernel="fused")
+    split = cpu_flash.rectangle_then_square
+    monkeypatch.setattr(cpu_flash, "rectangle_then_square", lambda *a: calls.append(1) or split(*a))
+    out, _ = kernels.attend(Call(*leaves, scaling=0.3, slopes=slopes), "sdpa-alibi-dims")
     assert calls, "later blocks go as the keys before them plus their own causal square (no mask)"
     grads = torch.autograd.grad(out.square().sum(), leaves)
     ref = _reference(*leaves, 0.3, slopes)
@@ -94,15 +97,15 @@ def test_fused_alibi_is_exact_in_each_dtype_at_4k_positions(dtype, atol):
     H, D, T = 8, 16, 4096
     q, k, v = _qkv(1, H, 256, T, D, dtype)
     slopes = torch.tensor(alibi_slopes(H))  # steepest 0.5: the bias reaches -2048 over 4k
-    out, path = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=T - 256, kernel="fused")
-    assert path == "fused-alibi" and out.dtype == dtype
+    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=T - 256), "sdpa-alibi-dims")
+    assert path == "sdpa-alibi-dims" and out.dtype == dtype
     ref = _reference(q, k, v, D**-0.5, slopes, q_start=T - 256)
     assert (out.double() - ref).abs().max() < atol
 
 
 def test_dropout_on_cpu_caps_the_block_rows_and_checkpoints(monkeypatch):
     """CPU SDPA with dropout materialises its scores: the blocks are capped like the chunked path."""
-    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 4 * 16 * 64)
+    monkeypatch.setattr(call, "CHUNK_ELEMENTS", 4 * 16 * 64)
     seen = []
     real = fused._block
 
@@ -112,38 +115,45 @@ def test_dropout_on_cpu_caps_the_block_rows_and_checkpoints(monkeypatch):
 
     monkeypatch.setattr(fused, "_block", spy)
     leaves = _qkv(1, 4, 64, 64, 8, grad=True)
-    out, path = kernel.attend(*leaves, scaling=0.3, slopes=torch.tensor(alibi_slopes(4)), dropout=0.5,
-                               kernel="fused")
+    slopes = torch.tensor(alibi_slopes(4))
+    out, path = kernels.attend(Call(*leaves, scaling=0.3, slopes=slopes, dropout=0.5), "sdpa-alibi-dims")
     out.sum().backward()
-    assert path == "fused-alibi" and max(seen) <= 16 and len(seen) >= 2 * 4  # forward + checkpointed recompute
+    assert path == "sdpa-alibi-dims" and max(seen) <= 16 and len(seen) >= 2 * 4  # forward + checkpointed recompute
 
 
 def test_path_selection_with_a_faked_cuda_device(monkeypatch):
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)
+    def call(dtype, cuda=True, **hints):
+        q = SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(1, 4, 512, 64), requires_grad=True)
+        return Call(q, q, q, 0.125, **hints)
 
-    def fake(dtype, cuda=True):
-        return SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(1, 4, 512, 64), requires_grad=True)
+    def choose(c, kernel="auto"):
+        return kernels.choose(c, kernel).name
 
-    monkeypatch.setattr(fused, "flash_attn_available", lambda: True)
-    choose = kernel.choose_path
-    assert choose("auto", fake(torch.bfloat16), True, 0.0, linear=True) == "flash-attn-alibi"
-    assert choose("auto", fake(torch.float32), True, 0.0, linear=True) == "fused-alibi"  # flash-attn: half only
-    assert choose("auto", fake(torch.bfloat16), True, 0.0, masked=True, linear=True, padded=True) == "fused-alibi"
-    assert choose("fused", fake(torch.bfloat16), True, 0.0, linear=True) == "fused-alibi"  # asked for: that one
-    assert choose("auto", fake(torch.bfloat16, cuda=False), True, 0.0, linear=True) == "fused-alibi"
-    assert choose("chunked", fake(torch.bfloat16), True, 0.0, linear=True) == "chunked"
-    monkeypatch.setattr(fused, "flash_attn_available", lambda: False)
-    assert choose("auto", fake(torch.bfloat16), True, 0.0, linear=True) == "fused-alibi"
+    bias = lambda h, i, j: -(i - j)  # noqa: E731
+    alibi = dict(bias=bias, slopes=torch.ones(4))
+    padding = torch.ones(1, 512, dtype=torch.bool)
+    padding[0, 0] = False
+    bf16, f32 = torch.bfloat16, torch.float32
+    monkeypatch.setattr(flash_attn_alibi, "available", lambda: True)
+    assert choose(call(bf16, **alibi)) == "flash-attn-alibi"
+    assert choose(call(f32, **alibi)) == "sdpa-alibi-dims"  # flash-attn: half only
+    assert choose(call(bf16, key_padding=padding, **alibi)) == "sdpa-alibi-dims"
+    assert choose(call(bf16, **alibi), "sdpa-alibi-dims") == "sdpa-alibi-dims"  # asked for: that one
+    assert choose(call(bf16, cuda=False, **alibi)) == "sdpa-alibi-dims"
+    assert choose(call(bf16, **alibi), "chunked") == "chunked"
+    learned = torch.ones(4, requires_grad=True)  # FlashAttention returns no gradient for alibi_slopes
+    assert choose(call(bf16, bias=bias, slopes=learned)) == "sdpa-alibi-dims"
+    monkeypatch.setattr(flash_attn_alibi, "available", lambda: False)
+    assert choose(call(bf16, **alibi)) == "sdpa-alibi-dims"
     # other bias schemes take flex on CUDA, forward and backward
-    monkeypatch.setattr(kernel, "_flex_available", lambda: True)
-    assert choose("auto", fake(torch.bfloat16), True, 0.0) == "flex"
-    assert choose("auto", fake(torch.bfloat16), True, 0.0, banded=True, full=True) == "flex"  # the band: CPU only
-    assert choose("fused", fake(torch.float32), True, 0.0) == "chunked"  # the dense path: CPU only
-    assert choose("auto", fake(torch.float32, cuda=False), True, 0.0) == "fused-dense"
-    assert choose("fused", fake(torch.float32, cuda=False), True, 0.0) == "fused-dense"
-    assert choose("fused", fake(torch.float32, cuda=False), True, 0.1) == "chunked"  # dropout: chunked
-    with pytest.raises(RuntimeError, match="serve a positional bias"):
-        choose("fused", fake(torch.float32), False, 0.0)
+    assert choose(call(bf16, bias=bias)) == "flex"
+    assert choose(call(bf16, bias=bias, band=torch.zeros(4, 5))) == "flex"  # the band: CPU only
+    assert choose(call(f32, cuda=False, bias=bias)) == "cpu-flash-mask"
+    assert choose(call(f32, cuda=False, bias=bias, band=torch.zeros(4, 5))) == "cpu-flash-band"
+    assert choose(call(f32, cuda=False, bias=bias, dropout=0.1)) == "chunked"  # dropout: chunked
+    with pytest.raises(RuntimeError, match="cpu-flash-mask attention path cannot serve this call: the CPU flash op"):
+        choose(call(f32, bias=bias), "cpu-flash-mask")  # the mask path: CPU only
+    assert choose(call(f32, cuda=False), "cpu-flash-mask") == "sdpa"  # no positional term: the choice does not apply
 
 
 def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):
@@ -163,10 +173,10 @@ def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):
             ok = ok & (i - j <= window_size[0])
         return (s.masked_fill(~ok, float("-inf")).softmax(-1) @ v).transpose(1, 2)
 
-    monkeypatch.setattr(fused, "_flash", flash_attn_func)
+    monkeypatch.setattr(flash_attn_alibi, "_flash", flash_attn_func)
     q, k, v = _qkv(1, 4, 5, 30, 8)
     slopes = torch.tensor(alibi_slopes(4))
-    out = fused.flash_attn_alibi(q, k, v, scaling=0.3, slopes=slopes.double(), window=6)
+    out = flash_attn_alibi.flash_attn_alibi(q, k, v, scaling=0.3, slopes=slopes.double(), window=6)
     assert calls == {"causal": True, "window_size": (5, 0), "dtype": torch.float32}
     torch.testing.assert_close(out.double(), _reference(q, k, v, 0.3, slopes, window=6, q_start=25), atol=1e-6, rtol=1e-5)
 
@@ -192,15 +202,14 @@ def test_every_linear_scheme_declares_its_slopes_truthfully():
 
 
 @pytest.mark.parametrize("scale_bias", [False, True])
-def test_a_converted_model_trains_and_runs_on_the_fused_path_and_matches_chunked(scale_bias, monkeypatch):
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)  # the user's default: auto
+def test_a_converted_model_trains_and_runs_on_the_fused_path_and_matches_chunked(scale_bias, user_kernel):
     model = retrofit.convert(TINY["gpt2"]().eval(), "alibi", scale_bias=scale_bias)
     ids = torch.randint(0, 100, (2, 200))
     mask = torch.ones_like(ids)
     mask[0, :11] = 0
     with torch.no_grad():
         fused_logits = model(ids, attention_mask=mask).logits
-        assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+        assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
         set_kernel(model, "chunked")
         chunked_logits = model(ids, attention_mask=mask).logits
     torch.testing.assert_close(fused_logits[1], chunked_logits[1], atol=1e-5, rtol=1e-5)
@@ -208,7 +217,7 @@ def test_a_converted_model_trains_and_runs_on_the_fused_path_and_matches_chunked
     set_kernel(model, "auto")
     model.train()
     model(ids, labels=ids).loss.backward()
-    assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+    assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
     assert math.isfinite(float(model.transformer.h[0].attn.c_attn.weight.grad.abs().sum()))
 
 
@@ -285,9 +294,9 @@ def test_cpu_flex_compiles_a_learned_bias_in_every_layer(monkeypatch):
     C++ error) from the second layer on, so T5/Shaw/FIRE inference silently fell to the chunked path.
     The layer now reaches bias functions as a 0-d tensor: flex runs in every layer and matches chunked."""
     pytest.importorskip("torch.nn.attention.flex_attention")
-    monkeypatch.setattr(kernel, "_flex_failed", False)
-    monkeypatch.setattr(kernel, "_flex_error", None)
-    monkeypatch.setattr(kernel, "_flex_fn", None)
+    monkeypatch.setattr(flex_path, "_failed", False)
+    monkeypatch.setattr(flex_path, "_error", None)
+    monkeypatch.setattr(flex_path, "_fn", None)
     model = retrofit.convert(TINY["gpt2"]().eval(), "t5", kernel="flex")
     x = torch.randint(3, 100, (1, 200))
     with torch.no_grad():
@@ -296,18 +305,6 @@ def test_cpu_flex_compiles_a_learned_bias_in_every_layer(monkeypatch):
         set_kernel(model, "chunked")
         chunked = model(x).logits
     torch.testing.assert_close(flex, chunked, atol=2e-5, rtol=1e-4)
-
-
-def test_the_cli_offers_every_kernel():
-    import argparse
-
-    from retrofit.cli import convert as cli_convert
-
-    parser = argparse.ArgumentParser()
-    cli_convert.add_parser(parser.add_subparsers())
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["convert"]
-    kernel_opt = next(a for a in sub._actions if "--kernel" in a.option_strings)
-    assert tuple(kernel_opt.choices) == kernel.KERNELS
 
 
 def test_only_steep_heads_are_blocked(monkeypatch):
@@ -322,9 +319,9 @@ def test_only_steep_heads_are_blocked(monkeypatch):
     slopes = torch.tensor(alibi_slopes(H))
     assert len(fused.head_groups(slopes, T)) > 1
     q, k, v = _qkv(1, H, T, T, D)
-    grouped, _ = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, kernel="fused")
+    grouped, _ = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes), "sdpa-alibi-dims")
     monkeypatch.setattr(fused, "head_groups", lambda s, t: [list(range(s.numel()))])
-    together, _ = kernel.attend(q, k, v, scaling=D**-0.5, slopes=slopes, kernel="fused")
+    together, _ = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes), "sdpa-alibi-dims")
     torch.testing.assert_close(grouped, together, atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(grouped.double(), _reference(q, k, v, D**-0.5, slopes), atol=2e-6, rtol=1e-5)
 
@@ -340,7 +337,7 @@ def test_blocked_heads_keep_no_mask_for_backward(monkeypatch):
     assert fused.block_rows(slopes, T) < T
     sizes = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-        out, _ = kernel.attend(*leaves, scaling=D**-0.5, slopes=slopes, kernel="fused")
+        out, _ = kernels.attend(Call(*leaves, scaling=D**-0.5, slopes=slopes), "sdpa-alibi-dims")
     assert max(sizes) <= B * H * T * (D + fused.parts_for(torch.float32))
     ref = _reference(*leaves, D**-0.5, slopes)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)

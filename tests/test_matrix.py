@@ -20,11 +20,11 @@ from .tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, _llama_li
 MODEL_TYPES = sorted(TINY)
 # "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
 # tests' default (chunked, conftest) would not take
-KERNEL_CASES = ["alibi@fused", "alibi+scale_bias@fused", "nope+temperature=0.4+temperature_length=8",
+KERNEL_CASES = ["alibi@auto", "alibi+scale_bias@auto", "nope+temperature=0.4+temperature_length=8",
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
-                "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@fused",
-                "alibi+scale_bias+temperature=0.3+temperature_length=8@fused", "t5@fused", "shaw@fused", "fire@fused",
-                "t5+temperature=0.4+temperature_length=8@fused", "rope+scaling=dynamic+factor=2.0+theta=100.0"]
+                "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@auto",
+                "alibi+scale_bias+temperature=0.3+temperature_length=8@auto", "t5@auto", "shaw@auto", "fire@auto",
+                "t5+temperature=0.4+temperature_length=8@auto", "rope+scaling=dynamic+factor=2.0+theta=100.0"]
 CASES = [(m, c) for m, c in itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES)
          if c.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
          or adapter_class(m).native_kind == "learned_absolute"]
@@ -37,7 +37,7 @@ def convert_case(model, case):
     extra = dict(f.split("=") if "=" in f else (f, True) for f in flags)
     extra = {k: v if v is True else _value(v) for k, v in extra.items()}
     options = {**MATRIX_OPTIONS[scheme], **extra}
-    return retrofit.convert(model, scheme, kernel=kernel or "auto", **options)
+    return retrofit.convert(model, scheme, **({"kernel": kernel} if kernel else {}), **options)
 
 
 def _value(text: str):
@@ -74,14 +74,14 @@ def test_live_and_matches_reference(model_type, scheme):
         convert_case(model, scheme)
         after = model(x).logits
         assert not torch.allclose(before, after, atol=1e-3), "patch is not live: logits unchanged"
-        if scheme.endswith("@fused"):
+        if scheme.endswith("@auto"):
             if scheme.startswith("alibi"):
-                assert retrofit.describe(model)["attention_path"] == "fused-alibi"
+                assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
             elif "temperature" in scheme or scheme.startswith("fire"):  # no band: the dense path, every layer
-                assert set(retrofit.core._state(model).paths) == {"fused-dense"}
+                assert set(retrofit.core._state(model).paths) == {"cpu-flash-mask"}
             elif model_type not in ("mistral", "starcoder2"):  # the band path, in every layer without a window
                 # shorter than the input (GPT-Neo's local layers, the tiny Mistral's 8 keys go dense)
-                assert "fused-band" in retrofit.core._state(model).paths
+                assert "cpu-flash-band" in retrofit.core._state(model).paths
         _set_attn(model, "retrofit_reference")
         ref = model(x).logits
         _set_attn(model, "retrofit")

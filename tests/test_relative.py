@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import retrofit
-from retrofit import kernel
+from retrofit import kernels
+from retrofit.kernels import Call, Relative, call, chunked
 from retrofit.cli import main
 from retrofit.errors import OptionError
 
@@ -39,11 +40,11 @@ def _inputs(B=2, H=3, T=40, D=8, n=200, seed=0, dtype=torch.float32, shared=Fals
 @pytest.mark.parametrize("shared", [False, True])
 def test_chunked_relative_logits_equal_the_plain_computation(monkeypatch, positions, shared):
     """Several chunks (a small chunk budget), consecutive slots and PoSE-like skips between positions."""
-    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 2 * 3 * 2 * 40 * 9)  # ~9 rows per chunk
+    monkeypatch.setattr(call, "CHUNK_ELEMENTS", 2 * 3 * 2 * 40 * 9)  # ~9 rows per chunk
     q, k, v, rel_q, rel_keys = _inputs(shared=shared)
     pos = torch.arange(40) if positions == "slots" else torch.cat([torch.arange(10), torch.arange(60, 75), torch.arange(170, 185)])
-    rel = kernel.Relative(rel_q, rel_keys, None if positions == "slots" else pos)
-    out, path = kernel.attend(q, k, v, scaling=0.35, relative=rel)
+    rel = Relative(rel_q, rel_keys, None if positions == "slots" else pos)
+    out, path = kernels.attend(Call(q, k, v, scaling=0.35, relative=rel))
     assert path == "chunked"
     torch.testing.assert_close(out.double(), plain_relative(q, k, v, rel_q, rel_keys, pos, 0.35), atol=1e-5, rtol=1e-5)
 
@@ -51,7 +52,7 @@ def test_chunked_relative_logits_equal_the_plain_computation(monkeypatch, positi
 def test_relative_logits_with_a_window_and_a_cached_prefix():
     q, k, v, rel_q, rel_keys = _inputs(T=40)
     qs, rq = q[:, :, -7:], rel_q[:, :, -7:]  # 7 new queries over 40 keys (33 cached)
-    out, _ = kernel.attend(qs, k, v, scaling=0.35, q_start=33, window=12, relative=kernel.Relative(rq, rel_keys))
+    out, _ = kernels.attend(Call(qs, k, v, scaling=0.35, q_start=33, window=12, relative=Relative(rq, rel_keys)))
     ref = plain_relative(qs, k, v, rq, rel_keys, torch.arange(40), 0.35, window=12)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
@@ -59,16 +60,16 @@ def test_relative_logits_with_a_window_and_a_cached_prefix():
 @pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
 def test_relative_logits_in_half_precision(dtype, atol):
     q, k, v, rel_q, rel_keys = _inputs(dtype=dtype)
-    out, _ = kernel.attend(q, k, v, scaling=0.35, relative=kernel.Relative(rel_q, rel_keys))
+    out, _ = kernels.attend(Call(q, k, v, scaling=0.35, relative=Relative(rel_q, rel_keys)))
     assert out.dtype == dtype
     ref = plain_relative(q, k, v, rel_q, rel_keys, torch.arange(40), 0.35)
     torch.testing.assert_close(out.double(), ref, atol=atol, rtol=atol)
 
 
 def test_gradients_through_checkpointed_chunks_equal_the_plain_computation(monkeypatch):
-    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 2 * 3 * 2 * 40 * 9)
+    monkeypatch.setattr(call, "CHUNK_ELEMENTS", 2 * 3 * 2 * 40 * 9)
     leaves = [t.requires_grad_() for t in _inputs()]
-    out, _ = kernel.attend(*leaves[:3], scaling=0.35, relative=kernel.Relative(leaves[3], leaves[4]))
+    out, _ = kernels.attend(Call(*leaves[:3], scaling=0.35, relative=Relative(leaves[3], leaves[4])))
     grads = torch.autograd.grad(out.pow(2).sum(), leaves)
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
     ref = plain_relative(*ref_leaves, torch.arange(40), 0.35)
@@ -80,18 +81,18 @@ def test_gradients_through_checkpointed_chunks_equal_the_plain_computation(monke
 def test_each_chunk_scores_its_own_distances_only(monkeypatch):
     """Memory linear in N: no (H, N, N) term; each chunk's per-distance logits span at most C + Tc - 1."""
     seen = []
-    real = kernel._relative_logits
+    real = chunked.relative_logits
 
     def spy(rel_q, rel_keys, q_pos, k_pos, scaling, dtype):
         out = real(rel_q, rel_keys, q_pos, k_pos, scaling, dtype)
         seen.append((rel_q.shape[-2], len(k_pos), out.shape))
         return out
 
-    monkeypatch.setattr(kernel, "_relative_logits", spy)
-    monkeypatch.setattr(kernel, "CHUNK_ELEMENTS", 1 << 18)
+    monkeypatch.setattr(chunked, "relative_logits", spy)
+    monkeypatch.setattr(call, "CHUNK_ELEMENTS", 1 << 18)
     N = 2048
     q, k, v, rel_q, rel_keys = _inputs(B=1, H=2, T=N, D=4, n=N)
-    kernel.attend(q, k, v, scaling=0.5, relative=kernel.Relative(rel_q, rel_keys))
+    kernels.attend(Call(q, k, v, scaling=0.5, relative=Relative(rel_q, rel_keys)))
     assert len(seen) > 8 and max(c for c, _, _ in seen) * N * 2 * 2 <= 1 << 18
     assert all(shape == (1, 2, c, tc) for c, tc, shape in seen)
 
@@ -135,7 +136,8 @@ def test_generate_with_cache_equals_recompute_past_the_native_length():
     assert torch.equal(full[0, NATIVE - 1 :].argmax(-1), out[0, NATIVE:])
 
 
-@pytest.mark.parametrize("scheme,kernel_name", [("xl", "flex"), ("nezha", "fused"), ("xl", "fused"), ("rope", "fused")])
+@pytest.mark.parametrize("scheme,kernel_name", [("xl", "flex"), ("nezha", "cpu-flash-mask"), ("xl", "sdpa-alibi-dims"),
+                                                ("rope", "cpu-flash-band")])
 def test_a_kernel_that_cannot_serve_the_scheme_is_refused_at_convert(scheme, kernel_name):
     model = TINY["gpt2"]()
     with pytest.raises(OptionError, match=f"kernel '{kernel_name}'"):

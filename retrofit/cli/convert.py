@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 
+from ..errors import OptionError
 from ..run_folder import CALIBRATE
 from ..training.recipe import CalibrateConfig
 
@@ -14,6 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def _scheme_help() -> str:
+    from .. import kernels
     from ..encodings import SCHEMES
     from ..encodings.base import common_option_help
 
@@ -24,11 +26,22 @@ def _scheme_help() -> str:
             lines.append(f"      {key}: {text}")
     lines.append("  every scheme also takes:")
     lines += [f"      {key}: {text}" for key, text in common_option_help().items()]
+    lines.append(kernels.help_text())
     from ..sources import supported_architectures
 
     lines.append("architectures: " + supported_architectures())
     lines.append(_builtin_help())
     return "\n".join(lines)
+
+
+def _kernel(name: str) -> str:
+    """--kernel: a choice of the path table (``retrofit.kernels``), by its current name."""
+    from .. import kernels
+
+    try:
+        return kernels.check(name)
+    except OptionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _builtin_help() -> str:
@@ -56,9 +69,9 @@ def add_parser(sub) -> None:
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="scheme option, repeatable")
     p.add_argument("--dtype", default=None, help="load dtype: float32, bfloat16, float16, auto")
-    p.add_argument("--kernel", default="auto", choices=["auto", "fused", "flex", "chunked"],
-                   help="attention path for bias schemes: auto picks per call (recorded in describe); fused serves "
-                        "alibi, and t5/shaw on CPU; chunked serves every scheme")
+    p.add_argument("--kernel", default="auto", type=_kernel, metavar="PATH",
+                   help="attention path: auto picks per call (recorded in describe), or one of the kernels "
+                        "listed below (saved with the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     p.add_argument("--force", action="store_true",
                    help="convert a retrofit checkpoint again (its scheme is reverted first)")

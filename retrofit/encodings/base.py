@@ -203,7 +203,7 @@ class Scheme(nn.Module):
 
     def distance_band(self, layer: int) -> torch.Tensor | None:
         """(H, K + 1) values b when ``bias(layer, h, i, j) == b[h, min(i - j, K)]`` for every i >= j exactly (a
-        distance bias flat from K on: ``band.attend_band`` serves it through the fused kernel); None otherwise."""
+        distance bias flat from K on: the ``cpu-flash-band`` path serves it through the CPU flash op); None otherwise."""
         return None
 
     def rotate(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ a Fixed-Length Context", sec. 3.3). The score of query i and key j is
 (times the usual 1/sqrt(d)): content, query-dependent position, global content bias ``u`` and global
 position bias ``v`` (per head), with R_d a fixed sinusoid of the distance and W_R a learned projection
 to every head's key space. The positional term depends on the query, so this is a ``"relative"`` scheme:
-the kernel builds each query chunk's (B, H, C, C + Tc) distance logits and gathers them (``kernel.Relative``),
+the kernel builds each query chunk's (B, H, C, C + Tc) distance logits and gathers them (``kernels.Relative``),
 never an H x N x N tensor.
 
 Options: ``dim`` (width of R; default the head dim, where the paper used the model width: a smaller

@@ -1,4 +1,4 @@
-"""ALiBi through the stock fused SDPA kernel: the bias rides as extra dimensions of q and k.
+"""``sdpa-alibi-dims``: ALiBi through the stock fused SDPA kernel: the bias rides as extra dimensions of q and k.
 
 Under a causal softmax, ALiBi's term ``-m_h * (i - j)`` equals ``m_h * (j - c)`` up to the per-row
 constant ``m_h * (c - i)``, which the softmax ignores. ``m_h * (j - c)`` is a dot product: append
@@ -12,7 +12,7 @@ size ``m * |j - c|`` loses ``2^-24 * m * |j - c|``. Only keys near a query matte
 decayed to nothing by the bias), so the error is set by the distance between a query and its
 block's centre ``c``: queries go in blocks of at most ``MAX_SPAN / m`` rows, each block with its
 own centre (one block with ``is_causal`` when the whole sequence fits; a later block on CPU as the keys
-before it plus its own causal square, merged by log-sum-exp (``flash.rectangle_then_square``); else a
+before it plus its own causal square, merged by log-sum-exp (``cpu_flash.rectangle_then_square``); else a
 boolean (C, Tk) mask per block, which SDPA keeps for backward). Heads are grouped by the blocks they need (``head_groups``): at 8k tokens only the
 steepest one or two heads of a 12-head model are blocked, the others run as one causal square.
 ``MAX_SPAN`` = 2048 bounds the error once a block is that wide (from ~2k tokens on): in fp32 the output
@@ -20,8 +20,7 @@ stays within 2e-4 of an fp64 reference at any length (measured max 3.6e-5 at 1k,
 at 4k and 8k, 12 heads; ``scripts/measure_fused_alibi.py``, ``benchmarks/fused_alibi_precision.json``;
 tested at 8k). The chunked path stays within ~1.5e-6. bf16/fp16 stay at their own rounding.
 
-On CUDA with FlashAttention 2 installed, half-precision inputs go through its ``alibi_slopes``
-instead (``flash_attn_alibi``).
+On CUDA with FlashAttention 2 installed, auto takes ``flash-attn-alibi`` for half-precision inputs instead.
 """
 
 from __future__ import annotations
@@ -32,10 +31,24 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import flash
+from . import cpu_flash
+from .call import Call, chunk_rows
 
 MAX_SPAN = 2048.0  # rows per query block x steepest slope (fp32 accumulation error ~ 2^-24 * span / 2)
 MIN_ROWS = 64  # never smaller blocks (a slope above MAX_SPAN / 64 = 32 is not ALiBi)
+
+
+def serves(c: Call) -> str | None:
+    if c.slopes is None:  # (also dropped for a row scale in half precision: the q side would round tau)
+        return "no ALiBi slopes (a bias linear in the distance)"
+    return None
+
+
+def run(c: Call) -> torch.Tensor:
+    # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
+    cap = chunk_rows(c.q.shape[1], c.Tq, c.Tk) if c.dropout > 0 and not c.q.is_cuda else None
+    return attend_alibi(c.q, c.k, c.v, scaling=c.scaling, slopes=c.slopes, key_padding=c.key_padding,
+                        window=c.window, q_start=c.q_start, dropout=c.dropout, max_rows=cap, row_scale=c.row_scale)
 
 
 def parts_for(dtype: torch.dtype) -> int:
@@ -89,14 +102,14 @@ def _heads(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
 def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_start=0, dropout=0.0,
                  max_rows: int | None = None, row_scale: torch.Tensor | None = None):
     """Causal attention with bias ``-slopes[h] * (i - j)``: q (B, H, Tq, D), k/v (B, H, Tk, D), query r at
-    position q_start + r. key_padding (B, Tk) bool, True = real token; window as in ``kernel.attend``.
+    position q_start + r. key_padding (B, Tk) bool, True = real token; window as in ``Call``.
 
     ``max_rows`` caps the rows per block where the kernel falls back to materialising the scores
     (CPU SDPA with dropout runs the math path): then each block's scores are at most (H, max_rows, Tk)
     and, under grad, each block is checkpointed so backward never holds them all (linear memory).
 
     ``row_scale`` (B, Tq) fp32 multiplies query r's bias (a temperature): the q side of the extra dims
-    carries ``2^p * tau_r`` instead of ``2^p``, so inputs of at least fp32 only (``kernel.choose_path``)."""
+    carries ``2^p * tau_r`` instead of ``2^p``, so inputs of at least fp32 only (``Call``)."""
     B, H, Tq, D = q.shape
     groups = head_groups(slopes, Tq)
     if len(groups) > 1:  # steep heads in blocks, the rest as one causal square
@@ -141,9 +154,9 @@ def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, wid
     qx = torch.cat([qb, q_side], dim=-1)  # (B, H, C, D+P)
     kx = torch.cat([k[:, :, lo:hi], dims.unsqueeze(0).expand(B, H, hi - lo, parts)], dim=-1)  # (B, H, Tc, D+P)
     qx, kx = _pad_to(qx, width), _pad_to(kx, width)
-    if i0 > 0 and C > 1 and key_padding is None and not window and not dropout and flash.available(qx):
+    if i0 > 0 and C > 1 and key_padding is None and not window and not dropout and cpu_flash.available(qx):
         # keys before the block, then its own causal square: no (C, Tc) mask is built or kept
-        out = flash.rectangle_then_square(qx, kx[:, :, :i0], v_wide[:, :, :i0], kx[:, :, i0:hi], v_wide[:, :, i0:hi],
+        out = cpu_flash.rectangle_then_square(qx, kx[:, :, :i0], v_wide[:, :, :i0], kx[:, :, i0:hi], v_wide[:, :, i0:hi],
                                           scaling)
         return out[..., :D]
     mask = _block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
@@ -169,34 +182,3 @@ def _block_mask(i0, i1, lo, hi, key_padding, window, device):
         pad = key_padding[:, lo:hi].bool()[:, None, None, :]  # (B, 1, 1, Tc)
         allowed = (allowed & pad) | (rel == 0)  # a padded query still sees itself: no all-masked rows
     return allowed
-
-
-# ---- FlashAttention 2 (CUDA, fp16/bf16) ------------------------------------------------------
-
-_flash = None
-_flash_checked = False
-
-
-def flash_attn_available() -> bool:
-    global _flash, _flash_checked
-    if not _flash_checked:
-        _flash_checked = True
-        try:
-            from flash_attn import flash_attn_func
-
-            _flash = flash_attn_func
-        except Exception:  # not installed, or built for another torch/CUDA
-            _flash = None
-    return _flash is not None
-
-
-def flash_attn_alibi(q, k, v, *, scaling, slopes, window=None, dropout=0.0):
-    """FlashAttention 2 with ``alibi_slopes``: it adds ``-m_h * |i + Tk - Tq - j|`` to the scaled score,
-    causal and bottom-right aligned (a cached prefix is simply the first Tk - Tq keys)."""
-    # flash_attn takes (B, T, H, D)
-    out = _flash(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout, softmax_scale=scaling,
-        causal=True, window_size=(window - 1, 0) if window else (-1, -1),
-        alibi_slopes=slopes.to(device=q.device, dtype=torch.float32).contiguous(),
-    )
-    return out.transpose(1, 2)

@@ -1,5 +1,5 @@
-"""A distance bias that goes flat past a reach K (T5 buckets, Shaw's clipped table), through the stock
-fused causal kernel.
+"""``cpu-flash-band``: a distance bias that goes flat past a reach K (T5 buckets, Shaw's clipped table),
+through the stock fused causal kernel.
 
 Such a bias is ``b_h(i - j) = c_h + g_h(i - j)`` with ``c_h = b_h(K)`` and ``g_h(d) = 0`` for ``d >= K``.
 Under the softmax the per-row constant ``c_h`` cancels, so only the band of the last K keys of each
@@ -17,7 +17,7 @@ merged output and log-sum-exp it returns each piece's exact gradients); the bias
 is read off the band's K entries per query, block by block. Saved for backward: q, k, v, the output and
 the log-sum-exp (O(N)).
 
-CPU only (``flash.available``): CUDA takes flex for these biases. Full causal self-attention only (no cache
+CPU only (``cpu_flash.available``): CUDA takes flex for these biases. Full causal self-attention only (no cache
 offset, padding, window, dropout or per-row scale); the caller picks another path otherwise.
 """
 
@@ -26,10 +26,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import flash
+from . import cpu_flash, cpu_flash_mask
+from .call import Call
 
 ROWS = 128  # queries per band block
 GROUP_ELEMENTS = 1 << 24  # max elements of one group's windows, and of its scores in the bias gradient (64 MiB fp32)
+
+
+def serves(c: Call) -> str | None:
+    if c.band is None:
+        return "no distance table flat past a reach (T5, Shaw)"
+    if not c.full or c.masked or c.row_scale is not None:
+        return "not full causal self-attention without padding, window or per-row scale"
+    return cpu_flash_mask.serves(c)  # a bias, the CPU flash op, no dropout
+
+
+def run(c: Call) -> torch.Tensor:
+    return attend_band(c.q, c.k, c.v, scaling=c.scaling, band=c.band)
 
 
 def attend_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float,
@@ -121,14 +134,14 @@ class _Band(torch.autograd.Function):
         qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
         for piece in lay.pieces():  # the band: blocks of queries over their windows, with the bias as a mask
             lo = piece[1] or 0
-            o, s = flash.forward(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
+            o, s = cpu_flash.forward(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
                                  bias[..., lo:].contiguous(), causal=False)
             lay.put(out, piece, o)
             lay.put(lse, piece, s)
         out, lse = out.view(B, H, -1, D)[:, :, :N], lse.view(B, H, -1)[:, :, :N]
         if N > K:  # far keys: queries K.. over keys ..N-K, a causal square; merged by log-sum-exp
-            far_out, far_lse = flash.forward(q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K], scaling)
-            out[:, :, K:], lse[:, :, K:] = flash.merge(far_out, far_lse, out[:, :, K:], lse[:, :, K:])
+            far_out, far_lse = cpu_flash.forward(q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K], scaling)
+            out[:, :, K:], lse[:, :, K:] = cpu_flash.merge(far_out, far_lse, out[:, :, K:], lse[:, :, K:])
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, g, out, lse.contiguous())
         ctx.scaling = scaling
@@ -148,14 +161,14 @@ class _Band(torch.autograd.Function):
         bias = lay.bias(g)
         for piece in lay.pieces():  # the band's gradients, from the merged output and lse
             lo = piece[1] or 0
-            grads = flash.backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
+            grads = cpu_flash.backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
                                     lay.take(vw, piece, lo), lay.take(ob, piece), lay.take(lb, piece).contiguous(),
                                     scaling, bias[..., lo:].contiguous(), causal=False)
             for acc, grad in zip((dqb, dkw, dvw), grads):
                 lay.put(acc, piece, grad)
         dq, dk, dv = dqb.view(B, H, -1, D)[:, :, :N], lay.fold(dkw), lay.fold(dvw)
         if N > K:  # the far square's exact gradients, from the merged output and log-sum-exp
-            far = flash.backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
+            far = cpu_flash.backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
                                   out[:, :, K:].contiguous(), lse[:, :, K:].contiguous(), scaling)
             dq[:, :, K:] += far[0]
             dk[:, :, : N - K] += far[1]

@@ -1,5 +1,5 @@
-"""A bias of any shape (FIRE's query-normalised distance; T5/Shaw/ALiBi with a block's own positions or a
-temperature) through the CPU flash kernel, one block of queries at a time.
+"""``cpu-flash-mask``: a bias of any shape (FIRE's query-normalised distance; T5/Shaw/ALiBi with a block's own
+positions or a temperature) through the CPU flash kernel as its float mask, one block of queries at a time.
 
 Each block of C queries attends over the keys it can see, with its own (H, C, Tc) bias as the kernel's
 float mask (``block_bias``: the scheme's bias, the causal, window and padding masks as -inf, a per-row
@@ -12,23 +12,39 @@ when a parameter of the bias needs a gradient, the bias's gradient dS = P (dP - 
 block's recomputed scores, pushed through the block's bias rebuilt under autograd to the parameters
 (FIRE's MLP, c and threshold; T5's or Shaw's table).
 
-CPU only (``flash.available``), no dropout; any cache offset, padding or window.
+CPU only (``cpu_flash.available``), no dropout; any cache offset, padding or window.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from . import flash
+from . import cpu_flash
+from .call import BiasFn, Call, chunk_rows
 
 ROWS = 128  # queries per block, at most
 BLOCK_ELEMENTS = 1 << 21  # a block's (B, H, C, Tc) mask stays near this size: with 12 heads C leaves 128
 # rows past ~1.4k keys and reaches 32 past ~2.7k
 MIN_ROWS = 32  # the CPU flash kernel's own query split; fewer rows only add calls
 
-BiasFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (h, q_pos, k_pos) -> bias
+
+def serves(c: Call) -> str | None:
+    if c.bias is None:
+        return "no score bias"
+    if c.dropout > 0:
+        return "attention dropout (the CPU flash op's mask path takes none)"
+    if not cpu_flash.available(c.q):
+        return "the CPU flash op is missing for this device or dtype (CUDA, float64, an old torch)"
+    return None
+
+
+def run(c: Call) -> torch.Tensor:
+    rows = chunk_rows(c.q.shape[0] * c.q.shape[1], c.Tq, c.Tk)
+    return attend_dense(c.q, c.k, c.v, scaling=c.scaling, bias=c.bias, params=c.bias_params,
+                        key_padding=c.key_padding, window=c.window, q_start=c.q_start, row_scale=c.row_scale,
+                        max_rows=rows)
 
 
 def block_bias(bias: BiasFn | None, H: int, q0: int, C: int, k0: int, Tc: int, device, dtype=torch.float32,
@@ -102,7 +118,7 @@ class _Dense(torch.autograd.Function):
         lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
         for s, e, lo, hi in _blocks(spec, Tq):
             mask = _mask(spec, H, s, e, lo, hi, q.device).expand(B, -1, -1, -1)
-            out[:, :, s:e], lse[:, :, s:e] = flash.forward(qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], scaling,
+            out[:, :, s:e], lse[:, :, s:e] = cpu_flash.forward(qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], scaling,
                                                           mask, causal=False)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, *params)
@@ -124,7 +140,7 @@ class _Dense(torch.autograd.Function):
             with torch.enable_grad():
                 mask = _mask(spec, H, s, e, lo, hi, q.device)
             fixed = mask.detach()
-            g = flash.backward(dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False)
+            g = cpu_flash.backward(dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False)
             dq[:, :, s:e] += g[0]
             dk[:, :, lo:hi] += g[1]
             dv[:, :, lo:hi] += g[2]

@@ -1,0 +1,108 @@
+"""The attention paths as one ordered table (``PATHS``): each row names what runs, says whether it serves a
+call (or why not) and runs it. ``attention.py`` builds one ``Call`` per attention call and hands it to
+``attend`` with the model's kernel choice (``RetrofitState.kernel``, saved with the checkpoint):
+
+- ``auto``: the first row that serves the call (and that auto finds worth it: flex only for long calls);
+- a row's name: that row, or an error saying why it cannot serve the call. A call with no positional term
+  (RoPE, absolute, no positions) takes the first row that serves it whatever the choice: the choice is about
+  how the positional term runs.
+
+The path that ran is recorded per call (``describe(model)["attention_path"]``). A new path is one module
+here (``serves(call)``, ``run(call)``) and one row. ``RENAMED`` maps the names of earlier releases (saved in
+checkpoints and recipes) to these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import OptionError
+from . import chunked, cpu_flash_band, cpu_flash_mask, flash_attn_alibi, flex, sdpa, sdpa_alibi_dims
+from .call import Call, Relative, Unavailable  # noqa: F401  (the record attention.py builds)
+
+POSITION_FREE = ("none", "rotary", "absolute")  # scheme kinds with no positional term in the scores
+BIAS = ("bias",)
+
+
+@dataclass(frozen=True)
+class Path:
+    name: str
+    serves: Callable[[Call], str | None]  # None: it serves the call; else why not
+    run: Callable[[Call], torch.Tensor]  # the call's output (B, H, Tq, D)
+    kinds: tuple[str, ...]  # the scheme kinds a model may name it for
+    doc: str
+    worth: Callable[[Call], bool] = lambda c: True  # auto takes it only where this holds too
+    grouped: bool = False  # takes grouped-query keys (Hkv < H) as they are
+
+
+PATHS = (
+    Path("sdpa", sdpa.serves, sdpa.run, POSITION_FREE, "stock SDPA: no positional term in the scores", grouped=True),
+    Path("flash-attn-alibi", flash_attn_alibi.serves, flash_attn_alibi.run, BIAS,
+         "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)"),
+    Path("sdpa-alibi-dims", sdpa_alibi_dims.serves, sdpa_alibi_dims.run, BIAS,
+         "ALiBi as extra q/k dimensions through the stock fused SDPA kernel, forward and backward"),
+    Path("cpu-flash-band", cpu_flash_band.serves, cpu_flash_band.run, BIAS,
+         "T5/Shaw: the far keys as a causal square plus a band of the last K keys, CPU flash op (CPU, no dropout)"),
+    Path("cpu-flash-mask", cpu_flash_mask.serves, cpu_flash_mask.run, BIAS,
+         "any bias as the CPU flash op's float mask, block by block (CPU, no dropout)"),
+    Path("flex", flex.serves, flex.run, BIAS, "compiled flex_attention, the bias as a score_mod (CUDA; CPU inference)",
+         worth=flex.worth),
+    Path("chunked", chunked.serves, chunked.run, POSITION_FREE + BIAS + ("relative",),
+         "query-chunked SDPA with each chunk's own bias or relative logits: serves every call"),
+)
+BY_NAME = {p.name: p for p in PATHS}
+CHOICES = ("auto", *BY_NAME)  # what a model's kernel may be
+RENAMED = {  # names of earlier releases -> these (kernel choices, and recorded paths in old benchmark files)
+    "fused": "auto",  # "the fused paths where they run, chunked elsewhere": on CPU, what auto picks for a bias
+    "fused-alibi": "sdpa-alibi-dims",
+    "fused-band": "cpu-flash-band",
+    "fused-dense": "cpu-flash-mask",
+    "sdpa-causal": "sdpa",
+}
+
+
+def check(kernel: str, kind: str | None = None) -> str:
+    """A kernel choice, validated where it is set (convert, ``set_kernel``, the CLI): its current name, for a
+    scheme of ``kind``. OptionError for an unknown name or a path that cannot serve such a scheme."""
+    name = RENAMED.get(kernel, kernel)
+    if name not in CHOICES:
+        raise OptionError(f"kernel must be one of {', '.join(CHOICES)}; got {kernel!r}")
+    if name != "auto" and kind is not None and kind not in BY_NAME[name].kinds:
+        raise OptionError(f"kernel {kernel!r} ({BY_NAME[name].doc}) cannot serve a {kind} scheme; "
+                          "use kernel auto or chunked")
+    return name
+
+
+def choose(call: Call, kernel: str = "auto") -> Path:
+    """The row that runs ``call`` for a model whose kernel choice is ``kernel`` (already ``check``ed)."""
+    if kernel == "auto" or not call.positional:
+        return next(p for p in PATHS if p.serves(call) is None and p.worth(call))
+    path = BY_NAME[kernel]
+    why = path.serves(call)
+    if why is not None:
+        raise RuntimeError(f"the {kernel} attention path cannot serve this call: {why}; use kernel auto or chunked")
+    return path
+
+
+def attend(call: Call, kernel: str = "auto") -> tuple[torch.Tensor, str]:
+    """(output (B, H, Tq, D), the path that ran). Auto goes on to the last row (chunked) when the chosen one
+    cannot run in this process (``Unavailable``: flex without a compiler, or after it failed)."""
+    path = choose(call, kernel)
+    if not path.grouped:
+        call = call.full_heads()
+    try:
+        return path.run(call), path.name
+    except Unavailable as e:
+        if kernel != "auto":
+            raise
+        return PATHS[-1].run(call), f"{PATHS[-1].name} ({e.label})"
+
+
+def help_text() -> str:
+    """The kernel choices for ``--help``, from the table."""
+    lines = ["kernels (--kernel): auto takes the first of these that serves each call; a name forces that path"]
+    lines += [f"  {p.name}: {p.doc}" for p in PATHS]
+    return "\n".join(lines)

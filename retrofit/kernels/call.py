@@ -1,0 +1,112 @@
+"""One attention call as one record: q, k, v and every hint a path may use (``Call``). ``attention.py``
+builds it once per call; the table (``retrofit/kernels/__init__.py``) hands it to the first path that serves it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+BiasFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (h, q_pos, k_pos) -> bias
+CHUNK_ELEMENTS = 1 << 25  # max elements of one chunk's (H, C, Tk) score tensor (128 MiB in fp32)
+
+
+class Unavailable(RuntimeError):
+    """A path that cannot run in this process (flex: no compiler, or it failed); ``label`` says which."""
+
+    def __init__(self, label: str, message: str):
+        super().__init__(message)
+        self.label = label
+
+
+@dataclass
+class Relative:
+    """A query-dependent positional term (Transformer-XL, NEZHA): the logit of query i and key j gains
+    ``query[i] . keys[d]`` (times ``scaling``), d = pos[i] - pos[j]. Built per query chunk from the chunk's
+    distances only: (B, H, C, C + Tc) logits, never H x N x N, so memory stays linear in N."""
+
+    query: torch.Tensor  # (B, H, Tq, D) the position-side query (Transformer-XL: q + v), scaled like q
+    keys: torch.Tensor  # (H or 1, n, D) one vector per distance 0 .. n - 1
+    positions: torch.Tensor | None = None  # (Tk,) the key slots' positions (a block's own); None: slot indices
+
+
+@dataclass
+class Call:
+    """Causal attention of q over k, v; query i sits at key slot ``q_start + i``. Normalised on creation:
+    an all-real padding mask, a window every key of the call is within, and a row scale without a bias
+    are dropped; half-precision q with a row scale drops the slopes (the dims path would round tau)."""
+
+    q: torch.Tensor  # (B, H, Tq, D)
+    k: torch.Tensor  # (B, H or Hkv, Tk, D): grouped-query keys (Hkv < H) as they are
+    v: torch.Tensor  # (B, H or Hkv, Tk, D)
+    scaling: float
+    bias: BiasFn | None = None  # bias(h, i, j) added to the scores, i and j slot indices
+    bias_params: tuple[torch.Tensor, ...] = ()  # the tensors ``bias`` is computed from (for their gradients)
+    slopes: torch.Tensor | None = None  # (H,) when bias(h, i, j) == -slopes[h] * (i - j) exactly (ALiBi)
+    band: torch.Tensor | None = None  # (H, K + 1) when bias(h, i, j) == band[h, min(i - j, K)] exactly (T5, Shaw)
+    row_scale: torch.Tensor | None = None  # (B or 1, Tq) multiplies query row i's bias (a temperature) -> (B, Tq)
+    relative: Relative | None = None  # a query-dependent term added to the logits
+    key_padding: torch.Tensor | None = None  # (B, Tk) bool, True = real token
+    window: int | None = None  # keys with i - j >= window are masked
+    q_start: int = 0
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.row_scale is not None and self.bias is not None:
+            if self.q.dtype not in (torch.float32, torch.float64):
+                self.slopes = None  # the dims path's q side would round tau in half precision
+            self.row_scale = self.row_scale.to(torch.float32).expand(self.q.shape[0], self.Tq)  # (B, Tq)
+        else:
+            self.row_scale = None
+        if self.key_padding is not None and bool(self.key_padding.all()):
+            self.key_padding = None
+        if self.window and self.q_start + self.Tq <= self.window:  # every key of this call is within the window
+            self.window = None
+
+    @property
+    def Tq(self) -> int:
+        return self.q.shape[-2]
+
+    @property
+    def Tk(self) -> int:
+        return self.k.shape[-2]
+
+    @property
+    def positional(self) -> bool:
+        """A positional term enters the scores (a bias, its slopes or band, a relative term): the model's kernel
+        choice applies."""
+        return any(x is not None for x in (self.bias, self.slopes, self.band, self.relative))
+
+    @property
+    def masked(self) -> bool:
+        return self.key_padding is not None or bool(self.window)
+
+    @property
+    def full(self) -> bool:
+        """Full causal self-attention: no cached prefix, more than one query."""
+        return self.q_start == 0 and self.Tq == self.Tk > 1
+
+    @property
+    def grad(self) -> bool:
+        return torch.is_grad_enabled() and self.q.requires_grad
+
+    def rows(self, idx: torch.Tensor, bias: BiasFn) -> Call:
+        """The call of batch rows ``idx`` with a bias of their own (rows moved by the same shift)."""
+        pick = lambda t: None if t is None else t[idx] if t.shape[0] > 1 else t  # noqa: E731
+        return dataclasses.replace(self, q=self.q[idx], k=self.k[idx], v=self.v[idx], bias=bias,
+                                   key_padding=pick(self.key_padding), row_scale=pick(self.row_scale))
+
+    def full_heads(self) -> Call:
+        """Grouped-query keys repeated per head: (B, Hkv, Tk, D) -> (B, H, Tk, D)."""
+        H, Hkv = self.q.shape[1], self.k.shape[1]
+        if H == Hkv:
+            return self
+        k, v = (x.repeat_interleave(H // Hkv, dim=1) for x in (self.k, self.v))
+        return dataclasses.replace(self, k=k, v=v)
+
+
+def chunk_rows(H: int, Tq: int, Tk: int) -> int:
+    """Query rows per chunk so that one (H, C, Tk) score tensor stays under ``CHUNK_ELEMENTS`` (at least 16)."""
+    return max(16, min(Tq, CHUNK_ELEMENTS // max(1, H * Tk)))

@@ -1,0 +1,85 @@
+"""``chunked``: query-chunked SDPA, the path that serves every call. Each chunk builds its own (H, C, Tk) bias
+(or relative logits), so memory is O(H * C * N), linear in N. Exact in any dtype (half inputs are scored in
+fp32 when there is a positional term). Under grad each chunk is checkpointed, so backward never holds every
+chunk's bias."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .call import Call, chunk_rows
+from .cpu_flash_mask import block_bias
+
+
+def serves(c: Call) -> str | None:
+    return None  # any bias, relative term, padding, window, cache, dropout, dtype, device
+
+
+def run(c: Call) -> torch.Tensor:
+    """The call, one chunk of queries at a time: (B, H, Tq, D)."""
+    return attend_chunked(c.q, c.k, c.v, c.scaling, c.bias, c.key_padding, c.window, c.q_start, c.dropout,
+                          c.row_scale, c.relative)
+
+
+def attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale=None, relative=None):
+    """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D); each chunk builds its own (H, C, Tk) bias."""
+    B, H, Tq, D = q.shape
+    rows = chunk_rows(H, Tq, k.shape[-2])
+    if relative is not None:  # per batch row, over the chunk's distances: C + Tc, or a block's own span
+        span = k.shape[-2] if relative.positions is None else int(relative.keys.shape[1])
+        rows = chunk_rows(H * B, Tq, k.shape[-2] + span)
+    use_ckpt = torch.is_grad_enabled() and rows < Tq and (q.requires_grad or k.requires_grad or v.requires_grad)
+    outs = []
+    for s in range(0, Tq, rows):
+        e = min(Tq, s + rows)
+        # keys this chunk can see: [lo, hi) (causal upper bound, window lower bound)
+        hi = q_start + e
+        lo = max(0, q_start + s - window + 1) if window else 0
+        rows_scale = None if row_scale is None else row_scale[:, s:e]
+        rel = () if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
+        args = (q[:, :, s:e], k[:, :, lo:hi], v[:, :, lo:hi], q_start + s, lo, scaling, bias, key_padding, window, dropout,
+                rows_scale, *rel)
+        outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
+    return torch.cat(outs, dim=2)
+
+
+def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_scale=None, rel_q=None, rel_keys=None,
+           positions=None):
+    # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
+    C, Tc = qc.shape[-2], kc.shape[-2]
+    compute_dtype = qc.dtype
+    if bias is not None:
+        if qc.dtype in (torch.float16, torch.bfloat16):
+            compute_dtype = torch.float32  # the bias is large at long range: score it in fp32
+        mask = block_bias(bias, qc.shape[1], q0, C, k0, Tc, qc.device, compute_dtype, key_padding, window,
+                                row_scale)  # (1 or B, H, C, Tc)
+    elif rel_q is not None:
+        if qc.dtype in (torch.float16, torch.bfloat16):
+            compute_dtype = torch.float32
+        q_pos, k_pos = torch.arange(q0, q0 + C, device=qc.device), torch.arange(k0, k0 + Tc, device=qc.device)
+        if positions is not None:  # a block's own positions (PoSE, randomized)
+            q_pos, k_pos = positions[q0 : q0 + C], positions[k0 : k0 + Tc]
+        mask = relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype)  # (B, H, C, Tc)
+        mask = mask.masked_fill(~block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding,
+                                                  window=window), float("-inf"))
+    else:
+        mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window)
+    out = F.scaled_dot_product_attention(
+        qc.to(compute_dtype), kc.to(compute_dtype), vc.to(compute_dtype), attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    return out.to(qc.dtype)
+
+
+def relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, dtype):
+    """``rel_q[i] . rel_keys[pos_i - pos_j] * scaling`` for one chunk: rel_q (B, H, C, D), rel_keys (H or 1, n, D),
+    q_pos (C,), k_pos (Tc,) -> (B, H, C, Tc). One matmul against the chunk's distinct distances (at most
+    C + Tc - 1 for consecutive positions), then a gather (the rel-shift of Transformer-XL, written as an index)."""
+    dist = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)  # (C, Tc); future keys are masked anyway
+    lo, hi = int(dist.min()), int(dist.max())
+    table = rel_keys[:, lo : hi + 1].to(dtype)  # (H or 1, n_d, D)
+    per_distance = rel_q.to(dtype) @ table.transpose(-1, -2)  # (B, H, C, n_d)
+    B, H, C, _ = per_distance.shape
+    index = (dist - lo).expand(B, H, C, dist.shape[-1])  # a view: no (B, H, C, Tc) index tensor
+    return per_distance.gather(-1, index) * scaling

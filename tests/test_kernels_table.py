@@ -1,0 +1,94 @@
+"""The attention paths are one table (``retrofit.kernels.PATHS``) and the kernel choice lives in one place (the
+model's state, saved with it): the CLI's choices and help come from the table, each row is one module, earlier
+names map in one place, nothing reads an environment variable, and ``set_kernel`` reaches the saved config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import retrofit
+from retrofit import kernels
+from retrofit.cli import convert as cli_convert
+from retrofit.core import set_kernel
+from retrofit.errors import OptionError
+
+from .tiny import TINY, ids
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _convert_parser():
+    parser = argparse.ArgumentParser()
+    cli_convert.add_parser(parser.add_subparsers())
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["convert"]
+
+
+def test_the_cli_offers_the_tables_choices_and_lists_every_path():
+    sub = _convert_parser()
+    kernel_opt = next(a for a in sub._actions if "--kernel" in a.option_strings)
+    assert kernel_opt.choices is None  # no second list: the table validates
+    assert [kernel_opt.type(name) for name in kernels.CHOICES] == list(kernels.CHOICES)
+    assert {old: kernel_opt.type(old) for old in kernels.RENAMED} == kernels.RENAMED
+    with pytest.raises(argparse.ArgumentTypeError, match="kernel must be one of auto, sdpa, "):
+        kernel_opt.type("fast")
+    kernel_help = cli_convert._scheme_help().split("kernels (--kernel)")[1].split("architectures:")[0]
+    listed = re.findall(r"^  ([\w-]+): ", kernel_help, re.MULTILINE)
+    assert listed == [p.name for p in kernels.PATHS]
+
+
+def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path():
+    rows = {p.name.replace("-", "_"): p for p in kernels.PATHS}
+    assert {p.serves.__module__ for p in kernels.PATHS} == {p.run.__module__ for p in kernels.PATHS}
+    assert all(p.run.__module__ == f"retrofit.kernels.{mod}" for mod, p in rows.items())
+    helpers = {"__init__", "call", "cpu_flash"}  # the table, the call record, the CPU flash op
+    assert {f.stem for f in (ROOT / "retrofit" / "kernels").glob("*.py")} - helpers == set(rows)
+    quoted = re.compile("[\"'](" + "|".join(re.escape(p.name) for p in kernels.PATHS) + ")[\"']")
+    outside = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in sorted((ROOT / "retrofit").rglob("*.py"))
+               if f != ROOT / "retrofit" / "kernels" / "__init__.py" for m in quoted.finditer(f.read_text())]
+    assert not outside, outside
+
+
+def test_earlier_names_map_once_onto_the_table():
+    assert set(kernels.RENAMED.values()) <= set(kernels.CHOICES)
+    assert not set(kernels.RENAMED) & set(kernels.CHOICES)
+    assert kernels.check("fused", "bias") == "auto"
+    with pytest.raises(OptionError, match="cannot serve a rotary scheme"):
+        kernels.check("cpu-flash-mask", "rotary")
+
+
+def test_nothing_reads_the_kernel_from_the_environment():
+    hits = [f"{f.relative_to(ROOT)}" for d in ("retrofit", "scripts") for f in sorted((ROOT / d).rglob("*.py"))
+            if "RETROFIT_ATTENTION_PATH" in f.read_text()]
+    assert not hits, hits
+    code = [f"{f.relative_to(ROOT)}" for f in sorted((ROOT / "retrofit" / "kernels").glob("*.py"))
+            + [ROOT / "retrofit" / "attention.py"] if "environ" in f.read_text()]
+    assert not code, code
+
+
+def test_set_kernel_is_saved_and_an_earlier_name_loads(tmp_path):
+    model = retrofit.convert(TINY["gpt2"](), "t5", kernel="auto")
+    set_kernel(model, "chunked")
+    assert model.config.retrofit["kernel"] == "chunked"
+    retrofit.save(model, tmp_path / "m")
+    loaded = retrofit.load(tmp_path / "m")
+    assert retrofit.describe(loaded)["kernel"] == "chunked"
+    with torch.no_grad():
+        loaded(ids(1, 20))
+    assert retrofit.describe(loaded)["attention_path"] == "chunked"
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["retrofit"]["kernel"] = "fused"  # a checkpoint saved by an earlier release
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    old = retrofit.load(tmp_path / "m")
+    assert retrofit.describe(old)["kernel"] == "auto" and old.config.retrofit["kernel"] == "auto"
+    with torch.no_grad():
+        old(ids(1, 20))
+    assert retrofit.describe(old)["attention_path"] == "cpu-flash-band"
+    with pytest.raises(OptionError, match="kernel must be one of"):
+        set_kernel(old, "fast")
+    assert retrofit.describe(old)["kernel"] == "auto"
