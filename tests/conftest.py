@@ -9,9 +9,7 @@ from retrofit import assets, core
 from retrofit.training import standin
 from retrofit.errors import DataError
 
-# Unit tests convert onto the chunked path (the reference) unless they name a kernel or ask for the user's
-# default (``user_kernel``); the kernel tests (test_kernel_fused, test_band, test_dense) check the others.
-core.convert.__kwdefaults__["kernel"] = "chunked"
+# the tests' kernel default (chunked) is set in tests/__init__.py; ``user_kernel`` below restores auto
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 logging.getLogger("transformers").setLevel(logging.ERROR)
