@@ -7,11 +7,9 @@ kill-and-resume test.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,8 @@ import retrofit
 from retrofit.errors import DataError, HubError, LengthError, RecipeError
 from retrofit.training import finetune
 from retrofit.builtin import tiny_gpt2
+
+from .procs import free_port, kill_at_first_checkpoint, override, run_child, run_ranks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py", "glob.py", "copy.py")]
@@ -40,13 +40,7 @@ def recipe(out, **over) -> dict:
         "checkpoint": {"every": EVERY, "keep_last": 2},
         "output_dir": str(out),
     }
-    for key, value in over.items():
-        node = r
-        *parents, last = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return r
+    return override(r, over)
 
 
 @pytest.fixture(scope="module")
@@ -123,30 +117,11 @@ def _weights(out: Path) -> dict:
     return load_file(str(out / "final" / "model.safetensors"))
 
 
-def _run_child(path):
-    """A separate process that trains (spawned: a forked child can deadlock in the parent's OpenMP pool)."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    finetune(path)
-
-
 def test_kill_and_resume_equals_uninterrupted(run, tmp_path):
-    import multiprocessing
-
     out = tmp_path / "killed"
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe(out)))
-    proc = multiprocessing.get_context("spawn").Process(target=_run_child, args=(str(path),))
-    proc.start()
-    deadline = time.time() + 240
-    try:
-        while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline and proc.is_alive():
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.join()
-    assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed"
+    kill_at_first_checkpoint(out, run_child, (str(path),))
     assert not (out / "final").exists()
     resumed = finetune(path)
     s = json.loads((resumed / "summary.json").read_text())
@@ -157,20 +132,6 @@ def test_kill_and_resume_equals_uninterrupted(run, tmp_path):
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
     log = [json.loads(x) for x in (resumed / "log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log if "loss" in x] == list(range(1, STEPS + 1))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ddp_worker(rank: int, path: str, port: int):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    _run_child(path)
 
 
 def _ddp_recipe(tmp_path) -> tuple[Path, Path]:
@@ -192,17 +153,8 @@ def _check_ddp(out: Path):
 def test_two_cpu_processes_gloo_end_identical(tmp_path):
     """Two processes (the environment torchrun / accelerate launch sets up; spawned, since a forked
     child can deadlock in the parent's OpenMP pool), DDP over gloo: they train and end with identical weights."""
-    import multiprocessing
-
     out, path = _ddp_recipe(tmp_path)
-    port = _free_port()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_worker, args=(rank, str(path), port)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_ranks(str(path), timeout=180) == [0, 0]
     _check_ddp(out)
 
 
@@ -212,7 +164,7 @@ def test_two_cpu_processes_gloo_end_identical(tmp_path):
 def test_two_processes_under_torchrun(tmp_path):
     """The same through a real launcher (what `accelerate launch --multi_gpu` runs). ~2x slower: imports."""
     out, path = _ddp_recipe(tmp_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "retrofit", "finetune", str(path)]
     res = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]

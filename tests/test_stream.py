@@ -3,7 +3,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -13,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
-
-from retrofit.errors import DataError, HubError, RecipeError
+from retrofit.errors import DataError, RecipeError
 from retrofit.training import finetune
 from retrofit.training.recipe import Recipe
 from retrofit.training import stream
+
+from .procs import final_weights, kill_at_first_checkpoint, override, run_child, run_ranks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,13 +131,7 @@ def recipe(out, corpus, **over) -> dict:
         "output_dir": str(out),
     }
     r["data"]["max_tokens"] = 12 * 2 * 2 * 64
-    for key, value in over.items():
-        node = r
-        *parents, last = key.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return r
+    return override(r, over)
 
 
 @pytest.fixture(scope="module")
@@ -163,36 +156,14 @@ def test_budget_sets_the_steps_and_progress_counts_tokens(streamed):
     assert yaml.safe_load((streamed / "recipe.yaml").read_text())["train"]["steps"] == 12  # resolved
 
 
-def _child(path: str):
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    finetune(path)
-
-
-def _weights(folder: Path) -> dict:
-    return load_file(str(folder / "final" / "model.safetensors"))
-
-
 def test_killed_mid_stream_resumes_to_the_same_weights(streamed, corpus, tmp_path):
-    import multiprocessing
-
     out, path = tmp_path / "killed", tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe(out, corpus)))
-    proc = multiprocessing.get_context("spawn").Process(target=_child, args=(str(path),))
-    proc.start()
-    deadline = time.time() + 240
-    try:
-        while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline and proc.is_alive():
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.join()
-    assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed"
+    kill_at_first_checkpoint(out, run_child, (str(path),))
     resumed = finetune(path)
     s = json.loads((resumed / "summary.json").read_text())
     assert 0 < s["resumed_from_step"] < 12
-    a, b = _weights(streamed), _weights(resumed)
+    a, b = final_weights(streamed), final_weights(resumed)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
 
@@ -208,25 +179,9 @@ def test_a_short_stream_stops_with_the_weights_saved_or_repeats(corpus, tmp_path
     assert json.loads((out / "summary.json").read_text())["steps"] == 12
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ddp_worker(rank: int, path: str, port: int):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    _child(path)
-
-
 def test_two_processes_train_on_every_block_once(tmp_path):
     """Two CPU processes (gloo) stream one file to its end: the blocks they trained on, pooled, are the
     blocks of the corpus less the held-out documents, each once. Documents of exactly one block each."""
-    import multiprocessing
-
     texts = [f"{i:04d} " + "x" * 58 for i in range(30)]  # 63 bytes + EOS = one block of 64
     corpus = _jsonl(tmp_path / "c.jsonl", texts)
     out, path = tmp_path / "ddp", tmp_path / "r.yaml"
@@ -234,14 +189,7 @@ def test_two_processes_train_on_every_block_once(tmp_path):
                                           data__shuffle_buffer=8, data__max_tokens=None, train__steps=100,
                                           train__batch_size=1, train__gradient_accumulation_steps=1,
                                           train__rank_checksums=True, checkpoint__every=0)))
-    port = _free_port()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_worker, args=(rank, str(path), port)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(240)
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_ranks(str(path)) == [0, 0]
     seen = [(out / "rank_checksums" / f"rank{i}.blocks.txt").read_text().split() for i in (0, 1)]
     from transformers import AutoTokenizer
 

@@ -403,7 +403,7 @@ class _StreamPlace:
         self.progress.stream = self.acc.gather(mine).view(-1, 3).tolist()
 
     def say_short(self, step: int, per_step: int) -> None:
-        d, t = self.r.data, self.r.train
+        t = self.r.train
         log.warning("data: the stream ended after %s tokens, %s short of the %s budget (step %d of %d); stopping "
                     "there (data.on_short: stop) and saving the weights; set data.on_short: repeat to read it "
                     "again, or add data", f"{step * per_step:,}", f"{(t.steps - step) * per_step:,}",

@@ -1,0 +1,78 @@
+"""What the multi-process and kill-and-resume tests share: recipe overrides, a free port, a spawned
+fine-tune (a forked child can deadlock in the parent's OpenMP pool), DDP ranks over gloo, a SIGKILL
+once the first checkpoint is written, and the final weights."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+
+def override(r: dict, over: dict) -> dict:
+    """``{"train__steps": 4}`` sets r["train"]["steps"] (nested keys joined by ``__``); returns r."""
+    for key, value in over.items():
+        node = r
+        *parents, last = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return r
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_child(path: str) -> None:
+    """A fine-tune in this (spawned) process."""
+    from accelerate.state import AcceleratorState
+
+    from retrofit.training import finetune
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    finetune(path)
+
+
+def ddp_worker(rank: int, path: str, port: int, world: int = 2) -> None:
+    """One rank of a CPU DDP run: the environment torchrun / accelerate launch sets up."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    run_child(path)
+
+
+def run_ranks(path: str, world: int = 2, timeout: float = 240) -> list[int | None]:
+    """Spawn ``world`` DDP ranks of the recipe at ``path``; their exit codes."""
+    port = free_port()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=ddp_worker, args=(rank, path, port, world)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    return [p.exitcode for p in procs]
+
+
+def kill_at_first_checkpoint(out: Path, target, args: tuple, timeout: float = 240) -> None:
+    """Run ``target(*args)`` in a spawned process and SIGKILL it once ``out/checkpoints/step_*`` exists."""
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    proc.start()
+    deadline = time.time() + timeout
+    try:
+        while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline and proc.is_alive():
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.join()
+    assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed"
+
+
+def final_weights(out: Path) -> dict:
+    return load_file(str(out / "final" / "model.safetensors"))
