@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from retrofit import pipeline
 from retrofit.errors import OptionError, RecipeError, RetrofitError
 
 from .pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
+from .procs import kill_at_first_checkpoint
 
 VERSION_KEYS = {"retrofit", "torch", "transformers", "peft", "accelerate"}
 
@@ -170,16 +169,7 @@ def test_kill_during_finetune_then_rerun_resumes_and_matches(run_dir, tmp_path):
     out = tmp_path / "killed"
     fast_eval = ["eval.lengths=[1x]", "eval.passkey=false"]  # not part of the fine-tune: its weights stay comparable
     args = ["run", str(TINY_RECIPE), "--set", f"output_dir={out}", *[x for o in fast_eval for x in ("--set", o)]]
-    proc = multiprocessing.get_context("spawn").Process(target=_cli_child, args=(args,))
-    proc.start()
-    deadline = time.time() + 240
-    try:
-        while not list((out / "checkpoints").glob("step_*")) and time.time() < deadline and proc.is_alive():
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.join()
-    assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed"
+    kill_at_first_checkpoint(out, _cli_child, (args,))
     assert not (out / "final").exists()
     assert _manifest(out)["stages"]["finetune"]["status"] == "running"
 
