@@ -228,6 +228,8 @@ def test_bad_inputs(tmp_path, corpus):
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "fine"}\n{"text": oops\n')
     _fails(tmp_path, broken, DataError, ["cannot"])
+    _fails(tmp_path, corpus, DataError, ["built-in", "stdlib"], data__files=None, data__dataset="stdlib",
+           data__streaming=True)
     with pytest.raises(RecipeError, match="data.max_tokens"):
         Recipe.from_dict(recipe(tmp_path / "x", corpus, data__max_tokens=None, train__steps=None))
 

@@ -115,6 +115,9 @@ class StreamSource:
     @classmethod
     def of(cls, d) -> "StreamSource":
         """Open the recipe's stream and read its first document: a missing dataset, file or field fails here."""
+        if d.files is None and rdata.source_kind(d.dataset) in ("stdlib", "shakespeare"):
+            raise DataError(f"data.dataset {d.dataset!r} is a built-in source, read whole; data.streaming: true "
+                            "streams Hub datasets and local json/jsonl/parquet/txt files")
         if d.max_documents is not None:
             raise DataError("'data.max_documents' bounds a source read whole; a stream is bounded by data.max_tokens")
         if d.files is not None:
