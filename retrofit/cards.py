@@ -146,7 +146,8 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
     config = rf.read_json(folder / "config.json") or {}
     base_config = (config.get("retrofit") or {}).get("base_config") or {}
     out = {"name": name, "hub_id": hub_base_model(name), "license": lic, "license_source": lic_source,
-           "card_license": override or lic, "native": (config.get("retrofit") or {}).get("native") or {},
+           "card_license": override or lic, "native": {"kind": None, "length": None,  # an unconverted fine-tune records none
+                                                  **((config.get("retrofit") or {}).get("native") or {})},
            "model_type": base_config.get("model_type") or config.get("model_type"), "pretrain": None}
     if name.startswith("baseline:"):
         from .baseline import STATS_FILE, output_dir

@@ -190,19 +190,24 @@ def eval_models(rr: RunRecipe):
     return main, baselines
 
 
-def stage_eval(rr: RunRecipe, previous: dict):
+def evaluate_section(main, baselines, e, native: int):
+    """``evaluate()`` as an eval section says (its lengths resolved against ``native``): the Report."""
     from .evaluation import evaluate
 
-    e = rr.eval
-    native = rf.native_length(rr.run_dir / rf.FINAL)
     lengths = resolve_lengths(e.lengths, native)
     pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
     rc_lengths = resolve_lengths(e.recall_lengths, native, "recall lengths") if e.recall_lengths else None
+    opts = {f.name: getattr(e, f.name) for f in dataclasses.fields(EvalOptions)}
+    return evaluate(main, baselines=baselines, **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths,
+                                                  "recall_lengths": rc_lengths}, progress=progress_bars())
+
+
+def stage_eval(rr: RunRecipe, previous: dict):
+    native = rf.native_length(rr.run_dir / rf.FINAL)
+    lengths = resolve_lengths(rr.eval.lengths, native)
     out = rr.run_dir / rf.EVAL
     main, baselines = eval_models(rr)
-    opts = {f.name: getattr(e, f.name) for f in dataclasses.fields(EvalOptions)}
-    report = evaluate(main, baselines=baselines, **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths,
-                                                     "recall_lengths": rc_lengths}, progress=progress_bars())
+    report = evaluate_section(main, baselines, rr.eval, native)
     report.save(out)
     outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
     return "done", outputs, {"lengths": lengths, "native_length": native}

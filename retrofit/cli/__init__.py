@@ -32,6 +32,7 @@ COMMANDS = [
     ("eval", "eval"),
     ("export", "export"),
     ("run", "run"),
+    ("study", "study"),
     ("push", "push"),
     ("card", "card"),
 ]

@@ -1,0 +1,15 @@
+"""``retrofit study GRID.yaml``: which scheme for my model, at what budget?
+
+A grid of cells (scheme x options x budget x method x seed) with the continued-training control, run on the
+pipeline's stages (``retrofit.pipeline``), each cell cached; then the cheapest-budget table, the seeds
+table, the retrieval table and the ppl-vs-length plot (``retrofit.study.tables``, which also builds the
+committed study reports of ``scripts/study.py``).
+
+    from retrofit.study import Grid, run_study
+    run_study(Grid.from_yaml("recipes/study-tiny.yaml"), out="runs/study-tiny")
+"""
+
+from .grid import Grid, cells
+from .run import run_study
+
+__all__ = ["Grid", "cells", "run_study"]

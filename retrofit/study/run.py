@@ -1,0 +1,239 @@
+"""Run a study grid on the pipeline's stages and write its reports.
+
+Each cell is a pipeline run (``retrofit.pipeline.run``) in ``OUT/cells/<name>/``: the recipe with the
+cell's keys set, its fine-tune and its eval exactly as ``retrofit run`` does them (a cell killed midway
+resumes from its last checkpoint when the recipe checkpoints). A budget-0 cell is the model converted (and
+calibrated, when the recipe says so) by the fine-tune's own steps and scored by the pipeline's eval, with no
+training. A finished cell is cached in ``OUT/cells/<name>/cell.json`` with the recipe it ran: the same
+grid run again reuses it, a cell whose recipe changed runs again, ``rerun`` patterns recompute the cells
+they match. Then ``OUT/study.json``, ``OUT/study.md`` and ``OUT/ppl_vs_length.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fnmatch
+import json
+import logging
+import time
+from pathlib import Path
+
+from .. import run_folder as rf
+from .. import schema
+from ..atomic import write_text
+from ..errors import LengthError, RetrofitError
+from ..pipeline import STAGES, evaluate_section, load_original
+from ..pipeline import run as run_pipeline
+from ..run_recipe import _hash, load_recipe
+from . import tables as T
+from .grid import Grid, cells
+
+log = logging.getLogger(__name__)
+CELLS, CELL, ORIGINAL = "cells", "cell.json", "original.json"
+REPORT, REPORT_MD, PLOT = "study.json", "study.md", "ppl_vs_length.png"
+
+
+def base_recipe(grid: Grid) -> dict:
+    """The grid's recipe as a plain dict, without what the study decides (output_dir, baselines, export, push)."""
+    raw = schema.read_yaml(grid.recipe) if isinstance(grid.recipe, str) else copy.deepcopy(grid.recipe)
+    for key in ("export", "push"):
+        raw.pop(key, None)
+    raw["export"] = {"native": False}  # a cell is measured, not published
+    raw.setdefault("eval", {})["baselines"] = []  # the original is scored once, for every cell
+    raw["output_dir"] = "unset"
+    return raw
+
+
+def cell_recipe(raw: dict, cell: dict, out: Path):
+    """The pipeline recipe of one cell (a RunRecipe). The control keeps its own mechanism: it is scored at
+    the native length only."""
+    overrides = [*cell["overrides"], f"output_dir={out / CELLS / cell['name']}"]
+    if cell["scheme"] is None:
+        overrides += ["convert.options={}", "convert.calibrate.data=null", "eval.lengths=[1x]"]
+    rr = load_recipe(raw, overrides)
+    if cell["scheme"] is None:
+        rr.eval = _within_native(rr.eval, rr.eval.lengths)
+    return rr
+    if not cell["budget"]:
+        overrides.append("train.steps=1")  # the recipe must validate; budget 0 trains nothing
+
+
+def _within_native(e, lengths, native: int | None = None):
+    """An eval section whose passkey and recall keep to the native length (where a model that cannot read past
+    it is tested): the lengths of theirs that are ``1x`` or at most ``native`` tokens; none left, none run."""
+    from ..evaluation.lengths import resolve
+
+    keep = {}
+    for kind in ("passkey", "recall"):
+        asked = getattr(e, f"{kind}_lengths") or lengths
+        mine = [x for x in asked if x == "1x" or native is not None and resolve([x], native)[0] <= native]
+        keep.update({kind: bool(mine) and getattr(e, kind), f"{kind}_lengths": mine or None})
+    return dataclasses.replace(e, **keep)
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def run_cell(cell: dict, raw: dict, out: Path, rerun=()) -> dict:
+    """One cell: its figures from the cache when it ran with this recipe (and is not to be rerun), else run."""
+    rr = cell_recipe(raw, cell, out)
+    plan = _hash(rr.to_dict())
+    cache = rr.run_dir / CELL
+    if cache.is_file() and not _matches(cell["name"], rerun):
+        old = json.loads(cache.read_text())
+        if old.get("plan") == plan:
+            log.info("%s: cached", cell["name"])
+            return {**cell, **{k: v for k, v in old.items() if k != "plan"}}
+        log.info("%s: the cached cell ran another recipe; running it again", cell["name"])
+    t0 = time.time()
+    if cell["budget"]:
+        run_pipeline(rr, force=STAGES if _matches(cell["name"], rerun) else ())
+        report = json.loads((rr.run_dir / rf.EVAL / rf.REPORT).read_text())
+        trainable = rf.versions(rr.run_dir).get("trainable_parameters")
+    else:
+        report = _zero_shot(rr).data
+        trainable = 0
+    result = {"rows": [{**r, "role": "converted"} for r in report["rows"] if r["role"] in T.EVALUATED],
+              "passkey": [r for r in report.get("passkey") or [] if r["role"] in T.EVALUATED],
+              "recall": [r for r in report.get("recall") or [] if r["role"] in T.EVALUATED],
+              "seconds": round(time.time() - t0, 1),
+              "trainable_parameters": trainable}
+    rr.run_dir.mkdir(parents=True, exist_ok=True)
+    write_text(cache, json.dumps({"plan": plan, **result}, indent=1, default=str))
+    return {**cell, **result}
+
+
+def _tokens(rr) -> int:
+    """Tokens per optimizer step."""
+    t = rr.finetune.train
+    return t.batch_size * t.gradient_accumulation_steps * rr.finetune.data.block_length
+
+
+def _zero_shot(rr):
+    """The model converted (and calibrated) as the fine-tune would start, evaluated by the pipeline's eval."""
+    from ..training import model as mdl
+    from ..training.calibrate import calibrate
+
+    r = rr.finetune
+    model, tok = mdl.load(r.model)
+    teacher = mdl.make_teacher(model, r.model) if r.convert.calibrate.data else None
+    mdl.convert(model, r.convert)
+    if teacher is not None:
+        c = r.convert.calibrate
+        calibrate(model, teacher, c.data, tokenizer=tok, steps=c.steps, learning_rate=c.learning_rate,
+                  batch_size=c.batch_size, heldout=c.heldout, budget=c.budget, seed=r.train.seed, progress=False)
+    model.eval()
+    native = _native(model)
+    return evaluate_section((f"{r.model.name_or_path} + {r.convert.scheme} (not fine-tuned)", model, tok), [],
+                            rr.eval, native)
+
+
+def _native(model) -> int:
+    from ..core import describe
+
+    return describe(model)["native"]["length"]
+
+
+def run_original(raw: dict, out: Path) -> dict:
+    """The unconverted original, once: plain at 1x with the sliding window beside it (reported at every longer
+    length: it scores the same target tokens there), and read as is past 1x where its mechanism allows.
+    Cached in OUT/original.json."""
+    rr = load_recipe(raw, [f"output_dir={out / CELLS / 'original'}", "convert.scheme=null", "convert.options={}",
+                                "convert.calibrate.data=null"])
+    path = out / ORIGINAL
+    plan = _hash({"model": rr.finetune.model.__dict__, "eval": dataclasses.asdict(rr.eval)})
+    if path.is_file() and json.loads(path.read_text()).get("plan") == plan:
+        return json.loads(path.read_text())
+    t0 = time.time()
+    m = rr.finetune.model
+    name, model, tok = load_original(m.name_or_path, gguf_file=m.gguf_file, dtype=m.dtype)
+    native = _native(model)
+    from ..evaluation.lengths import resolve
+
+    lengths = resolve(rr.eval.lengths, native)
+    one = dataclasses.replace(_within_native(rr.eval, lengths, native), lengths=[native], sliding=True)
+    report = evaluate_section((name, model, tok), [], one, native).data
+    rows = [{**r, "role": "baseline"} for r in report["rows"]]
+    sliding = next(r for r in rows if r["method"] == "sliding")
+    rows += [{**sliding, "length": L, "note": f"sliding window {native}, same targets"} for L in lengths if L > native]
+    longer = [L for L in lengths if L > native]
+    if longer:
+        try:
+            plain = dataclasses.replace(rr.eval, lengths=longer, sliding=False, passkey=False, recall=False)
+            rows += [{**r, "role": "baseline-as-is", "note": "past the native length, unchanged"}
+                     for r in evaluate_section((name, model, tok), [], plain, native).data["rows"]]
+        except LengthError as e:
+            log.info("the original cannot read past its native length, so it has no as-is rows: %s", e)
+    result = {"plan": plan, "native_length": native, "lengths": lengths, "rows": rows,
+              "passkey": report.get("passkey") or [], "recall": report.get("recall") or [],
+              "seconds": round(time.time() - t0, 1)}
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(result, indent=1, default=str))
+    return result
+
+
+def run_study(grid: Grid, out: str | Path | None = None, rerun=()) -> Path:
+    """Run (or resume) every cell of ``grid``, then write the reports; returns the study folder."""
+    out = Path(out or grid.output_dir)
+    raw = base_recipe(grid)
+    plan = cells(grid)
+    unknown = [p for p in rerun if not any(_matches(c["name"], [p]) for c in plan)]
+    if unknown:
+        raise RetrofitError(f"--rerun {unknown}: no cell of this grid matches; its cells: "
+                            f"{', '.join(c['name'] for c in plan)}")
+    for c in plan:  # every recipe validates before anything runs
+        c["extra_tokens"] = _tokens(cell_recipe(raw, c, out)) * c["budget"]
+    original = run_original(raw, out)
+    results = []
+    for i, cell in enumerate(plan, 1):
+        log.info("[%d/%d] %s", i, len(plan), cell["name"])
+        try:
+            results.append(run_cell(cell, raw, out, rerun))
+        except RetrofitError:
+            raise  # bad input: the same in every cell
+        except Exception as e:  # record and go on: one broken cell must not hide the others
+            log.exception("cell %s failed", cell["name"])
+            results.append({**cell, "error": f"{type(e).__name__}: {e}"})
+    return write_reports(grid, out, original, results)
+
+
+def write_reports(grid: Grid, out: Path, original: dict, results: list[dict]) -> Path:
+    native, lengths, target = original["native_length"], original["lengths"], grid.target
+    table = T.cell_table(original["rows"], results, lengths, native, target.long)
+    retrieval = {}
+    for kind in ("passkey", "recall"):
+        got = {"original": original.get(kind)} | {c["name"]: c.get(kind) for c in results if c.get("seed") is None}
+        retrieval[kind] = {name: {"by_length": T.pooled_passkey(rows)} for name, rows in got.items() if rows}
+    study = {"grid": dataclasses.asdict(grid), "native_length": native, "lengths": lengths,
+             "original": original["rows"], "cells": results, "table": table,
+             "cheapest": T.cheapest_budgets(table, native, target),
+             "seeds": T.seed_table(table, lengths, native, grid.seeds[0], target), "retrieval": retrieval,
+             "seconds": {"original": original.get("seconds"),
+                         "cells": round(sum(c.get("seconds") or 0 for c in results), 1)}}
+    write_text(out / REPORT, json.dumps(study, indent=1, default=str))
+    T.plot({"table": table, "cells": results}, native, lambda top: f"ppl vs length, fine-tune budget {top} steps",
+           out / PLOT)
+    write_text(out / REPORT_MD, markdown(study, target))
+    return out
+
+
+def _steps(budget) -> str:
+    return "not reached" if budget is None else "0 (no fine-tune)" if budget == 0 else f"{budget} steps"
+
+
+def markdown(study: dict, target) -> str:
+    model = (study["grid"]["recipe"] if isinstance(study["grid"]["recipe"], str)
+             else study["grid"]["recipe"].get("model", {}).get("name_or_path"))
+    lines = [f"# Study: {model}", "", f"Native length {study['native_length']}. Perplexity on the recipe's eval data, "
+             "non-overlapping windows (the original: sliding window past 1x). `vs control` = ppl@1x / the "
+             "continued-training control's (the unconverted model fine-tuned on the same tokens).", ""]
+    lines += T.cells_markdown(study["table"], target.long)
+    lines += T.cheapest_markdown(study["cheapest"], _steps, target)
+    lines += T.seeds_markdown(study["seeds"], target)
+    for kind, title in (("passkey", "Passkey retrieval"), ("recall", "Recall")):
+        lines += T.passkey_markdown(study["retrieval"].get(kind) or {}, study["lengths"], study["native_length"],
+                                    title, "depths")
+    lines.append(f"![ppl vs length]({PLOT})")
+    return "\n".join(lines) + "\n"
