@@ -45,6 +45,13 @@ from pathlib import Path
 
 from retrofit import run_folder as rf
 from retrofit.atomic import write_text
+from retrofit.errors import RecipeError
+from retrofit.schema import parse_overrides
+from retrofit.study import tables as T
+from retrofit.study.tables import (EVALUATED, cheapest_budgets, cheapest_markdown, passkey_markdown, pooled_passkey,
+                                   ppl_at, rows_of, seed_table, seeds_markdown)
+from retrofit.study.tables import fmt, ratio
+from retrofit.study.tables import cell_table as table_gpt2
 
 log = logging.getLogger("study")
 SCHEMES = ["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"]
@@ -68,18 +75,13 @@ STANDINS = Path(__file__).resolve().parents[1] / "standins"  # shipped stand-ins
 
 
 def parse_scheme(spec: str) -> dict:
-    """One --schemes entry -> {"label", "scheme", "options"}; values read as JSON where they parse."""
+    """One --schemes entry -> {"label", "scheme", "options"}; values read as YAML (``retrofit run --set``'s)."""
     head, _, opts = spec.partition(":")
     label, _, scheme = head.rpartition("=")  # LABEL=SCHEME, with or without options
-    options = {}
-    for item in (x for x in opts.split(";") if x):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise SystemExit(f"--schemes {spec!r}: option {item!r} is not KEY=VALUE")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
+    try:
+        options = parse_overrides([x for x in opts.split(";") if x])
+    except RecipeError as e:
+        raise SystemExit(f"--schemes {spec!r}: an option is KEY=VALUE ({e})") from None
     train = {k: options.pop(k) for k in TRAIN_KEYS if k in options}
     if not label:
         label = "-".join([scheme, *(str(v) for v in options.values()), *(f"{k}{v}" for k, v in train.items())])
@@ -149,17 +151,6 @@ def evaluate_model(model_or_path, lengths, args, baselines=(), sliding=False, to
     return retrofit.evaluate(model_or_path, lengths=lengths, data="shakespeare:heldout", baselines=list(baselines),
                              tokenizer=tokenizer, budget=args.eval_budget, sliding=sliding,
                              stride=args.stride, seed=args.seed, progress=False)
-
-
-# evaluate()'s roles for the model it evaluates: "original" when its scheme was not changed (a control, SmolLM2
-# as it is). The study calls the cell's model "converted" either way.
-EVALUATED = ("converted", "original")
-
-
-def rows_of(report, **extra) -> list[dict]:
-    keep = ("model", "role", "length", "method", "window", "ppl", "tokens", "windows", "ci_low", "ci_high")
-    return [{**{k: r.get(k) for k in keep}, **({"role": "converted"} if r["role"] in EVALUATED else {}), **extra}
-            for r in report.rows]
 
 
 def run_cell(cell: dict, base: Path, native: int, lengths: list[int], args) -> dict:
@@ -485,92 +476,6 @@ def _passkey_rows(model, tok, length: int, args) -> list[dict]:
     return [{k: r.get(k) for k in keep} for r in rep.data["passkey"] if r["role"] in EVALUATED]
 
 
-def pooled_passkey(rows: list[dict]) -> dict:
-    """{length: {"correct", "trials", "accuracy", "ci_low", "ci_high"}} over the depths."""
-    from retrofit.evaluation.passkey import wilson
-
-    out = {}
-    for r in rows:
-        if r.get("accuracy") is None:
-            continue
-        c = out.setdefault(str(r["length"]), {"correct": 0, "trials": 0})
-        c["correct"] += r["correct"]
-        c["trials"] += r["trials"]
-    for c in out.values():
-        c["accuracy"] = round(c["correct"] / c["trials"], 4)
-        c["ci_low"], c["ci_high"] = (round(x, 4) for x in wilson(c["correct"], c["trials"]))
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# the README's summary: cheapest budget per method; seeds as mean ± spread
-# ----------------------------------------------------------------------------------------------
-CONTROL_SLACK, LENGTH_SLACK, LONG = 1.02, 1.05, 16  # ppl@1x <= 1.02 x control@1x; ppl@16x <= 1.05 x own ppl@1x
-
-
-def meets_target(p1: float | None, ref: float | None, p16: float | None) -> bool | None:
-    """The study's target: ppl@1x <= 1.02x the reference's ppl@1x and ppl@16x <= 1.05x its own ppl@1x
-    (None when a figure is missing)."""
-    return None if None in (p1, ref, p16) else (p1 <= CONTROL_SLACK * ref and p16 <= LENGTH_SLACK * p1)
-
-
-def cheapest_budgets(table: list[dict], native: int) -> list[dict]:
-    """Per scheme label and fine-tune method: the cheapest budget at which the cell reaches ppl@1x <= 1.02x
-    the control's at equal tokens (at budget 0: the original's) and ppl@16x <= 1.05x its own ppl@1x.
-    Budget-0 cells (no fine-tune) count for every method. Seeded repeats are left out (the base seed)."""
-    orig = next(r for r in table if r["cell"].startswith("original (plain"))["ppl@1x"]
-    controls = {(r["method"], r["budget"]): r.get("ppl@1x") for r in table if r.get("scheme") is None
-                and r["cell"].startswith("control") and r.get("seed") is None}
-    cells = [r for r in table if r.get("label") and r.get("scheme") and r.get("seed") is None and r.get("objective", "lm") == "lm"
-             and not r.get("fade") and not r.get("random_offset")]
-    methods = sorted({r["method"] for r in cells if r["method"] != "none"}) or ["none"]
-    out = []
-    for label in dict.fromkeys(r["label"] for r in cells):
-        for method in methods:
-            mine = sorted((r for r in cells if r["label"] == label and r["method"] in (method, "none")),
-                          key=lambda r: r["budget"])
-            if not mine:
-                continue
-            found, checked = None, []
-            for r in mine:
-                ref = orig if r["budget"] == 0 else controls.get((method, r["budget"]))
-                p1, p16 = r.get("ppl@1x"), r.get(f"ppl@{LONG}x")
-                ok = meets_target(p1, ref, p16)
-                checked.append({"budget": r["budget"], "ppl@1x": p1, "reference@1x": ref, f"ppl@{LONG}x": p16, "met": ok})
-                if ok and found is None:
-                    found = r["budget"]
-            out.append({"label": label, "method": method, "cheapest_budget": found, "checked": checked})
-    return out
-
-
-def seed_table(table: list[dict], lengths: list[int], native: int, base_seed: int = 0) -> list[dict]:
-    """Cells run with several seeds: mean ± sample standard deviation (and min..max) of ppl@1x, ppl@16x,
-    ppl@16x/1x and vs_control@1x over the seeds, the base seed included, and how many seeds meet the target
-    (each against the control of its own seed)."""
-    import statistics
-
-    groups: dict[tuple, list[dict]] = {}
-    for r in table:
-        if "label" in r and "error" not in r:
-            groups.setdefault((r["label"], r["method"], r["budget"]), []).append(r)
-    out = []
-    for (label, method, budget), rows in groups.items():
-        if len(rows) < 2:
-            continue
-        row = {"label": label, "method": method, "budget": budget, "seeds": sorted(base_seed if r.get("seed") is None else r["seed"] for r in rows)}
-        for key in ("ppl@1x", f"ppl@{LONG}x", f"ppl@{LONG}x/1x", "vs_control@1x"):
-            vals = [r[key] for r in rows if r.get(key) is not None]
-            if len(vals) >= 2:
-                row[key] = {"mean": round(statistics.mean(vals), 4), "sd": round(statistics.stdev(vals), 4),
-                            "min": round(min(vals), 4), "max": round(max(vals), 4), "n": len(vals)}
-        judged = [v for r in rows if (v := meets_target(r.get("ppl@1x"), r.get("control_ppl@1x"), r.get(f"ppl@{LONG}x")))
-                  is not None]  # the target, seed by seed, each against the control of its own seed
-        if judged:
-            row["met"] = {"seeds": sum(judged), "of": len(judged)}
-        out.append(row)
-    return out
-
-
 def run_original(base: Path, native: int, lengths: list[int], args) -> list[dict]:
     """The unconverted original: plain at 1x; past 1x it cannot run plainly, so its figure there is the
     sliding window (window = native, stride native/2). Every length scores the same target tokens, so
@@ -615,56 +520,6 @@ def read_as_is(base: Path, longer: list[int], args) -> list[dict]:
         return []
     log.info("the original reads past its native length as is: rows at %s", longer)
     return [{**r, "role": "baseline-as-is", "note": "past the native length, unchanged"} for r in rows_of(report)]
-
-
-def ppl_at(rows: list[dict], length: int, role: str = "converted", method: str = "non-overlapping"):
-    for r in rows:
-        if r["length"] == length and r["role"] == role and r["method"] == method:
-            return r["ppl"]
-    return None
-
-
-def table_gpt2(original: list[dict], results: list[dict], lengths: list[int], native: int) -> list[dict]:
-    """One row per cell: ppl at each length, and the ratio to the control at equal tokens."""
-    orig = {L: ppl_at(original, L, "baseline", "non-overlapping") or ppl_at(original, L, "baseline", "sliding")
-            for L in lengths}
-    controls = {(c["method"], c["budget"], c.get("seed")): c for c in results if c.get("role") == "control" and "rows" in c}
-    out = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0,
-            "extra_tokens": 0, **{f"ppl@{L // native}x": orig[L] for L in lengths}}]
-    as_is = {L: ppl_at(original, L, "baseline-as-is") for L in lengths if L > native}
-    if any(v is not None for v in as_is.values()):
-        out.append({"cell": "original (read past native as is)", "scheme": None, "method": None, "budget": 0,
-                    "extra_tokens": 0, "ppl@1x": orig[native],
-                    **{f"ppl@{L // native}x": v for L, v in as_is.items()}})
-    for c in results:
-        row = {"cell": c["name"], "scheme": c["scheme"], "method": c["method"], "budget": c["budget"],
-               "extra_tokens": c["extra_tokens"], "objective": c.get("objective", "lm"),
-               "fade": c.get("fade", 0), "random_offset": c.get("random_offset", 0), "seconds": c.get("seconds"),
-               **{k: c[k] for k in ("label", "seed", "pose") if c.get(k) is not None}}
-        if "rows" not in c:
-            out.append({**row, "error": c.get("error")})
-            continue
-        for L in lengths:
-            row[f"ppl@{L // native}x"] = ppl_at(c["rows"], L)
-        ctrl = controls.get((c["method"], c["budget"], c.get("seed")))
-        native_ppl = row["ppl@1x"]
-        if native_ppl and orig.get(native):
-            row["vs_original@1x"] = round(native_ppl / orig[native], 4)
-        if ctrl and c.get("role") != "control" and native_ppl:
-            row["control_ppl@1x"] = ppl_at(ctrl["rows"], native)
-            row["vs_control@1x"] = round(native_ppl / row["control_ppl@1x"], 4)
-        if native_ppl:
-            row["ppl@8x/1x"] = _ratio(row.get("ppl@8x"), native_ppl)
-            row["ppl@16x/1x"] = _ratio(row.get("ppl@16x"), native_ppl)
-            row["beats_original_sliding_everywhere"] = all(
-                row.get(f"ppl@{L // native}x") is not None and orig[L] is not None and row[f"ppl@{L // native}x"] < orig[L]
-                for L in lengths)
-        out.append(row)
-    return out
-
-
-def _ratio(a, b):
-    return round(a / b, 4) if a is not None and b else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -855,7 +710,7 @@ def smollm2_vs_control(runs: dict) -> list[dict]:
         lens = [L for L in sorted({x["length"] for x in r["rows"]}) if ppl_at(c["rows"], L) and ppl_at(r["rows"], L)]
         for L in lens:
             out.append({"run": label, "control": clabel, "length": L, "ppl": ppl_at(r["rows"], L),
-                        "control_ppl": ppl_at(c["rows"], L), "ratio": _ratio(ppl_at(r["rows"], L), ppl_at(c["rows"], L))})
+                        "control_ppl": ppl_at(c["rows"], L), "ratio": ratio(ppl_at(r["rows"], L), ppl_at(c["rows"], L))})
     return out
 
 
@@ -881,18 +736,9 @@ def markdown(study: dict) -> str:
         lines += [f"## {stand_in_name(s)} (native {s['native_length']}, pretrained on {s['pretrain_tokens']:,} tokens)", "",
                   "Perplexity on the held-out plays, non-overlapping windows (the original: sliding window past 1x). "
                   "`vs control` = native-length ppl / the continued-training control's at equal extra tokens.", ""]
-        keys = [k for k in g["table"][0] if k.startswith("ppl@")]
-        head = ["cell", "extra tokens", *keys, "vs control@1x", "vs original@1x", "8x/1x", "16x/1x",
-                "< original everywhere", "seconds"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in g["table"]:
-            vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[_fmt(r.get(k)) for k in keys],
-                    _fmt(r.get("vs_control@1x")), _fmt(r.get("vs_original@1x")), _fmt(r.get("ppl@8x/1x")), _fmt(r.get("ppl@16x/1x")),
-                    str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}",
-                    _fmt(round(r["seconds"]) if r.get("seconds") is not None else None)]
-            lines.append("| " + " | ".join(vals) + " |")
-        lines.append("")
-        lines += cheapest_markdown(g.get("cheapest") or [], g["stand_in"]["pretrain_tokens"])
+        lines += T.cells_markdown(g["table"])
+        tokens = g["stand_in"]["pretrain_tokens"]
+        lines += cheapest_markdown(g.get("cheapest") or [], lambda b: T.budget_words(b, tokens))
         lines += seeds_markdown(g.get("seeds") or [])
         lines += passkey_markdown(g.get("passkey") or {}, g["lengths"], g["stand_in"]["native_length"])
         if g.get("seconds"):
@@ -904,12 +750,12 @@ def markdown(study: dict) -> str:
         head = ["run", *[f"ppl@{L}" for L in lens], "passkey accuracy by length", "fine-tune", "seconds"]
         lines += ["## SmolLM2-135M (RoPE, native 8192)", "",
                   "Perplexity on the held-out plays (non-overlapping windows); passkey: fraction of trials retrieved.", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                  *T.md_head(head)]
         for name, res in runs.items():
             if "error" in res:
                 lines.append(f"| {name} | error: {res['error']} |")
                 continue
-            cells = [_fmt(ppl_at(res["rows"], L)) for L in lens]
+            cells = [fmt(ppl_at(res["rows"], L)) for L in lens]
             ft = f"LoRA {res['steps']} steps at {res.get('train_length', 1024)}" if res.get("steps") else "none"
             pk = ", ".join(f"{k}: {v}" for k, v in (res.get("passkey") or {}).items()) or "–"
             if res.get("passkey_error"):
@@ -921,67 +767,11 @@ def markdown(study: dict) -> str:
             lines += ["", "Against the continued-training control (LoRA on the unconverted model, the same steps and "
                           "tokens): ppl / the control's ppl at the same length.", "",
                       "| run | control | length | ppl | control ppl | ratio |", "|---|---|---|---|---|---|"]
-            lines += [f"| {v['run']} | {v['control']} | {v['length']} | {_fmt(v['ppl'])} | {_fmt(v['control_ppl'])} | "
-                      f"{_fmt(v['ratio'])} |" for v in sm["vs_control"]]
+            lines += [f"| {v['run']} | {v['control']} | {v['length']} | {fmt(v['ppl'])} | {fmt(v['control_ppl'])} | "
+                      f"{fmt(v['ratio'])} |" for v in sm["vs_control"]]
         lines += ["", f"Longest length measured: {sm['longest_length_measured']}.",
                   f"Seconds of these runs, as each was run: {sm.get('seconds', 0):,.0f}."]
     return "\n".join(lines) + "\n"
-
-
-def budget_words(budget, pretrain_tokens: int) -> str:
-    if budget is None:
-        return "not reached"
-    return "0 (no fine-tune)" if budget == 0 else f"{budget:.1%} ({round(budget * pretrain_tokens):,} tokens)"
-
-
-def cheapest_markdown(rows: list[dict], pretrain_tokens: int) -> list[str]:
-    if not rows:
-        return []
-    out = ["### Cheapest budget", "",
-           f"The cheapest fine-tune budget at which a method reaches ppl@1x <= {CONTROL_SLACK}x the continued-training "
-           f"control's at equal tokens (budget 0: the original's) and ppl@{LONG}x <= {LENGTH_SLACK}x its own ppl@1x.", "",
-           "| method | fine-tune | cheapest budget | at each budget: ppl@1x / reference, ppl@16x / ppl@1x |", "|---|---|---|---|"]
-    for r in rows:
-        checks = "; ".join(
-            f"{c['budget']:g}: {_fmt(_ratio(c['ppl@1x'], c['reference@1x']))}, {_fmt(_ratio(c[f'ppl@{LONG}x'], c['ppl@1x']))}"
-            for c in r["checked"])
-        out.append(f"| {r['label']} | {r['method']} | {budget_words(r['cheapest_budget'], pretrain_tokens)} | {checks} |")
-    return out + [""]
-
-
-def seeds_markdown(rows: list[dict]) -> list[str]:
-    if not rows:
-        return []
-    out = ["### Seeds", "", "Mean ± sample standard deviation over the seeds (min..max); the last column: how many "
-           "seeds meet the target, each against the control of its own seed.", "",
-           f"| method | fine-tune | budget | seeds | ppl@1x | ppl@{LONG}x | {LONG}x/1x | vs control@1x | target met |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cells = [f"{v['mean']:.3f} ± {v['sd']:.3f} ({v['min']:.3f}..{v['max']:.3f})" if (v := r.get(k)) else "–"
-                 for k in ("ppl@1x", f"ppl@{LONG}x", f"ppl@{LONG}x/1x", "vs_control@1x")]
-        met = f"{m['seeds']} of {m['of']}" if (m := r.get("met")) else "–"
-        out.append(f"| {r['label']} | {r['method']} | {r['budget']:g} | {','.join(map(str, r['seeds']))} | "
-                   + " | ".join(cells) + f" | {met} |")
-    return out + [""]
-
-
-def passkey_markdown(passkey: dict, lengths: list[int], native: int) -> list[str]:
-    if not passkey:
-        return []
-    head = ["model", *[f"{L // native}x ({L})" for L in lengths]]
-    out = ["### Passkey retrieval", "",
-           "Correct of trials at each length, pooled over depths 0, 0.5 and 1 (greedy decoding), with the 95% Wilson "
-           "interval of the accuracy; – = not run at that length.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, res in passkey.items():
-        if "error" in res:
-            out.append(f"| {name} | error: {res['error']} |")
-            continue
-        by = res["by_length"]
-        vals = [f"{c['correct']}/{c['trials']} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" if (c := by.get(str(L))) else "–"
-                for L in lengths]
-        out.append(f"| {name} | " + " | ".join(vals) + " |")
-    return out + [""]
 
 
 def stand_in_name(s: dict) -> str:
@@ -991,61 +781,15 @@ def stand_in_name(s: dict) -> str:
     return f"{kind} stand-in" + (f" `{stats['preset']}`" if stats.get("preset") else "")
 
 
-def _fmt(x):
-    if x is None:
-        return "–"
-    return f"{x:.3f}" if isinstance(x, float) else str(x)
-
-
 def plot(study: dict, out: Path) -> list[str]:
     """The ppl-vs-length plot next to ``out``: study_gpt2_ppl_vs_length.png for benchmarks/study.json
     (the first round's name), else <out stem>_ppl_vs_length.png, so one study never overwrites another's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
     g = study.get("gpt2")
-    if g:
-        native = g["stand_in"]["native_length"]
-        fig, ax = plt.subplots(figsize=(8, 5))
-        keys = [k for k in g["table"][0] if k.startswith("ppl@")]
-        xs = [int(k[4:-1]) for k in keys]
-        top = max((c["budget"] for c in g["cells"] if "rows" in c and c["scheme"]), default=0)  # the largest budget run
-        labels = list(dict.fromkeys(r.get("label") or r.get("scheme") for r in g["table"] if r.get("scheme")))
-        colors = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(labels)}  # one per label
-        for r in g["table"]:
-            plain = r.get("objective", "lm") == "lm" and not r.get("fade") and not r.get("random_offset")
-            if not (r["cell"].startswith("original") or (r.get("budget") == top and plain)):
-                continue
-            ys = [r.get(k) for k in keys]
-            if ys[0] is None:
-                continue  # a cell not run (or failed): nothing to draw
-            if r["cell"] == "original (read past native as is)":
-                ax.plot(xs, ys, color="black", linestyle="-.", linewidth=1, label=r["cell"])
-                continue
-            if r["cell"].startswith(("original", "control")):  # a flat reference line
-                ax.axhline(ys[0], color="black", linestyle=":" if r["cell"].startswith("control") else "--",
-                           linewidth=1, label=r["cell"])
-                continue
-            if r.get("seed") is not None:
-                continue  # the base seed's curve; the seeds table holds the spread
-            ax.plot(xs, ys, marker="o" if r["method"] == "full" else "x", color=colors.get(r.get("label") or r["scheme"]),
-                    linestyle="-" if r["method"] == "full" else "--", label=r["cell"])
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel(f"length / native ({native})")
-        ax.set_ylabel("perplexity (held-out plays)")
-        ax.set_title(f"{stand_in_name(g['stand_in'])}, fine-tune budget {top:.1%} of pretraining")
-        ax.legend(fontsize=7, ncol=2)
-        stem = "study_gpt2" if out.stem == "study" else out.stem
-        path = out.parent / f"{stem}_ppl_vs_length.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        written.append(str(path))
-        plt.close(fig)
-    return written
+    if not g:
+        return []
+    stem = "study_gpt2" if out.stem == "study" else out.stem
+    title = lambda top: f"{stand_in_name(g['stand_in'])}, fine-tune budget {top:.1%} of pretraining"  # noqa: E731
+    return [T.plot(g, g["stand_in"]["native_length"], title, out.parent / f"{stem}_ppl_vs_length.png")]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

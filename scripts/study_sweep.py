@@ -16,6 +16,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from retrofit.study.tables import fmt
+
 HERE = Path(__file__).resolve().parent
 # name: (method, batch size, learning rate, extra study.py flags)
 CONFIGS = {
@@ -67,8 +69,8 @@ def main(argv=None):
     md = ["| config | cell | steps x batch | lr | ppl@1x | control ppl@1x | vs control | vs original |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['config']} | {r['cell']} | {r['steps']} x {r['batch_size']} | "
-                  f"{r['learning_rate']:g} | {study._fmt(r['ppl@1x'])} | {study._fmt(r['control_ppl@1x'])} | "
-                  f"{study._fmt(r['vs_control@1x'])} | {study._fmt(r['vs_original@1x'])} |")
+                  f"{r['learning_rate']:g} | {fmt(r['ppl@1x'])} | {fmt(r['control_ppl@1x'])} | "
+                  f"{fmt(r['vs_control@1x'])} | {fmt(r['vs_original@1x'])} |")
     Path(args.out).with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -1,4 +1,4 @@
-"""scripts/study.py: the grid it plans, the table it derives, and one end-to-end run on the micro stand-in."""
+"""scripts/study.py: the grid it plans, the committed reports' tables (retrofit.study.tables), and end-to-end runs on the micro stand-in."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from retrofit import baseline
+from retrofit.study import tables as T
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +70,7 @@ def test_table_compares_with_the_control_and_the_original(study):
     bad = {**good, "name": "rope-full-0.1", "scheme": "rope", "rows": _rows({4: 9.5, 32: 12.0, 64: 20.0})}
     broken = {**{k: v for k, v in good.items() if k != "rows"}, "name": "t5-full-0.1", "scheme": "t5",
               "error": "RuntimeError: boom"}
-    table = {r["cell"]: r for r in study.table_gpt2(original, [ctrl, good, bad, broken], lengths, native)}
+    table = {r["cell"]: r for r in T.cell_table(original, [ctrl, good, bad, broken], lengths, native)}
     assert table["original (plain at 1x, sliding beyond)"]["ppl@8x"] == 10.5  # sliding past 1x
     g = table["alibi-full-0.1"]
     assert g["vs_control@1x"] == round(9.9 / 9.0, 4) and g["ppl@8x/1x"] == round(9.8 / 9.9, 4)
@@ -325,14 +326,14 @@ def test_cheapest_budget_needs_both_the_control_and_the_length_criteria(study):
              _row("b-full-0.1", "b", "full", 0.1, 8.1, 8.4),        # 1.0125x, 1.037: met
              _row("c-full-0.1", "c", "full", 0.1, 8.0, 8.5),        # length criterion fails (1.0625)
              _row("b-full-0.1-seed1", "b", "full", 0.1, 20.0, 20.0, seed=1)]  # seeds never decide
-    got = {(r["label"], r["method"]): r for r in study.cheapest_budgets(table, native=256)}
+    got = {(r["label"], r["method"]): r for r in T.cheapest_budgets(table, native=256)}
     assert got[("a", "full")]["cheapest_budget"] == 0
     assert got[("b", "full")]["cheapest_budget"] == 0.1
     assert [c["met"] for c in got[("b", "full")]["checked"]] == [False, False, True]
     assert got[("c", "full")]["cheapest_budget"] is None
-    md = "\n".join(study.cheapest_markdown(list(got.values()), 1_000_000))
+    md = "\n".join(T.cheapest_markdown(list(got.values()), lambda b: T.budget_words(b, 1_000_000)))
     assert "| c | full | not reached |" in md and "| b | full | 10.0% (100,000 tokens) |" in md
-    seeds = study.seed_table(table, [256], 256)
+    seeds = T.seed_table(table, [256], 256)
     assert len(seeds) == 1 and seeds[0]["seeds"] == [0, 1]
     assert seeds[0]["ppl@1x"]["mean"] == pytest.approx((8.1 + 20.0) / 2) and seeds[0]["ppl@1x"]["n"] == 2
     # the target seed by seed: each seed against its own control; a seed that fails either test is not counted
@@ -340,15 +341,15 @@ def test_cheapest_budget_needs_both_the_control_and_the_length_criteria(study):
               (_row("d-full-0.1", "d", "full", 0.1, 8.1, 8.4),                # 1.0125x, 1.037: met
                _row("d-full-0.1-seed1", "d", "full", 0.1, 8.1, 8.6, seed=1),  # 16x/1x 1.062: not met
                _row("d-full-0.1-seed2", "d", "full", 0.1, 8.3, 8.3, seed=2))]  # 1.0375x the control: not met
-    (d,) = study.seed_table(judged, [256], 256)
+    (d,) = T.seed_table(judged, [256], 256)
     assert d["met"] == {"seeds": 1, "of": 3} and d["ppl@16x/1x"]["max"] == 1.0617
-    assert "| d | full | 0.1 | 0,1,2 |" in "\n".join(study.seeds_markdown([d])) and "| 1 of 3 |" in study.seeds_markdown([d])[-2]
+    assert "| d | full | 0.1 | 0,1,2 |" in "\n".join(T.seeds_markdown([d])) and "| 1 of 3 |" in T.seeds_markdown([d])[-2]
 
 
 def test_passkey_pooled_over_depths_with_the_wilson_interval(study):
     rows = [{"length": 256, "depth": d, "correct": c, "trials": 10, "accuracy": c / 10} for d, c in ((0, 0), (0.5, 3), (1, 2))]
     rows.append({"length": 512, "depth": None, "correct": 0, "trials": 0, "accuracy": None, "note": "too short"})
-    pooled = study.pooled_passkey(rows)
+    pooled = T.pooled_passkey(rows)
     assert set(pooled) == {"256"} and pooled["256"]["correct"] == 5 and pooled["256"]["trials"] == 30
     assert pooled["256"]["ci_low"] < 5 / 30 < pooled["256"]["ci_high"]
 
@@ -370,9 +371,9 @@ def test_labels_seeds_and_pose_targets_are_checked(study, tmp_path):
              _row("control-full-0.02-seed0", "control", "full", 0.02, 99.0, seed=0),
              _row("a-full-0.02", "a", "full", 0.02, 9.1, 9.2),
              _row("a-full-0.02-seed0", "a", "full", 0.02, 50.0, 50.0, seed=0)]
-    (got,) = study.cheapest_budgets(table, 256)
+    (got,) = T.cheapest_budgets(table, 256)
     assert got["cheapest_budget"] == 0.02 and got["checked"][0]["reference@1x"] == 9.0  # the base control
-    assert study.seed_table(table, [256], 256, base_seed=1)[0]["seeds"] == [0, 1]
+    assert T.seed_table(table, [256], 256, base_seed=1)[0]["seeds"] == [0, 1]
 
 
 def test_the_smollm2_runs_of_the_report_come_back_into_an_empty_cache(study, tmp_path, monkeypatch):
@@ -404,7 +405,7 @@ def test_the_smollm2_runs_of_the_report_come_back_into_an_empty_cache(study, tmp
     vs = json.loads(out.read_text())["smollm2"]["vs_control"]
     alibi = [v for v in vs if v["run"] == "alibi-lora-100"]
     assert [(v["length"], v["control"]) for v in alibi] == [(1024, "control-lora-100")]
-    assert alibi[0]["ratio"] == round(study.ppl_at(runs["alibi-lora-100"]["rows"], 1024) / 40.0, 4)
+    assert alibi[0]["ratio"] == round(T.ppl_at(runs["alibi-lora-100"]["rows"], 1024) / 40.0, 4)
     assert not [v for v in vs if v["run"] == "rope-yarnx4-lora-30"]  # 30 steps: no control of its steps here
     assert "| alibi-lora-100 | control-lora-100 | 1024 |" in out.with_suffix(".md").read_text()
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import run_folder as rf
 from .. import schema
 from ..atomic import write_text
-from ..errors import LengthError, RetrofitError
+from ..errors import LengthError, RecipeError, RetrofitError
 from ..pipeline import STAGES, evaluate_section, load_original
 from ..pipeline import run as run_pipeline
 from ..run_recipe import _hash, load_recipe
@@ -79,7 +79,7 @@ def _matches(name: str, patterns) -> bool:
 def run_cell(cell: dict, raw: dict, out: Path, rerun=()) -> dict:
     """One cell: its figures from the cache when it ran with this recipe (and is not to be rerun), else run."""
     rr = cell_recipe(raw, cell, out)
-    plan = _hash(rr.to_dict())
+    plan = _hash({k: v for k, v in rr.to_dict().items() if k != "output_dir"})  # the folder may move
     cache = rr.run_dir / CELL
     if cache.is_file() and not _matches(cell["name"], rerun):
         old = json.loads(cache.read_text())
@@ -186,6 +186,9 @@ def run_study(grid: Grid, out: str | Path | None = None, rerun=()) -> Path:
     for c in plan:  # every recipe validates before anything runs
         c["extra_tokens"] = _tokens(cell_recipe(raw, c, out)) * c["budget"]
     original = run_original(raw, out)
+    if grid.target.long * original["native_length"] not in original["lengths"]:
+        raise RecipeError(f"target.long is {grid.target.long}x, which the recipe's eval.lengths "
+                          f"{original['lengths']} lack: add {grid.target.long}x to them, or set target.long")
     results = []
     for i, cell in enumerate(plan, 1):
         log.info("[%d/%d] %s", i, len(plan), cell["name"])

@@ -170,7 +170,7 @@ def cell_table(original: list[dict], results: list[dict], lengths: list[int], na
             row["vs_control@1x"] = round(native_ppl / row["control_ppl@1x"], 4)
         if native_ppl:
             for k in sorted({8, 16, long}):
-                row[f"ppl@{k}x/1x"] = _ratio(row.get(f"ppl@{k}x"), native_ppl)
+                row[f"ppl@{k}x/1x"] = ratio(row.get(f"ppl@{k}x"), native_ppl)
             row["beats_original_sliding_everywhere"] = all(
                 row.get(f"ppl@{L // native}x") is not None and orig[L] is not None and row[f"ppl@{L // native}x"] < orig[L]
                 for L in lengths)
@@ -178,7 +178,7 @@ def cell_table(original: list[dict], results: list[dict], lengths: list[int], na
     return out
 
 
-def _ratio(a, b):
+def ratio(a, b):
     return round(a / b, 4) if a is not None and b else None
 
 
@@ -203,7 +203,7 @@ def cheapest_markdown(rows: list[dict], words, target: Target = TARGET) -> list[
            "|---|---|---|---|"]
     for r in rows:
         checks = "; ".join(
-            f"{c['budget']:g}: {_fmt(_ratio(c['ppl@1x'], c['reference@1x']))}, {_fmt(_ratio(c[f'ppl@{LONG}x'], c['ppl@1x']))}"
+            f"{c['budget']:g}: {fmt(ratio(c['ppl@1x'], c['reference@1x']))}, {fmt(ratio(c[f'ppl@{LONG}x'], c['ppl@1x']))}"
             for c in r["checked"])
         out.append(f"| {r['label']} | {r['method']} | {words(r['cheapest_budget'])} | {checks} |")
     return out + [""]
@@ -235,7 +235,7 @@ def passkey_markdown(passkey: dict, lengths: list[int], native: int, title: str 
     out = [f"### {title}", "",
            f"Correct of trials at each length, pooled over {pooled}, with the 95% Wilson "
            "interval of the accuracy; – = not run at that length.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+           *md_head(head)]
     for name, res in passkey.items():
         if "error" in res:
             out.append(f"| {name} | error: {res['error']} |")
@@ -247,10 +247,15 @@ def passkey_markdown(passkey: dict, lengths: list[int], native: int, title: str 
     return out + [""]
 
 
-def _fmt(x):
+def fmt(x):
     if x is None:
         return "–"
     return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def md_head(head: list[str]) -> list[str]:
+    """A markdown table's first two lines."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
 
 def cells_markdown(table: list[dict], long: int = TARGET.long) -> list[str]:
@@ -259,12 +264,12 @@ def cells_markdown(table: list[dict], long: int = TARGET.long) -> list[str]:
     ratios = [f"ppl@{k}x/1x" for k in sorted({8, 16, long})]
     head = ["cell", "extra tokens", *keys, "vs control@1x", "vs original@1x", *(k[4:] for k in ratios),
             "< original everywhere", "seconds"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = md_head(head)
     for r in table:
-        vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[_fmt(r.get(k)) for k in keys],
-                _fmt(r.get("vs_control@1x")), _fmt(r.get("vs_original@1x")), *(_fmt(r.get(k)) for k in ratios),
+        vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[fmt(r.get(k)) for k in keys],
+                fmt(r.get("vs_control@1x")), fmt(r.get("vs_original@1x")), *(fmt(r.get(k)) for k in ratios),
                 str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}",
-                _fmt(round(r["seconds"]) if r.get("seconds") is not None else None)]
+                fmt(round(r["seconds"]) if r.get("seconds") is not None else None)]
         lines.append("| " + " | ".join(vals) + " |")
     return lines + [""]
 
