@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from retrofit.errors import RecipeError
-from retrofit.study import Grid, cells
+from retrofit.errors import OptionError, RecipeError
+from retrofit.study import Grid, cells, run_study
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "study-tiny.yaml"
@@ -33,6 +33,9 @@ def test_grid_cells_are_the_recipe_with_the_cells_keys_set(tmp_path):
                        (["seeds=[0, 0]"], "twice"), (["budget=[1]"], "did you mean 'budgets'")):
         with pytest.raises(RecipeError, match=match):
             Grid.from_yaml(TINY, bad)
+    with pytest.raises(OptionError, match="no cell of this grid matches"):  # before anything runs
+        run_study(grid, out=tmp_path, rerun=["t5-*"])
+    assert not any(tmp_path.iterdir())
 
 
 def test_retrofit_study_tiny_grid_writes_its_tables_and_reuses_its_cells(tmp_path, cache, user_env):

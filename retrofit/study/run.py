@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import run_folder as rf
 from .. import schema
 from ..atomic import write_text
-from ..errors import LengthError, RecipeError, RetrofitError
+from ..errors import LengthError, OptionError, RecipeError, RetrofitError
 from ..pipeline import STAGES, evaluate_section, load_original
 from ..pipeline import run as run_pipeline
 from ..run_recipe import _hash, load_recipe
@@ -51,12 +51,12 @@ def cell_recipe(raw: dict, cell: dict, out: Path):
     overrides = [*cell["overrides"], f"output_dir={out / CELLS / cell['name']}"]
     if cell["scheme"] is None:
         overrides += ["convert.options={}", "convert.calibrate.data=null", "eval.lengths=[1x]"]
+    if not cell["budget"]:
+        overrides.append("train.steps=1")  # the recipe must validate; budget 0 trains nothing
     rr = load_recipe(raw, overrides)
     if cell["scheme"] is None:
         rr.eval = _within_native(rr.eval, rr.eval.lengths)
     return rr
-    if not cell["budget"]:
-        overrides.append("train.steps=1")  # the recipe must validate; budget 0 trains nothing
 
 
 def _within_native(e, lengths, native: int | None = None):
@@ -141,9 +141,9 @@ def run_original(raw: dict, out: Path) -> dict:
     length: it scores the same target tokens there), and read as is past 1x where its mechanism allows.
     Cached in OUT/original.json."""
     rr = load_recipe(raw, [f"output_dir={out / CELLS / 'original'}", "convert.scheme=null", "convert.options={}",
-                                "convert.calibrate.data=null"])
+                           "convert.calibrate.data=null"])
     path = out / ORIGINAL
-    plan = _hash({"model": rr.finetune.model.__dict__, "eval": dataclasses.asdict(rr.eval)})
+    plan = _hash({"model": dataclasses.asdict(rr.finetune.model), "eval": dataclasses.asdict(rr.eval)})
     if path.is_file() and json.loads(path.read_text()).get("plan") == plan:
         return json.loads(path.read_text())
     t0 = time.time()
@@ -181,7 +181,7 @@ def run_study(grid: Grid, out: str | Path | None = None, rerun=()) -> Path:
     plan = cells(grid)
     unknown = [p for p in rerun if not any(_matches(c["name"], [p]) for c in plan)]
     if unknown:
-        raise RetrofitError(f"--rerun {unknown}: no cell of this grid matches; its cells: "
+        raise OptionError(f"--rerun {unknown}: no cell of this grid matches; its cells: "
                             f"{', '.join(c['name'] for c in plan)}")
     for c in plan:  # every recipe validates before anything runs
         c["extra_tokens"] = _tokens(cell_recipe(raw, c, out)) * c["budget"]
