@@ -43,6 +43,7 @@ RAW_WRITERS = {
     "training/standin.py::pretrain": "inside a temporary folder that publish() renames into the cache",
     "training/standin.py::_pretrain_into": "inside pretrain's temporary folder",
     "evaluation/plots.py::_save": "savefig into the temporary path replacing() hands out",
+    "study/tables.py::plot": "savefig into the temporary path replacing() hands out",
     "evaluation/cost.py::_reset_rss_peak": "not a file: resets the kernel's peak-RSS counter (/proc/self/clear_refs)",
     "assets.py::smollm2_gguf": "into the temporary path replacing() hands out",
     "hub.py::stage": "a temporary staging folder, uploaded and then deleted",

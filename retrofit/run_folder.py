@@ -49,6 +49,9 @@ PLOT_PPL = "ppl_vs_length.png"  # an eval folder's plots
 PLOT_POSITIONS = "loss_by_position.png"
 PLOT_PASSKEY = "passkey.png"
 PLOT_RECALL = "recall.png"
+# a study's folder (retrofit study): one pipeline run per cell under cells/, then its report and plot
+STUDY_CELLS, STUDY_CELL, STUDY_ORIGINAL = "cells", "cell.json", "original.json"
+STUDY_REPORT, STUDY_REPORT_MD, STUDY_PLOT = "study.json", "study.md", PLOT_PPL
 _told: set[str] = set()
 
 

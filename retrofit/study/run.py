@@ -30,8 +30,8 @@ from . import tables as T
 from .grid import Grid, cells
 
 log = logging.getLogger(__name__)
-CELLS, CELL, ORIGINAL = "cells", "cell.json", "original.json"
-REPORT, REPORT_MD, PLOT = "study.json", "study.md", "ppl_vs_length.png"
+CELLS, CELL, ORIGINAL = rf.STUDY_CELLS, rf.STUDY_CELL, rf.STUDY_ORIGINAL
+REPORT, REPORT_MD, PLOT = rf.STUDY_REPORT, rf.STUDY_REPORT_MD, rf.STUDY_PLOT
 
 
 def base_recipe(grid: Grid) -> dict:

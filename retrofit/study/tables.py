@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import replacing
 from ..schema import field_help as _f
 
 EVALUATED = ("converted", "original")
@@ -314,6 +315,9 @@ def plot(g: dict, native: int, title, path: Path) -> str:
     ax.set_title(title(top))
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with replacing(Path(path)) as tmp:
+            fig.savefig(tmp, format="png", dpi=120)
+    finally:
+        plt.close(fig)
     return str(path)
