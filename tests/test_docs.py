@@ -1,0 +1,20 @@
+"""The user docs: a README users can read (at most 250 lines), and no issue numbers in any user doc
+(they mean nothing to a user; the history lives in git)."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_readme_is_at_most_250_lines():
+    n = len((ROOT / "README.md").read_text().splitlines())
+    assert n <= 250, f"README.md has {n} lines; move measurements to docs/results.md"
+
+
+def test_no_issue_numbers_in_user_docs():
+    found = [f"{p.relative_to(ROOT)}:{i}: {m.group(0)}" for p in USER_DOCS
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             for m in re.finditer(r"\bissues? #?\d+|\(#\d+\)", line, re.IGNORECASE)]
+    assert not found, found
