@@ -170,10 +170,11 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
         assert tok is not None and model.config._name_or_path == name, name
         assert sum(p.numel() for p in model.parameters()) > 0
     assert asked == []
+    caplog.clear()  # what loading logged (smollm2's first extraction from its wheel) is not ensure's
     with caplog.at_level("WARNING", logger="retrofit.training.standin"):
         standin.ensure("baseline:micro")  # cached: nothing to do
         standin.ensure("tiny-gpt2")
-        assert asked == [] and not caplog.records
+        assert asked == [] and not [r for r in caplog.records if r.name == "retrofit.training.standin"]
         standin.ensure("baseline:study")
     assert asked == ["study"] and "pretraining it now" in caplog.text and "about 30 minutes" in caplog.text
 
