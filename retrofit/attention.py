@@ -4,14 +4,24 @@ and run the converted model's scheme: one ``kernels.Call`` per call, handed to t
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from . import kernels
+from . import denormal, kernels
 from .errors import LengthError, PatchNotLiveError, RetrofitError
 from .adapters.base import state_positions
 from .state import LayerContext
 
 ATTN_NAME = "retrofit"
+
+
+def _attend(call: "kernels.Call", kernel: str):
+    """``kernels.attend``, with denormals flushed around a biased call, forward and backward (retrofit/denormal.py)."""
+    def run(q, k, v):
+        return kernels.attend(dataclasses.replace(call, q=q, k=k, v=v), kernel)
+
+    return denormal.attend(run, call.q, call.k, call.v, flush=call.bias is not None or call.relative is not None)
 
 
 def retrofit_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -92,12 +102,12 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
                         relative=relative, key_padding=padding, window=ctx.window, q_start=q_start, dropout=dropout,
                         bias_params=tuple(scheme.parameters()) if bias is not None else ())
     if rows is None:
-        out, path = kernels.attend(call, state.kernel)
+        out, path = _attend(call, state.kernel)
     else:  # rows at different positions: one call per group of rows that share a shift
         out, path = torch.empty_like(query), None
         for moved in rows.unique().tolist():
             idx = (rows == moved).nonzero()[:, 0]
-            out[idx], path = kernels.attend(call.rows(idx, _bias_fn(scheme, layer, None, moved, scale)), state.kernel)
+            out[idx], path = _attend(call.rows(idx, _bias_fn(scheme, layer, None, moved, scale)), state.kernel)
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
 

@@ -26,13 +26,33 @@ def library_versions() -> dict[str, str | None]:
 
 
 def cpu_info() -> dict:
-    """The CPU a speed or precision figure was measured on: its model name and the flags that decide the
-    kernels (AVX2/AVX-512/AMX, FMA). Every benchmark JSON records it: a figure holds for its CPU."""
+    """The CPU a speed or precision figure was measured on: its model name and vendor, the flags that decide
+    the kernels (AVX2/AVX-512/AMX, FMA), the thread count torch uses, and whether denormals are flushed
+    (the calling thread's setting outside retrofit's kernels, and whether retrofit flushes around its biased
+    kernels: ``retrofit.denormal``). Every benchmark JSON records it: a figure holds for its CPU."""
+    import os
+
+    out = {"processor": platform.processor() or platform.machine(), "vendor": None, "flags": []}
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return {"processor": platform.processor() or platform.machine(), "flags": []}
+        text = ""
     lines = text.splitlines()
-    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    return {"processor": name, "flags": sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma")))}
+    field = lambda key: next((line.split(":", 1)[1].strip() for line in lines  # noqa: E731
+                              if line.split(":", 1)[0].strip() == key), None)
+    if lines:
+        flags = (field("flags") or "").split()
+        out.update(processor=field("model name") or out["processor"], vendor=field("vendor_id"),
+                   flags=sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma", "avx_vnni"))))
+    out["cpu_count"] = os.cpu_count()
+    try:
+        import torch
+
+        from . import denormal
+
+        out["torch_threads"] = torch.get_num_threads()
+        out["flush_denormal"] = {"process": denormal.is_flushing(),
+                                 "retrofit_kernels": denormal.enabled() and denormal.supported()}
+    except ImportError:
+        pass
+    return out

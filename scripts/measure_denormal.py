@@ -1,0 +1,112 @@
+"""Denormals in the biased kernels: do they carry weight, and what does flushing them cost or save?
+
+Per scheme and length, a GPT-2-small-shaped body (random weights, batch 1) converted to the scheme runs one
+train step (forward, loss, backward) three ways: retrofit's scoped flush (``retrofit.denormal``, the
+default), no flush (``RETROFIT_FLUSH_DENORMAL=0``), and a step-wide ``torch.set_flush_denormal(True)``
+around the whole step (the calling thread only, as torch sets it). Recorded: max |difference| of the output
+and of every gradient between the flushed and unflushed runs (relative to the largest value), and the
+seconds of each (stock, unconverted, beside them: the ratios are read in one process, repeat after repeat).
+
+    OMP_NUM_THREADS=1 python scripts/measure_denormal.py --out benchmarks/measure_denormal.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import retrofit  # noqa: E402
+from retrofit.atomic import write_text  # noqa: E402
+from retrofit.versions import cpu_info, library_versions  # noqa: E402
+
+
+def build(scheme: str, layers: int, length: int):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_layer=layers, n_embd=768, n_head=12, n_positions=max(1024, length), vocab_size=50257,
+                        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    model = tf.GPT2LMHeadModel(cfg)
+    if scheme != "stock":
+        retrofit.convert(model, scheme)
+    model.train()
+    return model
+
+
+def step(model, x, how: str):
+    """One train step: (output, {name: grad}, seconds). how: scoped | off | step-wide."""
+    os.environ["RETROFIT_FLUSH_DENORMAL"] = "0" if how in ("off", "step-wide") else "1"
+    model.zero_grad(set_to_none=True)
+    t = time.perf_counter()
+    if how == "step-wide":
+        torch.set_flush_denormal(True)
+    try:
+        out = model.transformer(x).last_hidden_state
+        out.float().square().mean().backward()
+    finally:
+        if how == "step-wide":
+            torch.set_flush_denormal(False)
+        os.environ["RETROFIT_FLUSH_DENORMAL"] = "1"
+    seconds = time.perf_counter() - t
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, seconds
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schemes", default="alibi,t5,fire")
+    ap.add_argument("--lengths", default="2048,4096,8192")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="timed repeats per way (after one untimed warm-up)")
+    ap.add_argument("--out", default="benchmarks/measure_denormal.json")
+    args = ap.parse_args(argv)
+    rows = []
+    for length in [int(n) for n in args.lengths.split(",")]:
+        x = torch.randint(0, 50257, (1, length))
+        stock = build("stock", args.layers, length)
+        for scheme in args.schemes.split(","):
+            model = build(scheme, args.layers, length)
+            ways = ("scoped", "off", "step-wide")
+            first = {how: step(model, x, how) for how in ways}  # warm-up, and the outputs compared
+            step(stock, x, "off")
+            times = {how: [] for how in (*ways, "stock")}
+            for _ in range(args.repeats):
+                for how in ways:
+                    times[how].append(step(model, x, how)[2])
+                times["stock"].append(step(stock, x, "off")[2])
+            on, off = first["scoped"], first["off"]
+            row = {"scheme": scheme, "length": length, "attention_path": retrofit.describe(model)["attention_path"],
+                   "output_max_rel_diff_flush_vs_not": rel_diff(on[0], off[0]),
+                   "grad_max_rel_diff_flush_vs_not": max(rel_diff(on[1][n], off[1][n]) for n in off[1]),
+                   "seconds": {how: round(statistics.median(t), 3) for how, t in times.items()},
+                   "x_stock": {how: round(statistics.median([a / b for a, b in zip(t, times["stock"])]), 3)
+                               for how, t in times.items() if how != "stock"}}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            write(args, rows)
+    return 0
+
+
+def write(args, rows):
+    result = {"benchmark": "measure_denormal",
+              "command": "python scripts/measure_denormal.py " + " ".join(sys.argv[1:]),
+              "setup": f"GPT-2-small shape, {args.layers} layers, random weights, batch 1, fp32, one train step "
+                       "(body output, mean square loss, backward); ways timed alternately with stock, "
+                       f"median of {args.repeats} repeats; diffs from the warm-up step of each way",
+              "hardware": cpu_info(), "versions": library_versions(), "rows": rows}
+    write_text(Path(args.out), json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
