@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+
 
 def build(variant: str, args):
     import transformers as tf
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
         "command": "python scripts/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "setup": f"{args.layers} layers, 576 wide, 9 heads (LLaMA: 3 KV heads), batch 1, greedy, prompt {args.context} "
                  f"tokens, then {args.new} greedy steps with the KV cache, timed (prefill untimed), median of {args.rounds} rounds",
-        "hardware": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "hardware": {"platform": platform.platform(), **cpu_info()},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "rows": rows,
     }

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+
 
 def build(scheme: str | None, args):
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
         "command": "python scripts/bench_finetune.py " + " ".join(argv if argv is not None else sys.argv[1:]), "rounds": args.rounds, "steps_per_round": args.steps,
         "target_ratio": 0.85, "results": rows,
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "cuda": torch.cuda.is_available()},
+                    "cuda": torch.cuda.is_available(), **cpu_info()},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

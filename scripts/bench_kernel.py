@@ -3,6 +3,7 @@ stock SDPA against each converted scheme, inference and training step, at severa
 
     python scripts/bench_kernel.py --out benchmarks/bench_kernel.json
     python scripts/bench_kernel.py --lengths 1024 --modes train --schemes alibi,alibi+scale_bias --memory-lengths ''
+    python scripts/bench_kernel.py --schemes alibi,t5 --lengths 2048 --memory-lengths '' --flush-denormal both
 
 Time: stock and every variant run alternately in one process (median of per-repeat ratios).
 Memory: each variant in its own process so peak-memory readings don't leak between runs. Memory is
@@ -12,6 +13,9 @@ mmap every block over 64 KiB and trim the heap top on every free, so the reading
 forward is the transformer body (no LM head: a 50k-vocab logits tensor would dominate and hide
 the attention's cost). Targets (issue 12): ALiBi train <= 1.10x, inference <= 1.05x at 1k/2k/8k,
 memory <= 1.1x; T5/Shaw/FIRE inference <= 1.5x, train <= 1.6x at 2k, memory at 8k <= 1.3x.
+``--flush-denormal``: ``on`` (retrofit's default: denormals flushed around the biased kernels,
+``retrofit.denormal``), ``off`` (``RETROFIT_FLUSH_DENORMAL=0``), ``both`` (each variant twice, the second
+named ``VARIANT/flush-off``). Stock is never flushed. The JSON records the CPU (``retrofit.versions.cpu_info``).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ def build(variant: str, args):
     import retrofit
 
     torch.manual_seed(0)
+    variant = variant.split("/")[0]  # VARIANT/flush-off: the same model, timed without the flush
     drop = args.dropout
     cfg = tf.GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, n_positions=max(1024, max(args.lengths)),
                         vocab_size=50257, attn_pdrop=drop, resid_pdrop=drop, embd_pdrop=drop)
@@ -87,13 +92,22 @@ def build(variant: str, args):
     return model
 
 
-def make_step(model, mode, x):
+def make_step(model, mode, x, flush=True):
     import torch
 
     body = model.transformer
     model.train(mode == "train")
 
     def step():
+        if not flush:
+            os.environ["RETROFIT_FLUSH_DENORMAL"] = "0"
+            try:
+                return unflushed()
+            finally:
+                os.environ["RETROFIT_FLUSH_DENORMAL"] = "1"
+        return unflushed()
+
+    def unflushed():
         if mode == "train":
             body(x).last_hidden_state.float().square().mean().backward()
             model.zero_grad(set_to_none=True)
@@ -141,7 +155,10 @@ def worker(args) -> dict:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    variants = [args.memory] if args.memory else ["stock", *args.variants]
+    if args.flush_denormal == "off":
+        os.environ["RETROFIT_FLUSH_DENORMAL"] = "0"
+    timed = [*args.variants, *(v + "/flush-off" for v in args.variants if args.flush_denormal == "both")]
+    variants = [args.memory] if args.memory else ["stock", *timed]
     models = {v: build(v, args).to(device) for v in variants}
     rows = []
     for mode in args.modes:
@@ -149,9 +166,10 @@ def worker(args) -> dict:
             x = torch.randint(0, 50257, (1, length), device=device)
             steps = {}
             for v, m in models.items():
-                steps[v] = make_step(m, mode, x)
+                flush = not v.endswith("/flush-off")
+                steps[v] = make_step(m, mode, x, flush)
                 for n in (256, 320):  # warm-up: flex compiles once static, then once dynamic
-                    make_step(m, mode, torch.randint(0, 50257, (1, n), device=device))()
+                    make_step(m, mode, torch.randint(0, 50257, (1, n), device=device), flush)()
                 steps[v]()
             repeats = 1 if args.memory else (args.repeats if length <= 2048 else max(2, args.repeats // 2))
             times = {v: [] for v in models}
@@ -162,7 +180,8 @@ def worker(args) -> dict:
                     times[v].append(t)
                     peaks[v].append(mem)
             for v, m in models.items():
-                row = {"variant": v, "mode": mode, "length": length, "attention_path": path_of(m, v)}
+                row = {"variant": v, "mode": mode, "length": length, "attention_path": path_of(m, v),
+                       "flush_denormal": v != "stock" and not v.endswith("/flush-off") and args.flush_denormal != "off"}
                 if args.memory:
                     row["peak_bytes"] = max(peaks[v])
                     if mode == "train":
@@ -189,6 +208,8 @@ def main():
                    help="GPT-2's dropouts (0: the fused kernels; >0 sends stock CPU SDPA to its O(N^2) math path)")
     p.add_argument("--memory-lengths", default="8192", help="lengths whose peak memory is measured ('' = none)")
     p.add_argument("--memory-layers", type=int, default=None, help="layers for the memory runs (default --layers)")
+    p.add_argument("--flush-denormal", choices=("on", "off", "both"), default="on",
+                   help="denormals flushed around the biased kernels (retrofit's default), not, or each variant both ways")
     p.add_argument("--out", default="benchmarks/bench_kernel.json")
     p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -199,7 +220,7 @@ def main():
     if args.worker:
         print(json.dumps(worker(args)))
         return
-    common = ["--schemes", args.schemes, "--dropout", str(args.dropout)]
+    common = ["--schemes", args.schemes, "--dropout", str(args.dropout), "--flush-denormal", args.flush_denormal]
     rows = []
     for mode in args.modes:
         for length in args.lengths:  # one process per (mode, length): an OOM kills only that row
@@ -236,6 +257,7 @@ def write(args, rows) -> dict:
     import torch
 
     import retrofit
+    from retrofit.versions import cpu_info
 
     rows = [dict(r) for r in rows]
     mem_stock = {(r["mode"], r["length"]): r["peak_bytes"] for r in rows if r.get("variant") == "stock" and "peak_bytes" in r}
@@ -257,7 +279,8 @@ def write(args, rows) -> dict:
                   "memory: one variant per process, peak over one step minus the memory before it",
         "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpu_count": os.cpu_count(),
                      "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-                     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+                     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, **cpu_info(),
+                     "flush_denormal_option": args.flush_denormal},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
                      "retrofit": retrofit.__version__},
         "memory_measure": "cuda max_memory_allocated" if torch.cuda.is_available() else

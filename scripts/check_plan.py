@@ -27,6 +27,9 @@ from pathlib import Path
 import torch
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+
 REPO = Path(__file__).resolve().parents[1]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "argparse.py", "inspect.py")]
@@ -132,7 +135,7 @@ def main() -> None:
     out = {"command": "python scripts/check_plan.py --out " + args.out, "floors_mib": floors,
            "setup": f"2-core CPU, batch {args.batch} x {args.block} tokens per process, 3 steps, fp32, no gradient "
                     "checkpointing; measured = peak RSS - RSS before the model load (max over ranks)",
-           "torch": torch.__version__, "rows": rows}
+           "torch": torch.__version__, "hardware": cpu_info(), "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
 

@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import test_sharded as T  # noqa: E402  (one definition of the cases, recipes and launch command)
 
+sys.path.insert(0, str(REPO))
+from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +59,7 @@ def main() -> None:
             })
             print(json.dumps(rows[-1]), flush=True)
     Path(args.out).write_text(json.dumps({"command": f"python scripts/check_sharded.py --out {args.out}",
-                                          "torch": torch.__version__, "rows": rows}, indent=2) + "\n")
+                                          "torch": torch.__version__, "hardware": cpu_info(), "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from retrofit.training import finetune
+from retrofit.versions import cpu_info
 
 
 def recipe(out: Path, scheme, objective: str, args) -> dict:
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
             out = finetune(recipe(tmp / f"{scheme}-{objective}", scheme, objective, args))
             runs[f"{scheme}/{objective}"] = curve(out)
     result = {"model": args.model, "native_length": args.block, "original_val_loss": native,
-              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "val_loss": runs}
+              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "hardware": cpu_info(), "val_loss": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     steps = sorted(next(iter(runs.values())))

@@ -38,6 +38,7 @@ def recipe(out: Path, scheme: str, method: str, args) -> dict:
 def main(argv=None) -> int:
     from retrofit.evaluation import evaluate
     from retrofit.training import finetune
+    from retrofit.versions import cpu_info
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="baseline:quickstart")
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             result = {"benchmark": "compare_pose", "command": "python scripts/compare_pose.py " + " ".join(sys.argv[1:]),
                       "settings": {k: v for k, v in vars(args).items() if k != "out"}, "tokens_per_run":
-                      args.steps * args.batch * args.block, "rows": rows}
+                      args.steps * args.batch * args.block, "hardware": cpu_info(), "rows": rows}
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print("| scheme | method | " + " | ".join(f"ppl@{n}" for n in lengths) + " |")

