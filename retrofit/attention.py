@@ -33,6 +33,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             "use retrofit.convert(model, ...) or retrofit.load(path), not config._attn_implementation"
         )
     state = ctx.state
+    if state.attention_dropout is not None:  # a fine-tune's train.attention_dropout, in place of the module's
+        dropout = state.attention_dropout if module.training else 0.0
     scheme = state.scheme()
     B, H, Tq, D = query.shape
     Tk = key.shape[-2]
@@ -55,12 +57,14 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     if scheme.kind == "rotary":
         k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
         length = _rotary_length(state, scheme, Tq, Tk + shift, query.device, placed)
-        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], length)
+        first = None if placed else shift + state.offset  # consecutive positions: cos/sin from a table
+        new = None if first is None else first + q_start
+        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], length, start=new)
         if _rotate_once(state, scheme, key):
             # the cache keeps rotated keys, as a native RoPE model's does: rotate only the new rows, in place
-            key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], length)
+            key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], length, start=new)
         else:
-            key = scheme.rotate(ctx.layer, key, k_pos, length)
+            key = scheme.rotate(ctx.layer, key, k_pos, length, start=first)
     rel_query = None
     if scheme.kind == "relative":  # Transformer-XL: content query q + u, position query q + v
         query, rel_query = scheme.relative_queries(ctx.layer, query)

@@ -35,6 +35,7 @@ class RetrofitState:
     calibration: dict | None = None  # while QK-norm calibrates: {(layer, "q"|"k"): mean RMS per head}
     positions: Any = None  # (T,) long: the absolute position of each token of a training block (PoSE, randomized)
     native_fade: float = 0.0
+    attention_dropout: float | None = None  # set: the attention probabilities' dropout while training (a fine-tune's)
     calls: dict[int, int] = field(default_factory=dict)
     paths: dict[str, int] = field(default_factory=dict)
     last_path: str | None = None

@@ -8,8 +8,11 @@ Variants (random weights; the speed does not depend on them), alternated round a
   (the cost of retrofit's attention path alone);
 - ``llama+rope(re-rotate)``: the same, with each step re-rotating the whole cache (the behaviour
   before keys were rotated once on entering the cache), for comparison;
-- ``gpt2`` / ``gpt2+rope``: a GPT-2 body of the same width and depth, learned absolute positions
-  (its table enlarged to fit) against the same weights converted to RoPE.
+- ``llama+rope(no-table)``: the same, computing cos/sin for each step's positions as before they were read
+  from a table built once, for comparison;
+- ``gpt2`` / ``gpt2+SCHEME``: a GPT-2 body of the same width and depth, learned absolute positions
+  (its table enlarged to fit) against the same weights converted to SCHEME (rope, alibi, t5, shaw, fire, xl,
+  nezha, ...: every bias scheme's cached decoding step beside stock).
 
     OMP_NUM_THREADS=2 python scripts/bench_decode.py --context 4096 --new 32 --rounds 3
     -> benchmarks/bench_decode.json
@@ -29,6 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import retrofit  # noqa: E402
 from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
 
 
@@ -50,17 +54,21 @@ def build(variant: str, args):
                             n_positions=args.context + args.new)
         model = tf.GPT2LMHeadModel(cfg)
     model.eval()
-    if "+rope" in variant:
-        retrofit.convert(model, "rope")
+    if "+" in variant:
+        retrofit.convert(model, variant.split("+")[1].split("(")[0])
     rerotate = "re-rotate" in variant
-    return model, rerotate, attention
+    return model, rerotate or ("no-table" in variant and "no-table"), attention
 
 
 def run(model, rerotate, attention, ids, new) -> float:
     """Seconds for ``new`` greedy decoding steps with the KV cache after an untimed prefill of ``ids``
     (what ``generate()`` does per token, without its bookkeeping)."""
-    real = attention._rotate_once
-    if rerotate:
+    from retrofit.encodings import rope
+
+    real, table = attention._rotate_once, rope.TABLE_POSITIONS
+    if rerotate == "no-table":
+        rope.TABLE_POSITIONS = 0
+    elif rerotate:
         attention._rotate_once = lambda *a: False
     try:
         with torch.no_grad():
@@ -72,7 +80,7 @@ def run(model, rerotate, attention, ids, new) -> float:
                 cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
             elapsed = time.perf_counter() - t0
     finally:
-        attention._rotate_once = real
+        attention._rotate_once, rope.TABLE_POSITIONS = real, table
     assert cache.get_seq_length() == ids.shape[1] + new
     return elapsed
 
@@ -83,7 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=32, help="tokens generated after the prompt")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default="llama,llama+rope,llama+rope(re-rotate),gpt2,gpt2+rope")
+    ap.add_argument("--variants", default="llama,llama+rope,llama+rope(no-table),llama+rope(re-rotate),gpt2,gpt2+rope,"
+                                          "gpt2+alibi,gpt2+t5,gpt2+shaw,gpt2+fire,gpt2+xl,gpt2+nezha")
     ap.add_argument("--out", default="benchmarks/bench_decode.json")
     args = ap.parse_args(argv)
     variants = args.variants.split(",")
@@ -97,7 +106,9 @@ def main(argv=None) -> int:
                 times[v].append(t)
             print(f"[bench_decode] round {r} {v}: {args.new} steps in {t:.2f}s", file=sys.stderr, flush=True)
     tps = {v: args.new / statistics.median(t) for v, t in times.items()}
-    rows = [{"variant": v, "decode_tokens_per_s": round(tps[v], 2), "seconds_all": times[v]} for v in variants]
+    rows = [{"variant": v, "decode_tokens_per_s": round(tps[v], 2), "seconds_all": times[v],
+             "attention_path": retrofit.describe(models[v][0])["attention_path"] if "+" in v else "stock"}
+            for v in variants]
     for row in rows:
         base = row["variant"].split("+")[0]
         if base in tps and row["variant"] != base:

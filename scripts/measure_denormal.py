@@ -68,18 +68,21 @@ def main(argv=None) -> int:
     ap.add_argument("--schemes", default="alibi,t5,fire")
     ap.add_argument("--lengths", default="2048,4096,8192")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2, help="timed repeats per way (after one untimed warm-up)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed repeats per way (after one untimed warm-up; 0: "
+                                                          "the differences only)")
+    ap.add_argument("--append", action="store_true", help="add the rows to --out's")
     ap.add_argument("--out", default="benchmarks/measure_denormal.json")
     args = ap.parse_args(argv)
-    rows = []
+    rows = json.loads(Path(args.out).read_text())["rows"] if args.append and Path(args.out).exists() else []
     for length in [int(n) for n in args.lengths.split(",")]:
         x = torch.randint(0, 50257, (1, length))
-        stock = build("stock", args.layers, length)
+        stock = build("stock", args.layers, length) if args.repeats else None
         for scheme in args.schemes.split(","):
             model = build(scheme, args.layers, length)
             ways = ("scoped", "off", "step-wide")
             first = {how: step(model, x, how) for how in ways}  # warm-up, and the outputs compared
-            step(stock, x, "off")
+            if args.repeats:
+                step(stock, x, "off")
             times = {how: [] for how in (*ways, "stock")}
             for _ in range(args.repeats):
                 for how in ways:
@@ -89,9 +92,11 @@ def main(argv=None) -> int:
             row = {"scheme": scheme, "length": length, "attention_path": retrofit.describe(model)["attention_path"],
                    "output_max_rel_diff_flush_vs_not": rel_diff(on[0], off[0]),
                    "grad_max_rel_diff_flush_vs_not": max(rel_diff(on[1][n], off[1][n]) for n in off[1]),
-                   "seconds": {how: round(statistics.median(t), 3) for how, t in times.items()},
-                   "x_stock": {how: round(statistics.median([a / b for a, b in zip(t, times["stock"])]), 3)
-                               for how, t in times.items() if how != "stock"}}
+                   "layers": args.layers}
+            if args.repeats:
+                row["seconds"] = {how: round(statistics.median(t), 3) for how, t in times.items()}
+                row["x_stock"] = {how: round(statistics.median([a / b for a, b in zip(t, times["stock"])]), 3)
+                                  for how, t in times.items() if how != "stock"}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             write(args, rows)

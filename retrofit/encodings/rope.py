@@ -20,6 +20,7 @@ from .base import ModelSpec, Scheme, option, register_scheme
 log = logging.getLogger(__name__)
 
 SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic")
+TABLE_POSITIONS = 1 << 16  # consecutive positions below this read cos/sin from a table (32 MiB at rot_dim 128)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -124,16 +125,37 @@ class RoPE(Scheme):
             return self._dynamic(seq_len)[0].to(device)
         return self.inv_freq.to(device)
 
+    def _table(self, start: int, T: int, x: torch.Tensor):
+        """cos, sin (T, rot_dim) in x's dtype for positions start..start+T-1, sliced from a table of the first
+        positions (a power of two, at most TABLE_POSITIONS), built by ``cos_sin`` once per device, dtype and
+        frequencies; None where it does not serve (frequencies that depend on the length, positions past it)."""
+        end = start + T
+        if self.rotation_depends_on_length or start < 0 or end > TABLE_POSITIONS:
+            return None
+        key = (x.device, x.dtype, self.inv_freq.data_ptr(), self.inv_freq._version, self.attention_scaling)
+        table = self.__dict__.get("_cos_sin_table")
+        if table is None or table[0] != key or table[1].shape[0] < end:
+            n = min(TABLE_POSITIONS, max(1024, 1 << (end - 1).bit_length()))
+            cos, sin = self.cos_sin(torch.arange(n, device=x.device), n)
+            table = (key, cos.to(x.dtype), sin.to(x.dtype))
+            self.__dict__["_cos_sin_table"] = table  # one table, not a buffer: never saved or moved
+        return table[1][start:end], table[2][start:end]
+
     def cos_sin(self, pos: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (T, rot_dim) in fp32 for positions ``pos`` (T,)."""
         freqs = pos.to(torch.float32)[:, None] * self.frequencies(seq_len, pos.device)[None, :]  # (T, rot/2)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
 
-    def rotate(self, layer, x, pos, seq_len: int | None = None):
-        # x (B, H, T, D); pos (T,)
-        cos, sin = self.cos_sin(pos, seq_len or int(pos.max()) + 1)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    def rotate(self, layer, x, pos, seq_len: int | None = None, start: int | None = None):
+        """x (B, H, T, D) rotated at positions pos (T,). ``start``: pos is ``start + arange(T)`` (consecutive
+        positions), whose cos/sin are read from a table built once (a decoding step computes none)."""
+        table = None if start is None else self._table(start, x.shape[-2], x)
+        if table is None:
+            cos, sin = self.cos_sin(pos, seq_len or int(pos.max()) + 1)
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        else:
+            cos, sin = table
         xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
         xr = xr * cos + rotate_half(xr) * sin
         return torch.cat((xr, xp), dim=-1) if xp.shape[-1] else xr

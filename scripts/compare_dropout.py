@@ -1,0 +1,77 @@
+"""What does fine-tuning without attention dropout cost? (the recipe default ``train.attention_dropout: 0``)
+
+The CPU flash kernel the fused bias paths run on has no dropout, so with GPT-2's ``attn_pdrop = 0.1`` a
+T5/Shaw/FIRE fine-tune falls to the chunked path. The recipe default turns the attention dropout off for the
+fine-tune. This runs the same LoRA fine-tune of the GPT-2 stand-in (``baseline:quickstart``, native 128,
+pretrained without dropout) converted to each scheme, once with GPT-2's attention dropout 0.1 and once with
+0 (``--dropouts``), same data, seed, steps and learning rate, and records
+the held-out validation loss every ``--eval-every`` steps, and the seconds of each run.
+
+    OMP_NUM_THREADS=1 python scripts/compare_dropout.py --schemes t5 --steps 60 --eval-every 20
+    -> benchmarks/compare_dropout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from retrofit.atomic import write_text  # noqa: E402
+from retrofit.training import finetune  # noqa: E402
+from retrofit.versions import cpu_info, library_versions  # noqa: E402
+
+
+def recipe(out: Path, scheme: str, dropout, args) -> dict:
+    return {
+        "model": {"name_or_path": args.model},
+        "convert": {"scheme": scheme, "options": {}},
+        "data": {"dataset": "shakespeare:train", "block_length": args.block, "validation_fraction": 0.1,
+                 "max_validation_blocks": args.val_blocks},
+        "train": {"method": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "train_norms": True,
+                  "steps": args.steps, "batch_size": args.batch, "learning_rate": args.lr, "warmup_steps": 5,
+                  "eval_every": args.eval_every, "seed": 0, "attention_dropout": dropout},
+        "checkpoint": {"every": 0},
+        "output_dir": str(out),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="baseline:quickstart")
+    ap.add_argument("--schemes", default="t5")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--eval-every", type=int, default=20)
+    ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--val-blocks", type=int, default=64)
+    ap.add_argument("--dropouts", default="0.1,0", help="train.attention_dropout values ('null': the model's own)")
+    ap.add_argument("--out", default="benchmarks/compare_dropout.json")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="compare-dropout-"))
+    runs = {}
+    for scheme in args.schemes.split(","):
+        for dropout in [None if d == "null" else float(d) for d in args.dropouts.split(",")]:
+            name = f"{scheme}/attention_dropout={'model' if dropout is None else dropout}"
+            t0 = time.perf_counter()
+            out = finetune(recipe(tmp / name.replace("/", "-"), scheme, dropout, args))
+            seconds = time.perf_counter() - t0
+            log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+            runs[name] = {"val_loss": {r["step"]: r["val_loss"] for r in log if "val_loss" in r},
+                          "seconds": round(seconds, 1)}
+            print(name, json.dumps(runs[name]), file=sys.stderr, flush=True)
+            write_text(Path(args.out), json.dumps({
+                "benchmark": "compare_dropout", "command": "python scripts/compare_dropout.py " + " ".join(
+                    sys.argv[1:] if argv is None else argv),
+                "settings": {k: v for k, v in vars(args).items() if k != "out"}, "hardware": cpu_info(),
+                "versions": library_versions(), "runs": runs}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+"""A fine-tune's ``train.attention_dropout`` replaces the attention module's own dropout while training: at 0
+a GPT-2 (attn_pdrop 0.1) converted to T5 trains on the fused band path, not the chunked one."""
+
+from __future__ import annotations
+
+import torch
+
+import retrofit
+from tests import tiny
+
+
+def test_attention_dropout_override(monkeypatch):
+    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)  # conftest pins chunked; a user's auto
+    model = tiny.gpt2()
+    model.config.attn_pdrop = 0.1
+    for block in model.transformer.h:
+        block.attn.attn_dropout.p = 0.1
+    retrofit.convert(model, "t5")
+    model.train()
+    x = torch.randint(0, model.config.vocab_size, (1, 32))
+    model(x).logits.sum().backward()
+    assert retrofit.describe(model)["attention_path"] == "chunked"  # dropout: the fused kernels have none
+    model._retrofit_state.attention_dropout = 0.0
+    model(x).logits.sum().backward()
+    assert retrofit.describe(model)["attention_path"] == "fused-band"
