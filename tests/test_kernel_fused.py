@@ -229,9 +229,9 @@ def _count_rotated_rows(model, monkeypatch):
     rows = []
     real = scheme.rotate
 
-    def spy(layer, x, pos, seq_len=None):
+    def spy(layer, x, pos, seq_len=None, **kw):
         rows.append(x.shape[-2])
-        return real(layer, x, pos, seq_len)
+        return real(layer, x, pos, seq_len, **kw)
 
     monkeypatch.setattr(scheme, "rotate", spy)
     return rows
