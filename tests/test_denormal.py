@@ -11,6 +11,11 @@ from retrofit import denormal, kernel
 pytestmark = pytest.mark.skipif(not denormal.supported(), reason="this CPU cannot flush denormals")
 
 
+@pytest.fixture(autouse=True)
+def _small_calls_flush_too(monkeypatch):
+    monkeypatch.setattr(denormal, "MIN_SCORES", 0)
+
+
 def _alibi(q, k, v, **kw):
     slopes = torch.tensor([0.5, 0.25])
     return kernel.attend(q, k, v, scaling=q.shape[-1] ** -0.5, slopes=slopes,
@@ -31,7 +36,7 @@ class _Spy(torch.autograd.Function):
         return g
 
 
-def test_scoped_forward_and_backward_and_restored():
+def test_scoped_forward_and_backward_and_restored(monkeypatch):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 8, requires_grad=True) for _ in range(3))
     seen = []
@@ -49,6 +54,9 @@ def test_scoped_forward_and_backward_and_restored():
     assert _Spy.seen == [True] and not denormal.is_flushing()  # on in the kernel's backward, off after
     out, _ = denormal.attend(spied, q, k, v, flush=False)
     assert seen == [True, False]
+    monkeypatch.setattr(denormal, "MIN_SCORES", 2 * 64 * 64 + 1)  # a call this small runs as it is
+    out, _ = denormal.attend(spied, q, k, v)
+    assert seen == [True, False, False]
 
 
 def test_user_setting_left_alone():
