@@ -59,6 +59,40 @@ def step(model, x, how: str):
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, seconds
 
 
+def kernel_ab(rounds: int) -> dict:
+    """One attention call alone (12 heads of 64, 2,048 tokens, forward and backward), flushed and not,
+    alternately: the median, min and max of the per-round ratio flushed / not (the first round untimed)."""
+    from retrofit import denormal, kernel
+    from retrofit.encodings.alibi import alibi_slopes
+
+    torch.manual_seed(0)
+    H, T, D = 12, 2048, 64
+    slopes = torch.tensor(alibi_slopes(H))
+    band = torch.zeros(H, 129)
+    band[:, :128] = torch.linspace(0, -40, 128)  # a steep distance table flat past 128 (the band path)
+    q, k, v = (torch.randn(1, H, T, D, requires_grad=True) for _ in range(3))
+    calls = {"alibi (fused-alibi)": dict(slopes=slopes, bias=lambda h, i, j: -slopes[h] * (i - j)),
+             "steep band (fused-band)": dict(band=band, bias=lambda h, i, j: band[h, (i - j).clamp(max=128)])}
+    out = {}
+    for name, kw in calls.items():
+        ratios = []
+        for r in range(rounds + 1):
+            t = {}
+            for flag in ("1", "0"):
+                os.environ["RETROFIT_FLUSH_DENORMAL"] = flag
+                t0 = time.perf_counter()
+                o, _ = denormal.attend(kernel.attend, q, k, v, scaling=D**-0.5, kernel="auto", **kw)
+                o.square().sum().backward()
+                t[flag] = time.perf_counter() - t0
+            os.environ["RETROFIT_FLUSH_DENORMAL"] = "1"
+            if r:
+                ratios.append(t["1"] / t["0"])
+        out[name] = {"flushed_over_not_median": round(statistics.median(ratios), 3),
+                     "min": round(min(ratios), 3), "max": round(max(ratios), 3), "rounds": rounds}
+        print(name, json.dumps(out[name]), file=sys.stderr, flush=True)
+    return out
+
+
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
 
@@ -71,10 +105,16 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats per way (after one untimed warm-up; 0: "
                                                           "the differences only)")
     ap.add_argument("--append", action="store_true", help="add the rows to --out's")
+    ap.add_argument("--kernel-rounds", type=int, default=0, help="also time one attention call alone, flushed "
+                                                                 "and not, this many rounds ('kernel_ab')")
     ap.add_argument("--out", default="benchmarks/measure_denormal.json")
     args = ap.parse_args(argv)
-    rows = json.loads(Path(args.out).read_text())["rows"] if args.append and Path(args.out).exists() else []
-    for length in [int(n) for n in args.lengths.split(",")]:
+    old = json.loads(Path(args.out).read_text()) if args.append and Path(args.out).exists() else {}
+    rows, args.kernel_ab = old.get("rows", []), old.get("kernel_ab")
+    if args.kernel_rounds:
+        args.kernel_ab = kernel_ab(args.kernel_rounds)
+        write(args, rows)
+    for length in [int(n) for n in args.lengths.split(",") if n]:
         x = torch.randint(0, 50257, (1, length))
         stock = build("stock", args.layers, length) if args.repeats else None
         for scheme in args.schemes.split(","):
@@ -109,7 +149,7 @@ def write(args, rows):
               "setup": f"GPT-2-small shape, {args.layers} layers, random weights, batch 1, fp32, one train step "
                        "(body output, mean square loss, backward); ways timed alternately with stock, "
                        f"median of {args.repeats} repeats; diffs from the warm-up step of each way",
-              "hardware": cpu_info(), "versions": library_versions(), "rows": rows}
+              "hardware": cpu_info(), "versions": library_versions(), "rows": rows, "kernel_ab": args.kernel_ab}
     write_text(Path(args.out), json.dumps(result, indent=2))
 
 
