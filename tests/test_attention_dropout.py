@@ -9,8 +9,7 @@ import retrofit
 from tests import tiny
 
 
-def test_attention_dropout_override(monkeypatch):
-    monkeypatch.delenv("RETROFIT_ATTENTION_PATH", raising=False)  # conftest pins chunked; a user's auto
+def test_attention_dropout_override(user_kernel):
     model = tiny.gpt2()
     model.config.attn_pdrop = 0.1
     for block in model.transformer.h:
@@ -22,4 +21,4 @@ def test_attention_dropout_override(monkeypatch):
     assert retrofit.describe(model)["attention_path"] == "chunked"  # dropout: the fused kernels have none
     model._retrofit_state.attention_dropout = 0.0
     model(x).logits.sum().backward()
-    assert retrofit.describe(model)["attention_path"] == "fused-band"
+    assert retrofit.describe(model)["attention_path"] == "cpu-flash-band"

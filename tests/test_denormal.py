@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrofit import denormal, kernel
+from retrofit import denormal, kernels
 
 pytestmark = pytest.mark.skipif(not denormal.supported(), reason="this CPU cannot flush denormals")
 
@@ -18,8 +18,8 @@ def _small_calls_flush_too(monkeypatch):
 
 def _alibi(q, k, v, **kw):
     slopes = torch.tensor([0.5, 0.25])
-    return kernel.attend(q, k, v, scaling=q.shape[-1] ** -0.5, slopes=slopes,
-                         bias=lambda h, i, j: -slopes[h] * (i - j), **kw)
+    call = kernels.Call(q, k, v, q.shape[-1] ** -0.5, slopes=slopes, bias=lambda h, i, j: -slopes[h] * (i - j), **kw)
+    return kernels.attend(call)
 
 
 class _Spy(torch.autograd.Function):
