@@ -45,18 +45,24 @@ def curve(out: Path) -> dict[int, float]:
     return {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str, *, schemes: str, eval_every: int, out: str) -> argparse.ArgumentParser:
+    """The LoRA fine-tune comparison's options (shared with compare_dropout.py)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="baseline:quickstart")
-    ap.add_argument("--schemes", default="rope,alibi")
+    ap.add_argument("--schemes", default=schemes)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-every", type=int, default=eval_every)
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--distill-weight", type=float, default=1.0)
     ap.add_argument("--val-blocks", type=int, default=64)
-    ap.add_argument("--out", default="benchmarks/compare_distill.json")
+    ap.add_argument("--out", default=out)
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__, schemes="rope,alibi", eval_every=10, out="benchmarks/compare_distill.json")
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="compare-distill-"))

@@ -13,7 +13,6 @@ the held-out validation loss every ``--eval-every`` steps, and the seconds of ea
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -25,33 +24,19 @@ from retrofit.atomic import write_text  # noqa: E402
 from retrofit.training import finetune  # noqa: E402
 from retrofit.versions import cpu_info, library_versions  # noqa: E402
 
+import compare_distill  # noqa: E402  (scripts/: the same fine-tune and options)
+
 
 def recipe(out: Path, scheme: str, dropout, args) -> dict:
-    return {
-        "model": {"name_or_path": args.model},
-        "convert": {"scheme": scheme, "options": {}},
-        "data": {"dataset": "shakespeare:train", "block_length": args.block, "validation_fraction": 0.1,
-                 "max_validation_blocks": args.val_blocks},
-        "train": {"method": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "train_norms": True,
-                  "steps": args.steps, "batch_size": args.batch, "learning_rate": args.lr, "warmup_steps": 5,
-                  "eval_every": args.eval_every, "seed": 0, "attention_dropout": dropout},
-        "checkpoint": {"every": 0},
-        "output_dir": str(out),
-    }
+    """compare_distill's LoRA fine-tune (next-token loss) with the attention dropout set."""
+    r = compare_distill.recipe(out, scheme, "lm", args)
+    r["train"]["attention_dropout"] = dropout
+    return r
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="baseline:quickstart")
-    ap.add_argument("--schemes", default="t5")
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--eval-every", type=int, default=20)
-    ap.add_argument("--block", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--val-blocks", type=int, default=64)
+    ap = compare_distill.parser(__doc__, schemes="t5", eval_every=20, out="benchmarks/compare_dropout.json")
     ap.add_argument("--dropouts", default="0.1,0", help="train.attention_dropout values ('null': the model's own)")
-    ap.add_argument("--out", default="benchmarks/compare_dropout.json")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="compare-dropout-"))
     runs = {}
