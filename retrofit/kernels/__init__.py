@@ -43,7 +43,8 @@ PATHS = (
     Path("flash-attn-alibi", flash_attn_alibi.serves, flash_attn_alibi.run, BIAS,
          "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)"),
     Path("sdpa-alibi-dims", sdpa_alibi_dims.serves, sdpa_alibi_dims.run, BIAS,
-         "ALiBi as extra q/k dimensions through the stock fused SDPA kernel, forward and backward"),
+         "ALiBi as extra q/k dimensions through the stock fused SDPA kernel, forward and backward (auto: not for "
+         "a decoding step)", worth=sdpa_alibi_dims.worth),
     Path("cpu-flash-band", cpu_flash_band.serves, cpu_flash_band.run, BIAS,
          "T5/Shaw: the far keys as a causal square plus a band of the last K keys, CPU flash op (CPU, no dropout)"),
     Path("cpu-flash-mask", cpu_flash_mask.serves, cpu_flash_mask.run, BIAS,
