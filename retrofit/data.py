@@ -68,14 +68,16 @@ def _looks_like_path(spec: str) -> bool:
     return any(c in spec for c in "*?[") or spec.startswith((".", os.sep, "~")) or Path(spec).suffix in TEXT_SUFFIXES
 
 
-def _expand_paths(spec: str) -> list[Path]:
+def _expand_paths(spec: str, keep=lambda f: f.suffix in TEXT_SUFFIXES,
+                  kinds: str = f"text files ({', '.join(sorted(TEXT_SUFFIXES))})") -> list[Path]:
+    """The files a spec names: a file, a folder (its files that ``keep`` accepts, recursively) or a glob."""
     p = Path(spec).expanduser()
     if p.is_file():
         return [p]
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
+        files = sorted(f for f in p.rglob("*") if f.is_file() and keep(f))
         if not files:
-            raise DataError(f"directory {spec!r} holds no text files ({', '.join(sorted(TEXT_SUFFIXES))})")
+            raise DataError(f"directory {spec!r} holds no {kinds}")
         return files
     if _looks_like_path(spec):
         matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(spec), recursive=True) if Path(m).is_file())

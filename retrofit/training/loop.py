@@ -39,7 +39,7 @@ from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
 from . import outputs, positions, sharding, stream
-from .recipe import Recipe, tokens_per_step
+from .recipe import Recipe, budget, tokens_per_step
 from .teacher import Clock, TeacherView, distill_kl
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def _finetune(r: Recipe) -> Path:
     else:
         train_set, val_set = source, _stream_validation(r, tok, source)
     if acc.is_main_process:
-        _write_run_info(r, out, model, train_set, val_set)
+        _write_run_info(r, out, model, train_set, val_set, acc.num_processes)
     out = _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap)
     # Every tensor of the run goes before the process group does: gloo's threads must not hold any when
     # the interpreter finalises (a rank aborted at exit, "terminate called without an active exception").
@@ -174,17 +174,12 @@ def _cpu_processes() -> bool:
 
 def _budget(r: Recipe, acc, source) -> None:
     """Resolve train.steps from data.max_tokens (the smaller bound wins) and say the arithmetic."""
-    d, t = r.data, r.train
-    per_step = tokens_per_step(r, acc.num_processes)
-    if d.max_tokens is not None:
-        by_budget = d.max_tokens // per_step
-        if by_budget < 1:
-            raise LengthError(f"'data.max_tokens' = {d.max_tokens:,} is less than one step of {per_step:,} tokens")
-        t.steps = by_budget if t.steps is None else min(t.steps, by_budget)
-    log.info("budget: %d steps x %s tokens (batch %d x accumulation %d x block %d x %d processes) = %s tokens%s",
-             t.steps, f"{per_step:,}", t.batch_size, t.gradient_accumulation_steps, d.block_length,
-             acc.num_processes, f"{t.steps * per_step:,}",
-             f", streamed from {source.what}" if source is not None else "")
+    steps, _, words = budget(r, acc.num_processes)
+    if steps < 1:
+        raise LengthError(f"'data.max_tokens' = {r.data.max_tokens:,} is less than one step of "
+                          f"{tokens_per_step(r, acc.num_processes):,} tokens")
+    r.train.steps = steps
+    log.info("budget: %s%s", words, f", streamed from {source.what}" if source is not None else "")
 
 
 def _documents(r: Recipe):
@@ -280,7 +275,7 @@ def _stream_validation(r: Recipe, tok, source):
     return val
 
 
-def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
+def _write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / rf.RECIPE, r.to_yaml())  # resolved: train.steps as the budget sets it
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -293,7 +288,7 @@ def _write_run_info(r: Recipe, out: Path, model, train, val) -> None:
     }
     if isinstance(train, stream.StreamSource):
         info.update(train_stream=train.what, validation_documents=train.validation_documents,
-                    budget_tokens=r.train.steps * tokens_per_step(r, int(os.environ.get("WORLD_SIZE", "1"))))
+                    budget_tokens=r.train.steps * tokens_per_step(r, processes))
     else:
         info.update(train_blocks=len(train), train_fingerprint=rdata.fingerprint(train.flatten().tolist()))
     write_text(out / rf.VERSIONS, json.dumps(info, indent=2) + "\n")

@@ -32,6 +32,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .recipe import budget  # the one budget arithmetic, shared with the loop
+
 GiB = 2**30
 WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2, None: 4, "auto": 2}
 ROUTES = ("ddp", "fsdp", "fsdp+offload")
@@ -256,24 +258,6 @@ def table(shape: Shape, run: Run, processes: int) -> str:
 # Time on paper: a GPU's dense bf16 peak at a utilisation a Hugging Face fine-tune reaches (not measured here;
 # pass --tokens-per-s with a rate you measured, e.g. log.jsonl's tokens_per_s of a short run, to replace it).
 PAPER_GPU = ("one A100 (312 bf16 TFLOP/s at 30% utilisation)", 312e12 * 0.30)
-
-
-def budget(r, processes: int) -> tuple[int, int, str]:
-    """(steps, tokens, the arithmetic in words) a recipe trains for on ``processes`` processes."""
-    from .recipe import tokens_per_step
-
-    d, t = r.data, r.train
-    per = tokens_per_step(r, processes)
-    steps = t.steps
-    why = "train.steps"
-    if d.max_tokens is not None:
-        by_budget = d.max_tokens // per
-        if steps is None or by_budget < steps:
-            steps, why = by_budget, f"data.max_tokens = {d.max_tokens:,} // {per:,}"
-    words = (f"{steps:,} steps ({why}) x {per:,} tokens per step (batch {t.batch_size} x accumulation "
-             f"{t.gradient_accumulation_steps} x block {d.block_length} x {processes} processes) = "
-             f"{steps * per:,} tokens")
-    return steps, steps * per, words
 
 
 def flops_per_token(shape: Shape, run: Run, teacher_forwards: float = 0.0) -> float:

@@ -369,6 +369,22 @@ def tokens_per_step(r: "Recipe", processes: int = 1) -> int:
     return t.batch_size * t.gradient_accumulation_steps * r.data.block_length * processes
 
 
+def budget(r: "Recipe", processes: int = 1) -> tuple[int, int, str]:
+    """(steps, tokens, the arithmetic in words) a recipe trains for on ``processes`` processes: train.steps, or
+    data.max_tokens // tokens per step where that is smaller (or train.steps is null)."""
+    d, t = r.data, r.train
+    per = tokens_per_step(r, processes)
+    steps, why = t.steps, "train.steps"
+    if d.max_tokens is not None:
+        by_budget = d.max_tokens // per
+        if steps is None or by_budget < steps:
+            steps, why = by_budget, f"data.max_tokens = {d.max_tokens:,} // {per:,}"
+    words = (f"{steps:,} steps ({why}) x {per:,} tokens per step (batch {t.batch_size} x accumulation "
+             f"{t.gradient_accumulation_steps} x block {d.block_length} x {processes} processes) = "
+             f"{steps * per:,} tokens")
+    return steps, steps * per, words
+
+
 def _check_streaming(d: DataConfig) -> None:
     if d.max_tokens is not None:
         _positive("data.max_tokens", d.max_tokens)

@@ -19,11 +19,9 @@ those (by content: a held-out document never reaches training, wherever it falls
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import itertools
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -64,20 +62,8 @@ def file_format(path: str | Path) -> str | None:
 
 def stream_files(spec: str | list) -> list[str]:
     """The files a ``data.files`` spec names (files, folders, globs), sorted; DataError when none."""
-    out: list[str] = []
-    for s in [spec] if isinstance(spec, str) else spec:
-        p = Path(s).expanduser()
-        if p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and file_format(f))
-            if not found:
-                raise DataError(f"folder {s!r} holds no json, jsonl, parquet or txt files")
-        elif p.is_file():
-            found = [str(p)]
-        else:
-            found = sorted(m for m in glob.glob(os.path.expanduser(s), recursive=True) if Path(m).is_file())
-            if not found:
-                raise DataError(f"no file matches {s!r}")
-        out += found
+    out = [str(f) for s in ([spec] if isinstance(spec, str) else spec)
+           for f in rdata._expand_paths(s, keep=file_format, kinds="json, jsonl, parquet or txt files")]
     bad = [f for f in out if not file_format(f)]
     if bad:
         raise DataError(f"{bad[0]} is not a streamable file (json, jsonl, parquet, txt, optionally compressed); "
