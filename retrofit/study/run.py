@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fnmatch
 import json
 import logging
 import time
@@ -27,6 +26,7 @@ from ..pipeline import STAGES, evaluate_section, load_original
 from ..pipeline import run as run_pipeline
 from ..run_recipe import _hash, load_recipe
 from . import tables as T
+from .cache import CellCache, read, write
 from .grid import Grid, cells
 
 log = logging.getLogger(__name__)
@@ -72,24 +72,18 @@ def _within_native(e, lengths, native: int | None = None):
     return dataclasses.replace(e, **keep)
 
 
-def _matches(name: str, patterns) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
 def run_cell(cell: dict, raw: dict, out: Path, rerun=()) -> dict:
     """One cell: its figures from the cache when it ran with this recipe (and is not to be rerun), else run."""
     rr = cell_recipe(raw, cell, out)
     plan = _hash({k: v for k, v in rr.to_dict().items() if k != "output_dir"})  # the folder may move
-    cache = rr.run_dir / CELL
-    if cache.is_file() and not _matches(cell["name"], rerun):
-        old = json.loads(cache.read_text())
-        if old.get("plan") == plan:
-            log.info("%s: cached", cell["name"])
-            return {**cell, **{k: v for k, v in old.items() if k != "plan"}}
-        log.info("%s: the cached cell ran another recipe; running it again", cell["name"])
+    cache = CellCache(rr.run_dir.parent, rerun)
+    old = cache.get(cell["name"], plan)
+    if old is not None:
+        log.info("%s: cached", cell["name"])
+        return {**cell, **{k: v for k, v in old.items() if k != "plan"}}
     t0 = time.time()
     if cell["budget"]:
-        run_pipeline(rr, force=STAGES if _matches(cell["name"], rerun) else ())
+        run_pipeline(rr, force=STAGES if cache.recompute(cell["name"]) else ())
         report = json.loads((rr.run_dir / rf.EVAL / rf.REPORT).read_text())
         trainable = rf.versions(rr.run_dir).get("trainable_parameters")
     else:
@@ -100,8 +94,7 @@ def run_cell(cell: dict, raw: dict, out: Path, rerun=()) -> dict:
               "recall": [r for r in report.get("recall") or [] if r["role"] in T.EVALUATED],
               "seconds": round(time.time() - t0, 1),
               "trainable_parameters": trainable}
-    rr.run_dir.mkdir(parents=True, exist_ok=True)
-    write_text(cache, json.dumps({"plan": plan, **result}, indent=1, default=str))
+    cache.put(cell["name"], {"plan": plan, **result})
     return {**cell, **result}
 
 
@@ -144,8 +137,9 @@ def run_original(raw: dict, out: Path) -> dict:
                            "convert.calibrate.data=null"])
     path = out / ORIGINAL
     plan = _hash({"model": dataclasses.asdict(rr.finetune.model), "eval": dataclasses.asdict(rr.eval)})
-    if path.is_file() and json.loads(path.read_text()).get("plan") == plan:
-        return json.loads(path.read_text())
+    cached = read(path, plan)
+    if cached is not None:
+        return cached
     t0 = time.time()
     m = rr.finetune.model
     name, model, tok = load_original(m.name_or_path, gguf_file=m.gguf_file, dtype=m.dtype)
@@ -169,8 +163,7 @@ def run_original(raw: dict, out: Path) -> dict:
     result = {"plan": plan, "native_length": native, "lengths": lengths, "rows": rows,
               "passkey": report.get("passkey") or [], "recall": report.get("recall") or [],
               "seconds": round(time.time() - t0, 1)}
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(path, json.dumps(result, indent=1, default=str))
+    write(path, result)
     return result
 
 
@@ -179,7 +172,7 @@ def run_study(grid: Grid, out: str | Path | None = None, rerun=()) -> Path:
     out = Path(out or grid.output_dir)
     raw = base_recipe(grid)
     plan = cells(grid)
-    unknown = [p for p in rerun if not any(_matches(c["name"], [p]) for c in plan)]
+    unknown = [p for p in rerun if not any(CellCache(out, [p]).recompute(c["name"]) for c in plan)]
     if unknown:
         raise OptionError(f"--rerun {unknown}: no cell of this grid matches; its cells: "
                             f"{', '.join(c['name'] for c in plan)}")
