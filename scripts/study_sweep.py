@@ -2,9 +2,9 @@
 
     python scripts/study_sweep.py            # writes benchmarks/study_recipe_sweep.{json,md}
 
-Each configuration runs ``scripts/study.py`` on one scheme (alibi) and one budget (2%), with its
-continued-training control, scoring native-length ppl only; cells are cached under
-``runs/sweep/<config>/`` like the study's. The study then uses the batch size and learning rates
+Each configuration is a round of the study (``retrofit.study.rounds``) on one scheme (alibi) and one budget
+(2%), with its continued-training control, scoring native-length ppl only; its cells are read from
+``runs/sweep/<config>/`` (it trains nothing). The study then used the batch size and learning rates
 that gave the lowest converted ppl (not the lowest ratio to the control: a learning rate that
 damages the control flatters that ratio; see docs/study.md).
 """
@@ -12,25 +12,24 @@ damages the control flatters that ratio; see docs/study.md).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
+from retrofit.study.rounds import Round, rebuild
 from retrofit.study.tables import fmt
 
-HERE = Path(__file__).resolve().parent
-# name: (method, batch size, learning rate, extra study.py flags)
+# name: (method, batch size, learning rate, the distill/fade/offset variants, LoRA also trains the embeddings)
 CONFIGS = {
-    "b2-lr1e-3": ("full", 2, 1e-3, ["--no-variants"]),
-    "b2-lr3e-4": ("full", 2, 3e-4, ["--no-variants"]),
-    "b1-lr3e-4": ("full", 1, 3e-4, ["--no-variants"]),
-    "b2-lr3e-4-var": ("full", 2, 3e-4, []),
-    "b2-lr5e-4": ("full", 2, 5e-4, ["--no-variants"]),
-    "b4-lr3e-4-var": ("full", 4, 3e-4, []),
-    "b2-lr1.5e-4-var": ("full", 2, 1.5e-4, []),
-    "lora-b2-lr1e-3-emb": ("lora", 2, 1e-3, ["--no-variants", "--lora-embeddings"]),
-    "lora-b2-lr5e-4-emb": ("lora", 2, 5e-4, ["--no-variants", "--lora-embeddings"]),
-    "lora-b2-lr1e-3": ("lora", 2, 1e-3, ["--no-variants", "--no-lora-embeddings"]),
+    "b2-lr1e-3": ("full", 2, 1e-3, False, True),
+    "b2-lr3e-4": ("full", 2, 3e-4, False, True),
+    "b1-lr3e-4": ("full", 1, 3e-4, False, True),
+    "b2-lr3e-4-var": ("full", 2, 3e-4, True, True),
+    "b2-lr5e-4": ("full", 2, 5e-4, False, True),
+    "b4-lr3e-4-var": ("full", 4, 3e-4, True, True),
+    "b2-lr1.5e-4-var": ("full", 2, 1.5e-4, True, True),
+    "lora-b2-lr1e-3-emb": ("lora", 2, 1e-3, False, True),
+    "lora-b2-lr5e-4-emb": ("lora", 2, 5e-4, False, True),
+    "lora-b2-lr1e-3": ("lora", 2, 1e-3, False, False),
 }
 
 
@@ -38,18 +37,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", default="runs/sweep")
     p.add_argument("--out", default="benchmarks/study_recipe_sweep.json")
-    p.add_argument("--cached-only", action="store_true")
     args = p.parse_args(argv)
-    spec = importlib.util.spec_from_file_location("study", HERE / "study.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
     rows = []
-    for name, (method, batch, lr, extra) in CONFIGS.items():
+    for name, (method, batch, lr, variants, embeddings) in CONFIGS.items():
         out = Path(args.runs) / f"{name}.json"
-        flags = ["--part", "gpt2", "--schemes", "alibi", "--methods", method, "--budgets", "0.02", "--multiples", "1",
-                 "--eval-budget", "8192", "--batch-size", str(batch), f"--lr-{method}", str(lr),
-                 "--runs", str(Path(args.runs) / name), "--out", str(out), *extra]
-        study.main(flags + (["--cached-only"] if args.cached_only else []))
+        rebuild(Round(out=str(out), runs=str(Path(args.runs) / name), schemes=["alibi"], methods=[method],
+                      budgets=[0.02], multiples=[1], eval_budget=8192, batch_size=batch, variants=variants,
+                      lora_embeddings=embeddings, passkey_trials=0, **{f"lr_{method}": lr}),
+                f"python scripts/study_sweep.py ({name})")
         gpt2 = json.loads(out.read_text())["gpt2"]
         table, native = gpt2["table"], gpt2["stand_in"]["native_length"]
         control = next((r for r in table if r["cell"].startswith("control")), {})
@@ -57,7 +52,7 @@ def main(argv=None):
             if r["cell"].startswith(("original", "control")):
                 continue
             rows.append({"config": name, "method": method, "batch_size": batch, "learning_rate": lr,
-                         "lora_embeddings": "--lora-embeddings" in extra, "cell": r["cell"],
+                         "lora_embeddings": method == "lora" and embeddings, "cell": r["cell"],
                          "steps": r.get("extra_tokens", 0) // (native * batch),
                          "objective": r.get("objective"), "fade": r.get("fade"), "extra_tokens": r.get("extra_tokens"),
                          "ppl@1x": r.get("ppl@1x"), "control_ppl@1x": control.get("ppl@1x"),

@@ -22,13 +22,6 @@ from ..schema import field_help as _f
 EVALUATED = ("converted", "original")
 
 
-def rows_of(report, **extra) -> list[dict]:
-    keep = ("model", "role", "length", "method", "window", "ppl", "tokens", "windows", "ci_low", "ci_high")
-    return [{**{k: r.get(k) for k in keep}, **({"role": "converted"} if r["role"] in EVALUATED else {}), **extra}
-            for r in report.rows]
-
-
-
 def pooled_passkey(rows: list[dict]) -> dict:
     """{length: {"correct", "trials", "accuracy", "ci_low", "ci_high"}} over the depths."""
     from retrofit.evaluation.passkey import wilson
