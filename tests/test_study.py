@@ -61,7 +61,11 @@ def test_the_script_holds_only_the_grids_of_the_committed_reports(study):
         assert bool(g.get("passkey")) == bool(R.passkey_budgets(r, [c["budget"] for c in planned]))
 
 
-def test_an_unknown_report_is_refused(study):
+def test_the_committed_reports_record_the_command_that_rebuilds_them(study):
+    for name, r in study.ROUNDS.items():
+        if name == "study_gpt2":
+            continue  # from before the reports recorded their stand-in and settings: rebuilt, it gains them
+        assert json.loads((ROOT / r.out).read_text())["command"] == f"python scripts/study.py {name}"
     with pytest.raises(SystemExit):
         study.main(["study9"])
 
