@@ -44,7 +44,7 @@ def main(argv=None):
         rebuild(Round(out=str(out), runs=str(Path(args.runs) / name), schemes=["alibi"], methods=[method],
                       budgets=[0.02], multiples=[1], eval_budget=8192, batch_size=batch, variants=variants,
                       lora_embeddings=embeddings, passkey_trials=0, **{f"lr_{method}": lr}),
-                f"python scripts/study_sweep.py ({name})")
+                "python scripts/study_sweep.py")
         gpt2 = json.loads(out.read_text())["gpt2"]
         table, native = gpt2["table"], gpt2["stand_in"]["native_length"]
         control = next((r for r in table if r["cell"].startswith("control")), {})

@@ -26,7 +26,7 @@ from .cache import CellCache, read
 
 log = logging.getLogger(__name__)
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
-NOT_RUN = "LookupError: not run yet (--cached-only)"  # a cell the cache lacks (the reports' wording)
+NOT_RUN = "LookupError: not run yet (not in the cache)"  # a cell the cache lacks
 # what a cached cell must share with the planned one to be reused (a label may be given new options)
 PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset", "pose", "seed", "block",
              "calibrate")
