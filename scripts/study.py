@@ -27,8 +27,11 @@ BUDGETS2 = [0, 0.005, 0.02, 0.1]
 YARN16_LONG = "rope:scaling=yarn;factor=16;block=4096"
 
 ROUNDS = {
-    # round 1, part 2: SmolLM2-135M (RoPE, native 8k); (label in the report, cache file under runs/study/smollm2/)
-    "study": Round(out="benchmarks/study.json", part="smollm2", smollm2=[
+    # round 1: SmolLM2-135M (RoPE, native 8k), rebuilt: (label in the report, cache file under runs/study/smollm2/);
+    # and the first stand-in's grid (every scheme, 2 blocks a step, the variants), kept as it was measured (from before
+    # the reports recorded their stand-in's hash and settings and the passkey test: rebuilt, it would gain them)
+    "study": Round(out="benchmarks/study.json", part="smollm2", passkey_trials=0,
+                   schemes=["alibi", "rope", "t5", "shaw", "nope", "fire", "sinusoidal"], smollm2=[
         ("original", "original"), ("rope-yarnx4-no-finetune", "rope-yarnx4"),
         ("rope-ntkx4-no-finetune", "rope-ntkx4"), ("alibi-no-finetune", "alibi-no-finetune"),
         ("alibi-lora-100", "alibi-lora-100"), ("rope-yarn-native1024-lora-100", "rope-yarn-native1024-lora-100"),

@@ -48,7 +48,7 @@ class Round:
 
     out: str
     runs: str = "runs/study"
-    part: str = "gpt2"  # gpt2: a grid on the stand-in `preset`; smollm2: the SmolLM2 runs (`smollm2`)
+    part: str = "gpt2"  # what is rebuilt: gpt2, the grid on the stand-in `preset`; smollm2, the SmolLM2 runs
     preset: str = "study"
     schemes: list = field(default_factory=list)  # scheme entries, [LABEL=]SCHEME:KEY=VALUE;...
     methods: list = field(default_factory=lambda: ["full", "lora"])  # the first also had the variants
