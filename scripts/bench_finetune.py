@@ -1,14 +1,18 @@
-"""Throughput of a LoRA fine-tune step: converted (alibi, rope, t5) vs the unconverted model.
+"""Throughput of a LoRA fine-tune step, every scheme vs the unconverted model, with dropout as shipped.
 
 A GPT-2-small-shaped model (12 layers, 768 wide, 12 heads, vocab 50257, random weights: the speed
-does not depend on them), LoRA r=8 on the gpt2 default targets (the fine-tune's own wrapping,
-``retrofit.training.model.make_trainable``), batch 1, AdamW, one forward + backward + step per
-block. Variants run interleaved, round after round, so that a shared machine's load hits all of
+does not depend on them) with GPT-2's own dropouts (``attn_pdrop`` 0.1), LoRA r=8 on the gpt2 default
+targets (the fine-tune's own wrapping, ``retrofit.training.model.make_trainable``), batch 1, AdamW, one
+forward + backward + step per block. The attention dropout is the fine-tune's default
+(``train.attention_dropout``, set by ``retrofit.training.model.set_attention_dropout`` as the loop does):
+a converted model trains without it; the unconverted model keeps GPT-2's 0.1 (as the continued-training
+control does), and ``none-nodrop`` is the unconverted model without it, for a like-for-like kernel
+comparison. Variants run interleaved, round after round, so that a shared machine's load hits all of
 them alike; the reported figure is the median over rounds of tokens/s.
 
-    OMP_NUM_THREADS=2 python scripts/bench_finetune.py --length 1024 --rounds 3 --steps 2
+    OMP_NUM_THREADS=1 python scripts/bench_finetune.py --length 1024 --rounds 3 --steps 2
     -> benchmarks/bench_finetune.json
-    python scripts/bench_finetune.py --attention-dropout 0 --out benchmarks/bench_finetune_nodropout.json
+    python scripts/bench_finetune.py --attention-dropout 0.1 --out /tmp/with-dropout.json   # keep GPT-2's 0.1
 
 Target: every converted variant >= 0.85x the unconverted model's tokens/s.
 """
@@ -29,7 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
 
 
-def build(scheme: str | None, args):
+UNCONVERTED = {"none": 0.1, "none-nodrop": 0.0}  # the unconverted variants and their attn_pdrop
+
+
+def build(name: str, args):
+    """A variant's model and optimizer; the attention dropout each one trains with."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import retrofit
@@ -38,14 +46,20 @@ def build(scheme: str | None, args):
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads, vocab_size=50257,
-                     n_positions=max(1024, args.length), attn_pdrop=args.attention_dropout)
+                     n_positions=max(1024, args.length), attn_pdrop=UNCONVERTED.get(name, 0.1))
     model = GPT2LMHeadModel(cfg)
-    if scheme is not None:
-        retrofit.convert(model, scheme)
-    model.train()
     train = TrainConfig()
     train.lora.r, train.lora.alpha = 8, 16
+    if args.attention_dropout is not None:
+        train.attention_dropout = args.attention_dropout
+    dropout = cfg.attn_pdrop
+    if name not in UNCONVERTED:
+        retrofit.convert(model, name)
+        dropout = mdl.set_attention_dropout(model, train)
+        dropout = cfg.attn_pdrop if dropout is None else dropout
+    model.train()
     model = mdl.make_trainable(model, train)
+    model.attention_dropout_used = dropout
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     return model, opt
 
@@ -68,16 +82,16 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--schemes", default="none,alibi,rope,t5,fire")
-    ap.add_argument("--attention-dropout", type=float, default=0.1,
-                    help="attn_pdrop of every variant, the unconverted one included (GPT-2 ships 0.1; under it the "
-                         "bias paths other than ALiBi's run chunked on CPU, stock SDPA its math path)")
+    ap.add_argument("--schemes", default="none,none-nodrop,alibi,rope,t5,shaw,fire,xl,nezha,nope,sinusoidal")
+    ap.add_argument("--attention-dropout", type=float, default=None,
+                    help="train.attention_dropout of the converted variants (default: the fine-tune's, 0; "
+                         "0.1 keeps GPT-2's, under which the bias paths other than ALiBi's run chunked on CPU)")
     ap.add_argument("--out", default="benchmarks/bench_finetune.json")
     args = ap.parse_args(argv)
 
     names = args.schemes.split(",")
     ids = torch.randint(0, 50257, (1, args.length), generator=torch.Generator().manual_seed(0))
-    models = {n: build(None if n == "none" else n, args) for n in names}
+    models = {n: build(n, args) for n in names}
     for n in names:  # warm-up (allocator, first-call paths)
         for _ in range(args.warmup):
             step(*models[n], ids)
@@ -90,20 +104,23 @@ def main(argv=None) -> int:
 
     import retrofit
 
-    base = args.length / statistics.median(times["none"]) if "none" in times else None
+    base = {u: args.length / statistics.median(times[u]) for u in UNCONVERTED if u in times}
     rows = {}
     for n in names:
         tps = args.length / statistics.median(times[n])
         paths = None
-        if n != "none":
+        if n not in UNCONVERTED:
             paths = retrofit.describe(models[n][0].get_base_model()).get("attention_paths")
         rows[n] = {"tokens_per_s": round(tps, 1), "seconds_per_step": round(statistics.median(times[n]), 3),
-                   "ratio_to_unconverted": round(tps / base, 3) if base else None,
+                   "attention_dropout": models[n][0].attention_dropout_used,
+                   "ratio_to_unconverted": round(tps / base["none"], 3) if "none" in base else None,
+                   "ratio_to_unconverted_nodrop": round(tps / base["none-nodrop"], 3) if "none-nodrop" in base else None,
                    "per_round_tokens_per_s": [round(args.length / t, 1) for t in times[n]], "attention_path": paths}
     result = {
         "benchmark": "LoRA fine-tune step (forward + backward + AdamW), batch 1",
         "model": {"layers": args.layers, "width": args.width, "heads": args.heads, "vocab": 50257},
         "length": args.length, "lora_r": 8, "attention_dropout": args.attention_dropout,
+        "unconverted": "none: GPT-2's attn_pdrop 0.1 kept (an unconverted fine-tune); none-nodrop: 0",
         "command": "python scripts/bench_finetune.py " + " ".join(argv if argv is not None else sys.argv[1:]), "rounds": args.rounds, "steps_per_round": args.steps,
         "target_ratio": 0.85, "results": rows,
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -112,9 +129,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n| scheme | tokens/s | x unconverted | attention path |\n|---|---:|---:|---|")
+    print("\n| scheme | attention dropout | tokens/s | x unconverted | x unconverted, no dropout | attention path |\n"
+          "|---|---:|---:|---:|---:|---|")
     for n, row in rows.items():
-        print(f"| {n} | {row['tokens_per_s']} | {row['ratio_to_unconverted']} | {', '.join(row['attention_path'] or ['stock'])} |")
+        print(f"| {n} | {row['attention_dropout']} | {row['tokens_per_s']} | {row['ratio_to_unconverted']} | "
+              f"{row['ratio_to_unconverted_nodrop']} | {', '.join(row['attention_path'] or ['stock'])} |")
     print(f"wrote {out}")
     return 0
 

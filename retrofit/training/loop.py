@@ -94,8 +94,7 @@ def _finetune(r: Recipe) -> Path:
         needs_teacher = r.train.objective != "lm" or calibrating
         teacher = mdl.make_teacher(model, r.model) if needs_teacher else None
         mdl.convert(model, r.convert)
-        if r.train.attention_dropout is not None and getattr(model, "_retrofit_state", None) is not None:
-            model._retrofit_state.attention_dropout = float(r.train.attention_dropout)
+        mdl.set_attention_dropout(model, r.train)
         fade_offset_cap = _check_lengths(r, model)  # an impossible block fails before calibrating
         if calibrating:
             _calibrate(r, acc, out, model.to(acc.device), teacher.to(acc.device), tok)

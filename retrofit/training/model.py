@@ -57,6 +57,16 @@ def convert(model, convert_cfg):
     return model
 
 
+def set_attention_dropout(model, train_cfg) -> float | None:
+    """The fine-tune's attention dropout (``train.attention_dropout``) on a converted model; None (the model's
+    own dropout stays) for an unconverted one or ``attention_dropout: null``. Returns what is set."""
+    state = getattr(model, "_retrofit_state", None)
+    if train_cfg.attention_dropout is None or state is None:
+        return None
+    state.attention_dropout = float(train_cfg.attention_dropout)
+    return state.attention_dropout
+
+
 def _go_on(model, convert_cfg, current: dict):
     from ..core import set_kernel
     from ..encodings.base import common_defaults
