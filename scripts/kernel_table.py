@@ -1,0 +1,68 @@
+"""The kernel table of ``docs/results.md`` from the per-scheme JSONs of ``scripts/bench_kernel.py``.
+
+    for s in alibi t5 shaw fire xl nezha rope nope sinusoidal; do
+        OMP_NUM_THREADS=1 python scripts/bench_kernel.py --schemes $s --lengths 1024,2048,8192 \\
+            --modes infer,train --memory-lengths 8192 --out benchmarks/kernel_table/$s.json
+    done
+    python scripts/kernel_table.py benchmarks/kernel_table/*.json
+
+One scheme per JSON, so that each is a cache of its own (a scheme re-measured after a change reruns alone).
+Time: x stock, the median of per-repeat ratios against stock run alternately in the same process; memory at
+the longest memory length: peak RSS and bytes saved for backward, x stock, one process per variant. Prints
+Markdown: the CPU line, then the table (``tests/test_docs.py`` checks ``docs/results.md`` holds it verbatim).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+MODES = {"infer": "inference", "train": "train step"}
+
+
+def cpu_line(results: list[dict]) -> str:
+    cpus = {(h.get("processor"), ", ".join(h.get("flags") or []) or "no AVX-512/AMX flag",
+             h.get("torch_threads")) for h in (r["hardware"] for r in results)}
+    return "; ".join(f"CPU: {p} ({f}), {t} torch thread(s)" for p, f, t in sorted(cpus, key=str))
+
+
+def table(results: list[dict]) -> str:
+    lengths = sorted({r["length"] for res in results for r in res["rows"] if "time_vs_stock" in r})
+    mem = sorted({r["length"] for res in results for r in res["rows"] if "memory_vs_stock" in r})
+    head = ["variant", "mode", *(f"{L:,}" for L in lengths), "path"]
+    if mem:
+        head += [f"peak RSS at {mem[-1]:,} x stock", f"saved for backward at {mem[-1]:,} x stock"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * len(lengths) + "---|" + "---:|" * (2 * bool(mem))]
+    for res in results:
+        for v in dict.fromkeys(r["variant"] for r in res["rows"] if r.get("variant") not in (None, "stock")):
+            for mode, label in MODES.items():
+                rows = [r for r in res["rows"] if r.get("variant") == v and r.get("mode") == mode]
+                timed = {r["length"]: r for r in rows if "time_vs_stock" in r}
+                if not timed:
+                    continue
+                paths = sorted({r["attention_path"] for r in timed.values()})
+                cells = [f"{timed[L]['time_vs_stock']:.2f}" if L in timed else "—" for L in lengths]
+                line = [v, label, *cells, ", ".join(paths)]
+                if mem:
+                    m = next((r for r in rows if r.get("length") == mem[-1] and "memory_vs_stock" in r), {})
+                    line += [f"{m['memory_vs_stock']:.2f}" if m else "—",
+                             f"{m['saved_vs_stock']:.2f}" if "saved_vs_stock" in m else "—"]
+                lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
+
+
+def render(paths) -> str:
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    return cpu_line(results) + "\n\n" + table(results)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", help="bench_kernel JSONs, one scheme each, in the table's order")
+    print(render(p.parse_args(argv).files))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
