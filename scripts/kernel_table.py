@@ -4,9 +4,10 @@
         OMP_NUM_THREADS=1 python scripts/bench_kernel.py --schemes $s --lengths 1024,2048,8192 \\
             --modes infer,train --memory-lengths 8192 --out benchmarks/kernel_table/$s.json
     done
-    python scripts/kernel_table.py benchmarks/kernel_table/*.json
+    python scripts/kernel_table.py benchmarks/kernel_table
 
-One scheme per JSON, so that each is a cache of its own (a scheme re-measured after a change reruns alone).
+One scheme (or a few) per JSON, so that each is a cache of its own (a scheme re-measured after a change reruns
+alone); a folder means every JSON in it. Rows in ``ORDER``, then any other variant by name.
 Time: x stock, the median of per-repeat ratios against stock run alternately in the same process; memory at
 the longest memory length: peak RSS and bytes saved for backward, x stock, one process per variant. Prints
 Markdown: the CPU line, then the table (``tests/test_docs.py`` checks ``docs/results.md`` holds it verbatim).
@@ -19,6 +20,7 @@ import json
 from pathlib import Path
 
 MODES = {"infer": "inference", "train": "train step"}
+ORDER = ["alibi", "alibi+scale_bias", "t5", "shaw", "fire", "xl", "nezha", "rope", "nope", "sinusoidal"]
 
 
 def cpu_line(results: list[dict]) -> str:
@@ -28,38 +30,43 @@ def cpu_line(results: list[dict]) -> str:
 
 
 def table(results: list[dict]) -> str:
-    lengths = sorted({r["length"] for res in results for r in res["rows"] if "time_vs_stock" in r})
-    mem = sorted({r["length"] for res in results for r in res["rows"] if "memory_vs_stock" in r})
+    every = [r for res in results for r in res["rows"] if r.get("variant") not in (None, "stock")]
+    lengths = sorted({r["length"] for r in every if "time_vs_stock" in r})
+    mem = sorted({r["length"] for r in every if "memory_vs_stock" in r})
     head = ["variant", "mode", *(f"{L:,}" for L in lengths), "path"]
     if mem:
         head += [f"peak RSS at {mem[-1]:,} x stock", f"saved for backward at {mem[-1]:,} x stock"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * len(lengths) + "---|" + "---:|" * (2 * bool(mem))]
-    for res in results:
-        for v in dict.fromkeys(r["variant"] for r in res["rows"] if r.get("variant") not in (None, "stock")):
-            for mode, label in MODES.items():
-                rows = [r for r in res["rows"] if r.get("variant") == v and r.get("mode") == mode]
-                timed = {r["length"]: r for r in rows if "time_vs_stock" in r}
-                if not timed:
-                    continue
-                paths = sorted({r["attention_path"] for r in timed.values()})
-                cells = [f"{timed[L]['time_vs_stock']:.2f}" if L in timed else "—" for L in lengths]
-                line = [v, label, *cells, ", ".join(paths)]
-                if mem:
-                    m = next((r for r in rows if r.get("length") == mem[-1] and "memory_vs_stock" in r), {})
-                    line += [f"{m['memory_vs_stock']:.2f}" if m else "—",
-                             f"{m['saved_vs_stock']:.2f}" if "saved_vs_stock" in m else "—"]
-                lines.append("| " + " | ".join(line) + " |")
+    names = set(r["variant"] for r in every)
+    for v in [n for n in ORDER if n in names] + sorted(names - set(ORDER)):
+        for mode, label in MODES.items():
+            rows = [r for r in every if r["variant"] == v and r.get("mode") == mode]
+            timed = {r["length"]: r for r in rows if "time_vs_stock" in r}
+            if not timed:
+                continue
+            cells = [f"{timed[L]['time_vs_stock']:.2f}" if L in timed else "—" for L in lengths]
+            line = [v, label, *cells, ", ".join(sorted({r["attention_path"] for r in timed.values()}))]
+            if mem:
+                m = next((r for r in rows if r.get("length") == mem[-1] and "memory_vs_stock" in r), {})
+                line += [f"{m['memory_vs_stock']:.2f}" if m else "—",
+                         f"{m['saved_vs_stock']:.2f}" if "saved_vs_stock" in m else "—"]
+            lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)
 
 
+def files(paths) -> list[Path]:
+    """The JSONs named, a folder meaning each JSON in it (by name)."""
+    return [f for p in map(Path, paths) for f in (sorted(p.glob("*.json")) if p.is_dir() else [p])]
+
+
 def render(paths) -> str:
-    results = [json.loads(Path(p).read_text()) for p in paths]
+    results = [json.loads(f.read_text()) for f in files(paths)]
     return cpu_line(results) + "\n\n" + table(results)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", help="bench_kernel JSONs, one scheme each, in the table's order")
+    p.add_argument("files", nargs="+", help="bench_kernel JSONs, or folders of them")
     print(render(p.parse_args(argv).files))
     return 0
 
