@@ -48,6 +48,9 @@ class Nezha(Scheme):
     def relative_queries(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, q  # no global biases
 
+    def relative_reach(self) -> int:
+        return self.options.max_distance
+
     def relative_keys(self, layer: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """a for i - j = 0 .. n - 1 (j - i = -d, clipped) -> (1, n, D), shared by every head."""
         offset = -torch.arange(n, device=device).clamp(max=self.options.max_distance)  # j - i

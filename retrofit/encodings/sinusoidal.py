@@ -20,9 +20,14 @@ from ..errors import OptionError
 from .base import ModelSpec, Scheme, option, register_scheme
 
 
+def frequencies(dim: int, base: float, device=None) -> torch.Tensor:
+    """(ceil(dim/2),) fp32: the angular frequency of each sin/cos pair of ``sinusoids``."""
+    return base ** (-torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+
+
 def sinusoids(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
     """(...,) positions -> (..., dim) fp32 sinusoids, sin on even and cos on odd channels."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)  # (ceil(d/2),)
+    inv_freq = frequencies(dim, base, positions.device)  # (ceil(d/2),)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., ceil(d/2))
     out = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., 2 ceil(d/2)) interleaved
     return out[..., :dim]

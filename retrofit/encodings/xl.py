@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import OptionError
 from .base import ModelSpec, Scheme, option, register_scheme
-from .sinusoidal import sinusoids
+from .sinusoidal import frequencies, sinusoids
 
 INITS = ("zero", "random")
 INIT_STD = 0.02
@@ -91,6 +91,12 @@ class TransformerXL(Scheme):
             cached = (key, self._project(W, size, dtype))
             self._tables[li] = cached
         return cached[1][:, :n]
+
+    def relative_sinusoid(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """r_d = W_R R_d per head: (W_R as (H, D, dim), R's frequencies)."""
+        W = self.proj[self._li(layer)]
+        return W.view(self.spec.num_heads, self.spec.head_dim, -1), frequencies(self.options.dim, self.options.base,
+                                                                                 W.device)
 
     def _project(self, W: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         R = sinusoids(torch.arange(n, device=W.device), self.options.dim, self.options.base)  # (n, dim)

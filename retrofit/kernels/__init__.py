@@ -20,11 +20,13 @@ from typing import Callable
 import torch
 
 from ..errors import OptionError
-from . import chunked, cpu_flash_band, cpu_flash_mask, flash_attn_alibi, flex, sdpa, sdpa_alibi_dims
+from . import (chunked, cpu_flash_band, cpu_flash_mask, flash_attn_alibi, flex, sdpa, sdpa_alibi_dims,
+               sdpa_relative_dims)
 from .call import Call, Relative, Unavailable  # noqa: F401  (the record attention.py builds)
 
 POSITION_FREE = ("none", "rotary", "absolute")  # scheme kinds with no positional term in the scores
 BIAS = ("bias",)
+RELATIVE = ("relative",)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,10 @@ PATHS = (
          "any bias as the CPU flash op's float mask, block by block (CPU, no dropout)"),
     Path("flex", flex.serves, flex.run, BIAS, "compiled flex_attention, the bias as a score_mod (CUDA; CPU inference)",
          worth=flex.worth),
-    Path("chunked", chunked.serves, chunked.run, POSITION_FREE + BIAS + ("relative",),
+    Path("sdpa-relative-dims", sdpa_relative_dims.serves, sdpa_relative_dims.run, RELATIVE,
+         "Transformer-XL: the projected sinusoid's term as extra q/k dimensions through the stock fused SDPA kernel "
+         "(auto: not for a decoding step)", worth=sdpa_relative_dims.worth),
+    Path("chunked", chunked.serves, chunked.run, POSITION_FREE + BIAS + RELATIVE,
          "query-chunked SDPA with each chunk's own bias or relative logits: serves every call"),
 )
 BY_NAME = {p.name: p for p in PATHS}

@@ -30,6 +30,10 @@ class Relative:
     query: torch.Tensor  # (B, H, Tq, D) the position-side query (Transformer-XL: q + v), scaled like q
     keys: torch.Tensor  # (H or 1, n, D) one vector per distance 0 .. n - 1
     positions: torch.Tensor | None = None  # (Tk,) the key slots' positions (a block's own); None: slot indices
+    # (proj (H, D, dim), freqs (dim / 2,)) when keys[h, d] == proj[h] @ R(d) exactly, R(d) the sin (even) and cos
+    # (odd channels) of d * freqs (Transformer-XL): the term then factorises into functions of i and of j
+    sinusoid: tuple[torch.Tensor, torch.Tensor] | None = None
+    reach: int | None = None  # keys[d] == keys[reach] for every d >= reach (NEZHA's clipped table)
 
 
 @dataclass

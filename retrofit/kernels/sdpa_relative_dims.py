@@ -1,0 +1,99 @@
+"""``sdpa-relative-dims``: Transformer-XL through the stock fused SDPA kernel: the relative term rides as extra
+dimensions of q and k.
+
+Transformer-XL's position vectors are r_d = W_h R(d), R(d) interleaving sin and cos of ``d * w_f``
+(``Relative.sinusoid``). With p_i = W_h^T (q_i + v) (``dim`` wide), the angle-difference identities give
+
+    (q_i + v) . r_{i-j} = sum_f p_{i,2f} sin(w_f (i - j)) + p_{i,2f+1} cos(w_f (i - j))
+                        = sum_f a_{i,f} cos(w_f j) + b_{i,f} sin(w_f j),
+    a_{i,f} = p_{i,2f} sin(w_f i) + p_{i,2f+1} cos(w_f i),   b_{i,f} = p_{i,2f+1} sin(w_f i) - p_{i,2f} cos(w_f i)
+
+(each pair of p rotated by w_f i, as RoPE does), so q' = [q + u, a, b] and k' = [k, cos(w j), sin(w j)] give
+``scaling * q'.k'`` = the score, exactly, at any positions (a cache offset, a block's own positions). The
+fused kernel then runs forward and backward with O(N) memory, and autograd carries the gradients of q, u, v
+and W_R through a, b. The sines and cosines of the positions are taken in float64 (the chunked path's table
+rounds ``d * w_f`` in fp32 first: the two agree to that rounding). v is zero-padded to q's width: the CPU
+flash kernel runs only with equal widths (q/k 128 wide with v 64 took 3.5x the time of v padded to 128, on
+2k tokens, 12 heads, 1 thread).
+
+Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
+``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square, a cached prefix
+on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
+blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
+inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
+appended to every cached key at every step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from . import cpu_flash
+from .call import Call, chunk_rows
+from .sdpa_alibi_dims import _block_mask, _pad_to, worth  # noqa: F401  (worth: the table's row)
+
+
+def serves(c: Call) -> str | None:
+    if c.relative is None or c.relative.sinusoid is None:
+        return "no relative term whose keys are a projected sinusoid (Transformer-XL)"
+    return None
+
+
+def run(c: Call) -> torch.Tensor:
+    rel = c.relative
+    dtype = torch.float32 if c.q.dtype in (torch.float16, torch.bfloat16) else c.q.dtype
+    B, H, Tq, D = c.q.shape
+    k_pos = torch.arange(c.Tk, device=c.q.device) if rel.positions is None else rel.positions
+    q_pos = k_pos[c.q_start : c.q_start + Tq]
+    proj, freqs = rel.sinusoid
+    qx = torch.cat([c.q.to(dtype), query_dims(rel.query.to(dtype), proj.to(dtype), freqs, q_pos)], dim=-1)
+    cos_j, sin_j = _angles(freqs, k_pos, dtype)
+    kx = torch.cat([c.k.to(dtype), torch.cat([cos_j, sin_j], -1).expand(B, H, c.Tk, -1)], dim=-1)
+    width = qx.shape[-1]
+    if qx.is_cuda:
+        width = -(-width // 8) * 8  # CUDA fused kernels take head dims in multiples of 8: zero padding
+    qx, kx, vx = _pad_to(qx, width), _pad_to(kx, width), _pad_to(c.v.to(dtype), width)
+    return _attend(c, qx, kx, vx)[..., :D].to(c.q.dtype)
+
+
+def query_dims(rel_q: torch.Tensor, proj: torch.Tensor, freqs: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
+    """[a, b] of the module docstring: rel_q (B, H, Tq, D), proj (H, D, dim), q_pos (Tq,) -> (B, H, Tq, dim)."""
+    p = rel_q @ proj  # (B, H, Tq, dim)
+    even, odd = p[..., 0::2], p[..., 1::2]
+    cos_i, sin_i = _angles(freqs, q_pos, p.dtype)
+    return torch.cat([even * sin_i + odd * cos_i, odd * sin_i - even * cos_i], dim=-1)
+
+
+def _angles(freqs, pos, dtype):
+    """(cos, sin) of pos * freqs, (T, dim / 2) each, taken in float64 where the device has it."""
+    wide = torch.float64 if pos.device.type in ("cpu", "cuda") else torch.float32
+    angles = pos.to(wide)[:, None] * freqs.to(wide)[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _attend(c: Call, qx, kx, vx):
+    plain = not c.masked and not c.dropout
+    if plain and (c.full or c.Tq == 1):  # one causal square, or one query over every key
+        return F.scaled_dot_product_attention(qx, kx, vx, is_causal=c.full, scale=c.scaling)
+    if plain and cpu_flash.available(qx):  # a cached prefix, then the new queries' own causal square
+        s = c.q_start
+        return cpu_flash.rectangle_then_square(qx, kx[:, :, :s], vx[:, :, :s], kx[:, :, s:], vx[:, :, s:], c.scaling)
+    rows = chunk_rows(c.q.shape[1], c.Tq, c.Tk)  # padding, a window or dropout: blocks with a bool mask each
+    use_ckpt = c.grad and rows < c.Tq
+    outs = []
+    for s in range(0, c.Tq, rows):
+        e = min(c.Tq, s + rows)
+        args = (qx[:, :, s:e], kx, vx, c.q_start + s, c)
+        outs.append(checkpoint(_block, *args, use_reentrant=False) if use_ckpt else _block(*args))
+    return torch.cat(outs, dim=2)
+
+
+def _block(qb, kx, vx, i0, c: Call):
+    i1 = i0 + qb.shape[-2]
+    lo = max(0, i0 - c.window + 1) if c.window else 0
+    mask = _block_mask(i0, i1, lo, i1, c.key_padding, c.window, qb.device)
+    causal = mask is None and i0 == 0 and i1 > 1
+    return F.scaled_dot_product_attention(qb, kx[:, :, lo:i1], vx[:, :, lo:i1], attn_mask=mask, dropout_p=c.dropout,
+                                          is_causal=causal, scale=c.scaling)
