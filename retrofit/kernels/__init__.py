@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 from ..errors import OptionError
-from . import (chunked, cpu_flash_band, cpu_flash_mask, flash_attn_alibi, flex, sdpa, sdpa_alibi_dims,
-               sdpa_relative_dims)
+from . import (chunked, cpu_flash_band, cpu_flash_mask, cpu_flash_relative_band, flash_attn_alibi, flex, sdpa,
+               sdpa_alibi_dims, sdpa_relative_dims)
 from .call import Call, Relative, Unavailable  # noqa: F401  (the record attention.py builds)
 
 POSITION_FREE = ("none", "rotary", "absolute")  # scheme kinds with no positional term in the scores
@@ -56,6 +56,9 @@ PATHS = (
     Path("sdpa-relative-dims", sdpa_relative_dims.serves, sdpa_relative_dims.run, RELATIVE,
          "Transformer-XL: the projected sinusoid's term as extra q/k dimensions through the stock fused SDPA kernel "
          "(auto: not for a decoding step)", worth=sdpa_relative_dims.worth),
+    Path("cpu-flash-relative-band", cpu_flash_relative_band.serves, cpu_flash_relative_band.run, RELATIVE,
+         "NEZHA: a relative table flat past a reach as cpu-flash-band's far square plus a band whose "
+         "query-dependent term is the CPU flash op's mask (CPU, no dropout)"),
     Path("chunked", chunked.serves, chunked.run, POSITION_FREE + BIAS + RELATIVE,
          "query-chunked SDPA with each chunk's own bias or relative logits: serves every call"),
 )

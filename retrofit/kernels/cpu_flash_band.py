@@ -12,7 +12,7 @@ query carries a bias. The split (the one FlashAttention uses across key blocks):
   distance pattern, so one (H, C, W) mask serves all blocks, batched as one call (O(N (C + K)) memory);
 - the two merge through their log-sum-exps.
 
-Backward: the flash kernel's own backward for the far square and for the band (``flash``: given the
+Backward: the flash kernel's own backward for the far square and for the band (``cpu_flash``: given the
 merged output and log-sum-exp it returns each piece's exact gradients); the bias's gradient per distance
 is read off the band's K entries per query, block by block. Saved for backward: q, k, v, the output and
 the log-sum-exp (O(N)).
@@ -126,74 +126,94 @@ class _Band(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, scaling):
         B, H, N, D = q.shape
-        K = g.shape[-1]
-        lay = _Layout(N, K, q.device, B * H * D)
+        lay = _Layout(N, g.shape[-1], q.device, B * H * D)
         bias = lay.bias(g)
-        out = torch.empty(B, H, lay.n, lay.C, D, dtype=torch.float32, device=q.device)
-        lse = torch.empty(B, H, lay.n, lay.C, dtype=torch.float32, device=q.device)
-        qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
-        for piece in lay.pieces():  # the band: blocks of queries over their windows, with the bias as a mask
-            lo = piece[1] or 0
-            o, s = cpu_flash.forward(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
-                                 bias[..., lo:].contiguous(), causal=False)
-            lay.put(out, piece, o)
-            lay.put(lse, piece, s)
-        out, lse = out.view(B, H, -1, D)[:, :, :N], lse.view(B, H, -1)[:, :, :N]
-        if N > K:  # far keys: queries K.. over keys ..N-K, a causal square; merged by log-sum-exp
-            far_out, far_lse = cpu_flash.forward(q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K], scaling)
-            out[:, :, K:], lse[:, :, K:] = cpu_flash.merge(far_out, far_lse, out[:, :, K:], lse[:, :, K:])
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, g, out, lse.contiguous())
+        out, lse = band_forward(q, k, v, scaling, lay, lambda piece: bias[..., piece[1] or 0 :].contiguous())
+        ctx.save_for_backward(q, k, v, g, out, lse)
         ctx.scaling = scaling
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, g, out, lse = ctx.saved_tensors
-        scaling = ctx.scaling
         B, H, N, D = q.shape
-        K = g.shape[-1]
-        lay = _Layout(N, K, q.device, B * H * D)
-        dout = dout.contiguous()
-        qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
-        ob, db, lb = lay.blocks(out), lay.blocks(dout), lay.blocks(lse[..., None])[..., 0]
-        dqb, dkw, dvw = torch.zeros_like(qb), torch.zeros_like(kw), torch.zeros_like(vw)
+        lay = _Layout(N, g.shape[-1], q.device, B * H * D)
         bias = lay.bias(g)
-        for piece in lay.pieces():  # the band's gradients, from the merged output and lse
-            lo = piece[1] or 0
-            grads = cpu_flash.backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
-                                    lay.take(vw, piece, lo), lay.take(ob, piece), lay.take(lb, piece).contiguous(),
-                                    scaling, bias[..., lo:].contiguous(), causal=False)
-            for acc, grad in zip((dqb, dkw, dvw), grads):
-                lay.put(acc, piece, grad)
-        dq, dk, dv = dqb.view(B, H, -1, D)[:, :, :N], lay.fold(dkw), lay.fold(dvw)
-        if N > K:  # the far square's exact gradients, from the merged output and log-sum-exp
-            far = cpu_flash.backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
-                                  out[:, :, K:].contiguous(), lse[:, :, K:].contiguous(), scaling)
-            dq[:, :, K:] += far[0]
-            dk[:, :, : N - K] += far[1]
-            dv[:, :, : N - K] += far[2]
-        dg = _bias_grad(lay, qb, kw, vw, db, ob, lb, g, scaling) if ctx.needs_input_grad[3] else None
+        dq, dk, dv, blocks = band_backward(dout, q, k, v, out, lse, ctx.scaling, lay,
+                                           lambda piece: bias[..., piece[1] or 0 :].contiguous())
+        dg = None
+        if ctx.needs_input_grad[3]:  # d loss / d g (H, K): dS summed per distance
+            dg = torch.zeros_like(g)
+            for _, _, ds in band_score_grads(lay, blocks, ctx.scaling, lambda b0, b1: g[None, :, None, None, :]):
+                dg += ds.sum((0, 2, 3))
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, None
 
 
-def _bias_grad(lay, qb, kw, vw, db, ob, lb, g, scaling):
-    """d loss / d g (H, K): sum over queries of dS = P (dP - rowsum(dO * O)) at each distance, read off the
-    band's K entries per query (gathered from the windows' scores), over groups of blocks whose
-    (B, H, G, C, W) scores stay under ``GROUP_ELEMENTS``: O(N K) work past the matmuls, bounded memory."""
+def band_forward(q, k, v, scaling, lay: _Layout, mask_of):
+    """Causal self-attention of q, k, v (B, H, N, D) whose band (keys less than K back) carries a float mask and
+    whose far keys carry none: (out in q's dtype, lse (B, H, N) fp32). ``mask_of(piece)``: the band's mask for one
+    of ``lay.pieces()``, (1 or as many as the piece's batch, H, C, its window columns), -inf outside the band."""
+    B, H, N, D = q.shape
+    K = lay.K
+    out = torch.empty(B, H, lay.n, lay.C, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, H, lay.n, lay.C, dtype=torch.float32, device=q.device)
+    qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
+    for piece in lay.pieces():  # the band: blocks of queries over their windows, with the mask
+        lo = piece[1] or 0
+        o, s = cpu_flash.forward(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
+                                 mask_of(piece), causal=False)
+        lay.put(out, piece, o)
+        lay.put(lse, piece, s)
+    out, lse = out.view(B, H, -1, D)[:, :, :N], lse.view(B, H, -1)[:, :, :N]
+    if N > K:  # far keys: queries K.. over keys ..N-K, a causal square; merged by log-sum-exp
+        far_out, far_lse = cpu_flash.forward(q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K], scaling)
+        out[:, :, K:], lse[:, :, K:] = cpu_flash.merge(far_out, far_lse, out[:, :, K:], lse[:, :, K:])
+    return out.to(q.dtype), lse.contiguous()
+
+
+def band_backward(dout, q, k, v, out, lse, scaling, lay: _Layout, mask_of):
+    """(dq, dk, dv) fp32 of ``band_forward``'s attention, given its output and log-sum-exp, and the blocks
+    (qb, kw, vw, db, ob, lb) that ``band_score_grads`` reads."""
+    B, H, N, D = q.shape
+    K = lay.K
+    dout = dout.contiguous()
+    qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
+    ob, db, lb = lay.blocks(out), lay.blocks(dout), lay.blocks(lse[..., None])[..., 0]
+    dqb, dkw, dvw = torch.zeros_like(qb), torch.zeros_like(kw), torch.zeros_like(vw)
+    for piece in lay.pieces():  # the band's gradients, from the merged output and lse
+        lo = piece[1] or 0
+        grads = cpu_flash.backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
+                                   lay.take(vw, piece, lo), lay.take(ob, piece), lay.take(lb, piece).contiguous(),
+                                   scaling, mask_of(piece), causal=False)
+        for acc, grad in zip((dqb, dkw, dvw), grads):
+            lay.put(acc, piece, grad)
+    dq, dk, dv = dqb.view(B, H, -1, D)[:, :, :N], lay.fold(dkw), lay.fold(dvw)
+    if N > K:  # the far square's exact gradients, from the merged output and log-sum-exp
+        far = cpu_flash.backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
+                                 out[:, :, K:].contiguous(), lse[:, :, K:].contiguous(), scaling)
+        dq[:, :, K:] += far[0]
+        dk[:, :, : N - K] += far[1]
+        dv[:, :, : N - K] += far[2]
+    return dq, dk, dv, (qb, kw, vw, db, ob, lb)
+
+
+def band_score_grads(lay, blocks, scaling, band_bias):
+    """d loss / d (the band's K scores per query), dS = P (dP - rowsum(dO * O)), read off the windows' scores:
+    yields (b0, b1, dS (B, H, G, C, K)) for groups of blocks [b0, b1) whose (B, H, G, C, W) scores stay under
+    ``GROUP_ELEMENTS`` (O(N K) work past the matmuls, bounded memory). ``band_bias(b0, b1)``: the bias at
+    those K distances, broadcastable to dS (zero rows past the padding and the sequence's end give dS 0)."""
+    qb, kw, vw, db, ob, lb = blocks
     B, H, n, C, _ = qb.shape
     group = max(1, GROUP_ELEMENTS // (B * H * C * lay.W))
-    dg = torch.zeros_like(g)
     for b0 in range(0, n, group):
         b1 = min(n, b0 + group)
         index = lay.column.expand(B, H, b1 - b0, C, lay.K)
         scores = (qb[:, :, b0:b1] @ kw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)  # (B, H, G, C, K)
-        p = (scores.mul_(scaling).add_(g[None, :, None, None, :]) - lb[:, :, b0:b1, :, None]).exp_()
+        p = (scores.mul_(scaling).add_(band_bias(b0, b1)) - lb[:, :, b0:b1, :, None]).exp_()
         p = p.masked_fill_(index < _padding_columns(lay, b0, b1, qb.device), 0.0)  # the first blocks' padding
         dp = (db[:, :, b0:b1] @ vw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)
         delta = (db[:, :, b0:b1] * ob[:, :, b0:b1]).sum(-1, keepdim=True)  # (B, H, G, C, 1)
-        dg += p.mul_(dp.sub_(delta)).sum((0, 2, 3))
-    return dg
+        yield b0, b1, p.mul_(dp.sub_(delta))
 
 
 def _padding_columns(lay, b0, b1, device):  # (1, 1, G, 1, 1): window columns below this are padding

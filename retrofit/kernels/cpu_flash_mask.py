@@ -33,6 +33,11 @@ MIN_ROWS = 32  # the CPU flash kernel's own query split; fewer rows only add cal
 def serves(c: Call) -> str | None:
     if c.bias is None:
         return "no score bias"
+    return op_serves(c)
+
+
+def op_serves(c: Call) -> str | None:
+    """Why the CPU flash op's mask path cannot run this call (dropout, no op for this device or dtype), or None."""
     if c.dropout > 0:
         return "attention dropout (the CPU flash op's mask path takes none)"
     if not cpu_flash.available(c.q):
