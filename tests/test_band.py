@@ -14,9 +14,8 @@ import retrofit
 from retrofit import kernels
 from retrofit.kernels import Call
 from retrofit.kernels import cpu_flash_band as band
-from retrofit.core import set_kernel
 
-from .tiny import TINY, ids
+from .tiny import TINY, ids, train_step
 
 
 def _reference(q, k, v, scaling, table):
@@ -137,12 +136,7 @@ def test_a_converted_model_trains_on_the_band_path_and_matches_chunked(scheme):
     x = ids(2, 70)
 
     def step(kernel_name):
-        set_kernel(model, kernel_name)
-        model.zero_grad()
-        loss = model(x, labels=x).loss
-        loss.backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        return loss.detach(), grads, retrofit.describe(model)["attention_path"]
+        return *train_step(model, kernel_name, x), retrofit.describe(model)["attention_path"]
 
     loss_b, grads_b, path_b = step("cpu-flash-band")
     loss_c, grads_c, path_c = step("chunked")

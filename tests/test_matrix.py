@@ -24,7 +24,8 @@ KERNEL_CASES = ["alibi@auto", "alibi+scale_bias@auto", "nope+temperature=0.4+tem
                 "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
                 "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@auto",
                 "alibi+scale_bias+temperature=0.3+temperature_length=8@auto", "t5@auto", "shaw@auto", "fire@auto",
-                "t5+temperature=0.4+temperature_length=8@auto", "rope+scaling=dynamic+factor=2.0+theta=100.0"]
+                "t5+temperature=0.4+temperature_length=8@auto", "rope+scaling=dynamic+factor=2.0+theta=100.0",
+                "xl@auto", "nezha+max_distance=8@auto"]
 CASES = [(m, c) for m, c in itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES)
          if c.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
          or adapter_class(m).native_kind == "learned_absolute"]
@@ -75,8 +76,14 @@ def test_live_and_matches_reference(model_type, scheme):
         after = model(x).logits
         assert not torch.allclose(before, after, atol=1e-3), "patch is not live: logits unchanged"
         if scheme.endswith("@auto"):
+            paths = set(retrofit.core._state(model).paths)
             if scheme.startswith("alibi"):
                 assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
+            elif scheme.startswith("xl"):  # any window or padding: the dims path, every layer
+                assert paths == {"sdpa-relative-dims"}
+            elif scheme.startswith("nezha"):  # the band path in every layer without a window, chunked in the rest
+                assert paths <= {"cpu-flash-relative-band", "chunked"}
+                assert "cpu-flash-relative-band" in paths or model_type in ("mistral", "starcoder2")
             elif "temperature" in scheme or scheme.startswith("fire"):  # no band: the dense path, every layer
                 assert set(retrofit.core._state(model).paths) == {"cpu-flash-mask"}
             elif model_type not in ("mistral", "starcoder2"):  # the band path, in every layer without a window

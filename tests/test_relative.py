@@ -10,11 +10,13 @@ import torch
 
 import retrofit
 from retrofit import kernels
-from retrofit.kernels import Call, Relative, call, chunked
+from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
 from retrofit.cli import main
+from retrofit.core import set_kernel
+from retrofit.encodings.sinusoidal import frequencies, sinusoids
 from retrofit.errors import OptionError
 
-from .tiny import NATIVE, TINY, ids
+from .tiny import NATIVE, TINY, ids, train_step
 
 
 def plain_relative(q, k, v, rel_q, rel_keys, positions, scaling, window=None):
@@ -162,3 +164,161 @@ def test_cli_converts_to_xl_and_the_checkpoint_reloads(tmp_path):
     again = retrofit.load(out)
     with torch.no_grad():
         torch.testing.assert_close(model(x).logits, again(x).logits)
+
+
+# The fused relative paths (sdpa-relative-dims: Transformer-XL; cpu-flash-relative-band: NEZHA) against chunked.
+
+def _xl_leaves(B=2, H=3, T=40, D=8, dim=6, seed=0):
+    """q, k, v, the position query and W_R (H * D, dim), fp32 leaves."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, rel_q = (torch.randn(B, H, T, D, generator=g) for _ in range(4))
+    return [t.requires_grad_() for t in (q, k, v, rel_q, torch.randn(H * D, dim, generator=g) * 0.5)]
+
+
+def _xl_relative(rel_q, W, n, positions=None):
+    """Transformer-XL's term: keys r_d = W_R R(d) per head, with its factorisation."""
+    H, D = rel_q.shape[1], rel_q.shape[-1]
+    dim = W.shape[-1]
+    keys = (sinusoids(torch.arange(n), dim) @ W.float().T).to(W.dtype).view(n, H, D).transpose(0, 1)
+    return Relative(rel_q, keys, positions, sinusoid=(W.view(H, D, dim), frequencies(dim, 10000.0)))
+
+
+def _nezha_table(H, n, K, D, shared):
+    """A table flat from distance K on: NEZHA's clipped sinusoids (shared) or a random one per head."""
+    d = torch.arange(n).clamp(max=K)
+    return sinusoids(-d, D)[None] if shared else torch.randn(H, K + 1, D)[:, d]
+
+
+def _same_as_chunked(kernel_name, call_of, leaves, atol=1e-5):
+    """The call on ``kernel_name`` and on chunked: the same output and gradients of every leaf."""
+    results = []
+    for name in (kernel_name, "chunked"):
+        out, path = kernels.attend(call_of(), name)
+        assert path == name
+        results.append((out, torch.autograd.grad(out.pow(2).sum(), leaves)))
+    (out, grads), (ref, ref_grads) = results
+    torch.testing.assert_close(out, ref, atol=atol, rtol=1e-4)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=atol, rtol=1e-4)
+
+
+PADDING = torch.ones(2, 40, dtype=torch.bool).index_fill_(1, torch.arange(6), False)  # row 0: 6 pads on the left
+PADDING[1] = True
+
+
+@pytest.mark.parametrize("case", ["full", "padding", "window", "prefix", "decode", "prefix+window+padding",
+                                  "positions"])
+def test_xl_dims_path_equals_chunked(monkeypatch, case):
+    """Forward and gradients of q, k, v, the position query and W_R; the window and padding cases in
+    several blocks of queries (a small chunk budget)."""
+    monkeypatch.setattr(call, "CHUNK_ELEMENTS", 3 * 40 * 9)
+    leaves = _xl_leaves()
+    q, k, v, rel_q, W = leaves
+    start = {"prefix": 33, "decode": 39, "prefix+window+padding": 30}.get(case, 0)
+    pos = torch.cat([torch.arange(10), torch.arange(60, 75), torch.arange(170, 185)]) if case == "positions" else None
+    n = 185 if pos is not None else 40
+
+    def call_of():
+        rel = _xl_relative(rel_q[:, :, start:], W, n, pos)
+        return Call(q[:, :, start:], k, v, scaling=0.35, q_start=start, relative=rel,
+                    key_padding=PADDING if "padding" in case else None, window=12 if "window" in case else None)
+
+    _same_as_chunked("sdpa-relative-dims", call_of, leaves)
+
+
+def test_xl_dims_path_in_half_precision():
+    q, k, v, rel_q, W = (t.detach().to(torch.bfloat16) for t in _xl_leaves())
+    rel = _xl_relative(rel_q, W, 40)
+    out, _ = kernels.attend(Call(q, k, v, scaling=0.35, relative=rel), "sdpa-relative-dims")
+    ref = plain_relative(q, k, v, rel_q, rel.keys, torch.arange(40), 0.35)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("rows,K,T", [(4, 5, 40), (128, 64, 300), (8, 10, 100), (8, 10, 11)])
+def test_nezha_band_path_equals_chunked(monkeypatch, shared, rows, K, T):
+    """Forward and gradients of q, k, v and the position query (as NEZHA: the query itself, and apart), with
+    blocks of ``rows`` queries: the first blocks alone, the rest batched; a reach of a block or several."""
+    monkeypatch.setattr(cpu_flash_band, "ROWS", rows)
+    leaves = [t.requires_grad_() for t in _inputs(T=T)[:4]]
+    q, k, v, rel_q = leaves
+    table = _nezha_table(3, T, K, 8, shared)
+    for rq, used in ((q, leaves[:3]), (rel_q, leaves)):
+        _same_as_chunked("cpu-flash-relative-band",
+                         lambda: Call(q, k, v, scaling=0.35, relative=Relative(rq, table, reach=K)), used)
+
+
+def test_auto_takes_the_fused_relative_paths_where_they_serve():
+    xl = _xl_leaves()
+    q, k, v, rel_q, W = (t.detach() for t in xl)
+    table = _nezha_table(1, 40, 5, 8, True)
+    xl_call = lambda s=0, **kw: Call(q[:, :, s:], k, v, scaling=0.35, q_start=s,  # noqa: E731
+                                     relative=_xl_relative(rel_q[:, :, s:], W, 40), **kw)
+    nezha_call = lambda s=0, keys=table, K=5, **kw: Call(q[:, :, s:], k, v, scaling=0.35, q_start=s,  # noqa: E731
+                                                         relative=Relative(q[:, :, s:], keys, reach=K), **kw)
+    assert kernels.choose(xl_call()).name == "sdpa-relative-dims"
+    assert kernels.choose(xl_call(20, key_padding=PADDING, window=12)).name == "sdpa-relative-dims"
+    assert kernels.choose(xl_call(39)).name == "chunked"  # a decoding step: the cache's dims every step cost more
+    assert kernels.choose(xl_call(dropout=0.1)).name == "sdpa-relative-dims"
+    assert kernels.choose(nezha_call()).name == "cpu-flash-relative-band"
+    for refused in (nezha_call(30), nezha_call(key_padding=PADDING), nezha_call(window=12), nezha_call(dropout=0.1),
+                    nezha_call(keys=_nezha_table(1, 40, 45, 8, True), K=45),  # no key past the reach
+                    Call(q, k, v, scaling=0.35, relative=Relative(q, table, torch.arange(40), reach=5))):
+        assert kernels.choose(refused).name == "chunked"
+    with torch.enable_grad():
+        learned = table.clone().requires_grad_()  # a table needing a gradient per distance
+        assert kernels.choose(nezha_call(keys=learned)).name == "chunked"
+
+
+def test_the_fused_relative_paths_hold_no_n_by_n_tensor(monkeypatch):
+    """Memory linear in N: the dims path runs one causal square with no mask; the band path's masks span a
+    window of keys per block (never every key)."""
+    N = 1024
+    masks = []
+    real_forward = cpu_flash.forward
+
+    def spy(q, k, v, scaling, mask=None, causal=True):
+        masks.append(None if mask is None else tuple(mask.shape))
+        return real_forward(q, k, v, scaling, mask, causal)
+
+    monkeypatch.setattr(cpu_flash, "forward", spy)
+    leaves = _xl_leaves(B=1, H=2, T=N, D=4, dim=4)
+    q, k, v, rel_q, W = leaves
+    out, path = kernels.attend(Call(q, k, v, scaling=0.5, relative=_xl_relative(rel_q, W, N)))
+    out.sum().backward()
+    assert path == "sdpa-relative-dims" and not masks  # stock SDPA's fused square (no float mask)
+    kernels.attend(Call(q, k, v, scaling=0.5, relative=Relative(q, _nezha_table(1, N, 64, 4, True), reach=64)))
+    assert masks and all(m is None or m[-1] * m[-2] <= 128 * 256 for m in masks)
+
+
+@pytest.mark.parametrize("scheme,options,path", [("xl", {"init": "random", "dim": 6}, "sdpa-relative-dims"),
+                                                 ("nezha", {"max_distance": 8}, "cpu-flash-relative-band")])
+def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked(user_kernel, scheme, options, path):
+    """Loss and every parameter's gradient (xl's u, v, W_R included) equal chunked's; generate with the
+    cache equals recompute on auto."""
+    torch.manual_seed(0)
+    model = retrofit.convert(TINY["gpt2"](), scheme, **options)
+    x = ids(2, 70)
+
+    def step(kernel_name):
+        return *train_step(model, kernel_name, x), set(retrofit.core._state(model).paths)
+
+    loss_f, grads_f, paths_f = step("auto")
+    assert retrofit.describe(model)["attention_path"] == path
+    retrofit.core._state(model).paths.clear()
+    loss_c, grads_c, paths_c = step("chunked")
+    assert paths_f >= {path} and paths_c == {"chunked"}
+    torch.testing.assert_close(loss_f, loss_c, atol=1e-6, rtol=1e-6)
+    assert grads_f.keys() == grads_c.keys()
+    if scheme == "xl":
+        assert {"retrofit_positions.u", "retrofit_positions.v", "retrofit_positions.proj"} <= grads_f.keys()
+    for n in grads_c:
+        torch.testing.assert_close(grads_f[n], grads_c[n], atol=1e-5, rtol=1e-4, msg=n)
+    set_kernel(model, "auto")
+    prompt = ids(1, NATIVE)
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=NATIVE, do_sample=False, use_cache=True)
+        full = model(out[:, :-1]).logits
+    assert retrofit.describe(model)["attention_path"] == path  # the recompute: full causal attention
+    assert torch.equal(full[0, NATIVE - 1 :].argmax(-1), out[0, NATIVE:])

@@ -86,3 +86,14 @@ ONLY_LEARNED_ABSOLUTE = ("extend",)  # schemes that stretch a learned table: the
 def ids(batch=1, length=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, length), generator=g)
+
+
+def train_step(model, kernel: str, x):
+    """One loss and backward of converted ``model`` on ``kernel`` (``set_kernel``): (loss, {name: gradient})."""
+    from retrofit.core import set_kernel
+
+    set_kernel(model, kernel)
+    model.zero_grad()
+    loss = model(x, labels=x).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
