@@ -355,3 +355,36 @@ def test_fp32_error_at_8k_is_within_the_stated_bound():
     err = float((out.double() - ref).abs().max())
     assert err < 2e-4, err
     assert len(fused.head_groups(slopes, T)) > 1  # the steep heads did run in blocks with their own centres
+
+
+def test_steep_heads_read_only_their_reach_and_lose_nothing(monkeypatch):
+    """A blocked (steep) head reads only the keys within its reach (``fused.reach``: past it a key holds under
+    e^-40 of its row, whatever q and k hold): the output and every gradient equal reading every key, and the
+    paper's equation in fp64. Large q and k (a sharp model) push the reach past the call: nothing is cut."""
+    monkeypatch.setattr(fused, "MAX_SPAN", 256.0)  # at 1k, the steep heads need blocks
+    B, H, T, D = 1, 12, 1024, 64
+    slopes = torch.tensor(alibi_slopes(H))
+    groups = fused.head_groups(slopes, T)
+    assert len(groups) > 1
+    leaves = _qkv(B, H, T, T, D, grad=True)
+    cut = [fused.reach(leaves[0][:, g], leaves[1][:, g], slopes[g], D**-0.5) for g in groups[1:]]
+    assert max(cut) < T // 4  # the steep heads read a fraction of the keys
+    backs = []
+    block = fused._block
+    monkeypatch.setattr(fused, "_block", lambda *a: backs.append(a[-1]) or block(*a))
+    out, _ = kernels.attend(Call(*leaves, scaling=D**-0.5, slopes=slopes), "sdpa-alibi-dims")
+    assert set(backs) - {None} == set(cut)
+    grads = torch.autograd.grad(out.square().sum(), leaves)
+    monkeypatch.setattr(fused, "reach", lambda *a: 2**62)  # every key
+    full, _ = kernels.attend(Call(*leaves, scaling=D**-0.5, slopes=slopes), "sdpa-alibi-dims")
+    full_grads = torch.autograd.grad(full.square().sum(), leaves)
+    wide = [x.detach().double().requires_grad_() for x in leaves]
+    ref = _reference(*wide, D**-0.5, slopes)
+    ref_grads = torch.autograd.grad(ref.square().sum(), wide)
+    err = lambda a, b: float((a.double() - b).abs().max())  # noqa: E731
+    # cutting the far keys costs nothing: as close to fp64 as reading every key (closer: shorter blocks)
+    assert err(out, ref) < 2e-5 and err(out, ref) <= 1.1 * err(full, ref), (err(out, ref), err(full, ref))
+    for a, b, r in zip(grads, full_grads, ref_grads):
+        assert err(a, r) < 1e-4 and err(a, r) <= 1.1 * err(b, r) + 1e-7, (err(a, r), err(b, r))
+    sharp = [x.detach() * 30 for x in leaves[:2]]
+    assert all(fused.reach(sharp[0][:, g], sharp[1][:, g], slopes[g], D**-0.5) >= T for g in groups[1:])
