@@ -12,6 +12,18 @@ from __future__ import annotations
 import torch
 
 
+EXP_FLOOR = -87.0  # ln of fp32's smallest normal is -87.34: below it torch's CPU exp leaves its vector path
+
+
+def exp_(scores: torch.Tensor) -> torch.Tensor:
+    """``scores.exp_()`` for probabilities, in place, with arguments below ``EXP_FLOOR`` (masked -inf, a steep
+    bias) raised to it first: they give 1.6e-38 instead of 0 (or a denormal), which no fp32 sum can see, and
+    torch's CPU exp runs 10-25x slower on a vector holding any of them (measured on an AMD EPYC: 1.6 ms for
+    1.5M scores in [-87, 0], 23 ms in [-100, 0], 7 ms with half of them -inf; the flush of denormals does not
+    change it)."""
+    return scores.clamp_(min=EXP_FLOOR).exp_()
+
+
 def available(q: torch.Tensor) -> bool:
     """The CPU flash op and its backward are present, for this dtype."""
     return (not q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
