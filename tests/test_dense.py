@@ -91,9 +91,9 @@ def test_blocks_stay_bounded_and_a_frozen_bias_costs_no_score_recompute(monkeypa
     """Every block's mask holds at most max_rows x Tk entries per head; without a parameter that needs a
     gradient the backward is the flash kernel's alone (no recomputed scores)."""
     shapes, recomputed = [], []
-    real_mask, real_grad = dense.block_bias, dense._score_grad
+    real_mask, real_grad = dense.block_bias, dense._probabilities
     monkeypatch.setattr(dense, "block_bias", lambda *a, **kw: shapes.append(a[3]) or real_mask(*a, **kw))
-    monkeypatch.setattr(dense, "_score_grad", lambda *a: recomputed.append(1) or real_grad(*a))
+    monkeypatch.setattr(dense, "_probabilities", lambda *a: recomputed.append(1) or real_grad(*a))
     q, k, v, table = _inputs(1, 2, 100, 100, 8)
     frozen = table.detach()
     out = dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(frozen), params=(frozen,), max_rows=16)
@@ -101,6 +101,14 @@ def test_blocks_stay_bounded_and_a_frozen_bias_costs_no_score_recompute(monkeypa
     assert max(shapes) == 16 and len(shapes) == 2 * 7 and not recomputed  # 7 blocks, forward + backward
     ref = _reference(q, k, v, 0.3, frozen)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    flash = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    learned = table.detach().clone().requires_grad_()  # the bias learns: P and dS once per block, for all
+    dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(learned), params=(learned,), max_rows=16).sum().backward()
+    assert len(recomputed) == 7 and learned.grad is not None
+    for x, g in zip((q, k, v), flash):
+        torch.testing.assert_close(x.grad, g, atol=1e-6, rtol=1e-5)
 
 
 def test_long_key_spans_take_fewer_rows_per_block(monkeypatch):

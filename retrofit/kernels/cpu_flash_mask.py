@@ -7,10 +7,11 @@ temperature). Only the causal part is built (about N^2 / 2 + N C / 2 bias entrie
 H x N x N at once), and no score tensor is kept: saved for backward are q, k, v, the output and the
 log-sum-exp (O(N)).
 
-Backward, per block: the flash kernel's own backward for q, k, v (given the output and log-sum-exp), and,
-when a parameter of the bias needs a gradient, the bias's gradient dS = P (dP - rowsum(dO * O)) from the
-block's recomputed scores, pushed through the block's bias rebuilt under autograd to the parameters
-(FIRE's MLP, c and threshold; T5's or Shaw's table).
+Backward, per block: the flash kernel's own backward for q, k, v (given the output and log-sum-exp); or,
+when a parameter of the bias needs a gradient, the block's probabilities P and dS = P (dP - rowsum(dO * O))
+computed once from its recomputed scores, giving dq, dk, dv (four matmuls) and the bias's gradient dS, pushed
+through the block's bias rebuilt under autograd to the parameters (FIRE's MLP, c and threshold; T5's or Shaw's
+table).
 
 CPU only (``cpu_flash.available``), no dropout; any cache offset, padding or window.
 """
@@ -145,23 +146,27 @@ class _Dense(torch.autograd.Function):
             with torch.enable_grad():
                 mask = _mask(spec, H, s, e, lo, hi, q.device)
             fixed = mask.detach()
-            g = cpu_flash.backward(dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False)
-            dq[:, :, s:e] += g[0]
-            dk[:, :, lo:hi] += g[1]
-            dv[:, :, lo:hi] += g[2]
-            if wanted and mask.requires_grad:
-                dmask = _score_grad(qc, kc, vc, oc, dc, lc, fixed, scaling)  # (B, H, C, Tc)
-                if mask.shape[0] == 1:
-                    dmask = dmask.sum(0, keepdim=True)
-                got = torch.autograd.grad(mask, [params[i] for i in wanted], dmask, allow_unused=True)
-                for i, grad in zip(wanted, got):
-                    if grad is not None:
-                        dparams[i] = grad if dparams[i] is None else dparams[i] + grad
+            if not (wanted and mask.requires_grad):  # q, k, v only: the flash kernel's own backward
+                g = cpu_flash.backward(dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1),
+                                       causal=False)
+                dq[:, :, s:e] += g[0]
+                dk[:, :, lo:hi] += g[1]
+                dv[:, :, lo:hi] += g[2]
+                continue
+            # the bias's parameters too: P and dS once, for q, k, v and the bias alike
+            p = _probabilities(qc, kc, lc, fixed, scaling)  # (B, H, C, Tc)
+            dv[:, :, lo:hi] += p.transpose(-1, -2) @ dc
+            ds = p.mul_((dc @ vc.transpose(-1, -2)).sub_((dc * oc).sum(-1, keepdim=True)))  # dS = P (dP - delta)
+            dq[:, :, s:e] += (ds @ kc).mul_(scaling)
+            dk[:, :, lo:hi] += (ds.transpose(-1, -2) @ qc).mul_(scaling)
+            dmask = ds.sum(0, keepdim=True) if mask.shape[0] == 1 else ds
+            got = torch.autograd.grad(mask, [params[i] for i in wanted], dmask, allow_unused=True)
+            for i, grad in zip(wanted, got):
+                if grad is not None:
+                    dparams[i] = grad if dparams[i] is None else dparams[i] + grad
         return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *dparams
 
 
-def _score_grad(qc, kc, vc, oc, dc, lse, mask, scaling):
-    """d loss / d scores of one block: P (dP - rowsum(dO * O)), P = exp(q k^T scaling + mask - lse)."""
-    p = cpu_flash.exp_((qc @ kc.transpose(-1, -2)).mul_(scaling).add_(mask).sub_(lse[..., None]))  # (B, H, C, Tc)
-    dp = dc @ vc.transpose(-1, -2)
-    return p.mul_(dp.sub_((dc * oc).sum(-1, keepdim=True)))
+def _probabilities(qc, kc, lse, mask, scaling):
+    """P = exp(q k^T scaling + mask - lse) of one block: (B, H, C, Tc)."""
+    return cpu_flash.exp_((qc @ kc.transpose(-1, -2)).mul_(scaling).add_(mask).sub_(lse[..., None]))
