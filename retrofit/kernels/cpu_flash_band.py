@@ -209,7 +209,7 @@ def band_score_grads(lay, blocks, scaling, band_bias):
         b1 = min(n, b0 + group)
         index = lay.column.expand(B, H, b1 - b0, C, lay.K)
         scores = (qb[:, :, b0:b1] @ kw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)  # (B, H, G, C, K)
-        p = (scores.mul_(scaling).add_(band_bias(b0, b1)) - lb[:, :, b0:b1, :, None]).exp_()
+        p = cpu_flash.exp_(scores.mul_(scaling).add_(band_bias(b0, b1)) - lb[:, :, b0:b1, :, None])
         p = p.masked_fill_(index < _padding_columns(lay, b0, b1, qb.device), 0.0)  # the first blocks' padding
         dp = (db[:, :, b0:b1] @ vw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)
         delta = (db[:, :, b0:b1] * ob[:, :, b0:b1]).sum(-1, keepdim=True)  # (B, H, G, C, 1)
