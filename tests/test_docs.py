@@ -18,3 +18,15 @@ def test_no_issue_numbers_in_user_docs():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              for m in re.finditer(r"\bissues? #?\d+|\(#\d+\)", line, re.IGNORECASE)]
     assert not found, found
+
+
+def test_the_kernel_table_in_results_is_what_the_benchmark_jsons_give():
+    """docs/results.md's kernel table is rendered from the JSONs (scripts/kernel_table.py), not typed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernel_table", ROOT / "scripts" / "kernel_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = mod.render([ROOT / "benchmarks" / "kernel_table", ROOT / "benchmarks" / "bench_kernel_relative.json"])
+    assert table.count("\n|") >= 2 * 10  # every scheme, inference and train
+    assert table in (ROOT / "docs" / "results.md").read_text()
