@@ -172,7 +172,7 @@ def _relative(state, scheme, layer, rel_query, Tk, placed) -> kernels.Relative:
     positions = state.place(torch.arange(Tk, device=rel_query.device)) if placed else None
     n = int(positions.max() - positions.min()) + 1 if placed else Tk
     keys = scheme.relative_keys(layer, n, rel_query.dtype, rel_query.device)  # (H or 1, n, D)
-    return kernels.Relative(rel_query, keys, positions, sinusoid=scheme.relative_sinusoid(layer),
+    return kernels.Relative(rel_query, keys, positions, sinusoid=scheme.relative_sinusoid(layer, rel_query.device),
                             reach=scheme.relative_reach())
 
 

@@ -388,3 +388,26 @@ def test_steep_heads_read_only_their_reach_and_lose_nothing(monkeypatch):
         assert err(a, r) < 1e-4 and err(a, r) <= 1.1 * err(b, r) + 1e-7, (err(a, r), err(b, r))
     sharp = [x.detach() * 30 for x in leaves[:2]]
     assert all(fused.reach(sharp[0][:, g], sharp[1][:, g], slopes[g], D**-0.5) >= T for g in groups[1:])
+
+
+@pytest.mark.parametrize("q_start,padded", [(768, False), (0, True)])
+def test_the_reach_holds_with_a_cached_prefix_and_padding(monkeypatch, q_start, padded):
+    """The reach cut under a cached prefix (the last queries over every key) and left padding: the paper's
+    equation in fp64; a slope that turned negative (a learned one) reads every key."""
+    monkeypatch.setattr(fused, "MAX_SPAN", 64.0)  # the steep heads need blocks even for the 256 queries
+    B, H, T, D = 2, 12, 1024, 64
+    slopes = torch.tensor(alibi_slopes(H))
+    q, k, v = _qkv(B, H, T - q_start, T, D)
+    pad = None
+    if padded:
+        pad = torch.ones(B, T, dtype=torch.bool)
+        pad[1, :100] = False
+    backs = []
+    block = fused._block
+    monkeypatch.setattr(fused, "_block", lambda *a: backs.append(a[-1]) or block(*a))
+    with torch.no_grad():
+        out = fused.attend_alibi(q, k, v, scaling=D**-0.5, slopes=slopes, key_padding=pad, q_start=q_start)
+    assert any(b is not None and b < T // 4 for b in backs)  # the steep heads were cut
+    ref = _reference(q, k, v, D**-0.5, slopes, pad=pad, q_start=q_start)
+    assert float((out.double() - ref).abs().max()) < 2e-5
+    assert fused.reach(q, k, torch.tensor([0.5, -0.01]), D**-0.5) >= 2**62  # a negative slope: no cut

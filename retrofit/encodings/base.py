@@ -215,9 +215,10 @@ class Scheme(nn.Module):
     def relative_keys(self, layer: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not a relative scheme")
 
-    def relative_sinusoid(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def relative_sinusoid(self, layer: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(proj (H, D, dim), freqs (dim / 2,)) when ``relative_keys(layer, n)[h, d] == proj[h] @ R(d)`` exactly,
-        R(d) interleaving sin and cos of ``d * freqs`` (the ``sdpa-relative-dims`` path serves it); else None."""
+        R(d) interleaving sin and cos of ``d * freqs`` (the ``sdpa-relative-dims`` path serves it), on ``device``;
+        else None."""
         return None
 
     def relative_reach(self) -> int | None:

@@ -92,9 +92,9 @@ class TransformerXL(Scheme):
             self._tables[li] = cached
         return cached[1][:, :n]
 
-    def relative_sinusoid(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """r_d = W_R R_d per head: (W_R as (H, D, dim), R's frequencies)."""
-        W = self.proj[self._li(layer)]
+    def relative_sinusoid(self, layer: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """r_d = W_R R_d per head: (W_R as (H, D, dim), R's frequencies), on ``device`` (default: the table's)."""
+        W = self.proj[self._li(layer)].to(device or self.proj.device)
         return W.view(self.spec.num_heads, self.spec.head_dim, -1), frequencies(self.options.dim, self.options.base,
                                                                                  W.device)
 

@@ -23,8 +23,8 @@ tested at 8k). The chunked path stays within ~1.5e-6. bf16/fp16 stay at their ow
 Steep heads read only as far as they can see (``reach``): a key whose bias puts it more than ``MARGIN`` below
 the row's own diagonal score, whatever q and k hold (bounded by their norms), carries less than e^-MARGIN of the
 row's probability, far under fp32's resolution; so a blocked head attends through a window of that reach
-when it is shorter than the call, in blocks of about that many queries (measured: ALiBi inference at 8k from
-1.15x to ~1.0x stock on the 2-core EPYC).
+when it is shorter than the call, in blocks of about that many queries (measured on the 2-core EPYC: one
+attention call at 8k, 12 heads of 64, inference, 3.67 s before, 2.96 s after, stock 3.01 s).
 
 On CUDA with FlashAttention 2 installed, auto takes ``flash-attn-alibi`` for half-precision inputs instead.
 """
@@ -100,12 +100,13 @@ def _pad_to(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def reach(q: torch.Tensor, k: torch.Tensor, slopes: torch.Tensor, scaling: float) -> int:
     """The distance past which no key can carry more than e^-MARGIN of a row's probability, for heads ``slopes``
-    (all > 0): the score of a key d back is at most ``scaling |q_i| |k_j| - m d``, the row's diagonal score at
-    least ``-scaling |q_i| |k_i|``, so keys beyond d hold at most exp(2 scaling |q| |k| - m d) / (1 - e^-m)."""
+    (the gentlest, m > 0): the score of a key d back is at most ``scaling |q_i| |k_j| - m d``, the row's diagonal
+    score at least ``-scaling |q_i| |k_i|``, so keys beyond d hold at most exp(2 scaling |q| |k| - m d) / (1 - e^-m).
+    A slope that is not positive (learned ones may turn) gives no reach: every key is read."""
     with torch.no_grad():
         qn = float(q.detach().float().norm(dim=-1).amax())
         kn = float(k.detach().float().norm(dim=-1).amax())
-        m = float(slopes.detach().abs().min())
+        m = float(slopes.detach().min())  # signed: a negative slope favours far keys
     if not m > 0 or not math.isfinite(qn * kn):
         return 2**62
     return math.ceil((2 * scaling * qn * kn + MARGIN - math.log1p(-math.exp(-m))) / m)
