@@ -54,7 +54,7 @@ def attend_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: f
     return _Band.apply(q, k, v, g.to(torch.float32), scaling)
 
 
-class _Layout:
+class Layout:
     """The band in blocks of C queries. Block b's window is the T * C keys ending with its own last one,
     so every window has the same distance pattern and the same (H, C, W) bias; keys are left-padded by
     L = (T - 1) * C >= K - 1 and the sequence right-padded to n * C. The first T - 1 blocks (whose
@@ -126,7 +126,7 @@ class _Band(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, scaling):
         B, H, N, D = q.shape
-        lay = _Layout(N, g.shape[-1], q.device, B * H * D)
+        lay = Layout(N, g.shape[-1], q.device, B * H * D)
         bias = lay.bias(g)
         out, lse = band_forward(q, k, v, scaling, lay, lambda piece: bias[..., piece[1] or 0 :].contiguous())
         ctx.save_for_backward(q, k, v, g, out, lse)
@@ -137,7 +137,7 @@ class _Band(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, g, out, lse = ctx.saved_tensors
         B, H, N, D = q.shape
-        lay = _Layout(N, g.shape[-1], q.device, B * H * D)
+        lay = Layout(N, g.shape[-1], q.device, B * H * D)
         bias = lay.bias(g)
         dq, dk, dv, blocks = band_backward(dout, q, k, v, out, lse, ctx.scaling, lay,
                                            lambda piece: bias[..., piece[1] or 0 :].contiguous())
@@ -149,7 +149,7 @@ class _Band(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, None
 
 
-def band_forward(q, k, v, scaling, lay: _Layout, mask_of):
+def band_forward(q, k, v, scaling, lay: Layout, mask_of):
     """Causal self-attention of q, k, v (B, H, N, D) whose band (keys less than K back) carries a float mask and
     whose far keys carry none: (out in q's dtype, lse (B, H, N) fp32). ``mask_of(piece)``: the band's mask for one
     of ``lay.pieces()``, (1 or as many as the piece's batch, H, C, its window columns), -inf outside the band."""
@@ -171,7 +171,7 @@ def band_forward(q, k, v, scaling, lay: _Layout, mask_of):
     return out.to(q.dtype), lse.contiguous()
 
 
-def band_backward(dout, q, k, v, out, lse, scaling, lay: _Layout, mask_of):
+def band_backward(dout, q, k, v, out, lse, scaling, lay: Layout, mask_of):
     """(dq, dk, dv) fp32 of ``band_forward``'s attention, given its output and log-sum-exp, and the blocks
     (qb, kw, vw, db, ob, lb) that ``band_score_grads`` reads."""
     B, H, N, D = q.shape

@@ -24,7 +24,7 @@ import torch
 
 from . import cpu_flash_mask
 from .call import Call
-from .cpu_flash_band import _Layout, band_backward, band_forward, band_score_grads
+from .cpu_flash_band import Layout, band_backward, band_forward, band_score_grads
 
 
 def serves(c: Call) -> str | None:
@@ -66,7 +66,7 @@ class _RelativeBand(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rq, keys, K, scaling):
         B, H, N, D = q.shape
-        lay = _Layout(N, K, q.device, B * H * D)
+        lay = Layout(N, K, q.device, B * H * D)
         terms, _ = _band_terms(lay.blocks(rq), keys, K, scaling)
         out, lse = band_forward(q, k, v, scaling, lay, _masks(lay, terms))
         ctx.save_for_backward(q, k, v, rq, keys, out, lse)
@@ -78,7 +78,7 @@ class _RelativeBand(torch.autograd.Function):
         q, k, v, rq, keys, out, lse = ctx.saved_tensors
         K, scaling = ctx.K, ctx.scaling
         B, H, N, D = q.shape
-        lay = _Layout(N, K, q.device, B * H * D)
+        lay = Layout(N, K, q.device, B * H * D)
         rqb = lay.blocks(rq)
         terms, over = _band_terms(rqb, keys, K, scaling)
         dq, dk, dv, blocks = band_backward(dout, q, k, v, out, lse, scaling, lay, _masks(lay, terms))

@@ -39,20 +39,12 @@ from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
 from .call import Call, chunk_rows
+from .dims import block_mask, fused_width, pad_to, wide, worth  # noqa: F401  (worth: the table's row)
 
 MAX_SPAN = 2048.0  # rows per query block x steepest slope (fp32 accumulation error ~ 2^-24 * span / 2)
 MIN_ROWS = 64  # never smaller blocks (a slope above MAX_SPAN / 64 = 32 is not ALiBi)
 MARGIN = 40.0  # a key past a head's reach holds < e^-40 (4e-18) of its row's probability: below fp32's 2^-24
 
-
-DECODE_ROWS = 16  # at most this many queries over a longer cache, no gradient: a decoding step
-
-
-def worth(c: Call) -> bool:
-    """Auto passes a decoding step on: the dims would be appended to every cached key at every step (a copy of
-    the cache per layer), where the next path adds a (H, Tq, Tk) bias directly (measured: 0.73x stock decoding
-    at a 4k context on this path, 1.09x on cpu-flash-mask; benchmarks/bench_decode_schemes.json)."""
-    return not (c.Tq <= DECODE_ROWS < c.Tk and not c.grad)
 
 
 def serves(c: Call) -> str | None:
@@ -83,19 +75,15 @@ def block_rows(slopes: torch.Tensor, Tq: int) -> int:
 
 def _bias_dims(slopes, positions, centre, scaling, dtype, parts):
     """(H, T, parts) of ``dtype``: m_h * (j - centre) / (scaling * 2^p) split high-to-low; and 2^p."""
-    wide = torch.float64 if positions.device.type in ("cpu", "cuda") else torch.float32
+    w = wide(positions.device)
     p2 = 2.0 ** round(math.log2(1.0 / scaling))  # a power of two: exact in every dtype
-    rest = slopes.to(wide)[:, None] * (positions.to(wide) - centre)[None, :] / (scaling * p2)  # (H, T)
+    rest = slopes.to(w)[:, None] * (positions.to(w) - centre)[None, :] / (scaling * p2)  # (H, T)
     pieces = []
     for _ in range(parts):
         piece = rest.to(dtype)
         pieces.append(piece)
-        rest = rest - piece.to(wide)
+        rest = rest - piece.to(w)
     return torch.stack(pieces, dim=-1), p2
-
-
-def _pad_to(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return F.pad(x, (0, dim - x.shape[-1])) if x.shape[-1] < dim else x
 
 
 def reach(q: torch.Tensor, k: torch.Tensor, slopes: torch.Tensor, scaling: float) -> int:
@@ -160,10 +148,8 @@ def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_s
         order = torch.tensor([h for g in groups for h in g]).argsort().to(q.device)
         return torch.cat(outs, dim=1)[:, order]  # (B, H, Tq, D) in the heads' own order
     parts = parts_for(q.dtype)
-    width = D + parts
-    if q.is_cuda:
-        width = -(-width // 8) * 8  # CUDA fused kernels take head dims in multiples of 8: zero padding
-    v_wide = _pad_to(v, width)  # (B, H, Tk, W): one padded copy, blocks take views of it
+    width = fused_width(D + parts, q)
+    v_wide = pad_to(v, width)  # (B, H, Tk, W): one padded copy, blocks take views of it
     rows = block_rows(slopes, Tq)
     if keys_back:
         rows = min(rows, max(MIN_ROWS, keys_back))  # a block reads its rows plus keys_back keys: O(N keys_back)
@@ -198,33 +184,16 @@ def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, wid
         q_side = (row_scale.to(qb.dtype) * p2)[:, None, :, None].expand(B, H, C, parts)
     qx = torch.cat([qb, q_side], dim=-1)  # (B, H, C, D+P)
     kx = torch.cat([k[:, :, lo:hi], dims.unsqueeze(0).expand(B, H, hi - lo, parts)], dim=-1)  # (B, H, Tc, D+P)
-    qx, kx = _pad_to(qx, width), _pad_to(kx, width)
+    qx, kx = pad_to(qx, width), pad_to(kx, width)
     if i0 > lo and C > 1 and key_padding is None and not window and not dropout and cpu_flash.available(qx):
         # keys before the block, then its own causal square: no (C, Tc) mask is built or kept
         r = i0 - lo  # keys before the block, in kx
         out = cpu_flash.rectangle_then_square(qx, kx[:, :, :r], v_wide[:, :, lo:i0], kx[:, :, r:], v_wide[:, :, i0:hi],
                                               scaling)
         return out[..., :D]
-    mask = _block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
+    mask = block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
     square = mask is None and i0 == 0  # the whole causal square: the fastest call
     out = F.scaled_dot_product_attention(
         qx, kx, v_wide[:, :, lo:hi], attn_mask=mask, dropout_p=dropout, is_causal=square and C > 1, scale=scaling
     )
     return out[..., :D]
-
-
-def _block_mask(i0, i1, lo, hi, key_padding, window, device):
-    """Bool mask (B|1, 1, C, Tc) for queries [i0, i1) over keys [lo, hi), or None when the block is the
-    plain causal square (or a single query that sees every key)."""
-    padded = key_padding is not None
-    if not padded and not window and lo == 0 and (i1 - i0 == hi or i1 - i0 == 1):
-        return None
-    rel = torch.arange(i0, i1, device=device)[:, None] - torch.arange(lo, hi, device=device)[None, :]  # (C, Tc)
-    allowed = rel >= 0
-    if window:
-        allowed = allowed & (rel < window)
-    allowed = allowed[None, None]
-    if padded:
-        pad = key_padding[:, lo:hi].bool()[:, None, None, :]  # (B, 1, 1, Tc)
-        allowed = (allowed & pad) | (rel == 0)  # a padded query still sees itself: no all-masked rows
-    return allowed

@@ -20,7 +20,7 @@ Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); 
 ``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square, a cached prefix
 on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
-inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
+inputs are scored in fp32. Auto passes a decoding step on (``dims.worth``: the dims would be
 appended to every cached key at every step).
 """
 
@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
 from .call import Call, chunk_rows
-from .sdpa_alibi_dims import _block_mask, _pad_to, worth  # noqa: F401  (worth: the table's row)
+from .dims import block_mask, fused_width, pad_to, wide, worth  # noqa: F401  (worth: the table's row)
 
 
 def serves(c: Call) -> str | None:
@@ -51,10 +51,8 @@ def run(c: Call) -> torch.Tensor:
     qx = torch.cat([c.q.to(dtype), query_dims(rel.query.to(dtype), proj.to(dtype), freqs, q_pos)], dim=-1)
     cos_j, sin_j = _angles(freqs, k_pos, dtype)
     kx = torch.cat([c.k.to(dtype), torch.cat([cos_j, sin_j], -1).expand(B, H, c.Tk, -1)], dim=-1)
-    width = qx.shape[-1]
-    if qx.is_cuda:
-        width = -(-width // 8) * 8  # CUDA fused kernels take head dims in multiples of 8: zero padding
-    qx, kx, vx = _pad_to(qx, width), _pad_to(kx, width), _pad_to(c.v.to(dtype), width)
+    width = fused_width(qx.shape[-1], qx)
+    qx, kx, vx = pad_to(qx, width), pad_to(kx, width), pad_to(c.v.to(dtype), width)
     return _attend(c, qx, kx, vx)[..., :D].to(c.q.dtype)
 
 
@@ -68,8 +66,8 @@ def query_dims(rel_q: torch.Tensor, proj: torch.Tensor, freqs: torch.Tensor, q_p
 
 def _angles(freqs, pos, dtype):
     """(cos, sin) of pos * freqs, (T, dim / 2) each, taken in float64 where the device has it."""
-    wide = torch.float64 if pos.device.type in ("cpu", "cuda") else torch.float32
-    angles = pos.to(wide)[:, None] * freqs.to(wide)[None, :]
+    w = wide(pos.device)
+    angles = pos.to(w)[:, None] * freqs.to(w)[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -93,7 +91,7 @@ def _attend(c: Call, qx, kx, vx):
 def _block(qb, kx, vx, i0, c: Call):
     i1 = i0 + qb.shape[-2]
     lo = max(0, i0 - c.window + 1) if c.window else 0
-    mask = _block_mask(i0, i1, lo, i1, c.key_padding, c.window, qb.device)
+    mask = block_mask(i0, i1, lo, i1, c.key_padding, c.window, qb.device)
     causal = mask is None and i0 == 0 and i1 > 1
     return F.scaled_dot_product_attention(qb, kx[:, :, lo:i1], vx[:, :, lo:i1], attn_mask=mask, dropout_p=c.dropout,
                                           is_causal=causal, scale=c.scaling)
