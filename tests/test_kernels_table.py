@@ -37,7 +37,7 @@ def test_the_cli_offers_the_tables_choices_and_lists_every_path():
     assert {old: kernel_opt.type(old) for old in kernels.RENAMED} == kernels.RENAMED
     with pytest.raises(argparse.ArgumentTypeError, match="kernel must be one of auto, sdpa, "):
         kernel_opt.type("fast")
-    kernel_help = cli_convert._scheme_help().split("kernels (--kernel)")[1].split("architectures:")[0]
+    kernel_help = cli_convert.scheme_help().split("kernels (--kernel)")[1].split("architectures:")[0]
     listed = re.findall(r"^  ([\w-]+): ", kernel_help, re.MULTILINE)
     assert listed == [p.name for p in kernels.PATHS]
 

@@ -16,6 +16,7 @@ from retrofit.errors import DataError, RecipeError
 from retrofit.training import finetune
 from retrofit.training.recipe import Recipe
 from retrofit.training import stream
+from retrofit.data import streams as rdata_streams
 
 from .procs import final_weights, kill_at_first_checkpoint, override, run_child, run_ranks
 
@@ -96,10 +97,10 @@ def test_streaming_default_follows_the_source():
     def d(**kw):
         return Recipe.from_dict({"model": {"name_or_path": "x"}, "output_dir": "x", "data": kw}).data
 
-    assert stream.streams(d(dataset="HuggingFaceFW/fineweb-edu"))
-    assert not stream.streams(d(dataset="shakespeare:train")) and not stream.streams(d(dataset="stdlib"))
-    assert not stream.streams(d(files=str(STDLIB / "textwrap.py")))  # plain text: read whole, as before
-    assert stream.streams(d(files=str(STDLIB / "textwrap.py"), streaming=True))
+    assert rdata_streams(d(dataset="HuggingFaceFW/fineweb-edu"))
+    assert not rdata_streams(d(dataset="shakespeare:train")) and not rdata_streams(d(dataset="stdlib"))
+    assert not rdata_streams(d(files=str(STDLIB / "textwrap.py")))  # plain text: read whole, as before
+    assert rdata_streams(d(files=str(STDLIB / "textwrap.py"), streaming=True))
 
 
 # ---- per-rank parts ---------------------------------------------------------------------------
@@ -220,7 +221,7 @@ def test_missing_field_is_a_data_error(tmp_path):
 
 def test_bad_inputs(tmp_path, corpus):
     _fails(tmp_path, tmp_path / "none" / "*.jsonl", DataError, ["no file matches"])
-    _fails(tmp_path, corpus, DataError, ["max_documents", "max_tokens"], data__max_documents=3)
+    _fails(tmp_path, corpus, RecipeError, ["max_documents", "max_tokens", "--set data.max_documents=null"], data__max_documents=3)
     (tmp_path / "mixed").mkdir()
     _jsonl(tmp_path / "mixed" / "a.jsonl", ["x" * 100])
     (tmp_path / "mixed" / "b.txt").write_text("y" * 100)
@@ -255,7 +256,7 @@ HUB_RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if not p.stem.
 def test_real_recipes_stream_a_general_corpus_on_a_stated_budget(path):
     r = Recipe.from_yaml(path)
     text = path.read_text()
-    assert stream.streams(r.data) and r.data.dataset == "HuggingFaceFW/fineweb-edu" and r.data.max_tokens
+    assert rdata_streams(r.data) and r.data.dataset == "HuggingFaceFW/fineweb-edu" and r.data.max_tokens
     from retrofit.training.recipe import tokens_per_step
 
     per = tokens_per_step(r, 1)

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retrofit {args.command}: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"retrofit {args.command}: interrupted", file=sys.stderr)
+        print(f"\nretrofit {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
@@ -119,6 +119,16 @@ def output_folder(path, overwrite: bool, flag: str = "--out"):
         raise OutputError(f"{flag} {out} exists and is not empty; pass --overwrite to replace it")
     check_creatable(out, flag)
     return out
+
+
+def check_scheme(name: str) -> None:
+    """An unknown scheme name is an OptionError at once (the torch-free menu; ``retrofit.encodings.SCHEMES``
+    is the registry it mirrors)."""
+    from ..errors import OptionError
+    from ..menu import SCHEMES
+
+    if name not in SCHEMES:
+        raise OptionError(f"unknown scheme {name!r}; registered: {', '.join(sorted(SCHEMES))}")
 
 
 def parse_options(pairs: list[str] | None) -> dict:

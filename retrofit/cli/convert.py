@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 from ..errors import OptionError
 from ..run_folder import CALIBRATE
@@ -14,7 +15,18 @@ CAL = CalibrateConfig()  # the calibration defaults (one place: the recipe's con
 log = logging.getLogger(__name__)
 
 
-def _scheme_help() -> str:
+HELP_FILE = Path(__file__).with_name("convert_help.txt")  # scheme_help(), written by `python -m retrofit.cli.convert`
+
+
+def _help_text() -> str:
+    """The epilog of ``retrofit convert --help`` without importing torch: ``scheme_help()`` as written to
+    HELP_FILE (tests/cli/test_help.py fails when the file differs from the registries)."""
+    return HELP_FILE.read_text()
+
+
+def scheme_help() -> str:
+    """The schemes with their options, the attention paths, the architectures and the built-in names, from
+    the registries (imports torch)."""
     from .. import kernels
     from ..encodings import SCHEMES
     from ..encodings.base import common_option_help
@@ -35,7 +47,10 @@ def _scheme_help() -> str:
 
 
 def _kernel(name: str) -> str:
-    """--kernel: a choice of the path table (``retrofit.kernels``), by its current name."""
+    """--kernel: a choice of the path table (``retrofit.kernels``), by its current name ("auto", the default,
+    is checked without importing the table: argparse checks the default too)."""
+    if name == "auto":
+        return name
     from .. import kernels
 
     try:
@@ -59,7 +74,7 @@ def add_parser(sub) -> None:
         help="swap a model's positional mechanism and save the patched checkpoint",
         description="Load MODEL (hub id, local folder or GGUF), replace its positional mechanism with SCHEME, "
         "verify the patch is live, and save it (safetensors) to --out. Reload it with retrofit.load(OUT).",
-        epilog=_scheme_help,  # called when --help is printed: it imports torch
+        epilog=_help_text,  # called when --help is printed
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="hub id (gpt2), local folder or built-in name (see below); with --gguf-file, "
@@ -94,13 +109,15 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import core, io
-    from ..encodings import SCHEMES
-    from . import output_folder, parse_options
+    from ..sources import precheck
+    from . import check_scheme, output_folder, parse_options
 
     options = parse_options(args.option)
     out = output_folder(args.out, args.overwrite)
-    SCHEMES.get(args.to)  # fail on an unknown scheme before loading anything
+    check_scheme(args.to)  # the cheap checks first: a wrong word is said before torch is imported
+    precheck(args.model, args.gguf_file)
+    from .. import core, io
+
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
     _refuse_converted(model, args)
     teacher = _teacher(model, args) if args.calibrate else None
@@ -149,3 +166,7 @@ def _refuse_converted(model, args) -> None:
         raise AlreadyConvertedError(
             f"{args.model} is already converted to {describe(model)['scheme']!r}; pass --force to revert that and "
             f"convert it to {args.to!r}")
+
+
+if __name__ == "__main__":  # python -m retrofit.cli.convert: rewrite HELP_FILE from the registries
+    HELP_FILE.write_text(scheme_help() + "\n")

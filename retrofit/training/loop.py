@@ -39,6 +39,7 @@ from ..versions import library_versions
 from . import blocks as blk
 from . import model as mdl
 from . import outputs, positions, sharding, stream
+from .interrupt import Interrupts
 from .recipe import Recipe, budget, tokens_per_step
 from .teacher import Clock, TeacherView, distill_kl
 
@@ -80,7 +81,7 @@ def _finetune(r: Recipe) -> Path:
     from accelerate.utils import set_seed
 
     set_seed(r.train.seed)
-    source = stream.StreamSource.of(r.data) if stream.streams(r.data) else None  # opened and probed here
+    source = stream.StreamSource.of(r.data) if rdata.streams(r.data) else None  # opened and probed here
     train_docs, val_docs = _documents(r) if source is None else (None, None)
     _budget(r, acc, source)
     sharding.mark_baseline()
@@ -324,29 +325,47 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     meter = Meter(r, acc, progress.step, clock, view)
     batches = _block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, tok)
-    for batch in batches if progress.step < t.steps else ():
-        _position_controls(base, r, progress.step, fade_offset_cap)
-        with acc.accumulate(model):
-            loss, parts = _loss(acc, model, teacher, batch, r, view, clock)
-            acc.backward(loss)
-            meter.add(loss, parts)
-            if acc.sync_gradients:
-                meter.grad_norm = sharding.clip_grad_norm(acc, params, t.max_grad_norm or float("inf"))
-                meter.lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-        if not acc.sync_gradients:
-            continue
-        progress.step += 1
-        _after_step(r, acc, out, model, val_loader, base, progress, meter, where)
-        if progress.step >= t.steps:
-            break
+    with Interrupts() as stop:  # Ctrl-C: a checkpoint at the step reached, then KeyboardInterrupt
+        for batch in batches if progress.step < t.steps else ():
+            _position_controls(base, r, progress.step, fade_offset_cap)
+            with acc.accumulate(model):
+                loss, parts = _loss(acc, model, teacher, batch, r, view, clock)
+                acc.backward(loss)
+                meter.add(loss, parts)
+                if acc.sync_gradients:
+                    meter.grad_norm = sharding.clip_grad_norm(acc, params, t.max_grad_norm or float("inf"))
+                    meter.lr = scheduler.get_last_lr()[0]
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            if not acc.sync_gradients:
+                continue
+            progress.step += 1
+            _after_step(r, acc, out, model, val_loader, base, progress, meter, where)
+            if stop.agreed(acc):
+                _save_interrupted(r, acc, out, progress.step, where, meter)
+            if progress.step >= t.steps:
+                break
     if progress.step < t.steps:
         optimizer.zero_grad()  # a partial accumulation at the stream's end is not stepped
         where.say_short(progress.step, meter.tokens_per_step)
     meter.close()
     return _finish(r, acc, model, tok, val_loader, base, progress, meter, shards, where)
+
+
+def _save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
+    """Ctrl-C: a checkpoint at ``step`` (unless one was just written there), then KeyboardInterrupt."""
+    meter.bar.close()
+    if not (r.checkpoint.every and step % r.checkpoint.every == 0):
+        if where is not None:
+            where.save()
+        outputs.save_checkpoint(acc, out, step, max(r.checkpoint.keep_last, 1))
+    resumes = "the same command resumes from it" if r.checkpoint.resume != "never" else (
+        "this recipe has checkpoint.resume: never, so a re-run starts again; pass --set checkpoint.resume=auto "
+        "to resume from it")
+    log.warning("interrupted after step %d of %d: saved %s; %s", step, r.train.steps,
+                out / rf.CHECKPOINTS / f"step_{step:08d}", resumes)
+    raise KeyboardInterrupt
 
 
 def _block_batches(acc, train_loader, sampler):

@@ -21,6 +21,7 @@ from typing import Literal, Optional, Union
 import yaml
 
 from .. import schema
+from ..data import streams
 from ..errors import RecipeError
 from ..schema import field_help as _help
 
@@ -385,6 +386,10 @@ def budget(r: "Recipe", processes: int = 1) -> tuple[int, int, str]:
     return steps, steps * per, words
 
 
+MAX_DOCUMENTS_ON_A_STREAM = ("'data.max_documents' bounds a source read whole; a stream is bounded by data.max_tokens: "
+                             "drop it (--set data.max_documents=null) or set data.streaming: false")
+
+
 def _check_streaming(d: DataConfig) -> None:
     if d.max_tokens is not None:
         _positive("data.max_tokens", d.max_tokens)
@@ -392,6 +397,8 @@ def _check_streaming(d: DataConfig) -> None:
         raise RecipeError(f"'data.shuffle_buffer' must be >= 0, got {d.shuffle_buffer}")
     if d.validation_documents is not None and d.validation_documents < 0:
         raise RecipeError(f"'data.validation_documents' must be >= 0, got {d.validation_documents}")
+    if d.max_documents is not None and streams(d):
+        raise RecipeError(MAX_DOCUMENTS_ON_A_STREAM)
     if d.streaming is False:
         for key in ("max_tokens", "validation_split", "validation_documents"):
             if getattr(d, key) is not None:

@@ -129,9 +129,54 @@ def _batches(n_blocks: int, cfg: BaselineConfig):
         pos += cfg.batch_size
 
 
-def train(model, blocks: torch.Tensor, cfg: BaselineConfig) -> list[float]:
-    """Run ``cfg.steps`` AdamW steps on ``blocks`` [n, n_positions]; returns the per-step train losses."""
+def add_repeats(x: torch.Tensor, cfg: BaselineConfig, gen: torch.Generator, pool: torch.Tensor) -> torch.Tensor:
+    """The copy mix: a copy of ``x`` [B, L] where each row, with probability ``cfg.copy_fraction``, repeats
+    spans of its own later in the row, until about a quarter of the row is second occurrences. A span of
+    ``s`` tokens (8 <= s <= min(copy_max_span, L/4)) at ``a`` is written again at ``b`` (a + s <= b <= L - s,
+    so the distance b - a is spread over the whole block). With probability ``cfg.copy_random`` the span is
+    first replaced by random tokens of ``pool`` (no language knowledge predicts those; only copying does)."""
+    x = x.clone()
+    B, L = x.shape
+    top = max(8, min(cfg.copy_max_span, L // 4))
+    for r in range(B):
+        if torch.rand((), generator=gen) >= cfg.copy_fraction:
+            continue
+        copied = 0
+        while copied < L // 4:
+            s = int(torch.randint(8, top + 1, (), generator=gen))
+            b = int(torch.randint(s, L - s + 1, (), generator=gen))  # second occurrence
+            a = int(torch.randint(0, b - s + 1, (), generator=gen))  # first occurrence, ends before b
+            if torch.rand((), generator=gen) < cfg.copy_random:
+                x[r, a : a + s] = pool[torch.randint(0, len(pool), (s,), generator=gen)]
+            x[r, b : b + s] = x[r, a : a + s]
+            copied += s
+    return x
+
+
+def copy_probe(model, held: torch.Tensor, native: int) -> dict:
+    """How well the model copies a held-out natural span 32 tokens long at distance native/2 (16 trials;
+    ``retrofit.evaluation.retrieval``): ``second_over_first`` (mean NLL of the span's repeat over its first
+    occurrence; 1 = no copying) and the exact-continuation rate."""
+    from ..evaluation import retrieval
+
+    was = model.training
+    model.eval()
+    text = held.reshape(-1).tolist()
+    span = min(32, max(4, native // 8))
+    cell = retrieval.copy_cell(model, text, distance=native // 2, trials=16, span=span, cue=max(1, span // 4))
+    model.train(was)
+    return {k: cell[k] for k in ("distance", "second_over_first", "exact_rate")}
+
+
+def train(model, blocks: torch.Tensor, cfg: BaselineConfig, held: torch.Tensor | None = None,
+          curve: list | None = None) -> list[float]:
+    """Run ``cfg.steps`` AdamW steps on ``blocks`` [n, n_positions]; returns the per-step train losses.
+    With the copy mix (``cfg.copy_fraction``) rows get repeated spans; every ``cfg.copy_eval_every`` steps
+    the copy probe on ``held`` is appended to ``curve``."""
     from tqdm.auto import tqdm
+
+    gen = torch.Generator().manual_seed(cfg.seed + 3)
+    pool = torch.unique(blocks)  # [P]: the tokens the training text holds
 
     if blocks.shape[0] < cfg.batch_size:
         raise OptionError(f"{blocks.shape[0]} training blocks < batch_size {cfg.batch_size}")
@@ -143,6 +188,8 @@ def train(model, blocks: torch.Tensor, cfg: BaselineConfig) -> list[float]:
                disable=not progress_bars())
     for step, idx in enumerate(bar):
         x = blocks[idx]  # [batch, n_positions]
+        if cfg.copy_fraction:
+            x = add_repeats(x, cfg, gen, pool)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
@@ -155,6 +202,11 @@ def train(model, blocks: torch.Tensor, cfg: BaselineConfig) -> list[float]:
             bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
         if step % max(1, cfg.steps // 10) == 0 or step == cfg.steps - 1:
             log.info("step %d/%d loss %.4f", step + 1, cfg.steps, losses[-1])
+        every = cfg.copy_eval_every
+        if curve is not None and held is not None and every and ((step + 1) % every == 0):
+            curve.append({"step": step + 1, "tokens": (step + 1) * cfg.batch_size * cfg.n_positions,
+                          "train_loss": round(losses[-1], 4), **copy_probe(model, held, cfg.n_positions)})
+            log.info("step %d: copy %s", step + 1, curve[-1])
     return losses
 
 
@@ -242,9 +294,12 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     log.info("baseline %s: %d params, %d training blocks of %d, %d steps x %d", cfg.name, n_params,
              train_blocks.shape[0], cfg.n_positions, cfg.steps, cfg.batch_size)
     t1 = time.perf_counter()
-    losses = train(model, train_blocks, cfg)
+    curve: list[dict] = []
+    losses = train(model, train_blocks, cfg, held_blocks, curve)
     t_train = time.perf_counter() - t1
     held = heldout_loss(model, held_blocks)
+    copying = copy_probe(model, held_blocks, cfg.n_positions)
+    log.info("baseline %s: copying at native/2 %s", cfg.name, copying)
     log.info("baseline %s: held-out loss %.4f (ppl %.2f) at length %d", cfg.name, held, math.exp(held), cfg.n_positions)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
@@ -257,7 +312,7 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
         "native_length": cfg.n_positions, "pretrain_tokens": pretrain_tokens, "steps": cfg.steps,
         "train_corpus_tokens": train_blocks.numel(), "epochs": pretrain_tokens / train_blocks.numel(),
         "final_train_loss": sum(tail) / len(tail), "final_train_loss_steps": len(tail),
-        "heldout_loss": held, "heldout_ppl": math.exp(held), "heldout_tokens_scored": held_blocks[:, 1:].numel(),
+        "heldout_loss": held, "heldout_ppl": math.exp(held), "copying": copying, "copy_curve": curve, "heldout_tokens_scored": held_blocks[:, 1:].numel(),
         "wall_time_s": time.perf_counter() - t0, "train_time_s": t_train, "data_time_s": t_data,
         "tokens_per_s": pretrain_tokens / t_train, "torch_threads": torch.get_num_threads(),
         "train_plays": [d.name for d in train_docs], "tokenizer_corpus": [d.name for d in train_docs],

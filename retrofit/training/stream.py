@@ -29,13 +29,12 @@ from typing import Iterator
 import torch
 
 from .. import data as rdata
+from ..data import file_format, stream_files
 from ..errors import DataError, HubError
 
 log = logging.getLogger(__name__)
 
 # file suffix -> the `datasets` builder that streams it (compressed variants: datasets decompresses by suffix)
-FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
-COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
 TOKENIZE_BATCH = 64  # documents per call of the (fast) tokenizer
 
 
@@ -49,40 +48,6 @@ class Position:
 
     def as_list(self) -> list[int]:
         return [self.epoch, self.document, self.offset]
-
-
-def file_format(path: str | Path) -> str | None:
-    """The builder for a data file (``json``, ``parquet``, ``text``), or None when it is not a stream format."""
-    name = str(path).lower()
-    for c in COMPRESSIONS:
-        if name.endswith(c):
-            name = name[: -len(c)]
-    return FORMATS.get(Path(name).suffix)
-
-
-def stream_files(spec: str | list) -> list[str]:
-    """The files a ``data.files`` spec names (files, folders, globs), sorted; DataError when none."""
-    out = [str(f) for s in ([spec] if isinstance(spec, str) else spec)
-           for f in rdata._expand_paths(s, keep=file_format, kinds="json, jsonl, parquet or txt files")]
-    bad = [f for f in out if not file_format(f)]
-    if bad:
-        raise DataError(f"{bad[0]} is not a streamable file (json, jsonl, parquet, txt, optionally compressed); "
-                        "set data.streaming: false to read other text files whole")
-    return out
-
-
-def streams(d) -> bool:
-    """Whether a recipe's ``data`` section streams (``data.streaming``, its default decided here only)."""
-    if d.streaming is not None:
-        return d.streaming
-    if d.files is None:
-        return rdata.source_kind(d.dataset) == "hub" or Path(d.dataset).expanduser().is_dir()
-    files = [d.files] if isinstance(d.files, str) else d.files
-    try:
-        found = stream_files(files)
-    except DataError:
-        return False  # the whole-read path names the problem
-    return any(file_format(f) in ("json", "parquet") for f in found)  # records to parse: a dataset format
 
 
 def _digest(text: str) -> bytes:
@@ -104,8 +69,6 @@ class StreamSource:
         if d.files is None and rdata.source_kind(d.dataset) in ("stdlib", "shakespeare"):
             raise DataError(f"data.dataset {d.dataset!r} is a built-in source, read whole; data.streaming: true "
                             "streams Hub datasets and local json/jsonl/parquet/txt files")
-        if d.max_documents is not None:
-            raise DataError("'data.max_documents' bounds a source read whole; a stream is bounded by data.max_tokens")
         if d.files is not None:
             files = stream_files(d.files)
             formats = sorted({file_format(f) for f in files})
