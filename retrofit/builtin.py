@@ -2,7 +2,7 @@
 
 - ``tiny-gpt2``: a 2-layer, 64-wide GPT-2 (native length 64) with random weights (seed 0) and a
   byte-level tokenizer (256 bytes + ``<|endoftext|>``). Built offline on first use in
-  ``$RETROFIT_CACHE/tiny-gpt2`` (default ``~/.cache/retrofit``). CI and the ``tiny-*`` recipes use it.
+  ``<cache>/tiny-gpt2`` (``retrofit.assets.cache_root()``). CI and the ``tiny-*`` recipes use it.
 - ``smollm2``: the SmolLM2 GGUF that ``retrofit.assets.smollm2_gguf()`` provides.
 - ``baseline:<preset>``: the small GPT-2 (or, for the ``*-llama`` presets, LLaMA-architecture) model
   pretrained offline on Shakespeare (``micro``, ``quickstart``, ``study``, ``study2-gpt2``,
@@ -12,17 +12,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from .atomic import write_dir
 
 TINY_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=257, bos_token_id=256, eos_token_id=256)
 EOS = "<|endoftext|>"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RETROFIT_CACHE", Path.home() / ".cache" / "retrofit")).expanduser()
 
 
 def names() -> list[str]:
@@ -68,7 +63,9 @@ def tiny_gpt2(path: Path | None = None) -> Path:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    path = Path(path) if path else cache_dir() / "tiny-gpt2"
+    from .assets import cache_root
+
+    path = Path(path) if path else cache_root() / "tiny-gpt2"
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
         return path
 

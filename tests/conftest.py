@@ -20,7 +20,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-USER_CACHE = Path(os.environ.get("RETROFIT_CACHE") or Path.home() / ".cache" / "retrofit").expanduser()
+USER_CACHE = assets.cache_root()
 
 
 @pytest.fixture(scope="session")

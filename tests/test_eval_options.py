@@ -14,7 +14,8 @@ from retrofit.evaluation.options import DEFAULTS, NAMES, EvalOptions
 from retrofit.evaluation.runner import evaluate
 from retrofit.run_recipe import EvalSection, load_recipe
 
-NOT_OPTIONS = {"help", "model", "gguf_file", "baseline", "device", "dtype", "out", "no_plots", "no_progress", "func"}
+NOT_OPTIONS = {"help", "model", "gguf_file", "baseline", "device", "dtype", "out", "no_plots", "no_progress", "func",
+               "quick"}
 
 
 def _eval_parser() -> argparse.ArgumentParser:

@@ -36,7 +36,7 @@ def test_report_json_validates_and_has_rows(saved):
     jsonschema.validate(data, schema())
     assert data["schema_version"] == "1.0"
     assert data["environment"]["torch"] and data["environment"]["hardware"]["device"] == "cpu"
-    assert len(data["data"]["fingerprint"]) == 16 and data["seeds"] == {"passkey": 5}
+    assert len(data["data"]["fingerprint"]) == 16 and data["seeds"] == {"passkey": 5, "copy": 5}
     for row in data["rows"]:
         assert {"model", "role", "length", "method", "ppl", "tokens"} <= set(row)
         assert row["tokens"] == data["data"]["tokens"] == 256
@@ -233,10 +233,13 @@ def test_converted_model_runs_past_native_length_against_its_base():
     conv = retrofit.convert(tiny_gpt2(n_positions=32), "alibi")
     report = evaluate(("gpt2-alibi", conv, byte_tokenizer()), [32, 64], data=docs(),
                       baselines=[("gpt2", base, byte_tokenizer())], budget=128, stride=16, sliding=False, progress=False)
-    methods = {(r["model"], r["length"]): r["method"] for r in report.rows}
+    methods = {(r["model"], r["length"]): r["method"] for r in report.rows if r["method"] != "native-window"}
     assert methods == {("gpt2-alibi", 32): "non-overlapping", ("gpt2-alibi", 64): "non-overlapping",
                        ("gpt2", 32): "non-overlapping", ("gpt2", 64): "sliding"}
-    notes = {(r["model"], r["length"]): r["note"] for r in report.rows}
+    # the far-context gain's other side: the converted model through its native window, past native only
+    assert [(r["model"], r["length"], r["window"]) for r in report.rows if r["method"] == "native-window"] == [
+        ("gpt2-alibi", 64, 32)]
+    notes = {(r["model"], r["length"]): r["note"] for r in report.rows if r["method"] != "native-window"}
     assert notes[("gpt2-alibi", 32)] is None and notes[("gpt2-alibi", 64)] == "past the native length 32"
     assert "not run plainly" in notes[("gpt2", 64)]
     m = report["models"][0]
@@ -259,11 +262,11 @@ def test_cli_eval(tmp_path, capsys):
                "--budget", "128", "--stride", "16", "--no-sliding", "--no-plots", "--no-progress"])
     assert rc == 0
     report = Report.load(model_dir / "eval")
-    methods = {(r["model"], r["length"]): r["method"] for r in report.rows}
+    methods = {(r["model"], r["length"]): r["method"] for r in report.rows if r["method"] != "native-window"}
     assert methods == {(str(model_dir), 32): "non-overlapping", (str(model_dir), 64): "non-overlapping",
                        (str(base_dir), 32): "non-overlapping", (str(base_dir), 64): "sliding"}
     assert report["models"][0]["scheme"] == "alibi" and report["models"][1]["max_length"] == 32
-    assert "| model | role | method | 32 | 64 |" in capsys.readouterr().out
+    assert "| model | role | method | 32 (1x) | 64 (2x) † |" in capsys.readouterr().out
     rc = main(["eval", str(model_dir), "--lengths", "32,100000", "--data", str(text), "--out", str(tmp_path / "x")])
     assert rc == 2 and "larger than the available text" in capsys.readouterr().err
     rc = main(["eval", str(base_dir), "--lengths", "32,64", "--data", str(text), "--out", str(tmp_path / "y")])
@@ -280,4 +283,4 @@ def test_a_footnote_is_said_once_for_all_its_lengths():
                       sliding=False, progress=False)
     md = render_markdown(report)
     assert md.count("accepts at most 32 tokens") == 1 and md.count("\\* ") == 1, md
-    assert "past the native length" not in md  # a note of unstarred (non-overlapping) rows
+    assert "past the native length 32" not in md  # a note of unstarred (non-overlapping) rows

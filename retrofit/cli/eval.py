@@ -10,7 +10,7 @@ import typing
 from pathlib import Path
 
 from ..errors import OptionError
-from ..evaluation.options import DEFAULTS, NAMES, EvalOptions
+from ..evaluation.options import DEFAULTS, NAMES, QUICK, EvalOptions
 from ..evaluation.lengths import parse_list
 from ..quiet import progress_bars
 from ..run_folder import REPORT, REPORT_MD
@@ -56,6 +56,9 @@ def add_parser(sub) -> None:
                    help="a model to score on the same tokens (repeatable); 'original': the unconverted model MODEL "
                    "was converted from (read from its run's recipe or its config's retrofit block), as in recipes")
     add_option_flags(p)
+    p.add_argument("--quick", action="store_true",
+                   help="a lighter evaluation for a CPU: " + ", ".join(f"{k}={_show(v)}" for k, v in QUICK.items())
+                   + " (flags given as well win)")
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
     p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
@@ -84,9 +87,9 @@ def add_option_flags(p) -> None:
         text = f.metadata["help"] + f" (default: {shown})"
         if tp is bool:
             kw["action"] = "store_false" if name.startswith("--no-") else "store_true"
-            text = (f"turn off (on by default): {f.metadata['help']}" if name.startswith("--no-")
+            text = (f"{f.metadata['help']} On by default; this flag leaves it out." if name.startswith("--no-")
                     else f.metadata["help"])
-        elif f.name.endswith("lengths"):
+        elif f.name.endswith(("lengths", "distances")):
             kw["type"], kw["metavar"] = _lengths(name), "LIST"
         elif f.name.endswith("depths"):
             kw["type"], kw["metavar"] = _floats(name), "LIST"
@@ -122,7 +125,7 @@ def _baselines(args) -> list:
 def _options(args) -> dict:
     """``evaluate``'s option keywords: the flags given (the rest keep ``EvalOptions``' defaults); any
     ``--recall-*`` option turns recall on."""
-    given = {k: getattr(args, k) for k in NAMES if hasattr(args, k)}
+    given = {**(QUICK if getattr(args, "quick", False) else {}), **{k: getattr(args, k) for k in NAMES if hasattr(args, k)}}
     if any(k.startswith("recall_") for k in given):
         given["recall"] = True
     if given.get("doc_separator"):

@@ -56,10 +56,12 @@ def add_parser(sub) -> None:
                    "under DDP, FSDP and FSDP + CPU offload (formulas from the recipe and the model's config; "
                    "nothing is read or trained) and exit")
     p.add_argument("--processes", type=int, default=None, metavar="N",
-                   help="with --plan: devices to plan for (default: WORLD_SIZE, else 8)")
+                   help="with --plan: processes to plan for (default: what the same command would start: WORLD_SIZE "
+                        "under a launcher, else 1)")
     p.add_argument("--tokens-per-s", type=float, default=None, metavar="R",
                    help="with --plan: your measured tokens/s (all devices together) for the time estimate (default: "
-                   "on paper, from the model's FLOPs per token on one A100 at 30%% utilisation per device)")
+                   "on paper, from the model's FLOPs per token on the device the run would use: its CUDA GPU at 30%% "
+                   "of its bf16 peak, else this CPU at 50%% of its fp32 matmul rate, measured)")
     p.add_argument("--final-from", type=Path, default=None, metavar="CHECKPOINT",
                    help="write final/ (and adapter/) from a checkpoint folder of this recipe's run "
                    "(checkpoints/step_N: one process, DDP, FSDP sharded or DeepSpeed ZeRO-3), on one process")
@@ -76,9 +78,10 @@ def run(args) -> int:
         print(recipe.to_yaml(), end="")
         return 0
     if args.plan:
-        from ..training.plan import plan_budget, plan_model
+        from ..training.plan import default_processes, plan_budget, plan_model
 
-        processes = args.processes or int(os.environ.get("WORLD_SIZE", "0")) or 8
+        processes, said = (args.processes, f"{args.processes} (--processes)") if args.processes else default_processes()
+        print(f"processes: {said}")
         print(plan_budget(recipe, processes), flush=True)  # printed even where the model's config cannot be read
         print("\n".join(plan_model(recipe, processes, args.tokens_per_s)))
         return 0

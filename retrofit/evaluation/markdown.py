@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import run_folder as rf
+from . import verdict as vd
 
 
 def _fmt(x, digits: int = 2) -> str:
@@ -42,19 +43,27 @@ def ppl_table(report) -> str:
             cell = _fmt(r["ppl"])
             if r["ci_low"] is not None:
                 cell += f" [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"
-            if r["method"] == "sliding":
-                cell += f" (w{r['window']}/s{r['stride']})" + ("*" if r["note"] else "")
+            if r["method"] in ("sliding", "native-window"):
+                starred = r["note"] and not r["note"].startswith("past the native")
+                cell += f" (w{r['window']}/s{r['stride']})" + ("*" if starred else "")
             cells.append(cell)
         body.append([f"`{model}`", role, method, *cells])
-    return _table(["model", "role", "method", *[str(L) for L in lengths]], body)
+    natives = [(m.get("native") or {}).get("length") for m in report["models"]]
+    native = min((n for n in natives if n), default=None)
+    head = [f"{L} ({L / native:g}x)" + (" †" if L > native else "") if native else str(L) for L in lengths]
+    return _table(["model", "role", "method", *head], body)
 
 
 def cost_table(report) -> str:
+    """Speed and peak memory per row. The increment over the start is shown where it is measured (the CUDA
+    allocator); a CPU process's peak RSS keeps what the allocator held from earlier work, so none is shown."""
+    delta = bool(report["cost"]) and report["cost"][0]["memory_measure"].startswith("torch.cuda")
     body = [[f"`{c['model']}`", str(c["length"]), c["method"], _fmt(c["tokens_per_s"], 0), _mb(c["peak_memory_bytes"]),
-             _mb(c["peak_memory_delta_bytes"]), str(r.get("attention_path") or "–"),
-             "" if c.get("same_pass_as_length") is None else f"same pass as {c['same_pass_as_length']}"]
+             *([_mb(c["peak_memory_delta_bytes"])] if delta else []), str(r.get("attention_path") or "–"),
+             "–" if c.get("same_pass_as_length") is None else f"same pass as {c['same_pass_as_length']}"]
             for c, r in zip(report["cost"], report.rows)]
-    return _table(["model", "length", "method", "tokens/s", "peak memory", "peak − start", "attention", ""], body)
+    return _table(["model", "length", "method", "tokens/s", "peak memory", *(["peak − start"] if delta else []),
+                   "attention", "note"], body)
 
 
 def _correct(r: dict) -> str:
@@ -90,6 +99,30 @@ def recall_table(report) -> str:
     return _grid(report, "recall", _recall_cell)
 
 
+def copy_table(report) -> str:
+    """Retrieval at distance: a row per model, a column per distance; 'gain [CI] exact' per cell."""
+    cells = report["copy"]["cells"]
+    distances = sorted({c["distance"] for c in cells})
+    natives = {m["name"]: (m.get("native") or {}).get("length") for m in report["models"]}
+    body = []
+    for model in dict.fromkeys(c["model"] for c in cells):
+        row = [f"`{model}`"]
+        for d in distances:
+            c = next((c for c in cells if (c["model"], c["distance"]) == (model, d)), None)
+            if c is None or not c["trials"]:
+                row.append("not run")
+            else:
+                lo, hi = c["copy_gain_ci"]
+                row.append(f"{c['copy_gain']:.2f} [{lo:.2f}, {hi:.2f}]; {c['exact']}/{c['trials']}")
+        reach = next((r for r in report["copy"]["reach"] if r["model"] == model), None)
+        row.append(f"{reach['reach']:,} ({reach['reach_x']:g}x) [{reach['reach_low_x']:g}x, {reach['reach_high_x']:g}x]"
+                   if reach else "–")
+        body.append(row)
+    native = min((n for n in natives.values() if n), default=None)
+    head = [f"d={d:,}" + (f" ({d / native:g}x)" if native else "") for d in distances]
+    return _table(["model", *head, "effective reach"], body)
+
+
 def _scheme(m: dict) -> str:
     """'alibi', or 'native rope' for an unconverted model."""
     return m["scheme"] or f"native {(m.get('native') or {}).get('kind') or ''}".strip()
@@ -102,12 +135,17 @@ def render_markdown(report, plots: dict | None = None) -> str:
                       [[f"`{m['name']}`", m["role"], _scheme(m), str(m["base_model"] or "–"),
                         str(m["max_length"] or "unlimited"), f"{m['parameters']:,}"] for m in d["models"]]))
     data = d["data"]
+    docs = data["documents"]
     out += ["", f"Data: `{data['spec']}`, {data['tokens']:,} tokens scored by every model at every length "
-            f"(fingerprint `{data['fingerprint']}`, {data['documents']} documents, budget {data['budget']:,}).", ""]
+            f"(fingerprint `{data['fingerprint']}`, {docs} document{'s' if docs != 1 else ''}, budget "
+            f"{data['budget']:,}).", ""]
+    out += ["## Verdict", "", *vd.lines(d.get("verdict") or vd.verdict(d)), ""]
     out += ["## Perplexity vs length", "",
             "Non-overlapping windows of each length, and sliding windows (window w, stride s) scoring the same "
             "tokens. Brackets: 95% CI over windows.", "", ppl_table(report), ""]
-    notes = dict.fromkeys(r["note"] for r in report.rows if r["note"] and r["method"] == "sliding")  # the starred cells
+    out += ["† past the native length.", ""]
+    notes = dict.fromkeys(r["note"] for r in report.rows if r["note"] and r["method"] == "sliding"
+                          and not r["note"].startswith("past the native"))  # the starred cells (the header has †)
     for note in notes:
         out += [f"\\* {note}.", ""]
     if rf.PLOT_PPL in (plots or {}):
@@ -134,6 +172,17 @@ def render_markdown(report, plots: dict | None = None) -> str:
                 "", recall_table(report), ""]
         if rf.PLOT_RECALL in (plots or {}):
             out += [f"![recall]({rf.PLOT_RECALL})", ""]
+    if d.get("copy"):
+        s = d["settings"]["copy"]
+        distractors = f" ({s['keys'] - 1} distractor spans between)" if s["keys"] > 1 else ""
+        out += ["## Retrieval at distance", "",
+                f"A {s['span']}-token span of the eval text (natural text) stands d tokens before its first {s['cue']} "
+                f"tokens repeat at the end{distractors}; "
+                f"each cell: the copy gain (nats per token the first occurrence saves on the span's other "
+                f"{s['span'] - s['cue']} tokens) with its bootstrap 95% interval, and exact greedy continuations of "
+                f"{s['trials']} paired trials. Effective reach: the longest distance keeping half of the gain at the "
+                "shortest one [from the intervals' ends]. A baseline with a limit reads through its sliding window.",
+                "", copy_table(report), ""]
     env = d["environment"]
     out += ["## Cost", "", f"Memory measure: {d['cost'][0]['memory_measure'] if d['cost'] else '–'}.", "",
             cost_table(report), ""]

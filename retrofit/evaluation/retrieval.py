@@ -12,8 +12,13 @@ One trial of length ``L`` at distance ``d`` with ``n_keys`` spans, in tokens:
   that copies the most recent span it saw fails: the cue picks one.
 * **Scored**: the target's last ``k - m`` tokens, once after the cue (second occurrence) and once where
   the span first stood (first occurrence, same model, same forward pass). ``copy_gain`` = mean NLL first
-  / mean NLL second (1: no use of the first occurrence; large: copied). ``exact``: every teacher-forced
-  argmax of the second occurrence right, which is greedy decoding reproducing the rest of the span.
+  - mean NLL second, in nats per token (0: no use of the first occurrence), with a bootstrap interval over
+  trials. ``exact``: every teacher-forced argmax of the second occurrence right, which is greedy decoding
+  reproducing the rest of the span.
+* **Effective reach** (``effective_reach``): the longest distance at which the gain keeps at least half of
+  its value at the shortest distance (1/4 native by default).
+* A model that reads at most ``limit`` tokens (the original, past its table) is scored through its sliding
+  window: the first occurrence is out of its sight once ``d + k > limit``. It is the floor.
 
 Trials are paired across models: trial ``j`` at distance ``d`` uses the same text and spans for every
 model and every length, so differences between rows are the models'. ``L = d + k + tail`` at least:
@@ -28,6 +33,8 @@ import random
 from dataclasses import dataclass
 
 import torch
+
+RESAMPLES = 2000
 
 
 @dataclass(frozen=True)
@@ -52,13 +59,17 @@ def build(text_ids: list[int], distance: int, span: int, cue: int, seed: int, tr
     if length < need:
         raise ValueError(f"a copy trial at distance {distance} needs {need} tokens, got length {length}")
     n_text = length - len(prefix) - span  # held-out text before the cue, target and distractors inside it
-    if n_text + n_keys * span > len(text_ids):
-        raise ValueError(f"the eval text has {len(text_ids)} tokens; a copy trial of {length} needs more")
+    need_text = n_text + n_keys * span
+    if need_text > len(text_ids):
+        raise ValueError(f"the eval text has {len(text_ids)} tokens; a copy trial of {length} tokens needs {need_text}")
+    # the spans and the filler come from two regions of the text that do not overlap, so a span occurs in the
+    # trial only where it was put (paired across models by the seed)
     rng = random.Random(f"copy:{seed}:{trial}:{distance}")
-    # the spans come from one region of the text, the filler from another (paired across models by the seed)
-    span_src = random.Random(f"copy-spans:{seed}:{trial}").randrange(0, len(text_ids) - n_keys * span + 1)
-    spans = [list(text_ids[span_src + i * span : span_src + (i + 1) * span]) for i in range(n_keys)]
-    off = rng.randrange(0, len(text_ids) - n_text + 1)
+    start = rng.randrange(0, len(text_ids) - need_text + 1)
+    spans_first = rng.random() < 0.5
+    src = start if spans_first else start + n_text
+    off = start + n_keys * span if spans_first else start
+    spans = [list(text_ids[src + i * span : src + (i + 1) * span]) for i in range(n_keys)]
     filler = list(text_ids[off : off + n_text])
     first = n_text - distance  # target at exactly `distance` before the cue
     filler[first : first + span] = spans[0]
@@ -77,30 +88,77 @@ def nll_at(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int) -> to
     return -lp.gather(1, ids[start:stop, None])[:, 0]
 
 
-def score(model, trial: CopyTrial) -> dict:
-    """One forward: ``{"nll_first", "nll_second", "exact", "tokens_right", "tokens"}`` over the span's rest."""
+def _logits(model, ids: list[int]) -> torch.Tensor:
     dev = next(model.parameters()).device
-    x = torch.tensor(trial.ids, device=dev)  # [L]
     with torch.inference_mode():
-        logits = model(input_ids=x[None]).logits[0]  # [L, V]
+        return model(input_ids=torch.tensor([ids], device=dev)).logits[0].float().cpu()  # [L, V]
+
+
+def score(model, trial: CopyTrial, limit: int | None = None) -> dict:
+    """``{"nll_first", "nll_second", "exact", "tokens_right", "tokens"}`` over the span's rest. One forward,
+    or, for a model that reads at most ``limit`` tokens and a longer trial, its sliding window: the last
+    ``limit`` tokens before each occurrence's end (the first occurrence may then be out of its sight)."""
     a, b, k, m = trial.first, trial.second, trial.span, trial.cue
-    first = nll_at(logits, x, a + m, a + k)  # [k - m]
-    second = nll_at(logits, x, b + m, b + k)  # [k - m]
-    right = logits[b + m - 1 : b + k - 1].argmax(-1) == x[b + m : b + k]
+    x = torch.tensor(trial.ids)  # [L]
+    if limit is None or len(trial.ids) <= limit:
+        logits = _logits(model, trial.ids)  # [L, V]
+        first, second, off_a, off_b, la, lb = nll_at(logits, x, a + m, a + k), None, 0, 0, logits, logits
+        second = nll_at(logits, x, b + m, b + k)
+    else:
+        off_a, off_b = max(0, a + k - limit), max(0, b + k - limit)
+        la, lb = _logits(model, trial.ids[off_a : a + k]), _logits(model, trial.ids[off_b : b + k])
+        first = nll_at(la, x[off_a : a + k], a + m - off_a, a + k - off_a)
+        second = nll_at(lb, x[off_b : b + k], b + m - off_b, b + k - off_b)
+    right = lb[b + m - 1 - off_b : b + k - 1 - off_b].argmax(-1) == x[b + m : b + k]
     return {"nll_first": float(first.mean()), "nll_second": float(second.mean()), "exact": bool(right.all()),
             "tokens_right": int(right.sum()), "tokens": k - m}
 
 
-def summarize(rows: list[dict]) -> dict:
-    """Trials of one cell -> copy gain (mean NLL first / second), exact rate with its Wilson interval."""
+def summarize(rows: list[dict], seed: int = 0) -> dict:
+    """Trials of one cell -> the copy gain in nats per token (mean NLL first - second: what the first
+    occurrence saves; 0 = no use of it) with a bootstrap 95% interval over trials, the ratio of the NLLs, and
+    the exact rate with its Wilson interval."""
     n = len(rows)
     first = sum(r["nll_first"] for r in rows) / n
     second = sum(r["nll_second"] for r in rows) / n
+    saved = [r["nll_first"] - r["nll_second"] for r in rows]
+    g = torch.Generator().manual_seed(seed)
+    boot = torch.tensor(saved)[torch.randint(0, n, (RESAMPLES, n), generator=g)].mean(1)  # [RESAMPLES]
+    lo_g, hi_g = (float(q) for q in torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype)))
     exact = sum(r["exact"] for r in rows)
     lo, hi = wilson(exact, n)
     return {"trials": n, "nll_first": round(first, 4), "nll_second": round(second, 4),
-            "copy_gain": round(first / max(second, 1e-6), 3), "second_over_first": round(second / max(first, 1e-6), 4),
+            "copy_gain": round(first - second, 4), "copy_gain_ci": [round(lo_g, 4), round(hi_g, 4)],
+            "second_over_first": round(second / max(first, 1e-6), 4),
             "exact": exact, "exact_rate": round(exact / n, 4), "exact_ci": [round(lo, 4), round(hi, 4)]}
+
+
+def effective_reach(cells: list[dict], native: int) -> dict:
+    """The longest distance up to which retrieval keeps at least half of the gain at the shortest distance
+    (the model's own gain at 1/4 native by default): ``reach`` from the gains, ``reach_low`` / ``reach_high``
+    from their intervals' lower / upper ends, in tokens and as multiples of ``native``. Distances are taken
+    in order and the first that falls short ends the reach (a later spike is noise, not reach). A model
+    whose gain at the shortest distance holds 0 in its interval copies nothing: its reach is 0."""
+    cells = sorted(cells, key=lambda c: c["distance"])
+    ref = cells[0]
+    half = ref["copy_gain"] / 2
+
+    def longest(value) -> int:
+        if ref["copy_gain_ci"][0] <= 0:
+            return 0
+        out = 0
+        for c in cells:
+            if value(c) < half:
+                break
+            out = c["distance"]
+        return out
+
+    reach = {"reach": longest(lambda c: c["copy_gain"]), "reach_low": longest(lambda c: c["copy_gain_ci"][0]),
+             "reach_high": longest(lambda c: c["copy_gain_ci"][1])}
+    return {**reach, **{f"{k}_x": round(v / native, 3) for k, v in reach.items()}, "native": native,
+            "reference_distance": ref["distance"], "reference_gain": ref["copy_gain"],
+            "copies": ref["copy_gain_ci"][0] > 0,
+            "distances": [c["distance"] for c in cells]}
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -115,8 +173,40 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def copy_cell(model, text_ids: list[int], distance: int, trials: int, span: int = 32, cue: int = 8,
-              n_keys: int = 1, seed: int = 0, length: int | None = None, prefix: list[int] = ()) -> dict:
+              n_keys: int = 1, seed: int = 0, length: int | None = None, prefix: list[int] = (),
+              limit: int | None = None) -> dict:
     """``trials`` paired trials at one distance, summarised (``summarize``)."""
-    rows = [score(model, build(text_ids, distance, span, cue, seed, j, n_keys, length, prefix))
+    rows = [score(model, build(text_ids, distance, span, cue, seed, j, n_keys, length, prefix), limit)
             for j in range(trials)]
-    return {"distance": distance, "n_keys": n_keys, **summarize(rows)}
+    return {"distance": distance, "n_keys": n_keys, **summarize(rows, seed)}
+
+
+def run(models, text_ids: list[int], distances: list[int], trials: int, span: int, cue: int, n_keys: int,
+        seed: int, prefix: list[int], bar) -> dict:
+    """The report's ``copy`` section: a cell per (model, distance), paired across models, and each model's
+    effective reach. A distance whose trial is longer than an evaluated model's limit is not run; a baseline
+    with a limit reads through its sliding window (the floor)."""
+    cells, reaches = [], []
+    for m in models:
+        native = (m.info.get("native") or {}).get("length")
+        mine = []
+        for d in distances:
+            need = len(prefix) + d + span
+            if m.role != "baseline" and m.max_length is not None and need > m.max_length:
+                cells.append({"model": m.name, "role": m.role, "distance": d, "n_keys": n_keys, "trials": 0,
+                              "note": f"not run: {m.name} accepts at most {m.max_length} tokens"})
+                bar.update(trials)
+                continue
+            bar.set_description(f"{m.name[-24:]} copy d={d}")
+            limit = m.max_length if m.role == "baseline" else None
+            rows = []
+            for j in range(trials):
+                rows.append(score(m.model, build(text_ids, d, span, cue, seed, j, n_keys, None, prefix), limit))
+                bar.update(1)
+            cell = {"model": m.name, "role": m.role, "distance": d, "n_keys": n_keys,
+                    "distance_x": round(d / native, 3) if native else None, "note": None, **summarize(rows, seed)}
+            cells.append(cell)
+            mine.append(cell)
+        if mine and native:
+            reaches.append({"model": m.name, "role": m.role, **effective_reach(mine, native)})
+    return {"cells": cells, "reach": reaches}

@@ -19,6 +19,9 @@ from .lengths import resolve as resolve_lengths
 from .models import EvalModel, check_tokenizers, describe_model, resolve
 from .options import DEFAULTS, EvalOptions, eval_options
 from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
+from . import retrieval
+from .farcontext import far_context
+from .verdict import verdict
 from .report import SCHEMA_VERSION, Report, environment
 from .tokens import build_stream, first_tokens, resolve_documents
 
@@ -33,7 +36,7 @@ class Job:
 
     model: int  # index into the run's models
     length: int
-    method: str  # "non-overlapping" | "sliding"
+    method: str  # "non-overlapping" | "sliding" | "native-window" (a sliding window of the native length)
     window: int
     stride: int | None
     note: str | None = None
@@ -120,6 +123,8 @@ def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int | None, s
             stride = given or max(1, L // 2)
             if sliding and stride < L:
                 jobs.append(Job(i, L, "sliding", L, stride, past))
+            if past and m.role != "baseline":  # the far-context gain's other side (farcontext.py): one pass
+                jobs.append(Job(i, L, "native-window", native, max(1, native // 2), None))
     return jobs
 
 
@@ -139,10 +144,11 @@ def _device_of(model):
     return next(model.parameters()).device
 
 
-def run_perplexity(models, jobs, stream, batch_size, buckets, bar) -> tuple[list, list, list]:
-    """Score every job; (rows, loss_by_position entries, cost entries). Same-window jobs share one pass."""
+def run_perplexity(models, jobs, stream, batch_size, buckets, bar) -> tuple[list, list, list, dict]:
+    """Score every job; (rows, loss_by_position entries, cost entries, per-target NLL by (model index,
+    method, length)). Same-window jobs share one pass."""
     cache: dict[tuple, tuple] = {}
-    rows, positions, costs = [], [], []
+    rows, positions, costs, scored = [], [], [], {}
     for job in jobs:
         m = models[job.model]
         key = (job.model, job.method, job.window, job.stride)
@@ -156,6 +162,7 @@ def run_perplexity(models, jobs, stream, batch_size, buckets, bar) -> tuple[list
                     nll = sliding_nll(m.model, stream.ids, job.window, job.stride, on_window=bar.update)
             cache[key] = (nll, meter.result(stream.targets), _attention_path(m.model), job.length)
         nll, cost, path, first_length = cache[key]
+        scored[(job.model, job.method, job.length)] = nll
         rows.append({
             "model": m.name, "role": m.role, "length": job.length, "method": job.method,
             "window": job.window, "stride": job.stride, **summarize(nll, job.length),
@@ -167,7 +174,7 @@ def run_perplexity(models, jobs, stream, batch_size, buckets, bar) -> tuple[list
         if job.method == "non-overlapping":
             positions.append({"model": m.name, "role": m.role, "length": job.length,
                               **loss_by_position(nll, job.length, buckets)})
-    return rows, positions, costs
+    return rows, positions, costs, scored
 
 
 def _not_run(m: EvalModel, L: int, d: float, bar, trials: int) -> dict | None:
@@ -288,6 +295,7 @@ def evaluate(
     data, budget, stride, sliding, doc_separator = o.data, o.budget, o.stride, o.sliding, o.doc_separator
     batch_size, position_buckets, passkey, passkey_trials = o.batch_size, o.position_buckets, o.passkey, o.passkey_trials
     recall, recall_trials, recall_span, recall_cue, seed = o.recall, o.recall_trials, o.recall_span, o.recall_cue, o.seed
+    copy = o.copy
     lengths = _check_lengths(o.lengths)
     pk_items = _check_lengths(o.passkey_lengths, "passkey lengths") if passkey and o.passkey_lengths else None
     rc_items = _check_lengths(o.recall_lengths, "recall lengths") if recall and o.recall_lengths else None
@@ -295,6 +303,7 @@ def evaluate(
     rc_depths = [float(d) for d in o.recall_depths] if recall else []
     _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials,
                    (rc_depths, recall_trials, recall_span, recall_cue) if recall else None)
+    cp_items = _check_lengths(o.copy_distances, "copy distances") if copy else None
     docs, data_label = resolve_documents(data)
     models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
     native = (models[0].info.get("native") or {}).get("length")
@@ -302,6 +311,9 @@ def evaluate(
     if default_lengths and models[0].max_length:
         lengths = _within_limit(models[0], lengths)
     pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
+    if copy:
+        o = _copy_sizes(o, native)
+    cp_distances = _copy_distances(cp_items, native, lengths, o) if copy else []
     rc_lengths = resolve_lengths(rc_items, native, "recall lengths") if rc_items else lengths
     _check_supported(models[0], lengths, "lengths")
     if passkey:
@@ -320,12 +332,24 @@ def evaluate(
     if recall:
         rc_text = _recall_text(models[0], docs, data_label, budget, max(rc_lengths), recall_span, doc_separator)
         total += len(models) * len(rc_lengths) * len(rc_depths) * recall_trials
+    if cp_distances:
+        cp_prefix = pk.bos_prefix(models[0].tokenizer)
+        cp_text = _recall_text(models[0], docs, data_label, budget, max(cp_distances) + (o.copy_keys + 1) * o.copy_span,
+                               0, doc_separator)
+        total += len(models) * len(cp_distances) * o.copy_trials
     log.info("evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), stream.targets, data_label, lengths)
+    forward = sum(_windows(j, stream.targets) * j.window for j in _unique(jobs))
+    forward += len(models) * (sum(pk_lengths) * len(depths) * passkey_trials if passkey else 0)
+    forward += len(models) * (sum(rc_lengths) * len(rc_depths) * recall_trials if recall else 0)
+    forward += len(models) * o.copy_trials * sum(d + o.copy_span for d in cp_distances)
+    log.info("%s", _cost_line(models[0], stream, forward, total))
     with tqdm(total=total, disable=not progress, unit="window", dynamic_ncols=True) as bar:
-        rows, positions, costs = run_perplexity(models, jobs, stream, batch_size, position_buckets, bar)
+        rows, positions, costs, scored = run_perplexity(models, jobs, stream, batch_size, position_buckets, bar)
         pk_results = run_passkey(models, pk_lengths, depths, passkey_trials, seed, bar) if passkey else None
         rc_results = (run_recall(models, rc_text, rc_lengths, rc_depths, recall_trials, recall_span, recall_cue, seed,
                                  bar) if recall else None)
+        cp_results = (retrieval.run(models, cp_text, cp_distances, o.copy_trials, o.copy_span, o.copy_cue, o.copy_keys,
+                                    seed, cp_prefix, bar) if cp_distances else None)
     finished = _dt.datetime.now(_dt.timezone.utc)
     report = Report({
         "schema_version": SCHEMA_VERSION,
@@ -337,17 +361,23 @@ def evaluate(
                                  "new_tokens": PASSKEY_NEW_TOKENS} if passkey else None,
                      "recall": {"lengths": rc_lengths, "depths": rc_depths, "trials": recall_trials,
                                 "span": recall_span, "cue": recall_cue, "text_tokens": len(rc_text),
-                                "scoring": "teacher-forced argmax (one forward per trial)"} if recall else None},
-        "seeds": {"passkey": seed, **({"recall": seed} if recall else {})},
+                                "scoring": "teacher-forced argmax (one forward per trial)"} if recall else None,
+                     "copy": {"distances": cp_distances, "trials": o.copy_trials, "span": o.copy_span,
+                              "cue": o.copy_cue, "keys": o.copy_keys, "text": "the eval text (natural)"}
+                     if cp_distances else None},
+        "seeds": {"passkey": seed, **({"recall": seed} if recall else {}), **({"copy": seed} if cp_distances else {})},
         "environment": environment(models[0].model),
         "rows": rows,
+        "far_context": far_context(models, jobs, scored),
         "loss_by_position": positions,
         "passkey": pk_results,
         "recall": rc_results,
+        "copy": cp_results,
         "cost": costs,
         "timing": {"started": started.isoformat(), "finished": finished.isoformat(),
                    "seconds": (finished - started).total_seconds()},
     })
+    report.data["verdict"] = verdict(report.data)
     if out is not None:
         report.save(out)
     return report
@@ -398,6 +428,52 @@ def _check_recall_room(m: EvalModel, length: int, span: int) -> None:
     need = rc.room(m.tokenizer, span)
     if length < need:
         raise LengthError(f"recall length {length} is too short: a {span}-token span and its repeat take {need} tokens")
+
+
+def _cost_line(m: EvalModel, stream, forward: int, passes: int) -> str:
+    """What the evaluation will cost, said before it starts: tokens through the models, forward passes, and
+    a time from one forward of the evaluated model timed now (attention grows faster than the length, so
+    long windows take longer). ``retrofit eval --quick`` is the lighter preset."""
+    import time
+
+    import torch
+
+    n = min(stream.ids.numel(), (m.info.get("native") or {}).get("length") or 512, 2048)
+    x = stream.ids[:n].reshape(1, -1).to(_device_of(m.model))
+    with torch.inference_mode():
+        m.model(input_ids=x)  # warm up
+        t0 = time.perf_counter()
+        m.model(input_ids=x)
+    rate = n / max(time.perf_counter() - t0, 1e-6)
+    seconds = forward / rate
+    when = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    return (f"cost: {forward:,} tokens through the models in {passes:,} forward passes: about {when} here, more "
+            f"where attention dominates ({rate:,.0f} tokens/s measured on a {n}-token forward of {m.name}); "
+            "lighter: retrofit eval --quick")
+
+
+def _copy_sizes(o, native: int | None):
+    """The options with the copy span and cue resolved (defaults: min(32, native / 4) and a quarter of it),
+    checked."""
+    span = o.copy_span or min(32, max(4, (native or 128) // 4))
+    cue = o.copy_cue or max(1, span // 4)
+    for name, v in (("copy_trials", o.copy_trials), ("copy_span", span), ("copy_cue", cue), ("copy_keys", o.copy_keys)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise OptionError(f"{name} must be a positive integer, got {v!r}")
+    if not cue < span:
+        raise OptionError(f"copy_cue ({cue}) must be smaller than copy_span ({span})")
+    return eval_options(o, copy_span=span, copy_cue=cue)
+
+
+def _copy_distances(items, native: int | None, lengths: list[int], o) -> list[int]:
+    """The copy distances in tokens: as given, or (the defaults) those up to the longest length."""
+    distances = resolve_lengths(items, native, "copy distances")
+    if o.copy_distances == DEFAULTS.copy_distances:
+        distances = [d for d in distances if d <= max(lengths)]
+    small = [d for d in distances if d < o.copy_keys * o.copy_span]
+    if small:
+        raise LengthError(f"copy distance {small[0]} cannot hold {o.copy_keys} span(s) of {o.copy_span} tokens")
+    return distances
 
 
 def _recall_text(m: EvalModel, docs, label: str, budget: int, longest: int, span: int, separator) -> list[int]:

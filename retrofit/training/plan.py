@@ -255,9 +255,53 @@ def table(shape: Shape, run: Run, processes: int) -> str:
     return "\n".join(lines)
 
 
-# Time on paper: a GPU's dense bf16 peak at a utilisation a Hugging Face fine-tune reaches (not measured here;
-# pass --tokens-per-s with a rate you measured, e.g. log.jsonl's tokens_per_s of a short run, to replace it).
-PAPER_GPU = ("one A100 (312 bf16 TFLOP/s at 30% utilisation)", 312e12 * 0.30)
+# Time on paper: the device the run would use, at a utilisation a Hugging Face fine-tune reaches (not a
+# measurement of the fine-tune; pass --tokens-per-s with a rate you measured, e.g. log.jsonl's tokens_per_s
+# of a short run, to replace it). GPUs: dense bf16 peaks by name; a CPU: its fp32 matmul rate, measured.
+GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+             "V100": 125e12, "T4": 65e12}
+GPU_UTILISATION = 0.30
+CPU_UTILISATION = 0.50  # of the measured fp32 matmul rate
+
+
+def device_rate() -> tuple[str, float]:
+    """(what the time assumes, FLOP/s): the first CUDA GPU the run would use, else this CPU at the thread
+    count the run would use, its fp32 matmul rate measured now (about 0.3 s)."""
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        peak = next((v for k, v in GPU_PEAKS.items() if k in name), None)
+        if peak is None:
+            return (f"{name} (its peak is not in retrofit's table: an A100's 312 bf16 TFLOP/s assumed) at "
+                    f"{GPU_UTILISATION:.0%} utilisation", GPU_PEAKS["A100"] * GPU_UTILISATION)
+        return f"{name} ({peak / 1e12:.0f} bf16 TFLOP/s at {GPU_UTILISATION:.0%} utilisation)", peak * GPU_UTILISATION
+    from ..versions import cpu_info
+
+    rate = _cpu_matmul_rate()
+    return (f"this CPU ({cpu_info()['processor']}, {torch.get_num_threads()} threads; fp32 matmul measured at "
+            f"{rate / 1e9:.0f} GFLOP/s, {CPU_UTILISATION:.0%} of it assumed)", rate * CPU_UTILISATION)
+
+
+def _cpu_matmul_rate(n: int = 1024, repeats: int = 4) -> float:
+    import time
+
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return repeats * 2 * n**3 / (time.perf_counter() - t0)
+
+
+def default_processes() -> tuple[int, str]:
+    """The processes ``retrofit finetune`` would run in: WORLD_SIZE under a launcher, else one."""
+    world = int(os.environ.get("WORLD_SIZE", "0"))
+    if world:
+        return world, f"{world} processes (WORLD_SIZE)"
+    return 1, "1 process (retrofit finetune alone starts one; plan several with --processes N or under a launcher)"
 
 
 def flops_per_token(shape: Shape, run: Run, teacher_forwards: float = 0.0) -> float:
@@ -281,23 +325,20 @@ def time_lines(r, shape: Shape, tokens: int, processes: int, tokens_per_s: float
         rate, where = tokens_per_s, "at the rate given (--tokens-per-s)"
     else:
         fpt = flops_per_token(shape, Run.of(r), teacher)
-        rate, where = PAPER_GPU[1] / fpt, (f"on paper on {PAPER_GPU[0]}: {fpt / 1e9:.2f} GFLOP per token"
-                                           + (f", with the teacher reading {teacher:.2g} tokens per token" if teacher else ""))
+        device, flops = device_rate()
+        rate, where = flops / fpt, (f"on paper on {device}: {fpt / 1e9:.3g} GFLOP per token"
+                                    + (f", with the teacher reading {teacher:.2g} tokens per token" if teacher else ""))
     seconds = tokens / (rate * processes if not tokens_per_s else rate)
     return [f"time: {tokens:,} tokens at {rate:,.0f} tokens/s{' per device' if not tokens_per_s else ''} "
             f"= {_duration(seconds)} ({where})"]
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def plan_recipe(r, processes: int | None = None, tokens_per_s: float | None = None) -> str:
-    """``retrofit finetune RECIPE --plan``: the budget (tokens, steps), the time and the memory, on paper."""
-    processes = processes or int(os.environ.get("WORLD_SIZE", "0")) or 8
-    return "\n".join([plan_budget(r, processes), *plan_model(r, processes, tokens_per_s)])
 
 
 def plan_budget(r, processes: int) -> str:
