@@ -309,7 +309,8 @@ def _common_limits(ctx: dict) -> list[str]:
         out.append("The base model's licence is not known to retrofit: check it before using this model.")
     x = ctx["export"]
     if x["subfolder"]:
-        out.append(f"The native {x['target']} export in `native/` is not exact at every length (max logit difference "
+        out.append(f"The native {x['target']} export in {ctx['load']['native_where']} is not exact at every length "
+                   f"(max logit difference "
                    f"{x['max_diff']:.3g} at {x['check_length']:,} tokens); the exact model needs `retrofit`.")
     elif not x["native"]:
         out.append("Loading needs `retrofit`: there is no native transformers export (see How to load).")

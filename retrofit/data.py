@@ -31,12 +31,18 @@ log = logging.getLogger(__name__)
 TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".tex", ".html", ".c", ".h"}
 
 
-def load_documents(spec: str | Sequence[str], *, field: str | None = None, split: str | None = None) -> list[Document]:
-    """Resolve a data spec (see module doc) to documents. Raises DataError before any heavy work."""
+CHARS_PER_TOKEN = 16  # a generous bound: tokenizers average 3-6 characters per token on text and code
+
+
+def load_documents(spec: str | Sequence[str], *, field: str | None = None, split: str | None = None,
+                   max_tokens: int | None = None) -> list[Document]:
+    """Resolve a data spec (see module doc) to documents. Raises DataError before any heavy work.
+    ``max_tokens``: a Hub dataset is streamed and read only until its documents hold that many tokens'
+    worth of characters (``CHARS_PER_TOKEN`` each); local sources are read whole."""
     if isinstance(spec, (list, tuple)):
         docs: list[Document] = []
         for s in spec:
-            docs.extend(load_documents(s, field=field, split=split))
+            docs.extend(load_documents(s, field=field, split=split, max_tokens=max_tokens))
         return docs
     kind = source_kind(spec)
     if kind == "stdlib":
@@ -46,7 +52,8 @@ def load_documents(spec: str | Sequence[str], *, field: str | None = None, split
         return assets.shakespeare_documents(which)
     if kind == "files":
         return [Document(str(p), _read_text(p)) for p in _expand_paths(spec)]
-    return hub_documents(spec, field=field, split=split)
+    return hub_documents(spec, field=field, split=split,
+                         max_chars=None if max_tokens is None else max_tokens * CHARS_PER_TOKEN)
 
 
 def source_kind(spec: str) -> str:
@@ -127,8 +134,10 @@ def stdlib_documents(min_chars: int = 2000) -> list[Document]:
     return docs
 
 
-def hub_documents(spec: str, *, field: str | None = None, split: str | None = None) -> list[Document]:
-    """``name[:config[:split[:field]]]`` through ``datasets.load_dataset``."""
+def hub_documents(spec: str, *, field: str | None = None, split: str | None = None,
+                  max_chars: int | None = None) -> list[Document]:
+    """``name[:config[:split[:field]]]`` through ``datasets.load_dataset``, streamed: documents are read
+    until they hold ``max_chars`` characters (None: the whole split), never the whole dataset first."""
     parts = spec.split(":")
     if len(parts) > 4:
         raise DataError(f"dataset spec {spec!r} has too many parts; use name[:config[:split[:field]]]")
@@ -136,15 +145,23 @@ def hub_documents(spec: str, *, field: str | None = None, split: str | None = No
     config = parts[1] if len(parts) > 1 and parts[1] else None
     split = (parts[2] if len(parts) > 2 and parts[2] else None) or split or "train"
     field = (parts[3] if len(parts) > 3 and parts[3] else None) or field or "text"
+    docs, chars = [], 0
     try:
         import datasets
 
-        ds = datasets.load_dataset(name, config, split=split)
+        for i, row in enumerate(datasets.load_dataset(name, config, split=split, streaming=True)):
+            if field not in row:
+                raise DataError(f"dataset {name!r} has no field {field!r}; fields: {', '.join(row)}")
+            text = row[field]
+            if isinstance(text, str) and text.strip():
+                docs.append(Document(f"{name}[{i}]", text))
+                chars += len(text)
+                if max_chars is not None and chars >= max_chars:
+                    break
+    except DataError:
+        raise
     except Exception as e:  # datasets raises many types; all mean "cannot use this dataset"
         raise DataError(f"cannot load dataset {name!r} (config={config!r}, split={split!r}): {e}") from e
-    if field not in ds.column_names:
-        raise DataError(f"dataset {name!r} has no field {field!r}; fields: {', '.join(ds.column_names)}")
-    docs = [Document(f"{name}[{i}]", t) for i, t in enumerate(ds[field]) if isinstance(t, str) and t.strip()]
     if not docs:
         raise DataError(f"dataset {name!r} field {field!r} holds no text")
     return docs

@@ -32,3 +32,26 @@ def test_the_kernel_table_in_results_is_what_the_benchmark_jsons_give():
     schemes = ["alibi", "t5", "shaw", "fire", "xl", "nezha", "rope", "nope", "sinusoidal"]
     assert rows >= {(s, m) for s in schemes for m in ("inference", "train step")}, rows  # every scheme, both modes
     assert table in (ROOT / "docs" / "results.md").read_text()
+
+
+def test_the_recipe_table_names_each_recipes_corpus():
+    """docs/finetune.md's recipe table: its data column is each recipe's data.dataset (a table once said
+    Shakespeare, wikitext-103 and pg19 for recipes that all stream FineWeb-Edu)."""
+    import re
+
+    import yaml
+
+    names = {"HuggingFaceFW/fineweb-edu": "FineWeb-Edu (streamed)", "stdlib": "stdlib (offline)",
+             "shakespeare:train": "Shakespeare (offline)"}
+    table = (ROOT / "docs" / "finetune.md").read_text().split("### Recipes", 1)[1].split("###", 1)[0]
+    checked = 0
+    for line in table.splitlines():
+        m = re.match(r"\| `([\w-]+)`", line)
+        if not m:
+            continue
+        data = line.rstrip(" |").rsplit("|", 1)[1].strip()
+        for name in re.findall(r"`([\w-]+)`", line.split("|")[1]):
+            dataset = yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())["data"]["dataset"]
+            assert data == names.get(dataset, dataset), line
+            checked += 1
+    assert checked >= 10

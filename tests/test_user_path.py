@@ -20,8 +20,8 @@ from retrofit.io import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The README's usage block speaks of the Hub's gpt2 (native 1,024); offline, the tiny GPT-2 (native 64)
-# takes its place: the same commands with these words swapped, the lengths scaled by 64/1024.
+# The README's usage block speaks of the Hub's gpt2 (native 1,024); its offline block is the same story on
+# the tiny GPT-2 (native 64): these words swapped, the lengths scaled by 64/1024, and push as a dry run.
 TINY_WORDS = {
     "gpt2": "tiny-gpt2",
     "recipes/gpt2-alibi-lora.yaml": "recipes/tiny-gpt2-alibi-lora.yaml",
@@ -31,19 +31,33 @@ TINY_WORDS = {
 }
 
 
-def readme_usage_block() -> list[str]:
-    """The commands of the README's first bash block that converts a model (comments stripped)."""
+def readme_block(first: str) -> list[str]:
+    """The commands of the README's bash block whose first line starts with ``first`` (comments stripped)."""
     text = (ROOT / "README.md").read_text()
     for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         lines = [ln.split("  #")[0].strip() for ln in block.splitlines()]
         lines = [ln for ln in lines if ln and not ln.startswith("#")]
-        if lines and lines[0].startswith("retrofit convert"):
+        if lines and lines[0].startswith(first):
             return lines
-    raise AssertionError("the README has no bash block starting with `retrofit convert`")
+    raise AssertionError(f"the README has no bash block starting with `{first}`")
+
+
+def readme_usage_block() -> list[str]:
+    return readme_block("retrofit convert gpt2 ")
+
+
+def readme_offline_block() -> list[str]:
+    return readme_block("retrofit convert tiny-gpt2 ")
 
 
 def tiny(line: str) -> list[str]:
     return [TINY_WORDS.get(word, word) for word in shlex.split(line)]
+
+
+def test_the_offline_block_is_the_usage_block_on_the_tiny_model():
+    hub, offline = readme_usage_block(), readme_offline_block()
+    assert [tiny(ln) for ln in hub[:3]] == [shlex.split(ln) for ln in offline[:3]]
+    assert tiny(hub[3]) + ["--dry-run"] == shlex.split(offline[3])  # no token offline: the push lists its files
 
 
 def cli(args: list[str], cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -68,16 +82,17 @@ def test_readme_usage_block_is_one_story():
         recipe["convert"]["scheme"], recipe["train"]["method"])
 
 
-def test_readme_usage_block_runs_in_order_on_a_tiny_model(tmp_path, user_env):
+def test_readme_offline_block_runs_as_written(tmp_path, user_env):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    lines = readme_usage_block()
-    convert, finetune, evaluate, push = (tiny(ln) for ln in lines[:4])
+    lines = readme_offline_block()
+    convert, finetune, evaluate, dry_push = (shlex.split(ln) for ln in lines[:4])
+    push = [w for w in dry_push if w != "--dry-run"]
     folder = tmp_path / convert[convert.index("--out") + 1]
 
     r = cli(convert, tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((folder / "config.json").read_text())["model_type"] == "retrofit"
-    r = cli(push + ["--dry-run"], tmp_path, user_env)  # a folder written by `retrofit convert` pushes
+    r = cli(dry_push, tmp_path, user_env)  # a folder written by `retrofit convert` pushes
     assert r.returncode == 0, r.stderr[-3000:]
     assert "model.safetensors" in r.stdout and "README.md" in r.stdout
 
@@ -93,9 +108,9 @@ def test_readme_usage_block_runs_in_order_on_a_tiny_model(tmp_path, user_env):
     assert report["settings"]["lengths"] == [64, 128, 256, 512]
     assert report["models"][0]["name"].endswith("final")  # the fine-tuned model, not the converted one
 
-    r = cli(push, tmp_path, user_env)  # as written: no token on this machine -> exit 5, nothing uploaded
+    r = cli(push, tmp_path, user_env)  # without --dry-run: no token on this machine -> exit 5, nothing uploaded
     assert r.returncode == 5 and "HF_TOKEN" in r.stderr, r.stderr[-2000:]
-    r = cli(push + ["--dry-run"], tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
+    r = cli(dry_push, tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
     assert r.returncode == 0, r.stderr[-3000:]
     assert "eval/report.json" in r.stdout
     assert not (folder / "README.md").exists()  # a dry run writes nothing, not even the card it lists

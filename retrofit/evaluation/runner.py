@@ -304,7 +304,7 @@ def evaluate(
     _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials,
                    (rc_depths, recall_trials, recall_span, recall_cue) if recall else None)
     cp_items = _check_lengths(o.copy_distances, "copy distances") if copy else None
-    docs, data_label = resolve_documents(data)
+    docs, data_label = resolve_documents(data, max_tokens=2 * max(budget, 1 << 17))  # a Hub dataset: streamed
     models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
     native = (models[0].info.get("native") or {}).get("length")
     lengths = resolve_lengths(lengths, native)

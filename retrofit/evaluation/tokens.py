@@ -82,8 +82,9 @@ def build_stream(tokenizer, docs: list[Document], spec: str, budget: int, length
     return TokenStream(torch.tensor(ids, dtype=torch.long), spec, used, available, fingerprint(ids))
 
 
-def resolve_documents(data) -> tuple[list[Document], str]:
-    """A data spec (see ``retrofit.data``) or a list of ``Document`` -> documents and a label."""
+def resolve_documents(data, max_tokens: int | None = None) -> tuple[list[Document], str]:
+    """A data spec (see ``retrofit.data``) or a list of ``Document`` -> documents and a label. ``max_tokens``:
+    a Hub dataset is streamed until it holds about that many tokens (``retrofit.data.load_documents``)."""
     if isinstance(data, (list, tuple)) and data and all(isinstance(d, Document) for d in data):
         return list(data), f"{len(data)} documents"
-    return load_documents(data), data if isinstance(data, str) else ",".join(map(str, data))
+    return load_documents(data, max_tokens=max_tokens), data if isinstance(data, str) else ",".join(map(str, data))

@@ -66,11 +66,13 @@ def _doc_hashes(docs) -> set[str]:
     return {hashlib.sha256(d.text.encode()).hexdigest() for d in docs}
 
 
-def _documents(data, heldout):
+def _documents(data, heldout, train_tokens: int, held_tokens: int):
+    """The calibration and held-out documents (a Hub dataset streamed until it holds about twice the tokens
+    each side reads), which must share none."""
     from ..evaluation.tokens import resolve_documents
 
-    train, _ = resolve_documents(data)
-    held, _ = resolve_documents(heldout)
+    train, _ = resolve_documents(data, max_tokens=2 * train_tokens)
+    held, _ = resolve_documents(heldout, max_tokens=2 * held_tokens)
     shared = _doc_hashes(train) & _doc_hashes(held)
     if shared:
         raise DataError(f"calibration data {data!r} and held-out data {heldout!r} share {len(shared)} document(s): the "
@@ -140,7 +142,7 @@ def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_r
     length = info["native"]["length"]
     if info["max_length"]:
         length = min(length, info["max_length"])
-    train_docs, held_docs = _documents(data, heldout)
+    train_docs, held_docs = _documents(data, heldout, steps * batch_size * length, budget)
     blocks = _blocks(tokenizer, train_docs, length, steps * batch_size)
     device = next(model.parameters()).device
     teacher.to(device).eval().requires_grad_(False)
