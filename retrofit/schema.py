@@ -44,6 +44,9 @@ def read_yaml(path: str | Path, what: str = "recipe", error=RecipeError) -> dict
         raise error(f"{what} {path} is not valid YAML: {e}") from e
     if not isinstance(raw, dict):
         raise error(f"a {what} must be a mapping of keys, got {type(raw).__name__}")
+    if what == "recipe" and {"recipe", "schemes"} <= set(raw):
+        raise error(f"{path} is a study grid (it has 'recipe' and 'schemes'), not a recipe; run it with: "
+                    f"retrofit study {path}")
     return raw
 
 

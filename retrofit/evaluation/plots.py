@@ -144,7 +144,7 @@ def positions_figure(report):
         column = [(Line2D([], [], linestyle="none"), _wrap(model, 40))]
         for i, e in enumerate(mine):
             shade = 0.9 if len(mine) == 1 else 0.45 + 0.5 * i / (len(mine) - 1)
-            centers = [max(0.5, (a + b - 1) / 2) for a, b in zip(e["bucket_start"], e["bucket_end"])]
+            centers = [(a + b - 1) / 2 + 1 for a, b in zip(e["bucket_start"], e["bucket_end"])]  # 1 = the first token
             line, = ax.plot(centers, e["loss"], linestyle=style, marker=marker, markersize=3, linewidth=1.3,
                             color=cmap(shade), label=f"{model} L={e['length']}")
             column.append((line, f"L={e['length']:,}"))
@@ -163,7 +163,7 @@ def positions_figure(report):
     fig.set_figheight(max(4.5, 3.3 + 0.17 * rows * per_column))
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,g}"))
-    ax.set_xlabel("position in window (tokens, log-spaced buckets)")
+    ax.set_xlabel("token's place in its window (1 = first; log-spaced buckets)")
     ax.set_ylabel("mean loss (nats)")
     ax.set_title("Loss by position (non-overlapping windows; L = window length)", fontsize=9)
     ax.grid(True, alpha=0.3)

@@ -293,24 +293,34 @@ def plot(g: dict, native: int, title, path: Path) -> str:
         if r["cell"] == "original (read past native as is)":
             ax.plot(xs, ys, color="black", linestyle="-.", linewidth=1, label=r["cell"])
             continue
-        if r["cell"].startswith(("original", "control")):  # a flat reference line
-            ax.axhline(ys[0], color="black", linestyle=":" if r["cell"].startswith("control") else "--",
+        if r.get("seed") is not None:
+            continue  # the base seed's line; the seeds table holds the spread
+        if r["cell"].startswith(("original", "control")):  # a flat reference line, one style per method
+            style = "--" if r["cell"].startswith("original") else (":" if r.get("method") == "full" else (0, (1, 3)))
+            ax.axhline(ys[0], color="black" if r.get("method") != "lora" else "dimgray", linestyle=style,
                        linewidth=1, label=r["cell"])
             continue
-        if r.get("seed") is not None:
-            continue  # the base seed's curve; the seeds table holds the spread
         ax.plot(xs, ys, marker="o" if r["method"] == "full" else "x", color=colors.get(r.get("label") or r["scheme"]),
                 linestyle="-" if r["method"] == "full" else "--", label=r["cell"])
+    from matplotlib import ticker
+
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(ticker.FixedLocator(xs))
+    ax.xaxis.set_major_formatter(ticker.FixedFormatter([f"{x:g}x" for x in xs]))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))  # 240, not 2.4x10^2
+    ax.yaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if str(round(v))[0] in "23456" else ""))
     ax.set_xlabel(f"length / native ({native})")
     ax.set_ylabel("perplexity (held-out plays)")
     ax.set_title(title(top))
-    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside the data
+    fig.set_figwidth(11)
     fig.tight_layout()
     try:
         with replacing(Path(path)) as tmp:
-            fig.savefig(tmp, format="png", dpi=120)
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
     return str(path)

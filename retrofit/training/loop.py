@@ -586,7 +586,8 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
 def _val_change(before: float | None, after: float | None) -> str:
     if before is None and after is None:
         return "no validation loss (no validation blocks)"
-    return f"val loss {before} -> {after}"
+    show = lambda v: "none" if v is None else f"{v:.4f}"  # noqa: E731
+    return f"val loss {show(before)} -> {show(after)}"
 
 
 def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None = None):

@@ -6,12 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from retrofit.cli import convert as cli_convert
 
 FAST_S = 1.0
+GRID = Path(__file__).resolve().parents[2] / "recipes" / "study-tiny.yaml"
 
 
 def test_convert_help_file_is_the_registries_help():
@@ -35,10 +37,12 @@ def _run(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float
     (["convert", "no/such-model-here", "--to", "alibi", "--out", "OUT"], 5, "not in the Hugging Face cache"),
     (["convert", "./missing-folder", "--to", "alibi", "--out", "OUT"], 2, "no such file or folder"),
     (["convert", "tiny-gpt2", "--to", "alibi", "--out", "FILE"], 2, "is a file"),
+    (["finetune", "GRID"], 2, "is a study grid"),
+    (["run", "GRID"], 2, "run it with: retrofit study"),
 ])
 def test_help_and_argument_errors_answer_at_once_without_torch(args, rc, says, tmp_path, user_env):
     (tmp_path / "FILE").write_text("x")
-    args = [str(tmp_path / a) if a in ("OUT", "FILE") else a for a in args]
+    args = [str(tmp_path / a) if a in ("OUT", "FILE") else str(GRID) if a == "GRID" else a for a in args]
     r, seconds, torch_imported = _run(args, user_env)
     assert r.returncode == rc, r.stderr[-2000:]
     assert says in (r.stdout + r.stderr)
