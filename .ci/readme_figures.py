@@ -34,8 +34,10 @@ def main() -> int:
         problems.append(f"the tests took {a.tests_s / 60:.1f} min; the README says under {t_min} min")
     if abs(a.tests - count) > 0.1 * count:
         problems.append(f"{a.tests:,} tests ran; the README says about {count:,}")
-    print(f"README figures: quickstart {a.quickstart_s / 60:.1f} min (stated under {q_min}), tests "
-          f"{a.tests_s / 60:.1f} min (under {t_min}), {a.tests:,} tests (about {count:,})")
+    print(
+        f"README figures: quickstart {a.quickstart_s / 60:.1f} min (stated under {q_min}), tests "
+        f"{a.tests_s / 60:.1f} min (under {t_min}), {a.tests:,} tests (about {count:,})"
+    )
     for line in problems:
         print(f"README figure out of date: {line}")
     return 1 if problems else 0

@@ -7,13 +7,9 @@
 Every entry point is imported on first use.
 """
 
-# The name to `pip install` (PyPI's "retrofit" is an unrelated project); the import name and the command
-# stay `retrofit`. pyproject.toml's [project] name must equal it (tests/test_cards_push.py checks).
-DISTRIBUTION = "retrofit-positions"
-
-from .errors import RetrofitError  # noqa: E402
-from .versions import __version__  # noqa: E402
-from . import auto as _auto  # noqa: E402
+from . import auto as _auto
+from .errors import RetrofitError
+from .versions import DISTRIBUTION, __version__
 
 _auto.install()  # plain AutoModelForCausalLM.from_pretrained(checkpoint) gives the converted model
 

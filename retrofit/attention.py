@@ -9,8 +9,8 @@ import dataclasses
 import torch
 
 from . import denormal, kernels
-from .errors import LengthError, PatchNotLiveError, RetrofitError
 from .adapters.base import state_positions
+from .errors import LengthError, PatchNotLiveError, RetrofitError
 from .state import LayerContext
 
 ATTN_NAME = "retrofit"
@@ -18,6 +18,7 @@ ATTN_NAME = "retrofit"
 
 def _attend(call: "kernels.Call", kernel: str):
     """``kernels.attend``, with denormals flushed around a biased call, forward and backward (retrofit/denormal.py)."""
+
     def run(q, k, v):
         return kernels.attend(dataclasses.replace(call, q=q, k=k, v=v), kernel)
 
@@ -52,8 +53,10 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         query, key = _qk_norm(state, scheme, ctx.layer, query, key, q_start)
     placed = state.positions is not None  # a training block's own positions (PoSE, randomized)
     if placed and (q_start or Tk > len(state.positions)):
-        raise RetrofitError(f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
-                            f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first")
+        raise RetrofitError(
+            f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
+            f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first"
+        )
     if scheme.kind == "rotary":
         k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
         length = _rotary_length(state, scheme, Tq, Tk + shift, query.device, placed)
@@ -92,8 +95,13 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         band = None if placed or tau is not None else scheme.distance_band(ctx.layer)
         if band is not None and scale:
             band = band * scale
-        if (tau is not None and slopes is None and rows is None and not (placed or moved)
-                and _tau_of_slots(scheme, tau, q_start, Tk)):
+        if (
+            tau is not None
+            and slopes is None
+            and rows is None
+            and not (placed or moved)
+            and _tau_of_slots(scheme, tau, q_start, Tk)
+        ):
             # the temperature read from the query's own position inside the bias: a compiled flex score_mod
             # that loads a per-row tensor fails inductor's CPU template (torch 2.13); this one compiles
             tempered, temperature = bias, scheme.temperature_fn(query.device)
@@ -102,9 +110,22 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     if attention_mask is not None and attention_mask.dim() != 2:
         raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
-    call = kernels.Call(query, key, value, scaling, bias=bias, slopes=slopes, band=band, row_scale=tau,
-                        relative=relative, key_padding=padding, window=ctx.window, q_start=q_start, dropout=dropout,
-                        bias_params=tuple(scheme.parameters()) if bias is not None else ())
+    call = kernels.Call(
+        query,
+        key,
+        value,
+        scaling,
+        bias=bias,
+        slopes=slopes,
+        band=band,
+        row_scale=tau,
+        relative=relative,
+        key_padding=padding,
+        window=ctx.window,
+        q_start=q_start,
+        dropout=dropout,
+        bias_params=tuple(scheme.parameters()) if bias is not None else (),
+    )
     if rows is None:
         out, path = _attend(call, state.kernel)
     else:  # rows at different positions: one call per group of rows that share a shift
@@ -155,8 +176,11 @@ def _rotary_length(state, scheme, Tq: int, slots: int, device, placed: bool) -> 
     ``dynamic_rope_update``, max(position_ids) + 1 over the batch, so left padding does not count (positions
     from the caller or counted over the 2D mask's real tokens); ``slots`` (the key count) without either."""
     info = state.inputs or {}
-    if not scheme.rotation_depends_on_length or placed or (info.get("position_ids") is None
-                                                           and info.get("attention_mask") is None):
+    if (
+        not scheme.rotation_depends_on_length
+        or placed
+        or (info.get("position_ids") is None and info.get("attention_mask") is None)
+    ):
         return slots
     return int(state_positions(state, Tq, device).max()) + 1
 
@@ -172,8 +196,13 @@ def _relative(state, scheme, layer, rel_query, Tk, placed) -> kernels.Relative:
     positions = state.place(torch.arange(Tk, device=rel_query.device)) if placed else None
     n = int(positions.max() - positions.min()) + 1 if placed else Tk
     keys = scheme.relative_keys(layer, n, rel_query.dtype, rel_query.device)  # (H or 1, n, D)
-    return kernels.Relative(rel_query, keys, positions, sinusoid=scheme.relative_sinusoid(layer, rel_query.device),
-                            reach=scheme.relative_reach())
+    return kernels.Relative(
+        rel_query,
+        keys,
+        positions,
+        sinusoid=scheme.relative_sinusoid(layer, rel_query.device),
+        reach=scheme.relative_reach(),
+    )
 
 
 def _qk_norm(state, scheme, layer, query, key, q_start):
@@ -223,5 +252,3 @@ def _register_interfaces():
 
 
 _register_interfaces()
-
-

@@ -18,8 +18,8 @@ imported (an import hook), or happens at once if they already are.
 from __future__ import annotations
 
 import importlib.abc
-import logging
 import importlib.machinery
+import logging
 import sys
 
 _CONFIG_AUTO = "transformers.models.auto.configuration_auto"
@@ -47,7 +47,10 @@ def _register(name: str, module) -> None:
     except Exception as e:  # a transformers API change must not break transformers itself
         logging.getLogger(__name__).warning(
             "retrofit could not register its model type with transformers (%s: %s); load retrofit checkpoints "
-            "with retrofit.load(path)", type(e).__name__, e)
+            "with retrofit.load(path)",
+            type(e).__name__,
+            e,
+        )
 
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):

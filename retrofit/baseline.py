@@ -49,8 +49,7 @@ ARCHS = ("gpt2", "llama")  # learned absolute positions; RoPE (the same body siz
 PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast for the matmuls, fp32 weights and optimizer
 # Fields added after the first caches were written: left out of the cache key at these values, so the
 # quickstart and study folders already cached keep their names.
-_KEY_DEFAULTS = {"arch": "gpt2", "precision": "fp32", "copy_fraction": 0.0, "copy_random": 0.5,
-                 "copy_max_span": 64}
+_KEY_DEFAULTS = {"arch": "gpt2", "precision": "fp32", "copy_fraction": 0.0, "copy_random": 0.5, "copy_max_span": 64}
 
 
 @dataclass(frozen=True)
@@ -105,8 +104,9 @@ class BaselineConfig:
 
     def cache_key(self) -> str:
         """Stable hash of every field (plus the code version and the data wheel), 12 hex chars."""
-        fields = {k: v for k, v in dataclasses.asdict(self).items()
-                  if not (k in _KEY_DEFAULTS and v == _KEY_DEFAULTS[k])}
+        fields = {
+            k: v for k, v in dataclasses.asdict(self).items() if not (k in _KEY_DEFAULTS and v == _KEY_DEFAULTS[k])
+        }
         fields.pop("copy_eval_every", None)  # when copying is measured does not change the weights
         if self.arch == "gpt2":  # llama-only fields
             fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "rope_theta")}
@@ -116,21 +116,59 @@ class BaselineConfig:
 
 PRESETS: dict[str, BaselineConfig] = {
     "micro": BaselineConfig(
-        name="micro", n_positions=32, n_layer=2, n_head=2, n_embd=32, vocab_size=320,
-        steps=4, batch_size=4, lr=1e-3, warmup_steps=1, max_chars_per_play=4000, eval_max_blocks=8,
+        name="micro",
+        n_positions=32,
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=320,
+        steps=4,
+        batch_size=4,
+        lr=1e-3,
+        warmup_steps=1,
+        max_chars_per_play=4000,
+        eval_max_blocks=8,
     ),
     "quickstart": BaselineConfig(
-        name="quickstart", n_positions=128, n_layer=4, n_head=4, n_embd=128, vocab_size=2048,
-        steps=300, batch_size=8, lr=3e-3, warmup_steps=20, eval_max_blocks=256,
+        name="quickstart",
+        n_positions=128,
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        vocab_size=2048,
+        steps=300,
+        batch_size=8,
+        lr=3e-3,
+        warmup_steps=20,
+        eval_max_blocks=256,
     ),
     "study": BaselineConfig(
-        name="study", n_positions=256, n_layer=6, n_head=5, n_embd=160, vocab_size=4096,
-        steps=500, batch_size=8, lr=2e-3, warmup_steps=30, eval_max_blocks=192,
+        name="study",
+        n_positions=256,
+        n_layer=6,
+        n_head=5,
+        n_embd=160,
+        vocab_size=4096,
+        steps=500,
+        batch_size=8,
+        lr=2e-3,
+        warmup_steps=30,
+        eval_max_blocks=192,
     ),
     # the second study (issue 14): ~10M parameters, native 256, 10.5M tokens (2,560 steps of 16 x 256)
     "study2-gpt2": BaselineConfig(
-        name="study2-gpt2", n_positions=256, n_layer=10, n_head=8, n_embd=256, vocab_size=8192,
-        steps=2560, batch_size=16, lr=2e-3, warmup_steps=100, eval_max_blocks=256, precision="bf16",
+        name="study2-gpt2",
+        n_positions=256,
+        n_layer=10,
+        n_head=8,
+        n_embd=256,
+        vocab_size=8192,
+        steps=2560,
+        batch_size=16,
+        lr=2e-3,
+        warmup_steps=100,
+        eval_max_blocks=256,
+        precision="bf16",
     ),
 }
 # the RoPE twins: the same body, data and optimisation, LLaMA architecture
@@ -163,18 +201,34 @@ def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
     torch.manual_seed(cfg.seed)
     if cfg.arch == "llama":
         config = LlamaConfig(
-            vocab_size=vocab_size, max_position_embeddings=cfg.n_positions, hidden_size=cfg.n_embd,
-            intermediate_size=llama_intermediate(cfg), num_hidden_layers=cfg.n_layer,
-            num_attention_heads=cfg.n_head, num_key_value_heads=cfg.n_head, attention_dropout=cfg.dropout,
+            vocab_size=vocab_size,
+            max_position_embeddings=cfg.n_positions,
+            hidden_size=cfg.n_embd,
+            intermediate_size=llama_intermediate(cfg),
+            num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head,
+            num_key_value_heads=cfg.n_head,
+            attention_dropout=cfg.dropout,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-            bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+            bos_token_id=eos_token_id,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id,
             tie_word_embeddings=True,
         )
         return LlamaForCausalLM(config)
     config = GPT2Config(
-        vocab_size=vocab_size, n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-        n_head=cfg.n_head, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-        bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id, tie_word_embeddings=True,
+        vocab_size=vocab_size,
+        n_positions=cfg.n_positions,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        tie_word_embeddings=True,
     )
     return GPT2LMHeadModel(config)
 
@@ -215,7 +269,8 @@ def cached(preset: str) -> Path:
             f"the stand-in baseline:{preset} is not built yet (no {output_dir(cfg)}); loading it never pretrains. "
             f"Build it once: fine-tune a recipe that names it (retrofit finetune / retrofit run, e.g. "
             f"recipes/quickstart.yaml for baseline:quickstart), or in Python: "
-            f"retrofit.training.standin.pretrain({preset!r})")
+            f"retrofit.training.standin.pretrain({preset!r})"
+        )
     return path
 
 
@@ -247,8 +302,10 @@ def ship(path: str | os.PathLike, shipped: str | os.PathLike) -> Path:
             check_shipped(dest)
             log.info("%s is shipped already at %s", src.name, dest)
             return dest
-        raise OptionError(f"{dest} ships other weights than {src}: reports measured on it name its SHA-256, so it "
-                          f"is not replaced; delete it first to ship these")
+        raise OptionError(
+            f"{dest} ships other weights than {src}: reports measured on it name its SHA-256, so it "
+            f"is not replaced; delete it first to ship these"
+        )
 
     def write(tmp: Path) -> None:
         names = _copy_files(src, tmp)
@@ -270,8 +327,10 @@ def _copy_files(src: Path, dest: Path) -> list[str]:
 def check_shipped(folder: Path) -> None:
     """Every file named in ``SHA256SUMS`` is there with that hash, and no other file is: else OptionError."""
     sums = folder / SUMS_FILE
-    fix = (f"restore it (git checkout {folder}), or pretrain anew: scripts/pretrain_baseline.py --preset "
-           f"{folder.name.rsplit('-', 1)[0]} --force (the study: --stand-ins '')")
+    fix = (
+        f"restore it (git checkout {folder}), or pretrain anew: scripts/pretrain_baseline.py --preset "
+        f"{folder.name.rsplit('-', 1)[0]} --force (the study: --stand-ins '')"
+    )
     if not sums.is_file():
         raise OptionError(f"shipped stand-in {folder} has no {SUMS_FILE}; {fix}")
     want = {}
@@ -293,9 +352,16 @@ def _unship(ready: Path, out: Path) -> Path:
     check_shipped(ready)
     stats = load_stats(ready)
     if stats.get("cache_key") != out.name.rsplit("-", 1)[-1]:
-        raise OptionError(f"shipped stand-in {ready} was pretrained under cache key {stats.get('cache_key')!r}, "
-                          f"not {out.name!r}'s")
+        raise OptionError(
+            f"shipped stand-in {ready} was pretrained under cache key {stats.get('cache_key')!r}, not {out.name!r}'s"
+        )
     write_dir(out, lambda tmp: _copy_files(ready, tmp), keep_existing=True)  # another process may have finished first
-    log.info("baseline %s: copied the shipped stand-in %s into the cache (pretrained %s, held-out ppl %.2f; "
-             "not pretrained here)", stats["preset"], ready, stats.get("created_utc"), stats["heldout_ppl"])
+    log.info(
+        "baseline %s: copied the shipped stand-in %s into the cache (pretrained %s, held-out ppl %.2f; "
+        "not pretrained here)",
+        stats["preset"],
+        ready,
+        stats.get("created_utc"),
+        stats["heldout_ppl"],
+    )
     return out

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from . import DISTRIBUTION
 from . import run_folder as rf
 from .atomic import write_text
 from .errors import RetrofitError
+from .versions import DISTRIBUTION
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,20 @@ TEMPLATE_DIR = Path(__file__).with_name("templates")
 DEFAULT_TEMPLATE = "model_card.md.j2"
 # Licences of base models we know (the Hub cannot be asked offline). Built-ins are retrofit's own.
 KNOWN_LICENSES = {
-    "gpt2": "mit", "openai-community/gpt2": "mit", "gpt2-medium": "mit", "openai-community/gpt2-medium": "mit",
-    "distilgpt2": "apache-2.0", "distilbert/distilgpt2": "apache-2.0",
-    "smollm2": "apache-2.0", "HuggingFaceTB/SmolLM2-135M": "apache-2.0",
-    "HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0", "HuggingFaceTB/SmolLM2-360M": "apache-2.0",
-    "EleutherAI/pythia-70m": "apache-2.0", "EleutherAI/pythia-160m": "apache-2.0",
-    "facebook/opt-125m": "other", "tiny-gpt2": "apache-2.0",
+    "gpt2": "mit",
+    "openai-community/gpt2": "mit",
+    "gpt2-medium": "mit",
+    "openai-community/gpt2-medium": "mit",
+    "distilgpt2": "apache-2.0",
+    "distilbert/distilgpt2": "apache-2.0",
+    "smollm2": "apache-2.0",
+    "HuggingFaceTB/SmolLM2-135M": "apache-2.0",
+    "HuggingFaceTB/SmolLM2-135M-Instruct": "apache-2.0",
+    "HuggingFaceTB/SmolLM2-360M": "apache-2.0",
+    "EleutherAI/pythia-70m": "apache-2.0",
+    "EleutherAI/pythia-160m": "apache-2.0",
+    "facebook/opt-125m": "other",
+    "tiny-gpt2": "apache-2.0",
 }
 # Built-in names -> the Hub id of the weights they stand for (None: retrofit's own, not on the Hub).
 BUILTIN_HUB_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "tiny-gpt2": None}
@@ -111,10 +119,17 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
     native = rf.native_length(folder)
     trained = bool(recipe.get("train")) and folder.name == rf.FINAL
     ctx = {
-        "recipe": recipe, "report": report, "summary": summary, "manifest": manifest,
+        "recipe": recipe,
+        "report": report,
+        "summary": summary,
+        "manifest": manifest,
         "base": base_info(base, recipe, folder),
-        "conversion": {"scheme": block.get("scheme"), "options": block.get("options") or {}, "native_length": native,
-                       "native_note": native_note(block)},
+        "conversion": {
+            "scheme": block.get("scheme"),
+            "options": block.get("options") or {},
+            "native_length": native,
+            "native_note": native_note(block),
+        },
         "budget": budget(recipe, summary, info, report or {}, manifest) if trained else None,
         "eval": eval_summary(report, native) if report else None,
         "folder": str(run_dir),
@@ -145,10 +160,20 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
     override = (recipe.get("card") or {}).get("license")
     config = rf.read_json(folder / "config.json") or {}
     base_config = (config.get("retrofit") or {}).get("base_config") or {}
-    out = {"name": name, "hub_id": hub_base_model(name), "license": lic, "license_source": lic_source,
-           "card_license": override or lic, "native": {"kind": None, "length": None,  # an unconverted fine-tune records none
-                                                  **((config.get("retrofit") or {}).get("native") or {})},
-           "model_type": base_config.get("model_type") or config.get("model_type"), "pretrain": None}
+    out = {
+        "name": name,
+        "hub_id": hub_base_model(name),
+        "license": lic,
+        "license_source": lic_source,
+        "card_license": override or lic,
+        "native": {
+            "kind": None,
+            "length": None,  # an unconverted fine-tune records none
+            **((config.get("retrofit") or {}).get("native") or {}),
+        },
+        "model_type": base_config.get("model_type") or config.get("model_type"),
+        "pretrain": None,
+    }
     if name.startswith("baseline:"):
         from .baseline import STATS_FILE, output_dir
         from .errors import OptionError
@@ -158,8 +183,10 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
         except OptionError:
             stats = None
         if stats:
-            out["pretrain"] = {k: stats.get(k) for k in ("preset", "n_params", "pretrain_tokens", "heldout_ppl",
-                                                          "native_length", "vocab_size")}
+            out["pretrain"] = {
+                k: stats.get(k)
+                for k in ("preset", "n_params", "pretrain_tokens", "heldout_ppl", "native_length", "vocab_size")
+            }
     return out
 
 
@@ -171,15 +198,24 @@ def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict
     hw = (report.get("environment") or {}).get("hardware") or {}
     stage = (manifest.get("stages") or {}).get("finetune") or {}
     return {
-        "method": t["method"], "objective": t["objective"], "steps": steps, "tokens": tokens,
-        "block_length": d["block_length"], "batch": t["batch_size"] * t.get("gradient_accumulation_steps", 1) * processes,
-        "learning_rate": t["learning_rate"], "data": d.get("dataset") or d.get("files"),
-        "trainable_parameters": info.get("trainable_parameters"), "total_parameters": info.get("total_parameters"),
-        "train_seconds": summary.get("train_seconds"), "stage_seconds": stage.get("seconds"),
-        "hardware": hw.get("gpu") or f"{hw.get('cpu') or 'CPU'} ({hw.get('cpu_count')} cores, "
-                                      f"{hw.get('torch_threads')} torch threads)",
-        "processes": processes, "val_loss_before": summary.get("val_loss_before"),
-        "val_loss_after": summary.get("val_loss_after"), "resumed_from_step": summary.get("resumed_from_step"),
+        "method": t["method"],
+        "objective": t["objective"],
+        "steps": steps,
+        "tokens": tokens,
+        "block_length": d["block_length"],
+        "batch": t["batch_size"] * t.get("gradient_accumulation_steps", 1) * processes,
+        "learning_rate": t["learning_rate"],
+        "data": d.get("dataset") or d.get("files"),
+        "trainable_parameters": info.get("trainable_parameters"),
+        "total_parameters": info.get("total_parameters"),
+        "train_seconds": summary.get("train_seconds"),
+        "stage_seconds": stage.get("seconds"),
+        "hardware": hw.get("gpu")
+        or f"{hw.get('cpu') or 'CPU'} ({hw.get('cpu_count')} cores, {hw.get('torch_threads')} torch threads)",
+        "processes": processes,
+        "val_loss_before": summary.get("val_loss_before"),
+        "val_loss_after": summary.get("val_loss_after"),
+        "resumed_from_step": summary.get("resumed_from_step"),
     }
 
 
@@ -198,8 +234,14 @@ def eval_summary(report: dict, native: int) -> dict:
             by_model.setdefault(x["model"], {})[x["length"]] = x
     plots = report.get("plots") or []
     return {
-        "main": main, "data": report["data"], "lengths": lengths, "rows": rows, "native": native,
-        "max_length": max(lengths), "ppl_table": ppl_table(r), "by_model": by_model,
+        "main": main,
+        "data": report["data"],
+        "lengths": lengths,
+        "rows": rows,
+        "native": native,
+        "max_length": max(lengths),
+        "ppl_table": ppl_table(r),
+        "by_model": by_model,
         "passkey_table": passkey_table(r) if report.get("passkey") else None,
         "passkey": _passkey_summary(report) if report.get("passkey") else None,
         "plot": f"{rf.EVAL}/{rf.PLOT_PPL}" if rf.PLOT_PPL in plots else None,
@@ -229,11 +271,15 @@ def native_note(block: dict) -> str:
     kind, n = native.get("kind"), native.get("length")
     if kind == "learned_absolute":
         rows = f" ({n:,} rows)" if n else ""
-        return (f"The native learned position table{rows} is kept in the weights under its own name, frozen and "
-                f"unused: {scheme} gives the positions.")
+        return (
+            f"The native learned position table{rows} is kept in the weights under its own name, frozen and "
+            f"unused: {scheme} gives the positions."
+        )
     if kind == "rope":
-        return (f"The native rotary embedding (RoPE, which has no weights) is switched off (an identity rotation): "
-                f"{scheme} gives the positions.")
+        return (
+            f"The native rotary embedding (RoPE, which has no weights) is switched off (an identity rotation): "
+            f"{scheme} gives the positions."
+        )
     return f"{scheme} replaces the native positions ({(kind or 'of an unrecorded kind').replace('_', ' ')})."
 
 
@@ -244,11 +290,21 @@ def load_info(run_dir: Path, repo: str | None) -> dict:
     root = rf.published_layout(run_dir)[""]
     checkpoint = rf.model_dir(run_dir)
     if repo:
-        return {"hub": True, "root": repo, "native_args": f'"{repo}", subfolder="native"', "native_where": "`native/`",
-                "checkpoint": None}
+        return {
+            "hub": True,
+            "root": repo,
+            "native_args": f'"{repo}", subfolder="native"',
+            "native_where": "`native/`",
+            "checkpoint": None,
+        }
     export = run_dir / rf.EXPORT
-    return {"hub": False, "root": str(root), "native_args": f'"{export}"', "native_where": f"`{export}/`",
-            "checkpoint": str(checkpoint) if root == export and rf.is_model_dir(checkpoint) else None}
+    return {
+        "hub": False,
+        "root": str(root),
+        "native_args": f'"{export}"',
+        "native_where": f"`{export}/`",
+        "checkpoint": str(checkpoint) if root == export and rf.is_model_dir(checkpoint) else None,
+    }
 
 
 def export_info(run_dir: Path, manifest: dict) -> dict:
@@ -256,32 +312,58 @@ def export_info(run_dir: Path, manifest: dict) -> dict:
     e = (manifest.get("stages") or {}).get("export") or {}
     record = rf.export_record(run_dir) or {}
     root = rf.published_weights(run_dir)
-    return {"status": e.get("status", "not run"), "reason": e.get("reason") or e.get("error"),
-            "native": root == "native", "subfolder": bool(record) and root != "native", "record": record,
-            "target": record.get("target"), "exact": record.get("exact"), "exact_below": record.get("exact_below"),
-            "max_diff": record.get("max_abs_logit_diff"), "check_length": record.get("check_length"),
-            "notes": record.get("notes") or []}
+    return {
+        "status": e.get("status", "not run"),
+        "reason": e.get("reason") or e.get("error"),
+        "native": root == "native",
+        "subfolder": bool(record) and root != "native",
+        "record": record,
+        "target": record.get("target"),
+        "exact": record.get("exact"),
+        "exact_below": record.get("exact_below"),
+        "max_diff": record.get("max_abs_logit_diff"),
+        "check_length": record.get("check_length"),
+        "notes": record.get("notes") or [],
+    }
 
 
 def limits(ctx: dict) -> list[str]:
     """Limitations that follow from this run's numbers and settings."""
     b, ev, base = ctx["budget"], ctx["eval"], ctx["base"]
-    out = [] if b else ["Not fine-tuned: the positions were swapped but the weights were not adapted to them, so expect "
-                        "a higher perplexity than the original's until it is fine-tuned (`retrofit finetune`)."]
+    out = (
+        []
+        if b
+        else [
+            "Not fine-tuned: the positions were swapped but the weights were not adapted to them, so expect "
+            "a higher perplexity than the original's until it is fine-tuned (`retrofit finetune`)."
+        ]
+    )
     if ev is None:
-        return out + [f"Not evaluated: `retrofit eval {ctx['folder']}` measures it past its native length "
-                      "(then `retrofit card` adds the figures here)."] + _common_limits(ctx)
+        return (
+            out
+            + [
+                f"Not evaluated: `retrofit eval {ctx['folder']}` measures it past its native length "
+                "(then `retrofit card` adds the figures here)."
+            ]
+            + _common_limits(ctx)
+        )
     rows = {x["length"]: x["ppl"] for x in ev["rows"]}
     n, top = ev["native"], ev["max_length"]
     out.append(_native_quality(b, ev, rows.get(n), base))
     if n in rows and top in rows and top != n:
-        out.append(f"Measured up to {top:,} tokens ({top / n:g}x native): perplexity {_trend(rows[n], rows[top])} "
-                   f"{rows[n]:.2f} at {n:,} to {rows[top]:.2f} at {top:,}. Longer inputs were not measured.")
-    out.append(f"Evaluated on {ev['data']['tokens']:,} tokens of `{ev['data']['spec']}` only; other domains were not tested.")
+        out.append(
+            f"Measured up to {top:,} tokens ({top / n:g}x native): perplexity {_trend(rows[n], rows[top])} "
+            f"{rows[n]:.2f} at {n:,} to {rows[top]:.2f} at {top:,}. Longer inputs were not measured."
+        )
+    out.append(
+        f"Evaluated on {ev['data']['tokens']:,} tokens of `{ev['data']['spec']}` only; other domains were not tested."
+    )
     if ev["passkey"]:
         s = ev["passkey"].get(ev["main"]) or {"correct": 0, "trials": 0}
-        out.append(f"Passkey retrieval: {s['correct']}/{s['trials']} correct over the grid; "
-                   "long-range retrieval is not what a short positional fine-tune teaches.")
+        out.append(
+            f"Passkey retrieval: {s['correct']}/{s['trials']} correct over the grid; "
+            "long-range retrieval is not what a short positional fine-tune teaches."
+        )
     return out + _common_limits(ctx)
 
 
@@ -298,20 +380,26 @@ def _common_limits(ctx: dict) -> list[str]:
     base, conv = ctx["base"], ctx["conversion"]
     out = []
     if conv["scheme"] == "alibi":
-        out.append("ALiBi biases attention towards recent tokens: distant context contributes less than in "
-                   "a model trained for long inputs.")
+        out.append(
+            "ALiBi biases attention towards recent tokens: distant context contributes less than in "
+            "a model trained for long inputs."
+        )
     if base["pretrain"]:
         p = base["pretrain"]
-        out.append(f"The base model is a {p['n_params']:,}-parameter stand-in pretrained on {p['pretrain_tokens']:,} "
-                   f"tokens of Shakespeare (held-out perplexity {p['heldout_ppl']:.1f}); it is a demonstration, "
-                   "not a useful language model.")
+        out.append(
+            f"The base model is a {p['n_params']:,}-parameter stand-in pretrained on {p['pretrain_tokens']:,} "
+            f"tokens of Shakespeare (held-out perplexity {p['heldout_ppl']:.1f}); it is a demonstration, "
+            "not a useful language model."
+        )
     if not base["card_license"]:
         out.append("The base model's licence is not known to retrofit: check it before using this model.")
     x = ctx["export"]
     if x["subfolder"]:
-        out.append(f"The native {x['target']} export in {ctx['load']['native_where']} is not exact at every length "
-                   f"(max logit difference "
-                   f"{x['max_diff']:.3g} at {x['check_length']:,} tokens); the exact model needs `retrofit`.")
+        out.append(
+            f"The native {x['target']} export in {ctx['load']['native_where']} is not exact at every length "
+            f"(max logit difference "
+            f"{x['max_diff']:.3g} at {x['check_length']:,} tokens); the exact model needs `retrofit`."
+        )
     elif not x["native"]:
         out.append("Loading needs `retrofit`: there is no native transformers export (see How to load).")
     return out
@@ -320,27 +408,43 @@ def _common_limits(ctx: dict) -> list[str]:
 def _native_quality(b: dict, ev: dict, ppl_native: float | None, base: dict) -> str:
     """How the fine-tuned model compares with the unconverted original at the native length."""
     text = f"Fine-tuned for {b['steps']:,} steps ({b['tokens']:,} tokens) only." if b else "Not fine-tuned."
-    orig = next((ev["by_model"][m["name"]].get(ev["native"]) for m in ev["models"]
-                 if m["role"] == "baseline" and not m["converted"] and m["name"] in ev["by_model"]), None)
+    orig = next(
+        (
+            ev["by_model"][m["name"]].get(ev["native"])
+            for m in ev["models"]
+            if m["role"] == "baseline" and not m["converted"] and m["name"] in ev["by_model"]
+        ),
+        None,
+    )
     n = ev["native"]
     if ppl_native is None:
         measured = ", ".join(f"{x:,}" for x in ev["lengths"])
-        return text + (f" The evaluation has no column at its native length ({n:,} tokens; measured: {measured}), "
-                       "so this card cannot compare it with the original there.")
+        return text + (
+            f" The evaluation has no column at its native length ({n:,} tokens; measured: {measured}), "
+            "so this card cannot compare it with the original there."
+        )
     if orig is None:
-        return text + (f" The original was not evaluated alongside it (`--baseline original` adds it), so this card "
-                       f"cannot compare its {ppl_native:.2f} perplexity at the native length ({n:,} tokens) with "
-                       "the original's.")
+        return text + (
+            f" The original was not evaluated alongside it (`--baseline original` adds it), so this card "
+            f"cannot compare its {ppl_native:.2f} perplexity at the native length ({n:,} tokens) with "
+            "the original's."
+        )
     if orig["method"] != "non-overlapping":
-        return text + (f" Compare its {n:,}-token column with the original's ({orig['method']} windows there) "
-                       "before relying on it.")
+        return text + (
+            f" Compare its {n:,}-token column with the original's ({orig['method']} windows there) "
+            "before relying on it."
+        )
     if ppl_native > orig["ppl"]:
-        return text + (f" At the native length it is worse than the original ({ppl_native:.2f} vs {orig['ppl']:.2f} "
-                       "perplexity): the conversion costs some quality that a longer fine-tune would recover.")
+        return text + (
+            f" At the native length it is worse than the original ({ppl_native:.2f} vs {orig['ppl']:.2f} "
+            "perplexity): the conversion costs some quality that a longer fine-tune would recover."
+        )
     extra = ""
     if b and base["pretrain"] and base["pretrain"].get("pretrain_tokens"):
-        extra = (f"; part of that gain is the extra training ({b['tokens'] / base['pretrain']['pretrain_tokens']:.0%} "
-                 "of the base model's pretraining tokens), not the new positions")
+        extra = (
+            f"; part of that gain is the extra training ({b['tokens'] / base['pretrain']['pretrain_tokens']:.0%} "
+            "of the base model's pretraining tokens), not the new positions"
+        )
     return text + f" At the native length it scores {ppl_native:.2f} vs the original's {orig['ppl']:.2f}{extra}."
 
 
@@ -370,14 +474,25 @@ def metadata(ctx: dict) -> dict:
 def model_index(ctx: dict) -> dict:
     ev = ctx["eval"]
     spec = ev["data"]["spec"]
-    metrics = [{"type": "perplexity", "value": round(x["ppl"], 4),
-                "name": f"Perplexity at {x['length']} tokens ({x['length'] / ev['native']:g}x native)"}
-               for x in ev["rows"]]
+    metrics = [
+        {
+            "type": "perplexity",
+            "value": round(x["ppl"], 4),
+            "name": f"Perplexity at {x['length']} tokens ({x['length'] / ev['native']:g}x native)",
+        }
+        for x in ev["rows"]
+    ]
     local = re.sub(r"[^\w.-]+", "-", f"{ctx['base']['name']}-{ctx['conversion']['scheme']}")
-    return {"name": ctx["repo"] or local,
-            "results": [{"task": {"type": "text-generation", "name": "Causal language modeling"},
-                         "dataset": {"type": spec, "name": f"{spec} ({ev['data']['tokens']:,} tokens)"},
-                         "metrics": metrics}]}
+    return {
+        "name": ctx["repo"] or local,
+        "results": [
+            {
+                "task": {"type": "text-generation", "name": "Causal language modeling"},
+                "dataset": {"type": spec, "name": f"{spec} ({ev['data']['tokens']:,} tokens)"},
+                "metrics": metrics,
+            }
+        ],
+    }
 
 
 # ---- rendering ----------------------------------------------------------------------------------
@@ -385,8 +500,13 @@ def _environment(template: str | None):
     import jinja2
 
     loader = jinja2.FileSystemLoader([str(Path(template).parent)] if template else [str(TEMPLATE_DIR)])
-    env = jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
+    env = jinja2.Environment(
+        loader=loader,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
     env.filters["num"] = lambda x, d=2: "–" if x is None else (f"{x:,}" if isinstance(x, int) else f"{x:,.{d}f}")
     env.filters["yaml"] = lambda x: yaml.safe_dump(x, sort_keys=False, allow_unicode=True, width=1000)
     env.filters["json"] = lambda x: json.dumps(x, sort_keys=True)
@@ -403,9 +523,13 @@ def render_card(run_dir: str | Path, template: str | None = None, repo: str | No
 
 # The last line of every card retrofit writes: ``retrofit push`` renders such a card again for the repo it
 # pushes to (a card without it, edited by hand, is uploaded as it is). OLD_MARKS: earlier versions' line.
-AUTO_MARK = ("<!-- generated by retrofit from this folder; retrofit push renders it again for the repo "
-             "(delete this line to keep hand edits) -->")
-OLD_MARKS = ("<!-- written by retrofit push from this folder; rewritten on every push (delete this line to keep edits) -->",)
+AUTO_MARK = (
+    "<!-- generated by retrofit from this folder; retrofit push renders it again for the repo "
+    "(delete this line to keep hand edits) -->"
+)
+OLD_MARKS = (
+    "<!-- written by retrofit push from this folder; rewritten on every push (delete this line to keep edits) -->",
+)
 
 
 def is_generated(text: str) -> bool:
@@ -418,8 +542,9 @@ def card_text(run_dir: str | Path, template: str | None = None, repo: str | None
     return render_card(run_dir, template, repo) + f"\n{AUTO_MARK}\n"
 
 
-def write_card(run_dir: str | Path, out: str | Path | None = None, template: str | None = None,
-               repo: str | None = None) -> Path:
+def write_card(
+    run_dir: str | Path, out: str | Path | None = None, template: str | None = None, repo: str | None = None
+) -> Path:
     """Render the card into ``out`` (default ``<run_dir>/README.md``); returns its path. The card is marked as
     generated (``AUTO_MARK``), so ``retrofit push`` renders it again for the repo it pushes to."""
     out = write_text(Path(out) if out else Path(run_dir) / rf.CARD, card_text(run_dir, template, repo))

@@ -101,8 +101,14 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
     scheme.set_common(common)
     scheme = scheme.to(ref.device)
 
-    state = RetrofitState(root=model, scheme_name=to, adapter=adapter, kernel=kernel,
-                          original_attn=model.config._attn_implementation, native_max=adapter.native_max_length())
+    state = RetrofitState(
+        root=model,
+        scheme_name=to,
+        adapter=adapter,
+        kernel=kernel,
+        original_attn=model.config._attn_implementation,
+        native_max=adapter.native_max_length(),
+    )
     model.add_module(POSITIONS_MODULE, scheme)
     model._retrofit_state = state
     try:
@@ -199,7 +205,9 @@ def _calibrate_qk_norm(model, state: RetrofitState, native_length: int, length: 
         state.calibration = None
         model.train(was_training)
     if calibrated != 2 * scheme.spec.num_layers:
-        raise PatchNotLiveError(f"qk_norm: the calibration pass reached {calibrated // 2} of {scheme.spec.num_layers} layers")
+        raise PatchNotLiveError(
+            f"qk_norm: the calibration pass reached {calibrated // 2} of {scheme.spec.num_layers} layers"
+        )
     log.info("qk_norm: gains calibrated on %d tokens", n)
 
 
@@ -275,8 +283,15 @@ def reapply(model, block: dict) -> nn.Module:
     """Convert a freshly loaded base model as a saved checkpoint's ``retrofit`` block says (scheme,
     options, kernel), without the probe: the caller restores the learned position parameters, then
     calls ``verify``."""
-    return _convert(model, block["scheme"], force=False, kernel=block.get("kernel", "auto"), verify=False,
-                    options=block["options"], from_checkpoint=True)
+    return _convert(
+        model,
+        block["scheme"],
+        force=False,
+        kernel=block.get("kernel", "auto"),
+        verify=False,
+        options=block["options"],
+        from_checkpoint=True,
+    )
 
 
 def verify(model) -> None:
@@ -350,8 +365,10 @@ def _check_positions(state, positions) -> torch.Tensor:
         raise OptionError("positions must be non-negative and strictly increasing")
     limit = state.scheme().max_length()
     if limit is not None and len(positions) and int(positions[-1]) >= limit:
-        raise LengthError(f"scheme {state.scheme_name!r} supports at most {limit} positions; "
-                          f"the largest given is {int(positions[-1])}")
+        raise LengthError(
+            f"scheme {state.scheme_name!r} supports at most {limit} positions; "
+            f"the largest given is {int(positions[-1])}"
+        )
     return positions.long()
 
 
@@ -366,21 +383,35 @@ def describe(model) -> dict[str, Any]:
             adapter = None
         native = {"kind": adapter.native_kind, "length": adapter.spec().native_length} if adapter else {}
         return {
-            "converted": False, "scheme": None, "options": {}, "model_type": model_type,
+            "converted": False,
+            "scheme": None,
+            "options": {},
+            "model_type": model_type,
             "base_model": getattr(model.config, "_name_or_path", None) or None,
-            "architecture": adapter.name if adapter else None, "native": native,
+            "architecture": adapter.name if adapter else None,
+            "native": native,
             "max_length": adapter.native_max_length() if adapter else getattr(model.config, "n_positions", None),
-            "positions_module": None, "trainable_position_parameters": 0,
-            "attention_path": None, "kernel": None, "retrofit_version": __version__,
+            "positions_module": None,
+            "trainable_position_parameters": 0,
+            "attention_path": None,
+            "kernel": None,
+            "retrofit_version": __version__,
         }
     scheme = state.scheme()
     limit = max_length(model)
     return {
-        "converted": True, "scheme": state.scheme_name, "options": scheme.options_dict(), "model_type": model_type,
+        "converted": True,
+        "scheme": state.scheme_name,
+        "options": scheme.options_dict(),
+        "model_type": model_type,
         "base_model": model.config.retrofit.get("base_model"),
-        "architecture": state.adapter.name, "native": dict(model.config.retrofit["native"]),
-        "max_length": limit, "positions_module": POSITIONS_MODULE,
+        "architecture": state.adapter.name,
+        "native": dict(model.config.retrofit["native"]),
+        "max_length": limit,
+        "positions_module": POSITIONS_MODULE,
         "trainable_position_parameters": sum(p.numel() for p in scheme.parameters()),
-        "attention_path": state.last_path, "attention_paths": dict(state.paths), "kernel": state.kernel,
+        "attention_path": state.last_path,
+        "attention_paths": dict(state.paths),
+        "kernel": state.kernel,
         "retrofit_version": __version__,
     }

@@ -34,8 +34,9 @@ TEXT_SUFFIXES = {".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".csv", ".tex"
 CHARS_PER_TOKEN = 16  # a generous bound: tokenizers average 3-6 characters per token on text and code
 
 
-def load_documents(spec: str | Sequence[str], *, field: str | None = None, split: str | None = None,
-                   max_tokens: int | None = None) -> list[Document]:
+def load_documents(
+    spec: str | Sequence[str], *, field: str | None = None, split: str | None = None, max_tokens: int | None = None
+) -> list[Document]:
     """Resolve a data spec (see module doc) to documents. Raises DataError before any heavy work.
     ``max_tokens``: a Hub dataset is streamed and read only until its documents hold that many tokens'
     worth of characters (``CHARS_PER_TOKEN`` each); local sources are read whole."""
@@ -52,8 +53,9 @@ def load_documents(spec: str | Sequence[str], *, field: str | None = None, split
         return assets.shakespeare_documents(which)
     if kind == "files":
         return [Document(str(p), _read_text(p)) for p in _expand_paths(spec)]
-    return hub_documents(spec, field=field, split=split,
-                         max_chars=None if max_tokens is None else max_tokens * CHARS_PER_TOKEN)
+    return hub_documents(
+        spec, field=field, split=split, max_chars=None if max_tokens is None else max_tokens * CHARS_PER_TOKEN
+    )
 
 
 def source_kind(spec: str) -> str:
@@ -75,8 +77,9 @@ def _looks_like_path(spec: str) -> bool:
     return any(c in spec for c in "*?[") or spec.startswith((".", os.sep, "~")) or Path(spec).suffix in TEXT_SUFFIXES
 
 
-def _expand_paths(spec: str, keep=lambda f: f.suffix in TEXT_SUFFIXES,
-                  kinds: str = f"text files ({', '.join(sorted(TEXT_SUFFIXES))})") -> list[Path]:
+def _expand_paths(
+    spec: str, keep=lambda f: f.suffix in TEXT_SUFFIXES, kinds: str = f"text files ({', '.join(sorted(TEXT_SUFFIXES))})"
+) -> list[Path]:
     """The files a spec names: a file, a folder (its files that ``keep`` accepts, recursively) or a glob."""
     p = Path(spec).expanduser()
     if p.is_file():
@@ -112,8 +115,10 @@ def _decode(raw: bytes, path: Path) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise DataError(f"{path} is not UTF-8 text (byte {raw[e.start:e.start + 1]!r} on line {line}); convert it, "
-                        "e.g. with `iconv -f latin1 -t utf-8`, or leave it out of the data") from None
+        raise DataError(
+            f"{path} is not UTF-8 text (byte {raw[e.start : e.start + 1]!r} on line {line}); convert it, "
+            "e.g. with `iconv -f latin1 -t utf-8`, or leave it out of the data"
+        ) from None
 
 
 def stdlib_documents(min_chars: int = 2000) -> list[Document]:
@@ -122,7 +127,10 @@ def stdlib_documents(min_chars: int = 2000) -> list[Document]:
     files = sorted(
         f
         for f in root.rglob("*.py")
-        if "site-packages" not in f.parts and "test" not in f.parts and "tests" not in f.parts and "idlelib" not in f.parts
+        if "site-packages" not in f.parts
+        and "test" not in f.parts
+        and "tests" not in f.parts
+        and "idlelib" not in f.parts
     )
     docs = []
     for f in files:
@@ -134,8 +142,9 @@ def stdlib_documents(min_chars: int = 2000) -> list[Document]:
     return docs
 
 
-def hub_documents(spec: str, *, field: str | None = None, split: str | None = None,
-                  max_chars: int | None = None) -> list[Document]:
+def hub_documents(
+    spec: str, *, field: str | None = None, split: str | None = None, max_chars: int | None = None
+) -> list[Document]:
     """``name[:config[:split[:field]]]`` through ``datasets.load_dataset``, streamed: documents are read
     until they hold ``max_chars`` characters (None: the whole split), never the whole dataset first."""
     parts = spec.split(":")
@@ -186,7 +195,9 @@ def fingerprint(ids: Sequence[int]) -> str:
     return h.hexdigest()[:16]
 
 
-def split_documents(docs: Sequence[Document], heldout_fraction: float, seed: int = 0) -> tuple[list[Document], list[Document]]:
+def split_documents(
+    docs: Sequence[Document], heldout_fraction: float, seed: int = 0
+) -> tuple[list[Document], list[Document]]:
     """Hold out whole documents (never a cut through one) for validation. Deterministic for a seed."""
     import random
 
@@ -220,12 +231,17 @@ def file_format(path: str | Path) -> str | None:
 
 def stream_files(spec: str | list) -> list[str]:
     """The files a ``data.files`` spec names (files, folders, globs), sorted; DataError when none."""
-    out = [str(f) for s in ([spec] if isinstance(spec, str) else spec)
-           for f in _expand_paths(s, keep=file_format, kinds="json, jsonl, parquet or txt files")]
+    out = [
+        str(f)
+        for s in ([spec] if isinstance(spec, str) else spec)
+        for f in _expand_paths(s, keep=file_format, kinds="json, jsonl, parquet or txt files")
+    ]
     bad = [f for f in out if not file_format(f)]
     if bad:
-        raise DataError(f"{bad[0]} is not a streamable file (json, jsonl, parquet, txt, optionally compressed); "
-                        "set data.streaming: false to read other text files whole")
+        raise DataError(
+            f"{bad[0]} is not a streamable file (json, jsonl, parquet, txt, optionally compressed); "
+            "set data.streaming: false to read other text files whole"
+        )
     return out
 
 

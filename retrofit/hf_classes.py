@@ -6,8 +6,8 @@ import os
 
 from transformers import PretrainedConfig
 
-from .saved_config import SAVED_MODEL_TYPE as MODEL_TYPE
 from .errors import RetrofitError
+from .saved_config import SAVED_MODEL_TYPE as MODEL_TYPE
 
 
 class RetrofitConfig(PretrainedConfig):
@@ -25,7 +25,9 @@ class RetrofitForCausalLM:
     config_class = RetrofitConfig
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("load a retrofit checkpoint with AutoModelForCausalLM.from_pretrained(path) or retrofit.load(path)")
+        raise TypeError(
+            "load a retrofit checkpoint with AutoModelForCausalLM.from_pretrained(path) or retrofit.load(path)"
+        )
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, **kwargs):
@@ -57,11 +59,14 @@ def _local_folder(name_or_path, kwargs: dict) -> str:
 
 
 def _load_kwargs(kwargs: dict) -> dict:
-    unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in
-                     (*_HUB_KWARGS, *_LOAD_KWARGS, *_IGNORED, "subfolder"))
+    unknown = sorted(
+        k for k, v in kwargs.items() if v is not None and k not in (*_HUB_KWARGS, *_LOAD_KWARGS, *_IGNORED, "subfolder")
+    )
     if unknown:  # e.g. quantization_config, gguf_file, attn_implementation: refused, never dropped silently
-        raise RetrofitError(f"a retrofit checkpoint cannot be loaded with {', '.join(unknown)}: load it with "
-                            "retrofit.load(path, dtype=..., device_map=...) or export it (retrofit export --native)")
+        raise RetrofitError(
+            f"a retrofit checkpoint cannot be loaded with {', '.join(unknown)}: load it with "
+            "retrofit.load(path, dtype=..., device_map=...) or export it (retrofit export --native)"
+        )
     out = {k: kwargs[k] for k in _LOAD_KWARGS if kwargs.get(k) is not None}
     if "torch_dtype" in out:
         out.setdefault("dtype", out.pop("torch_dtype"))

@@ -33,12 +33,24 @@ from .saved_config import SAVED_MODEL_TYPE, marked
 log = logging.getLogger(__name__)
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 REPORT_FILES = (rf.REPORT, rf.REPORT_MD)
 # Never uploaded, whatever folder they turn up in (checked on the staged list as a last guard).
-FORBIDDEN = re.compile(r"(optimizer|scheduler|rng_state|random_states|scaler|checkpoint|training_args|\.pt$|\.bin$"
-                       r"|\.pkl$|log\.jsonl$|manifest\.json$|recipe\.yaml$|run\.yaml$)", re.IGNORECASE)
+FORBIDDEN = re.compile(
+    r"(optimizer|scheduler|rng_state|random_states|scaler|checkpoint|training_args|\.pt$|\.bin$"
+    r"|\.pkl$|log\.jsonl$|manifest\.json$|recipe\.yaml$|run\.yaml$)",
+    re.IGNORECASE,
+)
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
@@ -76,8 +88,9 @@ def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tup
     else:
         plan[rf.CARD] = card
         if repo and repo not in card.read_text():
-            log.warning("%s was edited by hand (no retrofit mark) and does not name %s: it is uploaded as it is",
-                        card, repo)
+            log.warning(
+                "%s was edited by hand (no retrofit mark) and does not name %s: it is uploaded as it is", card, repo
+            )
     ev = run_dir / rf.EVAL
     for p in [ev / n for n in REPORT_FILES] + sorted(ev.glob("*.png")):
         if p.is_file():
@@ -144,8 +157,15 @@ def format_plan(files: list[tuple[str, int]]) -> str:
     return "\n".join(lines + [f"  {len(files)} files, {_human(total)}"])
 
 
-def push(run_dir, repo: str, *, private: bool = False, revision: str = "main", dry_run: bool = False,
-         commit_message: str | None = None) -> dict:
+def push(
+    run_dir,
+    repo: str,
+    *,
+    private: bool = False,
+    revision: str = "main",
+    dry_run: bool = False,
+    commit_message: str | None = None,
+) -> dict:
     """Upload a run folder's model, card and report to ``repo`` (``user/name``). Writes nothing into the folder.
 
     Returns ``{"repo", "revision", "files": [(path in repo, bytes)], "commit_url"}`` (no commit_url
@@ -156,16 +176,22 @@ def push(run_dir, repo: str, *, private: bool = False, revision: str = "main", d
         raise OptionError(f"--revision must be a branch name, got {revision!r}")
     run_dir = Path(run_dir)
     plan = upload_plan(run_dir, repo)
-    result = {"repo": repo, "revision": revision, "files": [(n, _size(p)) for n, p in plan],
-              "weights": rf.published_weights(run_dir), "commit_url": None}
+    result = {
+        "repo": repo,
+        "revision": revision,
+        "files": [(n, _size(p)) for n, p in plan],
+        "weights": rf.published_weights(run_dir),
+        "commit_url": None,
+    }
     if dry_run:
         log.info("dry run: would upload %d files to %s@%s", len(plan), repo, revision)
         return result
     token = get_token()
     if not token:
         raise HubError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (nothing was uploaded)")
-    result["commit_url"] = _upload(plan, repo, token, private, revision,
-                                   commit_message or f"retrofit: upload {run_dir.name}")
+    result["commit_url"] = _upload(
+        plan, repo, token, private, revision, commit_message or f"retrofit: upload {run_dir.name}"
+    )
     return result
 
 
@@ -181,8 +207,9 @@ def _upload(plan, repo: str, token: str, private: bool, revision: str, message: 
         with tempfile.TemporaryDirectory(prefix="retrofit-push-") as tmp:
             folder = stage(plan, Path(tmp))
             log.info("uploading %d files to %s@%s", len(plan), repo, revision)
-            info = api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model", revision=revision,
-                                     commit_message=message)
+            info = api.upload_folder(
+                folder_path=str(folder), repo_id=repo, repo_type="model", revision=revision, commit_message=message
+            )
     except Exception as e:  # HTTP / network errors from the Hub, with the token kept out of the message
         if isinstance(e, RetrofitError):
             raise

@@ -18,8 +18,15 @@ from .saved_config import marked
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"auto": "auto", "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "auto": "auto",
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
@@ -69,13 +76,15 @@ def _retrofit_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+    )
     out = {}
     for name in files:
         with safe_open(str(path / name), framework="pt") as f:
             for key in f.keys():
                 if key.startswith(prefix):
-                    out[key[len(prefix):]] = f.get_tensor(key)
+                    out[key[len(prefix) :]] = f.get_tensor(key)
     return out
 
 
@@ -92,7 +101,9 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
     config = base_config(path)
     block = getattr(config, "retrofit", None)
     if not block:
-        raise RetrofitError(f"{path} was not saved by retrofit (its config has no 'retrofit' block); use from_pretrained")
+        raise RetrofitError(
+            f"{path} was not saved by retrofit (its config has no 'retrofit' block); use from_pretrained"
+        )
     from_pretrained_kwargs.setdefault("use_safetensors", True)
     if "dtype" in from_pretrained_kwargs:
         from_pretrained_kwargs["dtype"] = DTYPES.get(from_pretrained_kwargs["dtype"], from_pretrained_kwargs["dtype"])
@@ -124,8 +135,14 @@ def _gguf_dequantize() -> dict:
     return {"quantization_config": GgufConfig(dequantize=True)}
 
 
-def load_model(name_or_path: str, *, gguf_file: str | None = None, dtype: str | None = None, device: str | None = None,
-               tokenizer: bool = True):
+def load_model(
+    name_or_path: str,
+    *,
+    gguf_file: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    tokenizer: bool = True,
+):
     """(model, tokenizer) from a hub id, a local folder, a GGUF file or a built-in name
     (``tiny-gpt2``, ``smollm2``, ``baseline:<preset>``). A retrofit checkpoint is re-patched.
     What cannot be loaded is a ModelLoadError, UnsupportedArchitectureError or HubError that says why."""

@@ -8,7 +8,6 @@ from torch import nn
 from .core import POSITIONS_MODULE
 
 
-
 def decays(name: str, p: nn.Parameter) -> bool:
     return p.ndim >= 2 and POSITIONS_MODULE not in name and "norm" not in name.lower()
 

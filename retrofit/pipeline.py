@@ -50,8 +50,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-
-
 class Manifest:
     """``manifest.json``: one entry per stage (status, started, finished, outputs, versions, inputs hash)."""
 
@@ -69,8 +67,14 @@ class Manifest:
         return all((run_dir / p).exists() for p in e.get("outputs", []))
 
     def start(self, stage: str, inputs: str) -> None:
-        self.data["stages"][stage] = {"status": "running", "started": _now(), "finished": None, "inputs": inputs,
-                                      "outputs": [], "versions": library_versions()}
+        self.data["stages"][stage] = {
+            "status": "running",
+            "started": _now(),
+            "finished": None,
+            "inputs": inputs,
+            "outputs": [],
+            "versions": library_versions(),
+        }
         self.save()
 
     def finish(self, stage: str, status: str, outputs=(), **detail) -> None:
@@ -103,7 +107,9 @@ def run(recipe_or_path, overrides=None, *, force: tuple[str, ...] = ()) -> Path:
     for i, stage in enumerate(STAGES):
         inputs = rr.stage_hash(stage)
         if not upstream_ran and stage not in force and manifest.is_done(stage, inputs, run_dir):
-            log.info("[%d/%d] %s: already done (%s), skipped", i + 1, len(STAGES), stage, manifest.entry(stage)["status"])
+            log.info(
+                "[%d/%d] %s: already done (%s), skipped", i + 1, len(STAGES), stage, manifest.entry(stage)["status"]
+            )
             continue
         log.info("[%d/%d] %s", i + 1, len(STAGES), stage)
         _run_stage(stage, rr, manifest, inputs)
@@ -138,8 +144,11 @@ def stage_finetune(rr: RunRecipe, previous: dict):
         return "done", [rf.FINAL, rf.SUMMARY], {"reused": True}
     finetune(recipe)
     summary = rf.summary(run_dir)
-    return "done", [rf.FINAL, rf.SUMMARY], {"resumed_from_step": summary.get("resumed_from_step"),
-                                               "steps": summary.get("steps")}
+    return (
+        "done",
+        [rf.FINAL, rf.SUMMARY],
+        {"resumed_from_step": summary.get("resumed_from_step"), "steps": summary.get("steps")},
+    )
 
 
 def _named(model, tok, name: str, base: str):
@@ -164,7 +173,6 @@ def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
     from .core import convert, is_converted, set_kernel
     from .io import load_model
-
     from .training.standin import ensure
 
     m = rr.finetune.model
@@ -198,8 +206,12 @@ def evaluate_section(main, baselines, e, native: int):
     pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
     rc_lengths = resolve_lengths(e.recall_lengths, native, "recall lengths") if e.recall_lengths else None
     opts = {f.name: getattr(e, f.name) for f in dataclasses.fields(EvalOptions)}
-    return evaluate(main, baselines=baselines, **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths,
-                                                  "recall_lengths": rc_lengths}, progress=progress_bars())
+    return evaluate(
+        main,
+        baselines=baselines,
+        **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths, "recall_lengths": rc_lengths},
+        progress=progress_bars(),
+    )
 
 
 def stage_eval(rr: RunRecipe, previous: dict):
@@ -257,20 +269,40 @@ def stage_push(rr: RunRecipe, previous: dict):
     from .hub import push
 
     result = push(rr.run_dir, rr.push.repo, private=rr.push.private, revision=rr.push.revision)
-    return "done", [], {"repo": rr.push.repo, "revision": rr.push.revision, "commit_url": result.get("commit_url"),
-                        "files": len(result["files"])}
+    return (
+        "done",
+        [],
+        {
+            "repo": rr.push.repo,
+            "revision": rr.push.revision,
+            "commit_url": result.get("commit_url"),
+            "files": len(result["files"]),
+        },
+    )
 
 
-STAGE_FUNCS = {"finetune": stage_finetune, "eval": stage_eval, "export": stage_export, "card": stage_card,
-               "push": stage_push}
+STAGE_FUNCS = {
+    "finetune": stage_finetune,
+    "eval": stage_eval,
+    "export": stage_export,
+    "card": stage_card,
+    "push": stage_push,
+}
 
 
 def where(run_dir: Path) -> dict:
     """The files a user looks at after a run: {label: path} (those that exist)."""
     run_dir = Path(run_dir)
     ev = run_dir / rf.EVAL
-    items = {"card": run_dir / rf.CARD, "report": ev / rf.REPORT_MD, "report (JSON)": ev / rf.REPORT,
-             "plot": ev / rf.PLOT_PPL, "passkey grid": ev / rf.PLOT_PASSKEY,
-             "recall grid": ev / rf.PLOT_RECALL, "model": run_dir / rf.FINAL,
-             "native export": run_dir / rf.EXPORT, "manifest": run_dir / rf.MANIFEST}
+    items = {
+        "card": run_dir / rf.CARD,
+        "report": ev / rf.REPORT_MD,
+        "report (JSON)": ev / rf.REPORT,
+        "plot": ev / rf.PLOT_PPL,
+        "passkey grid": ev / rf.PLOT_PASSKEY,
+        "recall grid": ev / rf.PLOT_RECALL,
+        "model": run_dir / rf.FINAL,
+        "native export": run_dir / rf.EXPORT,
+        "manifest": run_dir / rf.MANIFEST,
+    }
     return {k: v for k, v in items.items() if v.exists()}

@@ -64,17 +64,25 @@ class Warning_:
 
 HARMLESS = {
     "positions_unexpected": PositionsOnlyReport(
-        "transformers.modeling_utils", r"LOAD REPORT",
-        "retrofit_positions.* are the new scheme's parameters; retrofit.load loads them after the base model"),
+        "transformers.modeling_utils",
+        r"LOAD REPORT",
+        "retrofit_positions.* are the new scheme's parameters; retrofit.load loads them after the base model",
+    ),
     "shared_tensor": Log(
-        "accelerate.utils.other", r"Removed shared tensor",
-        "tied weights (lm_head = embeddings) are saved once in a checkpoint and tied again when it is loaded"),
+        "accelerate.utils.other",
+        r"Removed shared tensor",
+        "tied weights (lm_head = embeddings) are saved once in a checkpoint and tied again when it is loaded",
+    ),
     "loss_type": Log(
-        "transformers.modeling_utils", r"`loss_type=None` was set in the config",
-        "transformers falls back to ForCausalLMLoss, the right loss for a causal LM"),
+        "transformers.modeling_utils",
+        r"`loss_type=None` was set in the config",
+        "transformers falls back to ForCausalLMLoss, the right loss for a causal LM",
+    ),
     "gradient_checkpointing_name": Warning_(
-        FutureWarning, r"`is_gradient_checkpointing` is deprecated",
-        "peft reads transformers' old attribute name; nothing to do for the user"),
+        FutureWarning,
+        r"`is_gradient_checkpointing` is deprecated",
+        "peft reads transformers' old attribute name; nothing to do for the user",
+    ),
 }
 
 

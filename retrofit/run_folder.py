@@ -124,8 +124,10 @@ def published_layout(run_dir) -> dict[str, Path]:
         return {"": run_dir / EXPORT}
     folder = model_dir(run_dir)
     if not is_model_dir(folder):
-        raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/): "
-                            "push a folder written by `retrofit convert`, `retrofit finetune` or `retrofit run`")
+        raise RetrofitError(
+            f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/): "
+            "push a folder written by `retrofit convert`, `retrofit finetune` or `retrofit run`"
+        )
     return {"": folder, **({"native/": run_dir / EXPORT} if record else {})}
 
 
@@ -149,8 +151,11 @@ def original_source(path) -> dict | None:
     path = Path(path)
     runs = [path, path.parent] if path.name == FINAL else [path]
     model = next(((recipe(d) or {}).get("model") or {} for d in runs if recipe(d)), {})
-    from_recipe = {"name_or_path": model.get("name_or_path"), "gguf_file": model.get("gguf_file"),
-                   "dtype": model.get("dtype")}
+    from_recipe = {
+        "name_or_path": model.get("name_or_path"),
+        "gguf_file": model.get("gguf_file"),
+        "dtype": model.get("dtype"),
+    }
     base = retrofit_block(model_dir(path)).get("base_model")
     if from_recipe["name_or_path"] and Path(from_recipe["name_or_path"]).expanduser().exists():
         return from_recipe

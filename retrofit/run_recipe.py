@@ -19,8 +19,8 @@ from typing import Optional
 
 from . import schema
 from .errors import OptionError, RecipeError
-from .evaluation.options import DEFAULTS, EvalOptions
 from .evaluation.lengths import parse_item, parse_list
+from .evaluation.options import DEFAULTS, EvalOptions
 from .schema import field_help as _f
 from .training.recipe import Recipe
 
@@ -35,8 +35,11 @@ class EvalSection(EvalOptions):
     """Every evaluation option (``EvalOptions``: its defaults, in one place) plus the models scored beside
     the fine-tuned one."""
 
-    baselines: list = _f("Baselines scored on the same tokens: 'original' (the unconverted model), "
-                         "'converted' (converted, not fine-tuned), or a model name/path.", factory=lambda: ["original"])
+    baselines: list = _f(
+        "Baselines scored on the same tokens: 'original' (the unconverted model), "
+        "'converted' (converted, not fine-tuned), or a model name/path.",
+        factory=lambda: ["original"],
+    )
 
 
 @dataclass
@@ -116,8 +119,11 @@ def _eval_hashed(e: dict) -> dict:
     ``position_buckets`` only when it is not the default, so runs made before those keys existed keep
     their hashes (and are not re-evaluated)."""
     e = e if e.get("recall") else {k: v for k, v in e.items() if not k.startswith("recall")}
-    return e if e["position_buckets"] != DEFAULTS.position_buckets else {k: v for k, v in e.items()
-                                                                         if k != "position_buckets"}
+    return (
+        e
+        if e["position_buckets"] != DEFAULTS.position_buckets
+        else {k: v for k, v in e.items() if k != "position_buckets"}
+    )
 
 
 def load_recipe(recipe, overrides=None) -> RunRecipe:
@@ -151,28 +157,38 @@ def _split_length_lists(section) -> None:
             try:
                 section[key] = parse_list(section[key], f"eval.{key}")
             except OptionError as err:
-                raise RecipeError(f"'eval.{key}'{str(err)[len(f'eval.{key}'):]}") from None
+                raise RecipeError(f"'eval.{key}'{str(err)[len(f'eval.{key}') :]}") from None
 
 
 def _validate(rr: RunRecipe) -> None:
     e = rr.eval
-    for key, items in (("eval.lengths", e.lengths), ("eval.passkey_lengths", e.passkey_lengths or ["1x"]),
-                       ("eval.recall_lengths", e.recall_lengths or ["1x"])):
+    for key, items in (
+        ("eval.lengths", e.lengths),
+        ("eval.passkey_lengths", e.passkey_lengths or ["1x"]),
+        ("eval.recall_lengths", e.recall_lengths or ["1x"]),
+    ):
         if not items:
             raise RecipeError(f"'{key}' must list at least one length")
         for x in items:
             try:
                 parse_item(x, key)
             except OptionError as err:
-                raise RecipeError(f"'{key}'{str(err)[len(key):]}") from None
-    for key, v in (("eval.budget", e.budget), ("eval.batch_size", e.batch_size), ("eval.passkey_trials", e.passkey_trials),
-                   ("eval.position_buckets", e.position_buckets),
-                   ("eval.recall_trials", e.recall_trials), ("eval.recall_span", e.recall_span),
-                   ("eval.recall_cue", e.recall_cue)):
+                raise RecipeError(f"'{key}'{str(err)[len(key) :]}") from None
+    for key, v in (
+        ("eval.budget", e.budget),
+        ("eval.batch_size", e.batch_size),
+        ("eval.passkey_trials", e.passkey_trials),
+        ("eval.position_buckets", e.position_buckets),
+        ("eval.recall_trials", e.recall_trials),
+        ("eval.recall_span", e.recall_span),
+        ("eval.recall_cue", e.recall_cue),
+    ):
         if v < 1:
             raise RecipeError(f"'{key}' must be > 0, got {v}")
     if e.recall_cue >= e.recall_span:
-        raise RecipeError(f"'eval.recall_cue' ({e.recall_cue}) must be smaller than 'eval.recall_span' ({e.recall_span})")
+        raise RecipeError(
+            f"'eval.recall_cue' ({e.recall_cue}) must be smaller than 'eval.recall_span' ({e.recall_span})"
+        )
     if e.stride is not None and e.stride < 1:
         raise RecipeError(f"'eval.stride' must be > 0, got {e.stride}")
     for key, depths in (("eval.passkey_depths", e.passkey_depths), ("eval.recall_depths", e.recall_depths)):
@@ -182,7 +198,11 @@ def _validate(rr: RunRecipe) -> None:
         raise RecipeError(f"'eval.baselines' must be a list of names, got {e.baselines!r}")
     if "converted" in e.baselines and rr.finetune.convert.scheme is None:
         raise RecipeError("'eval.baselines: converted' needs 'convert.scheme'")
-    for key, items in (("card.datasets", rr.card.datasets or []), ("card.tags", rr.card.tags), ("card.limits", rr.card.limits)):
+    for key, items in (
+        ("card.datasets", rr.card.datasets or []),
+        ("card.tags", rr.card.tags),
+        ("card.limits", rr.card.limits),
+    ):
         if not all(isinstance(x, str) and x for x in items):
             raise RecipeError(f"'{key}' must be a list of strings, got {items!r}")
     if rr.card.template and not Path(rr.card.template).is_file():
@@ -191,5 +211,3 @@ def _validate(rr: RunRecipe) -> None:
         from .hub import check_repo_id
 
         check_repo_id(rr.push.repo, key="push.repo")
-
-

@@ -81,9 +81,10 @@ def marked(d: dict) -> dict:
     block = d["retrofit"]
     if "base_config" not in block and d.get("model_type") != SAVED_MODEL_TYPE:
         key = next((k for k in LENGTH_KEYS if k in d), None)
-        block["base_config"] = {"model_type": d.get("model_type"), "architectures": d.get("architectures") or [],
-                                **({key: d[key]} if key else {})}
+        block["base_config"] = {
+            "model_type": d.get("model_type"),
+            "architectures": d.get("architectures") or [],
+            **({key: d[key]} if key else {}),
+        }
     d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, ["RetrofitForCausalLM"]
     return d
-
-

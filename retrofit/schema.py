@@ -45,8 +45,9 @@ def read_yaml(path: str | Path, what: str = "recipe", error=RecipeError) -> dict
     if not isinstance(raw, dict):
         raise error(f"a {what} must be a mapping of keys, got {type(raw).__name__}")
     if what == "recipe" and {"recipe", "schemes"} <= set(raw):
-        raise error(f"{path} is a study grid (it has 'recipe' and 'schemes'), not a recipe; run it with: "
-                    f"retrofit study {path}")
+        raise error(
+            f"{path} is a study grid (it has 'recipe' and 'schemes'), not a recipe; run it with: retrofit study {path}"
+        )
     return raw
 
 
@@ -86,7 +87,11 @@ def build(cls, raw: Any, prefix: str = "", error=RecipeError):
     for key in raw:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(prefix + n for n in names)}"
+            hint = (
+                f"; did you mean '{prefix}{close[0]}'?"
+                if close
+                else f"; known keys: {', '.join(prefix + n for n in names)}"
+            )
             raise error(f"unknown recipe key '{prefix}{key}'{hint}")
     kwargs = {}
     for name in names:

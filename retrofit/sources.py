@@ -28,8 +28,9 @@ def check(target: str, *, gguf: bool = False) -> bool:
     if path.exists():
         return _check_folder(path)
     if not _is_hub_id(target):
-        raise ModelLoadError(f"no such file or folder: {target}; give a model folder, a .gguf file, or a Hub id "
-                             "(org/name)")
+        raise ModelLoadError(
+            f"no such file or folder: {target}; give a model folder, a .gguf file, or a Hub id (org/name)"
+        )
     return False
 
 
@@ -55,8 +56,9 @@ def precheck(name: str, gguf_file: str | None = None) -> None:
         _model_folder(path)
         return
     if not _is_hub_id(name):
-        raise ModelLoadError(f"no such file or folder: {name}; give a model folder, a .gguf file, or a Hub id "
-                             "(org/name)")
+        raise ModelLoadError(
+            f"no such file or folder: {name}; give a model folder, a .gguf file, or a Hub id (org/name)"
+        )
     _hub_or_cache(name)
 
 
@@ -67,15 +69,20 @@ def _hub_or_cache(hub_id: str) -> None:
 
     if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
         return
-    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else (
-        "the Hub does not answer" if _unreachable(constants.ENDPOINT) else None)
+    why = (
+        "HF_HUB_OFFLINE is set"
+        if constants.HF_HUB_OFFLINE
+        else ("the Hub does not answer" if _unreachable(constants.ENDPOINT) else None)
+    )
     if why:
         raise _uncached(hub_id, why)
 
 
 def _uncached(hub_id: str, why: str) -> HubError:
-    return HubError(f"{hub_id!r} is not a local folder and not in the Hugging Face cache, and {why}; check the "
-                    "name or path, or connect to download it")
+    return HubError(
+        f"{hub_id!r} is not a local folder and not in the Hugging Face cache, and {why}; check the "
+        "name or path, or connect to download it"
+    )
 
 
 def _is_hub_id(name: str) -> bool:
@@ -91,12 +98,15 @@ def _is_hub_id(name: str) -> bool:
 def _model_folder(path: Path) -> Path:
     """``path/config.json``, or the error that says why ``path`` is not a model folder."""
     if not path.is_dir():
-        raise ModelLoadError(f"{path} is a file, not a model; give the folder that holds config.json and the "
-                             "weights, or a .gguf file")
+        raise ModelLoadError(
+            f"{path} is a file, not a model; give the folder that holds config.json and the weights, or a .gguf file"
+        )
     config = path / "config.json"
     if not config.is_file():
-        raise ModelLoadError(f"{path} is not a model folder (it has no config.json); give a folder written by "
-                             "save_pretrained or retrofit convert, a .gguf file, or a Hub id")
+        raise ModelLoadError(
+            f"{path} is not a model folder (it has no config.json); give a folder written by "
+            "save_pretrained or retrofit convert, a .gguf file, or a Hub id"
+        )
     return config
 
 
@@ -122,12 +132,15 @@ def check_model_type(model_type: str | None, name: str) -> None:
     if not model_type:
         raise ModelLoadError(f"{name}/config.json has no model_type: it is not a transformers model config")
     if model_type not in CONFIG_MAPPING_NAMES:
-        raise ModelLoadError(f"{name}: model type {model_type!r} is unknown to transformers "
-                             f"{transformers.__version__}; upgrade transformers or check the model")
+        raise ModelLoadError(
+            f"{name}: model type {model_type!r} is unknown to transformers "
+            f"{transformers.__version__}; upgrade transformers or check the model"
+        )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise UnsupportedArchitectureError(
             f"{name} is a {model_type!r} model, which is not a causal (decoder-only) language model; retrofit "
-            f"converts causal LMs: {supported_architectures()}")
+            f"converts causal LMs: {supported_architectures()}"
+        )
 
 
 def supported_architectures() -> str:
@@ -186,13 +199,20 @@ def readable(target: str | os.PathLike, gguf_file: str | None = None) -> Iterato
 def _explain(e: Exception, target: str, gguf_file: str | None):
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if type(e).__name__ == "SafetensorError":
-        return ModelLoadError(f"the weights in {target} cannot be read ({first}): the file is damaged or "
-                              "incomplete; download or save the model again")
+        return ModelLoadError(
+            f"the weights in {target} cannot be read ({first}): the file is damaged or "
+            "incomplete; download or save the model again"
+        )
     if gguf_file and isinstance(e, (RuntimeError, ValueError, KeyError)):
-        detail = "its tensors' shapes differ from those its metadata gives (listed above)" \
-            if "ignore_mismatched_sizes" in str(e) else first
-        return ModelLoadError(f"{Path(target) / gguf_file} cannot be loaded as a causal LM: {detail}; the file is "
-                              "damaged or written by a converter transformers cannot read")
+        detail = (
+            "its tensors' shapes differ from those its metadata gives (listed above)"
+            if "ignore_mismatched_sizes" in str(e)
+            else first
+        )
+        return ModelLoadError(
+            f"{Path(target) / gguf_file} cannot be loaded as a causal LM: {detail}; the file is "
+            "damaged or written by a converter transformers cannot read"
+        )
     hub = _hub_error(e, target)
     if hub is not None:
         return hub
@@ -208,8 +228,10 @@ def _hub_error(e: Exception, target: str):
     if any(isinstance(x, hf.GatedRepoError) for x in chain):
         return HubError(f"{target} is a gated Hub repo: accept its terms on huggingface.co and set HF_TOKEN")
     if any(isinstance(x, hf.RepositoryNotFoundError) for x in chain):
-        return ModelLoadError(f"{target!r} is neither a local folder nor a model on the Hub; check the name "
-                              "(a private repo needs HF_TOKEN)")
+        return ModelLoadError(
+            f"{target!r} is neither a local folder nor a model on the Hub; check the name "
+            "(a private repo needs HF_TOKEN)"
+        )
     if any(isinstance(x, (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError)) for x in chain):
         return _uncached(target, "HF_HUB_OFFLINE is set" if _offline_by_env() else "the Hub does not answer")
     if any(isinstance(x, hf.HfHubHTTPError) for x in chain):
@@ -218,7 +240,9 @@ def _hub_error(e: Exception, target: str):
 
 
 def _offline_by_env() -> bool:
-    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _chain(e: BaseException) -> list[BaseException]:

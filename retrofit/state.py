@@ -81,5 +81,3 @@ class LayerContext:
         if key not in self._index:
             self._index[key] = torch.tensor(self.layer, device=device)
         return self._index[key]
-
-

@@ -8,6 +8,9 @@ import platform
 from pathlib import Path
 
 __version__ = "0.1.0"  # retrofit's own (pyproject.toml's [project] version must equal it)
+# The name to `pip install` (PyPI's "retrofit" is an unrelated project); the import name and the command
+# stay `retrofit`. pyproject.toml's [project] name must equal it (tests/test_cards_push.py checks).
+DISTRIBUTION = "retrofit-positions"
 
 LIBRARIES = ("torch", "transformers", "accelerate", "peft", "huggingface_hub", "tokenizers", "safetensors")
 
@@ -38,12 +41,24 @@ def cpu_info() -> dict:
     except OSError:
         text = ""
     lines = text.splitlines()
-    field = lambda key: next((line.split(":", 1)[1].strip() for line in lines  # noqa: E731
-                              if line.split(":", 1)[0].strip() == key), None)
+
+    def field(key):
+        return next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in lines  # noqa: E731
+                if line.split(":", 1)[0].strip() == key
+            ),
+            None,
+        )
+
     if lines:
         flags = (field("flags") or "").split()
-        out.update(processor=field("model name") or out["processor"], vendor=field("vendor_id"),
-                   flags=sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma", "avx_vnni"))))
+        out.update(
+            processor=field("model name") or out["processor"],
+            vendor=field("vendor_id"),
+            flags=sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2", "fma", "avx_vnni"))),
+        )
     out["cpu_count"] = os.cpu_count()
     try:
         import torch
@@ -51,8 +66,10 @@ def cpu_info() -> dict:
         from . import denormal
 
         out["torch_threads"] = torch.get_num_threads()
-        out["flush_denormal"] = {"process": denormal.is_flushing(),
-                                 "retrofit_kernels": denormal.enabled() and denormal.supported()}
+        out["flush_denormal"] = {
+            "process": denormal.is_flushing(),
+            "retrofit_kernels": denormal.enabled() and denormal.supported(),
+        }
     except ImportError:
         pass
     return out

@@ -44,13 +44,21 @@ def build(variant: str, args):
     torch.manual_seed(0)
     family = variant.split("+")[0]
     if family == "llama":
-        cfg = tf.LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=args.layers,
-                             num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                             max_position_embeddings=8192, rope_theta=100000.0)
+        cfg = tf.LlamaConfig(
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=args.layers,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            vocab_size=49152,
+            max_position_embeddings=8192,
+            rope_theta=100000.0,
+        )
         model = tf.LlamaForCausalLM(cfg)
     else:
-        cfg = tf.GPT2Config(n_embd=576, n_layer=args.layers, n_head=9, vocab_size=49152,
-                            n_positions=args.context + args.new)
+        cfg = tf.GPT2Config(
+            n_embd=576, n_layer=args.layers, n_head=9, vocab_size=49152, n_positions=args.context + args.new
+        )
         model = tf.GPT2LMHeadModel(cfg)
     model.eval()
     if "+" in variant:
@@ -90,8 +98,11 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=32, help="tokens generated after the prompt")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--variants", default="llama,llama+rope,llama+rope(no-table),llama+rope(re-rotate),gpt2,gpt2+rope,"
-                                          "gpt2+alibi,gpt2+t5,gpt2+shaw,gpt2+fire,gpt2+xl,gpt2+nezha")
+    ap.add_argument(
+        "--variants",
+        default="llama,llama+rope,llama+rope(no-table),llama+rope(re-rotate),gpt2,gpt2+rope,"
+        "gpt2+alibi,gpt2+t5,gpt2+shaw,gpt2+fire,gpt2+xl,gpt2+nezha",
+    )
     ap.add_argument("--out", default="benchmarks/bench_decode.json")
     args = ap.parse_args(argv)
     variants = args.variants.split(",")
@@ -105,9 +116,15 @@ def main(argv=None) -> int:
                 times[v].append(t)
             print(f"[bench_decode] round {r} {v}: {args.new} steps in {t:.2f}s", file=sys.stderr, flush=True)
     tps = {v: args.new / statistics.median(t) for v, t in times.items()}
-    rows = [{"variant": v, "decode_tokens_per_s": round(tps[v], 2), "seconds_all": times[v],
-             "attention_path": retrofit.describe(models[v][0])["attention_path"] if "+" in v else "stock"}
-            for v in variants]
+    rows = [
+        {
+            "variant": v,
+            "decode_tokens_per_s": round(tps[v], 2),
+            "seconds_all": times[v],
+            "attention_path": retrofit.describe(models[v][0])["attention_path"] if "+" in v else "stock",
+        }
+        for v in variants
+    ]
     for row in rows:
         base = row["variant"].split("+")[0]
         if base in tps and row["variant"] != base:
@@ -116,7 +133,7 @@ def main(argv=None) -> int:
         "benchmark": "bench_decode",
         "command": "python scripts/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "setup": f"{args.layers} layers, 576 wide, 9 heads (LLaMA: 3 KV heads), batch 1, greedy, prompt {args.context} "
-                 f"tokens, then {args.new} greedy steps with the KV cache, timed (prefill untimed), median of {args.rounds} rounds",
+        f"tokens, then {args.new} greedy steps with the KV cache, timed (prefill untimed), median of {args.rounds} rounds",
         "hardware": {"platform": platform.platform(), **cpu_info()},
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
         "rows": rows,

@@ -32,7 +32,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
 
-
 UNCONVERTED = {"none": 0.1, "none-nodrop": 0.0}  # the unconverted variants and their attn_pdrop
 
 
@@ -45,8 +44,14 @@ def build(name: str, args):
     from retrofit.training.recipe import TrainConfig
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads, vocab_size=50257,
-                     n_positions=max(1024, args.length), attn_pdrop=UNCONVERTED.get(name, 0.1))
+    cfg = GPT2Config(
+        n_layer=args.layers,
+        n_embd=args.width,
+        n_head=args.heads,
+        vocab_size=50257,
+        n_positions=max(1024, args.length),
+        attn_pdrop=UNCONVERTED.get(name, 0.1),
+    )
     model = GPT2LMHeadModel(cfg)
     train = TrainConfig()
     train.lora.r, train.lora.alpha = 8, 16
@@ -83,9 +88,13 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--schemes", default="none,none-nodrop,alibi,rope,t5,shaw,fire,xl,nezha,nope,sinusoidal")
-    ap.add_argument("--attention-dropout", type=float, default=None,
-                    help="train.attention_dropout of the converted variants (default: the fine-tune's, 0; "
-                         "0.1 keeps GPT-2's, under which the bias paths other than ALiBi's run chunked on CPU)")
+    ap.add_argument(
+        "--attention-dropout",
+        type=float,
+        default=None,
+        help="train.attention_dropout of the converted variants (default: the fine-tune's, 0; "
+        "0.1 keeps GPT-2's, under which the bias paths other than ALiBi's run chunked on CPU)",
+    )
     ap.add_argument("--out", default="benchmarks/bench_finetune.json")
     args = ap.parse_args(argv)
 
@@ -111,29 +120,47 @@ def main(argv=None) -> int:
         paths = None
         if n not in UNCONVERTED:
             paths = retrofit.describe(models[n][0].get_base_model()).get("attention_paths")
-        rows[n] = {"tokens_per_s": round(tps, 1), "seconds_per_step": round(statistics.median(times[n]), 3),
-                   "attention_dropout": models[n][0].attention_dropout_used,
-                   "ratio_to_unconverted": round(tps / base["none"], 3) if "none" in base else None,
-                   "ratio_to_unconverted_nodrop": round(tps / base["none-nodrop"], 3) if "none-nodrop" in base else None,
-                   "per_round_tokens_per_s": [round(args.length / t, 1) for t in times[n]], "attention_path": paths}
+        rows[n] = {
+            "tokens_per_s": round(tps, 1),
+            "seconds_per_step": round(statistics.median(times[n]), 3),
+            "attention_dropout": models[n][0].attention_dropout_used,
+            "ratio_to_unconverted": round(tps / base["none"], 3) if "none" in base else None,
+            "ratio_to_unconverted_nodrop": round(tps / base["none-nodrop"], 3) if "none-nodrop" in base else None,
+            "per_round_tokens_per_s": [round(args.length / t, 1) for t in times[n]],
+            "attention_path": paths,
+        }
     result = {
         "benchmark": "LoRA fine-tune step (forward + backward + AdamW), batch 1",
         "model": {"layers": args.layers, "width": args.width, "heads": args.heads, "vocab": 50257},
-        "length": args.length, "lora_r": 8, "attention_dropout": args.attention_dropout,
+        "length": args.length,
+        "lora_r": 8,
+        "attention_dropout": args.attention_dropout,
         "unconverted": "none: GPT-2's attn_pdrop 0.1 kept (an unconverted fine-tune); none-nodrop: 0",
-        "command": "python scripts/bench_finetune.py " + " ".join(argv if argv is not None else sys.argv[1:]), "rounds": args.rounds, "steps_per_round": args.steps,
-        "target_ratio": 0.85, "results": rows,
-        "machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "cuda": torch.cuda.is_available(), **cpu_info()},
+        "command": "python scripts/bench_finetune.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "target_ratio": 0.85,
+        "results": rows,
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(),
+            **cpu_info(),
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print("\n| scheme | attention dropout | tokens/s | x unconverted | x unconverted, no dropout | attention path |\n"
-          "|---|---:|---:|---:|---:|---|")
+    print(
+        "\n| scheme | attention dropout | tokens/s | x unconverted | x unconverted, no dropout | attention path |\n"
+        "|---|---:|---:|---:|---:|---|"
+    )
     for n, row in rows.items():
-        print(f"| {n} | {row['attention_dropout']} | {row['tokens_per_s']} | {row['ratio_to_unconverted']} | "
-              f"{row['ratio_to_unconverted_nodrop']} | {', '.join(row['attention_path'] or ['stock'])} |")
+        print(
+            f"| {n} | {row['attention_dropout']} | {row['tokens_per_s']} | {row['ratio_to_unconverted']} | "
+            f"{row['ratio_to_unconverted_nodrop']} | {', '.join(row['attention_path'] or ['stock'])} |"
+        )
     print(f"wrote {out}")
     return 0
 

@@ -83,8 +83,16 @@ def build(variant: str, args):
     torch.manual_seed(0)
     variant = variant.split("/")[0]  # VARIANT/flush-off: the same model, timed without the flush
     drop = args.dropout
-    cfg = tf.GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, n_positions=max(1024, max(args.lengths)),
-                        vocab_size=50257, attn_pdrop=drop, resid_pdrop=drop, embd_pdrop=drop)
+    cfg = tf.GPT2Config(
+        n_layer=args.layers,
+        n_embd=768,
+        n_head=12,
+        n_positions=max(1024, max(args.lengths)),
+        vocab_size=50257,
+        attn_pdrop=drop,
+        resid_pdrop=drop,
+        embd_pdrop=drop,
+    )
     model = tf.GPT2LMHeadModel(cfg)
     if variant != "stock":
         scheme, *flags = variant.split("+")
@@ -180,8 +188,13 @@ def worker(args) -> dict:
                     times[v].append(t)
                     peaks[v].append(mem)
             for v, m in models.items():
-                row = {"variant": v, "mode": mode, "length": length, "attention_path": path_of(m, v),
-                       "flush_denormal": v != "stock" and not v.endswith("/flush-off") and args.flush_denormal != "off"}
+                row = {
+                    "variant": v,
+                    "mode": mode,
+                    "length": length,
+                    "attention_path": path_of(m, v),
+                    "flush_denormal": v != "stock" and not v.endswith("/flush-off") and args.flush_denormal != "off",
+                }
                 if args.memory:
                     row["peak_bytes"] = max(peaks[v])
                     if mode == "train":
@@ -189,8 +202,9 @@ def worker(args) -> dict:
                 else:
                     row.update(seconds=statistics.median(times[v]), seconds_all=times[v])
                     if v != "stock":
-                        row["time_vs_stock"] = round(statistics.median(
-                            [a / b for a, b in zip(times[v], times["stock"])]), 3)
+                        row["time_vs_stock"] = round(
+                            statistics.median([a / b for a, b in zip(times[v], times["stock"])]), 3
+                        )
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return {"rows": rows}
@@ -198,18 +212,29 @@ def worker(args) -> dict:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--schemes", default="alibi,alibi+scale_bias,t5,shaw,fire",
-                   help="comma list of variants: scheme or scheme+flag (a boolean option set true)")
+    p.add_argument(
+        "--schemes",
+        default="alibi,alibi+scale_bias,t5,shaw,fire",
+        help="comma list of variants: scheme or scheme+flag (a boolean option set true)",
+    )
     p.add_argument("--lengths", default="1024,2048,8192", help="lengths timed ('' = none: memory only)")
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per model (halved past 2k)")
-    p.add_argument("--dropout", type=float, default=0.0,
-                   help="GPT-2's dropouts (0: the fused kernels; >0 sends stock CPU SDPA to its O(N^2) math path)")
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="GPT-2's dropouts (0: the fused kernels; >0 sends stock CPU SDPA to its O(N^2) math path)",
+    )
     p.add_argument("--memory-lengths", default="8192", help="lengths whose peak memory is measured ('' = none)")
     p.add_argument("--memory-layers", type=int, default=None, help="layers for the memory runs (default --layers)")
-    p.add_argument("--flush-denormal", choices=("on", "off", "both"), default="on",
-                   help="denormals flushed around the biased kernels (retrofit's default), not, or each variant both ways")
+    p.add_argument(
+        "--flush-denormal",
+        choices=("on", "off", "both"),
+        default="on",
+        help="denormals flushed around the biased kernels (retrofit's default), not, or each variant both ways",
+    )
     p.add_argument("--out", default="benchmarks/bench_kernel.json")
     p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -224,15 +249,31 @@ def main():
     rows = []
     for mode in args.modes:
         for length in args.lengths:  # one process per (mode, length): an OOM kills only that row
-            rows += run_worker(args, [*common, "--lengths", str(length), "--modes", mode, "--layers", str(args.layers),
-                                      "--repeats", str(args.repeats)], f"time {mode} {length}")
+            rows += run_worker(
+                args,
+                [
+                    *common,
+                    "--lengths",
+                    str(length),
+                    "--modes",
+                    mode,
+                    "--layers",
+                    str(args.layers),
+                    "--repeats",
+                    str(args.repeats),
+                ],
+                f"time {mode} {length}",
+            )
             write(args, rows)
     mem_layers = args.memory_layers or args.layers
     for length in [int(x) for x in args.memory_lengths.split(",") if x]:
         for mode in args.modes:
             for v in ["stock", *args.variants]:
-                rows += run_worker(args, [*common, "--lengths", str(length), "--modes", mode, "--layers",
-                                          str(mem_layers), "--memory", v], f"memory {v} {mode} {length}")
+                rows += run_worker(
+                    args,
+                    [*common, "--lengths", str(length), "--modes", mode, "--layers", str(mem_layers), "--memory", v],
+                    f"memory {v} {mode} {length}",
+                )
                 write(args, rows)
     print(markdown(write(args, rows)))
 
@@ -260,9 +301,14 @@ def write(args, rows) -> dict:
     from retrofit.versions import cpu_info
 
     rows = [dict(r) for r in rows]
-    mem_stock = {(r["mode"], r["length"]): r["peak_bytes"] for r in rows if r.get("variant") == "stock" and "peak_bytes" in r}
-    saved_stock = {(r["mode"], r["length"]): r["saved_for_backward_bytes"] for r in rows
-                   if r.get("variant") == "stock" and "saved_for_backward_bytes" in r}
+    mem_stock = {
+        (r["mode"], r["length"]): r["peak_bytes"] for r in rows if r.get("variant") == "stock" and "peak_bytes" in r
+    }
+    saved_stock = {
+        (r["mode"], r["length"]): r["saved_for_backward_bytes"]
+        for r in rows
+        if r.get("variant") == "stock" and "saved_for_backward_bytes" in r
+    }
     for r in rows:
         s = mem_stock.get((r.get("mode"), r.get("length")))
         if "peak_bytes" in r and s:
@@ -274,17 +320,26 @@ def write(args, rows) -> dict:
         "benchmark": "bench_kernel",
         "command": "python scripts/bench_kernel.py " + shlex.join(sys.argv[1:]),
         "model": f"GPT-2-small shape ({args.layers} layers for time, {args.memory_layers or args.layers} for memory; "
-                 f"768 wide, 12 heads), random weights, batch 1, body only, dropout {args.dropout}",
+        f"768 wide, 12 heads), random weights, batch 1, body only, dropout {args.dropout}",
         "method": "time: stock and each variant alternately in one process, ratio = median of per-repeat ratios; "
-                  "memory: one variant per process, peak over one step minus the memory before it",
-        "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpu_count": os.cpu_count(),
-                     "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-                     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, **cpu_info(),
-                     "flush_denormal_option": args.flush_denormal},
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                     "retrofit": retrofit.__version__},
-        "memory_measure": "cuda max_memory_allocated" if torch.cuda.is_available() else
-                          "peak RSS (VmHWM) delta, glibc malloc with " + " ".join(f"{k}={v}" for k, v in MEMORY_MALLOC.items()),
+        "memory: one variant per process, peak over one step minus the memory before it",
+        "hardware": {
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            **cpu_info(),
+            "flush_denormal_option": args.flush_denormal,
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "retrofit": retrofit.__version__,
+        },
+        "memory_measure": "cuda max_memory_allocated"
+        if torch.cuda.is_available()
+        else "peak RSS (VmHWM) delta, glibc malloc with " + " ".join(f"{k}={v}" for k, v in MEMORY_MALLOC.items()),
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -293,17 +348,24 @@ def write(args, rows) -> dict:
 
 
 def markdown(result) -> str:
-    lines = ["| variant | mode | length | seconds | x stock | peak MiB | x stock | path |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | mode | length | seconds | x stock | peak MiB | x stock | path |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['what']} | | | {r['error']} | | | | |")
         elif "peak_bytes" in r:
             saved = f" (saved for backward x{r['saved_vs_stock']})" if "saved_vs_stock" in r else ""
-            lines.append(f"| {r['variant']} | {r['mode']} | {r['length']} | | | {r['peak_bytes'] / 2**20:.0f} "
-                         f"| {r.get('memory_vs_stock', '')}{saved} | {r['attention_path']} |")
+            lines.append(
+                f"| {r['variant']} | {r['mode']} | {r['length']} | | | {r['peak_bytes'] / 2**20:.0f} "
+                f"| {r.get('memory_vs_stock', '')}{saved} | {r['attention_path']} |"
+            )
         else:
-            lines.append(f"| {r['variant']} | {r['mode']} | {r['length']} | {r['seconds']:.3f} "
-                         f"| {r.get('time_vs_stock', 1.0)} | | | {r['attention_path']} |")
+            lines.append(
+                f"| {r['variant']} | {r['mode']} | {r['length']} | {r['seconds']:.3f} "
+                f"| {r.get('time_vs_stock', 1.0)} | | | {r['attention_path']} |"
+            )
     return "\n".join(lines)
 
 

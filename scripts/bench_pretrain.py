@@ -54,19 +54,31 @@ def bench_preset(name: str, args) -> list[dict]:
             s = time_steps(cfg, model, blocks)
             if r:
                 times[(precision, threads)].append(s)
-            print(f"[bench_pretrain] {name} {precision} threads={threads} round {r}: {s:.2f} s", file=sys.stderr, flush=True)
+            print(
+                f"[bench_pretrain] {name} {precision} threads={threads} round {r}: {s:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     tokens = args.steps * base.batch_size * base.n_positions
     preset_tokens = base.steps * base.batch_size * base.n_positions
     rows = []
     for (precision, threads), ts in times.items():
         rate = tokens / statistics.median(ts)
-        rows.append({
-            "preset": name, "arch": base.arch, "n_params": n_params, "precision": precision, "threads": threads,
-            "tokens_per_step": base.batch_size * base.n_positions, "tokens_per_s": round(rate, 1),
-            "seconds_per_round": [round(t, 3) for t in ts],
-            "preset_steps": base.steps, "preset_tokens": preset_tokens,
-            "estimated_pretrain_hours": round(preset_tokens / rate / 3600, 2),
-        })
+        rows.append(
+            {
+                "preset": name,
+                "arch": base.arch,
+                "n_params": n_params,
+                "precision": precision,
+                "threads": threads,
+                "tokens_per_step": base.batch_size * base.n_positions,
+                "tokens_per_s": round(rate, 1),
+                "seconds_per_round": [round(t, 3) for t in ts],
+                "preset_steps": base.steps,
+                "preset_tokens": preset_tokens,
+                "estimated_pretrain_hours": round(preset_tokens / rate / 3600, 2),
+            }
+        )
     best = max(r["tokens_per_s"] for r in rows)
     for r in rows:
         r["vs_best"] = round(r["tokens_per_s"] / best, 3)
@@ -89,17 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.presets.split(","):
         rows += bench_preset(name, args)
     result = {
-        "benchmark": "bench_pretrain", "command": "python scripts/bench_pretrain.py " + shlex.join(sys.argv[1:]),
+        "benchmark": "bench_pretrain",
+        "command": "python scripts/bench_pretrain.py " + shlex.join(sys.argv[1:]),
         "method": "standin.train on random blocks; variants interleaved round after round in one process, "
-                  "tokens/s = tokens per measurement / median seconds; round 0 is a warm-up",
+        "tokens/s = tokens per measurement / median seconds; round 0 is a warm-up",
         "hardware": {"cpu_count": os.cpu_count(), "platform": platform.platform(), **cpu_info()},
-        "versions": library_versions(), "rows": rows,
+        "versions": library_versions(),
+        "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:
-        print(f"| {r['preset']} | {r['precision']} | {r['threads']} | {r['tokens_per_s']:.0f} tok/s "
-              f"| {r['estimated_pretrain_hours']} h |")
+        print(
+            f"| {r['preset']} | {r['precision']} | {r['threads']} | {r['tokens_per_s']:.0f} tok/s "
+            f"| {r['estimated_pretrain_hours']} h |"
+        )
     return 0
 
 

@@ -70,8 +70,13 @@ def child(mode: str, corpus: str, block: int) -> dict:
         from retrofit.training.stream import StreamSource
 
         tok = _tok()
-        r = Recipe.from_dict({"model": {"name_or_path": "tiny-gpt2"}, "output_dir": "x",
-                              "data": {"files": corpus, "block_length": block, "validation_documents": 0}})
+        r = Recipe.from_dict(
+            {
+                "model": {"name_or_path": "tiny-gpt2"},
+                "output_dir": "x",
+                "data": {"files": corpus, "block_length": block, "validation_documents": 0},
+            }
+        )
         src = StreamSource.of(r.data)
         n = 0
         for batch, _ in src.batches(tok, 8, block, True):
@@ -81,10 +86,20 @@ def child(mode: str, corpus: str, block: int) -> dict:
         from retrofit.training import finetune
 
         with tempfile.TemporaryDirectory() as d:
-            finetune({"model": {"name_or_path": "tiny-gpt2"}, "convert": {"scheme": "alibi"},
-                      "data": {"files": corpus, "block_length": block, "max_tokens": 20 * 4 * block,
-                               "max_validation_blocks": 4},
-                      "train": {"steps": None, "batch_size": 4}, "output_dir": str(Path(d) / "run")})
+            finetune(
+                {
+                    "model": {"name_or_path": "tiny-gpt2"},
+                    "convert": {"scheme": "alibi"},
+                    "data": {
+                        "files": corpus,
+                        "block_length": block,
+                        "max_tokens": 20 * 4 * block,
+                        "max_validation_blocks": 4,
+                    },
+                    "train": {"steps": None, "batch_size": 4},
+                    "output_dir": str(Path(d) / "run"),
+                }
+            )
         out = {"steps": 20, "tokens": 20 * 4 * block}
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -110,9 +125,18 @@ def main() -> None:
         print(f"corpus: {size / 2**20:.0f} MiB", flush=True)
         results = {}
         for mode in a.modes.split(","):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "RETROFIT_PROGRESS": "0", "HF_DATASETS_CACHE": str(Path(d) / "hf")}
-            res = subprocess.run([sys.executable, __file__, "--child", mode, str(corpus), str(a.block)],
-                                 capture_output=True, text=True, env=env)
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "RETROFIT_PROGRESS": "0",
+                "HF_DATASETS_CACHE": str(Path(d) / "hf"),
+            }
+            res = subprocess.run(
+                [sys.executable, __file__, "--child", mode, str(corpus), str(a.block)],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             if res.returncode:
                 sys.exit(f"{mode} failed:\n{res.stderr[-3000:]}")
             results[mode] = json.loads(res.stdout.strip().splitlines()[-1])
@@ -120,11 +144,17 @@ def main() -> None:
     record = {
         "what": "peak RSS of streamed fine-tune data vs a whole read of the same jsonl corpus (each in a fresh process)",
         "command": f"python scripts/bench_stream_memory.py --mb {a.mb} --block {a.block}",
-        "corpus_mib": round(size / 2**20, 1), "block_length": a.block, "tokenizer": "tiny-gpt2 (bytes)",
-        "results": results, "cpu": cpu_info(), "versions": library_versions(),
+        "corpus_mib": round(size / 2**20, 1),
+        "block_length": a.block,
+        "tokenizer": "tiny-gpt2 (bytes)",
+        "results": results,
+        "cpu": cpu_info(),
+        "versions": library_versions(),
     }
     if "whole" in results and "stream" in results:
-        record["whole_over_stream_peak"] = round(results["whole"]["peak_rss_mib"] / results["stream"]["peak_rss_mib"], 2)
+        record["whole_over_stream_peak"] = round(
+            results["whole"]["peak_rss_mib"] / results["stream"]["peak_rss_mib"], 2
+        )
     a.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {a.out}")
 

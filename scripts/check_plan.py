@@ -43,11 +43,24 @@ def build_models(root: Path) -> dict[str, Path]:
 
     torch.manual_seed(0)
     made = {
-        "gpt2": GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=512, n_head=8, n_positions=1024, vocab_size=257,
-                                           bos_token_id=256, eos_token_id=256)),
-        "llama": LlamaForCausalLM(LlamaConfig(vocab_size=257, hidden_size=512, intermediate_size=1376,
-                                              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                                              max_position_embeddings=256, bos_token_id=256, eos_token_id=256)),
+        "gpt2": GPT2LMHeadModel(
+            GPT2Config(
+                n_layer=4, n_embd=512, n_head=8, n_positions=1024, vocab_size=257, bos_token_id=256, eos_token_id=256
+            )
+        ),
+        "llama": LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=257,
+                hidden_size=512,
+                intermediate_size=1376,
+                num_hidden_layers=4,
+                num_attention_heads=8,
+                num_key_value_heads=4,
+                max_position_embeddings=256,
+                bos_token_id=256,
+                eos_token_id=256,
+            )
+        ),
     }
     out = {}
     for name, model in made.items():
@@ -57,16 +70,29 @@ def build_models(root: Path) -> dict[str, Path]:
     return out
 
 
-CONVERT = {"gpt2": {"scheme": "alibi", "options": {}}, "llama": {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}}}
+CONVERT = {
+    "gpt2": {"scheme": "alibi", "options": {}},
+    "llama": {"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}},
+}
 
 
 def recipe(model: Path, kind: str, method: str, out: Path, batch: int, block: int) -> dict:
     return {
-        "model": {"name_or_path": str(model)}, "convert": CONVERT[kind],
+        "model": {"name_or_path": str(model)},
+        "convert": CONVERT[kind],
         "data": {"files": FILES, "block_length": block, "validation_fraction": 0.2, "max_validation_blocks": 2},
-        "train": {"method": method, "lora": {"r": 16, "alpha": 32, "dropout": 0.0}, "train_norms": True,
-                  "steps": 3, "batch_size": batch, "learning_rate": 1e-4, "warmup_steps": 0, "seed": 0},
-        "checkpoint": {"every": 0}, "output_dir": str(out),
+        "train": {
+            "method": method,
+            "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
+            "train_norms": True,
+            "steps": 3,
+            "batch_size": batch,
+            "learning_rate": 1e-4,
+            "warmup_steps": 0,
+            "seed": 0,
+        },
+        "checkpoint": {"every": 0},
+        "output_dir": str(out),
     }
 
 
@@ -83,9 +109,18 @@ def run(route: str, r: dict, where: Path) -> dict:
     if ROUTE_CONFIG[route] is None:
         cmd = [sys.executable, "-m", "retrofit", "finetune", str(path)]
     else:
-        cmd = [str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
-               str(REPO / "recipes" / "accelerate" / ROUTE_CONFIG[route]), "--main_process_port", str(_port()),
-               "-m", "retrofit", "finetune", str(path)]
+        cmd = [
+            str(Path(sys.executable).parent / "accelerate"),
+            "launch",
+            "--config_file",
+            str(REPO / "recipes" / "accelerate" / ROUTE_CONFIG[route]),
+            "--main_process_port",
+            str(_port()),
+            "-m",
+            "retrofit",
+            "finetune",
+            str(path),
+        ]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if res.returncode:
@@ -93,8 +128,12 @@ def run(route: str, r: dict, where: Path) -> dict:
     s = json.loads((Path(r["output_dir"]) / "summary.json").read_text())
     peak = s["peak_memory_mib"]
     used = [a - b for a, b in zip(peak["rss"], peak["rss_before_model"])]
-    return {"route": s["route"], "measured_mib": round(max(used), 1), "per_rank_mib": [round(u, 1) for u in used],
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "route": s["route"],
+        "measured_mib": round(max(used), 1),
+        "per_rank_mib": [round(u, 1) for u in used],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def main() -> None:
@@ -118,24 +157,40 @@ def main() -> None:
         for kind, model in models.items():
             for method in ("lora", "full"):
                 for route in ROUTE_CONFIG:
-                    r = recipe(model, kind, method, tmp / f"{kind}-{method}-{route.replace('+', '-')}", args.batch, args.block)
+                    r = recipe(
+                        model, kind, method, tmp / f"{kind}-{method}-{route.replace('+', '-')}", args.batch, args.block
+                    )
                     rec = Recipe.coerce(r)
                     processes = 1 if route == "single" else 2
                     e = estimate(shape_of_recipe(rec), Run.of(rec), route, processes)
                     predicted = (e["device_total"] + e["host_per_process"]) / 2**20
                     got = run(route, r, tmp)
                     net = got["measured_mib"] - floors[route]
-                    row = {"model": kind, "method": method, "processes": processes, **got,
-                           "floor_mib": floors[route], "measured_minus_floor_mib": round(net, 1),
-                           "predicted_mib": round(predicted, 1), "ratio": round(net / predicted, 3),
-                           "parts_mib": {k: round(e[k] / 2**20, 1) for k in
-                                         ("weights", "gradients", "optimizer", "activations", "logits", "host_per_process")}}
+                    row = {
+                        "model": kind,
+                        "method": method,
+                        "processes": processes,
+                        **got,
+                        "floor_mib": floors[route],
+                        "measured_minus_floor_mib": round(net, 1),
+                        "predicted_mib": round(predicted, 1),
+                        "ratio": round(net / predicted, 3),
+                        "parts_mib": {
+                            k: round(e[k] / 2**20, 1)
+                            for k in ("weights", "gradients", "optimizer", "activations", "logits", "host_per_process")
+                        },
+                    }
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-    out = {"command": "python scripts/check_plan.py --out " + args.out, "floors_mib": floors,
-           "setup": f"2-core CPU, batch {args.batch} x {args.block} tokens per process, 3 steps, fp32, no gradient "
-                    "checkpointing; measured = peak RSS - RSS before the model load (max over ranks)",
-           "torch": torch.__version__, "hardware": cpu_info(), "rows": rows}
+    out = {
+        "command": "python scripts/check_plan.py --out " + args.out,
+        "floors_mib": floors,
+        "setup": f"2-core CPU, batch {args.batch} x {args.block} tokens per process, 3 steps, fp32, no gradient "
+        "checkpointing; measured = peak RSS - RSS before the model load (max over ranks)",
+        "torch": torch.__version__,
+        "hardware": cpu_info(),
+        "rows": rows,
+    }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
 

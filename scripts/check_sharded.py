@@ -38,7 +38,9 @@ def main() -> None:
             where = tmp / case
             where.mkdir()
             t0 = time.perf_counter()
-            res = T.launch(config, T.recipe(models / model, scheme, options, method, where / "sharded", batch_size=1), where)
+            res = T.launch(
+                config, T.recipe(models / model, scheme, options, method, where / "sharded", batch_size=1), where
+            )
             if res.returncode:
                 raise SystemExit(f"{case} failed:\n{res.stderr[-3000:]}")
             seconds = time.perf_counter() - t0
@@ -47,19 +49,36 @@ def main() -> None:
             one = json.loads((single / "summary.json").read_text())
             a, b = torch.tensor(T._losses(where / "sharded")), torch.tensor(T._losses(single))
             peak = s["peak_memory_mib"]
-            rows.append({
-                "case": case, "accelerate_config": f"recipes/accelerate/{config}", "route": s["route"],
-                "steps": len(a), "max_step_loss_diff": float((a - b).abs().max()),
-                "val_loss_after": [s["val_loss_after"], one["val_loss_after"]],
-                "final_logits_max_diff": float((T._logits(where / "sharded" / "final") -
-                                                T._logits(single / "final")).abs().max()),
-                "peak_rss_minus_baseline_mib_per_rank": [round(x - y, 1) for x, y in
-                                                         zip(peak["rss"], peak["rss_before_model"])],
-                "sharded_seconds": round(seconds, 1),
-            })
+            rows.append(
+                {
+                    "case": case,
+                    "accelerate_config": f"recipes/accelerate/{config}",
+                    "route": s["route"],
+                    "steps": len(a),
+                    "max_step_loss_diff": float((a - b).abs().max()),
+                    "val_loss_after": [s["val_loss_after"], one["val_loss_after"]],
+                    "final_logits_max_diff": float(
+                        (T._logits(where / "sharded" / "final") - T._logits(single / "final")).abs().max()
+                    ),
+                    "peak_rss_minus_baseline_mib_per_rank": [
+                        round(x - y, 1) for x, y in zip(peak["rss"], peak["rss_before_model"])
+                    ],
+                    "sharded_seconds": round(seconds, 1),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
-    Path(args.out).write_text(json.dumps({"command": f"python scripts/check_sharded.py --out {args.out}",
-                                          "torch": torch.__version__, "hardware": cpu_info(), "rows": rows}, indent=2) + "\n")
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "command": f"python scripts/check_sharded.py --out {args.out}",
+                "torch": torch.__version__,
+                "hardware": cpu_info(),
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -29,12 +29,25 @@ def recipe(out: Path, scheme, objective: str, args) -> dict:
     return {
         "model": {"name_or_path": args.model},
         "convert": {"scheme": scheme, "options": {}},
-        "data": {"dataset": "shakespeare:train", "block_length": args.block, "validation_fraction": 0.1,
-                 "max_validation_blocks": args.val_blocks},
-        "train": {"method": "lora", "objective": objective, "distill_weight": args.distill_weight,
-                  "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "train_norms": True, "steps": args.steps,
-                  "batch_size": args.batch, "learning_rate": args.lr, "warmup_steps": 5,
-                  "eval_every": args.eval_every, "seed": 0},
+        "data": {
+            "dataset": "shakespeare:train",
+            "block_length": args.block,
+            "validation_fraction": 0.1,
+            "max_validation_blocks": args.val_blocks,
+        },
+        "train": {
+            "method": "lora",
+            "objective": objective,
+            "distill_weight": args.distill_weight,
+            "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+            "train_norms": True,
+            "steps": args.steps,
+            "batch_size": args.batch,
+            "learning_rate": args.lr,
+            "warmup_steps": 5,
+            "eval_every": args.eval_every,
+            "seed": 0,
+        },
         "checkpoint": {"every": 0},
         "output_dir": str(out),
     }
@@ -73,8 +86,14 @@ def main(argv=None) -> int:
         for objective in ("lm", "both"):
             out = finetune(recipe(tmp / f"{scheme}-{objective}", scheme, objective, args))
             runs[f"{scheme}/{objective}"] = curve(out)
-    result = {"model": args.model, "native_length": args.block, "original_val_loss": native,
-              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "hardware": cpu_info(), "val_loss": runs}
+    result = {
+        "model": args.model,
+        "native_length": args.block,
+        "original_val_loss": native,
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "hardware": cpu_info(),
+        "val_loss": runs,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     steps = sorted(next(iter(runs.values())))

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import compare_distill  # noqa: E402  (scripts/: the same fine-tune and options)
+
 from retrofit.atomic import write_text  # noqa: E402
 from retrofit.training import finetune  # noqa: E402
 from retrofit.versions import cpu_info, library_versions  # noqa: E402
-
-import compare_distill  # noqa: E402  (scripts/: the same fine-tune and options)
 
 
 def recipe(out: Path, scheme: str, dropout, args) -> dict:
@@ -47,14 +47,27 @@ def main(argv=None) -> int:
             out = finetune(recipe(tmp / name.replace("/", "-"), scheme, dropout, args))
             seconds = time.perf_counter() - t0
             log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
-            runs[name] = {"val_loss": {r["step"]: r["val_loss"] for r in log if "val_loss" in r},
-                          "seconds": round(seconds, 1)}
+            runs[name] = {
+                "val_loss": {r["step"]: r["val_loss"] for r in log if "val_loss" in r},
+                "seconds": round(seconds, 1),
+            }
             print(name, json.dumps(runs[name]), file=sys.stderr, flush=True)
-            write_text(Path(args.out), json.dumps({
-                "benchmark": "compare_dropout", "command": "python scripts/compare_dropout.py " + " ".join(
-                    sys.argv[1:] if argv is None else argv),
-                "settings": {k: v for k, v in vars(args).items() if k != "out"}, "hardware": cpu_info(),
-                "versions": library_versions(), "runs": runs}, indent=2) + "\n")
+            write_text(
+                Path(args.out),
+                json.dumps(
+                    {
+                        "benchmark": "compare_dropout",
+                        "command": "python scripts/compare_dropout.py "
+                        + " ".join(sys.argv[1:] if argv is None else argv),
+                        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                        "hardware": cpu_info(),
+                        "versions": library_versions(),
+                        "runs": runs,
+                    },
+                    indent=2,
+                )
+                + "\n",
+            )
     return 0
 
 

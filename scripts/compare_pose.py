@@ -25,11 +25,23 @@ def recipe(out: Path, scheme: str, method: str, args) -> dict:
     return {
         "model": {"name_or_path": args.model},
         "convert": {"scheme": scheme, "options": {}},
-        "data": {"dataset": "shakespeare:train", "block_length": args.block, "validation_fraction": 0.05,
-                 "max_validation_blocks": 8},
-        "train": {"method": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "train_norms": True,
-                  "steps": args.steps, "batch_size": args.batch, "learning_rate": args.lr, "warmup_steps": 5,
-                  "seed": 0, "positions": positions},
+        "data": {
+            "dataset": "shakespeare:train",
+            "block_length": args.block,
+            "validation_fraction": 0.05,
+            "max_validation_blocks": 8,
+        },
+        "train": {
+            "method": "lora",
+            "lora": {"r": 8, "alpha": 16, "dropout": 0.0},
+            "train_norms": True,
+            "steps": args.steps,
+            "batch_size": args.batch,
+            "learning_rate": args.lr,
+            "warmup_steps": 5,
+            "seed": 0,
+            "positions": positions,
+        },
         "checkpoint": {"every": 0},
         "output_dir": str(out),
     }
@@ -60,21 +72,43 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             out = finetune(recipe(tmp / f"{scheme}-{method}", scheme, method, args))
             train_s = time.perf_counter() - t0
-            report = evaluate(str(out / "final"), lengths=lengths, data="shakespeare:heldout", budget=args.budget,
-                              sliding=False, progress=False)
+            report = evaluate(
+                str(out / "final"),
+                lengths=lengths,
+                data="shakespeare:heldout",
+                budget=args.budget,
+                sliding=False,
+                progress=False,
+            )
             ppl = {n: round(report.ppl(length=n), 3) for n in lengths}
-            rows.append({"scheme": scheme, "method": method, "ppl": ppl, "train_seconds": round(train_s, 1),
-                         "seconds": round(time.perf_counter() - t0, 1)})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "method": method,
+                    "ppl": ppl,
+                    "train_seconds": round(train_s, 1),
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            result = {"benchmark": "compare_pose", "command": "python scripts/compare_pose.py " + " ".join(sys.argv[1:]),
-                      "settings": {k: v for k, v in vars(args).items() if k != "out"}, "tokens_per_run":
-                      args.steps * args.batch * args.block, "hardware": cpu_info(), "rows": rows}
+            result = {
+                "benchmark": "compare_pose",
+                "command": "python scripts/compare_pose.py " + " ".join(sys.argv[1:]),
+                "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                "tokens_per_run": args.steps * args.batch * args.block,
+                "hardware": cpu_info(),
+                "rows": rows,
+            }
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print("| scheme | method | " + " | ".join(f"ppl@{n}" for n in lengths) + " |")
     print("|---|---|" + "---:|" * len(lengths))
     for r in rows:
-        print(f"| {r['scheme']} | {r['method']} | " + " | ".join(f"{r['ppl'].get(n, float('nan')):.2f}" for n in lengths) + " |")
+        print(
+            f"| {r['scheme']} | {r['method']} | "
+            + " | ".join(f"{r['ppl'].get(n, float('nan')):.2f}" for n in lengths)
+            + " |"
+        )
     return 0
 
 

@@ -24,8 +24,10 @@ ORDER = ["alibi", "alibi+scale_bias", "t5", "shaw", "fire", "xl", "nezha", "rope
 
 
 def cpu_line(results: list[dict]) -> str:
-    cpus = {(h.get("processor"), ", ".join(h.get("flags") or []) or "no AVX-512/AMX flag",
-             h.get("torch_threads")) for h in (r["hardware"] for r in results)}
+    cpus = {
+        (h.get("processor"), ", ".join(h.get("flags") or []) or "no AVX-512/AMX flag", h.get("torch_threads"))
+        for h in (r["hardware"] for r in results)
+    }
     return "; ".join(f"CPU: {p} ({f}), {t} torch thread(s)" for p, f, t in sorted(cpus, key=str))
 
 
@@ -36,7 +38,10 @@ def table(results: list[dict]) -> str:
     head = ["variant", "mode", *(f"{L:,}" for L in lengths), "path"]
     if mem:
         head += [f"peak RSS at {mem[-1]:,} x stock", f"saved for backward at {mem[-1]:,} x stock"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * len(lengths) + "---|" + "---:|" * (2 * bool(mem))]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * 2 + "---:|" * len(lengths) + "---|" + "---:|" * (2 * bool(mem)),
+    ]
     names = set(r["variant"] for r in every)
     for v in [n for n in ORDER if n in names] + sorted(names - set(ORDER)):
         for mode, label in MODES.items():
@@ -48,8 +53,10 @@ def table(results: list[dict]) -> str:
             line = [v, label, *cells, ", ".join(sorted({r["attention_path"] for r in timed.values()}))]
             if mem:
                 m = next((r for r in rows if r.get("length") == mem[-1] and "memory_vs_stock" in r), {})
-                line += [f"{m['memory_vs_stock']:.2f}" if m else "—",
-                         f"{m['saved_vs_stock']:.2f}" if "saved_vs_stock" in m else "—"]
+                line += [
+                    f"{m['memory_vs_stock']:.2f}" if m else "—",
+                    f"{m['saved_vs_stock']:.2f}" if "saved_vs_stock" in m else "—",
+                ]
             lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)
 

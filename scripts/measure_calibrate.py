@@ -48,18 +48,35 @@ def main() -> int:
         model = copy.deepcopy(original)
         retrofit.convert(model, scheme, **options)
         t0 = time.perf_counter()
-        rec = retrofit.calibrate(model, original, train, tokenizer=tok, heldout=held, steps=steps, learning_rate=lr,
-                                 budget=args.budget, progress=False)
+        rec = retrofit.calibrate(
+            model,
+            original,
+            train,
+            tokenizer=tok,
+            heldout=held,
+            steps=steps,
+            learning_rate=lr,
+            budget=args.budget,
+            progress=False,
+        )
         rec.update(scheme=scheme, options=options, total_seconds=round(time.perf_counter() - t0, 1))
         rec["data"], rec["heldout"] = "shakespeare:train", "shakespeare:heldout"
         rows.append(rec)
-        print(f"{scheme} {options} lr={lr} steps={steps}: ratio {rec['ratio_before']:.4f} -> {rec['ratio_after']:.4f} "
-              f"(KL {rec['kl_first10']:.4f} -> {rec['kl_last10']:.4f}; train {rec['train_seconds']} s, "
-              f"total {rec['total_seconds']} s)", flush=True)
+        print(
+            f"{scheme} {options} lr={lr} steps={steps}: ratio {rec['ratio_before']:.4f} -> {rec['ratio_after']:.4f} "
+            f"(KL {rec['kl_first10']:.4f} -> {rec['kl_last10']:.4f}; train {rec['train_seconds']} s, "
+            f"total {rec['total_seconds']} s)",
+            flush=True,
+        )
     if args.out:
-        out = {"model": str(STANDIN.relative_to(ROOT)), "command": " ".join(sys.argv), "threads": 1,
-               "hardware": {"cpu_count": os.cpu_count(), **cpu_info()},
-               "versions": library_versions(), "rows": rows}
+        out = {
+            "model": str(STANDIN.relative_to(ROOT)),
+            "command": " ".join(sys.argv),
+            "threads": 1,
+            "hardware": {"cpu_count": os.cpu_count(), **cpu_info()},
+            "versions": library_versions(),
+            "rows": rows,
+        }
         write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     return 0
 

@@ -32,8 +32,16 @@ def build(scheme: str, layers: int, length: int):
     import transformers as tf
 
     torch.manual_seed(0)
-    cfg = tf.GPT2Config(n_layer=layers, n_embd=768, n_head=12, n_positions=max(1024, length), vocab_size=50257,
-                        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    cfg = tf.GPT2Config(
+        n_layer=layers,
+        n_embd=768,
+        n_head=12,
+        n_positions=max(1024, length),
+        vocab_size=50257,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+    )
     model = tf.GPT2LMHeadModel(cfg)
     if scheme != "stock":
         retrofit.convert(model, scheme)
@@ -71,8 +79,10 @@ def kernel_ab(rounds: int) -> dict:
     band = torch.zeros(H, 129)
     band[:, :128] = torch.linspace(0, -40, 128)  # a steep distance table flat past 128 (the band path)
     q, k, v = (torch.randn(1, H, T, D, requires_grad=True) for _ in range(3))
-    calls = {"alibi (fused-alibi)": dict(slopes=slopes, bias=lambda h, i, j: -slopes[h] * (i - j)),
-             "steep band (fused-band)": dict(band=band, bias=lambda h, i, j: band[h, (i - j).clamp(max=128)])}
+    calls = {
+        "alibi (fused-alibi)": dict(slopes=slopes, bias=lambda h, i, j: -slopes[h] * (i - j)),
+        "steep band (fused-band)": dict(band=band, bias=lambda h, i, j: band[h, (i - j).clamp(max=128)]),
+    }
     out = {}
     for name, kw in calls.items():
         ratios = []
@@ -87,8 +97,12 @@ def kernel_ab(rounds: int) -> dict:
             os.environ["RETROFIT_FLUSH_DENORMAL"] = "1"
             if r:
                 ratios.append(t["1"] / t["0"])
-        out[name] = {"flushed_over_not_median": round(statistics.median(ratios), 3),
-                     "min": round(min(ratios), 3), "max": round(max(ratios), 3), "rounds": rounds}
+        out[name] = {
+            "flushed_over_not_median": round(statistics.median(ratios), 3),
+            "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3),
+            "rounds": rounds,
+        }
         print(name, json.dumps(out[name]), file=sys.stderr, flush=True)
     return out
 
@@ -102,11 +116,19 @@ def main(argv=None) -> int:
     ap.add_argument("--schemes", default="alibi,t5,fire")
     ap.add_argument("--lengths", default="2048,4096,8192")
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2, help="timed repeats per way (after one untimed warm-up; 0: "
-                                                          "the differences only)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="timed repeats per way (after one untimed warm-up; 0: the differences only)",
+    )
     ap.add_argument("--append", action="store_true", help="add the rows to --out's")
-    ap.add_argument("--kernel-rounds", type=int, default=0, help="also time one attention call alone, flushed "
-                                                                 "and not, this many rounds ('kernel_ab')")
+    ap.add_argument(
+        "--kernel-rounds",
+        type=int,
+        default=0,
+        help="also time one attention call alone, flushed and not, this many rounds ('kernel_ab')",
+    )
     ap.add_argument("--out", default="benchmarks/measure_denormal.json")
     args = ap.parse_args(argv)
     old = json.loads(Path(args.out).read_text()) if args.append and Path(args.out).exists() else {}
@@ -129,14 +151,21 @@ def main(argv=None) -> int:
                     times[how].append(step(model, x, how)[2])
                 times["stock"].append(step(stock, x, "off")[2])
             on, off = first["scoped"], first["off"]
-            row = {"scheme": scheme, "length": length, "attention_path": retrofit.describe(model)["attention_path"],
-                   "output_max_rel_diff_flush_vs_not": rel_diff(on[0], off[0]),
-                   "grad_max_rel_diff_flush_vs_not": max(rel_diff(on[1][n], off[1][n]) for n in off[1]),
-                   "layers": args.layers}
+            row = {
+                "scheme": scheme,
+                "length": length,
+                "attention_path": retrofit.describe(model)["attention_path"],
+                "output_max_rel_diff_flush_vs_not": rel_diff(on[0], off[0]),
+                "grad_max_rel_diff_flush_vs_not": max(rel_diff(on[1][n], off[1][n]) for n in off[1]),
+                "layers": args.layers,
+            }
             if args.repeats:
                 row["seconds"] = {how: round(statistics.median(t), 3) for how, t in times.items()}
-                row["x_stock"] = {how: round(statistics.median([a / b for a, b in zip(t, times["stock"])]), 3)
-                                  for how, t in times.items() if how != "stock"}
+                row["x_stock"] = {
+                    how: round(statistics.median([a / b for a, b in zip(t, times["stock"])]), 3)
+                    for how, t in times.items()
+                    if how != "stock"
+                }
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             write(args, rows)
@@ -144,12 +173,17 @@ def main(argv=None) -> int:
 
 
 def write(args, rows):
-    result = {"benchmark": "measure_denormal",
-              "command": "python scripts/measure_denormal.py " + " ".join(sys.argv[1:]),
-              "setup": f"GPT-2-small shape, {args.layers} layers, random weights, batch 1, fp32, one train step "
-                       "(body output, mean square loss, backward); ways timed alternately with stock, "
-                       f"median of {args.repeats} repeats; diffs from the warm-up step of each way",
-              "hardware": cpu_info(), "versions": library_versions(), "rows": rows, "kernel_ab": args.kernel_ab}
+    result = {
+        "benchmark": "measure_denormal",
+        "command": "python scripts/measure_denormal.py " + " ".join(sys.argv[1:]),
+        "setup": f"GPT-2-small shape, {args.layers} layers, random weights, batch 1, fp32, one train step "
+        "(body output, mean square loss, backward); ways timed alternately with stock, "
+        f"median of {args.repeats} repeats; diffs from the warm-up step of each way",
+        "hardware": cpu_info(),
+        "versions": library_versions(),
+        "rows": rows,
+        "kernel_ab": args.kernel_ab,
+    }
     write_text(Path(args.out), json.dumps(result, indent=2))
 
 

@@ -47,15 +47,20 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import retrofit
-    from retrofit.training.standin import pretrain
     from retrofit.data import load_documents, tokenize_documents
+    from retrofit.training.standin import pretrain
 
     path = pretrain(args.preset)
     tok = AutoTokenizer.from_pretrained(path)
     tokens = [t for doc in tokenize_documents(tok, load_documents(args.text)) for t in doc]
     rows = []
-    cases = [("alibi", {"scale_bias": True}), ("rope", {}), ("rope", {"scaling": "yarn", "factor": 4.0}),
-             ("nope", {}), ("sinusoidal", {})]
+    cases = [
+        ("alibi", {"scale_bias": True}),
+        ("rope", {}),
+        ("rope", {"scaling": "yarn", "factor": 4.0}),
+        ("nope", {}),
+        ("sinusoidal", {}),
+    ]
     for scheme, options in cases:
         model = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), scheme, kernel="chunked", **options)
         with tempfile.TemporaryDirectory() as tmp:
@@ -64,21 +69,39 @@ def main() -> None:
                 plain = AutoModelForCausalLM.from_pretrained(f"{tmp}/x").eval()
                 ids = windows(tokens, length, args.windows)
                 a, b = nll(model, ids), nll(plain, ids)
-                rows.append({"scheme": scheme, "options": options, "target": res["target"], "length": length,
-                             "exact": res["exact"], "max_abs_logit_diff": res["max_abs_logit_diff"],
-                             "ppl_patched": math.exp(a), "ppl_exported": math.exp(b),
-                             "ppl_rel_diff": math.exp(b - a) - 1})
+                rows.append(
+                    {
+                        "scheme": scheme,
+                        "options": options,
+                        "target": res["target"],
+                        "length": length,
+                        "exact": res["exact"],
+                        "max_abs_logit_diff": res["max_abs_logit_diff"],
+                        "ppl_patched": math.exp(a),
+                        "ppl_exported": math.exp(b),
+                        "ppl_rel_diff": math.exp(b - a) - 1,
+                    }
+                )
                 print(json.dumps(rows[-1]))
     # the refused pair: alibi added after the scaling, exported as Falcon (bias before the scaling) anyway
     for length in args.lengths:
         ids = windows(tokens, length, args.windows)
         after = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), "alibi", kernel="chunked")
-        before = retrofit.convert(AutoModelForCausalLM.from_pretrained(path).eval(), "alibi", kernel="chunked",
-                                  scale_bias=True)
+        before = retrofit.convert(
+            AutoModelForCausalLM.from_pretrained(path).eval(), "alibi", kernel="chunked", scale_bias=True
+        )
         a, b = nll(after, ids), nll(before, ids)
-        rows.append({"scheme": "alibi", "options": {"scale_bias": False}, "target": "FalconForCausalLM (refused)",
-                     "length": length, "ppl_patched": math.exp(a), "ppl_exported": math.exp(b),
-                     "ppl_rel_diff": math.exp(b - a) - 1})
+        rows.append(
+            {
+                "scheme": "alibi",
+                "options": {"scale_bias": False},
+                "target": "FalconForCausalLM (refused)",
+                "length": length,
+                "ppl_patched": math.exp(a),
+                "ppl_exported": math.exp(b),
+                "ppl_rel_diff": math.exp(b - a) - 1,
+            }
+        )
         print(json.dumps(rows[-1]))
     if args.out:
         with open(args.out, "w") as f:

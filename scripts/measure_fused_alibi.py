@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from retrofit.kernels import Call, attend, sdpa_alibi_dims  # noqa: E402
 from retrofit.atomic import write_text  # noqa: E402
 from retrofit.encodings.alibi import alibi_slopes  # noqa: E402
+from retrofit.kernels import Call, attend, sdpa_alibi_dims  # noqa: E402
 from retrofit.versions import cpu_info, library_versions  # noqa: E402
 
 
@@ -31,11 +31,23 @@ def errors(T: int, heads: int, dim: int, rows: int, seed: int, dtype=torch.float
     R, scaling = min(rows, T), dim**-0.5
     bias = lambda h, i, j: -slopes.double()[h.long()] * (i - j)  # noqa: E731
     with torch.no_grad():
-        ref, _ = attend(Call(q[:, :, -R:].double(), k.double(), v.double(), scaling, bias=bias, q_start=T - R),
-                        "chunked")
-        out = sdpa_alibi_dims.attend_alibi(q.to(dtype), k.to(dtype), v.to(dtype), scaling=scaling, slopes=slopes)[:, :, -R:]
-        chunked, _ = attend(Call(q[:, :, -R:].to(dtype), k.to(dtype), v.to(dtype), scaling,
-                                 bias=lambda h, i, j: -slopes[h.long()] * (i - j), q_start=T - R), "chunked")
+        ref, _ = attend(
+            Call(q[:, :, -R:].double(), k.double(), v.double(), scaling, bias=bias, q_start=T - R), "chunked"
+        )
+        out = sdpa_alibi_dims.attend_alibi(q.to(dtype), k.to(dtype), v.to(dtype), scaling=scaling, slopes=slopes)[
+            :, :, -R:
+        ]
+        chunked, _ = attend(
+            Call(
+                q[:, :, -R:].to(dtype),
+                k.to(dtype),
+                v.to(dtype),
+                scaling,
+                bias=lambda h, i, j: -slopes[h.long()] * (i - j),
+                q_start=T - R,
+            ),
+            "chunked",
+        )
     return {"fused": float((out.double() - ref).abs().max()), "chunked": float((chunked.double() - ref).abs().max())}
 
 
@@ -54,11 +66,20 @@ def main(argv=None):
         row = {"length": T, **{k: max(e[k] for e in per_seed) for k in ("fused", "chunked")}}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    record = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-              "setup": {"heads": a.heads, "dim": a.dim, "rows": a.rows, "seeds": a.seeds, "dtype": "float32",
-                        "max_span": sdpa_alibi_dims.MAX_SPAN},
-              "hardware": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), **cpu_info()},
-              "versions": library_versions(), "rows": rows}
+    record = {
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "setup": {
+            "heads": a.heads,
+            "dim": a.dim,
+            "rows": a.rows,
+            "seeds": a.seeds,
+            "dtype": "float32",
+            "max_span": sdpa_alibi_dims.MAX_SPAN,
+        },
+        "hardware": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), **cpu_info()},
+        "versions": library_versions(),
+        "rows": rows,
+    }
     write_text(Path(a.out), json.dumps(record, indent=2) + "\n")
 
 

@@ -73,10 +73,19 @@ def main(argv=None):
     a = ap.parse_args(argv)
     out = Path(a.out)
     record = json.loads(out.read_text()) if out.exists() else {"models": {}}
-    record.update({"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-                   "hardware": {"cpu_count": os.cpu_count(), **cpu_info()}, "versions": library_versions(),
-                   "settings": {"multiples": a.multiples, "depths": a.depths, "trials": a.trials,
-                                "data": "shakespeare:heldout"}})
+    record.update(
+        {
+            "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "hardware": {"cpu_count": os.cpu_count(), **cpu_info()},
+            "versions": library_versions(),
+            "settings": {
+                "multiples": a.multiples,
+                "depths": a.depths,
+                "trials": a.trials,
+                "data": "shakespeare:heldout",
+            },
+        }
+    )
     for item in a.model:
         label, _, spec = item.partition("=")
         t0 = time.time()
@@ -85,10 +94,19 @@ def main(argv=None):
         native = info["native"]["length"] if info["converted"] else native_length(model.config)
         # an unconverted original reads its native length only
         lengths = [native * int(m) for m in a.multiples.split(",")] if info["converted"] else [native]
-        rep = retrofit.evaluate(model, lengths=[native], data="shakespeare:heldout", tokenizer=tok, budget=native,
-                                sliding=False, recall=True, recall_lengths=lengths,
-                                recall_depths=[float(d) for d in a.depths.split(",")], recall_trials=a.trials,
-                                progress=False)
+        rep = retrofit.evaluate(
+            model,
+            lengths=[native],
+            data="shakespeare:heldout",
+            tokenizer=tok,
+            budget=native,
+            sliding=False,
+            recall=True,
+            recall_lengths=lengths,
+            recall_depths=[float(d) for d in a.depths.split(",")],
+            recall_trials=a.trials,
+            progress=False,
+        )
         rows = [r for r in rep.data["recall"] if r["role"] != "baseline"]
         record["models"][label] = {"spec": spec, "by_length": pooled(rows), "seconds": round(time.time() - t0, 1)}
         print(label, json.dumps(record["models"][label]["by_length"]), flush=True)

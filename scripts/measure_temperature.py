@@ -26,7 +26,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
 
-
 SCHEMES = {"nope": {}, "alibi": {}, "rope": {"scaling": "yarn", "factor": 4.0}}
 
 
@@ -50,8 +49,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lengths", default="8192,16384")
     ap.add_argument("--betas", default="0.1", help="temperature values to try (comma list)")
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--schemes", default="nope,alibi,rope", help="of nope, alibi, rope (YaRN x4); '' for none "
-                    "(e.g. to measure a fine-tuned retrofit checkpoint given as --model, as loaded)")
+    ap.add_argument(
+        "--schemes",
+        default="nope,alibi,rope",
+        help="of nope, alibi, rope (YaRN x4); '' for none "
+        "(e.g. to measure a fine-tuned retrofit checkpoint given as --model, as loaded)",
+    )
     ap.add_argument("--no-original", action="store_true", help="skip the unconverted model's row")
     ap.add_argument("--out", default="benchmarks/measure_temperature.json")
     args = ap.parse_args(argv)
@@ -78,10 +81,15 @@ def main(argv=None) -> int:
         seconds = round(time.perf_counter() - t0, 1)
         for n in lengths:
             nll = full[:n]
-            row = {"variant": name, "length": n, "nll": round(float(nll.mean()), 4),
-                   "nll_last_quarter": round(float(nll[-n // 4:].mean()), 4),
-                   "forward_seconds": seconds, "forward_length": longest,
-                   "attention_path": retrofit.describe(model).get("attention_path") or "native"}
+            row = {
+                "variant": name,
+                "length": n,
+                "nll": round(float(nll.mean()), 4),
+                "nll_last_quarter": round(float(nll[-n // 4 :].mean()), 4),
+                "forward_seconds": seconds,
+                "forward_length": longest,
+                "attention_path": retrofit.describe(model).get("attention_path") or "native",
+            }
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
         if scheme is not None:

@@ -1,7 +1,7 @@
 """Print docs/finetune.md's memory-on-paper table from retrofit.training.plan (the formula `--plan` uses).
 
-    python scripts/memory_table.py            # the Markdown table
-    python scripts/memory_table.py --check    # exit 1 if docs/finetune.md holds another table
+python scripts/memory_table.py            # the Markdown table
+python scripts/memory_table.py --check    # exit 1 if docs/finetune.md holds another table
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def table() -> str:
 
 def documented() -> str:
     text = DOC.read_text()
-    return text[text.index(BEGIN) + len(BEGIN): text.index(END)].strip()
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
 
 
 def main() -> int:

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from retrofit import baseline
-from retrofit.training import standin
 from retrofit.errors import RetrofitError
+from retrofit.training import standin
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"  # the shipped stand-ins, committed with the study
 
@@ -32,22 +32,32 @@ def main(argv: list[str] | None = None) -> int:
     """Parse args, pretrain, print the stats JSON (with the folder under "path")."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="quickstart", choices=sorted(baseline.PRESETS))
-    parser.add_argument("--cache-dir", default=None,
-                        help="default: $RETROFIT_CACHE/baseline (~/.cache/retrofit/baseline)")
+    parser.add_argument(
+        "--cache-dir", default=None, help="default: $RETROFIT_CACHE/baseline (~/.cache/retrofit/baseline)"
+    )
     parser.add_argument("--force", action="store_true", help="retrain even if a cached copy exists")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 is faster on an oversubscribed machine)")
-    parser.add_argument("--shipped", default=str(STANDINS),
-                        help="folder of shipped stand-ins to copy from before pretraining ('' = none; default: standins/)")
-    parser.add_argument("--ship", action="store_true",
-                        help="copy the result into --shipped with a SHA256SUMS, so it can be committed")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice; 1 is faster on an oversubscribed machine)",
+    )
+    parser.add_argument(
+        "--shipped",
+        default=str(STANDINS),
+        help="folder of shipped stand-ins to copy from before pretraining ('' = none; default: standins/)",
+    )
+    parser.add_argument(
+        "--ship", action="store_true", help="copy the result into --shipped with a SHA256SUMS, so it can be committed"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, datefmt="%H:%M:%S",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, datefmt="%H:%M:%S", format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.ship and not args.shipped:
         parser.error("--ship needs a --shipped folder")
     try:

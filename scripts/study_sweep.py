@@ -41,31 +41,61 @@ def main(argv=None):
     rows = []
     for name, (method, batch, lr, variants, embeddings) in CONFIGS.items():
         out = Path(args.runs) / f"{name}.json"
-        rebuild(Round(out=str(out), runs=str(Path(args.runs) / name), schemes=["alibi"], methods=[method],
-                      budgets=[0.02], multiples=[1], eval_budget=8192, batch_size=batch, variants=variants,
-                      lora_embeddings=embeddings, passkey_trials=0, **{f"lr_{method}": lr}),
-                "python scripts/study_sweep.py")
+        rebuild(
+            Round(
+                out=str(out),
+                runs=str(Path(args.runs) / name),
+                schemes=["alibi"],
+                methods=[method],
+                budgets=[0.02],
+                multiples=[1],
+                eval_budget=8192,
+                batch_size=batch,
+                variants=variants,
+                lora_embeddings=embeddings,
+                passkey_trials=0,
+                **{f"lr_{method}": lr},
+            ),
+            "python scripts/study_sweep.py",
+        )
         gpt2 = json.loads(out.read_text())["gpt2"]
         table, native = gpt2["table"], gpt2["stand_in"]["native_length"]
         control = next((r for r in table if r["cell"].startswith("control")), {})
         for r in table:
             if r["cell"].startswith(("original", "control")):
                 continue
-            rows.append({"config": name, "method": method, "batch_size": batch, "learning_rate": lr,
-                         "lora_embeddings": method == "lora" and embeddings, "cell": r["cell"],
-                         "steps": r.get("extra_tokens", 0) // (native * batch),
-                         "objective": r.get("objective"), "fade": r.get("fade"), "extra_tokens": r.get("extra_tokens"),
-                         "ppl@1x": r.get("ppl@1x"), "control_ppl@1x": control.get("ppl@1x"),
-                         "vs_control@1x": r.get("vs_control@1x"), "vs_original@1x": r.get("vs_original@1x"),
-                         "error": r.get("error")})
+            rows.append(
+                {
+                    "config": name,
+                    "method": method,
+                    "batch_size": batch,
+                    "learning_rate": lr,
+                    "lora_embeddings": method == "lora" and embeddings,
+                    "cell": r["cell"],
+                    "steps": r.get("extra_tokens", 0) // (native * batch),
+                    "objective": r.get("objective"),
+                    "fade": r.get("fade"),
+                    "extra_tokens": r.get("extra_tokens"),
+                    "ppl@1x": r.get("ppl@1x"),
+                    "control_ppl@1x": control.get("ppl@1x"),
+                    "vs_control@1x": r.get("vs_control@1x"),
+                    "vs_original@1x": r.get("vs_original@1x"),
+                    "error": r.get("error"),
+                }
+            )
     original = next(r for r in table if r["cell"].startswith("original"))["ppl@1x"]
     result = {"command": "python scripts/study_sweep.py", "original_ppl@1x": original, "rows": rows}
     Path(args.out).write_text(json.dumps(result, indent=1))
-    md = ["| config | cell | steps x batch | lr | ppl@1x | control ppl@1x | vs control | vs original |", "|---|---|---|---|---|---|---|---|"]
+    md = [
+        "| config | cell | steps x batch | lr | ppl@1x | control ppl@1x | vs control | vs original |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        md.append(f"| {r['config']} | {r['cell']} | {r['steps']} x {r['batch_size']} | "
-                  f"{r['learning_rate']:g} | {fmt(r['ppl@1x'])} | {fmt(r['control_ppl@1x'])} | "
-                  f"{fmt(r['vs_control@1x'])} | {fmt(r['vs_original@1x'])} |")
+        md.append(
+            f"| {r['config']} | {r['cell']} | {r['steps']} x {r['batch_size']} | "
+            f"{r['learning_rate']:g} | {fmt(r['ppl@1x'])} | {fmt(r['control_ppl@1x'])} | "
+            f"{fmt(r['vs_control@1x'])} | {fmt(r['vs_original@1x'])} |"
+        )
     Path(args.out).with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

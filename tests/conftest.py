@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from retrofit import assets, core
-from retrofit.training import standin
 from retrofit.errors import DataError
+from retrofit.training import standin
 
 # the tests' kernel default (chunked) is set in tests/__init__.py; ``user_kernel`` below restores auto
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -60,6 +60,11 @@ def user_kernel(monkeypatch):
 def user_env(tmp_path) -> dict:
     """The environment of a user's shell for CLI subprocesses: no token, offline, a fresh cache."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
-    env.update(RETROFIT_CACHE=str(tmp_path / "cache"), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-               OMP_NUM_THREADS="2", RETROFIT_PROGRESS="0")
+    env.update(
+        RETROFIT_CACHE=str(tmp_path / "cache"),
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+        OMP_NUM_THREADS="2",
+        RETROFIT_PROGRESS="0",
+    )
     return env

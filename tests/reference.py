@@ -32,8 +32,13 @@ def rope_oracle_cos_sin(scheme, positions):
     if rope_type == "yarn":
         params.update(original_max_position_embeddings=o.native_length, beta_fast=o.beta_fast, beta_slow=o.beta_slow)
     max_pos = int(o.native_length * o.factor) if rope_type in ("linear", "yarn") else o.native_length
-    cfg = LlamaConfig(hidden_size=rot * 4, num_attention_heads=4, head_dim=rot, max_position_embeddings=max_pos,
-                      rope_parameters=params)
+    cfg = LlamaConfig(
+        hidden_size=rot * 4,
+        num_attention_heads=4,
+        head_dim=rot,
+        max_position_embeddings=max_pos,
+        rope_parameters=params,
+    )
     rotary = LlamaRotaryEmbedding(cfg)
     native = scheme.spec.native_rope
     if o.scaling == "none" and native and o.theta == native["theta"] and o.fraction == native["fraction"]:
@@ -46,7 +51,7 @@ def rope_oracle_cos_sin(scheme, positions):
 def _rope(scheme, q, k, q_pos, k_pos):
     rot = scheme.rot_dim
     cos_k, sin_k = rope_oracle_cos_sin(scheme, k_pos)
-    cos_q, sin_q = cos_k[:, -q.shape[-2]:], sin_k[:, -q.shape[-2]:]
+    cos_q, sin_q = cos_k[:, -q.shape[-2] :], sin_k[:, -q.shape[-2] :]
     qr, _ = apply_rotary_pos_emb(q[..., :rot], q[..., :rot], cos_q, sin_q)
     kr, _ = apply_rotary_pos_emb(k[..., :rot], k[..., :rot], cos_k, sin_k)
     return torch.cat([qr, q[..., rot:]], -1), torch.cat([kr, k[..., rot:]], -1)
@@ -75,8 +80,11 @@ def fire_reference(s, layer, i, j):
     """Li et al. (2023), appendix code: f(log(|c (i - j)| + 1) / (log(|c max(i, L)| + 1) + eps)), L = |s L0|."""
     li = layer if s.options.per_layer else 0
     c = s.c[li]
-    L = (s.threshold_scale[li] * s.options.threshold).abs() if s.options.learned_threshold else torch.tensor(
-        float(s.options.threshold))
+    L = (
+        (s.threshold_scale[li] * s.options.threshold).abs()
+        if s.options.learned_threshold
+        else torch.tensor(float(s.options.threshold))
+    )
     rel = (i - j).clamp(min=0).float()  # future keys are masked
     normaliser = torch.log(torch.abs(c * torch.maximum(i.float(), L)) + 1) + 1e-6  # (Tq, 1)
     x = torch.log(torch.abs(c * rel) + 1) / normaliser  # (Tq, Tk)
@@ -100,7 +108,7 @@ def xl_reference(s, layer, q, k, i, j):
     r = (R @ W.T).view(*R.shape[:2], H, D)  # (Tq, Tk, H, D)
     a = q @ k.transpose(-1, -2)
     b = torch.einsum("bhid,ijhd->bhij", q, r)
-    c = (u[None, :, None, :] @ k.transpose(-1, -2))  # (B, H, 1, Tk)
+    c = u[None, :, None, :] @ k.transpose(-1, -2)  # (B, H, 1, Tk)
     d = torch.einsum("hd,ijhd->hij", v, r)[None]  # (1, H, Tq, Tk)
     return a + b + c + d
 
@@ -131,7 +139,9 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     Tk = key.shape[-2]
     query, key = query.float(), key.float()
     if scheme.common.qk_norm:  # Zhang & Sennrich's RMSNorm per head: x / sqrt(mean(x^2) + eps) * g
-        query = query / torch.sqrt(query.pow(2).mean(-1, keepdim=True) + 1e-6) * scheme.q_gain[ctx.layer][:, None].float()
+        query = (
+            query / torch.sqrt(query.pow(2).mean(-1, keepdim=True) + 1e-6) * scheme.q_gain[ctx.layer][:, None].float()
+        )
         key = key / torch.sqrt(key.pow(2).mean(-1, keepdim=True) + 1e-6) * scheme.k_gain[ctx.layer][:, None].float()
     key = key.repeat_interleave(H // key.shape[1], 1)
     value = value.repeat_interleave(H // value.shape[1], 1).float()
@@ -145,7 +155,9 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     else:
         scores = query @ key.transpose(-1, -2) * scaling  # (B, H, Tq, Tk)
     if scheme.kind == "bias":
-        scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (scaling if scheme.bias_scaled_with_scores else 1)
+        scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (
+            scaling if scheme.bias_scaled_with_scores else 1
+        )
     beta, length = scheme.common.temperature, scheme.common.temperature_length
     if beta:  # every logit of query i times 1 + beta * ln(max(1, (i + 1) / length))
         scores = scores * (1 + beta * torch.log(torch.clamp((i + 1).double() / length, min=1.0))).float()

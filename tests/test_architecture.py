@@ -24,6 +24,12 @@ def layers() -> dict[str, int]:
     return out
 
 
+def _is_module(parts: list[str]) -> bool:
+    """Whether ``retrofit.<parts>`` is a module or a package (else a name defined in a package)."""
+    path = PKG.joinpath(*parts)
+    return bool(parts) and (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file())
+
+
 def imports():
     """(importing top-level module, imported top-level module, file:line) for every import in the package."""
     for f in sorted(PKG.rglob("*.py")):
@@ -37,18 +43,27 @@ def imports():
                 target = base + (node.module.split(".") if node.module else [])
                 names = [target] if node.module else [target + [a.name] for a in node.names]
                 for t in names:
+                    if not node.module and not _is_module(t):  # `from . import NAME`: a name of the package
+                        t = t[:-1]
                     yield me, (t[0] if t else "retrofit"), f"{f.relative_to(PKG)}:{node.lineno}"
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 for m in mods:
                     if m == "retrofit" or m.startswith("retrofit."):
-                        yield me, "retrofit" if m == "retrofit" else m.split(".")[1], f"{f.relative_to(PKG)}:{node.lineno}"
+                        yield (
+                            me,
+                            "retrofit" if m == "retrofit" else m.split(".")[1],
+                            f"{f.relative_to(PKG)}:{node.lineno}",
+                        )
 
 
 def test_every_module_has_a_layer():
     known = layers()
-    modules = {p.stem if p.is_file() else p.name for p in PKG.iterdir()
-               if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())}
+    modules = {
+        p.stem if p.is_file() else p.name
+        for p in PKG.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+    }
     missing = sorted(modules - set(known) - {"__main__"})
     assert not missing, f"modules without a layer in docs/ARCHITECTURE.md: {missing}"
 
@@ -130,8 +145,27 @@ def test_no_import_circle():
     assert graph["retrofit.io"] >= {"retrofit.core"} and "retrofit.hf_classes" in graph["retrofit.auto"]  # it sees
     circles = cycles(graph)
     assert not circles, "import circles (each a set of modules that import each other, directly or not):\n" + "\n".join(
-        f"{c}: " + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) for c in circles)
+        f"{c}: " + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) for c in circles
+    )
 
 
 def test_the_circle_finder_finds_a_long_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"d"}, "d": {"a"}, "e": {"a"}}) == [["a", "b", "c", "d"]]
+
+
+def test_a_name_taken_from_the_facade_is_seen_in_every_form(tmp_path):
+    """`from . import NAME` and `from .. import NAME` of a name the facade defines are facade imports; the
+    same forms naming a module are not."""
+    pkg = tmp_path / "retrofit"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("NAME = 1\n")
+    (pkg / "errors.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import NAME\nfrom . import errors\n")
+    (pkg / "sub" / "b.py").write_text("from .. import NAME\nfrom .. import errors\nfrom retrofit import NAME\n")
+    globals()["PKG"], saved = pkg, PKG
+    try:
+        found = sorted((me, target) for me, target, _ in imports())
+    finally:
+        globals()["PKG"] = saved
+    assert found == [("a", "errors"), ("a", "retrofit"), ("sub", "errors"), ("sub", "retrofit"), ("sub", "retrofit")]

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from retrofit import assets, baseline
-from retrofit.training import standin
 from retrofit.errors import DataError, OptionError
+from retrofit.training import standin
 
 
 def test_split_is_by_play_disjoint_and_deterministic(cache):
@@ -172,7 +172,10 @@ def test_spread_blocks_samples_evenly():
 def test_cache_keys_of_the_first_presets_did_not_move():
     # arch and precision came later: at their old values they stay out of the key, so caches survive
     assert {k: baseline.PRESETS[k].cache_key() for k in ("micro", "quickstart", "study")} == {
-        "micro": "52b50a93a0c8", "quickstart": "23b70931badd", "study": "ea01dcaf7630"}
+        "micro": "52b50a93a0c8",
+        "quickstart": "23b70931badd",
+        "study": "ea01dcaf7630",
+    }
     a, b = baseline.PRESETS["study2-gpt2"], baseline.PRESETS["study2-llama"]
     assert a.cache_key() != b.cache_key()
     assert a.cache_key() != dataclasses.replace(a, precision="fp32").cache_key()

@@ -37,8 +37,9 @@ def _grads(out, leaves, weight):
     return torch.autograd.grad((out.double() * weight).sum(), leaves)
 
 
-@pytest.mark.parametrize("N,K,rows", [(40, 16, 8), (16, 16, 8), (200, 16, 8), (203, 16, 8), (300, 40, 16),
-                                      (130, 128, 128), (700, 128, 128)])
+@pytest.mark.parametrize(
+    "N,K,rows", [(40, 16, 8), (16, 16, 8), (200, 16, 8), (203, 16, 8), (300, 40, 16), (130, 128, 128), (700, 128, 128)]
+)
 def test_band_matches_the_plain_softmax_forward_and_backward(monkeypatch, N, K, rows):
     """Shorter than the reach, exactly the reach, several blocks, a ragged last block, windows of 3+ tiles."""
     monkeypatch.setattr(band, "ROWS", rows)
@@ -72,8 +73,9 @@ def test_t5_band_is_the_t5_bucket_bias_of_transformers():
     values = scheme.distance_band(1)
     K = values.shape[-1] - 1
     d = torch.arange(3 * K)
-    buckets = T5Attention._relative_position_bucket(-d, bidirectional=False, num_buckets=scheme.options.num_buckets,
-                                                    max_distance=scheme.options.max_distance)
+    buckets = T5Attention._relative_position_bucket(
+        -d, bidirectional=False, num_buckets=scheme.options.num_buckets, max_distance=scheme.options.max_distance
+    )
     torch.testing.assert_close(values[:, d.clamp(max=K)], table[:, buckets], atol=0, rtol=0)
     h = torch.arange(table.shape[0])[:, None, None]
     own = scheme.bias(1, h, d[None, :, None], torch.zeros(1, 1, 1, dtype=torch.long))[..., 0]

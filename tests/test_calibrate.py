@@ -11,14 +11,16 @@ import torch
 
 import retrofit
 from retrofit.core import scheme_of, set_kernel
-from retrofit.training.calibrate import calibrate, kl_to_original, position_parameters
 from retrofit.data import Document
 from retrofit.errors import DataError, OptionError
+from retrofit.training.calibrate import calibrate, kl_to_original, position_parameters
 from tests.tiny import TINY
 
-TEXT = ("First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: You are all "
-        "resolved rather to die than to famish? All: Resolved. resolved. First Citizen: First, you know Caius Marcius "
-        "is chief enemy to the people. ")
+TEXT = (
+    "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: You are all "
+    "resolved rather to die than to famish? All: Resolved. resolved. First Citizen: First, you know Caius Marcius "
+    "is chief enemy to the people. "
+)
 
 
 def docs(tag: str, n: int = 4):
@@ -45,8 +47,7 @@ def run(model, teacher, tok, steps=4, **kw):
     return calibrate(model, teacher, docs("train"), tokenizer=tok, heldout=docs("held", 2), steps=steps, **kw)
 
 
-@pytest.mark.parametrize("scheme,options", [("t5", {}), ("alibi", {"learn_slopes": True}), ("fire", {}),
-                                            ("shaw", {})])
+@pytest.mark.parametrize("scheme,options", [("t5", {}), ("alibi", {"learn_slopes": True}), ("fire", {}), ("shaw", {})])
 def test_only_position_parameters_change(tiny, scheme, options):
     model, teacher, tok = converted(tiny, scheme, **options)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -108,7 +109,9 @@ def test_alibi_learn_slopes_round_trip_and_gradient(tiny, tmp_path):
 
 
 def test_alibi_fused_slope_gradient_matches_finite_differences():
-    model = retrofit.convert(TINY["gpt2"](), "alibi", learn_slopes=True, kernel="sdpa-alibi-dims").double()  # slopes too
+    model = retrofit.convert(
+        TINY["gpt2"](), "alibi", learn_slopes=True, kernel="sdpa-alibi-dims"
+    ).double()  # slopes too
     slopes = scheme_of(model).slopes
     x = torch.randint(3, 100, (2, 40))
 
@@ -169,8 +172,24 @@ def test_cli_convert_calibrate(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RETROFIT_PROGRESS", "0")
     cal, held = _write(tmp_path)
     out = tmp_path / "out"
-    rc = main(["convert", "tiny-gpt2", "--to", "t5", "--out", str(out), "--calibrate", cal,
-               "--calibrate-heldout", held, "--calibrate-steps", "3", "--calibrate-budget", "128"])
+    rc = main(
+        [
+            "convert",
+            "tiny-gpt2",
+            "--to",
+            "t5",
+            "--out",
+            str(out),
+            "--calibrate",
+            cal,
+            "--calibrate-heldout",
+            held,
+            "--calibrate-steps",
+            "3",
+            "--calibrate-budget",
+            "128",
+        ]
+    )
     assert rc == 0
     shown = json.loads(capsys.readouterr().out)
     record = json.loads((out / "calibrate.json").read_text())
@@ -195,8 +214,11 @@ def test_recipe_calibrate_phase(tmp_path, monkeypatch):
     cal, held = _write(tmp_path)
     recipe = {
         "model": {"name_or_path": "tiny-gpt2"},
-        "convert": {"scheme": "alibi", "options": {"learn_slopes": True},
-                    "calibrate": {"data": cal, "heldout": held, "steps": 3, "budget": 128}},
+        "convert": {
+            "scheme": "alibi",
+            "options": {"learn_slopes": True},
+            "calibrate": {"data": cal, "heldout": held, "steps": 3, "budget": 128},
+        },
         "data": {"files": cal, "block_length": 64, "validation_fraction": 0.0},
         "train": {"method": "full", "steps": 1, "warmup_steps": 0},
         "output_dir": str(tmp_path / "run"),
@@ -211,5 +233,11 @@ def test_recipe_calibrate_needs_a_scheme():
     from retrofit.training.recipe import Recipe
 
     with pytest.raises(RecipeError, match="convert.calibrate.data' needs 'convert.scheme"):
-        Recipe.from_dict({"model": {"name_or_path": "x"}, "convert": {"calibrate": {"data": "stdlib"}},
-                          "data": {"dataset": "stdlib"}, "output_dir": "o"})
+        Recipe.from_dict(
+            {
+                "model": {"name_or_path": "x"},
+                "convert": {"calibrate": {"data": "stdlib"}},
+                "data": {"dataset": "stdlib"},
+                "output_dir": "o",
+            }
+        )

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import filecmp
-import shutil
 import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 import huggingface_hub
@@ -25,9 +25,11 @@ from retrofit.run_folder import published_weights
 from .pipeline_run import REPO, copy_run, shared_run
 
 TOKEN = "hf_retrofitTestToken0123456789abcdefXYZ"
-ALLOWED = re.compile(r"^(native/)?([\w.-]+\.safetensors|model\.safetensors\.index\.json|config\.json|generation_config\.json"
-                     r"|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|vocab\.json|merges\.txt)$"
-                     r"|^README\.md$|^eval/(report\.json|report\.md|[\w-]+\.png)$")
+ALLOWED = re.compile(
+    r"^(native/)?([\w.-]+\.safetensors|model\.safetensors\.index\.json|config\.json|generation_config\.json"
+    r"|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|vocab\.json|merges\.txt)$"
+    r"|^README\.md$|^eval/(report\.json|report\.md|[\w-]+\.png)$"
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +69,12 @@ class FakeApi:
         FakeApi.calls.append(("upload_folder", kw))
         root = Path(kw["folder_path"])
         FakeApi.uploaded = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-        return huggingface_hub.CommitInfo(commit_url=f"https://huggingface.co/{kw['repo_id']}/commit/abc",
-                                          commit_message="m", commit_description="", oid="abc")
+        return huggingface_hub.CommitInfo(
+            commit_url=f"https://huggingface.co/{kw['repo_id']}/commit/abc",
+            commit_message="m",
+            commit_description="",
+            oid="abc",
+        )
 
 
 @pytest.fixture
@@ -102,7 +108,9 @@ def test_card_metadata_is_valid_hub_metadata(run_dir):
     assert "base_model" not in meta  # tiny-gpt2 is retrofit's own model, not a Hub id
     _name, results = model_index_to_eval_results(meta["model-index"])
     report = json.loads((run_dir / "eval" / "report.json").read_text())
-    main_rows = [r for r in report["rows"] if r["model"] == report["models"][0]["name"] and r["method"] == "non-overlapping"]
+    main_rows = [
+        r for r in report["rows"] if r["model"] == report["models"][0]["name"] and r["method"] == "non-overlapping"
+    ]
     assert [round(r["ppl"], 4) for r in main_rows] == [e.metric_value for e in results]
     assert all(e.metric_type == "perplexity" and e.task_type == "text-generation" for e in results)
     assert card.data.eval_results  # huggingface_hub parsed the model-index itself
@@ -112,9 +120,22 @@ def test_card_body_holds_budget_tables_plots_loading_and_limits(run_dir):
     text = (run_dir / "README.md").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     info = json.loads((run_dir / "versions.json").read_text())
-    for needle in ("## Base model", "## Conversion", "## Fine-tune budget", "## Evaluation", "### Passkey retrieval",
-                   "## How to load", "## Limitations", "apache-2.0", "**alibi**", "(original)", "sliding",
-                   f"{summary['steps']:,} ×", f"{info['trainable_parameters']:,}", "from_pretrained("):
+    for needle in (
+        "## Base model",
+        "## Conversion",
+        "## Fine-tune budget",
+        "## Evaluation",
+        "### Passkey retrieval",
+        "## How to load",
+        "## Limitations",
+        "apache-2.0",
+        "**alibi**",
+        "(original)",
+        "sliding",
+        f"{summary['steps']:,} ×",
+        f"{info['trainable_parameters']:,}",
+        "from_pretrained(",
+    ):
         assert needle in text, needle
     if published_weights(run_dir) == "retrofit":
         assert "retrofit.load(" in text
@@ -126,14 +147,20 @@ def test_card_body_holds_budget_tables_plots_loading_and_limits(run_dir):
 def test_card_trend_words_follow_the_numbers(run_dir):
     """'perplexity does not rise from 101.82 at 128 to 101.94 at 2,048' contradicted itself (issue 17)."""
     text = (run_dir / "README.md").read_text()
-    verb, a, b = re.search(r"perplexity (rises|falls|is unchanged)(?: slightly \(under 2%\))? from ([\d,.]+) at [\d,]+ to "
-                           r"([\d,.]+) at",
-                           text).groups()
+    verb, a, b = re.search(
+        r"perplexity (rises|falls|is unchanged)(?: slightly \(under 2%\))? from ([\d,.]+) at [\d,]+ to "
+        r"([\d,.]+) at",
+        text,
+    ).groups()
     a, b = (float(x.replace(",", "")) for x in (a, b))
     assert verb == ("rises" if b > a else "falls" if b < a else "is unchanged"), (verb, a, b)
     assert [cards._trend(101.82, x) for x in (101.94, 101.70, 150.0, 50.0, 101.82)] == [
-        "rises slightly (under 2%) from", "falls slightly (under 2%) from", "rises from", "falls from",
-        "is unchanged from"]
+        "rises slightly (under 2%) from",
+        "falls slightly (under 2%) from",
+        "rises from",
+        "falls from",
+        "is unchanged from",
+    ]
 
 
 def test_card_for_a_hub_base_model_names_it_and_its_licence(run_dir, tmp_path):
@@ -149,8 +176,9 @@ def test_card_for_a_hub_base_model_names_it_and_its_licence(run_dir, tmp_path):
 def test_card_cli_and_bundled_template(run_dir, tmp_path, capsys):
     assert main(["card", str(run_dir), "--print"]) == 0
     assert capsys.readouterr().out == cards.render_card(run_dir)
-    assert filecmp.cmp(REPO / "model_cards" / "model_card.md.j2", cards.TEMPLATE_DIR / cards.DEFAULT_TEMPLATE,
-                       shallow=False)
+    assert filecmp.cmp(
+        REPO / "model_cards" / "model_card.md.j2", cards.TEMPLATE_DIR / cards.DEFAULT_TEMPLATE, shallow=False
+    )
     custom = tmp_path / "mine.md.j2"
     custom.write_text("---\n{{ metadata | yaml }}---\n# {{ title }}: {{ eval.rows[0].ppl | num }}\n")
     assert main(["card", str(run_dir), "--template", str(custom), "--out", str(tmp_path / "c.md")]) == 0
@@ -159,7 +187,9 @@ def test_card_cli_and_bundled_template(run_dir, tmp_path, capsys):
 
 # ---- push ----------------------------------------------------------------------------------------------
 def _expected(run_dir: Path) -> set:
-    names = {"README.md", "eval/report.json", "eval/report.md"} | {f"eval/{p.name}" for p in (run_dir / "eval").glob("*.png")}
+    names = {"README.md", "eval/report.json", "eval/report.md"} | {
+        f"eval/{p.name}" for p in (run_dir / "eval").glob("*.png")
+    }
     root = "export" if published_weights(run_dir) == "native" else "final"
     names |= {p.name for p in (run_dir / root).iterdir() if ALLOWED.match(p.name)}
     if (run_dir / "export").is_dir() and root == "final":
@@ -176,15 +206,21 @@ def test_push_calls_hfapi_with_the_right_arguments_and_folder(fresh, fake_api, m
     assert kinds == ["init", "create_repo", "create_branch", "upload_folder"]
     calls = dict(fake_api.calls)
     assert calls["init"]["token"] == TOKEN
-    assert calls["create_repo"] == {"repo_id": "someone/tiny-alibi", "repo_type": "model", "private": True,
-                                    "exist_ok": True}
+    assert calls["create_repo"] == {
+        "repo_id": "someone/tiny-alibi",
+        "repo_type": "model",
+        "private": True,
+        "exist_ok": True,
+    }
     assert calls["create_branch"]["branch"] == "dev"
     up = calls["upload_folder"]
     assert up["repo_id"] == "someone/tiny-alibi" and up["revision"] == "dev" and up["repo_type"] == "model"
     assert set(fake_api.uploaded) == _expected(fresh)
     assert all(ALLOWED.match(n) for n in fake_api.uploaded)
-    assert not any(re.search(r"optimizer|scheduler|random_states|checkpoint|\.pkl|\.bin|log\.jsonl|manifest", n)
-                   for n in fake_api.uploaded)
+    assert not any(
+        re.search(r"optimizer|scheduler|random_states|checkpoint|\.pkl|\.bin|log\.jsonl|manifest", n)
+        for n in fake_api.uploaded
+    )
     # the folder's generated (local) card, rendered again for the repo; nothing written into the folder
     assert fake_api.uploaded["README.md"] == cards.card_text(fresh, repo="someone/tiny-alibi").encode()
     assert b'from_pretrained("someone/tiny-alibi")' in fake_api.uploaded["README.md"]
@@ -217,8 +253,16 @@ def test_dry_run_lists_files_with_sizes_and_calls_nothing(fresh, no_hub, monkeyp
 
 
 def _listing(folder: Path) -> list:
-    return sorted((p.relative_to(folder).as_posix(), p.is_dir(), p.stat().st_mtime_ns, p.stat().st_size,
-                   None if p.is_dir() else p.read_bytes()) for p in [folder, *folder.rglob("*")])
+    return sorted(
+        (
+            p.relative_to(folder).as_posix(),
+            p.is_dir(),
+            p.stat().st_mtime_ns,
+            p.stat().st_size,
+            None if p.is_dir() else p.read_bytes(),
+        )
+        for p in [folder, *folder.rglob("*")]
+    )
 
 
 @pytest.mark.parametrize("card", ["generated", "none"])

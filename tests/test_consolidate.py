@@ -30,10 +30,13 @@ WORLD = 2
 
 
 def _recipe(tmp_path, scheme="t5") -> Path:
-    r = {"model": {"name_or_path": "tiny-gpt2"}, "convert": {"scheme": scheme, "options": {}},
-         "data": {"dataset": "stdlib"},
-         "train": {"method": "lora", "lora": {"r": 4, "alpha": 8}, "train_norms": True},
-         "output_dir": str(tmp_path / "run")}
+    r = {
+        "model": {"name_or_path": "tiny-gpt2"},
+        "convert": {"scheme": scheme, "options": {}},
+        "data": {"dataset": "stdlib"},
+        "train": {"method": "lora", "lora": {"r": 4, "alpha": 8}, "train_norms": True},
+        "output_dir": str(tmp_path / "run"),
+    }
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(r))
     return path
@@ -54,7 +57,7 @@ def _partition(t: torch.Tensor, rank: int) -> torch.Tensor:
     flat = t.detach().float().flatten()
     part = math.ceil(flat.numel() / WORLD)
     flat = torch.cat([flat, flat.new_zeros(part * WORLD - flat.numel())])
-    return flat[rank * part: (rank + 1) * part].clone()
+    return flat[rank * part : (rank + 1) * part].clone()
 
 
 class Stage(enum.IntEnum):  # stands for DeepSpeed's ZeroStageEnum: an object weights_only refuses
@@ -67,11 +70,14 @@ def write_zero3(model, folder: Path, enum_stage: bool = False) -> None:
     named = list(model.named_parameters())
     trainable = [(n, p) for n, p in named if p.requires_grad]
     frozen = [(n, p) for n, p in named if not p.requires_grad]
-    groups = [trainable[: len(trainable) // 2], trainable[len(trainable) // 2:]]
+    groups = [trainable[: len(trainable) // 2], trainable[len(trainable) // 2 :]]
     buffers = {n: b for n, b in model.named_buffers() if n in model.state_dict()}
     by_ptr = {p.data_ptr(): n for n, p in named}
-    shared = {k: by_ptr[v.data_ptr()] for k, v in model.state_dict().items()  # tied weights, as DeepSpeed records them
-              if k not in dict(named) and k not in buffers and v.data_ptr() in by_ptr}
+    shared = {
+        k: by_ptr[v.data_ptr()]
+        for k, v in model.state_dict().items()  # tied weights, as DeepSpeed records them
+        if k not in dict(named) and k not in buffers and v.data_ptr() in by_ptr
+    }
     for rank in range(WORLD):
         states = {
             "module": dict(buffers) if rank == 0 else {},
@@ -83,10 +89,13 @@ def write_zero3(model, folder: Path, enum_stage: bool = False) -> None:
             "ds_version": "0.19.8",
         }
         torch.save(states, folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-        optim = {"optimizer_state_dict": {
-            "zero_stage": Stage.weights if enum_stage else 3, "partition_count": WORLD,
-            "fp32_flat_groups": [torch.cat([_partition(p, rank) for _, p in g]) for g in groups],
-        }}
+        optim = {
+            "optimizer_state_dict": {
+                "zero_stage": Stage.weights if enum_stage else 3,
+                "partition_count": WORLD,
+                "fp32_flat_groups": [torch.cat([_partition(p, rank) for _, p in g]) for g in groups],
+            }
+        }
         torch.save(optim, folder / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
 
 
@@ -139,7 +148,7 @@ def test_mismatched_files_and_unknown_folders_fail_clearly(tmp_path):
     assert not (tmp_path / "run" / "final").exists()
 
 
-WORKER = '''
+WORKER = """
 import os, sys, torch, deepspeed
 from retrofit.training.outputs import rebuilt
 from retrofit.training.recipe import Recipe
@@ -157,10 +166,12 @@ engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
 engine.save_checkpoint(sys.argv[2], "pytorch_model")
 if os.environ["RANK"] == "0":
     save_file(reference, sys.argv[2] + "/reference.safetensors")
-'''
+"""
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed (CI does not install it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed (CI does not install it)"
+)
 def test_final_from_a_checkpoint_deepspeed_wrote(tmp_path):
     """ZeRO-3 run by DeepSpeed itself on two CPU processes (gloo), saved, read back exactly."""
     from safetensors.torch import load_file
@@ -168,9 +179,22 @@ def test_final_from_a_checkpoint_deepspeed_wrote(tmp_path):
     path = _recipe(tmp_path)
     (tmp_path / "worker.py").write_text(WORKER)
     ckpt = tmp_path / "ck"
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
-                          str(tmp_path / "worker.py"), str(path), str(ckpt)],
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(WORLD),
+            str(tmp_path / "worker.py"),
+            str(path),
+            str(ckpt),
+        ],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     reference = load_file(ckpt / "reference.safetensors")
     with pytest.raises(RetrofitError, match="--trust-pickle"):  # DeepSpeed pickles its ZeroStageEnum

@@ -13,9 +13,17 @@ import transformers as tf
 
 import retrofit
 from retrofit import kernels
+from retrofit.errors import (
+    AlreadyConvertedError,
+    LengthError,
+    NotConvertedError,
+    OptionError,
+    PatchNotLiveError,
+    RetrofitError,
+    UnknownSchemeError,
+    UnsupportedArchitectureError,
+)
 from retrofit.kernels import Call, call, cpu_flash, flex
-from retrofit.errors import (AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError,
-                             RetrofitError, UnknownSchemeError, UnsupportedArchitectureError)
 
 from .tiny import NATIVE, TINY, ids
 
@@ -42,14 +50,17 @@ def test_unknown_option_lists_valid_options():
         retrofit.convert(TINY["gpt2"](), "rope", thetaa=1.0)
 
 
-@pytest.mark.parametrize("options,match", [
-    ({"theta": "big"}, "must be float"),
-    ({"scaling": "cubic"}, "must be one of"),
-    ({"factor": True}, "must be float"),
-    ({"scaling": "yarn", "factor": 0.5}, "factor must be >= 1"),
-    ({"factor": 2.0}, "needs a scaling"),
-    ({"fraction": 1.5}, r"\(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"theta": "big"}, "must be float"),
+        ({"scaling": "cubic"}, "must be one of"),
+        ({"factor": True}, "must be float"),
+        ({"scaling": "yarn", "factor": 0.5}, "factor must be >= 1"),
+        ({"factor": 2.0}, "needs a scaling"),
+        ({"fraction": 1.5}, r"\(0, 1\]"),
+    ],
+)
 def test_wrong_option_values(options, match):
     model = TINY["llama"]()
     with pytest.raises(OptionError, match=match):
@@ -96,7 +107,9 @@ def test_plain_save_pretrained_of_a_converted_model_is_marked_too(tmp_path):
 def test_without_retrofit_transformers_refuses_a_checkpoint_instead_of_loading_the_original(tmp_path):
     retrofit.save(retrofit.convert(TINY["gpt2"](), "alibi"), tmp_path / "m")
     code = "import transformers as tf; tf.AutoModelForCausalLM.from_pretrained(%r)" % str(tmp_path / "m")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
     assert r.returncode != 0 and "model type `retrofit`" in r.stderr
 
 
@@ -178,11 +191,23 @@ def test_cli_bad_input_exit_codes(tmp_path, capsys):
     rc, _, err = run("convert", "gpt2", "--to", "nope-not-a-scheme", "--out", str(tmp_path / "o"))
     assert rc == 2 and "unknown scheme" in err
     TINY["gpt2"]().save_pretrained(tmp_path / "tiny")
-    rc, _, err = run("convert", str(tmp_path / "tiny"), "--to", "rope", "--option", "bogus=1", "--out", str(tmp_path / "o"))
+    rc, _, err = run(
+        "convert", str(tmp_path / "tiny"), "--to", "rope", "--option", "bogus=1", "--out", str(tmp_path / "o")
+    )
     assert rc == 2 and "no option 'bogus'" in err
     assert not (tmp_path / "o").exists()
-    rc, out, err = run("convert", str(tmp_path / "tiny"), "--to", "rope", "--option", "scaling=yarn",
-                       "--option", "factor=4", "--out", str(tmp_path / "o"))
+    rc, out, err = run(
+        "convert",
+        str(tmp_path / "tiny"),
+        "--to",
+        "rope",
+        "--option",
+        "scaling=yarn",
+        "--option",
+        "factor=4",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert rc == 0, err
     info = json.loads(out)
     assert info["scheme"] == "rope" and info["options"]["factor"] == 4.0
@@ -197,8 +222,12 @@ def test_cli_help_and_exit_code_as_a_process():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-m", "retrofit", "convert", "--help"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "--to SCHEME" in r.stdout and "alibi" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "retrofit", "convert", "x", "--to", "zzz", "--out", "y"],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "retrofit", "convert", "x", "--to", "zzz", "--out", "y"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 2 and "unknown scheme 'zzz'" in r.stderr
 
 
@@ -310,7 +339,9 @@ def test_chunked_kernel_matches_naive_across_chunk_boundaries(monkeypatch, windo
     pad = torch.ones(B, Tk, dtype=torch.bool)
     pad[0, :6] = False
     bias = _alibi_bias(H)
-    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=bias, key_padding=pad, window=window, q_start=q_start), "chunked")
+    out, path = kernels.attend(
+        Call(q, k, v, scaling=D**-0.5, bias=bias, key_padding=pad, window=window, q_start=q_start), "chunked"
+    )
     assert path == "chunked"
     torch.testing.assert_close(out, _naive(q, k, v, D**-0.5, bias, pad, window, q_start), atol=1e-5, rtol=1e-5)
 
@@ -397,8 +428,9 @@ def test_auto_path_on_cpu_and_the_kernel_survives_save_load(tmp_path):
 
 
 def test_convert_leaves_the_callers_config_alone_and_revert_stays_exact():
-    cfg = tf.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=NATIVE, bos_token_id=1,
-                        eos_token_id=2)
+    cfg = tf.GPT2Config(
+        vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=NATIVE, bos_token_id=1, eos_token_id=2
+    )
     model = tf.GPT2LMHeadModel(cfg).eval()
     before_cfg = cfg.to_dict()
     x = ids(1, 20)

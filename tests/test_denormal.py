@@ -24,6 +24,7 @@ def _alibi(q, k, v, **kw):
 
 class _Spy(torch.autograd.Function):
     """Records whether the calling thread flushes when the backward reaches the kernel."""
+
     seen: list[bool] = []
 
     @staticmethod
@@ -72,8 +73,10 @@ def test_user_setting_left_alone():
     assert not denormal.is_flushing()
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2 or denormal._libgomp() is None,
-                    reason="needs 2+ intra-op threads and torch on libgomp (the pool's flush goes through it)")
+@pytest.mark.skipif(
+    torch.get_num_threads() < 2 or denormal._libgomp() is None,
+    reason="needs 2+ intra-op threads and torch on libgomp (the pool's flush goes through it)",
+)
 def test_every_intra_op_thread():
     x = torch.full((1 << 16,), 2.0**-140)  # split over the threads
     with denormal.flushing():

@@ -11,9 +11,9 @@ import torch
 
 import retrofit
 from retrofit import kernels
+from retrofit.core import set_kernel
 from retrofit.kernels import Call
 from retrofit.kernels import cpu_flash_mask as dense
-from retrofit.core import set_kernel
 
 from .tiny import NATIVE, TINY, ids
 
@@ -135,8 +135,14 @@ def test_kernel_attend_picks_dense_on_cpu_for_a_bias_without_structure():
     assert path == "chunked"  # dropout: the chunked path (CPU SDPA's dropout)
 
 
-@pytest.mark.parametrize("scheme,options", [("fire", {}), ("t5", {"temperature": 0.4, "temperature_length": 8}),
-                                            ("alibi", {"temperature": 0.4, "temperature_length": 8})])
+@pytest.mark.parametrize(
+    "scheme,options",
+    [
+        ("fire", {}),
+        ("t5", {"temperature": 0.4, "temperature_length": 8}),
+        ("alibi", {"temperature": 0.4, "temperature_length": 8}),
+    ],
+)
 def test_a_model_trains_on_dense_with_the_chunked_gradients(scheme, options, user_kernel):
     """FIRE (its bias reads the query's position), T5 with a temperature, ALiBi in bf16 with a temperature:
     the model's loss and every trainable parameter's gradient (the position module's included) equal the

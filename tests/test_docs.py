@@ -14,9 +14,12 @@ def test_readme_is_at_most_250_lines():
 
 
 def test_no_issue_numbers_in_user_docs():
-    found = [f"{p.relative_to(ROOT)}:{i}: {m.group(0)}" for p in USER_DOCS
-             for i, line in enumerate(p.read_text().splitlines(), 1)
-             for m in re.finditer(r"\bissues? #?\d+|\(#\d+\)", line, re.IGNORECASE)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {m.group(0)}"
+        for p in USER_DOCS
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        for m in re.finditer(r"\bissues? #?\d+|\(#\d+\)", line, re.IGNORECASE)
+    ]
     assert not found, found
 
 
@@ -41,8 +44,11 @@ def test_the_recipe_table_names_each_recipes_corpus():
 
     import yaml
 
-    names = {"HuggingFaceFW/fineweb-edu": "FineWeb-Edu (streamed)", "stdlib": "stdlib (offline)",
-             "shakespeare:train": "Shakespeare (offline)"}
+    names = {
+        "HuggingFaceFW/fineweb-edu": "FineWeb-Edu (streamed)",
+        "stdlib": "stdlib (offline)",
+        "shakespeare:train": "Shakespeare (offline)",
+    }
     table = (ROOT / "docs" / "finetune.md").read_text().split("### Recipes", 1)[1].split("###", 1)[0]
     checked = 0
     for line in table.splitlines():

@@ -21,8 +21,16 @@ from retrofit.encodings.t5 import T5Buckets
 
 from .tiny import NATIVE, TINY, ids
 
-SPEC = ModelSpec(num_layers=2, num_heads=8, num_kv_heads=8, head_dim=16, hidden_size=128, native_length=64,
-                 native_kind="learned_absolute", embedding_rms=0.02)
+SPEC = ModelSpec(
+    num_layers=2,
+    num_heads=8,
+    num_kv_heads=8,
+    head_dim=16,
+    hidden_size=128,
+    native_length=64,
+    native_kind="learned_absolute",
+    embedding_rms=0.02,
+)
 H = SPEC.num_heads
 
 
@@ -53,8 +61,9 @@ def test_t5_buckets_match_transformers(num_buckets, max_distance):
     s = make(T5Buckets, num_buckets=num_buckets, max_distance=max_distance)
     i = torch.arange(0, 3000)[:, None]
     j = torch.tensor([0, 1, 5, 17, 2999])[None, :]
-    oracle = T5Attention._relative_position_bucket(j - i, bidirectional=False, num_buckets=num_buckets,
-                                                   max_distance=max_distance)
+    oracle = T5Attention._relative_position_bucket(
+        j - i, bidirectional=False, num_buckets=num_buckets, max_distance=max_distance
+    )
     assert torch.equal(s.bucket(i - j), oracle)
 
 
@@ -107,7 +116,9 @@ def test_shaw_matches_the_paper_and_starts_as_clipped_alibi():
     near = m & ((q - k) <= k_clip)
     torch.testing.assert_close(b[near], alibi[near].float())
     far = m & ((q - k) > k_clip)
-    torch.testing.assert_close(b[far], (-torch.tensor(alibi_slopes(H)).float()[:, None, None] * k_clip).expand(H, 60, 60)[far])
+    torch.testing.assert_close(
+        b[far], (-torch.tensor(alibi_slopes(H)).float()[:, None, None] * k_clip).expand(H, 60, 60)[far]
+    )
     assert fresh.bias(0, torch.tensor(2), torch.tensor(59), torch.tensor(0)) == b[2, 59, 0]
 
 
@@ -122,8 +133,11 @@ def fire_paper(s, li, n):
         mlp[2].weight.copy_(s.w2[li]), mlp[2].bias.copy_(s.b2[li])
     positions = torch.arange(n, dtype=torch.float)
     rel_distance = positions[:, None] - positions[None, :]
-    threshold = torch.abs(s.threshold_scale[li] * s.options.threshold) if s.options.learned_threshold else torch.tensor(
-        float(s.options.threshold))
+    threshold = (
+        torch.abs(s.threshold_scale[li] * s.options.threshold)
+        if s.options.learned_threshold
+        else torch.tensor(float(s.options.threshold))
+    )
     pos_normalizer = torch.max(positions, threshold)[:, None]
     rel_distance = torch.log(torch.abs(s.c[li] * rel_distance) + 1)
     pos_normalizer = torch.log(torch.abs(s.c[li] * pos_normalizer) + 1) + 1e-6
@@ -162,7 +176,9 @@ def test_fire_starts_close_to_alibi_and_learns_its_threshold():
     # beyond the threshold FIRE interpolates: bounded by the value at the threshold, still monotone in distance
     far = s.bias(0, *grid(4 * n))[:, -1, :].flip(-1)  # (H, offsets 0..4n-1)
     assert (far[:, 1:] <= far[:, :-1] + 1e-4).all()
-    assert (far.min(-1).values >= s.mlp(0, torch.tensor(1.0)) - 1e-4).all(), "bounded by f(1), the bias at the threshold"
+    assert (far.min(-1).values >= s.mlp(0, torch.tensor(1.0)) - 1e-4).all(), (
+        "bounded by f(1), the bias at the threshold"
+    )
     b.sum().backward()
     assert all(p.grad is not None for p in (s.w1, s.w2, s.c))
     loss = s.bias(0, *grid(2 * n)).sum()  # queries past the threshold see it
@@ -196,15 +212,19 @@ def test_sinusoids_match_transformers_and_default_scale():
     s = make(Sinusoidal)
     table = torch.empty(300, SPEC.hidden_size)
     create_sinusoidal_embeddings(300, SPEC.hidden_size, table)  # DistilBERT's: sin on even, cos on odd dims
-    torch.testing.assert_close(s.embed(torch.arange(300)[None], torch.float32)[0], table * s.options.scale, atol=2e-5, rtol=0)
+    torch.testing.assert_close(
+        s.embed(torch.arange(300)[None], torch.float32)[0], table * s.options.scale, atol=2e-5, rtol=0
+    )
     assert math.isclose(s.options.scale, math.sqrt(2) * 0.02)
     rms = s.embed(torch.arange(4096)[None], torch.float32).pow(2).mean().sqrt()
     assert abs(rms - 0.02) < 2e-3, "default scale: the sinusoids' RMS equals the token embeddings'"
     assert make(Sinusoidal, scale=1.0).options.scale == 1.0
 
 
-@pytest.mark.parametrize("model_type,table", [("gpt2", "transformer.wpe"), ("gpt_neo", "transformer.wpe"),
-                                              ("opt", "model.decoder.embed_positions")])
+@pytest.mark.parametrize(
+    "model_type,table",
+    [("gpt2", "transformer.wpe"), ("gpt_neo", "transformer.wpe"), ("opt", "model.decoder.embed_positions")],
+)
 def test_position_table_families_equal_a_hand_edited_table(model_type, table):
     """sinusoidal == the unconverted model with its table rows set to the sinusoids (OPT: row p + 2 = PE(p));
     nope == the unconverted model with a zero table. Checks the offset, GPT-Neo's window and unscaled scores."""
@@ -275,8 +295,9 @@ def test_gpt_neox_partial_rotary():
 # ---------------------------------------------------------------------------------------------
 # learned parameters are ordinary parameters
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("scheme,names", [("t5", {"table"}), ("shaw", {"table"}),
-                                          ("fire", {"w1", "b1", "w2", "b2", "c", "threshold_scale"})])
+@pytest.mark.parametrize(
+    "scheme,names", [("t5", {"table"}), ("shaw", {"table"}), ("fire", {"w1", "b1", "w2", "b2", "c", "threshold_scale"})]
+)
 def test_learned_parameters_train_save_and_load(scheme, names, tmp_path):
     model = TINY["gpt2"]()
     retrofit.convert(model, scheme)

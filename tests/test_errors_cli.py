@@ -51,18 +51,22 @@ def leftovers(folder: Path) -> list[str]:
 def test_a_model_that_is_not_a_causal_lm_is_unsupported(at, capsys):
     import transformers as tf
 
-    tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1,
-                                              num_heads=4)).save_pretrained(at / "t5")
+    tf.T5ForConditionalGeneration(
+        tf.T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4)
+    ).save_pretrained(at / "t5")
     rc, err = run(["convert", "t5", "--to", "alibi", "--out", "out"], capsys)
     assert rc == 3, err
     assert "'t5' model, which is not a causal (decoder-only) language model" in err and "llama" in err
     assert not (at / "out").exists()
 
 
-@pytest.mark.parametrize("make,words", [
-    (lambda p: (p / "notes").mkdir() or (p / "notes" / "a.txt").write_text("hi"), "is not a model folder"),
-    (lambda p: None, "no such file or folder"),
-])
+@pytest.mark.parametrize(
+    "make,words",
+    [
+        (lambda p: (p / "notes").mkdir() or (p / "notes" / "a.txt").write_text("hi"), "is not a model folder"),
+        (lambda p: None, "no such file or folder"),
+    ],
+)
 def test_a_path_that_is_not_a_model(at, capsys, make, words):
     make(at)
     rc, err = run(["convert", "./notes", "--to", "alibi", "--out", "out"], capsys)
@@ -114,9 +118,17 @@ def _gguf(path: Path, embedding_width: int, width: int = 32, vocab: int = 16) ->
     w.add_rope_dimension_count(width // 4), w.add_tokenizer_model("llama")
     w.add_token_list([f"t{i}" for i in range(vocab)]), w.add_token_scores([0.0] * vocab), w.add_token_types([1] * vocab)
     rand = np.random.default_rng(0)
-    tensors = {"token_embd": (vocab, embedding_width), "output": (vocab, width), "blk.0.attn_q": (width, width),
-               "blk.0.attn_k": (width, width), "blk.0.attn_v": (width, width), "blk.0.attn_output": (width, width),
-               "blk.0.ffn_gate": (64, width), "blk.0.ffn_up": (64, width), "blk.0.ffn_down": (width, 64)}
+    tensors = {
+        "token_embd": (vocab, embedding_width),
+        "output": (vocab, width),
+        "blk.0.attn_q": (width, width),
+        "blk.0.attn_k": (width, width),
+        "blk.0.attn_v": (width, width),
+        "blk.0.attn_output": (width, width),
+        "blk.0.ffn_gate": (64, width),
+        "blk.0.ffn_up": (64, width),
+        "blk.0.ffn_down": (width, 64),
+    }
     for name, shape in tensors.items():
         w.add_tensor(f"{name}.weight", (rand.standard_normal(shape) * 0.02).astype(np.float32))
     for name in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
@@ -147,10 +159,26 @@ def test_an_out_that_cannot_be_a_folder(at, capsys, out, words):
 WRITERS = {
     "convert": ["convert", "tiny-gpt2", "--to", "alibi", "--out", "OUT"],
     "eval": ["eval", "tiny-gpt2", "--lengths", "64", "--budget", "128", "--out", "OUT"],
-    "finetune": ["finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=OUT",
-                 "--set", "train.steps=2"],
-    "run": ["run", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=OUT",
-            "--set", "train.steps=2"],
+    "finetune": [
+        "finetune",
+        TINY_RECIPE,
+        "--set",
+        "model.name_or_path=tiny-gpt2",
+        "--set",
+        "output_dir=OUT",
+        "--set",
+        "train.steps=2",
+    ],
+    "run": [
+        "run",
+        TINY_RECIPE,
+        "--set",
+        "model.name_or_path=tiny-gpt2",
+        "--set",
+        "output_dir=OUT",
+        "--set",
+        "train.steps=2",
+    ],
 }
 
 
@@ -268,8 +296,23 @@ def test_a_full_disk_during_a_finetune_checkpoint(at, capsys, monkeypatch):
         return real_save(obj, f, *a, **k)
 
     monkeypatch.setattr(torch, "save", save)
-    rc, err = run(["finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
-                   "--set", "train.steps=2", "--set", "checkpoint.every=2", "--set", "train.eval_every=0"], capsys)
+    rc, err = run(
+        [
+            "finetune",
+            TINY_RECIPE,
+            "--set",
+            "model.name_or_path=tiny-gpt2",
+            "--set",
+            "output_dir=ft",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "checkpoint.every=2",
+            "--set",
+            "train.eval_every=0",
+        ],
+        capsys,
+    )
     assert rc == 2 and "no space left on device while writing ft/checkpoints/step_00000002" in err, err
     assert leftovers(at / "ft" / "checkpoints") == [] and not (at / "ft" / "checkpoints" / "step_00000002").exists()
 
@@ -316,16 +359,45 @@ def test_eval_data_that_is_not_utf8_text_is_refused(no_work, capsys, kind, spec)
 def test_recipe_data_files_that_are_not_utf8_text_are_refused(no_work, capsys, kind):
     content, words = NOT_TEXT[kind]
     _data_with(no_work / "data", content)
-    rc, err = run(["finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
-                   "--set", "data.dataset=null", "--set", "data.files=[data/good.txt, data/bad.txt]"], capsys)
+    rc, err = run(
+        [
+            "finetune",
+            TINY_RECIPE,
+            "--set",
+            "model.name_or_path=tiny-gpt2",
+            "--set",
+            "output_dir=ft",
+            "--set",
+            "data.dataset=null",
+            "--set",
+            "data.files=[data/good.txt, data/bad.txt]",
+        ],
+        capsys,
+    )
     assert rc == 2 and f"data/bad.txt {words}" in err, err
 
 
 def test_a_finetune_without_validation_says_so(tmp_path, user_env):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    r = cli(["retrofit", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
-             "--set", "train.steps=1", "--set", "checkpoint.every=0", "--set", "data.validation_fraction=0"],
-            tmp_path, user_env)
+    r = cli(
+        [
+            "retrofit",
+            "finetune",
+            TINY_RECIPE,
+            "--set",
+            "model.name_or_path=tiny-gpt2",
+            "--set",
+            "output_dir=ft",
+            "--set",
+            "train.steps=1",
+            "--set",
+            "checkpoint.every=0",
+            "--set",
+            "data.validation_fraction=0",
+        ],
+        tmp_path,
+        user_env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "no validation loss: data.validation_fraction is 0" in r.stderr, r.stderr[-3000:]
     assert "None" not in r.stderr and "done: no validation loss" in r.stderr, r.stderr[-3000:]
@@ -361,8 +433,10 @@ def test_lengths_as_multiples_on_the_command_line_and_in_set(at, capsys):
 def test_eval_of_an_unconverted_model_says_which_lengths_it_drops_and_labels_it_the_original(tmp_path, user_env):
     r = cli(["retrofit", "eval", "tiny-gpt2", "--budget", "256", "--no-plots", "--out", "ev"], tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert ("tiny-gpt2 is not converted (learned_absolute: at most 64 tokens): the default lengths 128, 256, 512 "
-            "are not evaluated, only 64") in r.stderr, r.stderr[-3000:]
+    assert (
+        "tiny-gpt2 is not converted (learned_absolute: at most 64 tokens): the default lengths 128, 256, 512 "
+        "are not evaluated, only 64"
+    ) in r.stderr, r.stderr[-3000:]
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert report["settings"]["lengths"] == [64]
     assert [m["role"] for m in report["models"]] == ["original"]
@@ -371,9 +445,11 @@ def test_eval_of_an_unconverted_model_says_which_lengths_it_drops_and_labels_it_
 
 # ---- help and noise ------------------------------------------------------------------------------
 def test_help_builds_without_torch():
-    code = ("import sys; from retrofit.cli import build_parser; p = build_parser(); p.format_help();"
-            "heavy = [m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules];"
-            "print(heavy)")
+    code = (
+        "import sys; from retrofit.cli import build_parser; p = build_parser(); p.format_help();"
+        "heavy = [m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules];"
+        "print(heavy)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
 
@@ -391,7 +467,9 @@ def test_help_lists_every_registered_scheme():
 def test_convert_help_lists_the_built_in_models():
     from retrofit import builtin
 
-    r = subprocess.run([sys.executable, "-m", "retrofit", "convert", "--help"], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-m", "retrofit", "convert", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0, r.stderr
     listed = " ".join(r.stdout.split("built-in models", 1)[-1].split())
     assert "built-in models" in r.stdout and all(f" {name}," in listed + "," for name in builtin.names()), r.stdout
@@ -405,11 +483,26 @@ def warnings_in(stderr: str) -> list[str]:
 
 def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_env):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    steps = [["retrofit", "convert", "tiny-gpt2", "--to", "t5", "--out", "ck"],  # t5: learned position tensors
-             ["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--option", "scale_bias=true", "--out", "ckb"],
-             ["retrofit", "export", "ckb", "--native", "--out", "native"],
-             ["retrofit", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
-              "--set", "train.steps=2", "--set", "checkpoint.every=1", "--set", "train.eval_every=0"]]
+    steps = [
+        ["retrofit", "convert", "tiny-gpt2", "--to", "t5", "--out", "ck"],  # t5: learned position tensors
+        ["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--option", "scale_bias=true", "--out", "ckb"],
+        ["retrofit", "export", "ckb", "--native", "--out", "native"],
+        [
+            "retrofit",
+            "finetune",
+            TINY_RECIPE,
+            "--set",
+            "model.name_or_path=tiny-gpt2",
+            "--set",
+            "output_dir=ft",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "checkpoint.every=1",
+            "--set",
+            "train.eval_every=0",
+        ],
+    ]
     for args in steps:
         r = cli(args, tmp_path, user_env)
         assert r.returncode == 0, r.stderr[-3000:]
@@ -421,9 +514,26 @@ def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_
 
 def test_verbose_shows_what_is_kept_quiet(tmp_path, user_env):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    r = cli(["retrofit", "--verbose", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2",
-             "--set", "output_dir=ft", "--set", "train.steps=1", "--set", "checkpoint.every=1",
-             "--set", "train.eval_every=0"], tmp_path, user_env)
+    r = cli(
+        [
+            "retrofit",
+            "--verbose",
+            "finetune",
+            TINY_RECIPE,
+            "--set",
+            "model.name_or_path=tiny-gpt2",
+            "--set",
+            "output_dir=ft",
+            "--set",
+            "train.steps=1",
+            "--set",
+            "checkpoint.every=1",
+            "--set",
+            "train.eval_every=0",
+        ],
+        tmp_path,
+        user_env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Removed shared tensor" in r.stderr and "accelerate.checkpointing" in r.stderr
 
@@ -431,8 +541,24 @@ def test_verbose_shows_what_is_kept_quiet(tmp_path, user_env):
 @pytest.mark.parametrize("progress", ["0", "1"])
 def test_retrofit_progress_0_silences_the_finetune_bar_and_1_keeps_it(tmp_path, user_env, progress):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    r = cli(["retrofit", "finetune", TINY_RECIPE, "--set", "model.name_or_path=tiny-gpt2", "--set", "output_dir=ft",
-             "--set", "train.steps=2", "--set", "checkpoint.every=0", "--set", "train.eval_every=0"],
-            tmp_path, {**user_env, "RETROFIT_PROGRESS": progress})
+    r = cli(
+        [
+            "retrofit",
+            "finetune",
+            TINY_RECIPE,
+            "--set",
+            "model.name_or_path=tiny-gpt2",
+            "--set",
+            "output_dir=ft",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "checkpoint.every=0",
+            "--set",
+            "train.eval_every=0",
+        ],
+        tmp_path,
+        {**user_env, "RETROFIT_PROGRESS": progress},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert ("finetune:" in r.stderr) == (progress == "1"), r.stderr[-3000:]

@@ -43,8 +43,15 @@ def tiny_gpt2(n_positions: int = 64, seed: int = 0, vocab_size: int = 260):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=n_positions, vocab_size=vocab_size,
-                     bos_token_id=256, eos_token_id=256)
+    cfg = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        n_positions=n_positions,
+        vocab_size=vocab_size,
+        bos_token_id=256,
+        eos_token_id=256,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -52,9 +59,18 @@ def tiny_llama(max_len: int = 64, seed: int = 1, vocab_size: int = 260):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=max_len, vocab_size=vocab_size,
-                      bos_token_id=256, eos_token_id=256, pad_token_id=None)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_len,
+        vocab_size=vocab_size,
+        bos_token_id=256,
+        eos_token_id=256,
+        pad_token_id=None,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from retrofit.errors import DataError, LengthError, OptionError
 from retrofit.evaluation import evaluate
+
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, docs, tiny_gpt2, tiny_llama
 except ImportError:
@@ -84,12 +85,15 @@ def test_length_past_a_converted_models_limit():
         _eval(model, [32, 128], budget=256)
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"stride": 0}, "stride"),
-    ({"passkey": True, "passkey_depths": [1.5]}, "depths"),
-    ({"passkey": True, "passkey_lengths": [20]}, "too short"),
-    ({"batch_size": 0}, "batch_size"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"stride": 0}, "stride"),
+        ({"passkey": True, "passkey_depths": [1.5]}, "depths"),
+        ({"passkey": True, "passkey_lengths": [20]}, "too short"),
+        ({"batch_size": 0}, "batch_size"),
+    ],
+)
 def test_bad_options(counted, kw, match):
     model, calls = counted
     with pytest.raises((OptionError, LengthError), match=match):

@@ -14,8 +14,19 @@ from retrofit.evaluation.options import DEFAULTS, NAMES, EvalOptions
 from retrofit.evaluation.runner import evaluate
 from retrofit.run_recipe import EvalSection, load_recipe
 
-NOT_OPTIONS = {"help", "model", "gguf_file", "baseline", "device", "dtype", "out", "no_plots", "no_progress", "func",
-               "quick"}
+NOT_OPTIONS = {
+    "help",
+    "model",
+    "gguf_file",
+    "baseline",
+    "device",
+    "dtype",
+    "out",
+    "no_plots",
+    "no_progress",
+    "func",
+    "quick",
+}
 
 
 def _eval_parser() -> argparse.ArgumentParser:
@@ -34,8 +45,13 @@ def test_every_option_is_a_flag_with_the_dataclass_default_and_help():
     args = p.parse_args(["m"])
     assert cli_eval._options(args) == {}  # nothing given: evaluate() reads EvalOptions' defaults
     args = p.parse_args(["m", "--no-sliding", "--buckets", "8", "--recall-span", "20", "--passkey-depths", "0,1"])
-    assert cli_eval._options(args) == {"sliding": False, "position_buckets": 8, "recall_span": 20, "recall": True,
-                                       "passkey_depths": [0.0, 1.0]}
+    assert cli_eval._options(args) == {
+        "sliding": False,
+        "position_buckets": 8,
+        "recall_span": 20,
+        "recall": True,
+        "passkey_depths": [0.0, 1.0],
+    }
 
 
 def test_evaluate_has_no_option_default_of_its_own():
@@ -50,7 +66,17 @@ def test_every_option_is_a_recipe_key_with_the_same_default():
     assert set(NAMES) <= set(section) and set(section) - set(NAMES) == {"baselines"}
     rr = load_recipe("recipes/tiny-gpt2-alibi-lora.yaml")  # no eval section: every default
     assert {n: getattr(rr.eval, n) for n in NAMES} == dataclasses.asdict(DEFAULTS)
-    changed = {"budget": 77, "position_buckets": 8, "sliding": False, "doc_separator": "SEP", "stride": 3,
-               "recall_cue": 2, "data": "shakespeare:heldout", "lengths": ["1x"], "passkey_trials": 2, "seed": 4}
+    changed = {
+        "budget": 77,
+        "position_buckets": 8,
+        "sliding": False,
+        "doc_separator": "SEP",
+        "stride": 3,
+        "recall_cue": 2,
+        "data": "shakespeare:heldout",
+        "lengths": ["1x"],
+        "passkey_trials": 2,
+        "seed": 4,
+    }
     rr = load_recipe("recipes/tiny-gpt2-alibi-lora.yaml", [f"eval.{k}={v}" for k, v in changed.items()])
     assert {k: getattr(rr.eval, k) for k in changed} == changed

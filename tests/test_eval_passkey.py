@@ -11,6 +11,7 @@ from tqdm import tqdm
 from retrofit.evaluation import passkey as pk
 from retrofit.evaluation.models import EvalModel
 from retrofit.evaluation.runner import run_passkey
+
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, tiny_llama
 except ImportError:

@@ -9,9 +9,16 @@ import pytest
 import torch
 
 from retrofit.evaluation import evaluate, perplexity
-from retrofit.evaluation.perplexity import (loss_by_position, nonoverlapping_nll, sliding_nll, sliding_spans,
-                                            summarize, t_quantile_975)
+from retrofit.evaluation.perplexity import (
+    loss_by_position,
+    nonoverlapping_nll,
+    sliding_nll,
+    sliding_spans,
+    summarize,
+    t_quantile_975,
+)
 from retrofit.evaluation.tokens import first_tokens
+
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, docs, tiny_gpt2, tiny_llama
 except ImportError:
@@ -61,8 +68,9 @@ def test_every_length_and_method_scores_the_same_targets():
     for L in (8, 16, 32, 64):
         np.testing.assert_allclose(nonoverlapping_nll(model, ids, L, batch_size=3), ref, rtol=1e-5)
     np.testing.assert_allclose(sliding_nll(model, ids, 32, 8), ref, rtol=1e-5)
-    report = evaluate(model, [16, 32, 64], data=docs(), tokenizer=byte_tokenizer(), budget=128, stride=8,
-                      progress=False)
+    report = evaluate(
+        model, [16, 32, 64], data=docs(), tokenizer=byte_tokenizer(), budget=128, stride=8, progress=False
+    )
     assert {r["tokens"] for r in report.rows} == {128}
     assert len({round(r["nll"], 9) for r in report.rows}) == 1  # a bigram model: same tokens, same loss
 

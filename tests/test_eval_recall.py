@@ -18,6 +18,7 @@ from retrofit.evaluation import passkey as pk
 from retrofit.evaluation import recall as rc
 from retrofit.evaluation.models import EvalModel
 from retrofit.evaluation.runner import run_recall
+
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import TEXT, byte_tokenizer, docs, tiny_gpt2, tiny_llama
     from .tiny import TINY
@@ -114,8 +115,18 @@ def test_wilson_interval_by_hand():
 
 
 def _evaluate(**kw):
-    opts = dict(data=docs(), tokenizer=byte_tokenizer(), budget=256, sliding=False, recall=True,
-                recall_lengths=[64, 128], recall_depths=[0.0, 1.0], recall_trials=3, seed=11, progress=False)
+    opts = dict(
+        data=docs(),
+        tokenizer=byte_tokenizer(),
+        budget=256,
+        sliding=False,
+        recall=True,
+        recall_lengths=[64, 128],
+        recall_depths=[0.0, 1.0],
+        recall_trials=3,
+        seed=11,
+        progress=False,
+    )
     opts.update(kw)
     return evaluate(("llama", tiny_llama(), byte_tokenizer()), [64], **opts)
 
@@ -124,21 +135,34 @@ def test_same_inputs_same_report_and_paired_trials():
     a, b = _evaluate(), _evaluate()
     assert a.comparable() == b.comparable()
     a.validate()
-    assert a["settings"]["recall"] == {"lengths": [64, 128], "depths": [0.0, 1.0], "trials": 3, "span": 12, "cue": 4,
-                                       "text_tokens": a["settings"]["recall"]["text_tokens"],
-                                       "scoring": "teacher-forced argmax (one forward per trial)"}
+    assert a["settings"]["recall"] == {
+        "lengths": [64, 128],
+        "depths": [0.0, 1.0],
+        "trials": 3,
+        "span": 12,
+        "cue": 4,
+        "text_tokens": a["settings"]["recall"]["text_tokens"],
+        "scoring": "teacher-forced argmax (one forward per trial)",
+    }
     assert a["seeds"]["recall"] == 11 and len(a["recall"]) == 4
     assert all(-30 < r["mean_logprob"] < 0 and 0 <= r["token_accuracy"] <= 1 for r in a["recall"])
     c = _evaluate(seed=12)
     assert [r["scores"] for r in c["recall"]] != [r["scores"] for r in a["recall"]]  # the seed matters
     text = byte_tokenizer()("".join(d.text for d in docs()), add_special_tokens=False)["input_ids"]
     spans = rc.make_spans(11, 3, 12, rc.token_pool(text, byte_tokenizer()))
-    assert len({tuple(s) for s in spans}) == 3 and rc.make_spans(11, 3, 12, rc.token_pool(text, byte_tokenizer())) == spans
+    assert (
+        len({tuple(s) for s in spans}) == 3 and rc.make_spans(11, 3, 12, rc.token_pool(text, byte_tokenizer())) == spans
+    )
 
 
-@pytest.mark.parametrize("kw, match", [({"recall_cue": 12}, "smaller than recall_span"),
-                                       ({"recall_depths": [1.5]}, "recall depths"),
-                                       ({"recall_trials": 0}, "recall_trials")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"recall_cue": 12}, "smaller than recall_span"),
+        ({"recall_depths": [1.5]}, "recall depths"),
+        ({"recall_trials": 0}, "recall_trials"),
+    ],
+)
 def test_bad_recall_options_are_clear_errors(kw, match):
     with pytest.raises(OptionError, match=match):
         _evaluate(**kw)
@@ -152,21 +176,64 @@ def test_cli_eval_with_recall_flags(tmp_path, capsys):
     retrofit.save(retrofit.convert(tiny_gpt2(n_positions=32), "alibi"), model_dir, tokenizer=byte_tokenizer())
     text = tmp_path / "held.txt"
     text.write_text("".join(doc.text for doc in docs()))
-    rc_ = main(["eval", str(model_dir), "--lengths", "32,64", "--data", str(text), "--budget", "128", "--no-sliding",
-                "--recall-lengths", "1x,2x", "--recall-depths", "0,0.5", "--recall-trials", "2", "--recall-span", "8",
-                "--recall-cue", "3", "--no-progress"])
+    rc_ = main(
+        [
+            "eval",
+            str(model_dir),
+            "--lengths",
+            "32,64",
+            "--data",
+            str(text),
+            "--budget",
+            "128",
+            "--no-sliding",
+            "--recall-lengths",
+            "1x,2x",
+            "--recall-depths",
+            "0,0.5",
+            "--recall-trials",
+            "2",
+            "--recall-span",
+            "8",
+            "--recall-cue",
+            "3",
+            "--no-progress",
+        ]
+    )
     assert rc_ == 0
     report = json.loads((model_dir / "eval" / "report.json").read_text())
     s = report["settings"]["recall"]
     assert (s["lengths"], s["depths"], s["trials"], s["span"], s["cue"]) == ([32, 64], [0.0, 0.5], 2, 8, 3)
     assert [(r["length"], r["depth"], r["trials"]) for r in report["recall"]] == [
-        (32, 0.0, 2), (32, 0.5, 2), (64, 0.0, 2), (64, 0.5, 2)]
+        (32, 0.0, 2),
+        (32, 0.5, 2),
+        (64, 0.0, 2),
+        (64, 0.5, 2),
+    ]
     assert "recall.png" in report["plots"] and (model_dir / "eval" / "recall.png").is_file()
     md = (model_dir / "eval" / "report.md").read_text()
     assert "## Recall" in md and "| model | length | depth 0 | depth 0.5 |" in md and "![recall](recall.png)" in md
     assert "## Passkey" not in md and report["passkey"] is None
-    rc_ = main(["eval", str(model_dir), "--lengths", "32", "--data", str(text), "--budget", "128", "--no-sliding",
-                "--recall", "--recall-span", "20", "--no-plots", "--no-progress", "--out", str(tmp_path / "x")])
+    rc_ = main(
+        [
+            "eval",
+            str(model_dir),
+            "--lengths",
+            "32",
+            "--data",
+            str(text),
+            "--budget",
+            "128",
+            "--no-sliding",
+            "--recall",
+            "--recall-span",
+            "20",
+            "--no-plots",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "x"),
+        ]
+    )
     assert rc_ == 2 and "too short" in capsys.readouterr().err  # 2 x 20 tokens do not fit in 32
 
 
@@ -179,11 +246,18 @@ def test_recipe_eval_section_takes_recall_with_the_cli_defaults():
     e = rr.eval
     assert e.recall and e.recall_lengths == ["1x", "4x"]
     assert (tuple(e.recall_depths), e.recall_trials, e.recall_span, e.recall_cue) == (
-        tuple(D.recall_depths), D.recall_trials, D.recall_span, D.recall_cue)
+        tuple(D.recall_depths),
+        D.recall_trials,
+        D.recall_span,
+        D.recall_cue,
+    )
     off = load_recipe("recipes/tiny-run.yaml", ["eval.recall_trials=7"])
     assert off.stage_hash("eval") == load_recipe("recipes/tiny-run.yaml").stage_hash("eval")  # recall off: not hashed
     assert rr.stage_hash("eval") != off.stage_hash("eval")
-    for bad, key in (("eval.recall_cue=12", "recall_cue"), ("eval.recall_depths=[2]", "recall_depths"),
-                     ("eval.recall_trials=0", "recall_trials")):
+    for bad, key in (
+        ("eval.recall_cue=12", "recall_cue"),
+        ("eval.recall_depths=[2]", "recall_depths"),
+        ("eval.recall_trials=0", "recall_trials"),
+    ):
         with pytest.raises(RecipeError, match=key):
             load_recipe("recipes/tiny-run.yaml", [bad])

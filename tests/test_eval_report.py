@@ -10,6 +10,7 @@ import pytest
 import retrofit
 from retrofit.evaluation import Report, evaluate
 from retrofit.evaluation.report import schema
+
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, docs, tiny_gpt2, tiny_llama
 except ImportError:
@@ -17,9 +18,20 @@ except ImportError:
 
 
 def _run(out=None, **kw):
-    opts = dict(data=docs(), baselines=[("gpt2-32", tiny_gpt2(n_positions=32), byte_tokenizer())],
-                tokenizer=byte_tokenizer(), budget=256, stride=8, position_buckets=8, passkey=True,
-                passkey_lengths=[270], passkey_depths=[0.0, 1.0], passkey_trials=2, seed=5, progress=False)
+    opts = dict(
+        data=docs(),
+        baselines=[("gpt2-32", tiny_gpt2(n_positions=32), byte_tokenizer())],
+        tokenizer=byte_tokenizer(),
+        budget=256,
+        stride=8,
+        position_buckets=8,
+        passkey=True,
+        passkey_lengths=[270],
+        passkey_depths=[0.0, 1.0],
+        passkey_trials=2,
+        seed=5,
+        progress=False,
+    )
     opts.update(kw)
     return evaluate(("llama", tiny_llama(), byte_tokenizer()), [32, 64], out=out, **opts)
 
@@ -58,8 +70,8 @@ def test_plots_and_markdown_written(saved):
     assert "| `gpt2-32` | baseline | sliding |" in md and "## Passkey retrieval" in md and "not run" in md
 
 
-
 # --- the plots a user opens: nothing cut off, nothing hidden, plain labels -----------------------------
+
 
 def _drawn(fig):
     fig.canvas.draw()
@@ -74,7 +86,7 @@ def _assert_nothing_past_the_edge(fig):
     drawn = [fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)]
     drawn += [a.get_tightbbox(renderer) for a in fig.axes] + [lg.get_window_extent(renderer) for lg in fig.legends]
     for e in drawn:
-        assert (e.x0 >= box.x0 - 1 and e.y0 >= box.y0 - 1 and e.x1 <= box.x1 + 1 and e.y1 <= box.y1 + 1), (e, box)
+        assert e.x0 >= box.x0 - 1 and e.y0 >= box.y0 - 1 and e.x1 <= box.x1 + 1 and e.y1 <= box.y1 + 1, (e, box)
 
 
 def _assert_legends_outside_the_axes(fig):
@@ -143,12 +155,17 @@ def test_loss_by_position_plot_tells_eleven_lines_apart(saved):
     # a run like the quickstart's: three models, five lengths each for two of them (11 lines)
     entries = report["loss_by_position"]
     many = Report(copy.deepcopy(report.data))
-    many.data["loss_by_position"] = [dict(entries[i % len(entries)], model=name, length=L)
-                                for i, (name, lengths) in enumerate(
-                                    [("base + alibi (fine-tuned)", [128, 256, 512, 1024, 2048]),
-                                     ("base (original)", [128]),
-                                     ("base + alibi (not fine-tuned)", [128, 256, 512, 1024, 2048])])
-                                for L in lengths]
+    many.data["loss_by_position"] = [
+        dict(entries[i % len(entries)], model=name, length=L)
+        for i, (name, lengths) in enumerate(
+            [
+                ("base + alibi (fine-tuned)", [128, 256, 512, 1024, 2048]),
+                ("base (original)", [128]),
+                ("base + alibi (not fine-tuned)", [128, 256, 512, 1024, 2048]),
+            ]
+        )
+        for L in lengths
+    ]
     assert len(many["loss_by_position"]) == 11
     for rep, n in ((report, len(entries)), (many, 11)):
         fig = positions_figure(rep)
@@ -184,11 +201,12 @@ def test_passkey_plot_has_full_titles_and_a_not_run_legend(saved):
             models = list(dict.fromkeys(r["model"] for r in rep["passkey"]))
             assert [ax.get_title().replace("\n", " ") for ax in panels] == models  # whole names, never cut
             boxes = [ax.get_tightbbox(renderer) for ax in panels]  # panels, labels included, do not overlap
-            assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+            assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
             assert any(r["accuracy"] is None for r in rep["passkey"])
             [legend] = fig.legends
             assert [t.get_text() for t in legend.get_texts()][0].startswith("not run")
             from matplotlib.colors import to_rgba
+
             assert to_rgba(legend.legend_handles[0].get_facecolor()) == to_rgba(NOT_RUN_COLOR)
         finally:
             plt.close(fig)
@@ -212,6 +230,7 @@ def test_plots_are_written_atomically(saved, tmp_path, monkeypatch):
         plots.plot_ppl(report, target)
     assert target.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == [target.name]
 
+
 def test_rerun_is_identical(saved):
     report, _ = saved
     again = _run()
@@ -231,14 +250,27 @@ def test_schema_rejects_a_broken_report(saved):
 def test_converted_model_runs_past_native_length_against_its_base():
     base = tiny_gpt2(n_positions=32)
     conv = retrofit.convert(tiny_gpt2(n_positions=32), "alibi")
-    report = evaluate(("gpt2-alibi", conv, byte_tokenizer()), [32, 64], data=docs(),
-                      baselines=[("gpt2", base, byte_tokenizer())], budget=128, stride=16, sliding=False, progress=False)
+    report = evaluate(
+        ("gpt2-alibi", conv, byte_tokenizer()),
+        [32, 64],
+        data=docs(),
+        baselines=[("gpt2", base, byte_tokenizer())],
+        budget=128,
+        stride=16,
+        sliding=False,
+        progress=False,
+    )
     methods = {(r["model"], r["length"]): r["method"] for r in report.rows if r["method"] != "native-window"}
-    assert methods == {("gpt2-alibi", 32): "non-overlapping", ("gpt2-alibi", 64): "non-overlapping",
-                       ("gpt2", 32): "non-overlapping", ("gpt2", 64): "sliding"}
+    assert methods == {
+        ("gpt2-alibi", 32): "non-overlapping",
+        ("gpt2-alibi", 64): "non-overlapping",
+        ("gpt2", 32): "non-overlapping",
+        ("gpt2", 64): "sliding",
+    }
     # the far-context gain's other side: the converted model through its native window, past native only
     assert [(r["model"], r["length"], r["window"]) for r in report.rows if r["method"] == "native-window"] == [
-        ("gpt2-alibi", 64, 32)]
+        ("gpt2-alibi", 64, 32)
+    ]
     notes = {(r["model"], r["length"]): r["note"] for r in report.rows if r["method"] != "native-window"}
     assert notes[("gpt2-alibi", 32)] is None and notes[("gpt2-alibi", 64)] == "past the native length 32"
     assert "not run plainly" in notes[("gpt2", 64)]
@@ -258,13 +290,34 @@ def test_cli_eval(tmp_path, capsys):
     retrofit.save(retrofit.convert(tiny_gpt2(n_positions=32), "alibi"), model_dir, tokenizer=byte_tokenizer())
     text = tmp_path / "held.txt"
     text.write_text("".join(doc.text for doc in docs()))
-    rc = main(["eval", str(model_dir), "--lengths", "32,64", "--data", str(text), "--baseline", str(base_dir),
-               "--budget", "128", "--stride", "16", "--no-sliding", "--no-plots", "--no-progress"])
+    rc = main(
+        [
+            "eval",
+            str(model_dir),
+            "--lengths",
+            "32,64",
+            "--data",
+            str(text),
+            "--baseline",
+            str(base_dir),
+            "--budget",
+            "128",
+            "--stride",
+            "16",
+            "--no-sliding",
+            "--no-plots",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = Report.load(model_dir / "eval")
     methods = {(r["model"], r["length"]): r["method"] for r in report.rows if r["method"] != "native-window"}
-    assert methods == {(str(model_dir), 32): "non-overlapping", (str(model_dir), 64): "non-overlapping",
-                       (str(base_dir), 32): "non-overlapping", (str(base_dir), 64): "sliding"}
+    assert methods == {
+        (str(model_dir), 32): "non-overlapping",
+        (str(model_dir), 64): "non-overlapping",
+        (str(base_dir), 32): "non-overlapping",
+        (str(base_dir), 64): "sliding",
+    }
     assert report["models"][0]["scheme"] == "alibi" and report["models"][1]["max_length"] == 32
     assert "| model | role | method | 32 (1x) | 64 (2x) † |" in capsys.readouterr().out
     rc = main(["eval", str(model_dir), "--lengths", "32,100000", "--data", str(text), "--out", str(tmp_path / "x")])
@@ -278,9 +331,16 @@ def test_a_footnote_is_said_once_for_all_its_lengths():
     from retrofit.evaluation.markdown import render_markdown
 
     conv = retrofit.convert(tiny_gpt2(n_positions=32), "alibi")
-    report = evaluate(("gpt2-alibi", conv, byte_tokenizer()), [32, 64, 128], data=docs(),
-                      baselines=[("gpt2", tiny_gpt2(n_positions=32), byte_tokenizer())], budget=128, stride=16,
-                      sliding=False, progress=False)
+    report = evaluate(
+        ("gpt2-alibi", conv, byte_tokenizer()),
+        [32, 64, 128],
+        data=docs(),
+        baselines=[("gpt2", tiny_gpt2(n_positions=32), byte_tokenizer())],
+        budget=128,
+        stride=16,
+        sliding=False,
+        progress=False,
+    )
     md = render_markdown(report)
     assert md.count("accepts at most 32 tokens") == 1 and md.count("\\* ") == 1, md
     assert "past the native length 32" not in md  # a note of unstarred (non-overlapping) rows

@@ -42,8 +42,9 @@ def logits(model, x):
         return model(input_ids=x, use_cache=False).logits
 
 
-@pytest.mark.parametrize("arch,scheme,options,target", CASES, ids=[f"{a}-{s}-{'-'.join(map(str, o.values()))}"
-                                                                 for a, s, o, _ in CASES])
+@pytest.mark.parametrize(
+    "arch,scheme,options,target", CASES, ids=[f"{a}-{s}-{'-'.join(map(str, o.values()))}" for a, s, o, _ in CASES]
+)
 def test_export_equals_patched_model_past_native_length(tmp_path, arch, scheme, options, target):
     model = retrofit.convert(TINY[arch](), scheme, **options)
     result = retrofit.export(model, tmp_path / "out", native=True, max_length=LONG)
@@ -51,15 +52,17 @@ def test_export_equals_patched_model_past_native_length(tmp_path, arch, scheme, 
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert "retrofit" not in cfg and "auto_map" not in cfg and cfg.get("_attn_implementation") != "retrofit"
     record = json.loads((tmp_path / "out" / EXPORT_FILE).read_text())
-    assert record["mapping"] == f"{retrofit.describe(model)['architecture']}+{scheme}" and record["versions"]["transformers"] == tf.__version__
+    assert (
+        record["mapping"] == f"{retrofit.describe(model)['architecture']}+{scheme}"
+        and record["versions"]["transformers"] == tf.__version__
+    )
     plain = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(plain).__name__ == target
     x = ids(2, LONG, seed=1)
     assert torch.allclose(logits(plain, x), logits(model, x), atol=TOLERANCE, rtol=0)
 
 
-@pytest.mark.parametrize("arch,options", [("llama", {"scaling": "yarn", "factor": 4.0}),
-                                          ("gpt2", {"scaling": "none"})])
+@pytest.mark.parametrize("arch,options", [("llama", {"scaling": "yarn", "factor": 4.0}), ("gpt2", {"scaling": "none"})])
 def test_equivalence_check_is_sensitive_to_the_positions(tmp_path, arch, options):
     """The exported model is not just the original: with its positions dropped, the logits differ."""
     original = TINY[arch]()
@@ -82,8 +85,11 @@ def test_export_loads_without_retrofit_installed(tmp_path):
     """A subprocess in which `import retrofit` fails loads each export and reproduces the saved logits."""
     x = ids(1, LONG, seed=2)
     dirs = []
-    for arch, scheme, options in [("gpt2", "alibi", {"scale_bias": True}), ("gpt2", "rope", {}),
-                                  ("llama", "rope", {"scaling": "yarn", "factor": 4.0})]:
+    for arch, scheme, options in [
+        ("gpt2", "alibi", {"scale_bias": True}),
+        ("gpt2", "rope", {}),
+        ("llama", "rope", {"scaling": "yarn", "factor": 4.0}),
+    ]:
         model = retrofit.convert(TINY[arch](), scheme, **options)
         out = tmp_path / f"{arch}-{scheme}"
         retrofit.export(model, out)
@@ -105,8 +111,14 @@ def test_export_loads_without_retrofit_installed(tmp_path):
         "        pass\n"
         "print('ok', len(sys.argv) - 1)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code, *dirs], check=False, capture_output=True, text=True, timeout=300,
-                         env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    run = subprocess.run(
+        [sys.executable, "-c", code, *dirs],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ok 3" in run.stdout
 
@@ -153,7 +165,9 @@ def test_per_head_qkv_layout():
     D = E // H
     for h in range(H):
         for s in range(3):  # q, k, v
-            assert torch.equal(rows[h * 3 * D + s * D: h * 3 * D + (s + 1) * D], w[:, s * E + h * D: s * E + (h + 1) * D].T)
+            assert torch.equal(
+                rows[h * 3 * D + s * D : h * 3 * D + (s + 1) * D], w[:, s * E + h * D : s * E + (h + 1) * D].T
+            )
 
 
 # ------------------------------------------------------------------ errors -------------------

@@ -18,8 +18,11 @@ from retrofit.errors import LengthError, OptionError
 from .tiny import NATIVE, TINY, ids
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = {"gpt2": ("transformer.wpe", "n_positions"), "gpt_neo": ("transformer.wpe", "max_position_embeddings"),
-          "opt": ("model.decoder.embed_positions", "max_position_embeddings")}
+TABLES = {
+    "gpt2": ("transformer.wpe", "n_positions"),
+    "gpt_neo": ("transformer.wpe", "max_position_embeddings"),
+    "opt": ("model.decoder.embed_positions", "max_position_embeddings"),
+}
 
 
 def test_copied_rows_by_hand():
@@ -154,8 +157,25 @@ def test_pose_positions_inside_the_new_table():
 
 
 def test_cli_convert_with_a_multiple(tmp_path, user_env):
-    r = subprocess.run([sys.executable, "-m", "retrofit", "convert", "tiny-gpt2", "--to", "extend", "--option", "length=16x",
-                        "--out", str(tmp_path / "ck")], capture_output=True, text=True, cwd=ROOT, env=user_env)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "retrofit",
+            "convert",
+            "tiny-gpt2",
+            "--to",
+            "extend",
+            "--option",
+            "length=16x",
+            "--out",
+            str(tmp_path / "ck"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=user_env,
+    )
     assert r.returncode == 0, r.stderr
     loaded = retrofit.load(tmp_path / "ck")
     info = retrofit.describe(loaded)

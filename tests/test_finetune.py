@@ -18,14 +18,17 @@ import yaml
 from safetensors.torch import load_file
 
 import retrofit
+from retrofit.builtin import tiny_gpt2
 from retrofit.errors import DataError, HubError, LengthError, RecipeError
 from retrofit.training import finetune
-from retrofit.builtin import tiny_gpt2
 
 from .procs import free_port, kill_at_first_checkpoint, override, run_child, run_ranks
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py", "glob.py", "copy.py")]
+FILES = [
+    str(STDLIB / f)
+    for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py", "glob.py", "copy.py")
+]
 STEPS, EVERY = 24, 4
 
 
@@ -34,9 +37,18 @@ def recipe(out, **over) -> dict:
         "model": {"name_or_path": "tiny-gpt2"},
         "convert": {"scheme": "alibi", "options": {"kernel": "chunked"}},
         "data": {"files": FILES, "block_length": 128, "validation_fraction": 0.25, "max_validation_blocks": 8},
-        "train": {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.1}, "train_norms": True,
-                  "steps": STEPS, "batch_size": 2, "gradient_accumulation_steps": 2, "learning_rate": 3e-3,
-                  "warmup_steps": 2, "seed": 3, "positions": {}},
+        "train": {
+            "method": "lora",
+            "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
+            "train_norms": True,
+            "steps": STEPS,
+            "batch_size": 2,
+            "gradient_accumulation_steps": 2,
+            "learning_rate": 3e-3,
+            "warmup_steps": 2,
+            "seed": 3,
+            "positions": {},
+        },
         "checkpoint": {"every": EVERY, "keep_last": 2},
         "output_dir": str(out),
     }
@@ -99,8 +111,15 @@ def test_lora_with_position_parameters_save_load_merge(tmp_path):
     scheme = "t5"  # a learned bucket table: trained through PEFT's modules_to_save
     from peft import PeftModel
 
-    out = finetune(recipe(tmp_path / "p", convert={"scheme": scheme, "options": {}}, train__steps=6,
-                          checkpoint__every=0, train__train_norms=False))
+    out = finetune(
+        recipe(
+            tmp_path / "p",
+            convert={"scheme": scheme, "options": {}},
+            train__steps=6,
+            checkpoint__every=0,
+            train__train_norms=False,
+        )
+    )
     cfg = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert "retrofit_positions" in cfg["modules_to_save"]
     base, _ = retrofit.load_model(str(tiny_gpt2()))
@@ -136,8 +155,11 @@ def test_kill_and_resume_equals_uninterrupted(run, tmp_path):
 
 def _ddp_recipe(tmp_path) -> tuple[Path, Path]:
     out, path = tmp_path / "ddp", tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(recipe(out, train__steps=4, checkpoint__every=2, train__rank_checksums=True,
-                                          train__batch_size=1)))
+    path.write_text(
+        yaml.safe_dump(
+            recipe(out, train__steps=4, checkpoint__every=2, train__rank_checksums=True, train__batch_size=1)
+        )
+    )
     return out, path
 
 
@@ -159,13 +181,26 @@ def test_two_cpu_processes_gloo_end_identical(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("RETROFIT_TEST_LAUNCHER") != "1",
-                    reason="opt-in (RETROFIT_TEST_LAUNCHER=1): ~40 s of imports in fresh processes on a loaded CPU")
+@pytest.mark.skipif(
+    os.environ.get("RETROFIT_TEST_LAUNCHER") != "1",
+    reason="opt-in (RETROFIT_TEST_LAUNCHER=1): ~40 s of imports in fresh processes on a loaded CPU",
+)
 def test_two_processes_under_torchrun(tmp_path):
     """The same through a real launcher (what `accelerate launch --multi_gpu` runs). ~2x slower: imports."""
     out, path = _ddp_recipe(tmp_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "retrofit", "finetune", str(path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "retrofit",
+        "finetune",
+        str(path),
+    ]
     res = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     _check_ddp(out)
@@ -191,8 +226,13 @@ def test_missing_hub_dataset(tmp_path, monkeypatch):
     import datasets
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    _fails(tmp_path, HubError, ["no-such-dataset-xyz", "cache"], data__files=None,
-           data__dataset="no-such-org/no-such-dataset-xyz")
+    _fails(
+        tmp_path,
+        HubError,
+        ["no-such-dataset-xyz", "cache"],
+        data__files=None,
+        data__dataset="no-such-org/no-such-dataset-xyz",
+    )
 
 
 def test_missing_dataset_field(tmp_path):
@@ -233,8 +273,17 @@ def test_distill_offsets_and_fade(tmp_path, monkeypatch):
 
     monkeypatch.setattr(retrofit.training.loop, "set_position_controls", spy)
     path = Path(__file__).parent.parent / "recipes" / "tiny-rope-distill.yaml"
-    out = finetune(path, [f"output_dir={tmp_path / 'd'}", "data.dataset=null", f"data.files={json.dumps(FILES)}",
-                          "train.steps=8", "train.positions.native_fade_steps=4", "checkpoint.every=0"])
+    out = finetune(
+        path,
+        [
+            f"output_dir={tmp_path / 'd'}",
+            "data.dataset=null",
+            f"data.files={json.dumps(FILES)}",
+            "train.steps=8",
+            "train.positions.native_fade_steps=4",
+            "checkpoint.every=0",
+        ],
+    )
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     train = [x for x in log if "loss" in x]
     assert all(x["distill_loss"] >= 0 and abs(x["loss"] - x["lm_loss"] - x["distill_loss"]) < 1e-4 for x in train)
@@ -248,27 +297,42 @@ def test_distill_offsets_and_fade(tmp_path, monkeypatch):
 
 
 def test_fade_needs_blocks_the_native_table_can_read(tmp_path):
-    _fails(tmp_path, LengthError, ["native_fade_steps", "64"], convert={"scheme": "rope", "options": {}},
-           train__positions={"native_fade_steps": 5})
+    _fails(
+        tmp_path,
+        LengthError,
+        ["native_fade_steps", "64"],
+        convert={"scheme": "rope", "options": {}},
+        train__positions={"native_fade_steps": 5},
+    )
 
 
 def test_full_method_keeps_the_native_table_frozen(tmp_path):
-    out = finetune(recipe(tmp_path / "full", train__method="full", train__steps=3, checkpoint__every=0,
-                          train__learning_rate=1e-3))
+    out = finetune(
+        recipe(tmp_path / "full", train__method="full", train__steps=3, checkpoint__every=0, train__learning_rate=1e-3)
+    )
     assert not (out / "adapter").exists()
     base, _ = retrofit.load_model(str(tiny_gpt2()))
     final = retrofit.load(out / "final")
     sd_base, sd_final = base.state_dict(), final.state_dict()
     assert torch.equal(sd_base["transformer.wpe.weight"], sd_final["transformer.wpe.weight"])
-    assert not torch.equal(sd_base["transformer.h.0.attn.c_attn.weight"], sd_final["transformer.h.0.attn.c_attn.weight"])
+    assert not torch.equal(
+        sd_base["transformer.h.0.attn.c_attn.weight"], sd_final["transformer.h.0.attn.c_attn.weight"]
+    )
 
 
 def test_lora_with_trained_embeddings_merges(tmp_path):
     """train_embeddings on a tied-embedding model: the adapter alone re-merges to final/."""
     from peft import PeftModel
 
-    out = finetune(recipe(tmp_path / "emb", train__steps=3, checkpoint__every=0, train__train_embeddings=True,
-                          train__train_norms=False))
+    out = finetune(
+        recipe(
+            tmp_path / "emb",
+            train__steps=3,
+            checkpoint__every=0,
+            train__train_embeddings=True,
+            train__train_norms=False,
+        )
+    )
     cfg = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert any(m.endswith("wte") for m in cfg["modules_to_save"])
     base, _ = retrofit.load_model(str(tiny_gpt2()))
@@ -304,6 +368,13 @@ def test_random_offset_on_a_shift_invariant_scheme_warns(tmp_path, caplog):
     finetune(recipe(tmp_path / "w", train__steps=1, checkpoint__every=0, train__positions={"random_offset": 64}))
     assert "has no effect on 'alibi'" in caplog.text
     caplog.clear()
-    finetune(recipe(tmp_path / "s", train__steps=1, checkpoint__every=0, convert={"scheme": "sinusoidal", "options": {}},
-                    train__positions={"random_offset": 64}))
+    finetune(
+        recipe(
+            tmp_path / "s",
+            train__steps=1,
+            checkpoint__every=0,
+            convert={"scheme": "sinusoidal", "options": {}},
+            train__positions={"random_offset": 64},
+        )
+    )
     assert "has no effect" not in caplog.text

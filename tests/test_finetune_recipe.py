@@ -7,15 +7,23 @@ import pytest
 from retrofit.errors import RecipeError
 from retrofit.training.recipe import Recipe, TrainConfig, iter_keys
 
-RECIPES = sorted(p for p in (Path(__file__).parent.parent / "recipes").glob("*.yaml")
-                 if not p.name.startswith("study-"))  # study-*.yaml: `retrofit study` grids (tests/test_study_cli.py)
+RECIPES = sorted(
+    p for p in (Path(__file__).parent.parent / "recipes").glob("*.yaml") if not p.name.startswith("study-")
+)  # study-*.yaml: `retrofit study` grids (tests/test_study_cli.py)
 BASE = {"model": {"name_or_path": "tiny-gpt2"}, "data": {"files": "x.txt"}, "output_dir": "out"}
 
 
 def test_shipped_recipes_exist():
     names = {p.stem for p in RECIPES}
-    expected = {"gpt2-alibi-lora", "gpt2-rope-lora", "gpt2-t5-full", "gpt_neo-alibi-lora", "opt-alibi-lora",
-                "llama-yarn-lora", "smollm2-alibi-lora"}
+    expected = {
+        "gpt2-alibi-lora",
+        "gpt2-rope-lora",
+        "gpt2-t5-full",
+        "gpt_neo-alibi-lora",
+        "opt-alibi-lora",
+        "llama-yarn-lora",
+        "smollm2-alibi-lora",
+    }
     assert expected <= names
     assert any(n.startswith("tiny-") for n in names)
 
@@ -35,8 +43,17 @@ def test_every_recipe_validates(path):
 
 
 def test_overrides_parse_as_yaml_scalars():
-    r = Recipe.from_dict(BASE, ["train.steps=200", "data.block_length=512", "train.learning_rate=2e-4",
-                                "data.files=[a.txt, b.txt]", "convert.options.theta=500000", "train.mixed_precision=no"])
+    r = Recipe.from_dict(
+        BASE,
+        [
+            "train.steps=200",
+            "data.block_length=512",
+            "train.learning_rate=2e-4",
+            "data.files=[a.txt, b.txt]",
+            "convert.options.theta=500000",
+            "train.mixed_precision=no",
+        ],
+    )
     assert r.train.steps == 200 and r.data.block_length == 512 and r.train.learning_rate == 2e-4
     assert r.data.files == ["a.txt", "b.txt"] and r.convert.options == {"theta": 500000}
     assert r.train.mixed_precision == "no"
@@ -122,7 +139,7 @@ def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code():
 
     root = Path(__file__).parent.parent
     text = (root / "docs" / "results.md").read_text()
-    section = text[text.index("### Fine-tune throughput"):text.index("### Decoding with the KV cache")]
+    section = text[text.index("### Fine-tune throughput") : text.index("### Decoding with the KV cache")]
     doc = dict(re.findall(r"^\| ([\w-]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| (.+?) \|$", section, re.MULTILINE))
     bench = json.loads((root / "benchmarks" / "bench_finetune.json").read_text())["results"]
     assert set(doc) == set(bench), (set(doc), set(bench))

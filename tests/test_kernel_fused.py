@@ -12,12 +12,12 @@ import torch
 
 import retrofit
 from retrofit import kernels
-from retrofit.kernels import Call, call, cpu_flash, flash_attn_alibi
-from retrofit.kernels import flex as flex_path
-from retrofit.kernels import sdpa_alibi_dims as fused
 from retrofit.core import set_kernel
 from retrofit.encodings import SCHEMES
 from retrofit.encodings.alibi import alibi_slopes
+from retrofit.kernels import Call, call, cpu_flash, flash_attn_alibi
+from retrofit.kernels import flex as flex_path
+from retrofit.kernels import sdpa_alibi_dims as fused
 
 from .tiny import TINY
 
@@ -56,11 +56,14 @@ def test_fused_alibi_matches_the_paper_with_padding_windows_and_a_cached_prefix(
         pad = torch.ones(B, Tk, dtype=torch.bool)
         pad[0, :6] = False
     assert fused.block_rows(slopes, Tq) < Tq
-    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=None, slopes=slopes, key_padding=pad, window=window,
-                              q_start=q_start), "sdpa-alibi-dims")
+    out, path = kernels.attend(
+        Call(q, k, v, scaling=D**-0.5, bias=None, slopes=slopes, key_padding=pad, window=window, q_start=q_start),
+        "sdpa-alibi-dims",
+    )
     assert path == "sdpa-alibi-dims"
-    torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes, pad, window, q_start),
-                               atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        out.double(), _reference(q, k, v, D**-0.5, slopes, pad, window, q_start), atol=2e-6, rtol=1e-5
+    )
 
 
 def test_fused_alibi_decoding_one_query_sees_every_key():
@@ -178,15 +181,25 @@ def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):
     slopes = torch.tensor(alibi_slopes(4))
     out = flash_attn_alibi.flash_attn_alibi(q, k, v, scaling=0.3, slopes=slopes.double(), window=6)
     assert calls == {"causal": True, "window_size": (5, 0), "dtype": torch.float32}
-    torch.testing.assert_close(out.double(), _reference(q, k, v, 0.3, slopes, window=6, q_start=25), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        out.double(), _reference(q, k, v, 0.3, slopes, window=6, q_start=25), atol=1e-6, rtol=1e-5
+    )
 
 
 def test_every_linear_scheme_declares_its_slopes_truthfully():
     """A scheme that hands the fused path slopes must have exactly that bias (else the path is wrong)."""
     from retrofit.encodings.base import ModelSpec
 
-    spec = ModelSpec(num_layers=2, num_heads=6, num_kv_heads=6, head_dim=8, hidden_size=48, native_length=64,
-                     native_kind="learned_absolute", native_table=torch.randn(64, 48))  # extend stretches a table
+    spec = ModelSpec(
+        num_layers=2,
+        num_heads=6,
+        num_kv_heads=6,
+        head_dim=8,
+        hidden_size=48,
+        native_length=64,
+        native_kind="learned_absolute",
+        native_table=torch.randn(64, 48),
+    )  # extend stretches a table
     h = torch.arange(6)[:, None, None]
     i = torch.arange(40)[None, :, None]
     j = torch.arange(40)[None, None, :]
@@ -242,8 +255,9 @@ def test_rope_decoding_rotates_only_the_new_keys_and_equals_recompute(model_type
     model = retrofit.convert(TINY[model_type]().eval(), "rope")
     x = torch.randint(3, 100, (1, 30))
     with torch.no_grad():
-        ref = model.generate(x, max_new_tokens=8, do_sample=False, use_cache=False, output_logits=True,
-                             return_dict_in_generate=True)
+        ref = model.generate(
+            x, max_new_tokens=8, do_sample=False, use_cache=False, output_logits=True, return_dict_in_generate=True
+        )
         rows = _count_rotated_rows(model, monkeypatch)
         out = model.generate(x, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True)
     layers = model.config.num_hidden_layers

@@ -46,11 +46,20 @@ def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path(
     rows = {p.name.replace("-", "_"): p for p in kernels.PATHS}
     assert {p.serves.__module__ for p in kernels.PATHS} == {p.run.__module__ for p in kernels.PATHS}
     assert all(p.run.__module__ == f"retrofit.kernels.{mod}" for mod, p in rows.items())
-    helpers = {"__init__", "call", "cpu_flash", "dims"}  # the table, the call record, the CPU flash op, the dims paths' shared parts
+    helpers = {
+        "__init__",
+        "call",
+        "cpu_flash",
+        "dims",
+    }  # the table, the call record, the CPU flash op, the dims paths' shared parts
     assert {f.stem for f in (ROOT / "retrofit" / "kernels").glob("*.py")} - helpers == set(rows)
     quoted = re.compile("[\"'](" + "|".join(re.escape(p.name) for p in kernels.PATHS) + ")[\"']")
-    outside = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in sorted((ROOT / "retrofit").rglob("*.py"))
-               if f != ROOT / "retrofit" / "kernels" / "__init__.py" for m in quoted.finditer(f.read_text())]
+    outside = [
+        f"{f.relative_to(ROOT)}: {m.group(0)}"
+        for f in sorted((ROOT / "retrofit").rglob("*.py"))
+        if f != ROOT / "retrofit" / "kernels" / "__init__.py"
+        for m in quoted.finditer(f.read_text())
+    ]
     assert not outside, outside
 
 
@@ -63,11 +72,18 @@ def test_earlier_names_map_once_onto_the_table():
 
 
 def test_nothing_reads_the_kernel_from_the_environment():
-    hits = [f"{f.relative_to(ROOT)}" for d in ("retrofit", "scripts") for f in sorted((ROOT / d).rglob("*.py"))
-            if "RETROFIT_ATTENTION_PATH" in f.read_text()]
+    hits = [
+        f"{f.relative_to(ROOT)}"
+        for d in ("retrofit", "scripts")
+        for f in sorted((ROOT / d).rglob("*.py"))
+        if "RETROFIT_ATTENTION_PATH" in f.read_text()
+    ]
     assert not hits, hits
-    code = [f"{f.relative_to(ROOT)}" for f in sorted((ROOT / "retrofit" / "kernels").glob("*.py"))
-            + [ROOT / "retrofit" / "attention.py"] if "environ" in f.read_text()]
+    code = [
+        f"{f.relative_to(ROOT)}"
+        for f in sorted((ROOT / "retrofit" / "kernels").glob("*.py")) + [ROOT / "retrofit" / "attention.py"]
+        if "environ" in f.read_text()
+    ]
     assert not code, code
 
 

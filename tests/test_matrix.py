@@ -20,15 +20,30 @@ from .tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, _llama_li
 MODEL_TYPES = sorted(TINY)
 # "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
 # tests' default (chunked, conftest) would not take
-KERNEL_CASES = ["alibi@auto", "alibi+scale_bias@auto", "nope+temperature=0.4+temperature_length=8",
-                "rope+temperature=0.4+temperature_length=8", "alibi+temperature=0.4+temperature_length=8",
-                "nope+qk_norm", "rope+qk_norm+temperature=0.3", "alibi+temperature=0.4+temperature_length=8@auto",
-                "alibi+scale_bias+temperature=0.3+temperature_length=8@auto", "t5@auto", "shaw@auto", "fire@auto",
-                "t5+temperature=0.4+temperature_length=8@auto", "rope+scaling=dynamic+factor=2.0+theta=100.0",
-                "xl@auto", "nezha+max_distance=8@auto"]
-CASES = [(m, c) for m, c in itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES)
-         if c.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
-         or adapter_class(m).native_kind == "learned_absolute"]
+KERNEL_CASES = [
+    "alibi@auto",
+    "alibi+scale_bias@auto",
+    "nope+temperature=0.4+temperature_length=8",
+    "rope+temperature=0.4+temperature_length=8",
+    "alibi+temperature=0.4+temperature_length=8",
+    "nope+qk_norm",
+    "rope+qk_norm+temperature=0.3",
+    "alibi+temperature=0.4+temperature_length=8@auto",
+    "alibi+scale_bias+temperature=0.3+temperature_length=8@auto",
+    "t5@auto",
+    "shaw@auto",
+    "fire@auto",
+    "t5+temperature=0.4+temperature_length=8@auto",
+    "rope+scaling=dynamic+factor=2.0+theta=100.0",
+    "xl@auto",
+    "nezha+max_distance=8@auto",
+]
+CASES = [
+    (m, c)
+    for m, c in itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES)
+    if c.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
+    or adapter_class(m).native_kind == "learned_absolute"
+]
 
 
 def convert_case(model, case):
@@ -110,9 +125,11 @@ def test_runs_at_4x_native_and_matches_reference(model_type, scheme):
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_incremental_decoding_equals_full_forward(model_type, scheme):
     if "dynamic" in scheme:
-        pytest.skip("dynamic RoPE re-sizes its frequencies with the length: past the native length a cached step "
-                    "reuses upper layers' keys computed at the shorter length, so it cannot equal a recompute (as in "
-                    "transformers' own dynamic RoPE); docs/ARCHITECTURE.md")
+        pytest.skip(
+            "dynamic RoPE re-sizes its frequencies with the length: past the native length a cached step "
+            "reuses upper layers' keys computed at the shorter length, so it cannot equal a recompute (as in "
+            "transformers' own dynamic RoPE); docs/ARCHITECTURE.md"
+        )
     model = converted(model_type, scheme)
     x = ids(1, 40)
     with torch.no_grad():
@@ -132,8 +149,14 @@ def test_generate_cache_equals_recompute_left_padded(model_type, scheme):
     x = ids(2, 12)
     mask = torch.ones_like(x)
     x[0, :4], mask[0, :4] = 0, 0  # left padding in the first row
-    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
-              output_logits=True, return_dict_in_generate=True)
+    kw = dict(
+        attention_mask=mask,
+        max_new_tokens=6,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     with torch.no_grad():
         a = model.generate(x, use_cache=True, **kw)
         b = model.generate(x, use_cache=False, **kw)
@@ -173,17 +196,18 @@ def test_left_padded_batch_generates_as_each_prompt_alone(model_type, scheme):
     width = max(p.shape[1] for p in prompts)
     batch, mask = torch.zeros(2, width, dtype=torch.long), torch.zeros(2, width, dtype=torch.long)
     for r, p in enumerate(prompts):
-        batch[r, width - p.shape[1]:], mask[r, width - p.shape[1]:] = p[0], 1
+        batch[r, width - p.shape[1] :], mask[r, width - p.shape[1] :] = p[0], 1
     kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     rows = [0] if "dynamic" in scheme else [0, 1]
     with torch.no_grad():
         together = model.generate(batch, attention_mask=mask, **kw)
         for r in rows:
             alone = model.generate(prompts[r], attention_mask=torch.ones_like(prompts[r]), **kw)
-            new = alone.sequences[0, prompts[r].shape[1]:]  # may stop early at EOS; the batch goes on padding
-            assert torch.equal(together.sequences[r, width:width + len(new)], new), f"row {r}"
-            torch.testing.assert_close(torch.stack(together.logits)[:len(new), r], torch.stack(alone.logits)[:, 0],
-                                       **_tolerance(scheme))
+            new = alone.sequences[0, prompts[r].shape[1] :]  # may stop early at EOS; the batch goes on padding
+            assert torch.equal(together.sequences[r, width : width + len(new)], new), f"row {r}"
+            torch.testing.assert_close(
+                torch.stack(together.logits)[: len(new), r], torch.stack(alone.logits)[:, 0], **_tolerance(scheme)
+            )
 
 
 def test_dynamic_rope_under_padding_follows_transformers():

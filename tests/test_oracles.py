@@ -15,8 +15,16 @@ from retrofit.encodings.alibi import alibi_slopes
 
 
 def spec(heads=8, head_dim=16, native=64, rope=None):
-    return ModelSpec(num_layers=2, num_heads=heads, num_kv_heads=heads, head_dim=head_dim, hidden_size=heads * head_dim,
-                     native_length=native, native_kind="rope" if rope else "learned_absolute", native_rope=rope)
+    return ModelSpec(
+        num_layers=2,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=head_dim,
+        hidden_size=heads * head_dim,
+        native_length=native,
+        native_kind="rope" if rope else "learned_absolute",
+        native_rope=rope,
+    )
 
 
 def make(name, s=None, **options):
@@ -56,8 +64,13 @@ def test_alibi_bias_full_matrix_matches_bloom_softmax():
 
 
 def llama_cos_sin(rope_parameters, head_dim, max_pos, positions):
-    cfg = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
-                      max_position_embeddings=max_pos, rope_parameters=rope_parameters)
+    cfg = LlamaConfig(
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters=rope_parameters,
+    )
     return LlamaRotaryEmbedding(cfg)(torch.zeros(1), positions[None])
 
 
@@ -65,8 +78,11 @@ ROPE_CASES = [
     ({}, {"rope_type": "default", "rope_theta": 10000.0}, 64),
     ({"theta": 500000.0}, {"rope_type": "default", "rope_theta": 500000.0}, 64),
     ({"scaling": "linear", "factor": 4.0}, {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, 256),
-    ({"scaling": "yarn", "factor": 4.0},
-     {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}, 256),
+    (
+        {"scaling": "yarn", "factor": 4.0},
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64},
+        256,
+    ),
     ({"scaling": "dynamic", "factor": 2.0}, {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, 64),
 ]
 
@@ -90,8 +106,9 @@ def test_rope_ntk_is_the_ntk_aware_base():
     base = 10000.0 * factor ** (head_dim / (head_dim - 2))
     cos, sin = llama_cos_sin({"rope_type": "default", "rope_theta": base}, head_dim, 64, torch.arange(50))
     q = torch.randn(1, 1, 50, head_dim)
-    torch.testing.assert_close(s.rotate(0, q, torch.arange(50), 50), apply_rotary_pos_emb(q, q, cos, sin)[0],
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        s.rotate(0, q, torch.arange(50), 50), apply_rotary_pos_emb(q, q, cos, sin)[0], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_partial_rope_matches_gpt_neox_rotary():
@@ -106,8 +123,13 @@ def test_partial_rope_matches_gpt_neox_rotary():
 
 
 def test_rope_on_a_rope_model_defaults_to_its_own_frequencies():
-    native = {"theta": 50000.0, "fraction": 1.0, "rope_type": "llama3",
-              "inv_freq": torch.rand(8), "attention_scaling": 1.0}
+    native = {
+        "theta": 50000.0,
+        "fraction": 1.0,
+        "rope_type": "llama3",
+        "inv_freq": torch.rand(8),
+        "attention_scaling": 1.0,
+    }
     s = make("rope", spec(head_dim=16, rope=native))
     assert s.options.theta == 50000.0
     torch.testing.assert_close(s.inv_freq, native["inv_freq"])

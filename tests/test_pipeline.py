@@ -53,18 +53,21 @@ def test_quickstart_recipe_is_valid_and_spans_1x_to_16x():
     assert "original" in rr.eval.baselines
 
 
-@pytest.mark.parametrize("override, key", [
-    ("eval.lenghts=[1x]", "eval.lenghts"),            # unknown key, with a suggestion
-    ("eval.passkey=yes please", "eval.passkey"),      # wrong type
-    ("eval.budget=0", "eval.budget"),
-    ("eval.lengths=[4y]", "eval.lengths"),
-    ("eval.passkey_depths=[2]", "eval.passkey_depths"),
-    ("push.repo=not a repo", "push.repo"),
-    ("push.privat=true", "push.privat"),
-    ("export.native=maybe", "export.native"),
-    ("card.tags=[1]", "card.tags"),
-    ("train.stpes=3", "train.stpes"),                 # the fine-tune part is validated as strictly
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("eval.lenghts=[1x]", "eval.lenghts"),  # unknown key, with a suggestion
+        ("eval.passkey=yes please", "eval.passkey"),  # wrong type
+        ("eval.budget=0", "eval.budget"),
+        ("eval.lengths=[4y]", "eval.lengths"),
+        ("eval.passkey_depths=[2]", "eval.passkey_depths"),
+        ("push.repo=not a repo", "push.repo"),
+        ("push.privat=true", "push.privat"),
+        ("export.native=maybe", "export.native"),
+        ("card.tags=[1]", "card.tags"),
+        ("train.stpes=3", "train.stpes"),  # the fine-tune part is validated as strictly
+    ],
+)
 def test_bad_sections_name_the_key(override, key):
     with pytest.raises((RecipeError, OptionError)) as e:
         pipeline.load_recipe(TINY_RECIPE, [override])
@@ -90,8 +93,15 @@ def test_every_stage_recorded_with_outputs_and_versions(run_dir):
         assert e["started"] <= e["finished"] and e["inputs"]
         for out in e["outputs"]:
             assert (run_dir / out).exists(), out
-    for f in ("final/config.json", "summary.json", "eval/report.json", "eval/ppl_vs_length.png", "README.md",
-              "run.yaml", "recipe.yaml"):
+    for f in (
+        "final/config.json",
+        "summary.json",
+        "eval/report.json",
+        "eval/ppl_vs_length.png",
+        "README.md",
+        "run.yaml",
+        "recipe.yaml",
+    ):
         assert (run_dir / f).exists(), f
 
 
@@ -190,9 +200,17 @@ def test_run_from_a_converted_checkpoint_compares_with_its_original_positions(tm
     reverted (its learned table), the 'converted' one is the checkpoint as it was."""
     model, tok = retrofit.load_model("tiny-gpt2")
     retrofit.save(retrofit.convert(model, "alibi", kernel="chunked", scale_bias=True), tmp_path / "ck", tokenizer=tok)
-    out = retrofit.run(TINY_RECIPE, overrides=[f"model.name_or_path={tmp_path / 'ck'}", f"output_dir={tmp_path / 'ck'}",
-                                               "train.steps=2", "eval.baselines=[original, converted]",
-                                               "eval.passkey=false", "export.native=false"])
+    out = retrofit.run(
+        TINY_RECIPE,
+        overrides=[
+            f"model.name_or_path={tmp_path / 'ck'}",
+            f"output_dir={tmp_path / 'ck'}",
+            "train.steps=2",
+            "eval.baselines=[original, converted]",
+            "eval.passkey=false",
+            "export.native=false",
+        ],
+    )
     report = json.loads((out / "eval" / "report.json").read_text())
     by_role = [(m["role"], m["converted"], m["scheme"]) for m in report["models"]]
     assert by_role == [("converted", True, "alibi"), ("baseline", False, None), ("baseline", True, "alibi")]
@@ -206,15 +224,28 @@ def test_cli_eval_baseline_original_means_what_recipes_mean(run_dir, tmp_path, c
 
     ran = json.loads((run_dir / "eval" / "report.json").read_text())
     rec = yaml.safe_load((run_dir / "run.yaml").read_text())["eval"]
-    args = ["--baseline", "original", "--data", rec["data"], "--budget", str(rec["budget"]), "--lengths",
-            ",".join(rec["lengths"]), "--no-plots", "--no-progress"]
+    args = [
+        "--baseline",
+        "original",
+        "--data",
+        rec["data"],
+        "--budget",
+        str(rec["budget"]),
+        "--lengths",
+        ",".join(rec["lengths"]),
+        "--no-plots",
+        "--no-progress",
+    ]
     for target in (run_dir, run_dir / "final"):
         out = tmp_path / target.name
         assert main(["eval", str(target), *args, "--out", str(out)]) == 0
         report = json.loads((out / "report.json").read_text())
         base = report["models"][1]
         assert base["name"] == "tiny-gpt2 (original)" and base["role"] == "baseline" and not base["converted"]
-        row = lambda rep, name: [r["ppl"] for r in rep["rows"] if r["model"] == name and r["method"] == "non-overlapping"]
+
+        def row(rep, name):
+            return [r["ppl"] for r in rep["rows"] if r["model"] == name and r["method"] == "non-overlapping"]
+
         assert row(report, base["name"]) == row(ran, base["name"]) != []
     capsys.readouterr()
     # a converted checkpoint without a run: its config's retrofit block names the base model

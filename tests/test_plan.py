@@ -35,16 +35,26 @@ def _saved_mib(model) -> float:
 def _gpt2(**kw):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=257, bos_token_id=256,
-                                      eos_token_id=256, **kw))
+    return GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=257, bos_token_id=256, eos_token_id=256, **kw)
+    )
 
 
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(vocab_size=257, hidden_size=128, intermediate_size=352, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, bos_token_id=256,
-                                        eos_token_id=256))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=257,
+            hidden_size=128,
+            intermediate_size=352,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            bos_token_id=256,
+            eos_token_id=256,
+        )
+    )
 
 
 MODELS = {
@@ -65,8 +75,14 @@ def test_activation_term_matches_what_autograd_keeps(name):
     model = MODELS[name.removesuffix("-yarn")]().train()
     if name == "llama-yarn":
         model = retrofit.convert(model, "rope", scaling="yarn", factor=4.0)
-    run = Run(method="full", batch_size=B, block_length=S, weight_dtype="float32", mixed_precision="no",
-              gradient_checkpointing=False)
+    run = Run(
+        method="full",
+        batch_size=B,
+        block_length=S,
+        weight_dtype="float32",
+        mixed_precision="no",
+        gradient_checkpointing=False,
+    )
     predicted = (estimate(from_model(model), run, "single", 1)["activations"]) / 2**20
     saved = _saved_mib(model) - B * S * model.config.vocab_size * 4 / 2**20  # the logits are their own term
     assert saved == pytest.approx(predicted, rel=0.12), (saved, predicted)
@@ -95,8 +111,21 @@ def test_public_shapes_and_routes():
 def test_plan_cli_as_typed(tmp_path, monkeypatch):
     """`retrofit finetune recipes/tiny-alibi-lora.yaml --plan`: prints the three routes, trains nothing."""
     monkeypatch.chdir(tmp_path)
-    res = subprocess.run([sys.executable, "-m", "retrofit", "finetune", str(REPO / "recipes" / "tiny-alibi-lora.yaml"),
-                          "--plan", "--processes", "4"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "retrofit",
+            "finetune",
+            str(REPO / "recipes" / "tiny-alibi-lora.yaml"),
+            "--plan",
+            "--processes",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line for line in res.stdout.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["ddp", "fsdp", "fsdp+offload"], res.stdout
@@ -105,6 +134,10 @@ def test_plan_cli_as_typed(tmp_path, monkeypatch):
 
 
 def test_docs_memory_table_is_what_the_formula_prints():
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "memory_table.py"), "--check"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "memory_table.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -107,11 +107,24 @@ def test_recipe_checks_the_positions_method(tmp_path):
 def test_finetune_with_pose_and_randomized_positions_runs_and_resets(tmp_path, caplog):
     caplog.set_level("INFO", logger="retrofit.training.loop")
     for method in ("pose", "randomized"):
-        out = finetune(recipe(tmp_path / method, train__steps=2, checkpoint__every=0,
-                              train__positions={"method": method, "target_length": 2048}))
+        out = finetune(
+            recipe(
+                tmp_path / method,
+                train__steps=2,
+                checkpoint__every=0,
+                train__positions={"method": method, "target_length": 2048},
+            )
+        )
         assert (out / "final" / "config.json").is_file()
         assert f"positions: {method}, blocks of 128 spread over [0, 2048)" in caplog.text
     caplog.clear()
-    finetune(recipe(tmp_path / "nope", train__steps=1, checkpoint__every=0, convert={"scheme": "nope", "options": {}},
-                    train__positions={"method": "pose", "target_length": 2048}))
+    finetune(
+        recipe(
+            tmp_path / "nope",
+            train__steps=1,
+            checkpoint__every=0,
+            convert={"scheme": "nope", "options": {}},
+            train__positions={"method": "pose", "target_length": 2048},
+        )
+    )
     assert "has no effect on 'nope'" in caplog.text

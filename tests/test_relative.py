@@ -10,11 +10,11 @@ import torch
 
 import retrofit
 from retrofit import kernels
-from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
 from retrofit.cli import main
 from retrofit.core import set_kernel
 from retrofit.encodings.sinusoidal import frequencies, sinusoids
 from retrofit.errors import OptionError
+from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
 
 from .tiny import NATIVE, TINY, ids, train_step
 
@@ -44,7 +44,11 @@ def test_chunked_relative_logits_equal_the_plain_computation(monkeypatch, positi
     """Several chunks (a small chunk budget), consecutive slots and PoSE-like skips between positions."""
     monkeypatch.setattr(call, "CHUNK_ELEMENTS", 2 * 3 * 2 * 40 * 9)  # ~9 rows per chunk
     q, k, v, rel_q, rel_keys = _inputs(shared=shared)
-    pos = torch.arange(40) if positions == "slots" else torch.cat([torch.arange(10), torch.arange(60, 75), torch.arange(170, 185)])
+    pos = (
+        torch.arange(40)
+        if positions == "slots"
+        else torch.cat([torch.arange(10), torch.arange(60, 75), torch.arange(170, 185)])
+    )
     rel = Relative(rel_q, rel_keys, None if positions == "slots" else pos)
     out, path = kernels.attend(Call(q, k, v, scaling=0.35, relative=rel))
     assert path == "chunked"
@@ -138,8 +142,10 @@ def test_generate_with_cache_equals_recompute_past_the_native_length():
     assert torch.equal(full[0, NATIVE - 1 :].argmax(-1), out[0, NATIVE:])
 
 
-@pytest.mark.parametrize("scheme,kernel_name", [("xl", "flex"), ("nezha", "cpu-flash-mask"), ("xl", "sdpa-alibi-dims"),
-                                                ("rope", "cpu-flash-band")])
+@pytest.mark.parametrize(
+    "scheme,kernel_name",
+    [("xl", "flex"), ("nezha", "cpu-flash-mask"), ("xl", "sdpa-alibi-dims"), ("rope", "cpu-flash-band")],
+)
 def test_a_kernel_that_cannot_serve_the_scheme_is_refused_at_convert(scheme, kernel_name):
     model = TINY["gpt2"]()
     with pytest.raises(OptionError, match=f"kernel '{kernel_name}'"):
@@ -167,6 +173,7 @@ def test_cli_converts_to_xl_and_the_checkpoint_reloads(tmp_path):
 
 
 # The fused relative paths (sdpa-relative-dims: Transformer-XL; cpu-flash-relative-band: NEZHA) against chunked.
+
 
 def _xl_leaves(B=2, H=3, T=40, D=8, dim=6, seed=0):
     """q, k, v, the position query and W_R (H * D, dim), fp32 leaves."""
@@ -206,8 +213,9 @@ PADDING = torch.ones(2, 40, dtype=torch.bool).index_fill_(1, torch.arange(6), Fa
 PADDING[1] = True
 
 
-@pytest.mark.parametrize("case", ["full", "padding", "window", "prefix", "decode", "prefix+window+padding",
-                                  "positions"])
+@pytest.mark.parametrize(
+    "case", ["full", "padding", "window", "prefix", "decode", "prefix+window+padding", "positions"]
+)
 def test_xl_dims_path_equals_chunked(monkeypatch, case):
     """Forward and gradients of q, k, v, the position query and W_R; the window and padding cases in
     several blocks of queries (a small chunk budget)."""
@@ -220,8 +228,16 @@ def test_xl_dims_path_equals_chunked(monkeypatch, case):
 
     def call_of():
         rel = _xl_relative(rel_q[:, :, start:], W, n, pos)
-        return Call(q[:, :, start:], k, v, scaling=0.35, q_start=start, relative=rel,
-                    key_padding=PADDING if "padding" in case else None, window=12 if "window" in case else None)
+        return Call(
+            q[:, :, start:],
+            k,
+            v,
+            scaling=0.35,
+            q_start=start,
+            relative=rel,
+            key_padding=PADDING if "padding" in case else None,
+            window=12 if "window" in case else None,
+        )
 
     _same_as_chunked("sdpa-relative-dims", call_of, leaves)
 
@@ -245,26 +261,51 @@ def test_nezha_band_path_equals_chunked(monkeypatch, shared, rows, K, T):
     q, k, v, rel_q = leaves
     table = _nezha_table(3, T, K, 8, shared)
     for rq, used in ((q, leaves[:3]), (rel_q, leaves)):
-        _same_as_chunked("cpu-flash-relative-band",
-                         lambda: Call(q, k, v, scaling=0.35, relative=Relative(rq, table, reach=K)), used)
+        _same_as_chunked(
+            "cpu-flash-relative-band", lambda: Call(q, k, v, scaling=0.35, relative=Relative(rq, table, reach=K)), used
+        )
 
 
 def test_auto_takes_the_fused_relative_paths_where_they_serve():
     xl = _xl_leaves()
     q, k, v, rel_q, W = (t.detach() for t in xl)
     table = _nezha_table(1, 40, 5, 8, True)
-    xl_call = lambda s=0, **kw: Call(q[:, :, s:], k, v, scaling=0.35, q_start=s,  # noqa: E731
-                                     relative=_xl_relative(rel_q[:, :, s:], W, 40), **kw)
-    nezha_call = lambda s=0, keys=table, K=5, **kw: Call(q[:, :, s:], k, v, scaling=0.35, q_start=s,  # noqa: E731
-                                                         relative=Relative(q[:, :, s:], keys, reach=K), **kw)
+
+    def xl_call(s=0, **kw):
+        return Call(
+            q[:, :, s:],
+            k,
+            v,
+            scaling=0.35,
+            q_start=s,  # noqa: E731
+            relative=_xl_relative(rel_q[:, :, s:], W, 40),
+            **kw,
+        )
+
+    def nezha_call(s=0, keys=table, K=5, **kw):
+        return Call(
+            q[:, :, s:],
+            k,
+            v,
+            scaling=0.35,
+            q_start=s,  # noqa: E731
+            relative=Relative(q[:, :, s:], keys, reach=K),
+            **kw,
+        )
+
     assert kernels.choose(xl_call()).name == "sdpa-relative-dims"
     assert kernels.choose(xl_call(20, key_padding=PADDING, window=12)).name == "sdpa-relative-dims"
     assert kernels.choose(xl_call(39)).name == "chunked"  # a decoding step: the cache's dims every step cost more
     assert kernels.choose(xl_call(dropout=0.1)).name == "sdpa-relative-dims"
     assert kernels.choose(nezha_call()).name == "cpu-flash-relative-band"
-    for refused in (nezha_call(30), nezha_call(key_padding=PADDING), nezha_call(window=12), nezha_call(dropout=0.1),
-                    nezha_call(keys=_nezha_table(1, 40, 45, 8, True), K=45),  # no key past the reach
-                    Call(q, k, v, scaling=0.35, relative=Relative(q, table, torch.arange(40), reach=5))):
+    for refused in (
+        nezha_call(30),
+        nezha_call(key_padding=PADDING),
+        nezha_call(window=12),
+        nezha_call(dropout=0.1),
+        nezha_call(keys=_nezha_table(1, 40, 45, 8, True), K=45),  # no key past the reach
+        Call(q, k, v, scaling=0.35, relative=Relative(q, table, torch.arange(40), reach=5)),
+    ):
         assert kernels.choose(refused).name == "chunked"
     with torch.enable_grad():
         learned = table.clone().requires_grad_()  # a table needing a gradient per distance
@@ -292,8 +333,13 @@ def test_the_fused_relative_paths_hold_no_n_by_n_tensor(monkeypatch):
     assert masks and all(m is None or m[-1] * m[-2] <= 128 * 256 for m in masks)
 
 
-@pytest.mark.parametrize("scheme,options,path", [("xl", {"init": "random", "dim": 6}, "sdpa-relative-dims"),
-                                                 ("nezha", {"max_distance": 8}, "cpu-flash-relative-band")])
+@pytest.mark.parametrize(
+    "scheme,options,path",
+    [
+        ("xl", {"init": "random", "dim": 6}, "sdpa-relative-dims"),
+        ("nezha", {"max_distance": 8}, "cpu-flash-relative-band"),
+    ],
+)
 def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked(user_kernel, scheme, options, path):
     """Loss and every parameter's gradient (xl's u, v, W_R included) equal chunked's; generate with the
     cache equals recompute on auto."""

@@ -17,9 +17,14 @@ RAW = {"write_text", "write_bytes", "save_pretrained", "savefig", "save_state", 
 
 
 def _docstrings(tree) -> set[int]:
-    return {id(n.body[0].value) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
-            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
 
 
 def _sources():
@@ -41,8 +46,11 @@ def test_run_folder_names_are_spelled_only_in_run_folder():
             if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in docs:
                 continue
             v = node.value.strip()
-            if v in FILES or (v.endswith("/") and v[:-1] in FOLDERS) or ("/" in v and v.split("/")[0] in FOLDERS
-                                                                         and v.split("/")[-1] in FILES):
+            if (
+                v in FILES
+                or (v.endswith("/") and v[:-1] in FOLDERS)
+                or ("/" in v and v.split("/")[0] in FOLDERS and v.split("/")[-1] in FILES)
+            ):
                 bad.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert not bad, "run-folder names outside run_folder.py (use its constants):\n" + "\n".join(bad)
 
@@ -56,10 +64,16 @@ def _raw_writes(node, where: str = ""):
             continue
         if isinstance(child, ast.Call):
             f = child.func
-            if isinstance(f, ast.Attribute) and (f.attr in RAW or (f.attr == "save" and getattr(f.value, "id", "") == "torch")):
+            if isinstance(f, ast.Attribute) and (
+                f.attr in RAW or (f.attr == "save" and getattr(f.value, "id", "") == "torch")
+            ):
                 yield where, child.lineno
             elif isinstance(f, ast.Name) and f.id == "open":
-                mode = child.args[1] if len(child.args) > 1 else next((k.value for k in child.keywords if k.arg == "mode"), None)
+                mode = (
+                    child.args[1]
+                    if len(child.args) > 1
+                    else next((k.value for k in child.keywords if k.arg == "mode"), None)
+                )
                 if isinstance(mode, ast.Constant) and set(str(mode.value)) & set("wax+"):
                     yield where, child.lineno
         yield from _raw_writes(child, where)
@@ -71,6 +85,8 @@ def test_every_raw_write_is_listed_in_atomic():
         for name, line in _raw_writes(tree):
             found.setdefault(f"{rel}::{name}", line)
     unlisted = sorted(f"{k} (line {v})" for k, v in found.items() if k not in RAW_WRITERS)
-    assert not unlisted, "raw file writes outside retrofit/atomic.py; write through it, or list the function in " \
-                         "atomic.RAW_WRITERS with why:\n" + "\n".join(unlisted)
+    assert not unlisted, (
+        "raw file writes outside retrofit/atomic.py; write through it, or list the function in "
+        "atomic.RAW_WRITERS with why:\n" + "\n".join(unlisted)
+    )
     assert not set(RAW_WRITERS) - set(found), f"listed but no raw write there: {sorted(set(RAW_WRITERS) - set(found))}"

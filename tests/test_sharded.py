@@ -42,10 +42,20 @@ def build_models(root: Path) -> Path:
     torch.manual_seed(0)
     built = {
         "gpt2": GPT2LMHeadModel(GPT2Config(**TINY_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
-        "llama": LlamaForCausalLM(LlamaConfig(
-            vocab_size=257, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, bos_token_id=256, eos_token_id=256,
-            tie_word_embeddings=False)),
+        "llama": LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=257,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                bos_token_id=256,
+                eos_token_id=256,
+                tie_word_embeddings=False,
+            )
+        ),
     }
     for name, model in built.items():
         model.save_pretrained(root / name)
@@ -63,9 +73,18 @@ def recipe(model: Path, scheme: str, options: dict, method: str, out: Path, batc
         "model": {"name_or_path": str(model)},
         "convert": {"scheme": scheme, "options": options},
         "data": {"files": FILES, "block_length": 128, "validation_fraction": 0.25, "max_validation_blocks": 4},
-        "train": {"method": method, "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "train_norms": True,
-                  "steps": STEPS, "batch_size": batch_size, "learning_rate": 3e-3, "warmup_steps": 1, "seed": 3,
-                  "log_every": 1, **train},
+        "train": {
+            "method": method,
+            "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+            "train_norms": True,
+            "steps": STEPS,
+            "batch_size": batch_size,
+            "learning_rate": 3e-3,
+            "warmup_steps": 1,
+            "seed": 3,
+            "log_every": 1,
+            **train,
+        },
         "checkpoint": {"every": EVERY, "keep_last": 2},
         "output_dir": str(out),
     }
@@ -84,8 +103,17 @@ def _launch_cmd(config: str, recipe_path: Path) -> list[str]:
     head = [str(accelerate)] if accelerate.is_file() else [sys.executable, "-m", "accelerate.commands.launch"]
     if head[-1] == str(accelerate):
         head.append("launch")
-    return [*head, "--config_file", str(CONFIGS / config), "--main_process_port", str(_free_port()),
-            "-m", "retrofit", "finetune", str(recipe_path)]
+    return [
+        *head,
+        "--config_file",
+        str(CONFIGS / config),
+        "--main_process_port",
+        str(_free_port()),
+        "-m",
+        "retrofit",
+        "finetune",
+        str(recipe_path),
+    ]
 
 
 def _env() -> dict:
@@ -98,8 +126,9 @@ def launch(config: str, r: dict, where: Path) -> subprocess.CompletedProcess:
     path = where / f"{Path(r['output_dir']).name}.yaml"
     path.write_text(yaml.safe_dump(r))
     cmd = _launch_cmd(config, path)
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=400)
     finally:
@@ -167,7 +196,10 @@ def test_sharded_run_matches_one_process(pair):
 
 def test_final_is_a_full_checkpoint_with_the_same_logits(pair):
     case, sharded, single, _ = pair
-    w_sharded, w_single = load_file(sharded / "final" / "model.safetensors"), load_file(single / "final" / "model.safetensors")
+    w_sharded, w_single = (
+        load_file(sharded / "final" / "model.safetensors"),
+        load_file(single / "final" / "model.safetensors"),
+    )
     assert w_sharded.keys() == w_single.keys()
     assert all(w_sharded[k].shape == w_single[k].shape for k in w_sharded)  # gathered, not one rank's shard
     info = retrofit.describe(retrofit.load(sharded / "final"))
@@ -222,8 +254,13 @@ def test_kill_one_rank_then_resume_auto(models, tmp_path):
     path = tmp_path / "killed.yaml"
     path.write_text(yaml.safe_dump(r))
     out = tmp_path / "killed"
-    launcher = subprocess.Popen(_launch_cmd("fsdp.yaml", path), env=_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+    launcher = subprocess.Popen(
+        _launch_cmd("fsdp.yaml", path),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline, killed = time.time() + 300, False
     try:
         while time.time() < deadline and launcher.poll() is None and not killed:
@@ -245,7 +282,10 @@ def test_kill_one_rank_then_resume_auto(models, tmp_path):
     assert EVERY <= s["resumed_from_step"] < steps, s
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log if "loss" in x] == list(range(1, steps + 1))
-    a, b = load_file(out / "final" / "model.safetensors"), load_file(tmp_path / "reference" / "final" / "model.safetensors")
+    a, b = (
+        load_file(out / "final" / "model.safetensors"),
+        load_file(tmp_path / "reference" / "final" / "model.safetensors"),
+    )
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
 
@@ -267,7 +307,9 @@ def test_deepspeed_on_cpu_processes_is_refused_clearly(monkeypatch):
     assert RecipeError.exit_code == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed (CI does not install it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed not installed (CI does not install it)"
+)
 def test_deepspeed_config_launched_on_cpu_is_refused(models, tmp_path):
     """The same through `accelerate launch --config_file recipes/accelerate/deepspeed-zero3.yaml`."""
     r = recipe(models / "gpt2", "alibi", {}, "lora", tmp_path / "ds", batch_size=1)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from retrofit.errors import DataError, RecipeError
-from retrofit.training import finetune
-from retrofit.training.recipe import Recipe
-from retrofit.training import stream
+
 from retrofit.data import streams as rdata_streams
+from retrofit.errors import DataError, RecipeError
+from retrofit.training import finetune, stream
+from retrofit.training.recipe import Recipe
 
 from .procs import final_weights, kill_at_first_checkpoint, override, run_child, run_ranks
 
@@ -49,8 +49,7 @@ def _jsonl(path: Path, texts, field="text"):
 
 
 def _source(files, **data):
-    d = Recipe.from_dict({"model": {"name_or_path": "x"}, "output_dir": "x",
-                          "data": {"files": files, **data}}).data
+    d = Recipe.from_dict({"model": {"name_or_path": "x"}, "output_dir": "x", "data": {"files": files, **data}}).data
     return stream.StreamSource.of(d)
 
 
@@ -63,9 +62,9 @@ def test_resuming_from_any_position_gives_the_same_blocks(packing):
     assert len(whole) > 20
     for k in range(0, len(whole) - 1, 3):
         at = whole[k][1]
-        rest = list(stream.pack(iter(docs[at.document:]), tok, 64, packing, at))
-        assert [b.tolist() for b, _ in rest] == [b.tolist() for b, _ in whole[k + 1:]], k
-        assert [p for _, p in rest] == [p for _, p in whole[k + 1:]]
+        rest = list(stream.pack(iter(docs[at.document :]), tok, 64, packing, at))
+        assert [b.tolist() for b, _ in rest] == [b.tolist() for b, _ in whole[k + 1 :]], k
+        assert [p for _, p in rest] == [p for _, p in whole[k + 1 :]]
 
 
 def test_packing_puts_eos_between_documents_and_drops_nothing():
@@ -125,9 +124,16 @@ def recipe(out, corpus, **over) -> dict:
         "model": {"name_or_path": "tiny-gpt2"},
         "convert": {"scheme": "alibi", "options": {"kernel": "chunked"}},
         "data": {"files": str(corpus), "block_length": 64, "max_validation_blocks": 4, "shuffle_buffer": 16},
-        "train": {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0}, "steps": None,
-                  "batch_size": 2, "gradient_accumulation_steps": 2, "learning_rate": 3e-3, "warmup_steps": 2,
-                  "seed": 3},
+        "train": {
+            "method": "lora",
+            "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+            "steps": None,
+            "batch_size": 2,
+            "gradient_accumulation_steps": 2,
+            "learning_rate": 3e-3,
+            "warmup_steps": 2,
+            "seed": 3,
+        },
         "checkpoint": {"every": 3, "keep_last": 2},
         "output_dir": str(out),
     }
@@ -186,10 +192,23 @@ def test_two_processes_train_on_every_block_once(tmp_path):
     texts = [f"{i:04d} " + "x" * 58 for i in range(30)]  # 63 bytes + EOS = one block of 64
     corpus = _jsonl(tmp_path / "c.jsonl", texts)
     out, path = tmp_path / "ddp", tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(recipe(out, corpus, data__packing=False, data__validation_documents=4,
-                                          data__shuffle_buffer=8, data__max_tokens=None, train__steps=100,
-                                          train__batch_size=1, train__gradient_accumulation_steps=1,
-                                          train__rank_checksums=True, checkpoint__every=0)))
+    path.write_text(
+        yaml.safe_dump(
+            recipe(
+                out,
+                corpus,
+                data__packing=False,
+                data__validation_documents=4,
+                data__shuffle_buffer=8,
+                data__max_tokens=None,
+                train__steps=100,
+                train__batch_size=1,
+                train__gradient_accumulation_steps=1,
+                train__rank_checksums=True,
+                checkpoint__every=0,
+            )
+        )
+    )
     assert run_ranks(str(path)) == [0, 0]
     seen = [(out / "rank_checksums" / f"rank{i}.blocks.txt").read_text().split() for i in (0, 1)]
     from transformers import AutoTokenizer
@@ -221,7 +240,13 @@ def test_missing_field_is_a_data_error(tmp_path):
 
 def test_bad_inputs(tmp_path, corpus):
     _fails(tmp_path, tmp_path / "none" / "*.jsonl", DataError, ["no file matches"])
-    _fails(tmp_path, corpus, RecipeError, ["max_documents", "max_tokens", "--set data.max_documents=null"], data__max_documents=3)
+    _fails(
+        tmp_path,
+        corpus,
+        RecipeError,
+        ["max_documents", "max_tokens", "--set data.max_documents=null"],
+        data__max_documents=3,
+    )
     (tmp_path / "mixed").mkdir()
     _jsonl(tmp_path / "mixed" / "a.jsonl", ["x" * 100])
     (tmp_path / "mixed" / "b.txt").write_text("y" * 100)
@@ -229,8 +254,15 @@ def test_bad_inputs(tmp_path, corpus):
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"text": "fine"}\n{"text": oops\n')
     _fails(tmp_path, broken, DataError, ["cannot"])
-    _fails(tmp_path, corpus, DataError, ["built-in", "stdlib"], data__files=None, data__dataset="stdlib",
-           data__streaming=True)
+    _fails(
+        tmp_path,
+        corpus,
+        DataError,
+        ["built-in", "stdlib"],
+        data__files=None,
+        data__dataset="stdlib",
+        data__streaming=True,
+    )
     with pytest.raises(RecipeError, match="data.max_tokens"):
         Recipe.from_dict(recipe(tmp_path / "x", corpus, data__max_tokens=None, train__steps=None))
 
@@ -241,15 +273,18 @@ def test_offline_hub_dataset_not_cached_is_exit_5_at_once(tmp_path):
     path.write_text(yaml.safe_dump(r))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RETROFIT_PROGRESS": "0"}
     t0 = time.time()
-    res = subprocess.run([sys.executable, "-m", "retrofit", "finetune", str(path)], env=env, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "retrofit", "finetune", str(path)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 5, res.stderr[-2000:]
     assert "no-such-org/not-cached-corpus" in res.stderr and "cache" in res.stderr
     assert time.time() - t0 < 60 and not (tmp_path / "out").exists()
 
 
 # ---- the shipped recipes: a real corpus, a budget with its arithmetic -------------------------------
-HUB_RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if not p.stem.startswith(("tiny", "quickstart", "study")))
+HUB_RECIPES = sorted(
+    p for p in (ROOT / "recipes").glob("*.yaml") if not p.stem.startswith(("tiny", "quickstart", "study"))
+)
 
 
 @pytest.mark.parametrize("path", HUB_RECIPES, ids=lambda p: p.stem)
@@ -266,8 +301,13 @@ def test_real_recipes_stream_a_general_corpus_on_a_stated_budget(path):
 
 
 def _plan(path, env=None):
-    return subprocess.run([sys.executable, "-m", "retrofit", "finetune", str(path), "--plan", "--processes", "1"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "retrofit", "finetune", str(path), "--plan", "--processes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_plan_prints_budget_time_and_memory():

@@ -54,10 +54,10 @@ def test_the_script_holds_only_the_grids_of_the_committed_reports(study):
         if "settings" in g["stand_in"]:  # what the cache is checked against before a report's cells come back
             assert r.settings(native) == g["stand_in"]["settings"]
         planned = R.cells(r, tokens, native)
-        assert [c["name"] for c in planned] == [c["name"] for c in g["cells"][:len(planned)]]
+        assert [c["name"] for c in planned] == [c["name"] for c in g["cells"][: len(planned)]]
         for cell, measured in zip(planned, g["cells"]):
             assert R.plan_of(cell) == R.plan_of(measured), cell["name"]
-        for kept in g["cells"][len(planned):]:  # measured by an earlier grid of the round: back from the report
+        for kept in g["cells"][len(planned) :]:  # measured by an earlier grid of the round: back from the report
             assert "rows" in kept and "error" not in kept, kept["name"]
         assert bool(g.get("passkey")) == bool(R.passkey_budgets(r, [c["budget"] for c in planned]))
 
@@ -89,13 +89,22 @@ def test_grid_has_one_control_per_budget_and_variants_at_the_top():
     assert len(names) == len(set(names))
     controls = [c for c in cells if c["role"] == "control"]
     assert sorted((c["method"], c["budget"]) for c in controls) == [
-        ("full", 0.005), ("full", 0.02), ("lora", 0.005), ("lora", 0.02)]
+        ("full", 0.005),
+        ("full", 0.02),
+        ("lora", 0.005),
+        ("lora", 0.02),
+    ]
     assert {c["name"] for c in cells if c["budget"] == 0} == {"alibi-none-0.0", "rope-none-0.0"}
     for c in cells:  # equal extra tokens for every cell of a budget, controls included
         assert c["extra_tokens"] == c["steps"] * 2 * 256
     variants = [c for c in cells if c["name"].count("-") == 3]
-    assert {c["name"] for c in variants} == {"alibi-full-0.02-distill", "alibi-full-0.02-fade",
-                                             "rope-full-0.02-distill", "rope-full-0.02-fade", "rope-full-0.02-offset"}
+    assert {c["name"] for c in variants} == {
+        "alibi-full-0.02-distill",
+        "alibi-full-0.02-fade",
+        "rope-full-0.02-distill",
+        "rope-full-0.02-fade",
+        "rope-full-0.02-offset",
+    }
     assert all(c["budget"] == 0.02 for c in variants)
 
 
@@ -106,14 +115,33 @@ def _rows(ppls: dict[int, float], role="converted"):
 def test_table_compares_with_the_control_and_the_original():
     native, lengths = 4, [4, 32, 64]
     original = _rows({4: 10.0}, "baseline") + [
-        {"length": L, "role": "baseline", "method": "sliding", "ppl": 10.5} for L in (4, 32, 64)]
-    ctrl = {"name": "control-full-0.1", "scheme": None, "method": "full", "budget": 0.1, "extra_tokens": 8,
-            "role": "control", "rows": _rows({4: 9.0})}
-    good = {"name": "alibi-full-0.1", "scheme": "alibi", "method": "full", "budget": 0.1, "extra_tokens": 8,
-            "role": "converted", "rows": _rows({4: 9.9, 32: 9.8, 64: 10.2})}
+        {"length": L, "role": "baseline", "method": "sliding", "ppl": 10.5} for L in (4, 32, 64)
+    ]
+    ctrl = {
+        "name": "control-full-0.1",
+        "scheme": None,
+        "method": "full",
+        "budget": 0.1,
+        "extra_tokens": 8,
+        "role": "control",
+        "rows": _rows({4: 9.0}),
+    }
+    good = {
+        "name": "alibi-full-0.1",
+        "scheme": "alibi",
+        "method": "full",
+        "budget": 0.1,
+        "extra_tokens": 8,
+        "role": "converted",
+        "rows": _rows({4: 9.9, 32: 9.8, 64: 10.2}),
+    }
     bad = {**good, "name": "rope-full-0.1", "scheme": "rope", "rows": _rows({4: 9.5, 32: 12.0, 64: 20.0})}
-    broken = {**{k: v for k, v in good.items() if k != "rows"}, "name": "t5-full-0.1", "scheme": "t5",
-              "error": "RuntimeError: boom"}
+    broken = {
+        **{k: v for k, v in good.items() if k != "rows"},
+        "name": "t5-full-0.1",
+        "scheme": "t5",
+        "error": "RuntimeError: boom",
+    }
     table = {r["cell"]: r for r in T.cell_table(original, [ctrl, good, bad, broken], lengths, native)}
     assert table["original (plain at 1x, sliding beyond)"]["ppl@8x"] == 10.5  # sliding past 1x
     g = table["alibi-full-0.1"]
@@ -127,20 +155,45 @@ def _report(micro_dir, r: R.Round, native=32) -> dict:
     """A report of ``r`` on the micro stand-in, as a session on another machine would have committed it."""
     stats = baseline.load_stats(micro_dir)
     lengths = [native * k for k in r.multiples]
-    cells = [{**c, "rows": _rows({L: 10.0 + i + L / 1000 for L in lengths}), "seconds": 1.0, "trainable_parameters": 0}
-             for i, c in enumerate(R.cells(r, stats["pretrain_tokens"], native))]
+    cells = [
+        {**c, "rows": _rows({L: 10.0 + i + L / 1000 for L in lengths}), "seconds": 1.0, "trainable_parameters": 0}
+        for i, c in enumerate(R.cells(r, stats["pretrain_tokens"], native))
+    ]
     original = _rows({native: 12.0}, "baseline") + [
-        {"length": L, "role": "baseline", "method": "sliding", "ppl": 12.5} for L in lengths]
-    return {"command": "python scripts/study.py test", "hardware": {"device": "cpu"}, "versions": {}, "gpt2": {
-        "stand_in": {"native_length": native, "pretrain_tokens": stats["pretrain_tokens"],
-                     "weights_sha256": baseline.weights_sha256(micro_dir), "pretrain_stats": stats,
-                     "settings": r.settings(native)},
-        "lengths": lengths, "original": original, "cells": cells, "seconds": {"original": 2.0}}, "seconds": 5.0}
+        {"length": L, "role": "baseline", "method": "sliding", "ppl": 12.5} for L in lengths
+    ]
+    return {
+        "command": "python scripts/study.py test",
+        "hardware": {"device": "cpu"},
+        "versions": {},
+        "gpt2": {
+            "stand_in": {
+                "native_length": native,
+                "pretrain_tokens": stats["pretrain_tokens"],
+                "weights_sha256": baseline.weights_sha256(micro_dir),
+                "pretrain_stats": stats,
+                "settings": r.settings(native),
+            },
+            "lengths": lengths,
+            "original": original,
+            "cells": cells,
+            "seconds": {"original": 2.0},
+        },
+        "seconds": 5.0,
+    }
 
 
 def test_a_report_rebuilds_from_its_own_cells_in_an_empty_cache(cache, micro_dir, tmp_path):
-    r = _round(preset="micro", schemes=["alibi", "nope"], methods=["full"], budgets=[0, 0.5], multiples=[1, 2],
-               runs=str(tmp_path / "runs"), out=str(tmp_path / "s.json"), passkey_trials=0)
+    r = _round(
+        preset="micro",
+        schemes=["alibi", "nope"],
+        methods=["full"],
+        budgets=[0, 0.5],
+        multiples=[1, 2],
+        runs=str(tmp_path / "runs"),
+        out=str(tmp_path / "s.json"),
+        passkey_trials=0,
+    )
     committed = _report(micro_dir, r)
     Path(r.out).write_text(json.dumps(committed))
     files = R.rebuild(r, "python scripts/study.py test")
@@ -169,14 +222,27 @@ def test_a_report_rebuilds_from_its_own_cells_in_an_empty_cache(cache, micro_dir
 
 
 def test_a_report_of_another_stand_in_or_other_settings_is_refused(cache, micro_dir, tmp_path):
-    r = _round(preset="micro", schemes=["alibi"], methods=["full"], budgets=[0], multiples=[1, 2],
-               runs=str(tmp_path / "runs"), out=str(tmp_path / "study.json"), passkey_trials=0)
+    r = _round(
+        preset="micro",
+        schemes=["alibi"],
+        methods=["full"],
+        budgets=[0],
+        multiples=[1, 2],
+        runs=str(tmp_path / "runs"),
+        out=str(tmp_path / "study.json"),
+        passkey_trials=0,
+    )
     good = _report(micro_dir, r)
-    for key, value in (("weights_sha256", "0" * 64), ("settings", {**good["gpt2"]["stand_in"]["settings"], "lr_full": 1.0})):
+    for key, value in (
+        ("weights_sha256", "0" * 64),
+        ("settings", {**good["gpt2"]["stand_in"]["settings"], "lr_full": 1.0}),
+    ):
         report = json.loads(json.dumps(good))
         report["gpt2"]["stand_in"][key] = value
         Path(r.out).write_text(json.dumps(report))
-        with pytest.raises(RecipeError, match="another stand-in" if key == "weights_sha256" else "other settings.*lr_full"):
+        with pytest.raises(
+            RecipeError, match="another stand-in" if key == "weights_sha256" else "other settings.*lr_full"
+        ):
             R.rebuild(r, "python scripts/study.py test")
         assert json.loads(Path(r.out).read_text()) == report  # left as it was
         assert not (tmp_path / "runs").exists()
@@ -197,12 +263,20 @@ def test_a_report_of_another_stand_in_or_other_settings_is_refused(cache, micro_
 def test_scheme_specs_carry_options_into_the_cells():
     assert R.parse_scheme("alibi") == {"label": "alibi", "scheme": "alibi", "options": {}}
     assert R.parse_scheme("rope:scaling=yarn;factor=8") == {
-        "label": "rope-yarn-8", "scheme": "rope", "options": {"scaling": "yarn", "factor": 8}}
+        "label": "rope-yarn-8",
+        "scheme": "rope",
+        "options": {"scaling": "yarn", "factor": 8},
+    }
     assert R.parse_scheme("pi4=rope:scaling=linear;factor=4.0;learned=true")["options"] == {
-        "scaling": "linear", "factor": 4.0, "learned": True}
+        "scaling": "linear",
+        "factor": 4.0,
+        "learned": True,
+    }
     with pytest.raises(RecipeError, match="KEY=VALUE"):
         R.parse_scheme("rope:factor")
-    r = _round(budgets=[0, 0.02], methods=["lora"], schemes=["alibi", "pi4=rope:scaling=linear;factor=4"], variants=True)
+    r = _round(
+        budgets=[0, 0.02], methods=["lora"], schemes=["alibi", "pi4=rope:scaling=linear;factor=4"], variants=True
+    )
     cells = {c["name"]: c for c in R.cells(r, pretrain_tokens=1_024_000, native=256)}
     assert {"pi4-none-0.0", "pi4-lora-0.02", "alibi-lora-0.02"} <= set(cells)
     assert not any(n.startswith("rope-") for n in cells)  # variants run for the plain schemes only
@@ -212,8 +286,16 @@ def test_scheme_specs_carry_options_into_the_cells():
 
 
 def test_a_cached_cell_is_reused_for_its_plan_only(tmp_path):
-    cell = {"name": "yarn-lora-0.02", "scheme": "rope", "options": {"scaling": "yarn", "factor": 8}, "method": "lora",
-            "budget": 0.02, "steps": 4, "extra_tokens": 8, "role": "converted"}
+    cell = {
+        "name": "yarn-lora-0.02",
+        "scheme": "rope",
+        "options": {"scaling": "yarn", "factor": 8},
+        "method": "lora",
+        "budget": 0.02,
+        "steps": 4,
+        "extra_tokens": 8,
+        "role": "converted",
+    }
     cache = CellCache(tmp_path)
     cache.put(cell["name"], {**cell, "rows": []})
     assert R.cached_cell(cache, {**cell, "label": "yarn"}) == {**cell, "rows": [], "label": "yarn"}  # a label added
@@ -227,15 +309,23 @@ def test_pose_zero_shot_only_and_seeded_cells_in_the_grid():
     assert spec == {"label": "yp", "scheme": "rope", "options": {"scaling": "yarn", "factor": 32}, "pose": 8192}
     with pytest.raises(RecipeError, match="pose=TARGET"):
         R.parse_scheme("rope:pose=long")
-    r = _round(budgets=[0, 0.02, 0.1], methods=["full"], zero_shot_only=["dyn"], seeds=[1, 2], seed_labels=["yp"],
-               seed_budgets=[0.1], schemes=["yp=rope:scaling=yarn;factor=32;pose=8192", "dyn=rope:scaling=dynamic;factor=32",
-                                            "nope"])
+    r = _round(
+        budgets=[0, 0.02, 0.1],
+        methods=["full"],
+        zero_shot_only=["dyn"],
+        seeds=[1, 2],
+        seed_labels=["yp"],
+        seed_budgets=[0.1],
+        schemes=["yp=rope:scaling=yarn;factor=32;pose=8192", "dyn=rope:scaling=dynamic;factor=32", "nope"],
+    )
     cells = {c["name"]: c for c in R.cells(r, pretrain_tokens=1_024_000, native=256)}
     assert "yp-none-0.0" not in cells  # PoSE is a fine-tune: no budget-0 cell
     assert "dyn-none-0.0" in cells and not [n for n in cells if n.startswith("dyn-full")]  # zero-shot only
     seeded = sorted(n for n in cells if "-seed" in n)
     assert seeded == ["control-full-0.1-seed1", "control-full-0.1-seed2", "yp-full-0.1-seed1", "yp-full-0.1-seed2"]
-    assert cells["yp-full-0.1-seed2"]["seed"] == 2 and cells["yp-full-0.1-seed2"]["steps"] == cells["yp-full-0.1"]["steps"]
+    assert (
+        cells["yp-full-0.1-seed2"]["seed"] == 2 and cells["yp-full-0.1-seed2"]["steps"] == cells["yp-full-0.1"]["steps"]
+    )
     assert R.plan_of(cells["yp-full-0.1-seed1"]) != R.plan_of(cells["yp-full-0.1"])
     with pytest.raises(RecipeError, match="name no scheme label"):
         _round(schemes=["alibi"], seed_labels=["rope"])
@@ -243,32 +333,52 @@ def test_pose_zero_shot_only_and_seeded_cells_in_the_grid():
 
 def test_long_blocks_calibration_and_a_teacher_in_the_grid():
     spec = R.parse_scheme("ek=extend:length=8192;block=4096;calibrate=50;objective=both")
-    assert spec == {"label": "ek", "scheme": "extend", "options": {"length": 8192}, "block": 4096, "calibrate": 50,
-                    "objective": "both"}
+    assert spec == {
+        "label": "ek",
+        "scheme": "extend",
+        "options": {"length": 8192},
+        "block": 4096,
+        "calibrate": 50,
+        "objective": "both",
+    }
     for bad in ("t5:block=long", "t5:objective=kl"):
         with pytest.raises(RecipeError):
             R.parse_scheme(bad)
-    r = _round(budgets=[0, 0.02], methods=["full"], schemes=["ek=extend:length=8192;block=4096;objective=both",
-                                                             "tc=t5:calibrate=50"])
+    r = _round(
+        budgets=[0, 0.02],
+        methods=["full"],
+        schemes=["ek=extend:length=8192;block=4096;objective=both", "tc=t5:calibrate=50"],
+    )
     cells = {c["name"]: c for c in R.cells(r, pretrain_tokens=1_024_000, native=256)}
     assert "ek-none-0.0" not in cells and "tc-none-0.0" in cells  # long blocks train; calibration alone is zero-shot
     assert cells["ek-full-0.02"]["block"] == 4096 and cells["tc-none-0.0"]["calibrate"] == 50
 
 
 def _row(cell, label, method, budget, p1, p16=None, **kw):
-    return {"cell": cell, "label": label, "scheme": None if label == "control" else "x", "method": method,
-            "budget": budget, "ppl@1x": p1, "ppl@16x": p16, **kw}
+    return {
+        "cell": cell,
+        "label": label,
+        "scheme": None if label == "control" else "x",
+        "method": method,
+        "budget": budget,
+        "ppl@1x": p1,
+        "ppl@16x": p16,
+        **kw,
+    }
 
 
 def test_cheapest_budget_needs_both_the_control_and_the_length_criteria():
-    table = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0, "ppl@1x": 10.0},
-             _row("control-full-0.02", "control", "full", 0.02, 9.0), _row("control-full-0.1", "control", "full", 0.1, 8.0),
-             _row("a-none-0", "a", "none", 0, 10.1, 10.5),         # 1.01x original, 16x/1x 1.04: met at 0
-             _row("b-none-0", "b", "none", 0, 30.0, 90.0),
-             _row("b-full-0.02", "b", "full", 0.02, 9.2, 9.3),      # 1.022x control: not met
-             _row("b-full-0.1", "b", "full", 0.1, 8.1, 8.4),        # 1.0125x, 1.037: met
-             _row("c-full-0.1", "c", "full", 0.1, 8.0, 8.5),        # length criterion fails (1.0625)
-             _row("b-full-0.1-seed1", "b", "full", 0.1, 20.0, 20.0, seed=1)]  # seeds never decide
+    table = [
+        {"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0, "ppl@1x": 10.0},
+        _row("control-full-0.02", "control", "full", 0.02, 9.0),
+        _row("control-full-0.1", "control", "full", 0.1, 8.0),
+        _row("a-none-0", "a", "none", 0, 10.1, 10.5),  # 1.01x original, 16x/1x 1.04: met at 0
+        _row("b-none-0", "b", "none", 0, 30.0, 90.0),
+        _row("b-full-0.02", "b", "full", 0.02, 9.2, 9.3),  # 1.022x control: not met
+        _row("b-full-0.1", "b", "full", 0.1, 8.1, 8.4),  # 1.0125x, 1.037: met
+        _row("c-full-0.1", "c", "full", 0.1, 8.0, 8.5),  # length criterion fails (1.0625)
+        _row("b-full-0.1-seed1", "b", "full", 0.1, 20.0, 20.0, seed=1),
+    ]  # seeds never decide
     got = {(r["label"], r["method"]): r for r in T.cheapest_budgets(table, native=256)}
     assert got[("a", "full")]["cheapest_budget"] == 0
     assert got[("b", "full")]["cheapest_budget"] == 0.1
@@ -280,17 +390,26 @@ def test_cheapest_budget_needs_both_the_control_and_the_length_criteria():
     assert len(seeds) == 1 and seeds[0]["seeds"] == [0, 1]
     assert seeds[0]["ppl@1x"]["mean"] == pytest.approx((8.1 + 20.0) / 2) and seeds[0]["ppl@1x"]["n"] == 2
     # the target seed by seed: each seed against its own control; a seed that fails either test is not counted
-    judged = [{**r, "control_ppl@1x": 8.0, "ppl@16x/1x": round(r["ppl@16x"] / r["ppl@1x"], 4)} for r in
-              (_row("d-full-0.1", "d", "full", 0.1, 8.1, 8.4),                # 1.0125x, 1.037: met
-               _row("d-full-0.1-seed1", "d", "full", 0.1, 8.1, 8.6, seed=1),  # 16x/1x 1.062: not met
-               _row("d-full-0.1-seed2", "d", "full", 0.1, 8.3, 8.3, seed=2))]  # 1.0375x the control: not met
+    judged = [
+        {**r, "control_ppl@1x": 8.0, "ppl@16x/1x": round(r["ppl@16x"] / r["ppl@1x"], 4)}
+        for r in (
+            _row("d-full-0.1", "d", "full", 0.1, 8.1, 8.4),  # 1.0125x, 1.037: met
+            _row("d-full-0.1-seed1", "d", "full", 0.1, 8.1, 8.6, seed=1),  # 16x/1x 1.062: not met
+            _row("d-full-0.1-seed2", "d", "full", 0.1, 8.3, 8.3, seed=2),
+        )
+    ]  # 1.0375x the control: not met
     (d,) = T.seed_table(judged, [256], 256)
     assert d["met"] == {"seeds": 1, "of": 3} and d["ppl@16x/1x"]["max"] == 1.0617
-    assert "| d | full | 0.1 | 0,1,2 |" in "\n".join(T.seeds_markdown([d])) and "| 1 of 3 |" in T.seeds_markdown([d])[-2]
+    assert (
+        "| d | full | 0.1 | 0,1,2 |" in "\n".join(T.seeds_markdown([d])) and "| 1 of 3 |" in T.seeds_markdown([d])[-2]
+    )
 
 
 def test_passkey_pooled_over_depths_with_the_wilson_interval():
-    rows = [{"length": 256, "depth": d, "correct": c, "trials": 10, "accuracy": c / 10} for d, c in ((0, 0), (0.5, 3), (1, 2))]
+    rows = [
+        {"length": 256, "depth": d, "correct": c, "trials": 10, "accuracy": c / 10}
+        for d, c in ((0, 0), (0.5, 3), (1, 2))
+    ]
     rows.append({"length": 512, "depth": None, "correct": 0, "trials": 0, "accuracy": None, "note": "too short"})
     pooled = T.pooled_passkey(rows)
     assert set(pooled) == {"256"} and pooled["256"]["correct"] == 5 and pooled["256"]["trials"] == 30
@@ -304,16 +423,25 @@ def test_labels_seeds_and_pose_targets_are_checked():
     with pytest.raises(RecipeError, match="must exceed the native length"):
         R.cells(_round(budgets=[0.02], methods=["full"], schemes=["rope:pose=256"]), 1_024_000, 256)
     # seed 0 as an extra seed (base seed 1) is a seed of its own, not the base cell
-    r = _round(budgets=[0, 0.02], methods=["full"], schemes=["alibi"], seed=1, seeds=[0], seed_labels=["alibi"],
-               seed_budgets=[0, 0.02])
+    r = _round(
+        budgets=[0, 0.02],
+        methods=["full"],
+        schemes=["alibi"],
+        seed=1,
+        seeds=[0],
+        seed_labels=["alibi"],
+        seed_budgets=[0, 0.02],
+    )
     cells = {c["name"]: c for c in R.cells(r, 1_024_000, 256)}
     assert "alibi-none-0.0-seed0" not in cells  # no seeds for the no-fine-tune cells
     assert R.plan_of(cells["alibi-full-0.02-seed0"]) != R.plan_of(cells["alibi-full-0.02"])
-    table = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0, "ppl@1x": 10.0},
-             _row("control-full-0.02", "control", "full", 0.02, 9.0),
-             _row("control-full-0.02-seed0", "control", "full", 0.02, 99.0, seed=0),
-             _row("a-full-0.02", "a", "full", 0.02, 9.1, 9.2),
-             _row("a-full-0.02-seed0", "a", "full", 0.02, 50.0, 50.0, seed=0)]
+    table = [
+        {"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0, "ppl@1x": 10.0},
+        _row("control-full-0.02", "control", "full", 0.02, 9.0),
+        _row("control-full-0.02-seed0", "control", "full", 0.02, 99.0, seed=0),
+        _row("a-full-0.02", "a", "full", 0.02, 9.1, 9.2),
+        _row("a-full-0.02-seed0", "a", "full", 0.02, 50.0, 50.0, seed=0),
+    ]
     (got,) = T.cheapest_budgets(table, 256)
     assert got["cheapest_budget"] == 0.02 and got["checked"][0]["reference@1x"] == 9.0  # the base control
     assert T.seed_table(table, [256], 256, base_seed=1)[0]["seeds"] == [0, 1]
@@ -324,13 +452,19 @@ def test_the_smollm2_runs_of_the_report_come_back_into_an_empty_cache(study, tmp
     converted LoRA runs are compared with the control of the same steps."""
     committed = json.loads((ROOT / "benchmarks" / "study.json").read_text())
     committed["smollm2"]["runs"] = runs = {  # the measured runs, less the controls (made up below)
-        label: res for label, res in committed["smollm2"]["runs"].items() if "rows" in res and not label.startswith("control-")}
+        label: res
+        for label, res in committed["smollm2"]["runs"].items()
+        if "rows" in res and not label.startswith("control-")
+    }
     assert "alibi-lora-100" in runs and "rope-yarnx4-lora-30" in runs  # what the first round reported
     out = tmp_path / "study.json"
     out.write_text(json.dumps(committed))
     r = dataclasses.replace(study.ROUNDS["study"], runs=str(tmp_path / "runs"), out=str(out))
-    assert R.rebuild(r, "python scripts/study.py study") == [str(out), str(out.with_suffix(".md")),
-                                                             str(tmp_path / "study_gpt2_ppl_vs_length.png")]
+    assert R.rebuild(r, "python scripts/study.py study") == [
+        str(out),
+        str(out.with_suffix(".md")),
+        str(tmp_path / "study_gpt2_ppl_vs_length.png"),
+    ]
     again = json.loads(out.read_text())
     assert again["gpt2"] == committed["gpt2"]  # the other part is kept
     for label, res in runs.items():
@@ -353,11 +487,19 @@ def test_the_smollm2_runs_of_the_report_come_back_into_an_empty_cache(study, tmp
 
 def test_passkey_for_the_base_seeds_cells_at_the_passkey_budgets_only(tmp_path):
     cell = {"scheme": "alibi", "method": "full", "steps": 4, "rows": []}
-    results = [{**cell, "name": "alibi-full-0.1", "budget": 0.1},
-               {**cell, "name": "alibi-full-0.1-seed1", "budget": 0.1, "seed": 1},
-               {**cell, "name": "alibi-full-0.02", "budget": 0.02},
-               {"scheme": "rope", "method": "full", "steps": 4, "name": "rope-full-0.1", "budget": 0.1,
-                "error": "RuntimeError: boom"}]
+    results = [
+        {**cell, "name": "alibi-full-0.1", "budget": 0.1},
+        {**cell, "name": "alibi-full-0.1-seed1", "budget": 0.1, "seed": 1},
+        {**cell, "name": "alibi-full-0.02", "budget": 0.02},
+        {
+            "scheme": "rope",
+            "method": "full",
+            "steps": 4,
+            "name": "rope-full-0.1",
+            "budget": 0.1,
+            "error": "RuntimeError: boom",
+        },
+    ]
     r = _round(passkey_budgets="top", passkey_trials=5)
     cache = CellCache(tmp_path)
     plan = {"lengths": [32, 64], "trials": 5, "depths": R.PASSKEY_DEPTHS, "seed": 0}
@@ -371,8 +513,9 @@ def test_passkey_for_the_base_seeds_cells_at_the_passkey_budgets_only(tmp_path):
 
 
 def test_seed_methods_limit_the_extra_seeds_to_those_methods():
-    r = _round(budgets=[0.1], methods=["full", "lora"], schemes=["alibi"], seeds=[1], seed_labels=["alibi"],
-               seed_budgets=[0.1])
+    r = _round(
+        budgets=[0.1], methods=["full", "lora"], schemes=["alibi"], seeds=[1], seed_labels=["alibi"], seed_budgets=[0.1]
+    )
     both = sorted(c["name"] for c in R.cells(r, pretrain_tokens=1_024_000, native=256) if "-seed" in c["name"])
     assert both == ["alibi-full-0.1-seed1", "alibi-lora-0.1-seed1", "control-full-0.1-seed1", "control-lora-0.1-seed1"]
     r.seed_methods = ["full"]

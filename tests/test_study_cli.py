@@ -22,15 +22,31 @@ def test_grid_cells_are_the_recipe_with_the_cells_keys_set(tmp_path):
     grid = Grid.from_yaml(TINY)
     assert [c["name"] for c in cells(grid)] == NAMES
     assert grid.output_dir == "runs/study-tiny"
-    by = {c["name"]: c for c in cells(Grid.from_yaml(TINY, [
-        "schemes={yarn: [convert.scheme=rope, convert.options.factor=4], alibi: []}", "methods=[full, lora]"]))}
-    assert by["yarn-lora-6-seed1"]["overrides"] == ["convert.scheme=yarn", "convert.scheme=rope",
-                                                    "convert.options.factor=4", "train.method=lora", "train.steps=6",
-                                                    "train.seed=1"]
+    by = {
+        c["name"]: c
+        for c in cells(
+            Grid.from_yaml(
+                TINY,
+                ["schemes={yarn: [convert.scheme=rope, convert.options.factor=4], alibi: []}", "methods=[full, lora]"],
+            )
+        )
+    }
+    assert by["yarn-lora-6-seed1"]["overrides"] == [
+        "convert.scheme=yarn",
+        "convert.scheme=rope",
+        "convert.options.factor=4",
+        "train.method=lora",
+        "train.steps=6",
+        "train.seed=1",
+    ]
     assert by["yarn-lora-6-seed1"]["scheme"] == "rope" and by["control-lora-6"]["scheme"] is None
     assert "yarn-lora-0" not in by and "yarn-none-0" in by  # budget 0 trains nothing: one cell, any method
-    for bad, match in ((["budgets=[-1]"], "optimizer steps"), (["schemes={alibi: [nokey]}"], "key.path=value"),
-                       (["seeds=[0, 0]"], "twice"), (["budget=[1]"], "did you mean 'budgets'")):
+    for bad, match in (
+        (["budgets=[-1]"], "optimizer steps"),
+        (["schemes={alibi: [nokey]}"], "key.path=value"),
+        (["seeds=[0, 0]"], "twice"),
+        (["budget=[1]"], "did you mean 'budgets'"),
+    ):
         with pytest.raises(RecipeError, match=match):
             Grid.from_yaml(TINY, bad)
     with pytest.raises(OptionError, match="no cell of this grid matches"):  # before anything runs
@@ -43,8 +59,13 @@ def test_retrofit_study_tiny_grid_writes_its_tables_and_reuses_its_cells(tmp_pat
     out = tmp_path / "study"
 
     def study(*extra):
-        r = subprocess.run([sys.executable, "-m", "retrofit", "study", "recipes/study-tiny.yaml", "--out", str(out),
-                            *extra], cwd=REPO, env=env, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "retrofit", "study", "recipes/study-tiny.yaml", "--out", str(out), *extra],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         return r
 
@@ -65,5 +86,6 @@ def test_retrofit_study_tiny_grid_writes_its_tables_and_reuses_its_cells(tmp_pat
     again = study("--rerun", "alibi-none-*")
     assert again.stderr.count(": cached") == len(NAMES) - 1 and "alibi-none-0: cached" not in again.stderr
     second = json.loads((out / "study.json").read_text())
-    assert second["table"] == [{**r, "seconds": s["seconds"]} if "seconds" in r else r
-                               for r, s in zip(report["table"], second["table"])]  # seeded: the same figures
+    assert second["table"] == [
+        {**r, "seconds": s["seconds"]} if "seconds" in r else r for r, s in zip(report["table"], second["table"])
+    ]  # seeded: the same figures

@@ -83,11 +83,18 @@ def test_windowed_kl_equals_the_kl_to_the_whole_sliding_teacher():
 
 
 def _run_loss(student, teacher, ids, **train):
-    train = {"objective": "distill", "temperature": 1.0, "distill_weight": 1.0, "teacher_window": "sliding",
-             "teacher_stride": None, **train}
+    train = {
+        "objective": "distill",
+        "temperature": 1.0,
+        "distill_weight": 1.0,
+        "teacher_window": "sliding",
+        "teacher_stride": None,
+        **train,
+    }
     r = SimpleNamespace(train=SimpleNamespace(**train))
     view = TeacherView.of(r.train, ids.shape[1], W)
     seen = []
+
     def keep(module, args, out):
         out.retain_grad()
         seen.append(out)
@@ -140,7 +147,9 @@ def test_block_past_a_finite_reach_names_the_scheme(monkeypatch):
     monkeypatch.setattr(SCHEMES.get("alibi"), "max_length", lambda self: 4 * W)
     assert _check_lengths(r, student) is None  # a reach of exactly the block
     monkeypatch.setattr(SCHEMES.get("alibi"), "max_length", lambda self: 3 * W)
-    with pytest.raises(LengthError, match=r"exceeds the 96 positions the model accepts \(the reach of scheme 'alibi'\)"):
+    with pytest.raises(
+        LengthError, match=r"exceeds the 96 positions the model accepts \(the reach of scheme 'alibi'\)"
+    ):
         _check_lengths(r, student)
 
 
@@ -148,8 +157,10 @@ def test_tiny_long_block_distill_recipe_runs_and_logs_the_teacher_cost(tmp_path,
     """recipes/tiny-long-distill.yaml: block 256 = 4 x tiny-gpt2's native 64, sliding teacher, stride 32."""
     path = Path(__file__).parent.parent / "recipes" / "tiny-long-distill.yaml"
     with caplog.at_level(logging.INFO, logger="retrofit.training.loop"):
-        out = finetune(path, [f"output_dir={tmp_path / 'run'}", "data.dataset=null", f"data.files={json.dumps(FILES)}",
-                              "train.steps=3"])
+        out = finetune(
+            path,
+            [f"output_dir={tmp_path / 'run'}", "data.dataset=null", f"data.files={json.dumps(FILES)}", "train.steps=3"],
+        )
     log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     train = [x for x in log if "loss" in x]
     assert len(train) == 3 and all(x["teacher_s_per_step"] > 0 and 0 < x["teacher_share"] < 1 for x in train)

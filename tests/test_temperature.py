@@ -86,8 +86,18 @@ def test_bad_temperature_options_are_clear_errors():
 
 def test_cli_takes_the_temperature_and_lists_it(tmp_path, capsys):
     TINY["gpt2"]().save_pretrained(tmp_path / "tiny")
-    rc = main(["convert", str(tmp_path / "tiny"), "--to", "nope", "--option", "temperature=0.25", "--out",
-               str(tmp_path / "o")])
+    rc = main(
+        [
+            "convert",
+            str(tmp_path / "tiny"),
+            "--to",
+            "nope",
+            "--option",
+            "temperature=0.25",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 0
     assert retrofit.describe(retrofit.load(tmp_path / "o"))["options"]["temperature"] == 0.25
     with pytest.raises(SystemExit):

@@ -23,9 +23,16 @@ from .tiny import NATIVE, TINY, ids
 def test_dynamic_native_rope_is_untouched_by_the_advertised_reach():
     """Dynamic RoPE reads max_position_embeddings as its native length: the converted config's
     'no limit' must not reach it (it overflowed a torch.tensor), while fading or after revert."""
-    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=NATIVE,
-                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    cfg = tf.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=NATIVE,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    )
     model = tf.LlamaForCausalLM(cfg).eval()
     x = ids(1, 3 * NATIVE)
     with torch.no_grad():
@@ -77,11 +84,13 @@ def test_an_older_checkpoint_is_pushed_marked(tmp_path):
 
 
 def test_a_failed_registration_leaves_transformers_working(tmp_path):
-    code = ("import retrofit.auto as a\n"
-            "def boom(m): raise RuntimeError('api changed')\n"
-            "a._AFTER[a._CONFIG_AUTO] = boom\n"
-            "from transformers import AutoConfig, AutoTokenizer\n"
-            "print('transformers ok')\n")
+    code = (
+        "import retrofit.auto as a\n"
+        "def boom(m): raise RuntimeError('api changed')\n"
+        "a._AFTER[a._CONFIG_AUTO] = boom\n"
+        "from transformers import AutoConfig, AutoTokenizer\n"
+        "print('transformers ok')\n"
+    )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "transformers ok" in r.stdout, r.stderr[-2000:]

@@ -62,8 +62,9 @@ def test_the_offline_block_is_the_usage_block_on_the_tiny_model():
 
 def cli(args: list[str], cwd: Path, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     assert args[0] == "retrofit", args
-    return subprocess.run([sys.executable, "-m", "retrofit", *args[1:]], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "retrofit", *args[1:]], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_readme_usage_block_is_one_story():
@@ -79,7 +80,9 @@ def test_readme_usage_block_is_one_story():
     tiny_recipe = yaml.safe_load((ROOT / TINY_WORDS[shlex.split(lines[1])[2]]).read_text())
     assert tiny_recipe["model"]["name_or_path"] == tiny_recipe["output_dir"] == TINY_WORDS[out]
     assert (tiny_recipe["convert"]["scheme"], tiny_recipe["train"]["method"]) == (
-        recipe["convert"]["scheme"], recipe["train"]["method"])
+        recipe["convert"]["scheme"],
+        recipe["train"]["method"],
+    )
 
 
 def test_readme_offline_block_runs_as_written(tmp_path, user_env):
@@ -119,16 +122,20 @@ def test_readme_offline_block_runs_as_written(tmp_path, user_env):
     assert "fine-tuned briefly (12 steps)" in r.stdout and 'from_pretrained("runs/tiny-gpt2-alibi/final")' in r.stdout
 
     # Third-party loaders: the converted model with retrofit imported, a loud refusal without it.
-    code = ("import json, sys, torch, retrofit; from transformers import AutoModelForCausalLM, AutoConfig;"
-            "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); d = retrofit.describe(m);"
-            "x = torch.arange(300)[None] % 250; m(x);"  # past the old table of 64 rows
-            "print(json.dumps({'scheme': d['scheme'], 'reach': AutoConfig.from_pretrained(sys.argv[1]).n_positions,"
-            " 'tied': m.lm_head.weight is m.transformer.wte.weight}))")
+    code = (
+        "import json, sys, torch, retrofit; from transformers import AutoModelForCausalLM, AutoConfig;"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); d = retrofit.describe(m);"
+        "x = torch.arange(300)[None] % 250; m(x);"  # past the old table of 64 rows
+        "print(json.dumps({'scheme': d['scheme'], 'reach': AutoConfig.from_pretrained(sys.argv[1]).n_positions,"
+        " 'tied': m.lm_head.weight is m.transformer.wte.weight}))"
+    )
     r = subprocess.run([sys.executable, "-c", code, str(final)], env=user_env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"scheme": "alibi", "reach": int(1e30), "tied": True}
-    plain = "from transformers import AutoModelForCausalLM; import sys; AutoModelForCausalLM.from_pretrained(sys.argv[1])"
+    plain = (
+        "from transformers import AutoModelForCausalLM; import sys; AutoModelForCausalLM.from_pretrained(sys.argv[1])"
+    )
     for path in (folder, final):
         r = subprocess.run([sys.executable, "-c", plain, str(path)], env=user_env, capture_output=True, text=True)
         assert r.returncode != 0 and "model type `retrofit`" in r.stderr, r.stderr[-2000:]
@@ -149,8 +156,22 @@ def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, us
     fixed 256, larger than the window); `--lengths 1x,2x,16x` works as in recipes."""
     r = cli(["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = cli(["retrofit", "eval", "ck", "--lengths", "1x,2x,16x", "--baseline", "tiny-gpt2", "--budget", "2048",
-             "--no-plots"], tmp_path, user_env)
+    r = cli(
+        [
+            "retrofit",
+            "eval",
+            "ck",
+            "--lengths",
+            "1x,2x,16x",
+            "--baseline",
+            "tiny-gpt2",
+            "--budget",
+            "2048",
+            "--no-plots",
+        ],
+        tmp_path,
+        user_env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "ck" / "eval" / "report.json").read_text())
     assert report["settings"]["lengths"] == [64, 128, 1024]

@@ -14,8 +14,16 @@ VOCAB = 128
 def _llama_like(config_cls, model_cls, **extra):
     def make():
         cfg = config_cls(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=NATIVE, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=NATIVE,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
             **extra,
         )
         return model_cls(cfg).eval()
@@ -24,30 +32,66 @@ def _llama_like(config_cls, model_cls, **extra):
 
 
 def gpt2():
-    cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=NATIVE,
-                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = tf.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=NATIVE,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     return tf.GPT2LMHeadModel(cfg).eval()
 
 
 def gpt_neo():
-    cfg = tf.GPTNeoConfig(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4,
-                          attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=NATIVE,
-                          intermediate_size=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = tf.GPTNeoConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        attention_types=[[["global", "local"], 1]],
+        window_size=8,
+        max_position_embeddings=NATIVE,
+        intermediate_size=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     return tf.GPTNeoForCausalLM(cfg).eval()
 
 
 def opt():
-    cfg = tf.OPTConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
-                       max_position_embeddings=NATIVE, word_embed_proj_dim=64, bos_token_id=1, eos_token_id=2,
-                       pad_token_id=0)
+    cfg = tf.OPTConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=128,
+        max_position_embeddings=NATIVE,
+        word_embed_proj_dim=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     return tf.OPTForCausalLM(cfg).eval()
 
 
 def gpt_neox():
-    cfg = tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=128, max_position_embeddings=NATIVE, rotary_pct=0.25,
-                           initializer_range=0.05,  # sharper attention: a 4-dim rotary change is visible
-                           bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = tf.GPTNeoXConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=NATIVE,
+        rotary_pct=0.25,
+        initializer_range=0.05,  # sharper attention: a 4-dim rotary change is visible
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     return tf.GPTNeoXForCausalLM(cfg).eval()
 
 

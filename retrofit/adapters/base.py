@@ -164,7 +164,10 @@ def track_inputs(state, base: nn.Module) -> list:
         except TypeError:
             bound = kwargs
         extra = bound.get("kwargs", {}) if isinstance(bound.get("kwargs"), dict) else {}
-        get = lambda k: bound.get(k, extra.get(k))
+
+        def get(k):
+            return bound.get(k, extra.get(k))
+
         cache = get("cache") if get("cache") is not None else get("past_key_values")  # transformers >= 5.24: cache
         past = int(cache.get_seq_length()) if cache is not None and hasattr(cache, "get_seq_length") else 0
         mask = get("attention_mask")

@@ -26,20 +26,39 @@ class RetrofitGPTNeoAttention(nn.Module):
         self.config = original.config
         self.layer_id, self.attention_type = original.layer_id, original.attention_type
         self.num_heads, self.head_dim = original.num_heads, original.head_dim
-        self.k_proj, self.v_proj, self.q_proj, self.out_proj = original.k_proj, original.v_proj, original.q_proj, original.out_proj
+        self.k_proj, self.v_proj, self.q_proj, self.out_proj = (
+            original.k_proj,
+            original.v_proj,
+            original.q_proj,
+            original.out_proj,
+        )
         self.attn_dropout, self.resid_dropout = original.attn_dropout, original.resid_dropout
         self.calls = 0
 
-    def forward(self, hidden_states, attention_mask=None, layer_past=None, use_cache=False, output_attentions=False, **kwargs):
+    def forward(
+        self, hidden_states, attention_mask=None, layer_past=None, use_cache=False, output_attentions=False, **kwargs
+    ):
         self.calls += 1
         B, T, _ = hidden_states.shape
-        split = lambda x: x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
-        query, key, value = split(self.q_proj(hidden_states)), split(self.k_proj(hidden_states)), split(self.v_proj(hidden_states))
+
+        def split(x):
+            return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
+        query, key, value = (
+            split(self.q_proj(hidden_states)),
+            split(self.k_proj(hidden_states)),
+            split(self.v_proj(hidden_states)),
+        )
         if layer_past is not None:
             key, value = layer_past.update(key, value, self.layer_id)
         attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
         out, weights = attend(
-            self, query, key, value, attention_mask, scaling=1.0,  # GPT-Neo does not scale its scores
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=1.0,  # GPT-Neo does not scale its scores
             dropout=self.attn_dropout.p if self.training else 0.0,
         )  # (B, T, H, D)
         out = self.resid_dropout(self.out_proj(out.reshape(B, T, self.num_heads * self.head_dim)))
@@ -73,7 +92,11 @@ class GPTNeoAdapter(Adapter):
 
     def neutralise(self, state):
         base = self.base()
-        swaps = [self.swap(base, "wpe", NeutralisedPositionTable(base.wpe, state, positions=lambda position_ids: position_ids))]
+        swaps = [
+            self.swap(
+                base, "wpe", NeutralisedPositionTable(base.wpe, state, positions=lambda position_ids: position_ids)
+            )
+        ]
         for block in base.h:
             sw = self.swap(block.attn, "attention", RetrofitGPTNeoAttention(block.attn.attention))
             sw.freeze = False  # the stand-in trains the original's projections

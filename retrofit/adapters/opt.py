@@ -42,6 +42,7 @@ class OPTAdapter(Adapter):
 
     def neutralise(self, state):
         base = self.base()
-        table = NeutralisedPositionTable(base.embed_positions, state, positions=opt_positions,
-                                         index_offset=self.position_table.first_row)
+        table = NeutralisedPositionTable(
+            base.embed_positions, state, positions=opt_positions, index_offset=self.position_table.first_row
+        )
         return [self.swap(base, "embed_positions", table)]

@@ -48,8 +48,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..versions import __version__
     from ..menu import schemes_help
+    from ..versions import __version__
 
     parser = Parser(
         prog="retrofit",
@@ -60,8 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"retrofit {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="debug logging, and the library messages retrofit otherwise keeps quiet")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="debug logging, and the library messages retrofit otherwise keeps quiet",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for _name, mod in COMMANDS:
         importlib.import_module(f"{__name__}.{mod}").add_parser(sub)

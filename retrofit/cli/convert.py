@@ -64,8 +64,12 @@ def _builtin_help() -> str:
 
     from ..builtin import names
 
-    return textwrap.fill("built-in models (MODEL; made on first use, then cached): "
-                         + ", ".join(names()), width=100, subsequent_indent="  ", break_on_hyphens=False)
+    return textwrap.fill(
+        "built-in models (MODEL; made on first use, then cached): " + ", ".join(names()),
+        width=100,
+        subsequent_indent="  ",
+        break_on_hyphens=False,
+    )
 
 
 def add_parser(sub) -> None:
@@ -77,34 +81,65 @@ def add_parser(sub) -> None:
         epilog=_help_text,  # called when --help is printed
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", help="hub id (gpt2), local folder or built-in name (see below); with --gguf-file, "
-                   "the folder holding it")
+    p.add_argument(
+        "model",
+        help="hub id (gpt2), local folder or built-in name (see below); with --gguf-file, the folder holding it",
+    )
     p.add_argument("--to", required=True, metavar="SCHEME", help="the new positional scheme (see below)")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE", help="scheme option, repeatable")
     p.add_argument("--dtype", default=None, help="load dtype: float32, bfloat16, float16, auto")
-    p.add_argument("--kernel", default="auto", type=_kernel, metavar="PATH",
-                   help="attention path: auto picks per call (recorded in describe), or one of the kernels "
-                        "listed below (saved with the checkpoint)")
+    p.add_argument(
+        "--kernel",
+        default="auto",
+        type=_kernel,
+        metavar="PATH",
+        help="attention path: auto picks per call (recorded in describe), or one of the kernels "
+        "listed below (saved with the checkpoint)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
-    p.add_argument("--force", action="store_true",
-                   help="convert a retrofit checkpoint again (its scheme is reverted first)")
+    p.add_argument(
+        "--force", action="store_true", help="convert a retrofit checkpoint again (its scheme is reverted first)"
+    )
     c = p.add_argument_group("calibration (train only the new position parameters to match the original first)")
-    c.add_argument("--calibrate", metavar="DATA",
-                   help="data spec (shakespeare:train, stdlib, files, a datasets name): before saving, train only the "
-                        "scheme's position parameters for KL to the original on native-length blocks of DATA; "
-                        f"writes {CALIBRATE} with the ratio to the original at 1x before and after")
-    c.add_argument("--calibrate-steps", type=int, default=CAL.steps, metavar="N", help="optimizer steps (default %(default)s)")
-    c.add_argument("--calibrate-lr", type=float, default=CAL.learning_rate, metavar="LR",
-                   help="Adam peak learning rate (default %(default)s)")
-    c.add_argument("--calibrate-batch-size", type=int, default=CAL.batch_size, metavar="N",
-                   help="blocks per step (default %(default)s)")
-    c.add_argument("--calibrate-heldout", default=CAL.heldout, metavar="DATA",
-                   help="held-out data spec for the before/after ratio; must share no document with DATA "
-                        "(default %(default)s)")
-    c.add_argument("--calibrate-budget", type=int, default=CAL.budget, metavar="TOKENS",
-                   help="held-out tokens scored before and after (default %(default)s)")
+    c.add_argument(
+        "--calibrate",
+        metavar="DATA",
+        help="data spec (shakespeare:train, stdlib, files, a datasets name): before saving, train only the "
+        "scheme's position parameters for KL to the original on native-length blocks of DATA; "
+        f"writes {CALIBRATE} with the ratio to the original at 1x before and after",
+    )
+    c.add_argument(
+        "--calibrate-steps", type=int, default=CAL.steps, metavar="N", help="optimizer steps (default %(default)s)"
+    )
+    c.add_argument(
+        "--calibrate-lr",
+        type=float,
+        default=CAL.learning_rate,
+        metavar="LR",
+        help="Adam peak learning rate (default %(default)s)",
+    )
+    c.add_argument(
+        "--calibrate-batch-size",
+        type=int,
+        default=CAL.batch_size,
+        metavar="N",
+        help="blocks per step (default %(default)s)",
+    )
+    c.add_argument(
+        "--calibrate-heldout",
+        default=CAL.heldout,
+        metavar="DATA",
+        help="held-out data spec for the before/after ratio; must share no document with DATA (default %(default)s)",
+    )
+    c.add_argument(
+        "--calibrate-budget",
+        type=int,
+        default=CAL.budget,
+        metavar="TOKENS",
+        help="held-out tokens scored before and after (default %(default)s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -151,9 +186,17 @@ def _calibrate(model, teacher, tokenizer, args) -> dict:
         from ..errors import OptionError
 
         raise OptionError(f"--calibrate needs a tokenizer; {args.model} has none")
-    record = calibrate(model, teacher, args.calibrate, tokenizer=tokenizer, steps=args.calibrate_steps,
-                       learning_rate=args.calibrate_lr, batch_size=args.calibrate_batch_size,
-                       heldout=args.calibrate_heldout, budget=args.calibrate_budget)
+    record = calibrate(
+        model,
+        teacher,
+        args.calibrate,
+        tokenizer=tokenizer,
+        steps=args.calibrate_steps,
+        learning_rate=args.calibrate_lr,
+        batch_size=args.calibrate_batch_size,
+        heldout=args.calibrate_heldout,
+        budget=args.calibrate_budget,
+    )
     log.info("%s", summary_line(record))
     return record
 
@@ -165,7 +208,8 @@ def _refuse_converted(model, args) -> None:
     if is_converted(model) and not args.force:
         raise AlreadyConvertedError(
             f"{args.model} is already converted to {describe(model)['scheme']!r}; pass --force to revert that and "
-            f"convert it to {args.to!r}")
+            f"convert it to {args.to!r}"
+        )
 
 
 if __name__ == "__main__":  # python -m retrofit.cli.convert: rewrite HELP_FILE from the registries

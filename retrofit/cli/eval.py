@@ -10,8 +10,8 @@ import typing
 from pathlib import Path
 
 from ..errors import OptionError
-from ..evaluation.options import DEFAULTS, NAMES, QUICK, EvalOptions
 from ..evaluation.lengths import parse_list
+from ..evaluation.options import DEFAULTS, NAMES, QUICK, EvalOptions
 from ..quiet import progress_bars
 from ..run_folder import REPORT, REPORT_MD
 
@@ -50,20 +50,35 @@ def add_parser(sub) -> None:
         "windows and sliding windows (stride --stride). A baseline past its own limit gets only the sliding row, "
         "labelled as such. Writes report.json, report.md and plots to --out.",
     )
-    p.add_argument("model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file")
+    p.add_argument(
+        "model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file"
+    )
     p.add_argument("--gguf-file", help="GGUF file name inside MODEL (or a path to it)")
-    p.add_argument("--baseline", action="append", default=[], metavar="MODEL",
-                   help="a model to score on the same tokens (repeatable); 'original': the unconverted model MODEL "
-                   "was converted from (read from its run's recipe or its config's retrofit block), as in recipes")
+    p.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="a model to score on the same tokens (repeatable); 'original': the unconverted model MODEL "
+        "was converted from (read from its run's recipe or its config's retrofit block), as in recipes",
+    )
     add_option_flags(p)
-    p.add_argument("--quick", action="store_true",
-                   help="a lighter evaluation for a CPU: " + ", ".join(f"{k}={_show(v)}" for k, v in QUICK.items())
-                   + " (flags given as well win)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a lighter evaluation for a CPU: "
+        + ", ".join(f"{k}={_show(v)}" for k, v in QUICK.items())
+        + " (flags given as well win)",
+    )
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
     p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
     p.add_argument("--no-plots", action="store_true", help="write report.json and report.md only")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar (so does RETROFIT_PROGRESS=0 for every command)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="hide the progress bar (so does RETROFIT_PROGRESS=0 for every command)",
+    )
     p.set_defaults(func=run)
 
 
@@ -83,12 +98,17 @@ def add_option_flags(p) -> None:
     for f in dataclasses.fields(EvalOptions):
         name, tp, default = flag(f), hints[f.name], getattr(DEFAULTS, f.name)
         kw = {"dest": f.name, "default": argparse.SUPPRESS}
-        shown = "off" if default is False else "on" if default is True else "none" if default is None else _show(default)
+        shown = (
+            "off" if default is False else "on" if default is True else "none" if default is None else _show(default)
+        )
         text = f.metadata["help"] + f" (default: {shown})"
         if tp is bool:
             kw["action"] = "store_false" if name.startswith("--no-") else "store_true"
-            text = (f"{f.metadata['help']} On by default; this flag leaves it out." if name.startswith("--no-")
-                    else f.metadata["help"])
+            text = (
+                f"{f.metadata['help']} On by default; this flag leaves it out."
+                if name.startswith("--no-")
+                else f.metadata["help"]
+            )
         elif f.name.endswith(("lengths", "distances")):
             kw["type"], kw["metavar"] = _lengths(name), "LIST"
         elif f.name.endswith("depths"):
@@ -112,20 +132,28 @@ def _baselines(args) -> list:
             continue
         src = original_source(args.model) if Path(args.model).exists() else None
         if src is None:
-            raise OptionError(f"--baseline original: {args.model} records no model it was converted from (no "
-                              "run recipe, no retrofit block in its config); name that model instead: --baseline NAME")
+            raise OptionError(
+                f"--baseline original: {args.model} records no model it was converted from (no "
+                "run recipe, no retrofit block in its config); name that model instead: --baseline NAME"
+            )
         from ..pipeline import load_original
 
         log.info("--baseline original: %s", src["name_or_path"])
-        out.append(load_original(src["name_or_path"], gguf_file=src["gguf_file"], dtype=args.dtype or src["dtype"],
-                                 device=args.device))
+        out.append(
+            load_original(
+                src["name_or_path"], gguf_file=src["gguf_file"], dtype=args.dtype or src["dtype"], device=args.device
+            )
+        )
     return out
 
 
 def _options(args) -> dict:
     """``evaluate``'s option keywords: the flags given (the rest keep ``EvalOptions``' defaults); any
     ``--recall-*`` option turns recall on."""
-    given = {**(QUICK if getattr(args, "quick", False) else {}), **{k: getattr(args, k) for k in NAMES if hasattr(args, k)}}
+    given = {
+        **(QUICK if getattr(args, "quick", False) else {}),
+        **{k: getattr(args, k) for k in NAMES if hasattr(args, k)},
+    }
     if any(k.startswith("recall_") for k in given):
         given["recall"] = True
     if given.get("doc_separator"):
@@ -139,8 +167,11 @@ def run(args) -> int:
     from ..run_folder import eval_dir
     from . import output_folder
 
-    out = output_folder(args.out or eval_dir(args.model), overwrite=True,  # reports in it are replaced
-                        flag="--out" if args.out else "the default --out")
+    out = output_folder(
+        args.out or eval_dir(args.model),
+        overwrite=True,  # reports in it are replaced
+        flag="--out" if args.out else "the default --out",
+    )
     report = evaluate(
         args.model,
         gguf_file=args.gguf_file,

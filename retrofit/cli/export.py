@@ -19,18 +19,32 @@ def add_parser(sub) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="retrofit checkpoint folder, or a run folder with final/")
     p.add_argument("--out", required=True, help="output folder (written atomically)")
     p.add_argument("--native", action="store_true", help="map into a native transformers architecture")
-    p.add_argument("--max-length", type=int, default=None,
-                   help="longest input of the exported model where the architecture has a table "
-                   "(NoPE/sinusoidal/extend; default: the model's reach if finite (extend: its table), else "
-                   "max(8192, 4 x native))")
-    p.add_argument("--check-length", type=int, default=None,
-                   help="tokens of the random-input equivalence check (default min(4 x native, native + 1024))")
-    p.add_argument("--approximate", action="store_true",
-                   help="where no architecture is exact, write the closest one anyway (gpt2+alibi with "
-                   "scale_bias=false -> Falcon); the result says exact: false, why, and the perplexity difference")
-    p.add_argument("--ppl-text", default=None,
-                   help="text (a retrofit data spec) for the perplexity difference of an inexact export "
-                   "(default: retrofit.export's, the standard library)")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="longest input of the exported model where the architecture has a table "
+        "(NoPE/sinusoidal/extend; default: the model's reach if finite (extend: its table), else "
+        "max(8192, 4 x native))",
+    )
+    p.add_argument(
+        "--check-length",
+        type=int,
+        default=None,
+        help="tokens of the random-input equivalence check (default min(4 x native, native + 1024))",
+    )
+    p.add_argument(
+        "--approximate",
+        action="store_true",
+        help="where no architecture is exact, write the closest one anyway (gpt2+alibi with "
+        "scale_bias=false -> Falcon); the result says exact: false, why, and the perplexity difference",
+    )
+    p.add_argument(
+        "--ppl-text",
+        default=None,
+        help="text (a retrofit data spec) for the perplexity difference of an inexact export "
+        "(default: retrofit.export's, the standard library)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")
     p.set_defaults(func=run)
 
@@ -41,7 +55,14 @@ def run(args) -> int:
 
     out = output_folder(args.out, args.overwrite)
     given = {"ppl_text": args.ppl_text} if args.ppl_text else {}  # else export's own default
-    result = export(args.run_dir, out, native=args.native, max_length=args.max_length, check_length=args.check_length,
-                    approximate=args.approximate, **given)
+    result = export(
+        args.run_dir,
+        out,
+        native=args.native,
+        max_length=args.max_length,
+        check_length=args.check_length,
+        approximate=args.approximate,
+        **given,
+    )
     print(json.dumps(result, indent=2, sort_keys=True, default=str))
     return 0

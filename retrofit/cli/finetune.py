@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 import textwrap
+from pathlib import Path
 
 
 def _keys_help() -> str:
@@ -13,7 +13,11 @@ def _keys_help() -> str:
 
     lines = ["recipe keys (YAML; set any of them with --set key=value):", ""]
     for key, tp, default, help_text in iter_keys():
-        default = "required" if default is None and key in ("model.name_or_path", "output_dir") else f"default {_yaml(default)}"
+        default = (
+            "required"
+            if default is None and key in ("model.name_or_path", "output_dir")
+            else f"default {_yaml(default)}"
+        )
         lines.append(f"  {key}  ({tp}; {default})")
         lines += textwrap.wrap(help_text, width=92, initial_indent="      ", subsequent_indent="      ")
     lines += [
@@ -47,26 +51,51 @@ def add_parser(sub) -> None:
     )
     p.add_argument("recipe", help="recipe YAML file (see recipes/)")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a recipe key, value parsed as YAML (repeatable): --set train.steps=200",
     )
     p.add_argument("--check", action="store_true", help="validate the recipe, print it resolved, and exit")
-    p.add_argument("--plan", action="store_true",
-                   help="print the budget (tokens, steps), the time and the peak memory per device this recipe needs "
-                   "under DDP, FSDP and FSDP + CPU offload (formulas from the recipe and the model's config; "
-                   "nothing is read or trained) and exit")
-    p.add_argument("--processes", type=int, default=None, metavar="N",
-                   help="with --plan: processes to plan for (default: what the same command would start: WORLD_SIZE "
-                        "under a launcher, else 1)")
-    p.add_argument("--tokens-per-s", type=float, default=None, metavar="R",
-                   help="with --plan: your measured tokens/s (all devices together) for the time estimate (default: "
-                   "on paper, from the model's FLOPs per token on the device the run would use: its CUDA GPU at 30%% "
-                   "of its bf16 peak, else this CPU at 50%% of its fp32 matmul rate, measured)")
-    p.add_argument("--final-from", type=Path, default=None, metavar="CHECKPOINT",
-                   help="write final/ (and adapter/) from a checkpoint folder of this recipe's run "
-                   "(checkpoints/step_N: one process, DDP, FSDP sharded or DeepSpeed ZeRO-3), on one process")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="with --final-from: allow unpickling Python objects in DeepSpeed files (your own run's only)")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the budget (tokens, steps), the time and the peak memory per device this recipe needs "
+        "under DDP, FSDP and FSDP + CPU offload (formulas from the recipe and the model's config; "
+        "nothing is read or trained) and exit",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --plan: processes to plan for (default: what the same command would start: WORLD_SIZE "
+        "under a launcher, else 1)",
+    )
+    p.add_argument(
+        "--tokens-per-s",
+        type=float,
+        default=None,
+        metavar="R",
+        help="with --plan: your measured tokens/s (all devices together) for the time estimate (default: "
+        "on paper, from the model's FLOPs per token on the device the run would use: its CUDA GPU at 30%% "
+        "of its bf16 peak, else this CPU at 50%% of its fp32 matmul rate, measured)",
+    )
+    p.add_argument(
+        "--final-from",
+        type=Path,
+        default=None,
+        metavar="CHECKPOINT",
+        help="write final/ (and adapter/) from a checkpoint folder of this recipe's run "
+        "(checkpoints/step_N: one process, DDP, FSDP sharded or DeepSpeed ZeRO-3), on one process",
+    )
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="with --final-from: allow unpickling Python objects in DeepSpeed files (your own run's only)",
+    )
     p.set_defaults(func=run)
 
 
@@ -90,9 +119,8 @@ def run(args) -> int:
 
         print(final_from(recipe, args.final_from, trust_pickle=args.trust_pickle))
         return 0
-    from ..training import finetune
-
     from ..run_folder import FINAL
+    from ..training import finetune
 
     out = finetune(recipe)
     if os.environ.get("RANK", "0") == "0":  # under accelerate launch: once, not once per process

@@ -23,10 +23,22 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("recipe", help="pipeline recipe YAML (see recipes/quickstart.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a recipe key, value parsed as YAML (repeatable): --set eval.budget=4096")
-    p.add_argument("--force", action="append", default=[], choices=STAGES, metavar="STAGE",
-                   help=f"re-run a stage even if it is done (repeatable; one of {', '.join(STAGES)})")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key, value parsed as YAML (repeatable): --set eval.budget=4096",
+    )
+    p.add_argument(
+        "--force",
+        action="append",
+        default=[],
+        choices=STAGES,
+        metavar="STAGE",
+        help=f"re-run a stage even if it is done (repeatable; one of {', '.join(STAGES)})",
+    )
     p.add_argument("--check", action="store_true", help="validate the recipe, print it resolved, and exit")
     p.set_defaults(func=run)
 

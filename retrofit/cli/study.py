@@ -8,10 +8,12 @@ import argparse
 def _keys_help() -> str:
     from ..study.grid import help_text
 
-    return ("grid keys (YAML):\n" + help_text() + "\n\nexamples:\n"
-            "  retrofit study recipes/study-tiny.yaml\n"
-            "  retrofit study my-grid.yaml --out runs/my-study --rerun 'alibi-*'\n"
-            "  retrofit study my-grid.yaml --set budgets=[0,200,800] --set seeds=[0,1,2]")
+    return (
+        "grid keys (YAML):\n" + help_text() + "\n\nexamples:\n"
+        "  retrofit study recipes/study-tiny.yaml\n"
+        "  retrofit study my-grid.yaml --out runs/my-study --rerun 'alibi-*'\n"
+        "  retrofit study my-grid.yaml --set budgets=[0,200,800] --set seeds=[0,1,2]"
+    )
 
 
 def add_parser(sub) -> None:
@@ -29,10 +31,21 @@ def add_parser(sub) -> None:
     )
     p.add_argument("grid", help="study grid YAML (see recipes/study-tiny.yaml)")
     p.add_argument("--out", default=None, help="the study folder (default: the grid's output_dir, runs/<grid name>)")
-    p.add_argument("--rerun", action="append", default=[], metavar="PATTERN",
-                   help="recompute the cells whose name matches (shell pattern, repeatable): --rerun 'alibi-*'")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a grid key, value parsed as YAML (repeatable): --set budgets=[0,100]")
+    p.add_argument(
+        "--rerun",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="recompute the cells whose name matches (shell pattern, repeatable): --rerun 'alibi-*'",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a grid key, value parsed as YAML (repeatable): --set budgets=[0,100]",
+    )
     p.add_argument("--check", action="store_true", help="validate the grid, list its cells, and exit")
     p.set_defaults(func=run)
 

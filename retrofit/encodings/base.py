@@ -48,7 +48,9 @@ class ModelSpec:
     native_length: int  # positions the model was trained on
     native_kind: str  # "learned_absolute" | "rope"
     native_rope: dict | None = None  # {"theta", "fraction", "rope_type", "inv_freq" (tensor), "attention_scaling"}
-    embedding_rms: float | None = None  # RMS of the input token embeddings (filled by convert; absolute schemes scale to it)
+    embedding_rms: float | None = (
+        None  # RMS of the input token embeddings (filled by convert; absolute schemes scale to it)
+    )
     # learned-absolute families: the native table's rows for positions 0 .. native - 1 (filled by convert)
     native_table: Any = field(default=None, compare=False, repr=False)
 
@@ -132,8 +134,10 @@ class Scheme(nn.Module):
         unknown = sorted(set(given) - set(fields))
         if unknown:
             valid = ", ".join(sorted(fields)) or "(none)"
-            raise OptionError(f"scheme {cls.name!r} takes no option {', '.join(map(repr, unknown))}; its options: {valid} "
-                              f"(and, for every scheme: {', '.join(COMMON_OPTIONS)})")
+            raise OptionError(
+                f"scheme {cls.name!r} takes no option {', '.join(map(repr, unknown))}; its options: {valid} "
+                f"(and, for every scheme: {', '.join(COMMON_OPTIONS)})"
+            )
         hints = typing.get_type_hints(cls.Options)
         values = {}
         for key, value in given.items():
@@ -184,8 +188,9 @@ class Scheme(nn.Module):
         compiled score_mod (flex, dynamic=True) turns float attributes into .item() calls inductor cannot lower."""
         if not self.common.temperature:
             return None
-        beta, length = (torch.tensor(float(x), device=device)
-                        for x in (self.common.temperature, self.common.temperature_length))
+        beta, length = (
+            torch.tensor(float(x), device=device) for x in (self.common.temperature, self.common.temperature_length)
+        )
         return lambda q_pos: 1 + beta * torch.log(((q_pos.to(torch.float32) + 1) / length).clamp(min=1.0))
 
     # ---- behaviour -----------------------------------------------------------------------
@@ -251,7 +256,11 @@ def gather_per_head(table: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> 
 
 def _check_type(scheme: str, key: str, value, hint, choices):
     origin = typing.get_origin(hint)
-    args = [a for a in typing.get_args(hint) if a is not type(None)] if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) else [hint]
+    args = (
+        [a for a in typing.get_args(hint) if a is not type(None)]
+        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None))
+        else [hint]
+    )
     if value is None and type(None) in typing.get_args(hint):
         return None
     for t in args:
@@ -263,7 +272,9 @@ def _check_type(scheme: str, key: str, value, hint, choices):
             return float(value)
         if t is str and isinstance(value, str):
             if choices and value not in choices:
-                raise OptionError(f"option {key!r} of scheme {scheme!r} must be one of {', '.join(choices)}; got {value!r}")
+                raise OptionError(
+                    f"option {key!r} of scheme {scheme!r} must be one of {', '.join(choices)}; got {value!r}"
+                )
             return value
     names = " or ".join(getattr(t, "__name__", str(t)) for t in args)
     raise OptionError(f"option {key!r} of scheme {scheme!r} must be {names}; got {value!r} ({type(value).__name__})")

@@ -66,18 +66,29 @@ class Extend(Scheme):
 
     @dataclass
     class Options:
-        length: int | str = option("16x", "rows of the new table: positions, or a multiple of the native length ('16x')")
-        init: str = option("copy", "copy: rows repeat the native table (exact up to native); interpolate: "
-                                   "positions squeezed into the native range, PI-style", INITS)
-        copy_from: int = option(1, "copy: the row each later period starts at (0: Longformer's plain repeat; "
-                                   "1: position 0's start-of-text row is not repeated)")
+        length: int | str = option(
+            "16x", "rows of the new table: positions, or a multiple of the native length ('16x')"
+        )
+        init: str = option(
+            "copy",
+            "copy: rows repeat the native table (exact up to native); interpolate: "
+            "positions squeezed into the native range, PI-style",
+            INITS,
+        )
+        copy_from: int = option(
+            1,
+            "copy: the row each later period starts at (0: Longformer's plain repeat; "
+            "1: position 0's start-of-text row is not repeated)",
+        )
 
     @classmethod
     def resolve_defaults(cls, spec, opts):
         opts.length = resolve_length(opts.length, spec.native_length)
         if spec.native_kind != "learned_absolute":
-            raise OptionError("extend stretches a learned absolute position table (gpt2, gpt_neo, opt); this model "
-                              f"has {spec.native_kind} positions: use rope with scaling (pi, ntk, yarn) instead")
+            raise OptionError(
+                "extend stretches a learned absolute position table (gpt2, gpt_neo, opt); this model "
+                f"has {spec.native_kind} positions: use rope with scaling (pi, ntk, yarn) instead"
+            )
         if opts.length < spec.native_length:
             raise OptionError(f"extend: length {opts.length} is shorter than the native table ({spec.native_length})")
         if not 0 <= opts.copy_from < spec.native_length:
@@ -88,8 +99,10 @@ class Extend(Scheme):
         super().__init__(spec, options)
         native = spec.native_table  # (native, E): the learned rows, in the model's dtype
         if native is None:
-            raise OptionError("extend: the model's learned position table was not found (its adapter names the "
-                              "weight; a quantised or offloaded table cannot be stretched)")
+            raise OptionError(
+                "extend: the model's learned position table was not found (its adapter names the "
+                "weight; a quantised or offloaded table cannot be stretched)"
+            )
         if options.init == "copy":
             rows = copied_rows(native.detach(), options.length, options.copy_from)
         else:
@@ -102,6 +115,8 @@ class Extend(Scheme):
     def embed(self, position_ids, dtype):
         # position_ids (B, T) -> (B, T, E)
         if position_ids.numel() and int(position_ids.max()) >= self.options.length:
-            raise LengthError(f"scheme 'extend' has a table of {self.options.length} positions; got position "
-                              f"{int(position_ids.max())} (convert with a larger length=)")
+            raise LengthError(
+                f"scheme 'extend' has a table of {self.options.length} positions; got position "
+                f"{int(position_ids.max())} (convert with a larger length=)"
+            )
         return nn.functional.embedding(position_ids.clamp(min=0), self.table).to(dtype)

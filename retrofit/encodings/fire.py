@@ -65,7 +65,9 @@ class FIRE(Scheme):
     @dataclass
     class Options:
         width: int = option(32, "hidden width of the MLP f_theta (the paper's 32)")
-        threshold: int | None = option(None, "L: queries before it share the normaliser psi(L); default: the native length")
+        threshold: int | None = option(
+            None, "L: queries before it share the normaliser psi(L); default: the native length"
+        )
         learned_threshold: bool = option(True, "learn L (as |s x threshold|, s init 1), as in the paper")
         per_layer: bool = option(True, "one FIRE module per layer (False: one shared by all layers)")
         init: str = option("alibi", "alibi: fit f_theta to ALiBi's recency at convert time; random: Linear init", INITS)
@@ -118,7 +120,9 @@ class FIRE(Scheme):
         with torch.no_grad():
             safe = torch.where(w1 == 0, torch.ones_like(w1), w1)
             brk = torch.where(w1 == 0, torch.full_like(w1, 1e6), -b1 / safe).sort().values  # (W,); w1 = 0: no break
-            mid = torch.cat([brk[:1] - 1, (brk[1:] + brk[:-1]) / 2, brk[-1:] + 1])  # (W + 1,) a point inside each segment
+            mid = torch.cat(
+                [brk[:1] - 1, (brk[1:] + brk[:-1]) / 2, brk[-1:] + 1]
+            )  # (W + 1,) a point inside each segment
             active = (mid[:, None] * w1 + b1 > 0).to(w1.dtype)  # (W + 1, W)
         slope = (active * w1) @ self.w2[li].T  # (W + 1, H)
         intercept = (active * b1) @ self.w2[li].T + self.b2[li]  # (W + 1, H)
@@ -137,7 +141,9 @@ class FIRE(Scheme):
         # chunked kernel: h (H', 1, 1), x (1, C, Tk) -> (H', C, Tk): two gathers and one multiply-add per
         # element instead of a (C, Tk, W) hidden layer
         if x.dim() != h.dim() or x.shape[0] != 1 or any(s != 1 for s in h.shape[1:]):
-            raise ValueError(f"fire.bias expects h (H, 1, ..., 1) and positions (1, ...); got {tuple(h.shape)}, {tuple(x.shape)}")
+            raise ValueError(
+                f"fire.bias expects h (H, 1, ..., 1) and positions (1, ...); got {tuple(h.shape)}, {tuple(x.shape)}"
+            )
         brk, slope, intercept = self.segments(li)
         seg = torch.searchsorted(brk, x.contiguous())  # (1, C, Tk) segment index
         return gather_per_head(intercept.T, h, seg).addcmul_(gather_per_head(slope.T, h, seg), x)  # (H', C, Tk)

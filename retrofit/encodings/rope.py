@@ -55,7 +55,9 @@ class RoPE(Scheme):
     @dataclass
     class Options:
         theta: float | None = option(None, "rotary base; default: the model's own, else 10000")
-        fraction: float | None = option(None, "fraction of each head's dims that rotate; default: the model's own, else 1.0")
+        fraction: float | None = option(
+            None, "fraction of each head's dims that rotate; default: the model's own, else 1.0"
+        )
         scaling: str = option("none", "context rescaling: none | linear (PI) | ntk | yarn | dynamic", SCALINGS)
         factor: float = option(1.0, "rescaling factor (new length / native length)")
         native_length: int | None = option(None, "the length the positions were trained on; default: the model's")

@@ -33,7 +33,9 @@ class ShawClipped(Scheme):
 
     @dataclass
     class Options:
-        max_distance: int = option(128, "clipping distance k: offsets beyond k share the value at k (the paper used 16)")
+        max_distance: int = option(
+            128, "clipping distance k: offsets beyond k share the value at k (the paper used 16)"
+        )
         per_layer: bool = option(True, "one table per layer (False: one shared by all layers)")
         init: str = option("alibi", "alibi: start at -slope_h x min(d, k) (keeps recency); zero: a fresh start", INITS)
 

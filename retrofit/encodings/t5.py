@@ -65,14 +65,18 @@ class T5Buckets(Scheme):
         num_buckets: int = option(32, "buckets per head: half exact (small offsets), half log-spaced")
         max_distance: int = option(128, "offsets at or beyond this share the last bucket")
         per_layer: bool = option(True, "one table per layer (False: one shared by all layers, as in T5)")
-        init: str = option("alibi", "alibi: start at -slope_h x bucket distance (keeps recency); zero: T5's fresh start", INITS)
+        init: str = option(
+            "alibi", "alibi: start at -slope_h x bucket distance (keeps recency); zero: T5's fresh start", INITS
+        )
 
     @classmethod
     def resolve_defaults(cls, spec, opts):
         if opts.num_buckets < 2:
             raise OptionError(f"t5: num_buckets must be >= 2; got {opts.num_buckets}")
         if opts.max_distance <= opts.num_buckets // 2:
-            raise OptionError(f"t5: max_distance ({opts.max_distance}) must exceed num_buckets // 2 ({opts.num_buckets // 2})")
+            raise OptionError(
+                f"t5: max_distance ({opts.max_distance}) must exceed num_buckets // 2 ({opts.num_buckets // 2})"
+            )
         return opts
 
     def __init__(self, spec: ModelSpec, options):

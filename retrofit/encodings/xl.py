@@ -42,12 +42,18 @@ class TransformerXL(Scheme):
 
     @dataclass
     class Options:
-        dim: int | None = option(None, "width of the sinusoidal distance encoding R (even); default: the head dim "
-                                       "(the paper: the model width)")
+        dim: int | None = option(
+            None,
+            "width of the sinusoidal distance encoding R (even); default: the head dim (the paper: the model width)",
+        )
         base: float = option(10000.0, "wavelength base of R (the paper's 10000)")
         per_layer: bool = option(True, "W_R, u and v per layer (False: one set shared by all layers)")
-        init: str = option("zero", "zero: W_R, u, v start at 0 (the content term alone, no positional noise); "
-                                   "random: N(0, 0.02) as the paper's code", INITS)
+        init: str = option(
+            "zero",
+            "zero: W_R, u, v start at 0 (the content term alone, no positional noise); "
+            "random: N(0, 0.02) as the paper's code",
+            INITS,
+        )
 
     @classmethod
     def resolve_defaults(cls, spec, opts):
@@ -95,8 +101,9 @@ class TransformerXL(Scheme):
     def relative_sinusoid(self, layer: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """r_d = W_R R_d per head: (W_R as (H, D, dim), R's frequencies), on ``device`` (default: the table's)."""
         W = self.proj[self._li(layer)].to(device or self.proj.device)
-        return W.view(self.spec.num_heads, self.spec.head_dim, -1), frequencies(self.options.dim, self.options.base,
-                                                                                 W.device)
+        return W.view(self.spec.num_heads, self.spec.head_dim, -1), frequencies(
+            self.options.dim, self.options.base, W.device
+        )
 
     def _project(self, W: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         R = sinusoids(torch.arange(n, device=W.device), self.options.dim, self.options.base)  # (n, dim)

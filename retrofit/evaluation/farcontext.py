@@ -24,8 +24,12 @@ def paired_gain(nll_window: np.ndarray, nll_full: np.ndarray, block: int, seed: 
         raise ValueError(f"the two rows score different tokens: {nll_window.shape} vs {nll_full.shape}")
     n = nll_full.size - nll_full.size % block
     diff = (nll_window[:n] - nll_full[:n]).reshape(-1, block).mean(axis=1)  # [blocks]
-    out = {"gain": round(math.exp(float((nll_window - nll_full).mean())), 4), "blocks": int(diff.size),
-           "ci_low": None, "ci_high": None}
+    out = {
+        "gain": round(math.exp(float((nll_window - nll_full).mean())), 4),
+        "blocks": int(diff.size),
+        "ci_low": None,
+        "ci_high": None,
+    }
     if diff.size >= 2:
         rng = np.random.default_rng(seed)
         means = diff[rng.integers(0, diff.size, size=(RESAMPLES, diff.size))].mean(axis=1)  # [RESAMPLES]
@@ -56,8 +60,13 @@ def far_context(models, jobs, nll: dict) -> list[dict]:
             window = nll.get((i, method, job.length))
             if window is None:
                 continue
-            entry = {"model": m.name, "length": job.length, "native": native, "against": label,
-                     **paired_gain(window, full, job.length)}
+            entry = {
+                "model": m.name,
+                "length": job.length,
+                "native": native,
+                "against": label,
+                **paired_gain(window, full, job.length),
+            }
             entry["reads"] = reads(entry)
             out.append(entry)
     return out

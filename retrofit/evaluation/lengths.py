@@ -18,8 +18,9 @@ def parse_item(x, what: str = "lengths"):
             return text
     if isinstance(x, int) and not isinstance(x, bool) and x >= 2:
         return x
-    raise OptionError(f"{what}: each length must be an integer >= 2 (tokens) or a multiple of the native "
-                      f"length like '4x'; got {x!r}")
+    raise OptionError(
+        f"{what}: each length must be an integer >= 2 (tokens) or a multiple of the native length like '4x'; got {x!r}"
+    )
 
 
 def parse_list(text: str, what: str = "--lengths") -> list:

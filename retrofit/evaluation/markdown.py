@@ -58,12 +58,32 @@ def cost_table(report) -> str:
     """Speed and peak memory per row. The increment over the start is shown where it is measured (the CUDA
     allocator); a CPU process's peak RSS keeps what the allocator held from earlier work, so none is shown."""
     delta = bool(report["cost"]) and report["cost"][0]["memory_measure"].startswith("torch.cuda")
-    body = [[f"`{c['model']}`", str(c["length"]), c["method"], _fmt(c["tokens_per_s"], 0), _mb(c["peak_memory_bytes"]),
-             *([_mb(c["peak_memory_delta_bytes"])] if delta else []), str(r.get("attention_path") or "–"),
-             "–" if c.get("same_pass_as_length") is None else f"same pass as {c['same_pass_as_length']}"]
-            for c, r in zip(report["cost"], report.rows)]
-    return _table(["model", "length", "method", "tokens/s", "peak memory", *(["peak − start"] if delta else []),
-                   "attention", "note"], body)
+    body = [
+        [
+            f"`{c['model']}`",
+            str(c["length"]),
+            c["method"],
+            _fmt(c["tokens_per_s"], 0),
+            _mb(c["peak_memory_bytes"]),
+            *([_mb(c["peak_memory_delta_bytes"])] if delta else []),
+            str(r.get("attention_path") or "–"),
+            "–" if c.get("same_pass_as_length") is None else f"same pass as {c['same_pass_as_length']}",
+        ]
+        for c, r in zip(report["cost"], report.rows)
+    ]
+    return _table(
+        [
+            "model",
+            "length",
+            "method",
+            "tokens/s",
+            "peak memory",
+            *(["peak − start"] if delta else []),
+            "attention",
+            "note",
+        ],
+        body,
+    )
 
 
 def _correct(r: dict) -> str:
@@ -115,8 +135,11 @@ def copy_table(report) -> str:
                 lo, hi = c["copy_gain_ci"]
                 row.append(f"{c['copy_gain']:.2f} [{lo:.2f}, {hi:.2f}]; {c['exact']}/{c['trials']}")
         reach = next((r for r in report["copy"]["reach"] if r["model"] == model), None)
-        row.append(f"{reach['reach']:,} ({reach['reach_x']:g}x) [{reach['reach_low_x']:g}x, {reach['reach_high_x']:g}x]"
-                   if reach else "–")
+        row.append(
+            f"{reach['reach']:,} ({reach['reach_x']:g}x) [{reach['reach_low_x']:g}x, {reach['reach_high_x']:g}x]"
+            if reach
+            else "–"
+        )
         body.append(row)
     native = min((n for n in natives.values() if n), default=None)
     head = [f"d={d:,}" + (f" ({d / native:g}x)" if native else "") for d in distances]
@@ -131,21 +154,47 @@ def _scheme(m: dict) -> str:
 def render_markdown(report, plots: dict | None = None) -> str:
     d = report.data
     out = ["# Evaluation report", ""]
-    out.append(_table(["model", "role", "scheme", "base model", "max length", "parameters"],
-                      [[f"`{m['name']}`", m["role"], _scheme(m), str(m["base_model"] or "–"),
-                        str(m["max_length"] or "unlimited"), f"{m['parameters']:,}"] for m in d["models"]]))
+    out.append(
+        _table(
+            ["model", "role", "scheme", "base model", "max length", "parameters"],
+            [
+                [
+                    f"`{m['name']}`",
+                    m["role"],
+                    _scheme(m),
+                    str(m["base_model"] or "–"),
+                    str(m["max_length"] or "unlimited"),
+                    f"{m['parameters']:,}",
+                ]
+                for m in d["models"]
+            ],
+        )
+    )
     data = d["data"]
     docs = data["documents"]
-    out += ["", f"Data: `{data['spec']}`, {data['tokens']:,} tokens scored by every model at every length "
-            f"(fingerprint `{data['fingerprint']}`, {docs} document{'s' if docs != 1 else ''}, budget "
-            f"{data['budget']:,}).", ""]
+    out += [
+        "",
+        f"Data: `{data['spec']}`, {data['tokens']:,} tokens scored by every model at every length "
+        f"(fingerprint `{data['fingerprint']}`, {docs} document{'s' if docs != 1 else ''}, budget "
+        f"{data['budget']:,}).",
+        "",
+    ]
     out += ["## Verdict", "", *vd.lines(d.get("verdict") or vd.verdict(d)), ""]
-    out += ["## Perplexity vs length", "",
-            "Non-overlapping windows of each length, and sliding windows (window w, stride s) scoring the same "
-            "tokens. Brackets: 95% CI over windows.", "", ppl_table(report), ""]
+    out += [
+        "## Perplexity vs length",
+        "",
+        "Non-overlapping windows of each length, and sliding windows (window w, stride s) scoring the same "
+        "tokens. Brackets: 95% CI over windows.",
+        "",
+        ppl_table(report),
+        "",
+    ]
     out += ["† past the native length.", ""]
-    notes = dict.fromkeys(r["note"] for r in report.rows if r["note"] and r["method"] == "sliding"
-                          and not r["note"].startswith("past the native"))  # the starred cells (the header has †)
+    notes = dict.fromkeys(
+        r["note"]
+        for r in report.rows
+        if r["note"] and r["method"] == "sliding" and not r["note"].startswith("past the native")
+    )  # the starred cells (the header has †)
     for note in notes:
         out += [f"\\* {note}.", ""]
     if rf.PLOT_PPL in (plots or {}):
@@ -154,40 +203,65 @@ def render_markdown(report, plots: dict | None = None) -> str:
         out += ["## Loss by position", "", f"![loss by position]({rf.PLOT_POSITIONS})", ""]
     if d.get("passkey"):
         s = d["settings"]["passkey"]
-        out += ["## Passkey retrieval", "",
-                f"Correct answers out of {s['trials']} trials per cell (greedy decoding, seed {d['seeds']['passkey']}), "
-                "with the 95% Wilson interval of the accuracy.",
-                "", passkey_table(report), ""]
+        out += [
+            "## Passkey retrieval",
+            "",
+            f"Correct answers out of {s['trials']} trials per cell (greedy decoding, seed {d['seeds']['passkey']}), "
+            "with the 95% Wilson interval of the accuracy.",
+            "",
+            passkey_table(report),
+            "",
+        ]
         if rf.PLOT_PASSKEY in (plots or {}):
             out += [f"![passkey]({rf.PLOT_PASSKEY})", ""]
     if d.get("recall"):
         s = d["settings"]["recall"]
-        out += ["## Recall", "",
-                f"A random span of {s['span']} tokens sits at each depth of the eval text; its first {s['cue']} "
-                f"repeat at the end and the model must continue with the other {s['span'] - s['cue']}. Each cell: "
-                f"exact continuations out of {s['trials']} trials (seed {d['seeds'].get('recall')}) with the 95% "
-                "Wilson interval; the share of continuation tokens predicted right; the mean log-probability per "
-                "continuation token. Teacher-forced in one forward pass: a continuation is exact exactly when "
-                "greedy decoding would produce it.",
-                "", recall_table(report), ""]
+        out += [
+            "## Recall",
+            "",
+            f"A random span of {s['span']} tokens sits at each depth of the eval text; its first {s['cue']} "
+            f"repeat at the end and the model must continue with the other {s['span'] - s['cue']}. Each cell: "
+            f"exact continuations out of {s['trials']} trials (seed {d['seeds'].get('recall')}) with the 95% "
+            "Wilson interval; the share of continuation tokens predicted right; the mean log-probability per "
+            "continuation token. Teacher-forced in one forward pass: a continuation is exact exactly when "
+            "greedy decoding would produce it.",
+            "",
+            recall_table(report),
+            "",
+        ]
         if rf.PLOT_RECALL in (plots or {}):
             out += [f"![recall]({rf.PLOT_RECALL})", ""]
     if d.get("copy"):
         s = d["settings"]["copy"]
         distractors = f" ({s['keys'] - 1} distractor spans between)" if s["keys"] > 1 else ""
-        out += ["## Retrieval at distance", "",
-                f"A {s['span']}-token span of the eval text (natural text) stands d tokens before its first {s['cue']} "
-                f"tokens repeat at the end{distractors}; "
-                f"each cell: the copy gain (nats per token the first occurrence saves on the span's other "
-                f"{s['span'] - s['cue']} tokens) with its bootstrap 95% interval, and exact greedy continuations of "
-                f"{s['trials']} paired trials. Effective reach: the longest distance keeping half of the gain at the "
-                "shortest one [from the intervals' ends]. A baseline with a limit reads through its sliding window.",
-                "", copy_table(report), ""]
+        out += [
+            "## Retrieval at distance",
+            "",
+            f"A {s['span']}-token span of the eval text (natural text) stands d tokens before its first {s['cue']} "
+            f"tokens repeat at the end{distractors}; "
+            f"each cell: the copy gain (nats per token the first occurrence saves on the span's other "
+            f"{s['span'] - s['cue']} tokens) with its bootstrap 95% interval, and exact greedy continuations of "
+            f"{s['trials']} paired trials. Effective reach: the longest distance keeping half of the gain at the "
+            "shortest one [from the intervals' ends]. A baseline with a limit reads through its sliding window.",
+            "",
+            copy_table(report),
+            "",
+        ]
     env = d["environment"]
-    out += ["## Cost", "", f"Memory measure: {d['cost'][0]['memory_measure'] if d['cost'] else '–'}.", "",
-            cost_table(report), ""]
-    out += ["## Environment", "",
-            f"retrofit {env['retrofit']}, transformers {env['transformers']}, torch {env['torch']}, "
-            f"Python {env['python']}; {env['hardware'].get('gpu') or env['hardware']['cpu']} "
-            f"({env['hardware']['device']}).", ""]
+    out += [
+        "## Cost",
+        "",
+        f"Memory measure: {d['cost'][0]['memory_measure'] if d['cost'] else '–'}.",
+        "",
+        cost_table(report),
+        "",
+    ]
+    out += [
+        "## Environment",
+        "",
+        f"retrofit {env['retrofit']}, transformers {env['transformers']}, torch {env['torch']}, "
+        f"Python {env['python']}; {env['hardware'].get('gpu') or env['hardware']['cpu']} "
+        f"({env['hardware']['device']}).",
+        "",
+    ]
     return "\n".join(out)

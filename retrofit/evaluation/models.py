@@ -80,8 +80,9 @@ def base_model_name(model) -> str | None:
     return None
 
 
-def resolve(spec, role: str | None, *, tokenizer=None, gguf_file=None, device=None, dtype=None,
-            default_name: str) -> EvalModel:
+def resolve(
+    spec, role: str | None, *, tokenizer=None, gguf_file=None, device=None, dtype=None, default_name: str
+) -> EvalModel:
     """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel.
     ``role`` None: the evaluated model's, "converted" or "original" as the model is."""
     if isinstance(spec, str):

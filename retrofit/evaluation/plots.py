@@ -102,18 +102,43 @@ def ppl_figure(report):
         hi = [r["ci_high"] if r["ci_high"] is not None else r["ppl"] for r in rows]
         ys_all += ys + lo + hi
         strides = sorted({r["stride"] for r in rows})
-        stride = f", stride {strides[0]}" if len(strides) == 1 else ", stride = window/2" if all(
-            r["stride"] == max(1, r["window"] // 2) for r in rows) else ", strides " + "/".join(map(str, strides))
+        stride = (
+            f", stride {strides[0]}"
+            if len(strides) == 1
+            else ", stride = window/2"
+            if all(r["stride"] == max(1, r["window"] // 2) for r in rows)
+            else ", strides " + "/".join(map(str, strides))
+        )
         label = f"{model} ({method}" + (f"{stride})" if method == "sliding" else ")")
         color = colors[model]
         sliding = method == "sliding"
         if len(rows) == 1:
-            ax.errorbar(xs, ys, yerr=[[ys[0] - lo[0]], [hi[0] - ys[0]]], fmt="s" if sliding else "D",
-                        color=color, markersize=9, markeredgecolor="black", markeredgewidth=1.2, capsize=4,
-                        elinewidth=1.2, zorder=10, label=label, clip_on=False)
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=[[ys[0] - lo[0]], [hi[0] - ys[0]]],
+                fmt="s" if sliding else "D",
+                color=color,
+                markersize=9,
+                markeredgecolor="black",
+                markeredgewidth=1.2,
+                capsize=4,
+                elinewidth=1.2,
+                zorder=10,
+                label=label,
+                clip_on=False,
+            )
         else:
-            ax.plot(xs, ys, "s--" if sliding else "o-", color=color, markersize=5 if sliding else 6,
-                    markerfacecolor="white" if sliding else color, label=label, zorder=3)
+            ax.plot(
+                xs,
+                ys,
+                "s--" if sliding else "o-",
+                color=color,
+                markersize=5 if sliding else 6,
+                markerfacecolor="white" if sliding else color,
+                label=label,
+                zorder=3,
+            )
             ax.fill_between(xs, lo, hi, color=color, alpha=0.10, linewidth=0, zorder=1)
     _plain_log2_x(ax, [r["length"] for r in report.rows])
     ax.set_yscale("log")
@@ -122,8 +147,14 @@ def ppl_figure(report):
         _plain_log_y(ax, min(ys_all), max(ys_all))
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
-    ax.set_title(_wrap(f"Perplexity vs length ({report['data']['tokens']:,} tokens of {report['data']['spec']}; "
-                       "bands: 95% intervals)", 90), fontsize=9)
+    ax.set_title(
+        _wrap(
+            f"Perplexity vs length ({report['data']['tokens']:,} tokens of {report['data']['spec']}; "
+            "bands: 95% intervals)",
+            90,
+        ),
+        fontsize=9,
+    )
     ax.grid(True, which="major", alpha=0.3)
     fig.legend(loc="outside lower center", fontsize=7, ncol=1, frameon=False)
     return fig
@@ -145,8 +176,16 @@ def positions_figure(report):
         for i, e in enumerate(mine):
             shade = 0.9 if len(mine) == 1 else 0.45 + 0.5 * i / (len(mine) - 1)
             centers = [(a + b - 1) / 2 + 1 for a, b in zip(e["bucket_start"], e["bucket_end"])]  # 1 = the first token
-            line, = ax.plot(centers, e["loss"], linestyle=style, marker=marker, markersize=3, linewidth=1.3,
-                            color=cmap(shade), label=f"{model} L={e['length']}")
+            (line,) = ax.plot(
+                centers,
+                e["loss"],
+                linestyle=style,
+                marker=marker,
+                markersize=3,
+                linewidth=1.3,
+                color=cmap(shade),
+                label=f"{model} L={e['length']}",
+            )
             column.append((line, f"L={e['length']:,}"))
         columns.append(column)
     # a block per model, padded to the same height; at most three columns of whole blocks (the legend
@@ -168,8 +207,16 @@ def positions_figure(report):
     ax.set_title("Loss by position (non-overlapping windows; L = window length)", fontsize=9)
     ax.grid(True, alpha=0.3)
     if handles:
-        legend = fig.legend(handles, labels, loc="outside lower center", fontsize=7, ncol=ncol,
-                            frameon=False, handlelength=2.5, columnspacing=1.5)
+        legend = fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            fontsize=7,
+            ncol=ncol,
+            frameon=False,
+            handlelength=2.5,
+            columnspacing=1.5,
+        )
         headers = {_wrap(m, 40) for m in models}
         for text in legend.get_texts():
             if text.get_text() in headers:
@@ -193,8 +240,14 @@ def recall_figure(report):
 def _retrieval_figure(report, section: str, title: str, xlabel: str):
     s = report["settings"][section]
     models = list(dict.fromkeys(r["model"] for r in report[section]))
-    fig, axes = plt.subplots(1, len(models), figsize=(2.6 * len(models) + 1.6, 0.4 * len(s["lengths"]) + 2.6),
-                             squeeze=False, sharey=True, layout="constrained")
+    fig, axes = plt.subplots(
+        1,
+        len(models),
+        figsize=(2.6 * len(models) + 1.6, 0.4 * len(s["lengths"]) + 2.6),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
     cmap = plt.get_cmap("RdYlGn").with_extremes(bad=NOT_RUN_COLOR)
     any_not_run = False
     im = None
@@ -215,18 +268,29 @@ def _retrieval_figure(report, section: str, title: str, xlabel: str):
                 v = grid[i, j]
                 if np.isnan(v):
                     any_not_run = True
-                    ax.text(j, i, "not run", ha="center", va="center", fontsize=6, color="dimgrey",
-                            style="italic")
+                    ax.text(j, i, "not run", ha="center", va="center", fontsize=6, color="dimgrey", style="italic")
                 else:
-                    ax.text(j, i, f"{v:.0%}", ha="center", va="center", fontsize=7,
-                            color="white" if v < 0.2 or v > 0.85 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{v:.0%}",
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if v < 0.2 or v > 0.85 else "black",
+                    )
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.9, label="accuracy")
     fig.suptitle(_wrap(f"{title} ({s['trials']} trial{'s' * (s['trials'] != 1)} per cell)", 80), fontsize=9)
     if any_not_run:
         notes = [r.get("note") or "" for r in report[section] if r["accuracy"] is None]
         why = " (longer than the model accepts)" if notes and all("accepts at most" in n for n in notes) else ""
-        fig.legend([Patch(facecolor=NOT_RUN_COLOR, edgecolor="grey")], [f"not run{why}"],
-                   loc="outside lower center", fontsize=7, frameon=False)
+        fig.legend(
+            [Patch(facecolor=NOT_RUN_COLOR, edgecolor="grey")],
+            [f"not run{why}"],
+            loc="outside lower center",
+            fontsize=7,
+            frameon=False,
+        )
     return fig
 
 
@@ -248,9 +312,12 @@ def plot_recall(report, path: Path) -> None:
 
 def write_plots(report, out: Path) -> dict[str, Path]:
     """Write every plot the report has data for; {file name: path}."""
-    wanted = ((rf.PLOT_PPL, report.rows, plot_ppl), (rf.PLOT_POSITIONS, report["loss_by_position"], plot_positions),
-              (rf.PLOT_PASSKEY, report.data.get("passkey"), plot_passkey),
-              (rf.PLOT_RECALL, report.data.get("recall"), plot_recall))
+    wanted = (
+        (rf.PLOT_PPL, report.rows, plot_ppl),
+        (rf.PLOT_POSITIONS, report["loss_by_position"], plot_positions),
+        (rf.PLOT_PASSKEY, report.data.get("passkey"), plot_passkey),
+        (rf.PLOT_RECALL, report.data.get("recall"), plot_recall),
+    )
     files = {}
     for name, has_data, plot in wanted:
         if has_data:

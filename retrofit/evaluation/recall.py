@@ -81,8 +81,9 @@ def room(tokenizer, span: int) -> int:
     return len(bos_prefix(tokenizer)) + 2 * span
 
 
-def build(text_ids: list[int], length: int, depth: float, span: list[int], cue: int, offset: int,
-          prefix: list[int] = ()) -> RecallPrompt:
+def build(
+    text_ids: list[int], length: int, depth: float, span: list[int], cue: int, offset: int, prefix: list[int] = ()
+) -> RecallPrompt:
     """A recall sequence of exactly ``length`` tokens (see the module docstring)."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
@@ -90,8 +91,9 @@ def build(text_ids: list[int], length: int, depth: float, span: list[int], cue: 
         raise ValueError(f"the cue must be shorter than the span and at least 1 token: cue {cue}, span {len(span)}")
     n = length - len(prefix) - 2 * len(span)
     if n < 0:
-        raise ValueError(f"a recall prompt with a {len(span)}-token span needs at least {length - n} tokens, "
-                         f"got length {length}")
+        raise ValueError(
+            f"a recall prompt with a {len(span)}-token span needs at least {length - n} tokens, got length {length}"
+        )
     if offset + n > len(text_ids):
         raise ValueError(f"the eval text has {len(text_ids)} tokens; a filler of {n} from {offset} does not fit")
     filler = list(text_ids[offset : offset + n])
@@ -122,5 +124,9 @@ def score(model, prompt: RecallPrompt) -> dict:
     target = x[0, start:]  # [n]
     right = logits.argmax(-1) == target
     logprob = logits.log_softmax(-1).gather(1, target[:, None])[:, 0]
-    return {"exact": bool(right.all()), "tokens_right": int(right.sum()), "tokens": n,
-            "logprob": round(float(logprob.mean()), 4)}
+    return {
+        "exact": bool(right.all()),
+        "tokens_right": int(right.sum()),
+        "tokens": n,
+        "logprob": round(float(logprob.mean()), 4),
+    }

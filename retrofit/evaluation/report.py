@@ -46,8 +46,12 @@ def environment(model) -> dict:
     import torch
 
     dev = next(model.parameters()).device
-    hw = {"device": str(dev), "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-          "torch_threads": torch.get_num_threads()}
+    hw = {
+        "device": str(dev),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+    }
     if dev.type == "cuda":
         hw["gpu"] = torch.cuda.get_device_name(dev)
     return {**library_versions(), "hardware": hw}

@@ -46,8 +46,17 @@ class CopyTrial:
     cue: int  # m
 
 
-def build(text_ids: list[int], distance: int, span: int, cue: int, seed: int, trial: int, n_keys: int = 1,
-          length: int | None = None, prefix: list[int] = ()) -> CopyTrial:
+def build(
+    text_ids: list[int],
+    distance: int,
+    span: int,
+    cue: int,
+    seed: int,
+    trial: int,
+    n_keys: int = 1,
+    length: int | None = None,
+    prefix: list[int] = (),
+) -> CopyTrial:
     """Trial ``trial`` at ``distance`` (see the module docstring). ``length`` (default: the least that fits)
     pads the front with more held-out text; ``prefix`` (a BOS) starts the sequence."""
     if not 0 < cue < span:
@@ -110,8 +119,13 @@ def score(model, trial: CopyTrial, limit: int | None = None) -> dict:
         first = nll_at(la, x[off_a : a + k], a + m - off_a, a + k - off_a)
         second = nll_at(lb, x[off_b : b + k], b + m - off_b, b + k - off_b)
     right = lb[b + m - 1 - off_b : b + k - 1 - off_b].argmax(-1) == x[b + m : b + k]
-    return {"nll_first": float(first.mean()), "nll_second": float(second.mean()), "exact": bool(right.all()),
-            "tokens_right": int(right.sum()), "tokens": k - m}
+    return {
+        "nll_first": float(first.mean()),
+        "nll_second": float(second.mean()),
+        "exact": bool(right.all()),
+        "tokens_right": int(right.sum()),
+        "tokens": k - m,
+    }
 
 
 def summarize(rows: list[dict], seed: int = 0) -> dict:
@@ -127,10 +141,17 @@ def summarize(rows: list[dict], seed: int = 0) -> dict:
     lo_g, hi_g = (float(q) for q in torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype)))
     exact = sum(r["exact"] for r in rows)
     lo, hi = wilson(exact, n)
-    return {"trials": n, "nll_first": round(first, 4), "nll_second": round(second, 4),
-            "copy_gain": round(first - second, 4), "copy_gain_ci": [round(lo_g, 4), round(hi_g, 4)],
-            "second_over_first": round(second / max(first, 1e-6), 4),
-            "exact": exact, "exact_rate": round(exact / n, 4), "exact_ci": [round(lo, 4), round(hi, 4)]}
+    return {
+        "trials": n,
+        "nll_first": round(first, 4),
+        "nll_second": round(second, 4),
+        "copy_gain": round(first - second, 4),
+        "copy_gain_ci": [round(lo_g, 4), round(hi_g, 4)],
+        "second_over_first": round(second / max(first, 1e-6), 4),
+        "exact": exact,
+        "exact_rate": round(exact / n, 4),
+        "exact_ci": [round(lo, 4), round(hi, 4)],
+    }
 
 
 def effective_reach(cells: list[dict], native: int) -> dict:
@@ -153,12 +174,20 @@ def effective_reach(cells: list[dict], native: int) -> dict:
             out = c["distance"]
         return out
 
-    reach = {"reach": longest(lambda c: c["copy_gain"]), "reach_low": longest(lambda c: c["copy_gain_ci"][0]),
-             "reach_high": longest(lambda c: c["copy_gain_ci"][1])}
-    return {**reach, **{f"{k}_x": round(v / native, 3) for k, v in reach.items()}, "native": native,
-            "reference_distance": ref["distance"], "reference_gain": ref["copy_gain"],
-            "copies": ref["copy_gain_ci"][0] > 0,
-            "distances": [c["distance"] for c in cells]}
+    reach = {
+        "reach": longest(lambda c: c["copy_gain"]),
+        "reach_low": longest(lambda c: c["copy_gain_ci"][0]),
+        "reach_high": longest(lambda c: c["copy_gain_ci"][1]),
+    }
+    return {
+        **reach,
+        **{f"{k}_x": round(v / native, 3) for k, v in reach.items()},
+        "native": native,
+        "reference_distance": ref["distance"],
+        "reference_gain": ref["copy_gain"],
+        "copies": ref["copy_gain_ci"][0] > 0,
+        "distances": [c["distance"] for c in cells],
+    }
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -172,17 +201,39 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
-def copy_cell(model, text_ids: list[int], distance: int, trials: int, span: int = 32, cue: int = 8,
-              n_keys: int = 1, seed: int = 0, length: int | None = None, prefix: list[int] = (),
-              limit: int | None = None) -> dict:
+def copy_cell(
+    model,
+    text_ids: list[int],
+    distance: int,
+    trials: int,
+    span: int = 32,
+    cue: int = 8,
+    n_keys: int = 1,
+    seed: int = 0,
+    length: int | None = None,
+    prefix: list[int] = (),
+    limit: int | None = None,
+) -> dict:
     """``trials`` paired trials at one distance, summarised (``summarize``)."""
-    rows = [score(model, build(text_ids, distance, span, cue, seed, j, n_keys, length, prefix), limit)
-            for j in range(trials)]
+    rows = [
+        score(model, build(text_ids, distance, span, cue, seed, j, n_keys, length, prefix), limit)
+        for j in range(trials)
+    ]
     return {"distance": distance, "n_keys": n_keys, **summarize(rows, seed)}
 
 
-def run(models, text_ids: list[int], distances: list[int], trials: int, span: int, cue: int, n_keys: int,
-        seed: int, prefix: list[int], bar) -> dict:
+def run(
+    models,
+    text_ids: list[int],
+    distances: list[int],
+    trials: int,
+    span: int,
+    cue: int,
+    n_keys: int,
+    seed: int,
+    prefix: list[int],
+    bar,
+) -> dict:
     """The report's ``copy`` section: a cell per (model, distance), paired across models, and each model's
     effective reach. A distance whose trial is longer than an evaluated model's limit is not run; a baseline
     with a limit reads through its sliding window (the floor)."""
@@ -193,8 +244,16 @@ def run(models, text_ids: list[int], distances: list[int], trials: int, span: in
         for d in distances:
             need = len(prefix) + d + span
             if m.role != "baseline" and m.max_length is not None and need > m.max_length:
-                cells.append({"model": m.name, "role": m.role, "distance": d, "n_keys": n_keys, "trials": 0,
-                              "note": f"not run: {m.name} accepts at most {m.max_length} tokens"})
+                cells.append(
+                    {
+                        "model": m.name,
+                        "role": m.role,
+                        "distance": d,
+                        "n_keys": n_keys,
+                        "trials": 0,
+                        "note": f"not run: {m.name} accepts at most {m.max_length} tokens",
+                    }
+                )
                 bar.update(trials)
                 continue
             bar.set_description(f"{m.name[-24:]} copy d={d}")
@@ -203,8 +262,15 @@ def run(models, text_ids: list[int], distances: list[int], trials: int, span: in
             for j in range(trials):
                 rows.append(score(m.model, build(text_ids, d, span, cue, seed, j, n_keys, None, prefix), limit))
                 bar.update(1)
-            cell = {"model": m.name, "role": m.role, "distance": d, "n_keys": n_keys,
-                    "distance_x": round(d / native, 3) if native else None, "note": None, **summarize(rows, seed)}
+            cell = {
+                "model": m.name,
+                "role": m.role,
+                "distance": d,
+                "n_keys": n_keys,
+                "distance_x": round(d / native, 3) if native else None,
+                "note": None,
+                **summarize(rows, seed),
+            }
             cells.append(cell)
             mine.append(cell)
         if mine and native:

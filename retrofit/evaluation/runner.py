@@ -13,17 +13,17 @@ from tqdm.auto import tqdm
 from ..errors import LengthError, OptionError
 from . import passkey as pk
 from . import recall as rc
+from . import retrieval
 from .cost import Meter
+from .farcontext import far_context
 from .lengths import parse_item
 from .lengths import resolve as resolve_lengths
 from .models import EvalModel, check_tokenizers, describe_model, resolve
 from .options import DEFAULTS, EvalOptions, eval_options
 from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
-from . import retrieval
-from .farcontext import far_context
-from .verdict import verdict
 from .report import SCHEMA_VERSION, Report, environment
 from .tokens import build_stream, first_tokens, resolve_documents
+from .verdict import verdict
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,13 @@ def _check_lengths(lengths, what: str = "lengths") -> list:
 
 def _check_options(budget, stride, batch_size, position_buckets, depths, trials, recall=None):
     """``recall``: (depths, trials, span, cue) when recall runs."""
-    ints = [("budget", budget), ("stride", stride), ("batch_size", batch_size),
-            ("position_buckets", position_buckets), ("passkey_trials", trials)]
+    ints = [
+        ("budget", budget),
+        ("stride", stride),
+        ("batch_size", batch_size),
+        ("position_buckets", position_buckets),
+        ("passkey_trials", trials),
+    ]
     all_depths = [("passkey", depths)]
     if recall is not None:
         r_depths, r_trials, span, cue = recall
@@ -68,8 +73,10 @@ def _check_options(budget, stride, batch_size, position_buckets, depths, trials,
             if not isinstance(d, (int, float)) or not 0.0 <= float(d) <= 1.0:
                 raise OptionError(f"{what} depths must lie in [0, 1], got {d!r}")
     if recall is not None and not recall[3] < recall[2]:
-        raise OptionError(f"recall_cue ({recall[3]}) must be smaller than recall_span ({recall[2]}): "
-                          "the model continues with the span's other tokens")
+        raise OptionError(
+            f"recall_cue ({recall[3]}) must be smaller than recall_span ({recall[2]}): "
+            "the model continues with the span's other tokens"
+        )
 
 
 def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
@@ -78,10 +85,17 @@ def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
     kept, dropped = [L for L in lengths if L <= limit] or [limit], [L for L in lengths if L > limit]
     if dropped:
         what = "is not converted" if m.role == "original" else "is converted"
-        log.warning("%s %s (%s: at most %d tokens): the default lengths %s are not evaluated, only %s. Convert it "
-                    "to a scheme without that limit, or evaluate it as a baseline (it then gets sliding-window "
-                    "figures)", m.name, what, _mechanism(m), limit, ", ".join(map(str, dropped)),
-                    ", ".join(map(str, kept)))
+        log.warning(
+            "%s %s (%s: at most %d tokens): the default lengths %s are not evaluated, only %s. Convert it "
+            "to a scheme without that limit, or evaluate it as a baseline (it then gets sliding-window "
+            "figures)",
+            m.name,
+            what,
+            _mechanism(m),
+            limit,
+            ", ".join(map(str, dropped)),
+            ", ".join(map(str, kept)),
+        )
     return kept
 
 
@@ -114,8 +128,10 @@ def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int | None, s
                 if stride >= limit:
                     raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {limit}")
                 # the same words for every length past the limit: a table's footnote says it once
-                note = (f"{m.name} accepts at most {limit} tokens, so longer inputs are not run plainly: these rows "
-                        f"are sliding-window evaluations (window {limit}, stride {stride})")
+                note = (
+                    f"{m.name} accepts at most {limit} tokens, so longer inputs are not run plainly: these rows "
+                    f"are sliding-window evaluations (window {limit}, stride {stride})"
+                )
                 jobs.append(Job(i, L, "sliding", limit, stride, note))
                 continue
             past = f"past the native length {native}" if native and L > native else None
@@ -157,23 +173,44 @@ def run_perplexity(models, jobs, stream, batch_size, buckets, bar) -> tuple[list
             bar.set_description(f"{m.name[-24:]} L={job.length} {job.method}")
             with Meter(_device_of(m.model)) as meter:
                 if job.method == "non-overlapping":
-                    nll = nonoverlapping_nll(m.model, stream.ids, job.window, batch_size=batch_size, on_window=bar.update)
+                    nll = nonoverlapping_nll(
+                        m.model, stream.ids, job.window, batch_size=batch_size, on_window=bar.update
+                    )
                 else:
                     nll = sliding_nll(m.model, stream.ids, job.window, job.stride, on_window=bar.update)
             cache[key] = (nll, meter.result(stream.targets), _attention_path(m.model), job.length)
         nll, cost, path, first_length = cache[key]
         scored[(job.model, job.method, job.length)] = nll
-        rows.append({
-            "model": m.name, "role": m.role, "length": job.length, "method": job.method,
-            "window": job.window, "stride": job.stride, **summarize(nll, job.length),
-            "windows": _windows(job, stream.targets), "attention_path": path, "note": job.note,
-        })
-        costs.append({"model": m.name, "length": job.length, "method": job.method, "window": job.window,
-                      "stride": job.stride, "batch_size": batch_size if job.method == "non-overlapping" else 1,
-                      "same_pass_as_length": first_length if reused else None, **cost})
+        rows.append(
+            {
+                "model": m.name,
+                "role": m.role,
+                "length": job.length,
+                "method": job.method,
+                "window": job.window,
+                "stride": job.stride,
+                **summarize(nll, job.length),
+                "windows": _windows(job, stream.targets),
+                "attention_path": path,
+                "note": job.note,
+            }
+        )
+        costs.append(
+            {
+                "model": m.name,
+                "length": job.length,
+                "method": job.method,
+                "window": job.window,
+                "stride": job.stride,
+                "batch_size": batch_size if job.method == "non-overlapping" else 1,
+                "same_pass_as_length": first_length if reused else None,
+                **cost,
+            }
+        )
         if job.method == "non-overlapping":
-            positions.append({"model": m.name, "role": m.role, "length": job.length,
-                              **loss_by_position(nll, job.length, buckets)})
+            positions.append(
+                {"model": m.name, "role": m.role, "length": job.length, **loss_by_position(nll, job.length, buckets)}
+            )
     return rows, positions, costs, scored
 
 
@@ -182,15 +219,33 @@ def _not_run(m: EvalModel, L: int, d: float, bar, trials: int) -> dict | None:
     if m.max_length is None or L <= m.max_length:
         return None
     bar.update(trials)
-    return {"model": m.name, "role": m.role, "length": L, "depth": d, "trials": 0, "correct": 0, "accuracy": None,
-            "note": f"not run: {m.name} accepts at most {m.max_length} tokens"}
+    return {
+        "model": m.name,
+        "role": m.role,
+        "length": L,
+        "depth": d,
+        "trials": 0,
+        "correct": 0,
+        "accuracy": None,
+        "note": f"not run: {m.name} accepts at most {m.max_length} tokens",
+    }
 
 
 def _cell(m: EvalModel, L: int, d: float, correct: int, trials: int) -> dict:
     """A retrieval cell's accuracy with its 95% Wilson interval."""
     low, high = pk.wilson(correct, trials)
-    return {"model": m.name, "role": m.role, "length": L, "depth": d, "trials": trials, "correct": correct,
-            "accuracy": correct / trials, "note": None, "ci_low": round(low, 4), "ci_high": round(high, 4)}
+    return {
+        "model": m.name,
+        "role": m.role,
+        "length": L,
+        "depth": d,
+        "trials": trials,
+        "correct": correct,
+        "accuracy": correct / trials,
+        "note": None,
+        "ci_low": round(low, 4),
+        "ci_high": round(high, 4),
+    }
 
 
 def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
@@ -214,8 +269,12 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
                     answers.append(pk.run_trial(m.model, m.tokenizer, prompt, PASSKEY_NEW_TOKENS))
                     bar.update(1)
                 correct = sum(a["correct"] for a in answers)
-                results.append({**_cell(m, L, d, correct, trials),
-                                "answers": [{"key": a["key"], "answer": a["answer"]} for a in answers]})
+                results.append(
+                    {
+                        **_cell(m, L, d, correct, trials),
+                        "answers": [{"key": a["key"], "answer": a["answer"]} for a in answers],
+                    }
+                )
     return results
 
 
@@ -241,10 +300,14 @@ def run_recall(models, text_ids: list[int], lengths, depths, trials, span, cue, 
                     scores.append(rc.score(m.model, rc.build(text_ids, L, d, s, cue, o, prefix)))
                     bar.update(1)
                 n_tokens = sum(x["tokens"] for x in scores)
-                results.append({**_cell(m, L, d, sum(x["exact"] for x in scores), trials),
-                                "token_accuracy": round(sum(x["tokens_right"] for x in scores) / n_tokens, 4),
-                                "mean_logprob": round(sum(x["logprob"] for x in scores) / trials, 4),
-                                "scores": [{k: x[k] for k in ("exact", "tokens_right", "logprob")} for x in scores]})
+                results.append(
+                    {
+                        **_cell(m, L, d, sum(x["exact"] for x in scores), trials),
+                        "token_accuracy": round(sum(x["tokens_right"] for x in scores) / n_tokens, 4),
+                        "mean_logprob": round(sum(x["logprob"] for x in scores) / trials, 4),
+                        "scores": [{k: x[k] for k in ("exact", "tokens_right", "logprob")} for x in scores],
+                    }
+                )
     return results
 
 
@@ -290,19 +353,40 @@ def evaluate(
     started = _dt.datetime.now(_dt.timezone.utc)
     given = {k: v for k, v in (("lengths", lengths), ("data", data)) if v is not None}
     o = eval_options(options, **given, **option_keywords)
-    default_lengths = "lengths" not in given and "lengths" not in option_keywords and (
-        options is None or options.lengths == DEFAULTS.lengths)  # the defaults, up to the model's limit
+    default_lengths = (
+        "lengths" not in given
+        and "lengths" not in option_keywords
+        and (options is None or options.lengths == DEFAULTS.lengths)
+    )  # the defaults, up to the model's limit
     data, budget, stride, sliding, doc_separator = o.data, o.budget, o.stride, o.sliding, o.doc_separator
-    batch_size, position_buckets, passkey, passkey_trials = o.batch_size, o.position_buckets, o.passkey, o.passkey_trials
-    recall, recall_trials, recall_span, recall_cue, seed = o.recall, o.recall_trials, o.recall_span, o.recall_cue, o.seed
+    batch_size, position_buckets, passkey, passkey_trials = (
+        o.batch_size,
+        o.position_buckets,
+        o.passkey,
+        o.passkey_trials,
+    )
+    recall, recall_trials, recall_span, recall_cue, seed = (
+        o.recall,
+        o.recall_trials,
+        o.recall_span,
+        o.recall_cue,
+        o.seed,
+    )
     copy = o.copy
     lengths = _check_lengths(o.lengths)
     pk_items = _check_lengths(o.passkey_lengths, "passkey lengths") if passkey and o.passkey_lengths else None
     rc_items = _check_lengths(o.recall_lengths, "recall lengths") if recall and o.recall_lengths else None
     depths = [float(d) for d in o.passkey_depths]
     rc_depths = [float(d) for d in o.recall_depths] if recall else []
-    _check_options(budget, 1 if stride is None else stride, batch_size, position_buckets, depths, passkey_trials,
-                   (rc_depths, recall_trials, recall_span, recall_cue) if recall else None)
+    _check_options(
+        budget,
+        1 if stride is None else stride,
+        batch_size,
+        position_buckets,
+        depths,
+        passkey_trials,
+        (rc_depths, recall_trials, recall_span, recall_cue) if recall else None,
+    )
     cp_items = _check_lengths(o.copy_distances, "copy distances") if copy else None
     docs, data_label = resolve_documents(data, max_tokens=2 * max(budget, 1 << 17))  # a Hub dataset: streamed
     models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
@@ -334,10 +418,13 @@ def evaluate(
         total += len(models) * len(rc_lengths) * len(rc_depths) * recall_trials
     if cp_distances:
         cp_prefix = pk.bos_prefix(models[0].tokenizer)
-        cp_text = _recall_text(models[0], docs, data_label, budget, max(cp_distances) + (o.copy_keys + 1) * o.copy_span,
-                               0, doc_separator)
+        cp_text = _recall_text(
+            models[0], docs, data_label, budget, max(cp_distances) + (o.copy_keys + 1) * o.copy_span, 0, doc_separator
+        )
         total += len(models) * len(cp_distances) * o.copy_trials
-    log.info("evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), stream.targets, data_label, lengths)
+    log.info(
+        "evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), stream.targets, data_label, lengths
+    )
     forward = sum(_windows(j, stream.targets) * j.window for j in _unique(jobs))
     forward += len(models) * (sum(pk_lengths) * len(depths) * passkey_trials if passkey else 0)
     forward += len(models) * (sum(rc_lengths) * len(rc_depths) * recall_trials if recall else 0)
@@ -346,54 +433,113 @@ def evaluate(
     with tqdm(total=total, disable=not progress, unit="window", dynamic_ncols=True) as bar:
         rows, positions, costs, scored = run_perplexity(models, jobs, stream, batch_size, position_buckets, bar)
         pk_results = run_passkey(models, pk_lengths, depths, passkey_trials, seed, bar) if passkey else None
-        rc_results = (run_recall(models, rc_text, rc_lengths, rc_depths, recall_trials, recall_span, recall_cue, seed,
-                                 bar) if recall else None)
-        cp_results = (retrieval.run(models, cp_text, cp_distances, o.copy_trials, o.copy_span, o.copy_cue, o.copy_keys,
-                                    seed, cp_prefix, bar) if cp_distances else None)
+        rc_results = (
+            run_recall(models, rc_text, rc_lengths, rc_depths, recall_trials, recall_span, recall_cue, seed, bar)
+            if recall
+            else None
+        )
+        cp_results = (
+            retrieval.run(
+                models, cp_text, cp_distances, o.copy_trials, o.copy_span, o.copy_cue, o.copy_keys, seed, cp_prefix, bar
+            )
+            if cp_distances
+            else None
+        )
     finished = _dt.datetime.now(_dt.timezone.utc)
-    report = Report({
-        "schema_version": SCHEMA_VERSION,
-        "models": [_model_entry(m) for m in models],
-        "data": {**stream.describe(), "budget": budget, "doc_separator": doc_separator or "eos"},
-        "settings": {"lengths": lengths, "stride": stride, "sliding": sliding, "batch_size": batch_size,
-                     "position_buckets": position_buckets,
-                     "passkey": {"lengths": pk_lengths, "depths": depths, "trials": passkey_trials,
-                                 "new_tokens": PASSKEY_NEW_TOKENS} if passkey else None,
-                     "recall": {"lengths": rc_lengths, "depths": rc_depths, "trials": recall_trials,
-                                "span": recall_span, "cue": recall_cue, "text_tokens": len(rc_text),
-                                "scoring": "teacher-forced argmax (one forward per trial)"} if recall else None,
-                     "copy": {"distances": cp_distances, "trials": o.copy_trials, "span": o.copy_span,
-                              "cue": o.copy_cue, "keys": o.copy_keys, "text": "the eval text (natural)"}
-                     if cp_distances else None},
-        "seeds": {"passkey": seed, **({"recall": seed} if recall else {}), **({"copy": seed} if cp_distances else {})},
-        "environment": environment(models[0].model),
-        "rows": rows,
-        "far_context": far_context(models, jobs, scored),
-        "loss_by_position": positions,
-        "passkey": pk_results,
-        "recall": rc_results,
-        "copy": cp_results,
-        "cost": costs,
-        "timing": {"started": started.isoformat(), "finished": finished.isoformat(),
-                   "seconds": (finished - started).total_seconds()},
-    })
+    report = Report(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "models": [_model_entry(m) for m in models],
+            "data": {**stream.describe(), "budget": budget, "doc_separator": doc_separator or "eos"},
+            "settings": {
+                "lengths": lengths,
+                "stride": stride,
+                "sliding": sliding,
+                "batch_size": batch_size,
+                "position_buckets": position_buckets,
+                "passkey": {
+                    "lengths": pk_lengths,
+                    "depths": depths,
+                    "trials": passkey_trials,
+                    "new_tokens": PASSKEY_NEW_TOKENS,
+                }
+                if passkey
+                else None,
+                "recall": {
+                    "lengths": rc_lengths,
+                    "depths": rc_depths,
+                    "trials": recall_trials,
+                    "span": recall_span,
+                    "cue": recall_cue,
+                    "text_tokens": len(rc_text),
+                    "scoring": "teacher-forced argmax (one forward per trial)",
+                }
+                if recall
+                else None,
+                "copy": {
+                    "distances": cp_distances,
+                    "trials": o.copy_trials,
+                    "span": o.copy_span,
+                    "cue": o.copy_cue,
+                    "keys": o.copy_keys,
+                    "text": "the eval text (natural)",
+                }
+                if cp_distances
+                else None,
+            },
+            "seeds": {
+                "passkey": seed,
+                **({"recall": seed} if recall else {}),
+                **({"copy": seed} if cp_distances else {}),
+            },
+            "environment": environment(models[0].model),
+            "rows": rows,
+            "far_context": far_context(models, jobs, scored),
+            "loss_by_position": positions,
+            "passkey": pk_results,
+            "recall": rc_results,
+            "copy": cp_results,
+            "cost": costs,
+            "timing": {
+                "started": started.isoformat(),
+                "finished": finished.isoformat(),
+                "seconds": (finished - started).total_seconds(),
+            },
+        }
+    )
     report.data["verdict"] = verdict(report.data)
     if out is not None:
         report.save(out)
     return report
 
 
-def load_models(model_or_path, baselines, *, tokenizer=None, gguf_file=None, device=None, dtype=None) -> list[EvalModel]:
+def load_models(
+    model_or_path, baselines, *, tokenizer=None, gguf_file=None, device=None, dtype=None
+) -> list[EvalModel]:
     """The evaluated model first, then each baseline (which defaults to the model's tokenizer)."""
-    if isinstance(baselines, str) or hasattr(baselines, "forward") or (
-        isinstance(baselines, tuple) and any(hasattr(b, "forward") for b in baselines)
+    if (
+        isinstance(baselines, str)
+        or hasattr(baselines, "forward")
+        or (isinstance(baselines, tuple) and any(hasattr(b, "forward") for b in baselines))
     ):
         baselines = [baselines]  # one baseline given bare
-    models = [resolve(model_or_path, None, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype,
-                      default_name="model")]
+    models = [
+        resolve(
+            model_or_path,
+            None,
+            tokenizer=tokenizer,
+            gguf_file=gguf_file,
+            device=device,
+            dtype=dtype,
+            default_name="model",
+        )
+    ]
     for j, b in enumerate(baselines):
-        models.append(resolve(b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype,
-                              default_name=f"baseline{j}"))
+        models.append(
+            resolve(
+                b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype, default_name=f"baseline{j}"
+            )
+        )
     _dedupe_names(models)
     return models
 
@@ -446,10 +592,18 @@ def _cost_line(m: EvalModel, stream, forward: int, passes: int) -> str:
         m.model(input_ids=x)
     rate = n / max(time.perf_counter() - t0, 1e-6)
     seconds = forward / rate
-    when = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-    return (f"cost: {forward:,} tokens through the models in {passes:,} forward passes: about {when} here, more "
-            f"where attention dominates ({rate:,.0f} tokens/s measured on a {n}-token forward of {m.name}); "
-            "lighter: retrofit eval --quick")
+    when = (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
+    return (
+        f"cost: {forward:,} tokens through the models in {passes:,} forward passes: about {when} here, more "
+        f"where attention dominates ({rate:,.0f} tokens/s measured on a {n}-token forward of {m.name}); "
+        "lighter: retrofit eval --quick"
+    )
 
 
 def _copy_sizes(o, native: int | None):
@@ -482,16 +636,26 @@ def _recall_text(m: EvalModel, docs, label: str, budget: int, longest: int, span
     ids, _ = first_tokens(m.tokenizer, docs, max(budget, longest) + 1, separator)
     need = longest - rc.room(m.tokenizer, span)  # filler tokens of the longest recall sequence
     if len(ids) < need:
-        raise LengthError(f"recall length {longest} is larger than the available text: {label!r} gives only "
-                          f"{len(ids)} tokens and its filler needs {need}; use shorter lengths or more data")
+        raise LengthError(
+            f"recall length {longest} is larger than the available text: {label!r} gives only "
+            f"{len(ids)} tokens and its filler needs {need}; use shorter lengths or more data"
+        )
     return ids
 
 
 def _model_entry(m: EvalModel) -> dict:
     i = m.info
     return {
-        "name": m.name, "role": m.role, "base_model": i.get("base_model"), "converted": bool(i.get("converted")),
-        "scheme": i.get("scheme"), "options": i.get("options") or {}, "model_type": i.get("model_type"),
-        "native": i.get("native"), "max_length": i.get("max_length"), "parameters": i.get("parameters"),
-        "dtype": i.get("dtype"), "described_by": i.get("source"),
+        "name": m.name,
+        "role": m.role,
+        "base_model": i.get("base_model"),
+        "converted": bool(i.get("converted")),
+        "scheme": i.get("scheme"),
+        "options": i.get("options") or {},
+        "model_type": i.get("model_type"),
+        "native": i.get("native"),
+        "max_length": i.get("max_length"),
+        "parameters": i.get("parameters"),
+        "dtype": i.get("dtype"),
+        "described_by": i.get("source"),
     }

@@ -56,8 +56,9 @@ def first_tokens(tokenizer, docs: list[Document], want: int, separator: str | No
     return ids[:want], used
 
 
-def build_stream(tokenizer, docs: list[Document], spec: str, budget: int, lengths: list[int],
-                 separator: str | None = None) -> TokenStream:
+def build_stream(
+    tokenizer, docs: list[Document], spec: str, budget: int, lengths: list[int], separator: str | None = None
+) -> TokenStream:
     """First ``budget`` targets (+1 context token), cut to a multiple of the largest length.
 
     A budget below the largest length is raised to it (one window). Raises LengthError when the
@@ -65,8 +66,9 @@ def build_stream(tokenizer, docs: list[Document], spec: str, budget: int, length
     """
     longest = max(lengths)
     if budget < longest:
-        log.warning("token budget %d is smaller than the largest length %d; scoring one window of %d", budget, longest,
-                    longest)
+        log.warning(
+            "token budget %d is smaller than the largest length %d; scoring one window of %d", budget, longest, longest
+        )
         budget = longest
     ids, used = first_tokens(tokenizer, docs, budget + 1, separator)
     available = len(ids) - 1

@@ -19,19 +19,38 @@ def model_verdict(data: dict, model: dict) -> dict | None:
     native-size window on the same tokens, with its paired interval."""
     rows, name = data["rows"], model["name"]
     native = (model.get("native") or {}).get("length")
-    past = [r for r in rows if r["model"] == name and r["method"] == "non-overlapping" and native and r["length"] > native]
+    past = [
+        r for r in rows if r["model"] == name and r["method"] == "non-overlapping" and native and r["length"] > native
+    ]
     if not past:
         return None
     far = max(past, key=lambda r: r["length"])
     L = far["length"]
     at1 = _row(rows, name, "non-overlapping", native)
-    out = {"model": name, "native": native, "length": L, "multiple": round(L / native, 2), "ppl": far["ppl"],
-           "ppl_1x": at1["ppl"] if at1 else None}
+    out = {
+        "model": name,
+        "native": native,
+        "length": L,
+        "multiple": round(L / native, 2),
+        "ppl": far["ppl"],
+        "ppl_1x": at1["ppl"] if at1 else None,
+    }
     out["runs"] = at1 is not None and far["ppl"] <= RUNS_TOLERANCE * at1["ppl"]
     reach = next((r for r in (data.get("copy") or {}).get("reach", []) if r["model"] == name), None)
     if reach is not None:
-        out["reach"] = {k: reach[k] for k in ("reach", "reach_low", "reach_high", "reach_x", "reach_low_x",
-                                              "reach_high_x", "reference_gain", "copies")}
+        out["reach"] = {
+            k: reach[k]
+            for k in (
+                "reach",
+                "reach_low",
+                "reach_high",
+                "reach_x",
+                "reach_low_x",
+                "reach_high_x",
+                "reference_gain",
+                "copies",
+            )
+        }
     gains = [g for g in data.get("far_context") or [] if g["model"] == name and g["length"] == L]
     for g in gains:
         key = "own" if g["against"] == "own native window" else "original"
@@ -45,8 +64,14 @@ def uninformative(data: dict, section: str) -> list[str]:
     out = []
     natives = {m["name"]: (m.get("native") or {}).get("length") for m in data["models"]}
     for name in dict.fromkeys(r["model"] for r in data.get(section) or []):
-        inside = [r for r in data[section] if r["model"] == name and natives.get(name)
-                  and r["length"] <= natives[name] and r.get("accuracy") is not None]
+        inside = [
+            r
+            for r in data[section]
+            if r["model"] == name
+            and natives.get(name)
+            and r["length"] <= natives[name]
+            and r.get("accuracy") is not None
+        ]
         if inside and not any(r["correct"] for r in inside):
             out.append(name)
     return out
@@ -55,9 +80,11 @@ def uninformative(data: dict, section: str) -> list[str]:
 def verdict(data: dict) -> dict:
     """``{"models": [model_verdict...], "passkey_uninformative": [...], "recall_uninformative": [...]}``."""
     evaluated = [m for m in data["models"] if m["role"] != "baseline"]
-    return {"models": [v for v in (model_verdict(data, m) for m in evaluated) if v is not None],
-            "passkey_uninformative": uninformative(data, "passkey"),
-            "recall_uninformative": uninformative(data, "recall")}
+    return {
+        "models": [v for v in (model_verdict(data, m) for m in evaluated) if v is not None],
+        "passkey_uninformative": uninformative(data, "passkey"),
+        "recall_uninformative": uninformative(data, "recall"),
+    }
 
 
 def _x(v: float) -> str:
@@ -80,28 +107,48 @@ def lines(v: dict) -> list[str]:
             s += ": it **runs** there." if m["runs"] else ": it **breaks down** there."
         out.append(s)
         if "own" in m:
-            out.append(f"  - Full context against its own native-size window on the same tokens: {_gain(m['own'])} "
-                       + ("— it **reads past its native length**." if m["own"]["reads"] else
-                          "— it **does not read past its native length** (the interval holds 1: the far tokens do "
-                          "not help)."))
+            out.append(
+                f"  - Full context against its own native-size window on the same tokens: {_gain(m['own'])} "
+                + (
+                    "— it **reads past its native length**."
+                    if m["own"]["reads"]
+                    else "— it **does not read past its native length** (the interval holds 1: the far tokens do "
+                    "not help)."
+                )
+            )
         if "reach" in m:
             r = m["reach"]
-            out.append(f"  - Effective reach (retrieval of a natural span keeps half its gain at 1/4 native): "
-                       f"**{r['reach']:,} tokens ({r['reach_x']:g}x native)** [{r['reach_low_x']:g}x, "
-                       f"{r['reach_high_x']:g}x]" + (" — it copies nothing even at short distance, so reach cannot "
-                                                     "be measured on it." if not r["copies"] else "."))
+            out.append(
+                f"  - Effective reach (retrieval of a natural span keeps half its gain at 1/4 native): "
+                f"**{r['reach']:,} tokens ({r['reach_x']:g}x native)** [{r['reach_low_x']:g}x, "
+                f"{r['reach_high_x']:g}x]"
+                + (
+                    " — it copies nothing even at short distance, so reach cannot be measured on it."
+                    if not r["copies"]
+                    else "."
+                )
+            )
         if "original" in m:
             g = m["original"]
-            out.append(f"  - Against the {g['against']} on the same tokens: {_gain(g)} — "
-                       + ("**better than the original with a sliding window**." if g["reads"] else
-                          "not better: a user would do as well with the original and a sliding window."))
+            out.append(
+                f"  - Against the {g['against']} on the same tokens: {_gain(g)} — "
+                + (
+                    "**better than the original with a sliding window**."
+                    if g["reads"]
+                    else "not better: a user would do as well with the original and a sliding window."
+                )
+            )
     if not v["models"]:
         out.append("- No length past a model's native length was run plainly: nothing to say about reach.")
     for section, what in (("passkey", "Passkey"), ("recall", "Recall")):
         names = v[f"{section}_uninformative"]
         if names:
-            out.append(f"- {what} cannot inform on {', '.join(f'`{n}`' for n in names)}: every trial failed even "
-                       "within the native length, so its zeros past native say nothing about positions.")
-    out.append("- Gain: the window's perplexity over the full context's on the same tokens (above 1: the tokens "
-               "past the window help), with a paired bootstrap 95% interval over windows.")
+            out.append(
+                f"- {what} cannot inform on {', '.join(f'`{n}`' for n in names)}: every trial failed even "
+                "within the native length, so its zeros past native say nothing about positions."
+            )
+    out.append(
+        "- Gain: the window's perplexity over the full context's on the same tokens (above 1: the tokens "
+        "past the window help), with a paired bootstrap 95% interval over windows."
+    )
     return out

@@ -20,8 +20,17 @@ from typing import Callable
 import torch
 
 from ..errors import OptionError
-from . import (chunked, cpu_flash_band, cpu_flash_mask, cpu_flash_relative_band, flash_attn_alibi, flex, sdpa,
-               sdpa_alibi_dims, sdpa_relative_dims)
+from . import (
+    chunked,
+    cpu_flash_band,
+    cpu_flash_mask,
+    cpu_flash_relative_band,
+    flash_attn_alibi,
+    flex,
+    sdpa,
+    sdpa_alibi_dims,
+    sdpa_relative_dims,
+)
 from .call import Call, Relative, Unavailable  # noqa: F401  (the record attention.py builds)
 
 POSITION_FREE = ("none", "rotary", "absolute")  # scheme kinds with no positional term in the scores
@@ -42,25 +51,68 @@ class Path:
 
 PATHS = (
     Path("sdpa", sdpa.serves, sdpa.run, POSITION_FREE, "stock SDPA: no positional term in the scores", grouped=True),
-    Path("flash-attn-alibi", flash_attn_alibi.serves, flash_attn_alibi.run, BIAS,
-         "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)"),
-    Path("sdpa-alibi-dims", sdpa_alibi_dims.serves, sdpa_alibi_dims.run, BIAS,
-         "ALiBi as extra q/k dimensions through the stock fused SDPA kernel, forward and backward (auto: not for "
-         "a decoding step)", worth=sdpa_alibi_dims.worth),
-    Path("cpu-flash-band", cpu_flash_band.serves, cpu_flash_band.run, BIAS,
-         "T5/Shaw: the far keys as a causal square plus a band of the last K keys, CPU flash op (CPU, no dropout)"),
-    Path("cpu-flash-mask", cpu_flash_mask.serves, cpu_flash_mask.run, BIAS,
-         "any bias as the CPU flash op's float mask, block by block (CPU, no dropout)"),
-    Path("flex", flex.serves, flex.run, BIAS, "compiled flex_attention, the bias as a score_mod (CUDA; CPU inference)",
-         worth=flex.worth),
-    Path("sdpa-relative-dims", sdpa_relative_dims.serves, sdpa_relative_dims.run, RELATIVE,
-         "Transformer-XL: the projected sinusoid's term as extra q/k dimensions through the stock fused SDPA kernel "
-         "(auto: not for a decoding step)", worth=sdpa_relative_dims.worth),
-    Path("cpu-flash-relative-band", cpu_flash_relative_band.serves, cpu_flash_relative_band.run, RELATIVE,
-         "NEZHA: a relative table flat past a reach as cpu-flash-band's far square plus a band whose "
-         "query-dependent term is the CPU flash op's mask (CPU, no dropout)"),
-    Path("chunked", chunked.serves, chunked.run, POSITION_FREE + BIAS + RELATIVE,
-         "query-chunked SDPA with each chunk's own bias or relative logits: serves every call"),
+    Path(
+        "flash-attn-alibi",
+        flash_attn_alibi.serves,
+        flash_attn_alibi.run,
+        BIAS,
+        "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)",
+    ),
+    Path(
+        "sdpa-alibi-dims",
+        sdpa_alibi_dims.serves,
+        sdpa_alibi_dims.run,
+        BIAS,
+        "ALiBi as extra q/k dimensions through the stock fused SDPA kernel, forward and backward (auto: not for "
+        "a decoding step)",
+        worth=sdpa_alibi_dims.worth,
+    ),
+    Path(
+        "cpu-flash-band",
+        cpu_flash_band.serves,
+        cpu_flash_band.run,
+        BIAS,
+        "T5/Shaw: the far keys as a causal square plus a band of the last K keys, CPU flash op (CPU, no dropout)",
+    ),
+    Path(
+        "cpu-flash-mask",
+        cpu_flash_mask.serves,
+        cpu_flash_mask.run,
+        BIAS,
+        "any bias as the CPU flash op's float mask, block by block (CPU, no dropout)",
+    ),
+    Path(
+        "flex",
+        flex.serves,
+        flex.run,
+        BIAS,
+        "compiled flex_attention, the bias as a score_mod (CUDA; CPU inference)",
+        worth=flex.worth,
+    ),
+    Path(
+        "sdpa-relative-dims",
+        sdpa_relative_dims.serves,
+        sdpa_relative_dims.run,
+        RELATIVE,
+        "Transformer-XL: the projected sinusoid's term as extra q/k dimensions through the stock fused SDPA kernel "
+        "(auto: not for a decoding step)",
+        worth=sdpa_relative_dims.worth,
+    ),
+    Path(
+        "cpu-flash-relative-band",
+        cpu_flash_relative_band.serves,
+        cpu_flash_relative_band.run,
+        RELATIVE,
+        "NEZHA: a relative table flat past a reach as cpu-flash-band's far square plus a band whose "
+        "query-dependent term is the CPU flash op's mask (CPU, no dropout)",
+    ),
+    Path(
+        "chunked",
+        chunked.serves,
+        chunked.run,
+        POSITION_FREE + BIAS + RELATIVE,
+        "query-chunked SDPA with each chunk's own bias or relative logits: serves every call",
+    ),
 )
 BY_NAME = {p.name: p for p in PATHS}
 CHOICES = ("auto", *BY_NAME)  # what a model's kernel may be
@@ -80,8 +132,9 @@ def check(kernel: str, kind: str | None = None) -> str:
     if name not in CHOICES:
         raise OptionError(f"kernel must be one of {', '.join(CHOICES)}; got {kernel!r}")
     if name != "auto" and kind is not None and kind not in BY_NAME[name].kinds:
-        raise OptionError(f"kernel {kernel!r} ({BY_NAME[name].doc}) cannot serve a {kind} scheme; "
-                          "use kernel auto or chunked")
+        raise OptionError(
+            f"kernel {kernel!r} ({BY_NAME[name].doc}) cannot serve a {kind} scheme; use kernel auto or chunked"
+        )
     return name
 
 

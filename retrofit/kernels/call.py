@@ -99,8 +99,15 @@ class Call:
     def rows(self, idx: torch.Tensor, bias: BiasFn) -> Call:
         """The call of batch rows ``idx`` with a bias of their own (rows moved by the same shift)."""
         pick = lambda t: None if t is None else t[idx] if t.shape[0] > 1 else t  # noqa: E731
-        return dataclasses.replace(self, q=self.q[idx], k=self.k[idx], v=self.v[idx], bias=bias,
-                                   key_padding=pick(self.key_padding), row_scale=pick(self.row_scale))
+        return dataclasses.replace(
+            self,
+            q=self.q[idx],
+            k=self.k[idx],
+            v=self.v[idx],
+            bias=bias,
+            key_padding=pick(self.key_padding),
+            row_scale=pick(self.row_scale),
+        )
 
     def full_heads(self) -> Call:
         """Grouped-query keys repeated per head: (B, Hkv, Tk, D) -> (B, H, Tk, D)."""

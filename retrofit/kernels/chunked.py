@@ -19,8 +19,9 @@ def serves(c: Call) -> str | None:
 
 def run(c: Call) -> torch.Tensor:
     """The call, one chunk of queries at a time: (B, H, Tq, D)."""
-    return attend_chunked(c.q, c.k, c.v, c.scaling, c.bias, c.key_padding, c.window, c.q_start, c.dropout,
-                          c.row_scale, c.relative)
+    return attend_chunked(
+        c.q, c.k, c.v, c.scaling, c.bias, c.key_padding, c.window, c.q_start, c.dropout, c.row_scale, c.relative
+    )
 
 
 def attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale=None, relative=None):
@@ -39,22 +40,49 @@ def attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout
         lo = max(0, q_start + s - window + 1) if window else 0
         rows_scale = None if row_scale is None else row_scale[:, s:e]
         rel = () if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
-        args = (q[:, :, s:e], k[:, :, lo:hi], v[:, :, lo:hi], q_start + s, lo, scaling, bias, key_padding, window, dropout,
-                rows_scale, *rel)
+        args = (
+            q[:, :, s:e],
+            k[:, :, lo:hi],
+            v[:, :, lo:hi],
+            q_start + s,
+            lo,
+            scaling,
+            bias,
+            key_padding,
+            window,
+            dropout,
+            rows_scale,
+            *rel,
+        )
         outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
     return torch.cat(outs, dim=2)
 
 
-def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_scale=None, rel_q=None, rel_keys=None,
-           positions=None):
+def _chunk(
+    qc,
+    kc,
+    vc,
+    q0,
+    k0,
+    scaling,
+    bias,
+    key_padding,
+    window,
+    dropout,
+    row_scale=None,
+    rel_q=None,
+    rel_keys=None,
+    positions=None,
+):
     # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
     C, Tc = qc.shape[-2], kc.shape[-2]
     compute_dtype = qc.dtype
     if bias is not None:
         if qc.dtype in (torch.float16, torch.bfloat16):
             compute_dtype = torch.float32  # the bias is large at long range: score it in fp32
-        mask = block_bias(bias, qc.shape[1], q0, C, k0, Tc, qc.device, compute_dtype, key_padding, window,
-                                row_scale)  # (1 or B, H, C, Tc)
+        mask = block_bias(
+            bias, qc.shape[1], q0, C, k0, Tc, qc.device, compute_dtype, key_padding, window, row_scale
+        )  # (1 or B, H, C, Tc)
     elif rel_q is not None:
         if qc.dtype in (torch.float16, torch.bfloat16):
             compute_dtype = torch.float32
@@ -62,12 +90,18 @@ def _chunk(qc, kc, vc, q0, k0, scaling, bias, key_padding, window, dropout, row_
         if positions is not None:  # a block's own positions (PoSE, randomized)
             q_pos, k_pos = positions[q0 : q0 + C], positions[k0 : k0 + Tc]
         mask = relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype)  # (B, H, C, Tc)
-        mask = mask.masked_fill(~block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding,
-                                                  window=window), float("-inf"))
+        mask = mask.masked_fill(
+            ~block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window), float("-inf")
+        )
     else:
         mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window)
     out = F.scaled_dot_product_attention(
-        qc.to(compute_dtype), kc.to(compute_dtype), vc.to(compute_dtype), attn_mask=mask, dropout_p=dropout, scale=scaling
+        qc.to(compute_dtype),
+        kc.to(compute_dtype),
+        vc.to(compute_dtype),
+        attn_mask=mask,
+        dropout_p=dropout,
+        scale=scaling,
     )
     return out.to(qc.dtype)
 

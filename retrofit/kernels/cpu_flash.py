@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-
 EXP_FLOOR = -87.0  # ln of fp32's smallest normal is -87.34: below it torch's CPU exp leaves its vector path
 
 
@@ -26,20 +25,25 @@ def exp_(scores: torch.Tensor) -> torch.Tensor:
 
 def available(q: torch.Tensor) -> bool:
     """The CPU flash op and its backward are present, for this dtype."""
-    return (not q.is_cuda and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+    return (
+        not q.is_cuda
+        and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
+    )
 
 
 def forward(q, k, v, scaling, mask=None, causal=True):
     """(out, lse): out like q's rows with v's width, lse (B, H, Tq) fp32."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask,
-                                                                     scale=scaling)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scaling
+    )
 
 
 def backward(dout, q, k, v, out, lse, scaling, mask=None, causal=True):
     """(dq, dk, dv) of one piece, given the merged output and log-sum-exp."""
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scaling)
+        dout, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scaling
+    )
 
 
 def merge(out_a, lse_a, out_b, lse_b):

@@ -45,8 +45,9 @@ def run(c: Call) -> torch.Tensor:
     return attend_band(c.q, c.k, c.v, scaling=c.scaling, band=c.band)
 
 
-def attend_band(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float,
-                band: torch.Tensor) -> torch.Tensor:
+def attend_band(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float, band: torch.Tensor
+) -> torch.Tensor:
     """Causal self-attention of q, k, v (B, H, N, D) with the bias ``band[h, min(i - j, K)]``;
     band (H, K + 1): the bias at distances 0..K, flat from K on. Returns (B, H, N, D)."""
     K = band.shape[-1] - 1
@@ -139,8 +140,9 @@ class _Band(torch.autograd.Function):
         B, H, N, D = q.shape
         lay = Layout(N, g.shape[-1], q.device, B * H * D)
         bias = lay.bias(g)
-        dq, dk, dv, blocks = band_backward(dout, q, k, v, out, lse, ctx.scaling, lay,
-                                           lambda piece: bias[..., piece[1] or 0 :].contiguous())
+        dq, dk, dv, blocks = band_backward(
+            dout, q, k, v, out, lse, ctx.scaling, lay, lambda piece: bias[..., piece[1] or 0 :].contiguous()
+        )
         dg = None
         if ctx.needs_input_grad[3]:  # d loss / d g (H, K): dS summed per distance
             dg = torch.zeros_like(g)
@@ -160,8 +162,9 @@ def band_forward(q, k, v, scaling, lay: Layout, mask_of):
     qb, kw, vw = lay.blocks(q), lay.windows(k), lay.windows(v)
     for piece in lay.pieces():  # the band: blocks of queries over their windows, with the mask
         lo = piece[1] or 0
-        o, s = cpu_flash.forward(lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling,
-                                 mask_of(piece), causal=False)
+        o, s = cpu_flash.forward(
+            lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo), scaling, mask_of(piece), causal=False
+        )
         lay.put(out, piece, o)
         lay.put(lse, piece, s)
     out, lse = out.view(B, H, -1, D)[:, :, :N], lse.view(B, H, -1)[:, :, :N]
@@ -182,15 +185,30 @@ def band_backward(dout, q, k, v, out, lse, scaling, lay: Layout, mask_of):
     dqb, dkw, dvw = torch.zeros_like(qb), torch.zeros_like(kw), torch.zeros_like(vw)
     for piece in lay.pieces():  # the band's gradients, from the merged output and lse
         lo = piece[1] or 0
-        grads = cpu_flash.backward(lay.take(db, piece), lay.take(qb, piece), lay.take(kw, piece, lo),
-                                   lay.take(vw, piece, lo), lay.take(ob, piece), lay.take(lb, piece).contiguous(),
-                                   scaling, mask_of(piece), causal=False)
+        grads = cpu_flash.backward(
+            lay.take(db, piece),
+            lay.take(qb, piece),
+            lay.take(kw, piece, lo),
+            lay.take(vw, piece, lo),
+            lay.take(ob, piece),
+            lay.take(lb, piece).contiguous(),
+            scaling,
+            mask_of(piece),
+            causal=False,
+        )
         for acc, grad in zip((dqb, dkw, dvw), grads):
             lay.put(acc, piece, grad)
     dq, dk, dv = dqb.view(B, H, -1, D)[:, :, :N], lay.fold(dkw), lay.fold(dvw)
     if N > K:  # the far square's exact gradients, from the merged output and log-sum-exp
-        far = cpu_flash.backward(dout[:, :, K:], q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K],
-                                 out[:, :, K:].contiguous(), lse[:, :, K:].contiguous(), scaling)
+        far = cpu_flash.backward(
+            dout[:, :, K:],
+            q[:, :, K:],
+            k[:, :, : N - K],
+            v[:, :, : N - K],
+            out[:, :, K:].contiguous(),
+            lse[:, :, K:].contiguous(),
+            scaling,
+        )
         dq[:, :, K:] += far[0]
         dk[:, :, : N - K] += far[1]
         dv[:, :, : N - K] += far[2]

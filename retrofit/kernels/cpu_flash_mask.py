@@ -48,13 +48,34 @@ def op_serves(c: Call) -> str | None:
 
 def run(c: Call) -> torch.Tensor:
     rows = chunk_rows(c.q.shape[0] * c.q.shape[1], c.Tq, c.Tk)
-    return attend_dense(c.q, c.k, c.v, scaling=c.scaling, bias=c.bias, params=c.bias_params,
-                        key_padding=c.key_padding, window=c.window, q_start=c.q_start, row_scale=c.row_scale,
-                        max_rows=rows)
+    return attend_dense(
+        c.q,
+        c.k,
+        c.v,
+        scaling=c.scaling,
+        bias=c.bias,
+        params=c.bias_params,
+        key_padding=c.key_padding,
+        window=c.window,
+        q_start=c.q_start,
+        row_scale=c.row_scale,
+        max_rows=rows,
+    )
 
 
-def block_bias(bias: BiasFn | None, H: int, q0: int, C: int, k0: int, Tc: int, device, dtype=torch.float32,
-               key_padding=None, window=None, row_scale=None) -> torch.Tensor:
+def block_bias(
+    bias: BiasFn | None,
+    H: int,
+    q0: int,
+    C: int,
+    k0: int,
+    Tc: int,
+    device,
+    dtype=torch.float32,
+    key_padding=None,
+    window=None,
+    row_scale=None,
+) -> torch.Tensor:
     """The float mask of queries at slots q0..q0+C-1 over keys k0..k0+Tc-1: (1 or B, H, C, Tc) in ``dtype``,
     the bias (times ``row_scale`` (B, C)) where the key is visible, -inf elsewhere (future keys, keys a
     ``window`` or more back, padding (B, Tk) in the cache's slots; a query always sees itself).
@@ -78,9 +99,20 @@ def block_bias(bias: BiasFn | None, H: int, q0: int, C: int, k0: int, Tc: int, d
     return mask.masked_fill(~allowed, float("-inf"))
 
 
-def attend_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float, bias: BiasFn,
-                 params: Sequence[torch.Tensor] = (), key_padding=None, window=None, q_start: int = 0,
-                 row_scale=None, max_rows: int = ROWS) -> torch.Tensor:
+def attend_dense(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scaling: float,
+    bias: BiasFn,
+    params: Sequence[torch.Tensor] = (),
+    key_padding=None,
+    window=None,
+    q_start: int = 0,
+    row_scale=None,
+    max_rows: int = ROWS,
+) -> torch.Tensor:
     """Causal attention of q (B, H, Tq, D) over k, v (B, H, Tk, D) with ``bias(h, i, j)`` added to the scores;
     query r sits at slot q_start + r. ``params``: the tensors the bias is computed from (their gradients
     are returned through the bias). ``max_rows``: fewer queries per block when a block's (B, H, C, Tc) scores
@@ -110,8 +142,9 @@ def _blocks(spec, Tq: int):
 def _mask(spec, H, s, e, lo, hi, device):
     bias, key_padding, window, q_start, row_scale = spec[:5]
     rows = None if row_scale is None else row_scale[:, s:e]
-    return block_bias(bias, H, q_start + s, e - s, lo, hi - lo, device, key_padding=key_padding, window=window,
-                      row_scale=rows)
+    return block_bias(
+        bias, H, q_start + s, e - s, lo, hi - lo, device, key_padding=key_padding, window=window, row_scale=rows
+    )
 
 
 class _Dense(torch.autograd.Function):
@@ -124,8 +157,9 @@ class _Dense(torch.autograd.Function):
         lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
         for s, e, lo, hi in _blocks(spec, Tq):
             mask = _mask(spec, H, s, e, lo, hi, q.device).expand(B, -1, -1, -1)
-            out[:, :, s:e], lse[:, :, s:e] = cpu_flash.forward(qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], scaling,
-                                                          mask, causal=False)
+            out[:, :, s:e], lse[:, :, s:e] = cpu_flash.forward(
+                qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], scaling, mask, causal=False
+            )
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, *params)
         ctx.spec = spec
@@ -142,13 +176,21 @@ class _Dense(torch.autograd.Function):
         wanted = [i for i, p in enumerate(params) if ctx.needs_input_grad[4 + i]]
         dparams = [None] * len(params)
         for s, e, lo, hi in _blocks(spec, Tq):
-            qc, kc, vc, oc, dc, lc = qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], of[:, :, s:e], df[:, :, s:e], lse[:, :, s:e]
+            qc, kc, vc, oc, dc, lc = (
+                qf[:, :, s:e],
+                kf[:, :, lo:hi],
+                vf[:, :, lo:hi],
+                of[:, :, s:e],
+                df[:, :, s:e],
+                lse[:, :, s:e],
+            )
             with torch.enable_grad():
                 mask = _mask(spec, H, s, e, lo, hi, q.device)
             fixed = mask.detach()
             if not (wanted and mask.requires_grad):  # q, k, v only: the flash kernel's own backward
-                g = cpu_flash.backward(dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1),
-                                       causal=False)
+                g = cpu_flash.backward(
+                    dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False
+                )
                 dq[:, :, s:e] += g[0]
                 dk[:, :, lo:hi] += g[1]
                 dv[:, :, lo:hi] += g[2]

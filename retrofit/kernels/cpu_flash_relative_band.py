@@ -55,10 +55,12 @@ def _band_terms(rq_blocks, keys, K, scaling):
 
 def _masks(lay, terms):
     """mask_of(piece) for ``band_forward``: each block's terms spread over its window's columns."""
+
     def mask_of(piece):
         t = lay.take(terms, piece)  # (B or B * m, H, C, K)
         m = t.gather(-1, lay.idx.expand(*t.shape[:-1], lay.W)).masked_fill_(~lay.inside, float("-inf"))
         return m[..., piece[1] or 0 :].contiguous()
+
     return mask_of
 
 

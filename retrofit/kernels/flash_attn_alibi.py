@@ -48,8 +48,13 @@ def flash_attn_alibi(q, k, v, *, scaling, slopes, window=None, dropout=0.0):
     q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D)."""
     # flash_attn takes (B, T, H, D)
     out = _flash(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout, softmax_scale=scaling,
-        causal=True, window_size=(window - 1, 0) if window else (-1, -1),
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        dropout_p=dropout,
+        softmax_scale=scaling,
+        causal=True,
+        window_size=(window - 1, 0) if window else (-1, -1),
         alibi_slopes=slopes.to(device=q.device, dtype=torch.float32).contiguous(),
     )
     return out.transpose(1, 2)

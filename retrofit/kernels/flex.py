@@ -85,9 +85,11 @@ def attend_flex(fn, q, k, v, scaling, bias, key_padding, window, q_start, row_sc
     Tk = k.shape[-2]
 
     if row_scale is None:
+
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + bias(h, q_idx + q_start, kv_idx).to(score.dtype)
     else:
+
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + (bias(h, q_idx + q_start, kv_idx) * row_scale[b, q_idx]).to(score.dtype)
 

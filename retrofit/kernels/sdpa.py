@@ -22,5 +22,12 @@ def serves(c: Call) -> str | None:
 
 def run(c: Call) -> torch.Tensor:
     # grouped-query keys (Hkv < H) as they are: SDPA's enable_gqa
-    return F.scaled_dot_product_attention(c.q, c.k, c.v, dropout_p=c.dropout, is_causal=c.Tq == c.Tk and c.Tq > 1,
-                                          scale=c.scaling, enable_gqa=c.k.shape[1] != c.q.shape[1])
+    return F.scaled_dot_product_attention(
+        c.q,
+        c.k,
+        c.v,
+        dropout_p=c.dropout,
+        is_causal=c.Tq == c.Tk and c.Tq > 1,
+        scale=c.scaling,
+        enable_gqa=c.k.shape[1] != c.q.shape[1],
+    )

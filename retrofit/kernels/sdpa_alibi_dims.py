@@ -46,7 +46,6 @@ MIN_ROWS = 64  # never smaller blocks (a slope above MAX_SPAN / 64 = 32 is not A
 MARGIN = 40.0  # a key past a head's reach holds < e^-40 (4e-18) of its row's probability: below fp32's 2^-24
 
 
-
 def serves(c: Call) -> str | None:
     if c.slopes is None:  # (also dropped for a row scale in half precision: the q side would round tau)
         return "no ALiBi slopes (a bias linear in the distance)"
@@ -56,8 +55,19 @@ def serves(c: Call) -> str | None:
 def run(c: Call) -> torch.Tensor:
     # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
     cap = chunk_rows(c.q.shape[1], c.Tq, c.Tk) if c.dropout > 0 and not c.q.is_cuda else None
-    return attend_alibi(c.q, c.k, c.v, scaling=c.scaling, slopes=c.slopes, key_padding=c.key_padding,
-                        window=c.window, q_start=c.q_start, dropout=c.dropout, max_rows=cap, row_scale=c.row_scale)
+    return attend_alibi(
+        c.q,
+        c.k,
+        c.v,
+        scaling=c.scaling,
+        slopes=c.slopes,
+        key_padding=c.key_padding,
+        window=c.window,
+        q_start=c.q_start,
+        dropout=c.dropout,
+        max_rows=cap,
+        row_scale=c.row_scale,
+    )
 
 
 def parts_for(dtype: torch.dtype) -> int:
@@ -118,8 +128,21 @@ def _heads(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
     return x[:, idx]
 
 
-def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_start=0, dropout=0.0,
-                 max_rows: int | None = None, row_scale: torch.Tensor | None = None, keys_back: int | None = None):
+def attend_alibi(
+    q,
+    k,
+    v,
+    *,
+    scaling,
+    slopes,
+    key_padding=None,
+    window=None,
+    q_start=0,
+    dropout=0.0,
+    max_rows: int | None = None,
+    row_scale: torch.Tensor | None = None,
+    keys_back: int | None = None,
+):
     """Causal attention with bias ``-slopes[h] * (i - j)``: q (B, H, Tq, D), k/v (B, H, Tk, D), query r at
     position q_start + r. key_padding (B, Tk) bool, True = real token; window as in ``Call``.
 
@@ -135,8 +158,14 @@ def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_s
     B, H, Tq, D = q.shape
     groups = head_groups(slopes, Tq)
     if len(groups) > 1:  # steep heads in blocks (or through their reach), the rest as one causal square
-        kw = dict(scaling=scaling, key_padding=key_padding, q_start=q_start, dropout=dropout, max_rows=max_rows,
-                  row_scale=row_scale)
+        kw = dict(
+            scaling=scaling,
+            key_padding=key_padding,
+            q_start=q_start,
+            dropout=dropout,
+            max_rows=max_rows,
+            row_scale=row_scale,
+        )
         outs = []
         for n, g in enumerate(groups):
             qg, kg, vg = _heads(q, g), _heads(k, g), _heads(v, g)
@@ -161,8 +190,20 @@ def attend_alibi(q, k, v, *, scaling, slopes, key_padding=None, window=None, q_s
     for s in range(0, Tq, rows):
         e = min(Tq, s + rows)
         scale = None if row_scale is None else row_scale[:, s:e]
-        args = (q[:, :, s:e], k, v_wide, q_start + s, slopes, scaling, key_padding, window, dropout, width, scale,
-                keys_back)
+        args = (
+            q[:, :, s:e],
+            k,
+            v_wide,
+            q_start + s,
+            slopes,
+            scaling,
+            key_padding,
+            window,
+            dropout,
+            width,
+            scale,
+            keys_back,
+        )
         outs.append(checkpoint(_block, *args, use_reentrant=False) if use_ckpt else _block(*args))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
@@ -188,8 +229,9 @@ def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, wid
     if i0 > lo and C > 1 and key_padding is None and not window and not dropout and cpu_flash.available(qx):
         # keys before the block, then its own causal square: no (C, Tc) mask is built or kept
         r = i0 - lo  # keys before the block, in kx
-        out = cpu_flash.rectangle_then_square(qx, kx[:, :, :r], v_wide[:, :, lo:i0], kx[:, :, r:], v_wide[:, :, i0:hi],
-                                              scaling)
+        out = cpu_flash.rectangle_then_square(
+            qx, kx[:, :, :r], v_wide[:, :, lo:i0], kx[:, :, r:], v_wide[:, :, i0:hi], scaling
+        )
         return out[..., :D]
     mask = block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
     square = mask is None and i0 == 0  # the whole causal square: the fastest call

@@ -93,5 +93,6 @@ def _block(qb, kx, vx, i0, c: Call):
     lo = max(0, i0 - c.window + 1) if c.window else 0
     mask = block_mask(i0, i1, lo, i1, c.key_padding, c.window, qb.device)
     causal = mask is None and i0 == 0 and i1 > 1
-    return F.scaled_dot_product_attention(qb, kx[:, :, lo:i1], vx[:, :, lo:i1], attn_mask=mask, dropout_p=c.dropout,
-                                          is_causal=causal, scale=c.scaling)
+    return F.scaled_dot_product_attention(
+        qb, kx[:, :, lo:i1], vx[:, :, lo:i1], attn_mask=mask, dropout_p=c.dropout, is_causal=causal, scale=c.scaling
+    )

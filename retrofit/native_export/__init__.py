@@ -43,8 +43,19 @@ from .rope import _check_rope_config, rope_parameters
 
 log = logging.getLogger(__name__)
 
-__all__ = ["export", "ExportResult", "Built", "MAPPINGS", "mapping", "supported_pairs", "rope_parameters",
-           "per_head_qkv", "max_logit_diff", "TOLERANCE", "FALCON_BF16_EXACT"]
+__all__ = [
+    "export",
+    "ExportResult",
+    "Built",
+    "MAPPINGS",
+    "mapping",
+    "supported_pairs",
+    "rope_parameters",
+    "per_head_qkv",
+    "max_logit_diff",
+    "TOLERANCE",
+    "FALCON_BF16_EXACT",
+]
 
 
 def _resolve_source(model_or_dir):
@@ -70,12 +81,15 @@ def _info(model) -> dict:
 
     info = describe(model)
     if not info["converted"]:
-        raise RetrofitError("export: the model is not converted (nothing retrofit-specific to export; "
-                            "save it with save_pretrained)")
+        raise RetrofitError(
+            "export: the model is not converted (nothing retrofit-specific to export; save it with save_pretrained)"
+        )
     offset, fade = position_controls(model)
     if fade > 0 or offset:
-        raise RetrofitError("export: reset fine-tune position controls first "
-                            "(retrofit.set_position_controls(model, offset=0, native_fade=0))")
+        raise RetrofitError(
+            "export: reset fine-tune position controls first "
+            "(retrofit.set_position_controls(model, offset=0, native_fade=0))"
+        )
     return info
 
 
@@ -92,9 +106,18 @@ def max_logit_diff(a, b, ids: torch.Tensor) -> float:
     return float((la - lb.to(la.device)).abs().max())
 
 
-def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, tokenizer=None,
-           max_length: int | None = None, check_length: int | None = None, approximate: bool = False,
-           ppl_text: str = "stdlib", tolerance: float = TOLERANCE) -> ExportResult:
+def export(
+    model_or_run_dir,
+    path: str | os.PathLike,
+    native: bool = True,
+    *,
+    tokenizer=None,
+    max_length: int | None = None,
+    check_length: int | None = None,
+    approximate: bool = False,
+    ppl_text: str = "stdlib",
+    tolerance: float = TOLERANCE,
+) -> ExportResult:
     """Write ``model_or_run_dir`` (a converted model, a retrofit checkpoint folder, or a run folder with
     ``final/``) to ``path``. ``native=True``: a native transformers architecture (see the module doc);
     ``native=False``: the retrofit format (``retrofit.save``; reload with ``retrofit.load``).
@@ -114,8 +137,16 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     info = _info(model)
     if not native:
         out = save(model, path, tokenizer=tokenizer)
-        return ExportResult(out=str(out), native=False, mapping=None, target="retrofit", exact=True,
-                            max_abs_logit_diff=0.0, check_length=None, notes=["load with retrofit.load(path)"])
+        return ExportResult(
+            out=str(out),
+            native=False,
+            mapping=None,
+            target="retrofit",
+            exact=True,
+            max_abs_logit_diff=0.0,
+            check_length=None,
+            notes=["load with retrofit.load(path)"],
+        )
     pair = (info["architecture"], info["scheme"])
     if f"{pair[0]}+{pair[1]}" not in MAPPINGS:
         raise RetrofitError(
@@ -134,9 +165,11 @@ def export(model_or_run_dir, path: str | os.PathLike, native: bool = True, *, to
     limit = reach(model) if reach(model) < UNBOUNDED else None  # a finite scheme (extend: its table's rows)
     if max_length is not None and limit is not None and max_length > limit:
         raise OptionError(f"max_length {max_length} is past what the converted model reads ({limit} positions)")
-    opts = {"max_length": _positive("max_length", max_length, limit or max(8192, 4 * native_len)),
-            "approximate": approximate,
-            "reach": max_length or reach(model)}  # what an unbounded export advertises (ALiBi: no limit)
+    opts = {
+        "max_length": _positive("max_length", max_length, limit or max(8192, 4 * native_len)),
+        "approximate": approximate,
+        "reach": max_length or reach(model),
+    }  # what an unbounded export advertises (ALiBi: no limit)
     check_len = _positive("check_length", check_length, min(4 * native_len, native_len + 1024))
     was_training = model.training
     model.eval()
@@ -164,9 +197,15 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
     from ..io import tokenizer_reach
 
     check_len, tolerance = check["length"], check["tolerance"]
-    result = ExportResult(native=True, mapping=f"{pair[0]}+{pair[1]}", target=type(built.model).__name__,
-                          model_type=built.model.config.model_type, check_length=check_len,
-                          dtype=str(model.dtype).replace("torch.", ""), source=str(source) if source else None)
+    result = ExportResult(
+        native=True,
+        mapping=f"{pair[0]}+{pair[1]}",
+        target=type(built.model).__name__,
+        model_type=built.model.config.model_type,
+        check_length=check_len,
+        dtype=str(model.dtype).replace("torch.", ""),
+        source=str(source) if source else None,
+    )
 
     def write(tmp: Path):
         built.model.save_pretrained(tmp, safe_serialization=True)
@@ -182,8 +221,10 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
         fp32 = model.dtype == torch.float32
         exact = built.exact and (diff <= tolerance or not fp32)
         if built.exact and built.strict and (limit is None or check_len < limit) and diff > tolerance and fp32:
-            raise RetrofitError(f"export: {result['target']} should equal the patched model but differs by {diff:.3g} "
-                                f"(tolerance {tolerance:g}) at {check_len} tokens; nothing was written")
+            raise RetrofitError(
+                f"export: {result['target']} should equal the patched model but differs by {diff:.3g} "
+                f"(tolerance {tolerance:g}) at {check_len} tokens; nothing was written"
+            )
         notes = list(built.notes)
         if not fp32:
             notes.append(f"measured in {result['dtype']}: the {tolerance:g} tolerance applies to float32 only")
@@ -193,14 +234,22 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
         result.update(exact=exact, exact_below=limit, max_abs_logit_diff=diff, notes=notes)
         if not exact:
             result.update(_ppl_difference(model, reloaded, tokenizer, check["ppl_text"], check_len))
-        record = {**result, "retrofit": {k: info[k] for k in ("scheme", "options", "architecture", "native")},
-                  "versions": library_versions()}
+        record = {
+            **result,
+            "retrofit": {k: info[k] for k in ("scheme", "options", "architecture", "native")},
+            "versions": library_versions(),
+        }
         (tmp / rf.EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
     out = write_dir(path, write)
     result["out"] = str(out)
-    log.info("exported %s to %s (%s, max |dlogit| %.3g)", result["mapping"], out, result["target"],
-             result["max_abs_logit_diff"])
+    log.info(
+        "exported %s to %s (%s, max |dlogit| %.3g)",
+        result["mapping"],
+        out,
+        result["target"],
+        result["max_abs_logit_diff"],
+    )
     return result
 
 
@@ -218,8 +267,16 @@ def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, window
         return {"ppl": None, "ppl_note": f"{spec!r} has fewer than {length + 1} tokens: perplexity not measured"}
     ids = torch.tensor(tokens[: n * length + 1])
     a, b = (float(nonoverlapping_nll(m, ids, length).mean()) for m in (patched, exported))
-    return {"ppl": {"text": spec, "tokens": n * length, "length": length, "patched": math.exp(a),
-                    "exported": math.exp(b), "relative_diff": math.exp(b - a) - 1}}
+    return {
+        "ppl": {
+            "text": spec,
+            "tokens": n * length,
+            "length": length,
+            "patched": math.exp(a),
+            "exported": math.exp(b),
+            "relative_diff": math.exp(b - a) - 1,
+        }
+    }
 
 
 def _check_config(path: Path) -> None:

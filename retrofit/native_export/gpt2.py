@@ -22,9 +22,14 @@ def _gpt2_checks(model) -> None:
 
 def _gpt2_common(c) -> dict:
     return {
-        "vocab_size": c.vocab_size, "hidden_size": c.n_embd, "num_hidden_layers": c.n_layer,
-        "num_attention_heads": c.n_head, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
-        "pad_token_id": getattr(c, "pad_token_id", None), "initializer_range": c.initializer_range,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.n_embd,
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_id,
+        "pad_token_id": getattr(c, "pad_token_id", None),
+        "initializer_range": c.initializer_range,
         "tie_word_embeddings": _tied(c),
     }
 
@@ -58,10 +63,19 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
         )
     c = model.config
     cfg = FalconConfig(
-        **_gpt2_common(c), num_kv_heads=c.n_head, alibi=True, parallel_attn=False, bias=True, multi_query=False,
-        new_decoder_architecture=False, activation=c.activation_function, ffn_hidden_size=c.n_inner or 4 * c.n_embd,
-        layer_norm_epsilon=c.layer_norm_epsilon, max_position_embeddings=opts["reach"],
-        hidden_dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop,
+        **_gpt2_common(c),
+        num_kv_heads=c.n_head,
+        alibi=True,
+        parallel_attn=False,
+        bias=True,
+        multi_query=False,
+        new_decoder_architecture=False,
+        activation=c.activation_function,
+        ffn_hidden_size=c.n_inner or 4 * c.n_embd,
+        layer_norm_epsilon=c.layer_norm_epsilon,
+        max_position_embeddings=opts["reach"],
+        hidden_dropout=c.resid_pdrop,
+        attention_dropout=c.attn_pdrop,
     )
     dst = FalconForCausalLM(cfg).to(dtype=model.dtype).eval()
     out = dst.transformer
@@ -73,7 +87,8 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
     if not scaled:
         built.notes.append(
             f"approximate: the model adds the ALiBi bias after the 1/sqrt(d) scaling, Falcon before it, so the "
-            f"exported slopes are effectively divided by sqrt({c.n_embd // c.n_head})")
+            f"exported slopes are effectively divided by sqrt({c.n_embd // c.n_head})"
+        )
     built.notes.append(
         f"Falcon builds the ALiBi bias slope*position in bfloat16 (transformers' build_alibi_tensor): in fp32 the "
         f"export is exact for sequences of up to {FALCON_BF16_EXACT - 1} tokens; beyond, key biases are rounded "
@@ -82,8 +97,10 @@ def gpt2_alibi_to_falcon(model, info, opts) -> Built:
     if not math.log2(c.n_head).is_integer():
         built.exact = False
         built.notes.append(f"{c.n_head} heads (not a power of two): some slopes are not exact in bfloat16")
-    built.notes.append("Falcon's eager attention (attn_implementation='eager', output_attentions=True) adds the bias "
-                       "twice in transformers 5.x; use the default sdpa")
+    built.notes.append(
+        "Falcon's eager attention (attn_implementation='eager', output_attentions=True) adds the bias "
+        "twice in transformers 5.x; use the default sdpa"
+    )
     return built
 
 
@@ -124,10 +141,17 @@ def gpt2_rope_to_neox(model, info, opts) -> Built:
     c = model.config
     rope, max_pos, notes = rope_parameters(info["options"], head_dim=c.n_embd // c.n_head)
     cfg = GPTNeoXConfig(
-        **_gpt2_common(c), intermediate_size=c.n_inner or 4 * c.n_embd, hidden_act=c.activation_function,
-        rope_parameters=rope, rotary_pct=rope["partial_rotary_factor"], max_position_embeddings=max_pos,
-        layer_norm_eps=c.layer_norm_epsilon, use_parallel_residual=False, attention_bias=True,
-        hidden_dropout=c.resid_pdrop, attention_dropout=c.attn_pdrop,
+        **_gpt2_common(c),
+        intermediate_size=c.n_inner or 4 * c.n_embd,
+        hidden_act=c.activation_function,
+        rope_parameters=rope,
+        rotary_pct=rope["partial_rotary_factor"],
+        max_position_embeddings=max_pos,
+        layer_norm_eps=c.layer_norm_epsilon,
+        use_parallel_residual=False,
+        attention_bias=True,
+        hidden_dropout=c.resid_pdrop,
+        attention_dropout=c.attn_pdrop,
     )
     _keep_rotary_pct(cfg)
     dst = GPTNeoXForCausalLM(cfg).to(dtype=model.dtype).eval()

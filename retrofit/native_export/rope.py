@@ -12,7 +12,12 @@ from .base import Built, Surgery, mapping, plain_config
 
 def rope_parameters(o: dict, head_dim: int, native_params: dict | None = None) -> tuple[dict, int, list[str]]:
     """retrofit's ``rope`` options -> (transformers ``rope_parameters``, ``max_position_embeddings``, notes)."""
-    theta, fraction, native, factor = float(o["theta"]), float(o["fraction"]), int(o["native_length"]), float(o["factor"])
+    theta, fraction, native, factor = (
+        float(o["theta"]),
+        float(o["fraction"]),
+        int(o["native_length"]),
+        float(o["factor"]),
+    )
     params: dict[str, Any] = {"rope_theta": theta}
     if native_params is None or fraction != 1.0 or "partial_rotary_factor" in native_params:
         params["partial_rotary_factor"] = fraction  # always for GPT-NeoX (its default is 0.25)
@@ -26,20 +31,23 @@ def rope_parameters(o: dict, head_dim: int, native_params: dict | None = None) -
         return {"rope_type": "default", **params}, int(native * factor), notes
     params.update(rope_type=scaling, factor=factor)
     if scaling == "yarn":
-        params.update(original_max_position_embeddings=native, beta_fast=float(o["beta_fast"]),
-                      beta_slow=float(o["beta_slow"]))
+        params.update(
+            original_max_position_embeddings=native, beta_fast=float(o["beta_fast"]), beta_slow=float(o["beta_slow"])
+        )
         if o.get("attention_factor") is not None:
             params["attention_factor"] = float(o["attention_factor"])
     if scaling == "dynamic":
         notes.append(
             "dynamic NTK: transformers computes the grown base from a float32 tensor length, retrofit from a Python "
             "int (float64): the frequencies differ by ~1e-7 relative, which grows with the position (measured 8.9e-4 "
-            "max logit difference at 8448 tokens on SmolLM2-135M)")
+            "max logit difference at 8448 tokens on SmolLM2-135M)"
+        )
         notes.append(
             "dynamic NTK: a full forward of T tokens uses the frequencies for T (as retrofit does); transformers keeps "
             "the grown frequencies for later, shorter calls and bakes them into the KV cache, while retrofit "
             "re-rotates cached keys with the current length's frequencies, so cached generation past the native "
-            "length differs slightly")
+            "length differs slightly"
+        )
         return params, native, notes  # transformers' dynamic rope takes max_position_embeddings as the native length
     return params, int(native * factor), notes
 
@@ -65,7 +73,8 @@ def _same_arch_rope(model, info, opts) -> Built:
     if float(o["fraction"]) != float(nat.get("fraction", 1.0)):
         raise RetrofitError(
             f"export: rotary fraction {o['fraction']} differs from the model's own ({nat.get('fraction')}); "
-            f"{type(model).__name__} rotates a fixed part of each head: use retrofit.load")
+            f"{type(model).__name__} rotates a fixed part of each head: use retrofit.load"
+        )
     cfg = plain_config(model)
     native_params = dict(model.config.rope_parameters or {})
     same = o["scaling"] == "none" and float(o["theta"]) == float(nat.get("theta"))

@@ -38,21 +38,34 @@ class Grid:
         "The pipeline recipe every cell starts from (`retrofit run`'s: model, data, train, eval, checkpoint): a "
         "path (relative to the grid file) or the recipe inline. Its output_dir, export, card and push are the "
         "study's own; its eval section says what every cell is measured on (lengths, data, budget, passkey, "
-        "recall), eval.baselines aside: the original is evaluated once, for all cells. Required.", None)
+        "recall), eval.baselines aside: the original is evaluated once, for all cells. Required.",
+        None,
+    )
     schemes: dict = _f(
         "Cells to convert: LABEL -> a list of recipe overrides (KEY=VALUE, as `retrofit run --set`), e.g. "
         "`yarn: [convert.scheme=rope, convert.options.scaling=yarn, convert.options.factor=8]`. convert.scheme "
-        "defaults to the label (`alibi: []`). Required.", factory=dict)
+        "defaults to the label (`alibi: []`). Required.",
+        factory=dict,
+    )
     methods: list = _f("Fine-tune methods (train.method): full, lora.", factory=lambda: ["full"])
-    budgets: list = _f("Fine-tune budgets in optimizer steps (train.steps); 0 = converted, not fine-tuned.",
-                       factory=lambda: [0, 100])
-    seeds: list = _f("Fine-tune seeds (train.seed); the first is the base seed, the others give the seeds table.",
-                     factory=lambda: [0])
-    control: bool = _f("Also run the continued-training control (the unconverted model, the same method, steps, "
-                       "seed and data) for every budget above 0.", True)
+    budgets: list = _f(
+        "Fine-tune budgets in optimizer steps (train.steps); 0 = converted, not fine-tuned.", factory=lambda: [0, 100]
+    )
+    seeds: list = _f(
+        "Fine-tune seeds (train.seed); the first is the base seed, the others give the seeds table.",
+        factory=lambda: [0],
+    )
+    control: bool = _f(
+        "Also run the continued-training control (the unconverted model, the same method, steps, "
+        "seed and data) for every budget above 0.",
+        True,
+    )
     target: Target = _f("What counts as recovered, for the cheapest-budget and seeds tables.", factory=Target)
-    output_dir: Optional[str] = _f("Where the study writes (cells/, study.json, study.md, the plot); "
-                                   "null = runs/<grid file name>. `--out` overrides it.", None)
+    output_dir: Optional[str] = _f(
+        "Where the study writes (cells/, study.json, study.md, the plot); "
+        "null = runs/<grid file name>. `--out` overrides it.",
+        None,
+    )
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides=None) -> "Grid":
@@ -77,8 +90,11 @@ class Grid:
             if not str(label) or any(c in str(label) for c in "/ ") or str(label) == "control":
                 raise RecipeError(f"'schemes.{label}': a label is a name without '/' or spaces, not 'control'")
             schema.parse_overrides(overrides)  # KEY=VALUE, or the error names the entry
-        for key, values, kind in (("budgets", self.budgets, int), ("seeds", self.seeds, int),
-                                  ("methods", self.methods, str)):
+        for key, values, kind in (
+            ("budgets", self.budgets, int),
+            ("seeds", self.seeds, int),
+            ("methods", self.methods, str),
+        ):
             if not values or any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
                 raise RecipeError(f"'{key}' must be a non-empty list of {kind.__name__}s, got {values!r}")
             if len(set(values)) != len(values):
@@ -94,19 +110,34 @@ def cells(grid: Grid) -> list[dict]:
     out = []
     base_seed = grid.seeds[0]
     for budget in sorted(grid.budgets):
-        for method in (grid.methods if budget else [NO_FINETUNE]):
-            for seed in (grid.seeds if budget else [base_seed]):
+        for method in grid.methods if budget else [NO_FINETUNE]:
+            for seed in grid.seeds if budget else [base_seed]:
                 tail = f"-seed{seed}" if seed != base_seed else ""
                 common = {"method": method, "budget": budget, **({"seed": seed} if tail else {})}
                 train = [f"train.method={method}", f"train.steps={budget}", f"train.seed={seed}"] if budget else []
                 if budget and grid.control:
-                    out.append({"name": f"control-{method}-{budget}{tail}", "label": "control", "scheme": None,
-                                **common, "role": "control", "overrides": ["convert.scheme=null", *train]})
+                    out.append(
+                        {
+                            "name": f"control-{method}-{budget}{tail}",
+                            "label": "control",
+                            "scheme": None,
+                            **common,
+                            "role": "control",
+                            "overrides": ["convert.scheme=null", *train],
+                        }
+                    )
                 for label, overrides in grid.schemes.items():
                     scheme = schema.parse_overrides(overrides).get("convert.scheme", label)
-                    out.append({"name": f"{label}-{method}-{budget}{tail}", "label": label, "scheme": scheme,
-                                **common, "role": "converted",
-                                "overrides": [f"convert.scheme={label}", *overrides, *train]})
+                    out.append(
+                        {
+                            "name": f"{label}-{method}-{budget}{tail}",
+                            "label": label,
+                            "scheme": scheme,
+                            **common,
+                            "role": "converted",
+                            "overrides": [f"convert.scheme={label}", *overrides, *train],
+                        }
+                    )
     return out
 
 

@@ -28,8 +28,19 @@ log = logging.getLogger(__name__)
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
 NOT_RUN = "LookupError: not run yet (not in the cache)"  # a cell the cache lacks
 # what a cached cell must share with the planned one to be reused (a label may be given new options)
-PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "random_offset", "pose", "seed", "block",
-             "calibrate")
+PLAN_KEYS = (
+    "scheme",
+    "options",
+    "method",
+    "steps",
+    "objective",
+    "fade",
+    "random_offset",
+    "pose",
+    "seed",
+    "block",
+    "calibrate",
+)
 # scheme entries: a scheme name, or [LABEL=]SCHEME:KEY=VALUE;KEY=VALUE (the scheme's options), e.g.
 # "rope:scaling=yarn;factor=8" (cells named rope-yarn-8-...) or "pi8=rope:scaling=linear;factor=8".
 # TRAIN_KEYS among them are the fine-tune's, not the scheme's: pose=TARGET trained with PoSE positions spanning
@@ -38,8 +49,17 @@ PLAN_KEYS = ("scheme", "options", "method", "steps", "objective", "fade", "rando
 TRAIN_KEYS = ("pose", "block", "calibrate", "objective")
 OBJECTIVES = ("lm", "both", "distill")
 # what decides every cell's figures besides the cell's own plan (plan_of): recorded in the report
-SETTINGS = ("preset", "batch_size", "lr_full", "lr_lora", "lora_embeddings", "eval_budget", "stride", "seed",
-            "multiples")
+SETTINGS = (
+    "preset",
+    "batch_size",
+    "lr_full",
+    "lr_lora",
+    "lora_embeddings",
+    "eval_budget",
+    "stride",
+    "seed",
+    "multiples",
+)
 
 
 @dataclass
@@ -85,8 +105,9 @@ class Round:
         if unknown:
             raise RecipeError(f"zero_shot_only/seed_labels name no scheme label: {unknown}; labels: {labels}")
         if set(self.seed_methods) - set(self.methods):
-            raise RecipeError(f"seed_methods {sorted(set(self.seed_methods) - set(self.methods))} are not in "
-                              f"methods {self.methods}")
+            raise RecipeError(
+                f"seed_methods {sorted(set(self.seed_methods) - set(self.methods))} are not in methods {self.methods}"
+            )
         if self.seed in self.seeds:
             raise RecipeError(f"seeds are the extra seeds; {self.seed} is the base seed already")
 
@@ -112,8 +133,10 @@ def parse_scheme(spec: str) -> dict:
         raise RecipeError(f"scheme {spec!r}: objective= takes one of {', '.join(OBJECTIVES)}")
     for key in (k for k in train if k != "objective"):
         if not isinstance(train[key], int) or train[key] <= 0:
-            raise RecipeError(f"scheme {spec!r}: {key}= takes a positive int (pose=TARGET tokens, block=N tokens, "
-                              f"calibrate=STEPS), got {train[key]!r}")
+            raise RecipeError(
+                f"scheme {spec!r}: {key}= takes a positive int (pose=TARGET tokens, block=N tokens, "
+                f"calibrate=STEPS), got {train[key]!r}"
+            )
     return {"label": label, "scheme": scheme, "options": options, **train}
 
 
@@ -138,28 +161,53 @@ def cells(r: Round, pretrain_tokens: int, native: int) -> list[dict]:
     for frac in r.budgets:
         steps = steps_for(frac, pretrain_tokens, tps)
         common = {"budget": frac, "steps": steps, "extra_tokens": steps * tps}
-        for method in (r.methods if frac > 0 else ["none"]):
+        for method in r.methods if frac > 0 else ["none"]:
             seeded = frac in r.seed_budgets and frac > 0 and (not r.seed_methods or method in r.seed_methods)
             for seed in [None, *(r.seeds if seeded else [])]:
                 tail = f"-seed{seed}" if seed is not None else ""
                 extra = {"seed": seed} if seed is not None else {}
-                out.append({"name": f"control-{method}-{frac}{tail}", "label": "control", "scheme": None,
-                            "method": method, **common, "role": "control", **extra})
+                out.append(
+                    {
+                        "name": f"control-{method}-{frac}{tail}",
+                        "label": "control",
+                        "scheme": None,
+                        "method": method,
+                        **common,
+                        "role": "control",
+                        **extra,
+                    }
+                )
                 for spec in specs:
                     trains = spec.get("pose") or spec.get("block") or spec.get("objective", "lm") != "lm"
                     if frac > 0 and spec["label"] in r.zero_shot_only or frac == 0 and trains:
                         continue  # zero-shot-only labels train no cell; PoSE, long blocks, a teacher: no budget-0 cell
                     if seed is not None and spec["label"] not in r.seed_labels:
                         continue
-                    out.append({"name": f"{spec['label']}-{method}-{frac}{tail}", "label": spec["label"],
-                                "scheme": spec["scheme"], "options": spec["options"], "method": method, **common,
-                                "role": "converted", **{k: spec[k] for k in TRAIN_KEYS if spec.get(k)}, **extra})
+                    out.append(
+                        {
+                            "name": f"{spec['label']}-{method}-{frac}{tail}",
+                            "label": spec["label"],
+                            "scheme": spec["scheme"],
+                            "options": spec["options"],
+                            "method": method,
+                            **common,
+                            "role": "converted",
+                            **{k: spec[k] for k in TRAIN_KEYS if spec.get(k)},
+                            **extra,
+                        }
+                    )
     top = max(r.budgets)
     if top > 0 and r.variants:
         steps = steps_for(top, pretrain_tokens, tps)
         for scheme in [s for s in ("alibi", "rope") if s in r.schemes]:  # the plain schemes only
-            common = {"scheme": scheme, "method": r.methods[0], "budget": top, "steps": steps,
-                      "extra_tokens": steps * tps, "role": "converted"}
+            common = {
+                "scheme": scheme,
+                "method": r.methods[0],
+                "budget": top,
+                "steps": steps,
+                "extra_tokens": steps * tps,
+                "role": "converted",
+            }
             out.append({**common, "name": f"{scheme}-{common['method']}-{top}-distill", "objective": "both"})
             out.append({**common, "name": f"{scheme}-{common['method']}-{top}-fade", "fade": max(1, steps // 2)})
             if scheme == "rope":
@@ -198,7 +246,9 @@ def part_gpt2(r: Round, previous: dict | None, shipped) -> dict:
     pretrain_tokens = stats["pretrain_tokens"]
     lengths = [native * k for k in r.multiples]
     sha = weights_sha256(base)
-    log.info("stand-in %s: native %d, pretrained on %d tokens, weights sha256 %s", base, native, pretrain_tokens, sha[:12])
+    log.info(
+        "stand-in %s: native %d, pretrained on %d tokens, weights sha256 %s", base, native, pretrain_tokens, sha[:12]
+    )
     cache = CellCache(r.runs)
     kept = restore_cells(previous, base, sha, r, native, cache) if previous else []
     original = read(cache.path("original"), None, lambda _: None)
@@ -212,14 +262,29 @@ def part_gpt2(r: Round, previous: dict | None, shipped) -> dict:
     results = [cached_cell(cache, c) for c in cells_] + kept
     passkey = passkey_part(native, lengths, results, r, cache)
     table = T.cell_table(original["rows"], results, lengths, native)
-    stand = {"path": str(base), "native_length": native, "pretrain_tokens": pretrain_tokens,
-             "weights_sha256": sha, "pretrain_stats": stats, "settings": r.settings(native)}
-    return {"stand_in": stand, "lengths": lengths, "original": original["rows"], "cells": results, "table": table,
-            "seeds": T.seed_table(table, lengths, native, r.seed), "cheapest": T.cheapest_budgets(table, native),
-            "passkey": passkey, "seconds": {
-                "original": original.get("seconds"),
-                "cells": round(sum(c.get("seconds") or 0 for c in results), 1),
-                "passkey": round(sum(v.get("seconds") or 0 for v in passkey.values()), 1)}}
+    stand = {
+        "path": str(base),
+        "native_length": native,
+        "pretrain_tokens": pretrain_tokens,
+        "weights_sha256": sha,
+        "pretrain_stats": stats,
+        "settings": r.settings(native),
+    }
+    return {
+        "stand_in": stand,
+        "lengths": lengths,
+        "original": original["rows"],
+        "cells": results,
+        "table": table,
+        "seeds": T.seed_table(table, lengths, native, r.seed),
+        "cheapest": T.cheapest_budgets(table, native),
+        "passkey": passkey,
+        "seconds": {
+            "original": original.get("seconds"),
+            "cells": round(sum(c.get("seconds") or 0 for c in results), 1),
+            "passkey": round(sum(v.get("seconds") or 0 for v in passkey.values()), 1),
+        },
+    }
 
 
 def restore_cells(previous: dict, base: Path, sha: str, r: Round, native: int, cache: CellCache) -> list[dict]:
@@ -237,26 +302,33 @@ def restore_cells(previous: dict, base: Path, sha: str, r: Round, native: int, c
         stand = f"weights sha256 {recorded['weights_sha256'][:12]}, this one {sha[:12]}"
     else:  # a report from before the hash was recorded: the same pretraining run has the same losses
         old_stats, stats = recorded.get("pretrain_stats") or {}, load_stats(base)
-        same = all(stats.get(k) is not None and old_stats.get(k) == stats.get(k)
-                   for k in ("cache_key", "heldout_loss", "final_train_loss"))
+        same = all(
+            stats.get(k) is not None and old_stats.get(k) == stats.get(k)
+            for k in ("cache_key", "heldout_loss", "final_train_loss")
+        )
         theirs = mine
         stand = "no hash recorded, and other pretraining losses"
-    why = (f"another stand-in ({stand})" if not same else
-           f"other settings ({', '.join(k for k in SETTINGS if theirs.get(k) != mine[k])})" if theirs != mine else "")
+    why = (
+        f"another stand-in ({stand})"
+        if not same
+        else f"other settings ({', '.join(k for k in SETTINGS if theirs.get(k) != mine[k])})"
+        if theirs != mine
+        else ""
+    )
     if why:
         raise RecipeError(f"the report at {r.out} was measured on {why}: its cells are not this round's")
     written = 0
     if previous.get("original"):
-        written += cache.restore("original", {"rows": previous["original"],
-                                              "seconds": (previous.get("seconds") or {}).get("original")})
+        written += cache.restore(
+            "original", {"rows": previous["original"], "seconds": (previous.get("seconds") or {}).get("original")}
+        )
     restored = [c for c in previous.get("cells", []) if "rows" in c and "error" not in c]
     for cell in restored:
         written += cache.restore(cell["name"], cell)
     for name, res in (previous.get("passkey") or {}).items():
         if "plan" in res and "error" not in res:
             written += cache.restore(name, res, "passkey.json")
-    log.info("restored %d results from the report at %s (same stand-in, same settings) into %s", written, r.out,
-             r.runs)
+    log.info("restored %d results from the report at %s (same stand-in, same settings) into %s", written, r.out, r.runs)
     return restored
 
 
@@ -285,11 +357,18 @@ def passkey_part(native: int, lengths: list[int], results: list[dict], r: Round,
         return {}
     todo = [("original", lengths, None)] + [
         (c["name"], [native] if c["scheme"] is None else lengths, plan_of(c))  # the control keeps its learned table
-        for c in results if "rows" in c and c["budget"] in wanted and c.get("seed") is None]
+        for c in results
+        if "rows" in c and c["budget"] in wanted and c.get("seed") is None
+    ]
     out = {}
     for name, cell_lengths, cell_plan in todo:
-        plan = {"lengths": cell_lengths, "trials": r.passkey_trials, "depths": PASSKEY_DEPTHS, "seed": r.seed,
-                **({"cell": cell_plan} if cell_plan else {})}
+        plan = {
+            "lengths": cell_lengths,
+            "trials": r.passkey_trials,
+            "depths": PASSKEY_DEPTHS,
+            "seed": r.seed,
+            **({"cell": cell_plan} if cell_plan else {}),
+        }
         got = cache.get(name, plan, lambda rec: passkey_plan(rec.get("plan") or {}), "passkey.json")
         out[name] = got if got is not None else {"error": NOT_RUN}
     return out
@@ -306,40 +385,68 @@ def part_smollm2(r: Round, previous: dict | None) -> dict:
     the report's finished runs go back into an empty cache first (each as it was measured)."""
     cache = CellCache(Path(r.runs) / "smollm2")  # one file per run, <name>.json, no folder per run (name "")
     file = lambda name: f"{name}.json"  # noqa: E731
-    restored = [label for label, name in r.smollm2 if label in (previous or {}).get("runs", {})
-                and "error" not in previous["runs"][label] and "rows" in previous["runs"][label]
-                and cache.restore("", previous["runs"][label], file(name))]
+    restored = [
+        label
+        for label, name in r.smollm2
+        if label in (previous or {}).get("runs", {})
+        and "error" not in previous["runs"][label]
+        and "rows" in previous["runs"][label]
+        and cache.restore("", previous["runs"][label], file(name))
+    ]
     if restored:
-        log.info("restored %d SmolLM2 runs from the report at %s into %s: %s", len(restored), r.out, cache.root,
-                 ", ".join(restored))
+        log.info(
+            "restored %d SmolLM2 runs from the report at %s into %s: %s",
+            len(restored),
+            r.out,
+            cache.root,
+            ", ".join(restored),
+        )
     out = {"model": SMOLLM2_MODEL, "lengths": r.smollm2_lengths, "runs": {}}
     for label, name in r.smollm2:
         res = read(cache.path("", file(name)), None, lambda _: None)
-        out["runs"][label] = ({k: v for k, v in res.items() if k != "passkey_error"} if res is not None
-                              else {"error": NOT_RUN})
-    out["seconds"] = round(sum((res.get("seconds") or 0) + sum((res.get("passkey_seconds") or {}).values())
-                               for res in out["runs"].values()), 1)  # as run
+        out["runs"][label] = (
+            {k: v for k, v in res.items() if k != "passkey_error"} if res is not None else {"error": NOT_RUN}
+        )
+    out["seconds"] = round(
+        sum(
+            (res.get("seconds") or 0) + sum((res.get("passkey_seconds") or {}).values()) for res in out["runs"].values()
+        ),
+        1,
+    )  # as run
     out["vs_control"] = smollm2_vs_control(out["runs"])
-    out["longest_length_measured"] = max(
-        r["length"] for res in out["runs"].values() for r in res.get("rows", [])) if out["runs"] else None
+    out["longest_length_measured"] = (
+        max(r["length"] for res in out["runs"].values() for r in res.get("rows", [])) if out["runs"] else None
+    )
     return out
 
 
 def smollm2_vs_control(runs: dict) -> list[dict]:
     """Each converted LoRA run against the continued-training control with the same LoRA steps (the
     unconverted model, the same tokens), at every length both measured: ppl / the control's ppl."""
-    controls = {r["steps"]: (label, r) for label, r in runs.items()
-                if label.startswith("control-") and "rows" in r and r.get("steps")}
+    controls = {
+        r["steps"]: (label, r)
+        for label, r in runs.items()
+        if label.startswith("control-") and "rows" in r and r.get("steps")
+    }
     out = []
     for label, r in runs.items():
         if label.startswith("control-") or "rows" not in r or r.get("steps") not in controls:
             continue
         clabel, c = controls[r["steps"]]
-        lens = [L for L in sorted({x["length"] for x in r["rows"]}) if T.ppl_at(c["rows"], L) and T.ppl_at(r["rows"], L)]
+        lens = [
+            L for L in sorted({x["length"] for x in r["rows"]}) if T.ppl_at(c["rows"], L) and T.ppl_at(r["rows"], L)
+        ]
         for L in lens:
-            out.append({"run": label, "control": clabel, "length": L, "ppl": T.ppl_at(r["rows"], L),
-                        "control_ppl": T.ppl_at(c["rows"], L),
-                        "ratio": T.ratio(T.ppl_at(r["rows"], L), T.ppl_at(c["rows"], L))})
+            out.append(
+                {
+                    "run": label,
+                    "control": clabel,
+                    "length": L,
+                    "ppl": T.ppl_at(r["rows"], L),
+                    "control_ppl": T.ppl_at(c["rows"], L),
+                    "ratio": T.ratio(T.ppl_at(r["rows"], L), T.ppl_at(c["rows"], L)),
+                }
+            )
     return out
 
 
@@ -372,16 +479,22 @@ def _machine() -> dict:
     import torch
     import transformers
 
-    from .. import __version__
-    from ..versions import cpu_info
+    from ..versions import __version__, cpu_info
 
-    return {"hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpus": os.cpu_count(),
-                         "platform": platform.platform(), "torch_threads": torch.get_num_threads(), **cpu_info()},
-            "versions": {"retrofit": __version__, "torch": torch.__version__, "transformers": transformers.__version__}}
+    return {
+        "hardware": {
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch_threads": torch.get_num_threads(),
+            **cpu_info(),
+        },
+        "versions": {"retrofit": __version__, "torch": torch.__version__, "transformers": transformers.__version__},
+    }
 
 
 def stand_in_name(s: dict) -> str:
-    """"GPT-2 stand-in" or "LlamaForCausalLM stand-in `study2-llama`", from the stand-in's pretrain stats."""
+    """ "GPT-2 stand-in" or "LlamaForCausalLM stand-in `study2-llama`", from the stand-in's pretrain stats."""
     stats = s.get("pretrain_stats") or {}
     kind = "GPT-2" if stats.get("model_class", "GPT2LMHeadModel") == "GPT2LMHeadModel" else stats["model_class"]
     return f"{kind} stand-in" + (f" `{stats['preset']}`" if stats.get("preset") else "")
@@ -392,9 +505,13 @@ def markdown(study: dict) -> str:
     g = study.get("gpt2")
     if g:
         s = g["stand_in"]
-        lines += [f"## {stand_in_name(s)} (native {s['native_length']}, pretrained on {s['pretrain_tokens']:,} tokens)", "",
-                  "Perplexity on the held-out plays, non-overlapping windows (the original: sliding window past 1x). "
-                  "`vs control` = native-length ppl / the continued-training control's at equal extra tokens.", ""]
+        lines += [
+            f"## {stand_in_name(s)} (native {s['native_length']}, pretrained on {s['pretrain_tokens']:,} tokens)",
+            "",
+            "Perplexity on the held-out plays, non-overlapping windows (the original: sliding window past 1x). "
+            "`vs control` = native-length ppl / the continued-training control's at equal extra tokens.",
+            "",
+        ]
         lines += T.cells_markdown(g["table"])
         tokens = g["stand_in"]["pretrain_tokens"]
         lines += T.cheapest_markdown(g.get("cheapest") or [], lambda b: T.budget_words(b, tokens))
@@ -407,9 +524,13 @@ def markdown(study: dict) -> str:
         runs = sm["runs"]
         lens = sorted({r["length"] for res in runs.values() for r in res.get("rows", [])})
         head = ["run", *[f"ppl@{L}" for L in lens], "passkey accuracy by length", "fine-tune", "seconds"]
-        lines += ["## SmolLM2-135M (RoPE, native 8192)", "",
-                  "Perplexity on the held-out plays (non-overlapping windows); passkey: fraction of trials retrieved.", "",
-                  *T.md_head(head)]
+        lines += [
+            "## SmolLM2-135M (RoPE, native 8192)",
+            "",
+            "Perplexity on the held-out plays (non-overlapping windows); passkey: fraction of trials retrieved.",
+            "",
+            *T.md_head(head),
+        ]
         for name, res in runs.items():
             if "error" in res:
                 lines.append(f"| {name} | error: {res['error']} |")
@@ -419,17 +540,29 @@ def markdown(study: dict) -> str:
             pk = ", ".join(f"{k}: {v}" for k, v in (res.get("passkey") or {}).items()) or "–"
             if res.get("passkey_error"):
                 pk += f"; later lengths not run: {res['passkey_error']}"
-            secs = f"{res.get('seconds', '–')}" + "".join(f" + {v} (passkey at {k})"
-                                                         for k, v in (res.get("passkey_seconds") or {}).items())
+            secs = f"{res.get('seconds', '–')}" + "".join(
+                f" + {v} (passkey at {k})" for k, v in (res.get("passkey_seconds") or {}).items()
+            )
             lines.append(f"| {name} | " + " | ".join(vals) + f" | {pk} | {ft} | {secs} |")
         if sm.get("vs_control"):
-            lines += ["", "Against the continued-training control (LoRA on the unconverted model, the same steps and "
-                          "tokens): ppl / the control's ppl at the same length.", "",
-                      "| run | control | length | ppl | control ppl | ratio |", "|---|---|---|---|---|---|"]
-            lines += [f"| {v['run']} | {v['control']} | {v['length']} | {T.fmt(v['ppl'])} | {T.fmt(v['control_ppl'])} | "
-                      f"{T.fmt(v['ratio'])} |" for v in sm["vs_control"]]
-        lines += ["", f"Longest length measured: {sm['longest_length_measured']}.",
-                  f"Seconds of these runs, as each was run: {sm.get('seconds', 0):,.0f}."]
+            lines += [
+                "",
+                "Against the continued-training control (LoRA on the unconverted model, the same steps and "
+                "tokens): ppl / the control's ppl at the same length.",
+                "",
+                "| run | control | length | ppl | control ppl | ratio |",
+                "|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {v['run']} | {v['control']} | {v['length']} | {T.fmt(v['ppl'])} | {T.fmt(v['control_ppl'])} | "
+                f"{T.fmt(v['ratio'])} |"
+                for v in sm["vs_control"]
+            ]
+        lines += [
+            "",
+            f"Longest length measured: {sm['longest_length_measured']}.",
+            f"Seconds of these runs, as each was run: {sm.get('seconds', 0):,.0f}.",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -89,11 +89,13 @@ def run_cell(cell: dict, raw: dict, out: Path, rerun=()) -> dict:
     else:
         report = _zero_shot(rr).data
         trainable = 0
-    result = {"rows": [{**r, "role": "converted"} for r in report["rows"] if r["role"] in T.EVALUATED],
-              "passkey": [r for r in report.get("passkey") or [] if r["role"] in T.EVALUATED],
-              "recall": [r for r in report.get("recall") or [] if r["role"] in T.EVALUATED],
-              "seconds": round(time.time() - t0, 1),
-              "trainable_parameters": trainable}
+    result = {
+        "rows": [{**r, "role": "converted"} for r in report["rows"] if r["role"] in T.EVALUATED],
+        "passkey": [r for r in report.get("passkey") or [] if r["role"] in T.EVALUATED],
+        "recall": [r for r in report.get("recall") or [] if r["role"] in T.EVALUATED],
+        "seconds": round(time.time() - t0, 1),
+        "trainable_parameters": trainable,
+    }
     cache.put(cell["name"], {"plan": plan, **result})
     return {**cell, **result}
 
@@ -115,12 +117,24 @@ def _zero_shot(rr):
     mdl.convert(model, r.convert)
     if teacher is not None:
         c = r.convert.calibrate
-        calibrate(model, teacher, c.data, tokenizer=tok, steps=c.steps, learning_rate=c.learning_rate,
-                  batch_size=c.batch_size, heldout=c.heldout, budget=c.budget, seed=r.train.seed, progress=False)
+        calibrate(
+            model,
+            teacher,
+            c.data,
+            tokenizer=tok,
+            steps=c.steps,
+            learning_rate=c.learning_rate,
+            batch_size=c.batch_size,
+            heldout=c.heldout,
+            budget=c.budget,
+            seed=r.train.seed,
+            progress=False,
+        )
     model.eval()
     native = _native(model)
-    return evaluate_section((f"{r.model.name_or_path} + {r.convert.scheme} (not fine-tuned)", model, tok), [],
-                            rr.eval, native)
+    return evaluate_section(
+        (f"{r.model.name_or_path} + {r.convert.scheme} (not fine-tuned)", model, tok), [], rr.eval, native
+    )
 
 
 def _native(model) -> int:
@@ -133,8 +147,15 @@ def run_original(raw: dict, out: Path) -> dict:
     """The unconverted original, once: plain at 1x with the sliding window beside it (reported at every longer
     length: it scores the same target tokens there), and read as is past 1x where its mechanism allows.
     Cached in OUT/original.json."""
-    rr = load_recipe(raw, [f"output_dir={out / CELLS / 'original'}", "convert.scheme=null", "convert.options={}",
-                           "convert.calibrate.data=null"])
+    rr = load_recipe(
+        raw,
+        [
+            f"output_dir={out / CELLS / 'original'}",
+            "convert.scheme=null",
+            "convert.options={}",
+            "convert.calibrate.data=null",
+        ],
+    )
     path = out / ORIGINAL
     plan = _hash({"model": dataclasses.asdict(rr.finetune.model), "eval": dataclasses.asdict(rr.eval)})
     cached = read(path, plan)
@@ -156,13 +177,21 @@ def run_original(raw: dict, out: Path) -> dict:
     if longer:
         try:
             plain = dataclasses.replace(rr.eval, lengths=longer, sliding=False, passkey=False, recall=False)
-            rows += [{**r, "role": "baseline-as-is", "note": "past the native length, unchanged"}
-                     for r in evaluate_section((name, model, tok), [], plain, native).data["rows"]]
+            rows += [
+                {**r, "role": "baseline-as-is", "note": "past the native length, unchanged"}
+                for r in evaluate_section((name, model, tok), [], plain, native).data["rows"]
+            ]
         except LengthError as e:
             log.info("the original cannot read past its native length, so it has no as-is rows: %s", e)
-    result = {"plan": plan, "native_length": native, "lengths": lengths, "rows": rows,
-              "passkey": report.get("passkey") or [], "recall": report.get("recall") or [],
-              "seconds": round(time.time() - t0, 1)}
+    result = {
+        "plan": plan,
+        "native_length": native,
+        "lengths": lengths,
+        "rows": rows,
+        "passkey": report.get("passkey") or [],
+        "recall": report.get("recall") or [],
+        "seconds": round(time.time() - t0, 1),
+    }
     write(path, result)
     return result
 
@@ -174,14 +203,17 @@ def run_study(grid: Grid, out: str | Path | None = None, rerun=()) -> Path:
     plan = cells(grid)
     unknown = [p for p in rerun if not any(CellCache(out, [p]).recompute(c["name"]) for c in plan)]
     if unknown:
-        raise OptionError(f"--rerun {unknown}: no cell of this grid matches; its cells: "
-                            f"{', '.join(c['name'] for c in plan)}")
+        raise OptionError(
+            f"--rerun {unknown}: no cell of this grid matches; its cells: {', '.join(c['name'] for c in plan)}"
+        )
     for c in plan:  # every recipe validates before anything runs
         c["extra_tokens"] = _tokens(cell_recipe(raw, c, out)) * c["budget"]
     original = run_original(raw, out)
     if grid.target.long * original["native_length"] not in original["lengths"]:
-        raise RecipeError(f"target.long is {grid.target.long}x, which the recipe's eval.lengths "
-                          f"{original['lengths']} lack: add {grid.target.long}x to them, or set target.long")
+        raise RecipeError(
+            f"target.long is {grid.target.long}x, which the recipe's eval.lengths "
+            f"{original['lengths']} lack: add {grid.target.long}x to them, or set target.long"
+        )
     results = []
     for i, cell in enumerate(plan, 1):
         log.info("[%d/%d] %s", i, len(plan), cell["name"])
@@ -202,15 +234,28 @@ def write_reports(grid: Grid, out: Path, original: dict, results: list[dict]) ->
     for kind in ("passkey", "recall"):
         got = {"original": original.get(kind)} | {c["name"]: c.get(kind) for c in results if c.get("seed") is None}
         retrieval[kind] = {name: {"by_length": T.pooled_passkey(rows)} for name, rows in got.items() if rows}
-    study = {"grid": dataclasses.asdict(grid), "native_length": native, "lengths": lengths,
-             "original": original["rows"], "cells": results, "table": table,
-             "cheapest": T.cheapest_budgets(table, native, target),
-             "seeds": T.seed_table(table, lengths, native, grid.seeds[0], target), "retrieval": retrieval,
-             "seconds": {"original": original.get("seconds"),
-                         "cells": round(sum(c.get("seconds") or 0 for c in results), 1)}}
+    study = {
+        "grid": dataclasses.asdict(grid),
+        "native_length": native,
+        "lengths": lengths,
+        "original": original["rows"],
+        "cells": results,
+        "table": table,
+        "cheapest": T.cheapest_budgets(table, native, target),
+        "seeds": T.seed_table(table, lengths, native, grid.seeds[0], target),
+        "retrieval": retrieval,
+        "seconds": {
+            "original": original.get("seconds"),
+            "cells": round(sum(c.get("seconds") or 0 for c in results), 1),
+        },
+    }
     write_text(out / REPORT, json.dumps(study, indent=1, default=str))
-    T.plot({"table": table, "cells": results}, native, lambda top: f"ppl vs length, fine-tune budget {top} steps",
-           out / PLOT)
+    T.plot(
+        {"table": table, "cells": results},
+        native,
+        lambda top: f"ppl vs length, fine-tune budget {top} steps",
+        out / PLOT,
+    )
     write_text(out / REPORT_MD, markdown(study, target))
     return out
 
@@ -220,16 +265,25 @@ def _steps(budget) -> str:
 
 
 def markdown(study: dict, target) -> str:
-    model = (study["grid"]["recipe"] if isinstance(study["grid"]["recipe"], str)
-             else study["grid"]["recipe"].get("model", {}).get("name_or_path"))
-    lines = [f"# Study: {model}", "", f"Native length {study['native_length']}. Perplexity on the recipe's eval data, "
-             "non-overlapping windows (the original: sliding window past 1x). `vs control` = ppl@1x / the "
-             "continued-training control's (the unconverted model fine-tuned on the same tokens).", ""]
+    model = (
+        study["grid"]["recipe"]
+        if isinstance(study["grid"]["recipe"], str)
+        else study["grid"]["recipe"].get("model", {}).get("name_or_path")
+    )
+    lines = [
+        f"# Study: {model}",
+        "",
+        f"Native length {study['native_length']}. Perplexity on the recipe's eval data, "
+        "non-overlapping windows (the original: sliding window past 1x). `vs control` = ppl@1x / the "
+        "continued-training control's (the unconverted model fine-tuned on the same tokens).",
+        "",
+    ]
     lines += T.cells_markdown(study["table"], target.long)
     lines += T.cheapest_markdown(study["cheapest"], _steps, target)
     lines += T.seeds_markdown(study["seeds"], target)
     for kind, title in (("passkey", "Passkey retrieval"), ("recall", "Recall")):
-        lines += T.passkey_markdown(study["retrieval"].get(kind) or {}, study["lengths"], study["native_length"],
-                                    title, "depths")
+        lines += T.passkey_markdown(
+            study["retrieval"].get(kind) or {}, study["lengths"], study["native_length"], title, "depths"
+        )
     lines.append(f"![ppl vs length]({PLOT})")
     return "\n".join(lines) + "\n"

@@ -46,8 +46,10 @@ def pooled_passkey(rows: list[dict]) -> dict:
 class Target:
     """What a cell must reach to count as recovered (the cheapest-budget and seeds tables)."""
 
-    control_slack: float = _f("ppl@1x at most this many times the continued-training control's at equal tokens "
-                              "(budget 0: the original's).", 1.02)
+    control_slack: float = _f(
+        "ppl@1x at most this many times the continued-training control's at equal tokens (budget 0: the original's).",
+        1.02,
+    )
     long: int = _f("The long length, a multiple of the native length that the eval lengths include.", 16)
     length_slack: float = _f("ppl at the long length at most this many times the cell's own ppl@1x.", 1.05)
 
@@ -58,8 +60,9 @@ TARGET = Target()
 def meets_target(p1: float | None, ref: float | None, plong: float | None, target: Target = TARGET) -> bool | None:
     """The target: ppl@1x <= control_slack x the reference's ppl@1x and ppl@LONGx <= length_slack x its own
     ppl@1x (None when a figure is missing)."""
-    return None if None in (p1, ref, plong) else (p1 <= target.control_slack * ref and
-                                                  plong <= target.length_slack * p1)
+    return (
+        None if None in (p1, ref, plong) else (p1 <= target.control_slack * ref and plong <= target.length_slack * p1)
+    )
 
 
 def cheapest_budgets(table: list[dict], native: int, target: Target = TARGET) -> list[dict]:
@@ -68,16 +71,28 @@ def cheapest_budgets(table: list[dict], native: int, target: Target = TARGET) ->
     for every method. Seeded repeats are left out (the base seed)."""
     LONG = target.long
     orig = next(r for r in table if r["cell"].startswith("original (plain"))["ppl@1x"]
-    controls = {(r["method"], r["budget"]): r.get("ppl@1x") for r in table if r.get("scheme") is None
-                and r["cell"].startswith("control") and r.get("seed") is None}
-    cells = [r for r in table if r.get("label") and r.get("scheme") and r.get("seed") is None and r.get("objective", "lm") == "lm"
-             and not r.get("fade") and not r.get("random_offset")]
+    controls = {
+        (r["method"], r["budget"]): r.get("ppl@1x")
+        for r in table
+        if r.get("scheme") is None and r["cell"].startswith("control") and r.get("seed") is None
+    }
+    cells = [
+        r
+        for r in table
+        if r.get("label")
+        and r.get("scheme")
+        and r.get("seed") is None
+        and r.get("objective", "lm") == "lm"
+        and not r.get("fade")
+        and not r.get("random_offset")
+    ]
     methods = sorted({r["method"] for r in cells if r["method"] != "none"}) or ["none"]
     out = []
     for label in dict.fromkeys(r["label"] for r in cells):
         for method in methods:
-            mine = sorted((r for r in cells if r["label"] == label and r["method"] in (method, "none")),
-                          key=lambda r: r["budget"])
+            mine = sorted(
+                (r for r in cells if r["label"] == label and r["method"] in (method, "none")), key=lambda r: r["budget"]
+            )
             if not mine:
                 continue
             found, checked = None, []
@@ -85,15 +100,18 @@ def cheapest_budgets(table: list[dict], native: int, target: Target = TARGET) ->
                 ref = orig if r["budget"] == 0 else controls.get((method, r["budget"]))
                 p1, p16 = r.get("ppl@1x"), r.get(f"ppl@{LONG}x")
                 ok = meets_target(p1, ref, p16, target)
-                checked.append({"budget": r["budget"], "ppl@1x": p1, "reference@1x": ref, f"ppl@{LONG}x": p16, "met": ok})
+                checked.append(
+                    {"budget": r["budget"], "ppl@1x": p1, "reference@1x": ref, f"ppl@{LONG}x": p16, "met": ok}
+                )
                 if ok and found is None:
                     found = r["budget"]
             out.append({"label": label, "method": method, "cheapest_budget": found, "checked": checked})
     return out
 
 
-def seed_table(table: list[dict], lengths: list[int], native: int, base_seed: int = 0,
-               target: Target = TARGET) -> list[dict]:
+def seed_table(
+    table: list[dict], lengths: list[int], native: int, base_seed: int = 0, target: Target = TARGET
+) -> list[dict]:
     """Cells run with several seeds: mean ± sample standard deviation (and min..max) of ppl@1x, ppl@LONGx,
     ppl@LONGx/1x and vs_control@1x over the seeds, the base seed included, and how many seeds meet the target
     (each against the control of its own seed)."""
@@ -109,20 +127,31 @@ def seed_table(table: list[dict], lengths: list[int], native: int, base_seed: in
     for (label, method, budget), rows in groups.items():
         if len(rows) < 2:
             continue
-        row = {"label": label, "method": method, "budget": budget, "seeds": sorted(base_seed if r.get("seed") is None else r["seed"] for r in rows)}
+        row = {
+            "label": label,
+            "method": method,
+            "budget": budget,
+            "seeds": sorted(base_seed if r.get("seed") is None else r["seed"] for r in rows),
+        }
         for key in ("ppl@1x", f"ppl@{LONG}x", f"ppl@{LONG}x/1x", "vs_control@1x"):
             vals = [r[key] for r in rows if r.get(key) is not None]
             if len(vals) >= 2:
-                row[key] = {"mean": round(statistics.mean(vals), 4), "sd": round(statistics.stdev(vals), 4),
-                            "min": round(min(vals), 4), "max": round(max(vals), 4), "n": len(vals)}
-        judged = [v for r in rows if (v := meets_target(r.get("ppl@1x"), r.get("control_ppl@1x"), r.get(f"ppl@{LONG}x"),
-                                                        target))
-                  is not None]  # the target, seed by seed, each against the control of its own seed
+                row[key] = {
+                    "mean": round(statistics.mean(vals), 4),
+                    "sd": round(statistics.stdev(vals), 4),
+                    "min": round(min(vals), 4),
+                    "max": round(max(vals), 4),
+                    "n": len(vals),
+                }
+        judged = [
+            v
+            for r in rows
+            if (v := meets_target(r.get("ppl@1x"), r.get("control_ppl@1x"), r.get(f"ppl@{LONG}x"), target)) is not None
+        ]  # the target, seed by seed, each against the control of its own seed
         if judged:
             row["met"] = {"seeds": sum(judged), "of": len(judged)}
         out.append(row)
     return out
-
 
 
 def ppl_at(rows: list[dict], length: int, role: str = "converted", method: str = "non-overlapping"):
@@ -132,24 +161,53 @@ def ppl_at(rows: list[dict], length: int, role: str = "converted", method: str =
     return None
 
 
-def cell_table(original: list[dict], results: list[dict], lengths: list[int], native: int,
-               long: int = TARGET.long) -> list[dict]:
+def cell_table(
+    original: list[dict], results: list[dict], lengths: list[int], native: int, long: int = TARGET.long
+) -> list[dict]:
     """One row per cell: ppl at each length, and the ratio to the control at equal tokens; the original first."""
-    orig = {L: ppl_at(original, L, "baseline", "non-overlapping") or ppl_at(original, L, "baseline", "sliding")
-            for L in lengths}
-    controls = {(c["method"], c["budget"], c.get("seed")): c for c in results if c.get("role") == "control" and "rows" in c}
-    out = [{"cell": "original (plain at 1x, sliding beyond)", "scheme": None, "method": None, "budget": 0,
-            "extra_tokens": 0, **{f"ppl@{L // native}x": orig[L] for L in lengths}}]
+    orig = {
+        L: ppl_at(original, L, "baseline", "non-overlapping") or ppl_at(original, L, "baseline", "sliding")
+        for L in lengths
+    }
+    controls = {
+        (c["method"], c["budget"], c.get("seed")): c for c in results if c.get("role") == "control" and "rows" in c
+    }
+    out = [
+        {
+            "cell": "original (plain at 1x, sliding beyond)",
+            "scheme": None,
+            "method": None,
+            "budget": 0,
+            "extra_tokens": 0,
+            **{f"ppl@{L // native}x": orig[L] for L in lengths},
+        }
+    ]
     as_is = {L: ppl_at(original, L, "baseline-as-is") for L in lengths if L > native}
     if any(v is not None for v in as_is.values()):
-        out.append({"cell": "original (read past native as is)", "scheme": None, "method": None, "budget": 0,
-                    "extra_tokens": 0, "ppl@1x": orig[native],
-                    **{f"ppl@{L // native}x": v for L, v in as_is.items()}})
+        out.append(
+            {
+                "cell": "original (read past native as is)",
+                "scheme": None,
+                "method": None,
+                "budget": 0,
+                "extra_tokens": 0,
+                "ppl@1x": orig[native],
+                **{f"ppl@{L // native}x": v for L, v in as_is.items()},
+            }
+        )
     for c in results:
-        row = {"cell": c["name"], "scheme": c["scheme"], "method": c["method"], "budget": c["budget"],
-               "extra_tokens": c["extra_tokens"], "objective": c.get("objective", "lm"),
-               "fade": c.get("fade", 0), "random_offset": c.get("random_offset", 0), "seconds": c.get("seconds"),
-               **{k: c[k] for k in ("label", "seed", "pose") if c.get(k) is not None}}
+        row = {
+            "cell": c["name"],
+            "scheme": c["scheme"],
+            "method": c["method"],
+            "budget": c["budget"],
+            "extra_tokens": c["extra_tokens"],
+            "objective": c.get("objective", "lm"),
+            "fade": c.get("fade", 0),
+            "random_offset": c.get("random_offset", 0),
+            "seconds": c.get("seconds"),
+            **{k: c[k] for k in ("label", "seed", "pose") if c.get(k) is not None},
+        }
         if "rows" not in c:
             out.append({**row, "error": c.get("error")})
             continue
@@ -166,16 +224,17 @@ def cell_table(original: list[dict], results: list[dict], lengths: list[int], na
             for k in sorted({8, 16, long}):
                 row[f"ppl@{k}x/1x"] = ratio(row.get(f"ppl@{k}x"), native_ppl)
             row["beats_original_sliding_everywhere"] = all(
-                row.get(f"ppl@{L // native}x") is not None and orig[L] is not None and row[f"ppl@{L // native}x"] < orig[L]
-                for L in lengths)
+                row.get(f"ppl@{L // native}x") is not None
+                and orig[L] is not None
+                and row[f"ppl@{L // native}x"] < orig[L]
+                for L in lengths
+            )
         out.append(row)
     return out
 
 
 def ratio(a, b):
     return round(a / b, 4) if a is not None and b else None
-
-
 
 
 def budget_words(budget, pretrain_tokens: int) -> str:
@@ -189,16 +248,21 @@ def cheapest_markdown(rows: list[dict], words, target: Target = TARGET) -> list[
     if not rows:
         return []
     LONG = target.long
-    out = ["### Cheapest budget", "",
-           f"The cheapest fine-tune budget at which a method reaches ppl@1x <= {target.control_slack}x the "
-           f"continued-training control's at equal tokens (budget 0: the original's) and ppl@{LONG}x <= "
-           f"{target.length_slack}x its own ppl@1x.", "",
-           f"| method | fine-tune | cheapest budget | at each budget: ppl@1x / reference, ppl@{LONG}x / ppl@1x |",
-           "|---|---|---|---|"]
+    out = [
+        "### Cheapest budget",
+        "",
+        f"The cheapest fine-tune budget at which a method reaches ppl@1x <= {target.control_slack}x the "
+        f"continued-training control's at equal tokens (budget 0: the original's) and ppl@{LONG}x <= "
+        f"{target.length_slack}x its own ppl@1x.",
+        "",
+        f"| method | fine-tune | cheapest budget | at each budget: ppl@1x / reference, ppl@{LONG}x / ppl@1x |",
+        "|---|---|---|---|",
+    ]
     for r in rows:
         checks = "; ".join(
             f"{c['budget']:g}: {fmt(ratio(c['ppl@1x'], c['reference@1x']))}, {fmt(ratio(c[f'ppl@{LONG}x'], c['ppl@1x']))}"
-            for c in r["checked"])
+            for c in r["checked"]
+        )
         out.append(f"| {r['label']} | {r['method']} | {words(r['cheapest_budget'])} | {checks} |")
     return out + [""]
 
@@ -207,36 +271,57 @@ def seeds_markdown(rows: list[dict], target: Target = TARGET) -> list[str]:
     if not rows:
         return []
     LONG = target.long
-    out = ["### Seeds", "", "Mean ± sample standard deviation over the seeds (min..max); the last column: how many "
-           "seeds meet the target, each against the control of its own seed.", "",
-           f"| method | fine-tune | budget | seeds | ppl@1x | ppl@{LONG}x | {LONG}x/1x | vs control@1x | target met |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "### Seeds",
+        "",
+        "Mean ± sample standard deviation over the seeds (min..max); the last column: how many "
+        "seeds meet the target, each against the control of its own seed.",
+        "",
+        f"| method | fine-tune | budget | seeds | ppl@1x | ppl@{LONG}x | {LONG}x/1x | vs control@1x | target met |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        cells = [f"{v['mean']:.3f} ± {v['sd']:.3f} ({v['min']:.3f}..{v['max']:.3f})" if (v := r.get(k)) else "–"
-                 for k in ("ppl@1x", f"ppl@{LONG}x", f"ppl@{LONG}x/1x", "vs_control@1x")]
+        cells = [
+            f"{v['mean']:.3f} ± {v['sd']:.3f} ({v['min']:.3f}..{v['max']:.3f})" if (v := r.get(k)) else "–"
+            for k in ("ppl@1x", f"ppl@{LONG}x", f"ppl@{LONG}x/1x", "vs_control@1x")
+        ]
         met = f"{m['seeds']} of {m['of']}" if (m := r.get("met")) else "–"
-        out.append(f"| {r['label']} | {r['method']} | {r['budget']:g} | {','.join(map(str, r['seeds']))} | "
-                   + " | ".join(cells) + f" | {met} |")
+        out.append(
+            f"| {r['label']} | {r['method']} | {r['budget']:g} | {','.join(map(str, r['seeds']))} | "
+            + " | ".join(cells)
+            + f" | {met} |"
+        )
     return out + [""]
 
 
-def passkey_markdown(passkey: dict, lengths: list[int], native: int, title: str = "Passkey retrieval",
-                     pooled: str = "depths 0, 0.5 and 1 (greedy decoding)") -> list[str]:
+def passkey_markdown(
+    passkey: dict,
+    lengths: list[int],
+    native: int,
+    title: str = "Passkey retrieval",
+    pooled: str = "depths 0, 0.5 and 1 (greedy decoding)",
+) -> list[str]:
     """Retrieval (passkey or recall) by model and length: ``{name: {"by_length": pooled_passkey(rows)}}``."""
     if not passkey:
         return []
     head = ["model", *[f"{L // native}x ({L})" for L in lengths]]
-    out = [f"### {title}", "",
-           f"Correct of trials at each length, pooled over {pooled}, with the 95% Wilson "
-           "interval of the accuracy; – = not run at that length.", "",
-           *md_head(head)]
+    out = [
+        f"### {title}",
+        "",
+        f"Correct of trials at each length, pooled over {pooled}, with the 95% Wilson "
+        "interval of the accuracy; – = not run at that length.",
+        "",
+        *md_head(head),
+    ]
     for name, res in passkey.items():
         if "error" in res:
             out.append(f"| {name} | error: {res['error']} |")
             continue
         by = res["by_length"]
-        vals = [f"{c['correct']}/{c['trials']} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" if (c := by.get(str(L))) else "–"
-                for L in lengths]
+        vals = [
+            f"{c['correct']}/{c['trials']} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" if (c := by.get(str(L))) else "–"
+            for L in lengths
+        ]
         out.append(f"| {name} | " + " | ".join(vals) + " |")
     return out + [""]
 
@@ -256,14 +341,28 @@ def cells_markdown(table: list[dict], long: int = TARGET.long) -> list[str]:
     """The table of every cell (``cell_table``'s rows): ppl at each length, against the control and the original."""
     keys = [k for k in table[0] if k.startswith("ppl@")]
     ratios = [f"ppl@{k}x/1x" for k in sorted({8, 16, long})]
-    head = ["cell", "extra tokens", *keys, "vs control@1x", "vs original@1x", *(k[4:] for k in ratios),
-            "< original everywhere", "seconds"]
+    head = [
+        "cell",
+        "extra tokens",
+        *keys,
+        "vs control@1x",
+        "vs original@1x",
+        *(k[4:] for k in ratios),
+        "< original everywhere",
+        "seconds",
+    ]
     lines = md_head(head)
     for r in table:
-        vals = [r["cell"], f"{r.get('extra_tokens', 0):,}", *[fmt(r.get(k)) for k in keys],
-                fmt(r.get("vs_control@1x")), fmt(r.get("vs_original@1x")), *(fmt(r.get(k)) for k in ratios),
-                str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}",
-                fmt(round(r["seconds"]) if r.get("seconds") is not None else None)]
+        vals = [
+            r["cell"],
+            f"{r.get('extra_tokens', 0):,}",
+            *[fmt(r.get(k)) for k in keys],
+            fmt(r.get("vs_control@1x")),
+            fmt(r.get("vs_original@1x")),
+            *(fmt(r.get(k)) for k in ratios),
+            str(r.get("beats_original_sliding_everywhere", "")) if "error" not in r else f"error: {r['error']}",
+            fmt(round(r["seconds"]) if r.get("seconds") is not None else None),
+        ]
         lines.append("| " + " | ".join(vals) + " |")
     return lines + [""]
 
@@ -297,11 +396,22 @@ def plot(g: dict, native: int, title, path: Path) -> str:
             continue  # the base seed's line; the seeds table holds the spread
         if r["cell"].startswith(("original", "control")):  # a flat reference line, one style per method
             style = "--" if r["cell"].startswith("original") else (":" if r.get("method") == "full" else (0, (1, 3)))
-            ax.axhline(ys[0], color="black" if r.get("method") != "lora" else "dimgray", linestyle=style,
-                       linewidth=1, label=r["cell"])
+            ax.axhline(
+                ys[0],
+                color="black" if r.get("method") != "lora" else "dimgray",
+                linestyle=style,
+                linewidth=1,
+                label=r["cell"],
+            )
             continue
-        ax.plot(xs, ys, marker="o" if r["method"] == "full" else "x", color=colors.get(r.get("label") or r["scheme"]),
-                linestyle="-" if r["method"] == "full" else "--", label=r["cell"])
+        ax.plot(
+            xs,
+            ys,
+            marker="o" if r["method"] == "full" else "x",
+            color=colors.get(r.get("label") or r["scheme"]),
+            linestyle="-" if r["method"] == "full" else "--",
+            label=r["cell"],
+        )
     from matplotlib import ticker
 
     ax.set_xscale("log", base=2)

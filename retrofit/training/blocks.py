@@ -41,7 +41,9 @@ def make_blocks(token_docs: list[list[int]], block_length: int, packing: bool) -
     return torch.cat(rows) if rows else torch.empty(0, block_length, dtype=torch.long)
 
 
-def check_blocks(blocks: torch.Tensor, token_docs: list[list[int]], block_length: int, packing: bool, what: str) -> None:
+def check_blocks(
+    blocks: torch.Tensor, token_docs: list[list[int]], block_length: int, packing: bool, what: str
+) -> None:
     if len(blocks):
         return
     total = sum(map(len, token_docs))

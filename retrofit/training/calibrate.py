@@ -24,7 +24,6 @@ import time
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import DataError, LengthError, OptionError
 from .recipe import CalibrateConfig
@@ -58,8 +57,10 @@ def check_calibratable(model) -> None:
         "nope": "NoPE has no positional term at all",
         "sinusoidal": "the sinusoidal table is fixed",
     }.get(scheme, "the scheme defines no learned parameters")
-    raise OptionError(f"nothing to calibrate: scheme {scheme!r} has no position parameters ({why}; "
-                      "qk_norm=true adds learned gains). Calibration trains only the scheme's own parameters.")
+    raise OptionError(
+        f"nothing to calibrate: scheme {scheme!r} has no position parameters ({why}; "
+        "qk_norm=true adds learned gains). Calibration trains only the scheme's own parameters."
+    )
 
 
 def _doc_hashes(docs) -> set[str]:
@@ -75,9 +76,11 @@ def _documents(data, heldout, train_tokens: int, held_tokens: int):
     held, _ = resolve_documents(heldout, max_tokens=2 * held_tokens)
     shared = _doc_hashes(train) & _doc_hashes(held)
     if shared:
-        raise DataError(f"calibration data {data!r} and held-out data {heldout!r} share {len(shared)} document(s): the "
-                        "before/after ratio must be read on text the calibration never saw (e.g. calibrate on "
-                        "shakespeare:train and hold out shakespeare:heldout)")
+        raise DataError(
+            f"calibration data {data!r} and held-out data {heldout!r} share {len(shared)} document(s): the "
+            "before/after ratio must be read on text the calibration never saw (e.g. calibrate on "
+            "shakespeare:train and hold out shakespeare:heldout)"
+        )
     return train, held
 
 
@@ -101,27 +104,49 @@ def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
     return blocks
 
 
-def zero_shot(model, teacher, tokenizer, heldout_docs, length: int, budget: int, progress: bool,
-              original: dict | None = None) -> dict:
+def zero_shot(
+    model, teacher, tokenizer, heldout_docs, length: int, budget: int, progress: bool, original: dict | None = None
+) -> dict:
     """ppl of ``model`` and of the original (``teacher``) at ``length`` on the held-out documents, through
     ``retrofit.evaluate`` (non-overlapping windows); ``original``: a previous call's original row (same tokens)."""
     from ..evaluation import evaluate
 
     baselines = [] if original else [("original", teacher, tokenizer)]
-    report = evaluate(("converted", model, tokenizer), [length], data=heldout_docs, baselines=baselines,
-                      budget=budget, sliding=False, progress=progress)
+    report = evaluate(
+        ("converted", model, tokenizer),
+        [length],
+        data=heldout_docs,
+        baselines=baselines,
+        budget=budget,
+        sliding=False,
+        progress=progress,
+    )
     rows = {r["role"]: r for r in report.data["rows"] if r["method"] == "non-overlapping"}
-    orig = original or {"ppl": rows["baseline"]["ppl"], "tokens": rows["baseline"]["tokens"],
-                        "fingerprint": report.data["data"]["fingerprint"]}
+    orig = original or {
+        "ppl": rows["baseline"]["ppl"],
+        "tokens": rows["baseline"]["tokens"],
+        "fingerprint": report.data["data"]["fingerprint"],
+    }
     if report.data["data"]["fingerprint"] != orig["fingerprint"]:
         raise RuntimeError("the held-out tokens changed between the two evaluations")
     ppl = rows["converted"]["ppl"]
     return {"ppl": ppl, "original": orig, "ratio": ppl / orig["ppl"]}
 
 
-def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_rate: float = LEARNING_RATE,
-              batch_size: int = BATCH_SIZE, heldout=HELDOUT, budget: int = BUDGET, seed: int = SEED,
-              progress: bool | None = None) -> dict:
+def calibrate(
+    model,
+    teacher,
+    data,
+    *,
+    tokenizer,
+    steps: int = STEPS,
+    learning_rate: float = LEARNING_RATE,
+    batch_size: int = BATCH_SIZE,
+    heldout=HELDOUT,
+    budget: int = BUDGET,
+    seed: int = SEED,
+    progress: bool | None = None,
+) -> dict:
     """Train ``model``'s position parameters (only them) for ``steps`` Adam steps on KL(teacher || model) over
     native-length blocks of ``data``; returns the record (also what ``retrofit convert --calibrate`` saves as
     ``calibrate.json``): the ratio to the original at 1x on ``heldout`` before and after, the KL per step,
@@ -164,8 +189,13 @@ def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_r
     optimizer = torch.optim.Adam(params, lr=learning_rate)
     warmup = max(1, min(10, steps // 10))
     schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warmup, then cosine to 10% of the peak
-        optimizer, lambda s: (s + 1) / warmup if s < warmup else
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup))))
+        optimizer,
+        lambda s: (
+            (s + 1) / warmup
+            if s < warmup
+            else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(1, steps - warmup)))
+        ),
+    )
     order = _order(len(blocks), steps * batch_size, seed)
     losses: list[float] = []
     from tqdm.auto import tqdm
@@ -174,7 +204,7 @@ def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_r
     try:
         with tqdm(total=steps, disable=not progress, desc="calibrate", unit="step", dynamic_ncols=True) as bar:
             for step in range(steps):
-                batch = blocks[order[step * batch_size:(step + 1) * batch_size]].to(device)
+                batch = blocks[order[step * batch_size : (step + 1) * batch_size]].to(device)
                 with torch.no_grad():
                     target = teacher(input_ids=batch, use_cache=False).logits
                 logits = model(input_ids=batch, use_cache=False).logits
@@ -197,21 +227,42 @@ def calibrate(model, teacher, data, *, tokenizer, steps: int = STEPS, learning_r
     model.train(was_training)  # the evaluation leaves it in eval mode: the caller's mode back
     eval_seconds += time.perf_counter() - t2
     head = losses[: min(10, len(losses))]
-    tail = losses[-min(10, len(losses)):]
+    tail = losses[-min(10, len(losses)) :]
     record = {
-        "data": _label(data), "heldout": _label(heldout), "native_length": length, "blocks": len(blocks),
-        "steps": steps, "batch_size": batch_size, "learning_rate": learning_rate, "seed": seed,
+        "data": _label(data),
+        "heldout": _label(heldout),
+        "native_length": length,
+        "blocks": len(blocks),
+        "steps": steps,
+        "batch_size": batch_size,
+        "learning_rate": learning_rate,
+        "seed": seed,
         "schedule": f"Adam, linear warmup {warmup} steps, cosine to 10%",
         "parameters": {name: p.numel() for name, p in named},
-        "kl_first10": sum(head) / len(head), "kl_last10": sum(tail) / len(tail), "kl": [round(x, 6) for x in losses],
-        "heldout_tokens": before["original"]["tokens"], "heldout_fingerprint": before["original"]["fingerprint"],
-        "ppl_original": before["original"]["ppl"], "ppl_before": before["ppl"], "ppl_after": after["ppl"],
-        "ratio_before": before["ratio"], "ratio_after": after["ratio"],
-        "train_seconds": round(train_seconds, 2), "train_cpu_seconds": round(train_cpu, 2), "eval_seconds": round(eval_seconds, 2),
+        "kl_first10": sum(head) / len(head),
+        "kl_last10": sum(tail) / len(tail),
+        "kl": [round(x, 6) for x in losses],
+        "heldout_tokens": before["original"]["tokens"],
+        "heldout_fingerprint": before["original"]["fingerprint"],
+        "ppl_original": before["original"]["ppl"],
+        "ppl_before": before["ppl"],
+        "ppl_after": after["ppl"],
+        "ratio_before": before["ratio"],
+        "ratio_after": after["ratio"],
+        "train_seconds": round(train_seconds, 2),
+        "train_cpu_seconds": round(train_cpu, 2),
+        "eval_seconds": round(eval_seconds, 2),
         "threads": torch.get_num_threads(),
     }
-    log.info("calibrate: %d steps in %.1f s, KL %.4f -> %.4f; ratio to the original at 1x %.4f -> %.4f", steps,
-             train_seconds, record["kl_first10"], record["kl_last10"], before["ratio"], after["ratio"])
+    log.info(
+        "calibrate: %d steps in %.1f s, KL %.4f -> %.4f; ratio to the original at 1x %.4f -> %.4f",
+        steps,
+        train_seconds,
+        record["kl_first10"],
+        record["kl_last10"],
+        before["ratio"],
+        after["ratio"],
+    )
     return record
 
 
@@ -238,6 +289,8 @@ def _label(data) -> str | list:
 
 
 def summary_line(record: dict) -> str:
-    return (f"calibrated {sum(record['parameters'].values()):,} position parameters in {record['steps']} steps "
-            f"({record['train_seconds']:.1f} s): KL {record['kl_first10']:.4f} -> {record['kl_last10']:.4f}; "
-            f"ppl / original's at 1x on {record['heldout']}: {record['ratio_before']:.4f} -> {record['ratio_after']:.4f}")
+    return (
+        f"calibrated {sum(record['parameters'].values()):,} position parameters in {record['steps']} steps "
+        f"({record['train_seconds']:.1f} s): KL {record['kl_first10']:.4f} -> {record['kl_last10']:.4f}; "
+        f"ppl / original's at 1x on {record['heldout']}: {record['ratio_before']:.4f} -> {record['ratio_after']:.4f}"
+    )

@@ -94,8 +94,10 @@ def read_zero3(folder: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
     world, stage = optims[0]["partition_count"], int(optims[0]["zero_stage"])
     world = max(world) if isinstance(world, (list, tuple)) else int(world)
     if stage != 3 or world != len(optims):
-        raise RetrofitError(f"{folder}: ZeRO stage {stage} over {world} ranks with {len(optims)} files; "
-                            "retrofit reads ZeRO-3 checkpoints with every rank's files")
+        raise RetrofitError(
+            f"{folder}: ZeRO stage {stage} over {world} ranks with {len(optims)} files; "
+            "retrofit reads ZeRO-3 checkpoints with every rank's files"
+        )
     first = models[0]
     state = {k: v for k, v in first["module"].items() if k in set(first["buffer_names"])}  # buffers
     for name, shape in (first.get("frozen_param_shapes") or {}).items():
@@ -106,11 +108,13 @@ def read_zero3(folder: Path, trust_pickle: bool = False) -> dict[str, torch.Tens
     for name, shape in {k: v for group in first["param_shapes"] for k, v in group.items()}.items():
         n = shape.numel()
         part = math.ceil(n / world)
-        state[name] = torch.cat([f[offset: offset + part] for f in flats])[:n].view(shape).clone()
+        state[name] = torch.cat([f[offset : offset + part] for f in flats])[:n].view(shape).clone()
         offset += part
     if offset != flats[0].numel():
-        raise RetrofitError(f"{folder}: the parameter shapes use {offset} of {flats[0].numel()} elements of "
-                            "each rank's partition; the files do not belong together")
+        raise RetrofitError(
+            f"{folder}: the parameter shapes use {offset} of {flats[0].numel()} elements of "
+            "each rank's partition; the files do not belong together"
+        )
     for alias, source in dict(first.get("shared_params") or {}).items():
         if source in state:
             state[alias] = state[source]

@@ -46,7 +46,6 @@ from .teacher import Clock, TeacherView, distill_kl
 log = logging.getLogger(__name__)
 
 
-
 class Progress:
     """Loop state saved with every checkpoint (``register_for_checkpointing``)."""
 
@@ -138,9 +137,19 @@ def _calibrate(r: Recipe, acc, out: Path, model, teacher, tok) -> None:
     from .calibrate import calibrate, summary_line
 
     c = r.convert.calibrate
-    record = calibrate(model, teacher, c.data, tokenizer=tok, steps=c.steps, learning_rate=c.learning_rate,
-                       batch_size=c.batch_size, heldout=c.heldout, budget=c.budget, seed=r.train.seed,
-                       progress=progress_bars() and acc.is_local_main_process)
+    record = calibrate(
+        model,
+        teacher,
+        c.data,
+        tokenizer=tok,
+        steps=c.steps,
+        learning_rate=c.learning_rate,
+        batch_size=c.batch_size,
+        heldout=c.heldout,
+        budget=c.budget,
+        seed=r.train.seed,
+        progress=progress_bars() and acc.is_local_main_process,
+    )
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / rf.CALIBRATE, json.dumps(record, indent=2) + "\n")
@@ -176,8 +185,10 @@ def _budget(r: Recipe, acc, source) -> None:
     """Resolve train.steps from data.max_tokens (the smaller bound wins) and say the arithmetic."""
     steps, _, words = budget(r, acc.num_processes)
     if steps < 1:
-        raise LengthError(f"'data.max_tokens' = {r.data.max_tokens:,} is less than one step of "
-                          f"{tokens_per_step(r, acc.num_processes):,} tokens")
+        raise LengthError(
+            f"'data.max_tokens' = {r.data.max_tokens:,} is less than one step of "
+            f"{tokens_per_step(r, acc.num_processes):,} tokens"
+        )
     r.train.steps = steps
     log.info("budget: %s%s", words, f", streamed from {source.what}" if source is not None else "")
 
@@ -194,9 +205,13 @@ def _warn_if_offset_is_a_no_op(r: Recipe) -> None:
 
     scheme = r.convert.scheme
     if r.train.positions.random_offset and scheme in SCHEMES and getattr(SCHEMES.get(scheme), "shift_invariant", False):
-        log.warning("train.positions.random_offset = %d has no effect on %r: its attention depends only on "
-                    "distances, and the offset shifts every position of a block alike (it matters only while "
-                    "native_fade_steps fades an absolute table out)", r.train.positions.random_offset, scheme)
+        log.warning(
+            "train.positions.random_offset = %d has no effect on %r: its attention depends only on "
+            "distances, and the offset shifts every position of a block alike (it matters only while "
+            "native_fade_steps fades an absolute table out)",
+            r.train.positions.random_offset,
+            scheme,
+        )
 
 
 def _check_lengths(r: Recipe, model) -> int | None:
@@ -208,17 +223,22 @@ def _check_lengths(r: Recipe, model) -> int | None:
     limit = info.get("max_length")
     if pos.method != "none":
         if limit is not None and pos.target_length > limit:
-            raise LengthError(f"'train.positions.target_length' = {pos.target_length} exceeds the {limit} positions "
-                              "the model accepts")
+            raise LengthError(
+                f"'train.positions.target_length' = {pos.target_length} exceeds the {limit} positions the model accepts"
+            )
         if SCHEMES.get(info["scheme"]).kind == "none":
-            log.warning("train.positions.method = %s has no effect on %r: it reads no positions", pos.method,
-                        info["scheme"])
+            log.warning(
+                "train.positions.method = %s has no effect on %r: it reads no positions", pos.method, info["scheme"]
+            )
         log.info("positions: %s, blocks of %d spread over [0, %d)", pos.method, L, pos.target_length)
     if limit is not None and L + pos.random_offset > limit:
         # the scheme says how far it reads (Scheme.max_length(): a stretched table its rows, relative schemes
         # no limit); an unconverted model reads its native length
-        reach = (f"the reach of scheme {info['scheme']!r}" if info["converted"]
-                 else "its native length; 'convert.scheme' reads further")
+        reach = (
+            f"the reach of scheme {info['scheme']!r}"
+            if info["converted"]
+            else "its native length; 'convert.scheme' reads further"
+        )
         raise LengthError(
             f"'data.block_length' = {L} + 'train.positions.random_offset' = {pos.random_offset} exceeds the "
             f"{limit} positions the model accepts ({reach})"
@@ -240,11 +260,17 @@ def _say_no_validation(d, val_docs) -> None:
     if d.validation_fraction == 0:
         log.info("no validation loss: data.validation_fraction is 0")
     elif not val_docs:
-        log.warning("no validation loss: too few documents to hold one out for validation (data.validation_fraction "
-                    "= %g); add documents", d.validation_fraction)
+        log.warning(
+            "no validation loss: too few documents to hold one out for validation (data.validation_fraction "
+            "= %g); add documents",
+            d.validation_fraction,
+        )
     else:
-        log.warning("no validation loss: the validation documents give no block of %d tokens; raise "
-                    "data.validation_fraction or lower data.block_length", d.block_length)
+        log.warning(
+            "no validation loss: the validation documents give no block of %d tokens; raise "
+            "data.validation_fraction or lower data.block_length",
+            d.block_length,
+        )
 
 
 def _datasets(r: Recipe, tok, train_docs, val_docs, acc):
@@ -287,8 +313,11 @@ def _write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> 
         "validation_fingerprint": rdata.fingerprint(val.flatten().tolist()),
     }
     if isinstance(train, stream.StreamSource):
-        info.update(train_stream=train.what, validation_documents=train.validation_documents,
-                    budget_tokens=r.train.steps * tokens_per_step(r, processes))
+        info.update(
+            train_stream=train.what,
+            validation_documents=train.validation_documents,
+            budget_tokens=r.train.steps * tokens_per_step(r, processes),
+        )
     else:
         info.update(train_blocks=len(train), train_fingerprint=rdata.fingerprint(train.flatten().tolist()))
     write_text(out / rf.VERSIONS, json.dumps(info, indent=2) + "\n")
@@ -360,11 +389,21 @@ def _save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
         if where is not None:
             where.save()
         outputs.save_checkpoint(acc, out, step, max(r.checkpoint.keep_last, 1))
-    resumes = "the same command resumes from it" if r.checkpoint.resume != "never" else (
-        "this recipe has checkpoint.resume: never, so a re-run starts again; pass --set checkpoint.resume=auto "
-        "to resume from it")
-    log.warning("interrupted after step %d of %d: saved %s; %s", step, r.train.steps,
-                out / rf.CHECKPOINTS / f"step_{step:08d}", resumes)
+    resumes = (
+        "the same command resumes from it"
+        if r.checkpoint.resume != "never"
+        else (
+            "this recipe has checkpoint.resume: never, so a re-run starts again; pass --set checkpoint.resume=auto "
+            "to resume from it"
+        )
+    )
+    log.warning(
+        "interrupted after step %d of %d: saved %s; %s",
+        step,
+        r.train.steps,
+        out / rf.CHECKPOINTS / f"step_{step:08d}",
+        resumes,
+    )
     raise KeyboardInterrupt
 
 
@@ -386,8 +425,10 @@ class _StreamPlace:
         if saved is not None and len(saved) != acc.num_processes:
             from ..errors import RecipeError
 
-            raise RecipeError(f"the checkpoint was written by {len(saved)} processes; resume it with as many "
-                              f"(this run has {acc.num_processes}), or start again with checkpoint.resume: never")
+            raise RecipeError(
+                f"the checkpoint was written by {len(saved)} processes; resume it with as many "
+                f"(this run has {acc.num_processes}), or start again with checkpoint.resume: never"
+            )
         self.now = stream.Position(*saved[acc.process_index]) if saved is not None else stream.Position()
         if saved is not None:
             log.info("data: resuming the stream at epoch %d, document %d, token %d", *self.now.as_list())
@@ -395,8 +436,16 @@ class _StreamPlace:
     def batches(self, source, tok):
         """Micro-batches on the device; every process stops when any one's stream ends (no rank left waiting)."""
         d, t = self.r.data, self.r.train
-        it = source.batches(tok, t.batch_size, d.block_length, d.packing, rank=self.acc.process_index,
-                            world=self.acc.num_processes, seed=t.seed, start=self.now)
+        it = source.batches(
+            tok,
+            t.batch_size,
+            d.block_length,
+            d.packing,
+            rank=self.acc.process_index,
+            world=self.acc.num_processes,
+            seed=t.seed,
+            start=self.now,
+        )
         for batch, after in it:
             if not self._all_have(True):
                 return
@@ -419,10 +468,16 @@ class _StreamPlace:
 
     def say_short(self, step: int, per_step: int) -> None:
         t = self.r.train
-        log.warning("data: the stream ended after %s tokens, %s short of the %s budget (step %d of %d); stopping "
-                    "there (data.on_short: stop) and saving the weights; set data.on_short: repeat to read it "
-                    "again, or add data", f"{step * per_step:,}", f"{(t.steps - step) * per_step:,}",
-                    f"{t.steps * per_step:,}", step, t.steps)
+        log.warning(
+            "data: the stream ended after %s tokens, %s short of the %s budget (step %d of %d); stopping "
+            "there (data.on_short: stop) and saving the weights; set data.on_short: repeat to read it "
+            "again, or add data",
+            f"{step * per_step:,}",
+            f"{(t.steps - step) * per_step:,}",
+            f"{t.steps * per_step:,}",
+            step,
+            t.steps,
+        )
         self.short = {"steps_planned": t.steps, "steps_done": step, "tokens": step * per_step}
 
 
@@ -436,14 +491,26 @@ def _prepare(r, acc, model, train_set, val_set):
     sampler = None if streaming else blk.EpochShuffle(len(train_set), t.seed)
     # Each loader gets its own generator: a new iterator draws a seed from it, and drawing from the
     # global RNG would shift dropout after a resume.
-    train_loader = None if streaming else DataLoader(
-        blk.Blocks(train_set), batch_size=t.batch_size, sampler=sampler, drop_last=True,
-        generator=torch.Generator().manual_seed(t.seed))
-    val_loader = DataLoader(blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed))
+    train_loader = (
+        None
+        if streaming
+        else DataLoader(
+            blk.Blocks(train_set),
+            batch_size=t.batch_size,
+            sampler=sampler,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(t.seed),
+        )
+    )
+    val_loader = DataLoader(
+        blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed)
+    )
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.learning_rate)
     scheduler = get_scheduler(  # a prepared scheduler steps once per process: scale like the HF examples
-        t.lr_scheduler, optimizer,
-        num_warmup_steps=t.warmup_steps * acc.num_processes, num_training_steps=t.steps * acc.num_processes,
+        t.lr_scheduler,
+        optimizer,
+        num_warmup_steps=t.warmup_steps * acc.num_processes,
+        num_training_steps=t.steps * acc.num_processes,
     )
     if streaming:
         model, optimizer, val_loader, scheduler = acc.prepare(model, optimizer, val_loader, scheduler)
@@ -469,9 +536,15 @@ class Meter:
         self.n = 0
         self.grad_norm, self.lr = math.nan, math.nan
         self.steps = t.steps
-        self.bar = tqdm(total=t.steps * self.tokens_per_step, initial=start_step * self.tokens_per_step,
-                        disable=not (acc.is_local_main_process and progress_bars()), desc="finetune",
-                        unit="tok", unit_scale=True, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=t.steps * self.tokens_per_step,
+            initial=start_step * self.tokens_per_step,
+            disable=not (acc.is_local_main_process and progress_bars()),
+            desc="finetune",
+            unit="tok",
+            unit_scale=True,
+            dynamic_ncols=True,
+        )
 
     def add(self, loss, parts) -> None:
         for k, v in {"loss": loss, **parts}.items():
@@ -485,15 +558,27 @@ class Meter:
         """The record for the steps since the last one (collective: every process calls it)."""
         rec = {"step": step}
         rec.update({k: acc.reduce(v / self.n, "mean").item() for k, v in self.sums.items()})
-        rec.update(lr=self.lr, grad_norm=float(self.grad_norm), tokens=step * self.tokens_per_step,
-                   tokens_per_s=round(self.rate(step), 1))
+        rec.update(
+            lr=self.lr,
+            grad_norm=float(self.grad_norm),
+            tokens=step * self.tokens_per_step,
+            tokens_per_s=round(self.rate(step), 1),
+        )
         if self.clock is not None:
             rec.update(self._teacher(acc, step))
-        self.bar.set_postfix(step=f"{step}/{self.steps}", loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}")
+        self.bar.set_postfix(
+            step=f"{step}/{self.steps}", loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}"
+        )
         if self.bar.disable and acc.is_main_process and (step % max(1, self.steps // 20) == 0 or step == self.steps):
-            log.info("step %d/%d: %s of %s tokens, %s tokens/s, loss %.4f", step, self.steps,
-                     f"{rec['tokens']:,}", f"{self.steps * self.tokens_per_step:,}", f"{rec['tokens_per_s']:,.0f}",
-                     rec["loss"])
+            log.info(
+                "step %d/%d: %s of %s tokens, %s tokens/s, loss %.4f",
+                step,
+                self.steps,
+                f"{rec['tokens']:,}",
+                f"{self.steps * self.tokens_per_step:,}",
+                f"{rec['tokens_per_s']:,.0f}",
+                rec["loss"],
+            )
         return rec
 
     def _teacher(self, acc, step: int) -> dict:
@@ -513,9 +598,13 @@ class Meter:
         if self.clock is None or not steps:
             return None
         teacher, wall = self.teacher_total
-        return {"windows_per_block": len(self.view.spans(self.block_length)), "window": self.view.window,
-                "stride": self.view.stride, "seconds_per_step": round(teacher / steps, 6),
-                "share_of_step": round(teacher / max(wall, 1e-9), 4)}
+        return {
+            "windows_per_block": len(self.view.spans(self.block_length)),
+            "window": self.view.window,
+            "stride": self.view.stride,
+            "seconds_per_step": round(teacher / steps, 6),
+            "share_of_step": round(teacher / max(wall, 1e-9), 4),
+        }
 
     def skip(self, seconds: float) -> None:
         """Leave ``seconds`` spent outside the training steps out of the teacher's share."""
@@ -555,18 +644,26 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
         (out / rf.RANK_CHECKSUMS).mkdir(parents=True, exist_ok=True)
         write_text(out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.txt", mdl.trainable_hash(base) + "\n")
         if where is not None:  # the blocks this process read from the stream, one digest per line
-            write_text(out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.blocks.txt", "".join(
-                x + "\n" for x in where.seen))
+            write_text(
+                out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.blocks.txt", "".join(x + "\n" for x in where.seen)
+            )
     peak = sharding.peak_memory_mib(acc)  # training's peak, before final/ is gathered and written
     outputs.write_final(r, acc, model, tok)
     if acc.is_main_process:
         summary = {
-            "steps": progress.step, "resumed_from_step": meter.start_step,
-            "val_loss_before": progress.val_loss_before, "val_loss_after": val_after,
+            "steps": progress.step,
+            "resumed_from_step": meter.start_step,
+            "val_loss_before": progress.val_loss_before,
+            "val_loss_after": val_after,
             "train_seconds": round(meter.elapsed, 3),
-            "tokens_per_s": round(meter.tokens_per_step * (progress.step - meter.start_step) / max(meter.elapsed, 1e-9), 1),
-            "num_processes": acc.num_processes, "route": sharding.route(acc), "final": str(out / rf.FINAL),
-            "tokens": progress.step * meter.tokens_per_step, "budget_tokens": r.train.steps * meter.tokens_per_step,
+            "tokens_per_s": round(
+                meter.tokens_per_step * (progress.step - meter.start_step) / max(meter.elapsed, 1e-9), 1
+            ),
+            "num_processes": acc.num_processes,
+            "route": sharding.route(acc),
+            "final": str(out / rf.FINAL),
+            "tokens": progress.step * meter.tokens_per_step,
+            "budget_tokens": r.train.steps * meter.tokens_per_step,
         }
         if getattr(where, "short", None):
             summary["stream_ended_early"] = where.short
@@ -574,8 +671,12 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
         teacher = meter.teacher_summary(progress.step - meter.start_step)
         if teacher is not None:
             summary["teacher"] = teacher
-            log.info("teacher: %s, %.3g s/step (%.0f%% of the step)", meter.view.describe(r.data.block_length),
-                     teacher["seconds_per_step"], 100 * teacher["share_of_step"])
+            log.info(
+                "teacher: %s, %.3g s/step (%.0f%% of the step)",
+                meter.view.describe(r.data.block_length),
+                teacher["seconds_per_step"],
+                100 * teacher["share_of_step"],
+            )
         if shards is not None:
             summary["parameters"] = shards
         write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete

@@ -84,10 +84,14 @@ def _go_on(model, convert_cfg, current: dict):
     clash = {k: (v, have.get(k)) for k, v in options.items() if have.get(k, v) != v}
     unknown = sorted(set(options) - set(have))
     if clash or unknown:
-        detail = ", ".join([f"{k}: recipe {a!r} vs checkpoint {b!r}" for k, (a, b) in clash.items()]
-                           + [f"{k}: not an option of this checkpoint's {scheme}" for k in unknown])
-        raise RecipeError(f"'convert.options' differ from the converted checkpoint's ({detail}); "
-                          "drop them (the checkpoint's own apply) or start from the original model")
+        detail = ", ".join(
+            [f"{k}: recipe {a!r} vs checkpoint {b!r}" for k, (a, b) in clash.items()]
+            + [f"{k}: not an option of this checkpoint's {scheme}" for k in unknown]
+        )
+        raise RecipeError(
+            f"'convert.options' differ from the converted checkpoint's ({detail}); "
+            "drop them (the checkpoint's own apply) or start from the original model"
+        )
     if kernel:
         set_kernel(model, kernel)
     log.info("going on from a checkpoint already converted to %s %s", scheme, current["options"])
@@ -136,13 +140,18 @@ def extra_trainable(model, train_cfg) -> list[str]:
 
 def _tied(model) -> bool:
     out = model.get_output_embeddings()
-    return bool(getattr(model.config, "tie_word_embeddings", False)) and out is not None and (
-        out.weight is model.get_input_embeddings().weight)
+    return (
+        bool(getattr(model.config, "tie_word_embeddings", False))
+        and out is not None
+        and (out.weight is model.get_input_embeddings().weight)
+    )
 
 
 def _is_norm(m: nn.Module) -> bool:
     name = type(m).__name__
-    return isinstance(m, (nn.LayerNorm, nn.GroupNorm)) or name.endswith("Norm") or "RMSNorm" in name or "LayerNorm" in name
+    return (
+        isinstance(m, (nn.LayerNorm, nn.GroupNorm)) or name.endswith("Norm") or "RMSNorm" in name or "LayerNorm" in name
+    )
 
 
 def make_trainable(model, train_cfg):

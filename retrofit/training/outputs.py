@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 from .. import run_folder as rf
-from ..errors import RetrofitError
 from ..atomic import no_space, no_space_error, publish, write_dir, write_text
+from ..errors import RetrofitError
 from ..io import save
 from . import model as mdl
 from . import sharding
@@ -104,6 +104,7 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
     out = Path(r.output_dir)
     unwrapped.eval()
     if r.train.method == "lora":
+
         def adapter(tmp: Path) -> None:
             unwrapped.save_pretrained(tmp, save_embedding_layers=False)  # trained embeddings: modules_to_save
             tok.save_pretrained(tmp)

@@ -75,8 +75,23 @@ def llama_shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, tied
     emb = vocab * hidden
     params = layers * block + emb * (1 if tied else 2) + hidden
     lora = layers * (4 * hidden + 2 * (hidden + hd * kv_heads))  # q, k, v, o: in + out
-    return Shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, params, block, True, 5.0, 0.0, lora,
-                 layers * 2 * hidden + hidden, emb)
+    return Shape(
+        name,
+        layers,
+        hidden,
+        intermediate,
+        heads,
+        kv_heads,
+        vocab,
+        params,
+        block,
+        True,
+        5.0,
+        0.0,
+        lora,
+        layers * 2 * hidden + hidden,
+        emb,
+    )
 
 
 PRESETS = {  # public config numbers
@@ -103,8 +118,17 @@ class Run:
     @classmethod
     def of(cls, r) -> "Run":
         t = r.train
-        return cls(t.method, t.lora.r, t.train_norms, t.train_embeddings, t.batch_size, r.data.block_length,
-                   r.model.dtype, t.mixed_precision, t.gradient_checkpointing)
+        return cls(
+            t.method,
+            t.lora.r,
+            t.train_norms,
+            t.train_embeddings,
+            t.batch_size,
+            r.data.block_length,
+            r.model.dtype,
+            t.mixed_precision,
+            t.gradient_checkpointing,
+        )
 
 
 def trainable(shape: Shape, run: Run) -> int:
@@ -122,8 +146,12 @@ def estimate(shape: Shape, run: Run, route: str, processes: int) -> dict:
     T = trainable(shape, run)
     w = WIDTH.get(run.weight_dtype, 4)
     a = 2 if run.mixed_precision in ("bf16", "fp16") or w == 2 else 4  # compute width
-    extra_copies = 0 if run.method == "full" else (  # PEFT modules_to_save keeps the original beside the copy
-        (shape.norm_params if run.train_norms else 0) + (shape.embedding_params if run.train_embeddings else 0))
+    extra_copies = (
+        0
+        if run.method == "full"
+        # PEFT modules_to_save keeps the original beside the copy
+        else ((shape.norm_params if run.train_norms else 0) + (shape.embedding_params if run.train_embeddings else 0))
+    )
     frozen = shape.params - (T if run.method == "full" else 0) + extra_copies
     weights_all = frozen * w + T * 4
     block_frac = shape.block_params / shape.params
@@ -149,8 +177,14 @@ def estimate(shape: Shape, run: Run, route: str, processes: int) -> dict:
         weights, grads, optim = gathered, 4 * T * block_frac, 0
         host = weights_all / n + 4 * T / n + 8 * T / n
     parts = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act, "logits": logits}
-    return {"route": route, "processes": processes, "trainable": T, **{k: int(v) for k, v in parts.items()},
-            "device_total": int(sum(parts.values())), "host_per_process": int(host)}
+    return {
+        "route": route,
+        "processes": processes,
+        "trainable": T,
+        **{k: int(v) for k, v in parts.items()},
+        "device_total": int(sum(parts.values())),
+        "host_per_process": int(host),
+    }
 
 
 def from_model(model, lora_targets: list[str] | None = None) -> Shape:
@@ -173,22 +207,30 @@ def from_model(model, lora_targets: list[str] | None = None) -> Shape:
     for name, m in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
         weight = getattr(m, "weight", None)
-        if weight is not None and weight.dim() == 2 and not isinstance(m, nn.Embedding) and (
-                (lora_targets is None and isinstance(m, nn.Linear)) or (lora_targets and leaf in lora_targets)):
+        if (
+            weight is not None
+            and weight.dim() == 2
+            and not isinstance(m, nn.Embedding)
+            and ((lora_targets is None and isinstance(m, nn.Linear)) or (lora_targets and leaf in lora_targets))
+        ):
             lora += sum(weight.shape)
     emb = model.get_input_embeddings().weight.numel()
     names = {n for n, _ in model.named_modules()}
     gated = any(n.endswith(("gate_proj", "w1", "gate_up_proj")) for n in names)
     return Shape(
         name=getattr(cfg, "_name_or_path", "") or cfg.model_type,
-        layers=len(blocks), hidden=hidden,
-        intermediate=get("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden), heads=heads,
-        kv_heads=get("num_key_value_heads", default=heads), vocab=cfg.vocab_size,
+        layers=len(blocks),
+        hidden=hidden,
+        intermediate=get("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
+        heads=heads,
+        kv_heads=get("num_key_value_heads", default=heads),
+        vocab=cfg.vocab_size,
         params=sum(p.numel() for p in params.values()),
         block_params=max(sum(p.numel() for p in b.parameters()) for b in blocks),
         gated=gated,
-        mlp_saved=5.0 if gated else MLP_SAVED.get(str(get("activation_function", "hidden_act", "hidden_activation",
-                                                             default="gelu")), 3.0),
+        mlp_saved=5.0
+        if gated
+        else MLP_SAVED.get(str(get("activation_function", "hidden_act", "hidden_activation", default="gelu")), 3.0),
         attention_dropout=float(get("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob", default=0.0)),
         lora_per_rank=lora,
         norm_params=sum(p.numel() for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)),
@@ -234,15 +276,21 @@ def shape_of_recipe(r) -> Shape:
 
 def _shape_of(model, r) -> Shape:
     targets = r.train.lora.target_modules
-    return from_model(model, [targets] if isinstance(targets, str) and targets != "all-linear" else
-                      (None if targets == "all-linear" else targets))
+    return from_model(
+        model,
+        [targets]
+        if isinstance(targets, str) and targets != "all-linear"
+        else (None if targets == "all-linear" else targets),
+    )
 
 
 def table(shape: Shape, run: Run, processes: int) -> str:
     """The rows --plan prints: one per route, GiB per device by component."""
-    head = (f"{shape.name}: {shape.params / 1e9:.3g}B parameters, {trainable(shape, run):,} trainable "
-            f"({run.method}), {run.batch_size} x {run.block_length} tokens per device, {processes} processes, "
-            f"gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}")
+    head = (
+        f"{shape.name}: {shape.params / 1e9:.3g}B parameters, {trainable(shape, run):,} trainable "
+        f"({run.method}), {run.batch_size} x {run.block_length} tokens per device, {processes} processes, "
+        f"gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}"
+    )
     cols = ("weights", "gradients", "optimizer", "activations", "logits", "device_total", "host_per_process")
     rows = [estimate(shape, run, route, processes) for route in ROUTES]
     unit, size = ("GiB", GiB) if max(e["device_total"] for e in rows) >= GiB else ("MiB", 2**20)
@@ -250,16 +298,26 @@ def table(shape: Shape, run: Run, processes: int) -> str:
     for e in rows:
         lines.append(f"| {e['route']} | " + " | ".join(f"{e[c] / size:.2f}" for c in cols) + " |")
     lines.append("")
-    lines.append(f"{unit} per device (host_per_process: CPU memory per process with offload). Not counted: the "
-                 "framework's own memory (CUDA context, allocator slack), a distillation teacher.")
+    lines.append(
+        f"{unit} per device (host_per_process: CPU memory per process with offload). Not counted: the "
+        "framework's own memory (CUDA context, allocator slack), a distillation teacher."
+    )
     return "\n".join(lines)
 
 
 # Time on paper: the device the run would use, at a utilisation a Hugging Face fine-tune reaches (not a
 # measurement of the fine-tune; pass --tokens-per-s with a rate you measured, e.g. log.jsonl's tokens_per_s
 # of a short run, to replace it). GPUs: dense bf16 peaks by name; a CPU: its fp32 matmul rate, measured.
-GPU_PEAKS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-             "V100": 125e12, "T4": 65e12}
+GPU_PEAKS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
 GPU_UTILISATION = 0.30
 CPU_UTILISATION = 0.50  # of the measured fp32 matmul rate
 
@@ -273,14 +331,20 @@ def device_rate() -> tuple[str, float]:
         name = torch.cuda.get_device_name(0)
         peak = next((v for k, v in GPU_PEAKS.items() if k in name), None)
         if peak is None:
-            return (f"{name} (its peak is not in retrofit's table: an A100's 312 bf16 TFLOP/s assumed) at "
-                    f"{GPU_UTILISATION:.0%} utilisation", GPU_PEAKS["A100"] * GPU_UTILISATION)
+            return (
+                f"{name} (its peak is not in retrofit's table: an A100's 312 bf16 TFLOP/s assumed) at "
+                f"{GPU_UTILISATION:.0%} utilisation",
+                GPU_PEAKS["A100"] * GPU_UTILISATION,
+            )
         return f"{name} ({peak / 1e12:.0f} bf16 TFLOP/s at {GPU_UTILISATION:.0%} utilisation)", peak * GPU_UTILISATION
     from ..versions import cpu_info
 
     rate = _cpu_matmul_rate()
-    return (f"this CPU ({cpu_info()['processor']}, {torch.get_num_threads()} threads; fp32 matmul measured at "
-            f"{rate / 1e9:.0f} GFLOP/s, {CPU_UTILISATION:.0%} of it assumed)", rate * CPU_UTILISATION)
+    return (
+        f"this CPU ({cpu_info()['processor']}, {torch.get_num_threads()} threads; fp32 matmul measured at "
+        f"{rate / 1e9:.0f} GFLOP/s, {CPU_UTILISATION:.0%} of it assumed)",
+        rate * CPU_UTILISATION,
+    )
 
 
 def _cpu_matmul_rate(n: int = 1024, repeats: int = 4) -> float:
@@ -326,11 +390,18 @@ def time_lines(r, shape: Shape, tokens: int, processes: int, tokens_per_s: float
     else:
         fpt = flops_per_token(shape, Run.of(r), teacher)
         device, flops = device_rate()
-        rate, where = flops / fpt, (f"on paper on {device}: {fpt / 1e9:.3g} GFLOP per token"
-                                    + (f", with the teacher reading {teacher:.2g} tokens per token" if teacher else ""))
+        rate, where = (
+            flops / fpt,
+            (
+                f"on paper on {device}: {fpt / 1e9:.3g} GFLOP per token"
+                + (f", with the teacher reading {teacher:.2g} tokens per token" if teacher else "")
+            ),
+        )
     seconds = tokens / (rate * processes if not tokens_per_s else rate)
-    return [f"time: {tokens:,} tokens at {rate:,.0f} tokens/s{' per device' if not tokens_per_s else ''} "
-            f"= {_duration(seconds)} ({where})"]
+    return [
+        f"time: {tokens:,} tokens at {rate:,.0f} tokens/s{' per device' if not tokens_per_s else ''} "
+        f"= {_duration(seconds)} ({where})"
+    ]
 
 
 def _duration(seconds: float) -> str:
@@ -349,6 +420,8 @@ def plan_budget(r, processes: int) -> str:
 def plan_model(r, processes: int, tokens_per_s: float | None = None) -> list[str]:
     """The time and memory lines (the model's config is read)."""
     shape = shape_of_recipe(r)
-    return [*time_lines(r, shape, budget(r, processes)[1], processes, tokens_per_s), "",
-            table(shape, Run.of(r), processes)]
-
+    return [
+        *time_lines(r, shape, budget(r, processes)[1], processes, tokens_per_s),
+        "",
+        table(shape, Run.of(r), processes),
+    ]

@@ -55,8 +55,9 @@ class CalibrateConfig:
     steps: int = _help("Calibration optimizer steps.", 200)
     learning_rate: float = _help("Calibration Adam peak learning rate (warmup, then cosine to 10%).", 5e-2)
     batch_size: int = _help("Calibration blocks (of the native length) per step.", 1)
-    heldout: str = _help("Held-out data spec for the before/after ratio; must share no document with 'data'.",
-                         "shakespeare:heldout")
+    heldout: str = _help(
+        "Held-out data spec for the before/after ratio; must share no document with 'data'.", "shakespeare:heldout"
+    )
     budget: int = _help("Held-out tokens scored before and after calibrating.", 16384)
 
 
@@ -67,9 +68,13 @@ class ConvertConfig:
         "null fine-tunes the model unconverted (the baseline).",
         None,
     )
-    options: dict = _help("Scheme options passed to retrofit.convert (e.g. {theta: 10000, scaling: yarn}).", factory=dict)
-    calibrate: CalibrateConfig = _help("Calibration of the new position parameters before fine-tuning (off unless "
-                                       "'data' is set).", factory=CalibrateConfig)
+    options: dict = _help(
+        "Scheme options passed to retrofit.convert (e.g. {theta: 10000, scaling: yarn}).", factory=dict
+    )
+    calibrate: CalibrateConfig = _help(
+        "Calibration of the new position parameters before fine-tuning (off unless 'data' is set).",
+        factory=CalibrateConfig,
+    )
 
 
 @dataclass
@@ -86,7 +91,8 @@ class DataConfig:
     files: Optional[Union[str, list]] = _help(
         "Local files, directories or globs (a string or a list), relative to the working directory: json, jsonl and "
         "parquet records (text in text_field) stream; UTF-8 text files are read whole, one document per file (a file "
-        "in another encoding or a binary one is an error).", None
+        "in another encoding or a binary one is an error).",
+        None,
     )
     max_documents: Optional[int] = _help("Use only the first N documents (null = all).", None)
     streaming: Optional[bool] = _help(
@@ -216,7 +222,8 @@ class TrainConfig:
     positions: PositionsConfig = _help("Position augmentation during fine-tuning.", factory=PositionsConfig)
     rank_checksums: bool = _help(
         "Debug: every process writes a hash of its trained weights to rank_checksums/ (multi-process checks); "
-        "streaming, also a digest of every block it trained on (rankN.blocks.txt).", False
+        "streaming, also a digest of every block it trained on (rankN.blocks.txt).",
+        False,
     )
 
 
@@ -326,7 +333,9 @@ class Recipe:
         cal = self.convert.calibrate
         if cal.data is not None:
             if self.convert.scheme is None:
-                raise RecipeError("'convert.calibrate.data' needs 'convert.scheme' (it trains the new scheme's parameters)")
+                raise RecipeError(
+                    "'convert.calibrate.data' needs 'convert.scheme' (it trains the new scheme's parameters)"
+                )
             if not cal.data:
                 raise RecipeError("'convert.calibrate.data' must be a data spec or null")
             _positive("convert.calibrate.steps", cal.steps)
@@ -336,13 +345,19 @@ class Recipe:
                 raise RecipeError(f"'convert.calibrate.learning_rate' must be > 0, got {cal.learning_rate}")
         if self.convert.scheme is None:
             if t.objective != "lm":
-                raise RecipeError(f"'train.objective: {t.objective}' needs 'convert.scheme' (the teacher is the unconverted model)")
+                raise RecipeError(
+                    f"'train.objective: {t.objective}' needs 'convert.scheme' (the teacher is the unconverted model)"
+                )
             if t.positions.random_offset or t.positions.native_fade_steps or t.positions.method != "none":
-                raise RecipeError("'train.positions' needs 'convert.scheme' (position controls act on a converted model)")
+                raise RecipeError(
+                    "'train.positions' needs 'convert.scheme' (position controls act on a converted model)"
+                )
         _check_position_method(t.positions, d.block_length)
         _check_teacher(t)
         if c.resume not in ("auto", "never") and not Path(c.resume).is_dir():
-            raise RecipeError(f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none")
+            raise RecipeError(
+                f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none"
+            )
 
 
 def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
@@ -352,14 +367,20 @@ def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
         raise RecipeError(f"'train.positions.method' must be one of {', '.join(METHODS)}; got {pos.method!r}")
     if pos.method == "none":
         if pos.target_length:
-            raise RecipeError("'train.positions.target_length' is read by 'train.positions.method' (pose or randomized), "
-                              "which is 'none'")
+            raise RecipeError(
+                "'train.positions.target_length' is read by 'train.positions.method' (pose or randomized), "
+                "which is 'none'"
+            )
         return
     if pos.target_length <= block_length:
-        raise RecipeError(f"'train.positions.method: {pos.method}' needs 'train.positions.target_length' greater than "
-                          f"'data.block_length' ({block_length}); got {pos.target_length}")
+        raise RecipeError(
+            f"'train.positions.method: {pos.method}' needs 'train.positions.target_length' greater than "
+            f"'data.block_length' ({block_length}); got {pos.target_length}"
+        )
     if pos.random_offset or pos.native_fade_steps:
-        raise RecipeError(f"'train.positions.method: {pos.method}' cannot be combined with random_offset or native_fade_steps")
+        raise RecipeError(
+            f"'train.positions.method: {pos.method}' cannot be combined with random_offset or native_fade_steps"
+        )
     if pos.pose_chunks < 1:
         raise RecipeError(f"'train.positions.pose_chunks' must be >= 1, got {pos.pose_chunks}")
 
@@ -380,14 +401,18 @@ def budget(r: "Recipe", processes: int = 1) -> tuple[int, int, str]:
         by_budget = d.max_tokens // per
         if steps is None or by_budget < steps:
             steps, why = by_budget, f"data.max_tokens = {d.max_tokens:,} // {per:,}"
-    words = (f"{steps:,} steps ({why}) x {per:,} tokens per step (batch {t.batch_size} x accumulation "
-             f"{t.gradient_accumulation_steps} x block {d.block_length} x {processes} processes) = "
-             f"{steps * per:,} tokens")
+    words = (
+        f"{steps:,} steps ({why}) x {per:,} tokens per step (batch {t.batch_size} x accumulation "
+        f"{t.gradient_accumulation_steps} x block {d.block_length} x {processes} processes) = "
+        f"{steps * per:,} tokens"
+    )
     return steps, steps * per, words
 
 
-MAX_DOCUMENTS_ON_A_STREAM = ("'data.max_documents' bounds a source read whole; a stream is bounded by data.max_tokens: "
-                             "drop it (--set data.max_documents=null) or set data.streaming: false")
+MAX_DOCUMENTS_ON_A_STREAM = (
+    "'data.max_documents' bounds a source read whole; a stream is bounded by data.max_tokens: "
+    "drop it (--set data.max_documents=null) or set data.streaming: false"
+)
 
 
 def _check_streaming(d: DataConfig) -> None:
@@ -404,8 +429,10 @@ def _check_streaming(d: DataConfig) -> None:
             if getattr(d, key) is not None:
                 raise RecipeError(f"'data.{key}' is read by a streaming source; 'data.streaming' is false")
     if d.validation_split is not None and d.files is not None:
-        raise RecipeError("'data.validation_split' names a split of a Hub dataset; local 'data.files' have one split "
-                          "(leave it null: the first documents are held out)")
+        raise RecipeError(
+            "'data.validation_split' names a split of a Hub dataset; local 'data.files' have one split "
+            "(leave it null: the first documents are held out)"
+        )
 
 
 def _check_teacher(t: TrainConfig) -> None:
@@ -413,10 +440,14 @@ def _check_teacher(t: TrainConfig) -> None:
         return
     _positive("train.teacher_stride", t.teacher_stride)
     if t.objective == "lm":
-        raise RecipeError("'train.teacher_stride' is read by the distillation teacher (objective distill or both); "
-                          "the objective is lm")
+        raise RecipeError(
+            "'train.teacher_stride' is read by the distillation teacher (objective distill or both); "
+            "the objective is lm"
+        )
     if t.teacher_window != "sliding":
-        raise RecipeError(f"'train.teacher_stride' is read by 'train.teacher_window: sliding'; it is {t.teacher_window!r}")
+        raise RecipeError(
+            f"'train.teacher_stride' is read by 'train.teacher_window: sliding'; it is {t.teacher_window!r}"
+        )
 
 
 def _positive(key: str, value: int) -> None:

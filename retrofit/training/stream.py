@@ -23,7 +23,6 @@ import hashlib
 import itertools
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -67,8 +66,10 @@ class StreamSource:
     def of(cls, d) -> "StreamSource":
         """Open the recipe's stream and read its first document: a missing dataset, file or field fails here."""
         if d.files is None and rdata.source_kind(d.dataset) in ("stdlib", "shakespeare"):
-            raise DataError(f"data.dataset {d.dataset!r} is a built-in source, read whole; data.streaming: true "
-                            "streams Hub datasets and local json/jsonl/parquet/txt files")
+            raise DataError(
+                f"data.dataset {d.dataset!r} is a built-in source, read whole; data.streaming: true "
+                "streams Hub datasets and local json/jsonl/parquet/txt files"
+            )
         if d.files is not None:
             files = stream_files(d.files)
             formats = sorted({file_format(f) for f in files})
@@ -77,13 +78,21 @@ class StreamSource:
             kw = {"data_files": files, "streaming": True}
             if formats[0] == "text":
                 kw["sample_by"] = "document"  # one document per file, not per line
-            src = cls(d, what=f"{len(files)} {formats[0]} file(s) ({files[0]}{', ...' if len(files) > 1 else ''})",
-                      open_args=(formats[0],), open_kwargs=kw)
+            src = cls(
+                d,
+                what=f"{len(files)} {formats[0]} file(s) ({files[0]}{', ...' if len(files) > 1 else ''})",
+                open_args=(formats[0],),
+                open_kwargs=kw,
+            )
             src.field = "text" if formats[0] == "text" else d.text_field
         else:
             name = d.dataset
-            src = cls(d, what=name + (f":{d.config}" if d.config else ""), open_args=(name, d.config),
-                      open_kwargs={"streaming": True})
+            src = cls(
+                d,
+                what=name + (f":{d.config}" if d.config else ""),
+                open_args=(name, d.config),
+                open_kwargs={"streaming": True},
+            )
             src.field = d.text_field
         src.probe()
         return src
@@ -96,12 +105,16 @@ class StreamSource:
         try:
             return datasets.load_dataset(*self._args, split=split, **self._kwargs)
         except (ConnectionError, TimeoutError) as e:  # datasets' offline and unreachable-Hub errors
-            raise HubError(f"dataset {self.what!r} (split {split!r}) is not in the Hugging Face cache and the Hub "
-                           f"cannot be reached ({type(e).__name__}: {str(e).splitlines()[0][:200]}); go online once "
-                           "to cache it, or point data.files at local json/jsonl/parquet/txt files") from None
+            raise HubError(
+                f"dataset {self.what!r} (split {split!r}) is not in the Hugging Face cache and the Hub "
+                f"cannot be reached ({type(e).__name__}: {str(e).splitlines()[0][:200]}); go online once "
+                "to cache it, or point data.files at local json/jsonl/parquet/txt files"
+            ) from None
         except Exception as e:  # DatasetNotFoundError, a bad config or split, unreadable files: all bad input
-            raise DataError(f"cannot stream dataset {self.what!r} (split {split!r}): "
-                            f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+            raise DataError(
+                f"cannot stream dataset {self.what!r} (split {split!r}): "
+                f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            ) from None
 
     def probe(self) -> None:
         """Read the first record of the training split: the field exists and holds text."""
@@ -109,8 +122,9 @@ class StreamSource:
         if first is None:
             raise DataError(f"dataset {self.what!r} streamed no records")
         if self.field not in first:
-            raise DataError(f"dataset {self.what!r} has no field {self.field!r}; fields: {', '.join(first)} "
-                            "(set data.text_field)")
+            raise DataError(
+                f"dataset {self.what!r} has no field {self.field!r}; fields: {', '.join(first)} (set data.text_field)"
+            )
 
     def _records(self, ds) -> Iterator[dict]:
         try:
@@ -172,8 +186,18 @@ class StreamSource:
             if not self.held or _digest(text) not in self.held:
                 yield text
 
-    def batches(self, tokenizer, batch_size: int, block_length: int, packing: bool, *, rank: int = 0,
-                world: int = 1, seed: int = 0, start: Position | None = None) -> Iterator[tuple[torch.Tensor, Position]]:
+    def batches(
+        self,
+        tokenizer,
+        batch_size: int,
+        block_length: int,
+        packing: bool,
+        *,
+        rank: int = 0,
+        world: int = 1,
+        seed: int = 0,
+        start: Position | None = None,
+    ) -> Iterator[tuple[torch.Tensor, Position]]:
         """([batch_size, block_length] ids, the Position after them), from ``start`` on; epochs follow one
         another when data.on_short is repeat, else the iterator ends with the stream."""
         pos = start or Position()
@@ -200,8 +224,9 @@ def _count_blocks(ids: list[list[int]], block_length: int, packing: bool) -> int
     return sum(len(x) // block_length for x in ids)
 
 
-def pack(docs: Iterator[str], tokenizer, block_length: int, packing: bool,
-         start: Position) -> Iterator[tuple[torch.Tensor, Position]]:
+def pack(
+    docs: Iterator[str], tokenizer, block_length: int, packing: bool, start: Position
+) -> Iterator[tuple[torch.Tensor, Position]]:
     """Blocks of ``block_length`` tokens from documents (EOS after each, as ``data.tokenize_documents``),
     tokenized ``TOKENIZE_BATCH`` at a time; each with the Position just after it. ``docs`` starts at
     ``start.document``; its first ``start.offset`` tokens were consumed before."""
@@ -219,7 +244,7 @@ def pack(docs: Iterator[str], tokenizer, block_length: int, packing: bool,
             if eos is not None:
                 ids = ids + [eos]
             if first and start.offset:
-                ids = ids[start.offset:]
+                ids = ids[start.offset :]
                 lengths.append(len(ids) + start.offset)
             else:
                 lengths.append(len(ids))
@@ -227,7 +252,7 @@ def pack(docs: Iterator[str], tokenizer, block_length: int, packing: bool,
             if packing:
                 buf += ids
                 while len(buf) - head >= block_length:
-                    block = buf[head: head + block_length]
+                    block = buf[head : head + block_length]
                     head += block_length
                     doc, off = _advance(lengths, doc, off, block_length)
                     yield torch.tensor(block, dtype=torch.long), Position(start.epoch, doc, off)
@@ -240,7 +265,7 @@ def pack(docs: Iterator[str], tokenizer, block_length: int, packing: bool,
                     done += block_length
                     last = i == n - 1
                     where = Position(start.epoch, doc + 1, 0) if last else Position(start.epoch, doc, done)
-                    yield torch.tensor(ids[i * block_length:(i + 1) * block_length], dtype=torch.long), where
+                    yield torch.tensor(ids[i * block_length : (i + 1) * block_length], dtype=torch.long), where
                 doc, off = doc + 1, 0
 
 

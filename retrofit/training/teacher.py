@@ -39,7 +39,9 @@ class TeacherView:
             return cls(window, None)
         stride = train_cfg.teacher_stride or max(1, (native or block_length) // 2)
         if native and stride > native:
-            raise RecipeError(f"'train.teacher_stride' = {stride} exceeds the teacher's window, its native length {native}")
+            raise RecipeError(
+                f"'train.teacher_stride' = {stride} exceeds the teacher's window, its native length {native}"
+            )
         return cls(window, min(stride, window))
 
     def spans(self, length: int) -> list[tuple[int, int, int]]:
@@ -93,8 +95,15 @@ class Clock:
         return seconds
 
 
-def distill_kl(student_logits, teacher, input_ids, view: TeacherView, temperature: float,
-               autocast=nullcontext, clock: Clock | None = None) -> torch.Tensor:
+def distill_kl(
+    student_logits,
+    teacher,
+    input_ids,
+    view: TeacherView,
+    temperature: float,
+    autocast=nullcontext,
+    clock: Clock | None = None,
+) -> torch.Tensor:
     """KL(teacher || student) per position, summed over the vocabulary, averaged over the positions the
     teacher predicts (``view``), x temperature^2. ``student_logits``: [B, T, V] for ``input_ids`` [B, T]."""
     total, count = 0.0, 0

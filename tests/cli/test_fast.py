@@ -18,28 +18,34 @@ GRID = Path(__file__).resolve().parents[2] / "recipes" / "study-tiny.yaml"
 
 def test_convert_help_file_is_the_registries_help():
     assert cli_convert.HELP_FILE.read_text() == cli_convert.scheme_help() + "\n", (
-        "retrofit/cli/convert_help.txt is stale: run python -m retrofit.cli.convert")
+        "retrofit/cli/convert_help.txt is stale: run python -m retrofit.cli.convert"
+    )
 
 
 def _run(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float, bool]:
     """The command in a fresh interpreter; its wall time and whether it imported torch."""
-    code = ("import sys, runpy; sys.argv = ['retrofit', *sys.argv[1:]]\n"
-            "try:\n    runpy.run_module('retrofit', run_name='__main__')\n"
-            "finally:\n    print('TORCH' if 'torch' in sys.modules else 'NOTORCH', file=sys.stderr)")
+    code = (
+        "import sys, runpy; sys.argv = ['retrofit', *sys.argv[1:]]\n"
+        "try:\n    runpy.run_module('retrofit', run_name='__main__')\n"
+        "finally:\n    print('TORCH' if 'torch' in sys.modules else 'NOTORCH', file=sys.stderr)"
+    )
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120)
     return r, time.perf_counter() - t0, "\nTORCH" in r.stderr
 
 
-@pytest.mark.parametrize("args, rc, says", [
-    (["convert", "--help"], 0, "schemes and their options"),
-    (["convert", "tiny-gpt2", "--to", "alibj", "--out", "OUT"], 2, "unknown scheme 'alibj'"),
-    (["convert", "no/such-model-here", "--to", "alibi", "--out", "OUT"], 5, "not in the Hugging Face cache"),
-    (["convert", "./missing-folder", "--to", "alibi", "--out", "OUT"], 2, "no such file or folder"),
-    (["convert", "tiny-gpt2", "--to", "alibi", "--out", "FILE"], 2, "is a file"),
-    (["finetune", "GRID"], 2, "is a study grid"),
-    (["run", "GRID"], 2, "run it with: retrofit study"),
-])
+@pytest.mark.parametrize(
+    "args, rc, says",
+    [
+        (["convert", "--help"], 0, "schemes and their options"),
+        (["convert", "tiny-gpt2", "--to", "alibj", "--out", "OUT"], 2, "unknown scheme 'alibj'"),
+        (["convert", "no/such-model-here", "--to", "alibi", "--out", "OUT"], 5, "not in the Hugging Face cache"),
+        (["convert", "./missing-folder", "--to", "alibi", "--out", "OUT"], 2, "no such file or folder"),
+        (["convert", "tiny-gpt2", "--to", "alibi", "--out", "FILE"], 2, "is a file"),
+        (["finetune", "GRID"], 2, "is a study grid"),
+        (["run", "GRID"], 2, "run it with: retrofit study"),
+    ],
+)
 def test_help_and_argument_errors_answer_at_once_without_torch(args, rc, says, tmp_path, user_env):
     (tmp_path / "FILE").write_text("x")
     args = [str(tmp_path / a) if a in ("OUT", "FILE") else str(GRID) if a == "GRID" else a for a in args]

@@ -52,7 +52,7 @@ def test_a_model_that_copies_nothing_has_no_reach(text):
 def test_trials_are_paired_across_models(text):
     a = retrieval.build(text, 128, 16, 4, seed=3, trial=1)
     b = retrieval.build(text, 128, 16, 4, seed=3, trial=1)
-    assert a == b and a.second - a.first == 128 and a.ids[a.first : a.first + 16] == a.ids[a.second:]
+    assert a == b and a.second - a.first == 128 and a.ids[a.first : a.first + 16] == a.ids[a.second :]
     multi = retrieval.build(text, 128, 16, 4, seed=3, trial=1, n_keys=4)
     starts = {tuple(multi.ids[i : i + 4]) for i in range(multi.first, multi.second, 1)}
     assert tuple(multi.ids[multi.second : multi.second + 4]) in starts  # the cue's span is inside, with others
@@ -72,13 +72,39 @@ def test_far_context_gain_is_paired_on_the_same_tokens():
 
 
 def test_the_verdict_says_runs_reads_and_reach():
-    data = {"models": [{"name": "m", "role": "converted", "native": {"length": 64}}],
-            "rows": [{"model": "m", "role": "converted", "method": "non-overlapping", "length": 64, "ppl": 10.0},
-                     {"model": "m", "role": "converted", "method": "non-overlapping", "length": 256, "ppl": 9.0}],
-            "far_context": [{"model": "m", "length": 256, "against": "own native window", "gain": 1.2,
-                             "ci_low": 1.1, "ci_high": 1.3, "reads": True}],
-            "copy": {"reach": [{"model": "m", "reach": 512, "reach_low": 256, "reach_high": 1024, "reach_x": 8.0,
-                                "reach_low_x": 4.0, "reach_high_x": 16.0, "reference_gain": 3.0, "copies": True}]}}
+    data = {
+        "models": [{"name": "m", "role": "converted", "native": {"length": 64}}],
+        "rows": [
+            {"model": "m", "role": "converted", "method": "non-overlapping", "length": 64, "ppl": 10.0},
+            {"model": "m", "role": "converted", "method": "non-overlapping", "length": 256, "ppl": 9.0},
+        ],
+        "far_context": [
+            {
+                "model": "m",
+                "length": 256,
+                "against": "own native window",
+                "gain": 1.2,
+                "ci_low": 1.1,
+                "ci_high": 1.3,
+                "reads": True,
+            }
+        ],
+        "copy": {
+            "reach": [
+                {
+                    "model": "m",
+                    "reach": 512,
+                    "reach_low": 256,
+                    "reach_high": 1024,
+                    "reach_x": 8.0,
+                    "reach_low_x": 4.0,
+                    "reach_high_x": 16.0,
+                    "reference_gain": 3.0,
+                    "copies": True,
+                }
+            ]
+        },
+    }
     v = verdict.verdict(data)
     (m,) = v["models"]
     assert m["runs"] and m["own"]["reads"] and m["reach"]["reach_x"] == 8.0

@@ -4,8 +4,6 @@ resumes from; the re-run goes on from there (issue 44, item 6)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -40,8 +38,7 @@ def test_ctrl_c_saves_where_it_stopped_and_the_same_command_resumes(tmp_path, us
     recipe = _recipe(tmp_path)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "retrofit", "finetune", str(recipe)]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=user_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while _logged_steps(run) < 3 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
