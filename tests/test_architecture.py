@@ -8,7 +8,7 @@ import ast
 import re
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "retrofit"
+PKG = Path(__file__).resolve().parents[1] / "src" / "retrofit"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
 ALLOWED_UP = {("auto", "hf_classes")}  # the import hook loads the classes when transformers' auto modules load
 

@@ -1,4 +1,4 @@
-"""T5 and Shaw through the band path (``cpu-flash-band``, ``retrofit/kernels/cpu_flash_band.py``): the far keys
+"""T5 and Shaw through the band path (``cpu-flash-band``, ``src/retrofit/kernels/cpu_flash_band.py``): the far keys
 through the stock CPU flash kernel, the last K keys as an explicit band, merged by log-sum-exp. Exact against a plain fp64
 softmax with the bias from the papers' equations (T5's buckets from transformers' own
 ``T5Attention._relative_position_bucket``), forward and backward including the bias table's gradient,

@@ -1,5 +1,5 @@
 """Any bias through the CPU flash kernel block by block (path ``cpu-flash-mask``,
-``retrofit/kernels/cpu_flash_mask.py``): exact against a plain fp64 softmax with an arbitrary per-(head, query, key) bias table, forward and backward
+``src/retrofit/kernels/cpu_flash_mask.py``): exact against a plain fp64 softmax with an arbitrary per-(head, query, key) bias table, forward and backward
 (q, k, v and the table the bias is read from), with a cache offset, a window, padding, a per-row
 temperature and half inputs; FIRE models train on it with the chunked path's gradients; blocks stay
 bounded; a frozen bias costs no score recompute."""

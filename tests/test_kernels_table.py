@@ -52,12 +52,12 @@ def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path(
         "cpu_flash",
         "dims",
     }  # the table, the call record, the CPU flash op, the dims paths' shared parts
-    assert {f.stem for f in (ROOT / "retrofit" / "kernels").glob("*.py")} - helpers == set(rows)
+    assert {f.stem for f in (ROOT / "src" / "retrofit" / "kernels").glob("*.py")} - helpers == set(rows)
     quoted = re.compile("[\"'](" + "|".join(re.escape(p.name) for p in kernels.PATHS) + ")[\"']")
     outside = [
         f"{f.relative_to(ROOT)}: {m.group(0)}"
-        for f in sorted((ROOT / "retrofit").rglob("*.py"))
-        if f != ROOT / "retrofit" / "kernels" / "__init__.py"
+        for f in sorted((ROOT / "src" / "retrofit").rglob("*.py"))
+        if f != ROOT / "src" / "retrofit" / "kernels" / "__init__.py"
         for m in quoted.finditer(f.read_text())
     ]
     assert not outside, outside
@@ -81,7 +81,7 @@ def test_nothing_reads_the_kernel_from_the_environment():
     assert not hits, hits
     code = [
         f"{f.relative_to(ROOT)}"
-        for f in sorted((ROOT / "retrofit" / "kernels").glob("*.py")) + [ROOT / "retrofit" / "attention.py"]
+        for f in sorted((ROOT / "src" / "retrofit" / "kernels").glob("*.py")) + [ROOT / "src" / "retrofit" / "attention.py"]
         if "environ" in f.read_text()
     ]
     assert not code, code

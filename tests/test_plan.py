@@ -1,4 +1,4 @@
-"""Memory on paper (retrofit/training/plan.py): the formula against what autograd really keeps, the
+"""Memory on paper (src/retrofit/training/plan.py): the formula against what autograd really keeps, the
 numbers it gives for a public model shape, `retrofit finetune RECIPE --plan` as a user types it, and the
 table in docs/finetune.md against the script that prints it."""
 

@@ -1,5 +1,5 @@
-"""Once: every run-folder name lives in ``retrofit/run_folder.py`` (no other module spells one), and
-every file write goes through ``retrofit/atomic.py`` or is one of the raw writers it lists, with why."""
+"""Once: every run-folder name lives in ``src/retrofit/run_folder.py`` (no other module spells one), and
+every file write goes through ``src/retrofit/atomic.py`` or is one of the raw writers it lists, with why."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from retrofit import run_folder as rf
 from retrofit.atomic import RAW_WRITERS
 
-PKG = Path(__file__).resolve().parents[1] / "retrofit"
+PKG = Path(__file__).resolve().parents[1] / "src" / "retrofit"
 NAMES = {v for k, v in vars(rf).items() if k.isupper() and isinstance(v, str)}
 FILES = {n for n in NAMES if "." in n or "_" in n}  # report.json, rank_checksums: never another word
 FOLDERS = NAMES - FILES  # final, eval, export: also stage and section names, so only as a path
@@ -86,7 +86,7 @@ def test_every_raw_write_is_listed_in_atomic():
             found.setdefault(f"{rel}::{name}", line)
     unlisted = sorted(f"{k} (line {v})" for k, v in found.items() if k not in RAW_WRITERS)
     assert not unlisted, (
-        "raw file writes outside retrofit/atomic.py; write through it, or list the function in "
+        "raw file writes outside src/retrofit/atomic.py; write through it, or list the function in "
         "atomic.RAW_WRITERS with why:\n" + "\n".join(unlisted)
     )
     assert not set(RAW_WRITERS) - set(found), f"listed but no raw write there: {sorted(set(RAW_WRITERS) - set(found))}"

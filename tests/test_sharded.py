@@ -3,7 +3,7 @@
 
 Route taken here: Accelerate enables FSDP only on accelerator devices, so on CPU processes retrofit
 switches the run to FSDP2 (`fully_shard`) with the plugin Accelerate built from the config
-(`retrofit/training/sharding.py`). Each case is checked against one process over the same global batch:
+(`src/retrofit/training/sharding.py`). Each case is checked against one process over the same global batch:
 per-step loss, validation loss, and the logits of the saved `final/` (a full, unsharded retrofit checkpoint
 read back with `retrofit.load` on one process).
 """

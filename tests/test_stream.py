@@ -1,4 +1,4 @@
-"""Streaming fine-tune data (retrofit/training/stream.py): local json/jsonl/parquet/txt through the same
+"""Streaming fine-tune data (src/retrofit/training/stream.py): local json/jsonl/parquet/txt through the same
 ``datasets`` streaming path a Hub corpus takes, per-rank parts, exact resume mid-stream, budgets, bad input."""
 
 import json

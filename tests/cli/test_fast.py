@@ -18,7 +18,7 @@ GRID = Path(__file__).resolve().parents[2] / "recipes" / "study-tiny.yaml"
 
 def test_convert_help_file_is_the_registries_help():
     assert cli_convert.HELP_FILE.read_text() == cli_convert.scheme_help() + "\n", (
-        "retrofit/cli/convert_help.txt is stale: run python -m retrofit.cli.convert"
+        "src/retrofit/cli/convert_help.txt is stale: run python -m retrofit.cli.convert"
     )
 
 

@@ -1,5 +1,5 @@
 """One attention call as one record: q, k, v and every hint a path may use (``Call``). ``attention.py``
-builds it once per call; the table (``retrofit/kernels/__init__.py``) hands it to the first path that serves it."""
+builds it once per call; the table (``src/retrofit/kernels/__init__.py``) hands it to the first path that serves it."""
 
 from __future__ import annotations
 

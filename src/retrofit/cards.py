@@ -3,7 +3,7 @@
     from retrofit.cards import write_card
     write_card("runs/quickstart")            # -> runs/quickstart/README.md
 
-The bundled template is ``retrofit/templates/model_card.md.j2`` (``model_cards/`` in the repo links
+The bundled template is ``src/retrofit/templates/model_card.md.j2`` (``model_cards/`` in the repo links
 to it). The card's YAML front matter is Hub metadata (``base_model``, ``library_name``, ``tags``,
 ``license``, ``datasets``, ``pipeline_tag``, ``model-index`` with the perplexity results), built
 here as data and dumped with ``yaml.safe_dump``, so it is always valid YAML.

@@ -17,7 +17,7 @@ ATTN_NAME = "retrofit"
 
 
 def _attend(call: "kernels.Call", kernel: str):
-    """``kernels.attend``, with denormals flushed around a biased call, forward and backward (retrofit/denormal.py)."""
+    """``kernels.attend``, with denormals flushed around a biased call, forward and backward (src/retrofit/denormal.py)."""
 
     def run(q, k, v):
         return kernels.attend(dataclasses.replace(call, q=q, k=k, v=v), kernel)

@@ -213,4 +213,6 @@ def _refuse_converted(model, args) -> None:
 
 
 if __name__ == "__main__":  # python -m retrofit.cli.convert: rewrite HELP_FILE from the registries
-    HELP_FILE.write_text(scheme_help() + "\n")
+    from ..atomic import write_text
+
+    write_text(HELP_FILE, scheme_help() + "\n")
