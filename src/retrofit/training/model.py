@@ -35,7 +35,13 @@ def make_teacher(model, model_cfg) -> nn.Module:
     from ..core import is_converted, revert
 
     if is_converted(model):
-        teacher = revert(load(model_cfg)[0])
+        said = logging.getLogger("retrofit.core")  # its "converted ..." lines were said for the student already
+        level = said.level
+        said.setLevel(logging.WARNING)
+        try:
+            teacher = revert(load(model_cfg)[0])
+        finally:
+            said.setLevel(level)
         log.info("distillation teacher: %s with its original positions (reverted)", model_cfg.name_or_path)
     else:
         teacher = copy.deepcopy(model)
