@@ -81,7 +81,8 @@ def test_nothing_reads_the_kernel_from_the_environment():
     assert not hits, hits
     code = [
         f"{f.relative_to(ROOT)}"
-        for f in sorted((ROOT / "src" / "retrofit" / "kernels").glob("*.py")) + [ROOT / "src" / "retrofit" / "attention.py"]
+        for f in sorted((ROOT / "src" / "retrofit" / "kernels").glob("*.py"))
+        + [ROOT / "src" / "retrofit" / "attention.py"]
         if "environ" in f.read_text()
     ]
     assert not code, code

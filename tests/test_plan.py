@@ -141,3 +141,21 @@ def test_docs_memory_table_is_what_the_formula_prints():
         timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_plan_describes_the_run_the_same_command_would_do(tmp_path, user_env):
+    """`retrofit finetune RECIPE --plan` plans the processes that command would start (one, outside a launcher)
+    and the device it would use (this CPU here), and says both; WORLD_SIZE or --processes plan more."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny-alibi-lora.yaml"
+    env = {k: v for k, v in user_env.items() if k != "WORLD_SIZE"}
+    cmd = [sys.executable, "-m", "retrofit", "finetune", str(recipe), "--plan"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("processes: 1 process") and "x 1 processes) = 15,360 tokens" in r.stdout
+    assert "on paper on this CPU" in r.stdout and "A100" not in r.stdout
+    r = subprocess.run(cmd, env={**env, "WORLD_SIZE": "4"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "processes: 4 processes (WORLD_SIZE)" in r.stdout and "x 4 processes" in r.stdout

@@ -340,7 +340,7 @@ def md_head(head: list[str]) -> list[str]:
 def cells_markdown(table: list[dict], long: int = TARGET.long) -> list[str]:
     """The table of every cell (``cell_table``'s rows): ppl at each length, against the control and the original."""
     keys = [k for k in table[0] if k.startswith("ppl@")]
-    ratios = [f"ppl@{k}x/1x" for k in sorted({8, 16, long})]
+    ratios = [f"ppl@{k}x/1x" for k in sorted({8, 16, long}) if f"ppl@{k}x" in keys]  # lengths measured only
     head = [
         "cell",
         "extra tokens",
