@@ -39,9 +39,8 @@ def paired_gain(nll_window: np.ndarray, nll_full: np.ndarray, block: int, seed: 
 
 
 def reads(entry: dict) -> bool:
-    """The gain's interval lies above 1 (a single block: its gain alone)."""
-    low = entry["ci_low"] if entry["ci_low"] is not None else entry["gain"]
-    return low > 1.0
+    """The gain's interval lies above 1. A single block has no interval: nothing can be said, so no."""
+    return entry["ci_low"] is not None and entry["ci_low"] > 1.0
 
 
 def far_context(models, jobs, nll: dict) -> list[dict]:

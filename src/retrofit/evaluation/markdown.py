@@ -133,7 +133,10 @@ def copy_table(report) -> str:
                 row.append("not run")
             else:
                 lo, hi = c["copy_gain_ci"]
-                row.append(f"{c['copy_gain']:.2f} [{lo:.2f}, {hi:.2f}]; {c['exact']}/{c['trials']}")
+                row.append(
+                    f"{c['copy_gain']:.2f} [{lo:.2f}, {hi:.2f}]; {c['exact']}/{c['trials']}"
+                    + (" (sliding window)" if c.get("note") else "")
+                )
         reach = next((r for r in report["copy"]["reach"] if r["model"] == model), None)
         row.append(
             f"{reach['reach']:,} ({reach['reach_x']:g}x) [{reach['reach_low_x']:g}x, {reach['reach_high_x']:g}x]"

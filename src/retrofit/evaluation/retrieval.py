@@ -235,29 +235,16 @@ def run(
     bar,
 ) -> dict:
     """The report's ``copy`` section: a cell per (model, distance), paired across models, and each model's
-    effective reach. A distance whose trial is longer than an evaluated model's limit is not run; a baseline
-    with a limit reads through its sliding window (the floor)."""
+    effective reach. A model with a limit (the original, past its table) reads a longer trial through its
+    sliding window, said in the cell's note: the floor, which cannot see past its window."""
     cells, reaches = [], []
     for m in models:
         native = (m.info.get("native") or {}).get("length")
         mine = []
         for d in distances:
-            need = len(prefix) + d + span
-            if m.role != "baseline" and m.max_length is not None and need > m.max_length:
-                cells.append(
-                    {
-                        "model": m.name,
-                        "role": m.role,
-                        "distance": d,
-                        "n_keys": n_keys,
-                        "trials": 0,
-                        "note": f"not run: {m.name} accepts at most {m.max_length} tokens",
-                    }
-                )
-                bar.update(trials)
-                continue
+            limit = m.max_length
+            longer = limit is not None and len(prefix) + d + span > limit
             bar.set_description(f"{m.name[-24:]} copy d={d}")
-            limit = m.max_length if m.role == "baseline" else None
             rows = []
             for j in range(trials):
                 rows.append(score(m.model, build(text_ids, d, span, cue, seed, j, n_keys, None, prefix), limit))
@@ -268,7 +255,7 @@ def run(
                 "distance": d,
                 "n_keys": n_keys,
                 "distance_x": round(d / native, 3) if native else None,
-                "note": None,
+                "note": f"through its sliding window of {limit}" if longer else None,
                 **summarize(rows, seed),
             }
             cells.append(cell)

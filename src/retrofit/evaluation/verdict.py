@@ -112,8 +112,10 @@ def lines(v: dict) -> list[str]:
                 + (
                     "— it **reads past its native length**."
                     if m["own"]["reads"]
-                    else "— it **does not read past its native length** (the interval holds 1: the far tokens do "
-                    "not help)."
+                    else "— one window only, so no interval: nothing can be said (raise --budget)."
+                    if m["own"]["ci_low"] is None
+                    else "— it **does not read past its native length** (the interval does not lie above 1: the far "
+                    "tokens do not help)."
                 )
             )
         if "reach" in m:

@@ -93,6 +93,7 @@ def run_cell(cell: dict, raw: dict, out: Path, rerun=()) -> dict:
         "rows": [{**r, "role": "converted"} for r in report["rows"] if r["role"] in T.EVALUATED],
         "passkey": [r for r in report.get("passkey") or [] if r["role"] in T.EVALUATED],
         "recall": [r for r in report.get("recall") or [] if r["role"] in T.EVALUATED],
+        "use": T.use_of(report),
         "seconds": round(time.time() - t0, 1),
         "trainable_parameters": trainable,
     }
@@ -169,6 +170,8 @@ def run_original(raw: dict, out: Path) -> dict:
 
     lengths = resolve(rr.eval.lengths, native)
     one = dataclasses.replace(_within_native(rr.eval, lengths, native), lengths=[native], sliding=True)
+    if one.copy:  # retrieval at every distance the cells are measured at, through the original's window: the floor
+        one = dataclasses.replace(one, copy_distances=_copy_distances(rr.eval, lengths, native))
     report = evaluate_section((name, model, tok), [], one, native).data
     rows = [{**r, "role": "baseline"} for r in report["rows"]]
     sliding = next(r for r in rows if r["method"] == "sliding")
@@ -190,10 +193,20 @@ def run_original(raw: dict, out: Path) -> dict:
         "rows": rows,
         "passkey": report.get("passkey") or [],
         "recall": report.get("recall") or [],
+        "use": T.use_of(report),
         "seconds": round(time.time() - t0, 1),
     }
     write(path, result)
     return result
+
+
+def _copy_distances(section, lengths: list[int], native: int) -> list[int]:
+    """The copy distances the cells are measured at (the defaults: those up to the longest length), in tokens."""
+    from ..evaluation.lengths import resolve
+    from ..evaluation.options import DEFAULTS
+
+    out = resolve(section.copy_distances, native)
+    return [d for d in out if d <= max(lengths)] if section.copy_distances == DEFAULTS.copy_distances else out
 
 
 def run_study(grid: Grid, out: str | Path | None = None, rerun=()) -> Path:
@@ -244,6 +257,7 @@ def write_reports(grid: Grid, out: Path, original: dict, results: list[dict]) ->
         "cheapest": T.cheapest_budgets(table, native, target),
         "seeds": T.seed_table(table, lengths, native, grid.seeds[0], target),
         "retrieval": retrieval,
+        "use": {"original": original.get("use")} | {c["name"]: c.get("use") for c in results if c.get("seed") is None},
         "seconds": {
             "original": original.get("seconds"),
             "cells": round(sum(c.get("seconds") or 0 for c in results), 1),
@@ -281,6 +295,7 @@ def markdown(study: dict, target) -> str:
     lines += T.cells_markdown(study["table"], target.long)
     lines += T.cheapest_markdown(study["cheapest"], _steps, target)
     lines += T.seeds_markdown(study["seeds"], target)
+    lines += T.use_markdown(study.get("use") or {}, study["native_length"])
     for kind, title in (("passkey", "Passkey retrieval"), ("recall", "Recall")):
         lines += T.passkey_markdown(
             study["retrieval"].get(kind) or {}, study["lengths"], study["native_length"], title, "depths"

@@ -434,3 +434,43 @@ def plot(g: dict, native: int, title, path: Path) -> str:
     finally:
         plt.close(fig)
     return str(path)
+
+
+def use_of(report: dict) -> dict | None:
+    """What a cell's eval report says of use past native, for the evaluated model: its effective reach
+    (``copy.reach``) and its far-context gains at the longest length (``far_context``); None without them."""
+    name = next((m["name"] for m in report["models"] if m["role"] in EVALUATED), None)
+    reach = next((r for r in (report.get("copy") or {}).get("reach", []) if r["model"] == name), None)
+    gains = [g for g in report.get("far_context") or [] if g["model"] == name]
+    longest = max((g["length"] for g in gains), default=None)
+    if reach is None and not gains:
+        return None
+    return {"reach": reach, "gains": [g for g in gains if g["length"] == longest]}
+
+
+def use_markdown(use: dict, native: int) -> list[str]:
+    """Does each cell read past its native length? Effective reach (retrieval of a span of the text) and the
+    far-context gain over its own native-size window on the same tokens, at the longest length."""
+    rows = {name: u for name, u in use.items() if u}
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Does it read past its native length?",
+        "",
+        "Effective reach: the longest distance at which retrieving a span of the eval text keeps half of its gain "
+        "at 1/4 native [from the intervals' ends]; the original reads through its sliding window (the floor). "
+        "Gain: perplexity through its own native-size window over the full context's on the same tokens, at the "
+        "longest length (above 1 beyond the interval: it reads there).",
+        "",
+        *md_head(["cell", "effective reach", "gain over its own window", "reads past native"]),
+    ]
+    for name, u in rows.items():
+        r = u.get("reach")
+        reach = f"{r['reach_x']:g}x [{r['reach_low_x']:g}x, {r['reach_high_x']:g}x]" if r else "–"
+        own = next((g for g in u.get("gains") or [] if g["against"] == "own native window"), None)
+        ci = f" [{own['ci_low']:.3f}, {own['ci_high']:.3f}]" if own and own["ci_low"] is not None else " (one window)"
+        gain = f"{own['gain']:.3f}{ci} at {own['length'] // native}x" if own else "–"
+        )
+        lines.append(f"| {name} | {reach} | {gain} | {'yes' if own and own['reads'] else 'no' if own else '–'} |")
+    return lines + [""]
