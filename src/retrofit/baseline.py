@@ -49,7 +49,14 @@ ARCHS = ("gpt2", "llama")  # learned absolute positions; RoPE (the same body siz
 PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast for the matmuls, fp32 weights and optimizer
 # Fields added after the first caches were written: left out of the cache key at these values, so the
 # quickstart and study folders already cached keep their names.
-_KEY_DEFAULTS = {"arch": "gpt2", "precision": "fp32", "copy_fraction": 0.0, "copy_random": 0.5, "copy_max_span": 64}
+_KEY_DEFAULTS = {
+    "arch": "gpt2",
+    "precision": "fp32",
+    "copy_fraction": 0.0,
+    "copy_random": 0.5,
+    "copy_max_span": 64,
+    "copy_warmup": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ class BaselineConfig:
     copy_fraction: float = 0.0
     copy_random: float = 0.5
     copy_max_span: int = 64  # spans of 4..copy_max_span tokens (at most a quarter of the block)
+    copy_warmup: int = 0  # the first steps train on the induction toy alone: random sequences repeated to fill a row
     copy_eval_every: int = 0  # measure copying on held-out text every this many steps (0: at the end only)
     eval_max_blocks: int | None = None  # held-out blocks scored at the end (evenly spaced); None = all
 

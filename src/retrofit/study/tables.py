@@ -471,6 +471,5 @@ def use_markdown(use: dict, native: int) -> list[str]:
         own = next((g for g in u.get("gains") or [] if g["against"] == "own native window"), None)
         ci = f" [{own['ci_low']:.3f}, {own['ci_high']:.3f}]" if own and own["ci_low"] is not None else " (one window)"
         gain = f"{own['gain']:.3f}{ci} at {own['length'] // native}x" if own else "–"
-        )
         lines.append(f"| {name} | {reach} | {gain} | {'yes' if own and own['reads'] else 'no' if own else '–'} |")
     return lines + [""]

@@ -179,6 +179,18 @@ def add_repeats(x: torch.Tensor, cfg: BaselineConfig, gen: torch.Generator, pool
     return x
 
 
+def induction_rows(shape: tuple[int, int], gen: torch.Generator, pool: torch.Tensor) -> torch.Tensor:
+    """[B, L] rows of the induction toy: each a random sequence of 16-64 tokens of ``pool``, repeated to fill
+    the row (every token after the first period is predictable by copying alone)."""
+    B, L = shape
+    rows = []
+    for _ in range(B):
+        s = int(torch.randint(16, 65, (), generator=gen))
+        seq = pool[torch.randint(0, len(pool), (s,), generator=gen)]  # [s]
+        rows.append(seq.repeat(L // s + 1)[:L])
+    return torch.stack(rows)  # [B, L]
+
+
 def copy_probe(model, held: torch.Tensor, native: int) -> dict:
     """How well the model copies a held-out natural span 32 tokens long at distance native/2 (16 trials;
     ``retrofit.evaluation.retrieval``): ``second_over_first`` (mean NLL of the span's repeat over its first
@@ -220,7 +232,9 @@ def train(
     )
     for step, idx in enumerate(bar):
         x = blocks[idx]  # [batch, n_positions]
-        if cfg.copy_fraction:
+        if step < cfg.copy_warmup:
+            x = induction_rows(x.shape, gen, pool)
+        elif cfg.copy_fraction:
             x = add_repeats(x, cfg, gen, pool)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             loss = model(input_ids=x, labels=x).loss
