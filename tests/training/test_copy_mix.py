@@ -1,0 +1,51 @@
+"""The stand-ins' copy mix (induction data): rows that repeat spans of themselves, the induction toy rows,
+and a copy probe curve recorded while pretraining."""
+
+import dataclasses
+
+import torch
+
+from retrofit.baseline import PRESETS, BaselineConfig
+from retrofit.training.standin import add_repeats, induction_rows
+
+
+def test_repeats_write_each_span_again_later_in_its_row():
+    cfg = BaselineConfig(copy_fraction=1.0, copy_random=0.5, copy_max_span=32)
+    x = torch.arange(8 * 128).view(8, 128)  # every token distinct: a repeat is a token seen earlier in its row
+    y = add_repeats(x, cfg, torch.Generator().manual_seed(0), torch.arange(5000, 6000))
+    assert y.shape == x.shape and not torch.equal(x, y)
+    for row in y:
+        seen, repeated = set(), 0
+        for t in row.tolist():
+            repeated += t in seen
+            seen.add(t)
+        assert repeated >= 128 // 4 - 8  # about a quarter of the row are second occurrences
+    z = add_repeats(x, dataclasses.replace(cfg, copy_fraction=0.0), torch.Generator().manual_seed(0), torch.arange(9))
+    assert torch.equal(z, x)  # no mix: the text as it was
+
+
+def test_induction_rows_repeat_a_random_sequence():
+    rows = induction_rows((4, 256), torch.Generator().manual_seed(0), torch.arange(100, 200))
+    for row in rows.tolist():
+        period = next(p for p in range(16, 65) if row[p:] == row[:-p])
+        assert 16 <= period <= 64 and all(100 <= t < 200 for t in row)
+
+
+def test_the_copy_fields_leave_existing_cache_keys_alone():
+    """Stand-ins cached (and shipped) before the copy mix keep their folder names."""
+    assert (
+        PRESETS["study2-gpt2"].cache_key() == "acb8e7edbe56" and PRESETS["study2-llama"].cache_key() == "736570157b87"
+    )
+    mixed = dataclasses.replace(PRESETS["study2-gpt2"], copy_fraction=0.5)
+    assert mixed.cache_key() != PRESETS["study2-gpt2"].cache_key()
+    assert dataclasses.replace(mixed, copy_eval_every=100).cache_key() == mixed.cache_key()  # measuring is not training
+
+
+def test_pretraining_records_its_copy_curve(cache):
+    from retrofit.baseline import load_stats
+    from retrofit.training.standin import pretrain
+
+    cfg = dataclasses.replace(PRESETS["micro"], name="micro-copy", copy_fraction=0.5, copy_warmup=2, copy_eval_every=2)
+    stats = load_stats(pretrain(cfg, cache_dir=cache / "baseline"))
+    assert [c["step"] for c in stats["copy_curve"]] == [2, 4]
+    assert {"second_over_first", "exact_rate", "distance"} <= set(stats["copying"])
