@@ -1,0 +1,132 @@
+"""Does a stand-in body form induction heads? The pilots of docs/results.md ("Stand-ins that copy").
+
+    # the copy mix through the stand-in trainer (its copy curve lands in pretrain_stats.json)
+    OMP_NUM_THREADS=1 python scripts/induction_pilot.py mix --arch gpt2 --steps 800 --copy-fraction 0.75 --batch 8
+    # the induction toy on rows of the body, with natural rows beside (--toy-rows of --batch), own loop
+    OMP_NUM_THREADS=1 python scripts/induction_pilot.py toy --arch gpt2 --layers 4 --toy-rows 16 --steps 600 --dense
+
+Every 100 steps (toy) it prints the loss on the toy rows' repeats, the natural rows' loss and the copy probe
+(``retrofit.evaluation.retrieval``: a 32-token held-out span at distance 128, repeat NLL / first NLL, exact).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import torch
+
+from retrofit.baseline import BaselineConfig, build_model
+from retrofit.evaluation import retrieval
+from retrofit.training.standin import _training_plays, induction_rows, pack_blocks, pretrain, train_tokenizer
+
+
+def mix(a) -> None:
+    cfg = BaselineConfig(
+        name=f"pilot-{a.arch}",
+        arch=a.arch,
+        n_positions=a.native,
+        n_layer=a.layers,
+        n_head=4,
+        n_embd=128,
+        vocab_size=4096,
+        steps=a.steps,
+        batch_size=a.batch,
+        lr=a.lr,
+        warmup_steps=30,
+        min_lr_ratio=a.min_lr_ratio,
+        eval_max_blocks=64,
+        copy_fraction=a.copy_fraction,
+        copy_random=a.copy_random,
+        copy_max_span=a.copy_max_span,
+        copy_warmup=a.copy_warmup,
+        copy_eval_every=max(1, a.steps // 10),
+    )
+    out = pretrain(cfg, cache_dir=a.cache)
+    stats = json.loads((out / "pretrain_stats.json").read_text())
+    print(
+        json.dumps(
+            {
+                "config": dataclasses.asdict(cfg),
+                "copy_curve": stats["copy_curve"],
+                "copying": stats["copying"],
+                "heldout_ppl": stats["heldout_ppl"],
+            },
+            indent=1,
+        )
+    )
+
+
+def toy(a) -> None:
+    torch.manual_seed(0)
+    cfg = BaselineConfig(
+        name="toy", arch=a.arch, n_positions=a.native, n_layer=a.layers, n_head=4, n_embd=128, vocab_size=4096
+    )
+    docs = _training_plays(cfg)
+    tok = train_tokenizer(docs, cfg.vocab_size)
+    blocks = pack_blocks(tok, docs, a.native)
+    held, blocks = blocks[-64:], blocks[:-64]
+    pool = torch.unique(blocks)
+    model = build_model(cfg, len(tok), tok.eos_token_id)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    g = torch.Generator().manual_seed(1)
+    text, t0, L, k = held.reshape(-1).tolist(), time.time(), a.native, a.toy_rows
+    for step in range(a.steps + 1):
+        x = blocks[torch.randint(0, len(blocks), (a.batch,), generator=g)].clone()  # [B, L]
+        if a.dense:
+            x[:k] = induction_rows((k, L), g, pool)
+        else:  # the second half repeats a random first half
+            half = pool[torch.randint(0, len(pool), (k, L // 2), generator=g)]
+            x[:k] = torch.cat([half, half], 1)
+        out = model(input_ids=x, labels=x)
+        opt.zero_grad()
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 100 == 0:
+            with torch.no_grad():
+                nll = -out.logits[:, :-1].log_softmax(-1).gather(2, x[:, 1:, None])[..., 0]  # [B, L-1]
+            model.eval()
+            c = retrieval.copy_cell(model, text, L // 2, trials=8, span=32, cue=8)
+            model.train()
+            print(
+                step,
+                "toy repeats",
+                round(nll[:k, 64:].mean().item(), 3),
+                "natural",
+                round(nll[k:].mean().item(), 3) if k < a.batch else None,
+                "probe repeat/first",
+                c["second_over_first"],
+                "exact",
+                c["exact_rate"],
+                f"{time.time() - t0:.0f}s",
+                flush=True,
+            )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["mix", "toy"])
+    p.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--native", type=int, default=256)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--min-lr-ratio", type=float, default=1.0)
+    p.add_argument("--copy-fraction", type=float, default=0.5)
+    p.add_argument("--copy-random", type=float, default=0.5)
+    p.add_argument("--copy-max-span", type=int, default=64)
+    p.add_argument("--copy-warmup", type=int, default=0)
+    p.add_argument("--toy-rows", type=int, default=4)
+    p.add_argument("--dense", action="store_true", help="toy rows: a 16-64-token sequence repeated (else halves)")
+    p.add_argument("--cache", default="runs/induction-pilots")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    (mix if a.what == "mix" else toy)(a)
+
+
+if __name__ == "__main__":
+    main()
