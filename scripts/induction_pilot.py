@@ -94,7 +94,7 @@ def toy(a) -> None:
             print(
                 step,
                 "toy repeats",
-                round(nll[:k, 64:].mean().item(), 3),
+                round(nll[:k, min(64, L // 2) :].mean().item(), 3),
                 "natural",
                 round(nll[k:].mean().item(), 3) if k < a.batch else None,
                 "probe repeat/first",
