@@ -114,8 +114,11 @@ def lines(v: dict) -> list[str]:
                     if m["own"]["reads"]
                     else "— one window only, so no interval: nothing can be said (raise --budget)."
                     if m["own"]["ci_low"] is None
-                    else "— it **does not read past its native length** (the interval does not lie above 1: the far "
-                    "tokens do not help)."
+                    else "— it **does not read past its native length**: the far tokens **hurt** (the interval lies "
+                    "below 1: its own native window scores better)."
+                    if m["own"]["ci_high"] < 1.0
+                    else "— it **does not read past its native length** (the interval holds 1: the far tokens do not "
+                    "help)."
                 )
             )
         if "reach" in m:
