@@ -419,7 +419,14 @@ def evaluate(
     if cp_distances:
         cp_prefix = pk.bos_prefix(models[0].tokenizer)
         cp_text = _recall_text(
-            models[0], docs, data_label, budget, max(cp_distances) + (o.copy_keys + 1) * o.copy_span, 0, doc_separator
+            models[0],
+            docs,
+            data_label,
+            budget,
+            max(cp_distances) + (o.copy_keys + 1) * o.copy_span,
+            0,
+            doc_separator,
+            what=f"copy distance {max(cp_distances)}",
         )
         total += len(models) * len(cp_distances) * o.copy_trials
     log.info(
@@ -639,15 +646,17 @@ def _copy_distances(items, native: int | None, lengths: list[int], o) -> list[in
     return distances
 
 
-def _recall_text(m: EvalModel, docs, label: str, budget: int, longest: int, span: int, separator) -> list[int]:
-    """The eval text recall draws fillers and spans from: the perplexity's tokens (the same documents,
-    joined the same way), as many as the budget or the longest recall length asks for."""
+def _recall_text(
+    m: EvalModel, docs, label: str, budget: int, longest: int, span: int, separator, what: str | None = None
+) -> list[int]:
+    """The eval text recall (and copy) draw fillers and spans from: the perplexity's tokens (the same
+    documents, joined the same way), as many as the budget or the longest sequence asks for."""
     ids, _ = first_tokens(m.tokenizer, docs, max(budget, longest) + 1, separator)
-    need = longest - rc.room(m.tokenizer, span)  # filler tokens of the longest recall sequence
+    need = longest - rc.room(m.tokenizer, span)  # filler tokens of the longest sequence
     if len(ids) < need:
         raise LengthError(
-            f"recall length {longest} is larger than the available text: {label!r} gives only "
-            f"{len(ids)} tokens and its filler needs {need}; use shorter lengths or more data"
+            f"{what or f'recall length {longest}'} is larger than the available text: {label!r} gives only "
+            f"{len(ids)} tokens and it needs {need}; use shorter lengths (or --copy-distances), or more data"
         )
     return ids
 
