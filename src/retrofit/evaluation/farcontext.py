@@ -45,7 +45,8 @@ def reads(entry: dict) -> bool:
 
 def far_context(models, jobs, nll: dict) -> list[dict]:
     """One entry per (evaluated model, length past its native, comparison): against its own native window
-    and against each baseline's sliding window. ``nll``: per-target NLL by (model index, method, length)."""
+    and against the sliding window of each baseline that cannot run the length (the original, past its table;
+    a baseline that runs it plainly has no window to compare with). ``nll``: per-target NLL by (model index, method, length)."""
     out = []
     for job in jobs:
         m = models[job.model]
@@ -54,7 +55,11 @@ def far_context(models, jobs, nll: dict) -> list[dict]:
             continue
         full = nll[(job.model, job.method, job.length)]
         against = [("own native window", job.model, "native-window")]
-        against += [(f"{b.name} sliding window", i, "sliding") for i, b in enumerate(models) if b.role == "baseline"]
+        against += [  # a baseline read through its own window: one with a limit below the length (the original)
+            (f"{b.name} sliding window", i, "sliding")
+            for i, b in enumerate(models)
+            if b.role == "baseline" and b.max_length is not None and b.max_length < job.length
+        ]
         for label, i, method in against:
             window = nll.get((i, method, job.length))
             if window is None:
