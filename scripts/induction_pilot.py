@@ -3,7 +3,7 @@
     # the copy mix through the stand-in trainer (its copy curve lands in pretrain_stats.json)
     OMP_NUM_THREADS=1 python scripts/induction_pilot.py mix --arch gpt2 --steps 800 --copy-fraction 0.75 --batch 8
     # the induction toy on rows of the body, with natural rows beside (--toy-rows of --batch), own loop
-    OMP_NUM_THREADS=1 python scripts/induction_pilot.py toy --arch gpt2 --layers 4 --toy-rows 16 --steps 600 --dense
+    OMP_NUM_THREADS=1 python scripts/induction_pilot.py toy --arch gpt2 --layers 4 --toy-rows 16 --steps 800 --native 128
 
 Every 100 steps (toy) it prints the loss on the toy rows' repeats, the natural rows' loss and the copy probe
 (``retrofit.evaluation.retrieval``: a 32-token held-out span at distance 128, repeat NLL / first NLL, exact).
@@ -75,11 +75,7 @@ def toy(a) -> None:
     text, t0, L, k = held.reshape(-1).tolist(), time.time(), a.native, a.toy_rows
     for step in range(a.steps + 1):
         x = blocks[torch.randint(0, len(blocks), (a.batch,), generator=g)].clone()  # [B, L]
-        if a.dense:
-            x[:k] = induction_rows((k, L), g, pool)
-        else:  # the second half repeats a random first half
-            half = pool[torch.randint(0, len(pool), (k, L // 2), generator=g)]
-            x[:k] = torch.cat([half, half], 1)
+        x[:k] = induction_rows((k, L), g, pool)  # the second half repeats a random first half
         out = model(input_ids=x, labels=x)
         opt.zero_grad()
         out.loss.backward()
@@ -121,7 +117,6 @@ def main() -> None:
     p.add_argument("--copy-max-span", type=int, default=64)
     p.add_argument("--copy-warmup", type=int, default=0)
     p.add_argument("--toy-rows", type=int, default=4)
-    p.add_argument("--dense", action="store_true", help="toy rows: a 16-64-token sequence repeated (else halves)")
     p.add_argument("--cache", default="runs/induction-pilots")
     a = p.parse_args()
     torch.set_num_threads(1)

@@ -24,11 +24,10 @@ def test_repeats_write_each_span_again_later_in_its_row():
     assert torch.equal(z, x)  # no mix: the text as it was
 
 
-def test_induction_rows_repeat_a_random_sequence():
+def test_induction_rows_repeat_a_random_first_half():
     rows = induction_rows((4, 256), torch.Generator().manual_seed(0), torch.arange(100, 200))
-    for row in rows.tolist():
-        period = next(p for p in range(16, 65) if row[p:] == row[:-p])
-        assert 16 <= period <= 64 and all(100 <= t < 200 for t in row)
+    assert rows.shape == (4, 256) and torch.equal(rows[:, :128], rows[:, 128:])
+    assert ((rows >= 100) & (rows < 200)).all() and len({tuple(r) for r in rows[:, :128].tolist()}) == 4
 
 
 def test_the_copy_fields_leave_existing_cache_keys_alone():

@@ -180,15 +180,11 @@ def add_repeats(x: torch.Tensor, cfg: BaselineConfig, gen: torch.Generator, pool
 
 
 def induction_rows(shape: tuple[int, int], gen: torch.Generator, pool: torch.Tensor) -> torch.Tensor:
-    """[B, L] rows of the induction toy: each a random sequence of 16-64 tokens of ``pool``, repeated to fill
-    the row (every token after the first period is predictable by copying alone)."""
+    """[B, L] rows of the induction toy (Olsson et al.'s repeated random tokens): random tokens of ``pool`` whose
+    second half repeats the first, so every token of the second half is predictable by copying alone."""
     B, L = shape
-    rows = []
-    for _ in range(B):
-        s = int(torch.randint(16, 65, (), generator=gen))
-        seq = pool[torch.randint(0, len(pool), (s,), generator=gen)]  # [s]
-        rows.append(seq.repeat(L // s + 1)[:L])
-    return torch.stack(rows)  # [B, L]
+    half = pool[torch.randint(0, len(pool), (B, L // 2), generator=gen)]  # [B, L/2]
+    return torch.cat([half, half, half[:, : L % 2]], 1)  # [B, L]
 
 
 def copy_probe(model, held: torch.Tensor, native: int) -> dict:
