@@ -593,6 +593,8 @@ def _cost_line(m: EvalModel, stream, forward: int, passes: int) -> str:
     import torch
 
     n = min(stream.ids.numel() // 2, (m.info.get("native") or {}).get("length") or 512, 1024)
+    if m.max_length is not None:
+        n = min(n, m.max_length // 2)  # 2n tokens must fit a model with a limit (the original)
 
     def timed(k: int) -> float:
         x = stream.ids[:k].reshape(1, -1).to(_device_of(m.model))
