@@ -1,4 +1,4 @@
-"""Figures for sharded fine-tunes: each case of tests/test_sharded.py (the same tiny models, recipes and
+"""Figures for sharded fine-tunes: each case of tests/training/test_sharded.py (the same tiny models, recipes and
 `accelerate launch --config_file recipes/accelerate/X.yaml -m retrofit finetune` commands) against one
 process over the same global batch, with the differences the tests bound written out as numbers.
 

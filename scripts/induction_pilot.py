@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import time
 
 import torch
@@ -29,19 +30,21 @@ def mix(a) -> None:
         arch=a.arch,
         n_positions=a.native,
         n_layer=a.layers,
-        n_head=4,
-        n_embd=128,
-        vocab_size=4096,
+        n_head=a.heads,
+        n_embd=a.width,
+        vocab_size=a.vocab,
         steps=a.steps,
         batch_size=a.batch,
         lr=a.lr,
-        warmup_steps=30,
+        warmup_steps=a.warmup_steps,
         min_lr_ratio=a.min_lr_ratio,
         eval_max_blocks=64,
         copy_fraction=a.copy_fraction,
         copy_random=a.copy_random,
         copy_max_span=a.copy_max_span,
         copy_warmup=a.copy_warmup,
+        copy_toy_share=a.copy_toy_share,
+        copy_toy_min_period=a.copy_toy_min_period,
         copy_eval_every=max(1, a.steps // 10),
     )
     out = pretrain(cfg, cache_dir=a.cache)
@@ -116,9 +119,16 @@ def main() -> None:
     p.add_argument("--copy-random", type=float, default=0.5)
     p.add_argument("--copy-max-span", type=int, default=64)
     p.add_argument("--copy-warmup", type=int, default=0)
+    p.add_argument("--copy-toy-share", type=float, default=0.0)
+    p.add_argument("--copy-toy-min-period", type=int, default=0)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--warmup-steps", type=int, default=30)
     p.add_argument("--toy-rows", type=int, default=4)
     p.add_argument("--cache", default="runs/induction-pilots")
     a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
     (mix if a.what == "mix" else toy)(a)
 

@@ -1,5 +1,8 @@
 import logging
+import multiprocessing.process
 import os
+import platform
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,15 +12,40 @@ from retrofit import assets, core
 from retrofit.errors import DataError
 from retrofit.training import standin
 
-# the tests' kernel default (chunked) is set in tests/__init__.py; ``user_kernel`` below restores auto
+from .procs import TEST_KERNEL
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+platform.platform()  # runs `uname -p` once and caches it: not a process any test starts
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_slow_tests(request, monkeypatch):
+    """A test that starts a process (a CLI run, a launch, a README line, a spawned child) is marked ``slow``:
+    ``pytest -m "not slow"`` stays quick. Enforced here: an unmarked test fails on its first process."""
+    if request.node.get_closest_marker("slow"):
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_kernel():
+    """``convert`` without a kernel takes the chunked reference path (``procs.TEST_KERNEL``), in every test
+    and in the module and session fixtures (set up after this one)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(core, "DEFAULT_KERNEL", TEST_KERNEL)
+        yield
 
 
 USER_CACHE = assets.cache_root()
@@ -53,7 +81,7 @@ def micro_dir(cache) -> Path:
 @pytest.fixture
 def user_kernel(monkeypatch):
     """``convert`` at the user's default kernel (auto) for this test."""
-    monkeypatch.setitem(core.convert.__kwdefaults__, "kernel", "auto")
+    monkeypatch.setattr(core, "DEFAULT_KERNEL", "auto")
 
 
 @pytest.fixture

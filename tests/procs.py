@@ -13,6 +13,18 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+# The suite converts onto the chunked path (the reference) unless a test names a kernel or asks for the
+# user's default (conftest's ``user_kernel``); the kernel tests check the other paths. A spawned child
+# takes it with ``as_in_tests()``.
+TEST_KERNEL = "chunked"
+
+
+def as_in_tests() -> None:
+    """In a spawned child: convert as the test that spawned it does."""
+    from retrofit import core
+
+    core.DEFAULT_KERNEL = TEST_KERNEL
+
 
 def override(r: dict, over: dict) -> dict:
     """``{"train__steps": 4}`` sets r["train"]["steps"] (nested keys joined by ``__``); returns r."""
@@ -37,6 +49,7 @@ def run_child(path: str) -> None:
 
     from retrofit.training import finetune
 
+    as_in_tests()
     AcceleratorState._reset_state(reset_partial_state=True)
     finetune(path)
 

@@ -42,6 +42,7 @@ def test_data_spec_routes_to_assets(cache):
         assets.shakespeare_documents("test")
 
 
+@pytest.mark.slow
 def test_fetch_wheel_errors_are_clear(cache, monkeypatch):
     with pytest.raises(DataError, match="NAME or NAME==VERSION"):
         assets.fetch_wheel("not a requirement!")

@@ -24,6 +24,8 @@ from retrofit.run_folder import published_weights
 
 from .pipeline_run import REPO, copy_run, shared_run
 
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
 TOKEN = "hf_retrofitTestToken0123456789abcdefXYZ"
 ALLOWED = re.compile(
     r"^(native/)?([\w.-]+\.safetensors|model\.safetensors\.index\.json|config\.json|generation_config\.json"

@@ -104,6 +104,7 @@ def test_plain_save_pretrained_of_a_converted_model_is_marked_too(tmp_path):
     assert json.loads((tmp_path / "r" / "config.json").read_text())["model_type"] == "gpt2"
 
 
+@pytest.mark.slow
 def test_without_retrofit_transformers_refuses_a_checkpoint_instead_of_loading_the_original(tmp_path):
     retrofit.save(retrofit.convert(TINY["gpt2"](), "alibi"), tmp_path / "m")
     code = "import transformers as tf; tf.AutoModelForCausalLM.from_pretrained(%r)" % str(tmp_path / "m")
@@ -218,6 +219,7 @@ def test_cli_bad_input_exit_codes(tmp_path, capsys):
     assert rc == 0 and json.loads(out)["scheme"] == "rope"
 
 
+@pytest.mark.slow
 def test_cli_help_and_exit_code_as_a_process():
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-m", "retrofit", "convert", "--help"], capture_output=True, text=True, env=env)
@@ -376,6 +378,7 @@ def test_half_precision_bias_is_scored_in_fp32():
     assert (out.float() - ref).abs().max() < 0.05  # bf16 inputs/outputs, fp32 scores
 
 
+@pytest.mark.slow
 def test_flex_path_matches_chunked_without_grad():
     pytest.importorskip("torch.nn.attention.flex_attention")
     B, H, T, D = 1, 4, 256, 16

@@ -4,7 +4,10 @@ never shadows the installed package (issue 44, item 9)."""
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_a_clone_named_retrofit_does_not_shadow_the_package(tmp_path):
     clone = tmp_path / "retrofit"
     (clone / "src" / "retrofit").mkdir(parents=True)  # what `git clone ... retrofit` lays out, minus the files

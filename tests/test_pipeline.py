@@ -19,7 +19,9 @@ from retrofit import pipeline
 from retrofit.errors import OptionError, RecipeError, RetrofitError
 
 from .pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
-from .procs import kill_at_first_checkpoint
+from .procs import as_in_tests, kill_at_first_checkpoint
+
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 VERSION_KEYS = {"retrofit", "torch", "transformers", "peft", "accelerate"}
 
@@ -165,6 +167,7 @@ def test_export_not_available_does_not_fail_the_run(run_dir, tmp_path, monkeypat
 def _cli_child(args: list[str]) -> None:
     from retrofit.cli import main
 
+    as_in_tests()
     os._exit(main(args))
 
 

@@ -83,6 +83,7 @@ def test_an_older_checkpoint_is_pushed_marked(tmp_path):
     assert json.loads((old / "config.json").read_text())["model_type"] == "gpt2"
 
 
+@pytest.mark.slow
 def test_a_failed_registration_leaves_transformers_working(tmp_path):
     code = (
         "import retrofit.auto as a\n"

@@ -18,6 +18,8 @@ import yaml
 from retrofit import builtin
 from retrofit.io import load_model
 
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The README's usage block speaks of the Hub's gpt2 (native 1,024); its offline block is the same story on

@@ -13,7 +13,7 @@ VOCAB = 128
 
 def _llama_like(config_cls, model_cls, **extra):
     def make():
-        cfg = config_cls(
+        defaults = dict(
             vocab_size=VOCAB,
             hidden_size=64,
             intermediate_size=128,
@@ -24,9 +24,8 @@ def _llama_like(config_cls, model_cls, **extra):
             pad_token_id=0,
             bos_token_id=1,
             eos_token_id=2,
-            **extra,
         )
-        return model_cls(cfg).eval()
+        return model_cls(config_cls(**{**defaults, **extra})).eval()
 
     return make
 

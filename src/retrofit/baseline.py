@@ -56,6 +56,8 @@ _KEY_DEFAULTS = {
     "copy_random": 0.5,
     "copy_max_span": 64,
     "copy_warmup": 0,
+    "copy_toy_share": 0.0,
+    "copy_toy_min_period": 0,
 }
 
 
@@ -92,6 +94,8 @@ class BaselineConfig:
     copy_random: float = 0.5
     copy_max_span: int = 64  # spans of 4..copy_max_span tokens (at most a quarter of the block)
     copy_warmup: int = 0  # the first steps train on the induction toy alone: random sequences repeated to fill a row
+    copy_toy_share: float = 0.0  # after the warm-up, this share of every batch's rows stays the toy (keeps the heads)
+    copy_toy_min_period: int = 0  # 0: the toy's second half repeats its first; else a period of min..L/2, tiled
     copy_eval_every: int = 0  # measure copying on held-out text every this many steps (0: at the end only)
     eval_max_blocks: int | None = None  # held-out blocks scored at the end (evenly spaced); None = all
 
@@ -104,8 +108,8 @@ class BaselineConfig:
             raise OptionError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.vocab_size < 257:
             raise OptionError(f"vocab_size must be > 256 (byte alphabet + EOS), got {self.vocab_size}")
-        if not (0.0 <= self.copy_fraction <= 1.0 and 0.0 <= self.copy_random <= 1.0):
-            raise OptionError("copy_fraction and copy_random are shares in [0, 1]")
+        if not all(0.0 <= v <= 1.0 for v in (self.copy_fraction, self.copy_random, self.copy_toy_share)):
+            raise OptionError("copy_fraction, copy_random and copy_toy_share are shares in [0, 1]")
         for f in ("n_positions", "n_layer", "n_head", "steps", "batch_size"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")

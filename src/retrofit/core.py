@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import kernels
+from . import kernels, probe
 from .adapters import ADAPTERS, adapter_for
 from .adapters.base import track_inputs
 from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
@@ -62,18 +62,23 @@ def _check_model(model):
         raise RetrofitError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
 
 
-def convert(model, to: str, *, force: bool = False, kernel: str = "auto", verify: bool = True, **options) -> nn.Module:
+DEFAULT_KERNEL = "auto"  # the kernel ``convert`` takes when none is named
+
+
+def convert(
+    model, to: str, *, force: bool = False, kernel: str | None = None, verify: bool = True, **options
+) -> nn.Module:
     """Replace ``model``'s positional mechanism with scheme ``to``, in place; returns the model.
 
-    ``options`` are the scheme's (see ``retrofit convert --help``). ``kernel``: auto or a path of
-    ``retrofit.kernels.PATHS`` (saved with the checkpoint; ``set_kernel`` changes it).
+    ``options`` are the scheme's (see ``retrofit convert --help``). ``kernel``: auto (``DEFAULT_KERNEL``) or a
+    path of ``retrofit.kernels.PATHS`` (saved with the checkpoint; ``set_kernel`` changes it).
     ``force=True`` converts a model that was already converted (it is reverted first).
     Raises UnknownSchemeError, UnsupportedArchitectureError, OptionError, AlreadyConvertedError,
     PatchNotLiveError (nothing is left half-patched: a failed conversion is reverted)."""
-    return _convert(model, to, force=force, kernel=kernel, verify=verify, options=options)
+    return _convert(model, to, force=force, kernel=kernel or DEFAULT_KERNEL, verify=verify, options=options)
 
 
-def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False):
+def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False, probing=False):
     _check_model(model)
     scheme_cls = SCHEMES.get(to)
     kernel = kernels.check(kernel, scheme_cls.kind)
@@ -91,6 +96,8 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "load it with retrofit.load(path) (plain from_pretrained does not re-apply the patch)"
         )
     adapter = adapter_for(model)
+    if adapter.by_structure and not (from_checkpoint or probing):  # not a type this suite tests: own logits first
+        probe.lossless(model, adapter, _probe_convert, revert, _set_attn)
     if state is None:
         _own_config(model)
     spec = dataclasses.replace(adapter.spec(), embedding_rms=_embedding_rms(model), native_table=adapter.native_table())
@@ -209,6 +216,10 @@ def _calibrate_qk_norm(model, state: RetrofitState, native_length: int, length: 
             f"qk_norm: the calibration pass reached {calibrated // 2} of {scheme.spec.num_layers} layers"
         )
     log.info("qk_norm: gains calibrated on %d tokens", n)
+
+
+def _probe_convert(model, scheme: str, options: dict) -> None:
+    _convert(model, scheme, force=False, kernel=DEFAULT_KERNEL, verify=True, options=options, probing=True)
 
 
 def _verify_live(model, state: RetrofitState, length: int = 8):

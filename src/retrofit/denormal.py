@@ -5,7 +5,7 @@ gradually: they pass through the denormal range (below 1.2e-38 in fp32) on their
 arithmetic on denormals is many times slower (on some Intel CPUs the train step of a biased model ran
 1.8-2.5x stock until the kernels flushed them; AMD shows little). A denormal probability carries no
 weight: it is below 2^-126 of the row's largest term (1), far under fp32's 2^-24 rounding of the sum, and
-the output and gradients are the same with it flushed (``tests/test_denormal.py``).
+the output and gradients are the same with it flushed (``tests/kernels/test_denormal.py``).
 
 ``torch.set_flush_denormal`` sets only the calling thread's MXCSR: the intra-op worker threads keep what
 they inherited when they were created. ``flushing()`` therefore sets the calling thread through torch and

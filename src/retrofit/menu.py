@@ -1,5 +1,5 @@
 """The schemes by name with a one-line summary each, without importing torch: ``retrofit --help`` lists
-them at once. The registry (``retrofit.encodings.SCHEMES``) is the truth; tests/test_errors_cli.py
+them at once. The registry (``retrofit.encodings.SCHEMES``) is the truth; tests/cli/test_errors_cli.py
 checks that this menu names every registered scheme and nothing else."""
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ import pytest
 
 from retrofit.cli import convert as cli_convert
 
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
 FAST_S = 1.0
 GRID = Path(__file__).resolve().parents[2] / "recipes" / "study-tiny.yaml"
 

@@ -3,9 +3,11 @@ and a copy probe curve recorded while pretraining."""
 
 import dataclasses
 
+import pytest
 import torch
 
 from retrofit.baseline import PRESETS, BaselineConfig
+from retrofit.errors import OptionError
 from retrofit.training.standin import add_repeats, induction_rows
 
 
@@ -28,6 +30,23 @@ def test_induction_rows_repeat_a_random_first_half():
     rows = induction_rows((4, 256), torch.Generator().manual_seed(0), torch.arange(100, 200))
     assert rows.shape == (4, 256) and torch.equal(rows[:, :128], rows[:, 128:])
     assert ((rows >= 100) & (rows < 200)).all() and len({tuple(r) for r in rows[:, :128].tolist()}) == 4
+
+
+def test_tiled_induction_rows_repeat_a_random_period():
+    rows = induction_rows((6, 256), torch.Generator().manual_seed(0), torch.arange(100, 4000), min_period=8)
+    periods = []
+    for r in rows.tolist():
+        p = next(p for p in range(8, 129) if r[p:] == r[:-p])  # the smallest shift that maps the row onto itself
+        assert len(set(r[:p])) > p // 2  # random tokens, not a constant
+        periods.append(p)
+    assert all(8 <= p <= 128 for p in periods) and len(set(periods)) > 1
+
+
+def test_the_toy_share_keeps_toy_rows_after_the_warm_up():
+    cfg = dataclasses.replace(PRESETS["micro"], copy_toy_share=0.5, copy_toy_min_period=4)
+    assert cfg.cache_key() != PRESETS["micro"].cache_key()
+    with pytest.raises(OptionError, match="copy_toy_share"):
+        dataclasses.replace(cfg, copy_toy_share=1.5)
 
 
 def test_the_copy_fields_leave_existing_cache_keys_alone():

@@ -22,6 +22,7 @@ from ..encodings.base import ModelSpec
 from ..errors import LengthError, UnsupportedArchitectureError
 from ..native import native_length
 from ..registry import Registry
+from . import quirks
 
 ADAPTERS: Registry[type[Adapter]] = Registry("architecture", UnsupportedArchitectureError)
 
@@ -65,6 +66,7 @@ class Adapter(abc.ABC):
     native_kind: ClassVar[str]  # "learned_absolute" | "rope"
     attention_class_names: ClassVar[tuple[str, ...]]  # HF classes of the patched attention modules
     lora_targets: ClassVar[tuple[str, ...]]  # default LoRA target modules (suffixes of module names)
+    handles: ClassVar[tuple[str, ...]] = ()  # the ``quirks.QUIRKS`` this adapter converts exactly
     fan_in_fan_out: ClassVar[bool] = False  # linear layers store weights transposed (HF Conv1D)
     position_table: ClassVar[PositionTable | None] = None  # learned-absolute families: their table
 
@@ -74,11 +76,29 @@ class Adapter(abc.ABC):
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
+        """Does this adapter claim ``model``? By model type here; an adapter may claim by structure."""
         return getattr(model.config, "model_type", None) in cls.model_types
 
+    @property
+    def by_structure(self) -> bool:
+        """Claimed by its structure, not by a model type this suite tests: ``convert`` runs the lossless probe."""
+        return getattr(self.config, "model_type", None) not in self.model_types
+
+    def targets(self) -> tuple[str, ...]:
+        """Default LoRA target modules of this model."""
+        return self.lora_targets
+
     def check(self) -> None:
-        """Raise UnsupportedArchitectureError for configs of this family that the adapter cannot patch.
-        The default checks that every attention site is one of ``attention_class_names``."""
+        """Raise UnsupportedArchitectureError for configs of this family that the adapter cannot patch: a quirk
+        it does not handle (named), or an attention site outside ``attention_class_names``."""
+        bad = quirks.unhandled(self.model, self.handles)
+        if bad:
+            raise UnsupportedArchitectureError(
+                f"{self.config.model_type} ({type(self.model).__name__}) has {'; '.join(bad)}, which the {self.name} "
+                "adapter does not convert exactly: refused rather than converted silently wrong"
+            )
+        if self.by_structure:
+            return
         for site in self.sites():
             if type(site.module).__name__ not in self.attention_class_names:
                 raise UnsupportedArchitectureError(
@@ -254,6 +274,11 @@ def adapter_class(model_type: str | None) -> type[Adapter] | None:
     return next((cls for _name, cls in ADAPTERS.items() if model_type in cls.model_types), None)
 
 
+def claimant(model: nn.Module) -> Adapter | None:
+    """The adapter that claims ``model`` (by type or by structure), not yet checked; None when none does."""
+    return next((cls(model) for _name, cls in ADAPTERS.items() if cls.supports(model)), None)
+
+
 def adapter_for(model: nn.Module) -> Adapter:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     for _name, cls in ADAPTERS.items():
@@ -262,8 +287,13 @@ def adapter_for(model: nn.Module) -> Adapter:
             adapter.check()
             return adapter
     supported = ", ".join(f"{n} ({', '.join(c.model_types)})" for n, c in ADAPTERS.items())
+    has = quirks.unhandled(model, ())
     raise UnsupportedArchitectureError(
-        f"architecture {model_type!r} ({type(model).__name__}) is not supported; supported: {supported}"
+        f"architecture {model_type!r} ({type(model).__name__}) is not supported"
+        + (f" (it has {'; '.join(has)})" if has else "")
+        + f"; supported: {supported}, and any "
+        "decoder with the LLaMA layout (a rotary_emb module, layers of self_attn on transformers' attention "
+        "interface) that passes the lossless probe (docs/support.md)"
     )
 
 

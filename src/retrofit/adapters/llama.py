@@ -1,7 +1,17 @@
-"""The LLaMA family: rotary decoders whose attention applies ``position_embeddings=(cos, sin)``
-from one ``model.rotary_emb`` module (grouped-query attention and sliding windows included)."""
+"""The LLaMA layout: rotary decoders whose attention applies ``position_embeddings=(cos, sin)``
+from one ``model.rotary_emb`` module (grouped-query attention and sliding windows included).
+
+Claimed by structure: any model whose base has a ``rotary_emb`` module and ``layers`` whose ``self_attn``
+takes ``position_embeddings`` and calls transformers' attention interface (mixtral, phi3, gemma, ...), not
+only the types listed in ``model_types`` (the ones this suite tests). A type claimed by structure is
+converted only after the lossless probe (``retrofit.probe``) reproduced its logits."""
 
 from __future__ import annotations
+
+import functools
+import inspect
+
+from torch import nn
 
 from ..errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, NeutralisedRotary, register_adapter
@@ -22,6 +32,25 @@ def native_rope(config, rotary) -> dict:
     }
 
 
+@functools.cache
+def _on_attention_interface(cls: type) -> bool:
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in src and "position_embeddings" in src
+
+
+def rotary_interface_layout(base) -> bool:
+    """Is ``base`` the LLaMA layout: a ``rotary_emb`` module with its frequencies, and ``layers`` each with
+    a ``self_attn`` that takes ``position_embeddings`` and calls the attention interface?"""
+    rotary, layers = getattr(base, "rotary_emb", None), getattr(base, "layers", None)
+    if not hasattr(rotary, "original_inv_freq") or not isinstance(layers, nn.ModuleList) or not len(layers):
+        return False
+    attns = [getattr(layer, "self_attn", None) for layer in layers]
+    return all(a is not None and _on_attention_interface(type(a)) for a in attns)
+
+
 @register_adapter("llama")
 class LlamaAdapter(Adapter):
     name = "llama"
@@ -39,6 +68,15 @@ class LlamaAdapter(Adapter):
     )
     lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
 
+    @classmethod
+    def supports(cls, model) -> bool:
+        return super().supports(model) or rotary_interface_layout(getattr(model, "base_model", None))
+
+    def targets(self) -> tuple[str, ...]:
+        """The attention's own linear layers (phi names its output ``dense``, not ``o_proj``)."""
+        attn = self.base().layers[0].self_attn
+        return tuple(n for n, m in attn.named_children() if isinstance(m, nn.Linear)) or self.lora_targets
+
     def check(self):
         base = self.base()
         if not hasattr(base, "rotary_emb") or not hasattr(base, "layers"):
@@ -53,7 +91,7 @@ class LlamaAdapter(Adapter):
         layer_types = getattr(c, "layer_types", None)
         if layer_types is not None:
             return window if layer_types[i] == "sliding_attention" else None
-        if c.model_type == "qwen2" and not getattr(c, "use_sliding_window", False):
+        if getattr(c, "use_sliding_window", True) is False:  # qwen2 and its kin keep the field but switch it off
             return None
         return window
 

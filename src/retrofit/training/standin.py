@@ -179,12 +179,23 @@ def add_repeats(x: torch.Tensor, cfg: BaselineConfig, gen: torch.Generator, pool
     return x
 
 
-def induction_rows(shape: tuple[int, int], gen: torch.Generator, pool: torch.Tensor) -> torch.Tensor:
-    """[B, L] rows of the induction toy (Olsson et al.'s repeated random tokens): random tokens of ``pool`` whose
-    second half repeats the first, so every token of the second half is predictable by copying alone."""
+def induction_rows(
+    shape: tuple[int, int], gen: torch.Generator, pool: torch.Tensor, min_period: int = 0
+) -> torch.Tensor:
+    """[B, L] rows of the induction toy (Olsson et al.'s repeated random tokens): random tokens of ``pool``
+    repeated, so every token after the first period is predictable by copying alone. ``min_period`` 0: the
+    second half repeats the first; else each row tiles a random sequence of min_period <= p <= L/2 tokens
+    (many repeats at many distances: an easier signal for a body whose positions start random)."""
     B, L = shape
-    half = pool[torch.randint(0, len(pool), (B, L // 2), generator=gen)]  # [B, L/2]
-    return torch.cat([half, half, half[:, : L % 2]], 1)  # [B, L]
+    if not min_period:
+        half = pool[torch.randint(0, len(pool), (B, L // 2), generator=gen)]  # [B, L/2]
+        return torch.cat([half, half, half[:, : L % 2]], 1)  # [B, L]
+    rows = []
+    for _ in range(B):
+        p = int(torch.randint(min(min_period, L // 2), L // 2 + 1, (), generator=gen))
+        seq = pool[torch.randint(0, len(pool), (p,), generator=gen)]  # [p]
+        rows.append(seq.repeat(L // p + 1)[:L])
+    return torch.stack(rows)  # [B, L]
 
 
 def copy_probe(model, held: torch.Tensor, native: int) -> dict:
@@ -229,9 +240,15 @@ def train(
     for step, idx in enumerate(bar):
         x = blocks[idx]  # [batch, n_positions]
         if step < cfg.copy_warmup:
-            x = induction_rows(x.shape, gen, pool)
-        elif cfg.copy_fraction:
-            x = add_repeats(x, cfg, gen, pool)
+            x = induction_rows(x.shape, gen, pool, cfg.copy_toy_min_period)
+        else:
+            if cfg.copy_fraction:
+                x = add_repeats(x, cfg, gen, pool)
+            k = round(cfg.copy_toy_share * x.shape[0])
+            if k:
+                x = torch.cat(
+                    [induction_rows((k, x.shape[1]), gen, pool, cfg.copy_toy_min_period), x[k:]]
+                )  # [batch, n_positions]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)

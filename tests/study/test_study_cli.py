@@ -13,7 +13,9 @@ import pytest
 from retrofit.errors import OptionError, RecipeError
 from retrofit.study import Grid, cells, run_study
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
+REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "study-tiny.yaml"
 NAMES = ["alibi-none-0", "control-full-6", "alibi-full-6", "control-full-6-seed1", "alibi-full-6-seed1"]
 

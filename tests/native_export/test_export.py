@@ -15,7 +15,9 @@ from retrofit.errors import RetrofitError
 from retrofit.native_export import TOLERANCE, per_head_qkv
 from retrofit.run_folder import EXPORT_RECORD as EXPORT_FILE
 
-from .tiny import NATIVE, TINY, ids
+from ..tiny import NATIVE, TINY, ids
+
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 LONG = 4 * NATIVE  # every check runs past the native length
 
@@ -263,7 +265,7 @@ def test_falcon_exact_range_is_stated_once_as_the_code_has_it():
 
     from retrofit.native_export.gpt2 import FALCON_BF16_EXACT
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     export_md = (root / "docs" / "export.md").read_text()
     assert f"inputs of up to **{FALCON_BF16_EXACT - 1}\n  tokens**" in export_md
     assert f"`exact_below: {FALCON_BF16_EXACT}`" in export_md and 'id="falcon-exact-range"' in export_md

@@ -19,7 +19,7 @@ from retrofit.study import rounds as R
 from retrofit.study import tables as T
 from retrofit.study.cache import CellCache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,11 @@ from retrofit.evaluation import recall as rc
 from retrofit.evaluation.models import EvalModel
 from retrofit.evaluation.runner import run_recall
 
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
 try:  # tests/ is a package in this repo; also runnable as plain files
+    from ..tiny import TINY
     from .test_eval_common import TEXT, byte_tokenizer, docs, tiny_gpt2, tiny_llama
-    from .tiny import TINY
 except ImportError:
     from test_eval_common import TEXT, byte_tokenizer, docs, tiny_gpt2, tiny_llama
     from tiny import TINY

@@ -16,6 +16,8 @@ from retrofit.errors import DataError, OptionError
 from retrofit.training.calibrate import calibrate, kl_to_original, position_parameters
 from tests.tiny import TINY
 
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
 TEXT = (
     "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. First Citizen: You are all "
     "resolved rather to die than to famish? All: Resolved. resolved. First Citizen: First, you know Caius Marcius "

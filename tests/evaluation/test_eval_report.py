@@ -11,6 +11,8 @@ import retrofit
 from retrofit.evaluation import Report, evaluate
 from retrofit.evaluation.report import schema
 
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, docs, tiny_gpt2, tiny_llama
 except ImportError:

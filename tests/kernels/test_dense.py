@@ -15,7 +15,7 @@ from retrofit.core import set_kernel
 from retrofit.kernels import Call
 from retrofit.kernels import cpu_flash_mask as dense
 
-from .tiny import NATIVE, TINY, ids
+from ..tiny import NATIVE, TINY, ids
 
 
 def _reference(q, k, v, scaling, table, q_start=0, window=None, padding=None, row_scale=None):

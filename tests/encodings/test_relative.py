@@ -1,7 +1,7 @@
 """Query-dependent relative schemes (Transformer-XL ``xl``, NEZHA ``nezha``): the kernel's chunked relative
 logits against a plain computation (arbitrary positions, every dtype, gradients), memory linear in N,
 the zero start, the decode-time table, the kernel checks, the CLI and a fine-tune with PoSE.
-The test matrix (tests/test_matrix.py) covers every architecture against tests/reference.py."""
+The test matrix (tests/adapters/test_matrix.py) covers every architecture against tests/reference.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from retrofit.encodings.sinusoidal import frequencies, sinusoids
 from retrofit.errors import OptionError
 from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
 
-from .tiny import NATIVE, TINY, ids, train_step
+from ..tiny import NATIVE, TINY, ids, train_step
 
 
 def plain_relative(q, k, v, rel_q, rel_keys, positions, scaling, window=None):
@@ -84,6 +84,7 @@ def test_gradients_through_checkpointed_chunks_equal_the_plain_computation(monke
         torch.testing.assert_close(g.double(), r, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_each_chunk_scores_its_own_distances_only(monkeypatch):
     """Memory linear in N: no (H, N, N) term; each chunk's per-distance logits span at most C + Tc - 1."""
     seen = []
@@ -340,6 +341,7 @@ def test_the_fused_relative_paths_hold_no_n_by_n_tensor(monkeypatch):
         ("nezha", {"max_distance": 8}, "cpu-flash-relative-band"),
     ],
 )
+@pytest.mark.slow
 def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked(user_kernel, scheme, options, path):
     """Loss and every parameter's gradient (xl's u, v, W_R included) equal chunked's; generate with the
     cache equals recompute on auto."""

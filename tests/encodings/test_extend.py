@@ -15,9 +15,9 @@ import retrofit
 from retrofit.encodings.extend import copied_rows, interpolated_rows
 from retrofit.errors import LengthError, OptionError
 
-from .tiny import NATIVE, TINY, ids
+from ..tiny import NATIVE, TINY, ids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TABLES = {
     "gpt2": ("transformer.wpe", "n_positions"),
     "gpt_neo": ("transformer.wpe", "max_position_embeddings"),
@@ -156,6 +156,7 @@ def test_pose_positions_inside_the_new_table():
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_convert_with_a_multiple(tmp_path, user_env):
     r = subprocess.run(
         [

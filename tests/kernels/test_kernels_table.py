@@ -18,9 +18,9 @@ from retrofit.cli import convert as cli_convert
 from retrofit.core import set_kernel
 from retrofit.errors import OptionError
 
-from .tiny import TINY, ids
+from ..tiny import TINY, ids
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _convert_parser():

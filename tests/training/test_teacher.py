@@ -18,8 +18,10 @@ from retrofit.training.loop import _check_lengths, _loss
 from retrofit.training.recipe import Recipe
 from retrofit.training.teacher import TeacherView, distill_kl
 
-from . import tiny
+from .. import tiny
 from .test_finetune import FILES, recipe
+
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 W = tiny.NATIVE  # 32
 
@@ -155,7 +157,7 @@ def test_block_past_a_finite_reach_names_the_scheme(monkeypatch):
 
 def test_tiny_long_block_distill_recipe_runs_and_logs_the_teacher_cost(tmp_path, caplog):
     """recipes/tiny-long-distill.yaml: block 256 = 4 x tiny-gpt2's native 64, sliding teacher, stride 32."""
-    path = Path(__file__).parent.parent / "recipes" / "tiny-long-distill.yaml"
+    path = Path(__file__).resolve().parents[2] / "recipes" / "tiny-long-distill.yaml"
     with caplog.at_level(logging.INFO, logger="retrofit.training.loop"):
         out = finetune(
             path,

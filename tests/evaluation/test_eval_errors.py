@@ -7,6 +7,8 @@ import pytest
 from retrofit.errors import DataError, LengthError, OptionError
 from retrofit.evaluation import evaluate
 
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, docs, tiny_gpt2, tiny_llama
 except ImportError:

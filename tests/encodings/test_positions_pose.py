@@ -14,8 +14,10 @@ from retrofit.errors import OptionError, RecipeError
 from retrofit.training import finetune, positions
 from retrofit.training.recipe import Recipe
 
-from .test_finetune import recipe
-from .tiny import TINY, ids
+from ..tiny import TINY, ids
+from ..training.test_finetune import recipe
+
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 
 @pytest.mark.parametrize("method", ["pose", "randomized"])

@@ -27,7 +27,9 @@ import retrofit
 from retrofit.builtin import TINY_GPT2, byte_tokenizer
 from retrofit.training import finetune
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "recipes" / "accelerate"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py")]

@@ -11,7 +11,9 @@ import torch
 
 from retrofit.training.plan import PRESETS, Run, estimate, from_model
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
+
+REPO = Path(__file__).resolve().parents[2]
 B, S = 2, 128
 
 
@@ -150,7 +152,7 @@ def test_the_plan_describes_the_run_the_same_command_would_do(tmp_path, user_env
     import sys
     from pathlib import Path
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny-alibi-lora.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny-alibi-lora.yaml"
     env = {k: v for k, v in user_env.items() if k != "WORLD_SIZE"}
     cmd = [sys.executable, "-m", "retrofit", "finetune", str(recipe), "--plan"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

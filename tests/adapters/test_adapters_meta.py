@@ -9,7 +9,7 @@ import torch
 from retrofit.adapters import ADAPTERS, adapter_class, adapter_for
 from retrofit.adapters.base import PositionTable
 
-from .tiny import TINY
+from ..tiny import TINY
 
 FAMILY_OF = {t: name for name, cls in ADAPTERS.items() for t in cls.model_types}
 

@@ -15,7 +15,7 @@ from retrofit import kernels
 from retrofit.kernels import Call
 from retrofit.kernels import cpu_flash_band as band
 
-from .tiny import TINY, ids, train_step
+from ..tiny import TINY, ids, train_step
 
 
 def _reference(q, k, v, scaling, table):

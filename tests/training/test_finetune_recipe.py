@@ -8,8 +8,8 @@ from retrofit.errors import RecipeError
 from retrofit.training.recipe import Recipe, TrainConfig, iter_keys
 
 RECIPES = sorted(
-    p for p in (Path(__file__).parent.parent / "recipes").glob("*.yaml") if not p.name.startswith("study-")
-)  # study-*.yaml: `retrofit study` grids (tests/test_study_cli.py)
+    p for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml") if not p.name.startswith("study-")
+)  # study-*.yaml: `retrofit study` grids (tests/study/test_study_cli.py)
 BASE = {"model": {"name_or_path": "tiny-gpt2"}, "data": {"files": "x.txt"}, "output_dir": "out"}
 
 
@@ -120,7 +120,7 @@ def test_cli_check_prints_resolved_recipe(capsys):
 
 
 def test_docs_list_every_key():
-    text = (Path(__file__).parent.parent / "docs" / "finetune.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "finetune.md").read_text()
     missing = [key for key, *_ in iter_keys() if f"`{key}`" not in text]
     assert not missing, f"docs/finetune.md does not list {missing}"
 
@@ -137,7 +137,7 @@ def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code():
     from retrofit import kernels
     from retrofit.kernels import Call
 
-    root = Path(__file__).parent.parent
+    root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "results.md").read_text()
     section = text[text.index("### Fine-tune throughput") : text.index("### Decoding with the KV cache")]
     doc = dict(re.findall(r"^\| ([\w-]+) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \| (.+?) \|$", section, re.MULTILINE))

@@ -22,7 +22,9 @@ from retrofit.builtin import tiny_gpt2
 from retrofit.errors import DataError, HubError, LengthError, RecipeError
 from retrofit.training import finetune
 
-from .procs import free_port, kill_at_first_checkpoint, override, run_child, run_ranks
+from ..procs import free_port, kill_at_first_checkpoint, override, run_child, run_ranks
+
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [
@@ -272,7 +274,7 @@ def test_distill_offsets_and_fade(tmp_path, monkeypatch):
         return real(model, offset=offset, native_fade=native_fade)
 
     monkeypatch.setattr(retrofit.training.loop, "set_position_controls", spy)
-    path = Path(__file__).parent.parent / "recipes" / "tiny-rope-distill.yaml"
+    path = Path(__file__).resolve().parents[2] / "recipes" / "tiny-rope-distill.yaml"
     out = finetune(
         path,
         [
@@ -349,7 +351,7 @@ def test_shift_invariant_flag_matches_the_model(scheme):
     that is not (absolute or query-normalised positions) gives different ones."""
     from retrofit.encodings.base import SCHEMES
 
-    from .tiny import gpt2
+    from ..tiny import gpt2
 
     model = gpt2().eval()
     retrofit.convert(model, scheme, **({"kernel": "chunked"} if scheme != "nope" else {}))

@@ -15,7 +15,7 @@ from retrofit.core import set_kernel
 from retrofit.errors import OptionError, RetrofitError
 from retrofit.native_export import export
 
-from .tiny import NATIVE, TINY, ids
+from ..tiny import NATIVE, TINY, ids
 
 
 def test_the_multiplier_is_one_up_to_the_length_then_grows_with_its_log():
@@ -124,12 +124,13 @@ def test_qk_norm_gains_start_at_the_measured_rms_of_q_and_k():
     assert scheme.q_gain.requires_grad and retrofit.describe(model)["options"] == {"qk_norm": True}
 
 
+@pytest.mark.slow
 def test_the_tiny_drope_recipe_runs_and_its_final_model_keeps_both_options(tmp_path):
     from pathlib import Path
 
     from retrofit.training import finetune
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny-drope.yaml"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny-drope.yaml"
     out = finetune(str(recipe), [f"output_dir={tmp_path / 'run'}", "train.steps=2"])
     final = retrofit.load(out / "final")
     options = retrofit.describe(final)["options"]
@@ -137,6 +138,7 @@ def test_the_tiny_drope_recipe_runs_and_its_final_model_keeps_both_options(tmp_p
     assert not torch.equal(final.retrofit_positions.q_gain, torch.ones_like(final.retrofit_positions.q_gain))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["t5", "fire"])
 def test_a_bias_scheme_with_temperature_runs_on_cpu_flex_and_equals_chunked(scheme):
     """Unpadded inference reads the temperature from the query position inside the score_mod (a per-row tensor

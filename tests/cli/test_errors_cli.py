@@ -18,7 +18,9 @@ import pytest
 
 from retrofit.cli import main
 
-from .test_user_path import ROOT, cli
+from ..test_user_path import ROOT, cli
+
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 TINY_RECIPE = "recipes/tiny-gpt2-alibi-lora.yaml"
 

@@ -19,7 +19,7 @@ from retrofit.encodings.shaw import ShawClipped
 from retrofit.encodings.sinusoidal import Sinusoidal
 from retrofit.encodings.t5 import T5Buckets
 
-from .tiny import NATIVE, TINY, ids
+from ..tiny import NATIVE, TINY, ids
 
 SPEC = ModelSpec(
     num_layers=2,

@@ -19,7 +19,7 @@ from retrofit.kernels import Call, call, cpu_flash, flash_attn_alibi
 from retrofit.kernels import flex as flex_path
 from retrofit.kernels import sdpa_alibi_dims as fused
 
-from .tiny import TINY
+from ..tiny import TINY
 
 
 def _reference(q, k, v, scaling, slopes, pad=None, window=None, q_start=0):
@@ -303,6 +303,7 @@ def test_dynamic_rope_re_rotates_the_cache_exactly(monkeypatch):
     torch.testing.assert_close(steps[-1][:, -1], full[:, -1], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_cpu_flex_compiles_a_learned_bias_in_every_layer(monkeypatch):
     """Regression: a score_mod indexing a per-layer table with a Python int failed to compile (inductor
     C++ error) from the second layer on, so T5/Shaw/FIRE inference silently fell to the chunked path.
@@ -357,6 +358,7 @@ def test_blocked_heads_keep_no_mask_for_backward(monkeypatch):
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fp32_error_at_8k_is_within_the_stated_bound():
     """README / fused.py: fp32 within 2e-4 of an fp64 reference at any length (12 heads of 64, GPT-2 small's
     ALiBi slopes; scripts/measure_fused_alibi.py measured 8.7e-5 at 8k). The last 256 queries of 8,192."""
@@ -371,6 +373,7 @@ def test_fp32_error_at_8k_is_within_the_stated_bound():
     assert len(fused.head_groups(slopes, T)) > 1  # the steep heads did run in blocks with their own centres
 
 
+@pytest.mark.slow
 def test_steep_heads_read_only_their_reach_and_lose_nothing(monkeypatch):
     """A blocked (steep) head reads only the keys within its reach (``fused.reach``: past it a key holds under
     e^-40 of its row, whatever q and k hold): the output and every gradient equal reading every key, and the

@@ -18,10 +18,12 @@ from retrofit.errors import DataError, RecipeError
 from retrofit.training import finetune, stream
 from retrofit.training.recipe import Recipe
 
-from .procs import final_weights, kill_at_first_checkpoint, override, run_child, run_ranks
+from ..procs import final_weights, kill_at_first_checkpoint, override, run_child, run_ranks
+
+pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Bytes:

@@ -1,4 +1,8 @@
-"""Every registered architecture x every registered scheme (a meta-test fails on a gap)."""
+"""The full battery (every scheme x every check) on one representative per distinct quirk, the kernel cases on
+one family per native kind, and a quick check on every registered model type (a meta-test fails on a gap).
+
+A model type that shares its adapter and quirks with a representative costs only its quick check: adding
+one is a tiny factory in tests/tiny.py and a line in ``QUIRKS`` below (a few seconds of suite time)."""
 
 from __future__ import annotations
 
@@ -14,10 +18,31 @@ from retrofit.adapters import ADAPTERS
 from retrofit.adapters.base import adapter_class
 from retrofit.core import _set_attn
 
-from . import reference  # noqa: F401  (registers "retrofit_reference")
-from .tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, _llama_like, ids
+from .. import reference  # noqa: F401  (registers "retrofit_reference")
+from ..tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, _llama_like, ids
 
-MODEL_TYPES = sorted(TINY)
+# the full battery: one model per adapter and per quirk the adapters handle differently
+REPRESENTATIVES = {
+    "gpt2": "learned absolute table, Conv1D projections",
+    "gpt_neo": "learned absolute, local (windowed) layers beside global ones, unscaled attention",
+    "opt": "learned absolute with OPT's offset of 2",
+    "gpt_neox": "partial rotary (rotary_pct), fused qkv",
+    "llama": "rotary on the attention interface, grouped-query heads",
+    "mistral": "rotary with a sliding window shorter than the input",
+}
+# every other registered type: what it shares with a representative (the quick check runs it)
+QUIRKS = {
+    "qwen2": "llama + qkv biases",
+    "qwen3": "llama + q/k norms, explicit head_dim",
+    "granite": "llama + attention/residual/logit multipliers",
+    "olmo": "llama + qkv clipping",
+    "olmo2": "llama + q/k norms over all heads",
+    "starcoder2": "mistral + biases, plain MLP",
+}
+# the battery past the liveness and reference check: `pytest -m "not slow"` keeps that check on every case and the
+# quick check on every type
+BATTERY = pytest.mark.slow
+KERNEL_FAMILIES = ("gpt2", "llama")  # kernel dispatch is per call, not per family: one of each native kind
 # "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
 # tests' default (chunked, conftest) would not take
 KERNEL_CASES = [
@@ -38,11 +63,21 @@ KERNEL_CASES = [
     "xl@auto",
     "nezha+max_distance=8@auto",
 ]
+
+
+def _applies(model_type: str, case: str) -> bool:
+    return (
+        case.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
+        or adapter_class(model_type).native_kind == "learned_absolute"
+    )
+
+
 CASES = [
     (m, c)
-    for m, c in itertools.product(MODEL_TYPES, sorted(MATRIX_OPTIONS) + KERNEL_CASES)
-    if c.partition("@")[0].split("+")[0] not in ONLY_LEARNED_ABSOLUTE
-    or adapter_class(m).native_kind == "learned_absolute"
+    for m, c in itertools.chain(
+        itertools.product(REPRESENTATIVES, sorted(MATRIX_OPTIONS)), itertools.product(KERNEL_FAMILIES, KERNEL_CASES)
+    )
+    if _applies(m, c)
 ]
 
 
@@ -75,6 +110,13 @@ def test_every_registration_is_in_the_matrix():
         missing = set(cls.model_types) - covered
         assert not missing, f"adapter {name!r}: model types {missing} have no tiny model in tests/tiny.py"
     assert set(retrofit.schemes()) == set(MATRIX_OPTIONS), "every scheme needs MATRIX_OPTIONS in tests/tiny.py"
+    assert set(REPRESENTATIVES) | set(QUIRKS) == set(TINY) and not set(REPRESENTATIVES) & set(QUIRKS)
+    assert {adapter_class(m).__name__ for m in TINY} == {adapter_class(m).__name__ for m in REPRESENTATIVES}, (
+        "every adapter needs a representative with the full battery"
+    )
+    for m in KERNEL_FAMILIES:
+        assert m in REPRESENTATIVES
+    assert {adapter_class(m).native_kind for m in KERNEL_FAMILIES} == {adapter_class(m).native_kind for m in TINY}
 
 
 def converted(model_type, case):
@@ -110,6 +152,7 @@ def test_live_and_matches_reference(model_type, scheme):
     torch.testing.assert_close(after, ref, atol=2e-5, rtol=1e-4)
 
 
+@BATTERY
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_runs_at_4x_native_and_matches_reference(model_type, scheme):
     model = converted(model_type, scheme)
@@ -122,6 +165,7 @@ def test_runs_at_4x_native_and_matches_reference(model_type, scheme):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+@BATTERY
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_incremental_decoding_equals_full_forward(model_type, scheme):
     if "dynamic" in scheme:
@@ -143,6 +187,7 @@ def test_incremental_decoding_equals_full_forward(model_type, scheme):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-4)
 
 
+@BATTERY
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_generate_cache_equals_recompute_left_padded(model_type, scheme):
     model = converted(model_type, scheme)
@@ -169,6 +214,7 @@ def _tolerance(scheme):
     return dict(atol=1e-4, rtol=1e-3) if scheme_of(scheme) == "rope" else dict(atol=2e-5, rtol=1e-4)
 
 
+@BATTERY
 @pytest.mark.parametrize("with_position_ids", [False, True], ids=["mask", "mask+position_ids"])
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_padding_is_applied(model_type, scheme, with_position_ids):
@@ -186,6 +232,7 @@ def test_padding_is_applied(model_type, scheme, with_position_ids):
     torch.testing.assert_close(pad, plain, **_tolerance(scheme))
 
 
+@BATTERY
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_left_padded_batch_generates_as_each_prompt_alone(model_type, scheme):
     """Greedy ``generate`` on a left-padded batch of two prompts (one crossing the native length) gives each
@@ -230,6 +277,7 @@ def test_dynamic_rope_under_padding_follows_transformers():
         torch.testing.assert_close(out[1, 14:], ref[1, 14:], atol=2e-5, rtol=1e-4)
 
 
+@BATTERY
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_save_load_identical(model_type, scheme, tmp_path):
     model = converted(model_type, scheme)
@@ -248,6 +296,7 @@ def test_save_load_identical(model_type, scheme, tmp_path):
     assert saved["model_type"] == "retrofit" and saved["retrofit"]["base_config"]["model_type"] == model_type
 
 
+@BATTERY
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_revert_is_exact(model_type, scheme):
     model = TINY[model_type]()
@@ -264,6 +313,7 @@ def test_revert_is_exact(model_type, scheme):
     assert "retrofit_positions" not in dict(model.named_modules())
 
 
+@BATTERY
 @pytest.mark.parametrize("model_type,scheme", CASES)
 def test_trains_through_the_patch(model_type, scheme):
     model = converted(model_type, scheme)
@@ -274,3 +324,30 @@ def test_trains_through_the_patch(model_type, scheme):
     loss.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+QUICK_CASES = ("alibi@auto", "rope")  # the user's default path; rescaled rotary (forward only)
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_quick_check_per_model_type(model_type, tmp_path):
+    """Every registered type: on the user's default kernel (ALiBi) and on rescaled RoPE the patch is live and
+    matches the plain reference past native; on ALiBi a left-padded batch generates as each prompt alone
+    (with the cache as without) and save -> reload gives the same logits."""
+    x = ids(2, NATIVE + 8)
+    with torch.no_grad():
+        plain = TINY[model_type]()(x[:, :NATIVE]).logits  # a learned table stops at native
+    for case in QUICK_CASES:
+        model = converted(model_type, case)
+        with torch.no_grad():
+            out = model(x).logits
+            _set_attn(model, "retrofit_reference")
+            ref = model(x).logits
+            _set_attn(model, "retrofit")
+        assert not torch.allclose(out[:, :NATIVE], plain, atol=1e-3), f"{case}: patch is not live"
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    model = converted(model_type, QUICK_CASES[0])
+    test_left_padded_batch_generates_as_each_prompt_alone(model_type, QUICK_CASES[0])
+    retrofit.save(model, tmp_path / "m")
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, retrofit.load(tmp_path / "m")(x).logits), "save -> reload changed logits"

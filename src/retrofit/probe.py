@@ -1,0 +1,86 @@
+"""The lossless probe: a model claimed by its structure (not by a type this suite tests) is first converted
+to the mechanism it already has (its own rotary, with its own frequencies) and must give back its own
+logits; a model that does not is refused, never converted silently wrong.
+
+The probe converts the model in place and reverts it (revert is exact, tested for every scheme), so it
+costs two short forwards and no copy of the weights. Its tolerance is float noise measured on the spot:
+the original's logits through transformers' eager attention against its own attention implementation."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import torch
+
+from .errors import UnsupportedArchitectureError
+
+log = logging.getLogger(__name__)
+LENGTH = 64  # tokens of the probe (at most the native length)
+_PASSED: dict[str, float] = {}  # config fingerprint -> the difference measured when it passed
+
+
+def fingerprint(model) -> str:
+    blob = f"{type(model).__qualname__}|{model.config.to_json_string(use_diff=False)}|{next(model.parameters()).dtype}"
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def own_mechanism(adapter) -> tuple[str, dict]:
+    """The scheme and options that reproduce the model's native positions."""
+    if adapter.native_kind == "rope":
+        return "rope", {}
+    return "extend", {"length": adapter.spec().native_length, "init": "copy"}
+
+
+@torch.no_grad()
+def lossless(model, adapter, convert, revert, set_attn) -> float:
+    """Require ``model``'s logits back after converting it to its own mechanism; returns the difference.
+    ``convert(model, scheme, options)``, ``revert(model)`` and ``set_attn(model, name)`` are core's (passed in:
+    no import circle).
+    Raises UnsupportedArchitectureError naming the difference."""
+    key = fingerprint(model)
+    if key in _PASSED:
+        return _PASSED[key]
+    was_training = model.training
+    model.eval()
+    spec = adapter.spec()
+    device = next(model.parameters()).device
+    n = max(2, min(LENGTH, spec.native_length or LENGTH))
+    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 100
+    x = torch.randint(3, max(4, vocab), (1, n), generator=torch.Generator().manual_seed(0)).to(device)
+    attn = model.config._attn_implementation
+    before = model(x).logits.float()
+    set_attn(model, "eager")
+    eager = model(x).logits.float()
+    set_attn(model, attn)
+    noise = (eager - before).abs().max().item()
+    scheme, options = own_mechanism(adapter)
+    try:
+        convert(model, scheme, options)
+        after = model(x).logits.float()
+    except Exception as e:
+        raise UnsupportedArchitectureError(
+            f"{model.config.model_type} ({type(model).__name__}): the lossless probe could not convert it to its "
+            f"own {scheme}: {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        if getattr(model, "_retrofit_state", None) is not None:
+            revert(model)
+        model.train(was_training)
+    diff = (after - before).abs().max().item()
+    tol = max(1e-5 * max(1.0, before.abs().max().item()), 4 * noise)
+    if not diff <= tol:
+        raise UnsupportedArchitectureError(
+            f"{model.config.model_type} ({type(model).__name__}): the lossless probe failed: converted to its own "
+            f"{scheme}, its logits differ from the original's by {diff:.3g} (tolerance {tol:.2g}, from float noise "
+            f"{noise:.2g}); no declared quirk explains it, so it is refused rather than converted silently wrong"
+        )
+    log.info(
+        "lossless probe: %s converted to its own %s: logits within %.2g (tolerance %.2g)",
+        model.config.model_type,
+        scheme,
+        diff,
+        tol,
+    )
+    _PASSED[key] = diff
+    return diff

@@ -1,0 +1,116 @@
+"""Models claimed by their structure (the LLaMA layout under another model type) and proven by the lossless
+probe; models whose difference matters refused by name (issue 42)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import transformers as tf
+
+import retrofit
+from retrofit import probe
+from retrofit.adapters import quirks
+from retrofit.core import _set_attn
+from retrofit.errors import UnsupportedArchitectureError
+
+from .. import reference  # noqa: F401  (registers "retrofit_reference")
+from ..tiny import NATIVE, _llama_like, ids
+
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+CLAIMED = {  # the LLaMA layout under another model type: converted after the probe
+    "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, MOE),
+    "qwen2_moe": (
+        tf.Qwen2MoeConfig,
+        tf.Qwen2MoeForCausalLM,
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    ),
+    "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {}),
+    "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, dict(head_dim=16)),
+    "stablelm": (tf.StableLmConfig, tf.StableLmForCausalLM, {}),  # partial rotary
+    "phi": (tf.PhiConfig, tf.PhiForCausalLM, {}),  # partial rotary, output projection named dense
+}
+REFUSED = {  # model type: (factory arguments, the quirk the error names)
+    "cohere": ((tf.CohereConfig, tf.CohereForCausalLM, {}), "interleaved (GPT-J-style) rotary"),
+    "gemma2": ((tf.Gemma2Config, tf.Gemma2ForCausalLM, dict(head_dim=16)), "attention-logit softcapping"),
+    "smollm3": (
+        (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])),
+        "layers without positions",
+    ),
+    "gpt_oss": ((tf.GptOssConfig, tf.GptOssForCausalLM, dict(MOE, head_dim=16)), "attention sinks"),
+    "deepseek_v3": (
+        (
+            tf.DeepseekV3Config,
+            tf.DeepseekV3ForCausalLM,
+            dict(
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                q_lora_rank=None,
+                kv_lora_rank=16,
+                qk_rope_head_dim=8,
+                qk_nope_head_dim=8,
+                v_head_dim=16,
+            ),
+        ),
+        "split-off part of the head",
+    ),
+    "gemma3_text": ((tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, dict(head_dim=16)), "per-layer-type rope parameters"),
+}
+
+
+def tiny(config_cls, model_cls, extra):
+    return _llama_like(config_cls, model_cls, **extra)()
+
+
+@pytest.mark.parametrize("model_type", sorted(CLAIMED))
+def test_a_model_of_the_llama_layout_is_claimed_probed_and_converted(model_type, tmp_path):
+    model = tiny(*CLAIMED[model_type])
+    assert model.config.model_type == model_type
+    x = ids(2, NATIVE + 8)
+    with torch.no_grad():
+        plain = model(x[:, :NATIVE]).logits
+        retrofit.convert(model, "alibi", kernel="auto")
+        out = model(x).logits
+        assert probe.fingerprint(tiny(*CLAIMED[model_type])) in probe._PASSED, "the probe did not run"
+        assert not torch.allclose(out[:, :NATIVE], plain, atol=1e-3), "patch is not live"
+        _set_attn(model, "retrofit_reference")
+        ref = model(x).logits
+        _set_attn(model, "retrofit")
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        a, b = model.generate(x[:1], use_cache=True, **kw), model.generate(x[:1], use_cache=False, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    retrofit.save(model, tmp_path / "m")
+    with torch.no_grad():
+        assert torch.equal(retrofit.load(tmp_path / "m")(x).logits, out)
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_difference_that_matters_is_refused_by_name(model_type):
+    args, says = REFUSED[model_type]
+    model = tiny(*args)
+    with torch.no_grad():
+        before = model(ids(1, 16)).logits
+    with pytest.raises(UnsupportedArchitectureError, match=re.escape(says)):
+        retrofit.convert(model, "alibi")
+    with torch.no_grad():
+        assert torch.equal(model(ids(1, 16)).logits, before), "a refused model is left as it was"
+
+
+def test_the_probe_refuses_a_difference_no_declared_quirk_names(monkeypatch):
+    """Without its declared fact, cohere's interleaved rotary is still caught: by its logits."""
+    monkeypatch.setattr(quirks, "QUIRKS", tuple(q for q in quirks.QUIRKS if q.name != "interleaved_rotary"))
+    model = tiny(*REFUSED["cohere"][0])
+    with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
+        retrofit.convert(model, "rope")
+    assert not retrofit.describe(model)["converted"]
+
+
+def test_lora_targets_come_from_the_attention_itself():
+    from retrofit.adapters.base import claimant
+
+    assert "dense" in claimant(tiny(*CLAIMED["phi"])).targets()
+    assert set(claimant(tiny(*CLAIMED["mixtral"])).targets()) == {"q_proj", "k_proj", "v_proj", "o_proj"}
