@@ -30,9 +30,9 @@ CLAIMED = {  # the LLaMA layout under another model type: converted after the pr
     "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, dict(head_dim=16)),
     "stablelm": (tf.StableLmConfig, tf.StableLmForCausalLM, {}),  # partial rotary
     "phi": (tf.PhiConfig, tf.PhiForCausalLM, {}),  # partial rotary, output projection named dense
+    "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),  # interleaved (GPT-J-style) rotary
 }
 REFUSED = {  # model type: (factory arguments, the quirk the error names)
-    "cohere": ((tf.CohereConfig, tf.CohereForCausalLM, {}), "interleaved (GPT-J-style) rotary"),
     "gemma2": ((tf.Gemma2Config, tf.Gemma2ForCausalLM, dict(head_dim=16)), "attention-logit softcapping"),
     "smollm3": (
         (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])),
@@ -103,7 +103,8 @@ def test_a_difference_that_matters_is_refused_by_name(model_type):
 def test_the_probe_refuses_a_difference_no_declared_quirk_names(monkeypatch):
     """Without its declared fact, cohere's interleaved rotary is still caught: by its logits."""
     monkeypatch.setattr(quirks, "QUIRKS", tuple(q for q in quirks.QUIRKS if q.name != "interleaved_rotary"))
-    model = tiny(*REFUSED["cohere"][0])
+    monkeypatch.setattr(probe, "_PASSED", {})  # a pass remembered from another test
+    model = tiny(*CLAIMED["cohere"])
     with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
         retrofit.convert(model, "rope")
     assert not retrofit.describe(model)["converted"]
@@ -114,3 +115,23 @@ def test_lora_targets_come_from_the_attention_itself():
 
     assert "dense" in claimant(tiny(*CLAIMED["phi"])).targets()
     assert set(claimant(tiny(*CLAIMED["mixtral"])).targets()) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+@pytest.mark.parametrize("model_type", ["cohere", "llama"])
+def test_rescaled_rope_equals_transformers_own_on_interleaved_and_half_split_rotary(model_type):
+    """YaRN x2 on a plain model equals the same weights with transformers' own YaRN, left-padded batch past
+    native included: the interleaved pairs (cohere) are rotated as its own code rotates them."""
+    cfg, cls = (
+        (tf.CohereConfig, tf.CohereForCausalLM) if model_type == "cohere" else (tf.LlamaConfig, tf.LlamaForCausalLM)
+    )
+    yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": NATIVE}
+    native = tiny(cfg, cls, dict(rope_parameters=yarn, max_position_embeddings=2 * NATIVE))
+    plain = tiny(cfg, cls, dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    plain.load_state_dict(native.state_dict())
+    retrofit.convert(plain, "rope", scaling="yarn", factor=2.0)
+    x, mask = ids(2, NATIVE + 12), torch.ones(2, NATIVE + 12, dtype=torch.long)
+    x[1, :5], mask[1, :5] = 0, 0
+    with torch.no_grad():
+        ref, out = native(x, attention_mask=mask).logits, plain(x, attention_mask=mask).logits
+    torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out[1, 5:], ref[1, 5:], atol=2e-5, rtol=1e-4)

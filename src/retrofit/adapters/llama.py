@@ -14,10 +14,11 @@ import inspect
 from torch import nn
 
 from ..errors import UnsupportedArchitectureError
+from . import quirks
 from .base import Adapter, AttentionSite, NeutralisedRotary, register_adapter
 
 
-def native_rope(config, rotary) -> dict:
+def native_rope(config, rotary, interleaved: bool = False) -> dict:
     """The model's own rotary settings: transformers' standardised ``rope_parameters`` plus the
     module's actual frequencies (never guessed attribute names such as ``rope_theta``)."""
     params = dict(config.rope_parameters or {})
@@ -29,6 +30,7 @@ def native_rope(config, rotary) -> dict:
         "rope_type": params.get("rope_type", "default"),
         "inv_freq": rotary.original_inv_freq.detach().float().cpu().clone(),
         "attention_scaling": float(getattr(rotary, "attention_scaling", 1.0)),
+        "interleaved": interleaved,  # GPT-J-style pairs (2i, 2i + 1)
     }
 
 
@@ -67,6 +69,7 @@ class LlamaAdapter(Adapter):
         "Starcoder2Attention",
     )
     lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+    handles = ("interleaved_rotary",)  # the rope scheme rotates its pairs; other schemes remove the rotary
 
     @classmethod
     def supports(cls, model) -> bool:
@@ -99,7 +102,8 @@ class LlamaAdapter(Adapter):
         return [AttentionSite(i, layer.self_attn, self._window(i)) for i, layer in enumerate(self.base().layers)]
 
     def native_rope(self):
-        return native_rope(self.config, self.base().rotary_emb)
+        interleaved = "interleaved_rotary" in quirks.detect(self.model)
+        return native_rope(self.config, self.base().rotary_emb, interleaved)
 
     def neutralise(self, state):
         base = self.base()

@@ -7,6 +7,7 @@ conversion; the lossless probe (``retrofit.probe``) catches what no declared fac
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Callable
@@ -59,16 +60,18 @@ def _interleaved_rotary(model):
     """GPT-J-style rotary pairs dims (0, 1), (2, 3), ... instead of (i, i + d/2): the modelling module's
     ``rotate_half`` reads every second dim (``x[..., ::2]``)."""
     for m in _attention_modules(model)[:1]:
-        module = sys.modules.get(type(m).__module__)
-        fn = getattr(module, "rotate_half", None)
-        if fn is not None:
-            try:
-                src = inspect.getsource(fn)
-            except (OSError, TypeError):
-                return None
-            if "::2" in src:
-                return f"{module.__name__}.rotate_half pairs interleaved dims"
+        if _pairs_interleaved(type(m).__module__):
+            return f"{type(m).__module__}.rotate_half pairs interleaved dims"
     return None
+
+
+@functools.cache
+def _pairs_interleaved(module_name: str) -> bool:
+    fn = getattr(sys.modules.get(module_name), "rotate_half", None)
+    try:
+        return fn is not None and "::2" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
 
 
 QUIRKS = (

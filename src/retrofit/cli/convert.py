@@ -41,7 +41,10 @@ def scheme_help() -> str:
     lines.append(kernels.help_text())
     from ..sources import supported_architectures
 
-    lines.append("architectures: " + supported_architectures())
+    lines.append(
+        "architectures: " + supported_architectures() + "; and by structure any decoder of the LLaMA layout that "
+        "passes the lossless probe (docs/support.md)"
+    )
     lines.append(_builtin_help())
     return "\n".join(lines)
 

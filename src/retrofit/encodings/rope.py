@@ -89,6 +89,9 @@ class RoPE(Scheme):
     def __init__(self, spec: ModelSpec, options):
         super().__init__(spec, options)
         self.rot_dim = int(spec.head_dim * options.fraction)
+        # GPT-J-style models (cohere, glm, ...) rotate the pairs (2i, 2i + 1), not (i, i + rot_dim / 2): a fact
+        # of the model, read by its adapter (``quirks``), never an option
+        self.interleaved = bool((spec.native_rope or {}).get("interleaved", False))
         self.rotation_depends_on_length = options.scaling == "dynamic"
         inv_freq, self.attention_scaling = self._init_frequencies(spec, options)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
@@ -159,5 +162,9 @@ class RoPE(Scheme):
         else:
             cos, sin = table
         xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
+        if self.interleaved:  # pair i is dims (2i, 2i + 1): to halves, rotate, back
+            xr = torch.cat((xr[..., 0::2], xr[..., 1::2]), dim=-1)
         xr = xr * cos + rotate_half(xr) * sin
+        if self.interleaved:
+            xr = torch.stack(xr.chunk(2, dim=-1), dim=-1).flatten(-2)  # (..., rot/2, 2) -> (..., rot)
         return torch.cat((xr, xp), dim=-1) if xp.shape[-1] else xr

@@ -8,7 +8,7 @@ import logging
 import torch
 from torch import nn
 
-from ..adapters import adapter_class
+from ..adapters.base import claimant
 from ..core import POSITIONS_MODULE
 from ..errors import RecipeError
 
@@ -112,8 +112,8 @@ def positions_parameters(model) -> int:
 def lora_targets(model, lora_cfg) -> list[str] | str:
     targets = lora_cfg.target_modules
     if targets is None:  # the adapter's; a family retrofit has no adapter for (an unconverted control): all linear
-        adapter = adapter_class(model.config.model_type)
-        targets = list(adapter.lora_targets) if adapter else "all-linear"
+        adapter = claimant(model)
+        targets = list(adapter.targets()) if adapter else "all-linear"
     if isinstance(targets, str) and targets != "all-linear":
         targets = [targets]
     if isinstance(targets, list):
@@ -179,7 +179,7 @@ def make_trainable(model, train_cfg):
         lora_dropout=cfg.dropout,
         target_modules=lora_targets(model, cfg),
         modules_to_save=extra or None,
-        fan_in_fan_out=bool(getattr(adapter_class(model.config.model_type), "fan_in_fan_out", False)),
+        fan_in_fan_out=bool(getattr(claimant(model), "fan_in_fan_out", False)),
         ensure_weight_tying=bool(train_cfg.train_embeddings and _tied(model)),
         task_type="CAUSAL_LM",
     )

@@ -191,7 +191,7 @@ def from_model(model, lora_targets: list[str] | None = None) -> Shape:
     """The Shape of a (meta-device or real) transformers model: parameters counted, not assumed."""
     from torch import nn
 
-    from ..adapters import adapter_class
+    from ..adapters.base import claimant
     from .model import _is_norm
 
     cfg = model.config
@@ -201,8 +201,8 @@ def from_model(model, lora_targets: list[str] | None = None) -> Shape:
     blocks = _decoder_blocks(model)
     params = {id(p): p for p in model.parameters()}
     if lora_targets is None:
-        adapter = adapter_class(cfg.model_type)
-        lora_targets = list(adapter.lora_targets) if adapter else None
+        adapter = claimant(model)
+        lora_targets = list(adapter.targets()) if adapter else None
     lora = 0
     for name, m in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
