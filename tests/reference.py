@@ -135,10 +135,11 @@ REFERENCE_BIAS = {
 def reference_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     ctx = module._retrofit_layer
     scheme = ctx.state.scheme()
+    kind = scheme.kind if ctx.positions else "none"  # a layer the original ran without positions
     B, H, Tq, D = query.shape
     Tk = key.shape[-2]
     query, key = query.float(), key.float()
-    if scheme.common.qk_norm:  # Zhang & Sennrich's RMSNorm per head: x / sqrt(mean(x^2) + eps) * g
+    if scheme.common.qk_norm and ctx.positions:  # Zhang & Sennrich's RMSNorm per head: x / sqrt(mean(x^2) + eps) * g
         query = (
             query / torch.sqrt(query.pow(2).mean(-1, keepdim=True) + 1e-6) * scheme.q_gain[ctx.layer][:, None].float()
         )
@@ -147,19 +148,19 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     value = value.repeat_interleave(H // value.shape[1], 1).float()
     i = torch.arange(Tk - Tq, Tk)[:, None]
     j = torch.arange(Tk)[None, :]
-    if scheme.kind == "rotary":
+    if kind == "rotary":
         query, key = _rope(scheme, query, key, i[:, 0], j[0])
     scaling = scaling if scaling is not None else D**-0.5  # some transformers releases pass None for GPT-2
-    if scheme.kind == "relative":
+    if kind == "relative":
         scores = REFERENCE_SCORES[scheme.name](scheme, ctx.layer, query, key, i, j) * scaling
     else:
         scores = query @ key.transpose(-1, -2) * scaling  # (B, H, Tq, Tk)
-    if scheme.kind == "bias":
+    if kind == "bias":
         scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (
             scaling if scheme.bias_scaled_with_scores else 1
         )
     beta, length = scheme.common.temperature, scheme.common.temperature_length
-    if beta:  # every logit of query i times 1 + beta * ln(max(1, (i + 1) / length))
+    if beta and ctx.positions:  # every logit of query i times 1 + beta * ln(max(1, (i + 1) / length))
         scores = scores * (1 + beta * torch.log(torch.clamp((i + 1).double() / length, min=1.0))).float()
     allowed = (j <= i) & ((i - j < ctx.window) if ctx.window else True)
     if attention_mask is not None:

@@ -37,6 +37,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     if state.attention_dropout is not None:  # a fine-tune's train.attention_dropout, in place of the module's
         dropout = state.attention_dropout if module.training else 0.0
     scheme = state.scheme()
+    kind = scheme.kind if ctx.positions else "none"  # a layer the original ran without positions stays so
     B, H, Tq, D = query.shape
     Tk = key.shape[-2]
     limit = scheme.max_length()
@@ -49,7 +50,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
     seen = (state.inputs or {}).get("past", 0)
     shift = seen - q_start if seen > q_start else 0
-    if scheme.common.qk_norm:
+    if scheme.common.qk_norm and ctx.positions:
         query, key = _qk_norm(state, scheme, ctx.layer, query, key, q_start)
     placed = state.positions is not None  # a training block's own positions (PoSE, randomized)
     if placed and (q_start or Tk > len(state.positions)):
@@ -57,7 +58,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
             f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first"
         )
-    if scheme.kind == "rotary":
+    if kind == "rotary":
         k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
         length = _rotary_length(state, scheme, Tq, Tk + shift, query.device, placed)
         first = None if placed else shift + state.offset  # consecutive positions: cos/sin from a table
@@ -69,17 +70,17 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         else:
             key = scheme.rotate(ctx.layer, key, k_pos, length, start=first)
     rel_query = None
-    if scheme.kind == "relative":  # Transformer-XL: content query q + u, position query q + v
+    if kind == "relative":  # Transformer-XL: content query q + u, position query q + v
         query, rel_query = scheme.relative_queries(ctx.layer, query)
     tau = None
-    if scheme.common.temperature:  # length-aware temperature: every logit of query i times tau_i (its bias's too)
+    if scheme.common.temperature and ctx.positions:  # length-aware temperature: every logit of query i times tau_i (its bias's too)
         tau = scheme.temperature(state.place(state_positions(state, Tq, query.device)))  # (B or 1, Tq), padding-aware
         query = query * tau.to(query.dtype)[:, None, :, None]
         if rel_query is not None:
             rel_query = rel_query * tau.to(query.dtype)[:, None, :, None]
     relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed)
     bias = slopes = band = rows = None
-    if scheme.kind == "bias":
+    if kind == "bias":
         scale = scaling if scheme.bias_scaled_with_scores else None
         layer = ctx.layer_index(query.device)  # a 0-d tensor: compiled score_mods do not specialise on it
         moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i

@@ -131,7 +131,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
                     p.requires_grad_(False)
                     state.frozen.append(p)
         for site in adapter.sites():
-            site.module._retrofit_layer = LayerContext(state, site.layer, site.window)
+            site.module._retrofit_layer = LayerContext(state, site.layer, site.window, site.positions)
         _set_attn(model, ATTN_NAME)
         previous = getattr(model.config, "retrofit", None) or {}
         model.config.retrofit = {

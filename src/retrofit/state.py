@@ -71,6 +71,7 @@ class LayerContext:
     state: RetrofitState
     layer: int
     window: int | None
+    positions: bool = True  # False: this layer attends without positions, as in the original
     _index: dict = field(default_factory=dict)
 
     def layer_index(self, device) -> torch.Tensor:

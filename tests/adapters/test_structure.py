@@ -12,6 +12,7 @@ import transformers as tf
 import retrofit
 from retrofit import probe
 from retrofit.adapters import quirks
+from retrofit.adapters.base import AttentionSite
 from retrofit.core import _set_attn
 from retrofit.errors import UnsupportedArchitectureError
 
@@ -31,13 +32,10 @@ CLAIMED = {  # the LLaMA layout under another model type: converted after the pr
     "stablelm": (tf.StableLmConfig, tf.StableLmForCausalLM, {}),  # partial rotary
     "phi": (tf.PhiConfig, tf.PhiForCausalLM, {}),  # partial rotary, output projection named dense
     "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),  # interleaved (GPT-J-style) rotary
+    "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])),
 }
 REFUSED = {  # model type: (factory arguments, the quirk the error names)
     "gemma2": ((tf.Gemma2Config, tf.Gemma2ForCausalLM, dict(head_dim=16)), "attention-logit softcapping"),
-    "smollm3": (
-        (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])),
-        "layers without positions",
-    ),
     "gpt_oss": ((tf.GptOssConfig, tf.GptOssForCausalLM, dict(MOE, head_dim=16)), "attention sinks"),
     "deepseek_v3": (
         (
@@ -135,3 +133,21 @@ def test_rescaled_rope_equals_transformers_own_on_interleaved_and_half_split_rot
         ref, out = native(x, attention_mask=mask).logits, plain(x, attention_mask=mask).logits
     torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(out[1, 5:], ref[1, 5:], atol=2e-5, rtol=1e-4)
+
+
+def test_a_layer_without_positions_stays_without_them(monkeypatch):
+    """smollm3's no_rope_layers: the layer the original runs without positions is kept so (the probe passes);
+    rotated like the others, the probe sees it and refuses."""
+    from retrofit.adapters.llama import LlamaAdapter
+
+    model = tiny(*CLAIMED["smollm3"])
+    retrofit.convert(model, "alibi")
+    assert [site.positions for site in retrofit.core._state(model).adapter.sites()] == [True, True, True, False]
+    monkeypatch.setattr(probe, "_PASSED", {})
+    monkeypatch.setattr(
+        LlamaAdapter,
+        "sites",
+        lambda self: [AttentionSite(i, layer.self_attn) for i, layer in enumerate(self.base().layers)],
+    )
+    with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
+        retrofit.convert(tiny(*CLAIMED["smollm3"]), "alibi")

@@ -36,6 +36,7 @@ class AttentionSite:
     layer: int
     module: nn.Module
     window: int | None = None  # sliding-window size of this layer (None: global)
+    positions: bool = True  # False: a layer the original runs without positions (smollm3's), kept so
 
 
 @dataclass(frozen=True)

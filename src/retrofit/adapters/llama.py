@@ -69,7 +69,9 @@ class LlamaAdapter(Adapter):
         "Starcoder2Attention",
     )
     lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
-    handles = ("interleaved_rotary",)  # the rope scheme rotates its pairs; other schemes remove the rotary
+    # the rope scheme rotates interleaved pairs (other schemes remove the rotary); layers without positions
+    # (smollm3's no_rope_layers) stay without them
+    handles = ("interleaved_rotary", "no_rope_layers")
 
     @classmethod
     def supports(cls, model) -> bool:
@@ -99,7 +101,11 @@ class LlamaAdapter(Adapter):
         return window
 
     def sites(self):
-        return [AttentionSite(i, layer.self_attn, self._window(i)) for i, layer in enumerate(self.base().layers)]
+        rope = getattr(self.config, "no_rope_layers", None)  # 1: rotary, 0: no positions
+        return [
+            AttentionSite(i, layer.self_attn, self._window(i), positions=bool(rope[i]) if rope is not None else True)
+            for i, layer in enumerate(self.base().layers)
+        ]
 
     def native_rope(self):
         interleaved = "interleaved_rotary" in quirks.detect(self.model)
