@@ -42,18 +42,28 @@ SMALL = dict(
     num_experts_per_tok=2,
     shared_expert_intermediate_size=32,
 )
-MAX_PARAMS = 3_000_000  # a config whose sizes did not shrink is not built
+MAX_PARAMS = 15_000_000  # a config whose sizes did not shrink is not built
 
 
 def tiny(model_type: str):
-    cfg = tf.AutoConfig.for_model(model_type)
-    cfg = tf.AutoConfig.for_model(model_type, **{k: v for k, v in SMALL.items() if hasattr(cfg, k)})
+    """The type's model from its own config with SMALL's sizes; where that config refuses them, again with
+    its own layer count (a layer pattern tied to it, e.g. GPT-Neo's attention_types)."""
     cls = getattr(tf, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    with torch.device("meta"):
-        n = sum(p.numel() for p in cls(cfg).parameters())
-    if n > MAX_PARAMS:
-        raise ValueError(f"its config did not shrink ({n / 1e6:.0f}M parameters)")
-    return cls(cfg).eval()
+    default = tf.AutoConfig.for_model(model_type)
+    error = None
+    for drop in ((), ("num_hidden_layers",)):
+        small = {k: v for k, v in SMALL.items() if hasattr(default, k) and k not in drop}
+        try:
+            cfg = tf.AutoConfig.for_model(model_type, **small)
+            with torch.device("meta"):
+                n = sum(p.numel() for p in cls(cfg).parameters())
+        except Exception as e:
+            error = error or e
+            continue
+        if n > MAX_PARAMS:
+            raise ValueError(f"its config did not shrink ({n / 1e6:.0f}M parameters)")
+        return cls(cfg).eval()
+    raise error
 
 
 def row(model_type: str) -> tuple[str, str]:

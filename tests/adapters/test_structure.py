@@ -151,3 +151,21 @@ def test_a_layer_without_positions_stays_without_them(monkeypatch):
     )
     with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
         retrofit.convert(tiny(*CLAIMED["smollm3"]), "alibi")
+
+
+def test_the_support_table_says_what_this_suite_shows():
+    """docs/support.md (research: scripts/support_table.py) agrees with the types this file converts and
+    refuses, and with every registered type."""
+    from pathlib import Path
+
+    from retrofit.adapters import ADAPTERS
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "support.md").read_text()
+    rows = dict(re.findall(r"^\| `([^`]+)` \| ([a-z ]+) \|", text, re.M))
+    registered = {t for _n, c in ADAPTERS.items() for t in c.model_types}
+    for t in set(CLAIMED) | registered:
+        assert rows.get(t) == "converts", f"docs/support.md says {t}: {rows.get(t)}"
+    for t in REFUSED:
+        assert rows.get(t) in ("refused", "not built"), f"docs/support.md says {t}: {rows.get(t)}"
+    converts = sum(1 for s in rows.values() if s == "converts")
+    assert f"**{converts} of {len(rows)} types convert**" in text
