@@ -1,4 +1,4 @@
-"""The prepared GPU check (scripts/device_check.sh): without a GPU it says so and exits 0; its dry run executes
+"""The prepared GPU check (research/device_check.sh): without a GPU it says so and exits 0; its dry run executes
 the same code on the CPU and writes the JSON and the table."""
 
 import json
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_device_check_without_a_gpu_and_its_dry_run(tmp_path, user_env):
     r = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "device_check.sh")],
+        ["bash", str(ROOT / "research" / "device_check.sh")],
         env={**user_env, "OUT": str(tmp_path / "x")},
         capture_output=True,
         text=True,
@@ -24,7 +24,7 @@ def test_device_check_without_a_gpu_and_its_dry_run(tmp_path, user_env):
     r = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "device_check.py"),
+            str(ROOT / "research" / "device_check.py"),
             "--dry-run",
             "--schemes",
             "alibi,t5",

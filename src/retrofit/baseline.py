@@ -13,7 +13,7 @@ folder, else says how to build it.
 Presets: ``"micro"`` (seconds, for tests), ``"quickstart"`` (about 2-3 min on 2 CPU cores), ``"study"``
 (about 30 min on 2 CPU cores), ``"study2-gpt2"`` and ``"study2-llama"`` (~10M parameters, 10.5M tokens,
 native 256: ~35 min each on 2 idle CPU cores in bf16, 75 min each when both run at once;
-``scripts/bench_pretrain.py`` measures the rate). The output dir is a normal Hugging Face folder
+``research/bench_pretrain.py`` measures the rate). The output dir is a normal Hugging Face folder
 (``GPT2LMHeadModel`` or ``LlamaForCausalLM`` safetensors + tokenizer) plus ``pretrain_stats.json``.
 
 Same config -> same weights (seeded data order, init and dropout; on the same hardware and thread
@@ -340,7 +340,7 @@ def check_shipped(folder: Path) -> None:
     """Every file named in ``SHA256SUMS`` is there with that hash, and no other file is: else OptionError."""
     sums = folder / SUMS_FILE
     fix = (
-        f"restore it (git checkout {folder}), or pretrain anew: scripts/pretrain_baseline.py --preset "
+        f"restore it (git checkout {folder}), or pretrain anew: research/pretrain_baseline.py --preset "
         f"{folder.name.rsplit('-', 1)[0]} --force (the study: --stand-ins '')"
     )
     if not sums.is_file():

@@ -361,7 +361,7 @@ def test_blocked_heads_keep_no_mask_for_backward(monkeypatch):
 @pytest.mark.slow
 def test_fp32_error_at_8k_is_within_the_stated_bound():
     """README / fused.py: fp32 within 2e-4 of an fp64 reference at any length (12 heads of 64, GPT-2 small's
-    ALiBi slopes; scripts/measure_fused_alibi.py measured 8.7e-5 at 8k). The last 256 queries of 8,192."""
+    ALiBi slopes; research/measure_fused_alibi.py measured 8.7e-5 at 8k). The last 256 queries of 8,192."""
     H, D, T, R = 12, 64, 8192, 256
     slopes = torch.tensor(alibi_slopes(H))
     q, k, v = _qkv(1, H, T, T, D)

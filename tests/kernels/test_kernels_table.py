@@ -74,8 +74,8 @@ def test_earlier_names_map_once_onto_the_table():
 def test_nothing_reads_the_kernel_from_the_environment():
     hits = [
         f"{f.relative_to(ROOT)}"
-        for d in ("retrofit", "scripts")
-        for f in sorted((ROOT / d).rglob("*.py"))
+        for d in (ROOT / "src" / "retrofit", ROOT / "research")
+        for f in sorted(d.rglob("*.py"))
         if "RETROFIT_ATTENTION_PATH" in f.read_text()
     ]
     assert not hits, hits

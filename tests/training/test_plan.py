@@ -137,7 +137,7 @@ def test_plan_cli_as_typed(tmp_path, monkeypatch):
 
 def test_docs_memory_table_is_what_the_formula_prints():
     res = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "memory_table.py"), "--check"],
+        [sys.executable, str(REPO / "research" / "memory_table.py"), "--check"],
         capture_output=True,
         text=True,
         timeout=120,

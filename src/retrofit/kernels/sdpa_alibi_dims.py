@@ -17,7 +17,7 @@ boolean (C, Tk) mask per block, which SDPA keeps for backward). Heads are groupe
 steepest one or two heads of a 12-head model are blocked, the others run as one causal square.
 ``MAX_SPAN`` = 2048 bounds the error once a block is that wide (from ~2k tokens on): in fp32 the output
 stays within 2e-4 of an fp64 reference at any length (measured max 3.6e-5 at 1k, 7.9e-5 at 2k, 8.7e-5
-at 4k and 8k, 12 heads; ``scripts/measure_fused_alibi.py``, ``benchmarks/fused_alibi_precision.json``;
+at 4k and 8k, 12 heads; ``research/measure_fused_alibi.py``, ``benchmarks/fused_alibi_precision.json``;
 tested at 8k). The chunked path stays within ~1.5e-6. bf16/fp16 stay at their own rounding.
 
 Steep heads read only as far as they can see (``reach``): a key whose bias puts it more than ``MARGIN`` below

@@ -1,4 +1,4 @@
-"""The study's cell cache, in one place for ``retrofit study`` and the committed study reports (scripts/study.py).
+"""The study's cell cache, in one place for ``retrofit study`` and the committed study reports (research/study.py).
 
 A finished cell lives in ``ROOT/<name>/<file>`` (``cell.json`` unless said), a JSON record that carries what
 it was measured with, its *plan*. A record is reused only for the same plan (``plan_of(record)`` against the

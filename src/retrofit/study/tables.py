@@ -1,4 +1,4 @@
-"""The study's tables, in one place for ``retrofit study`` and the committed study reports (scripts/study.py).
+"""The study's tables, in one place for ``retrofit study`` and the committed study reports (research/study.py).
 
 A study is a list of cells, each ``{"name", "label", "scheme" (None: the continued-training control),
 "method", "budget", "extra_tokens", "role", "seed" (absent: the base seed), "rows"}`` (``rows``: the

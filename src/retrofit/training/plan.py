@@ -2,7 +2,7 @@
 
 ``retrofit finetune RECIPE --plan`` prints it for DDP, FSDP (full shard) and FSDP + CPU offload;
 ``docs/finetune.md``'s table for 1B / 7B / 70B LLaMA-style models comes from the same function
-(``scripts/memory_table.py``), and ``scripts/check_plan.py`` holds it against measured peaks.
+(``research/memory_table.py``), and ``research/check_plan.py`` holds it against measured peaks.
 
 Per device, for P parameters of which T train, N processes, B x S tokens per micro-batch, L layers:
 

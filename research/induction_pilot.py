@@ -1,9 +1,9 @@
 """Does a stand-in body form induction heads? The pilots of docs/results.md ("Stand-ins that copy").
 
     # the copy mix through the stand-in trainer (its copy curve lands in pretrain_stats.json)
-    OMP_NUM_THREADS=1 python scripts/induction_pilot.py mix --arch gpt2 --steps 800 --copy-fraction 0.75 --batch 8
+    OMP_NUM_THREADS=1 python research/induction_pilot.py mix --arch gpt2 --steps 800 --copy-fraction 0.75 --batch 8
     # the induction toy on rows of the body, with natural rows beside (--toy-rows of --batch), own loop
-    OMP_NUM_THREADS=1 python scripts/induction_pilot.py toy --arch gpt2 --layers 4 --toy-rows 16 --steps 800 --native 128
+    OMP_NUM_THREADS=1 python research/induction_pilot.py toy --arch gpt2 --layers 4 --toy-rows 16 --steps 800 --native 128
 
 Every 100 steps (toy) it prints the loss on the toy rows' repeats, the natural rows' loss and the copy probe
 (``retrofit.evaluation.retrieval``: a 32-token held-out span at distance 128, repeat NLL / first NLL, exact).

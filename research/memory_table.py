@@ -1,18 +1,18 @@
 """Print docs/finetune.md's memory-on-paper table from retrofit.training.plan (the formula `--plan` uses).
 
-python scripts/memory_table.py            # the Markdown table
-python scripts/memory_table.py --check    # exit 1 if docs/finetune.md holds another table
+python research/memory_table.py            # the Markdown table
+python research/memory_table.py --check    # exit 1 if docs/finetune.md holds another table
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from harness import DOCS
 from retrofit.training.plan import PRESETS, GiB, Run, estimate
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "finetune.md"
+DOC = DOCS / "finetune.md"
 BEGIN, END = "<!-- memory-table:begin -->", "<!-- memory-table:end -->"
 PROCESSES = 8
 

@@ -1,7 +1,7 @@
 """Calibration on the GPT-2 study stand-in (issue 33 item 3): the zero-shot ratio to the original at 1x
 (256 tokens) on the held-out plays, before and after ``retrofit.calibrate``, per scheme and learning rate.
 
-    OMP_NUM_THREADS=1 RETROFIT_PROGRESS=0 python scripts/measure_calibrate.py \\
+    OMP_NUM_THREADS=1 RETROFIT_PROGRESS=0 python research/measure_calibrate.py \\
         --cells t5:1e-2 alibi:1e-2 --out benchmarks/calibrate.json
 
 A cell is SCHEME[+learn_slopes]:LR[:STEPS]; alibi is converted with learn_slopes=true. Calibration data:
@@ -12,24 +12,18 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-STANDIN = ROOT / "standins" / "study2-gpt2-acb8e7edbe56"
+from harness import ROOT, STANDINS, command, stamp, write_record
+
+STANDIN = STANDINS / "study2-gpt2-acb8e7edbe56"
 
 
 def main() -> int:
     import torch
 
     import retrofit
-    from retrofit.atomic import write_text
     from retrofit.data import load_documents
-    from retrofit.versions import cpu_info, library_versions
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", nargs="+", default=["t5:1e-2", "alibi:1e-2"])
@@ -71,13 +65,12 @@ def main() -> int:
     if args.out:
         out = {
             "model": str(STANDIN.relative_to(ROOT)),
-            "command": " ".join(sys.argv),
+            "command": command(__file__),
             "threads": 1,
-            "hardware": {"cpu_count": os.cpu_count(), **cpu_info()},
-            "versions": library_versions(),
+            **stamp(),
             "rows": rows,
         }
-        write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
+        write_record(args.out, out)
     return 0
 
 

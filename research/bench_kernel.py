@@ -1,9 +1,9 @@
 """Kernel benchmark: forward time and peak memory of a GPT-2-small-shaped model (random weights),
 stock SDPA against each converted scheme, inference and training step, at several lengths.
 
-    python scripts/bench_kernel.py --out benchmarks/bench_kernel.json
-    python scripts/bench_kernel.py --lengths 1024 --modes train --schemes alibi,alibi+scale_bias --memory-lengths ''
-    python scripts/bench_kernel.py --schemes alibi,t5 --lengths 2048 --memory-lengths '' --flush-denormal both
+    python research/bench_kernel.py --out benchmarks/bench_kernel.json
+    python research/bench_kernel.py --lengths 1024 --modes train --schemes alibi,alibi+scale_bias --memory-lengths ''
+    python research/bench_kernel.py --schemes alibi,t5 --lengths 2048 --memory-lengths '' --flush-denormal both
 
 Time: stock and every variant run alternately in one process (median of per-repeat ratios).
 Memory: each variant in its own process so peak-memory readings don't leak between runs. Memory is
@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from harness import command, stamp, write_record
 
 
 def rss_now() -> int:
@@ -297,9 +296,6 @@ def run_worker(args, argv, what) -> list[dict]:
 def write(args, rows) -> dict:
     import torch
 
-    import retrofit
-    from retrofit.versions import cpu_info
-
     rows = [dict(r) for r in rows]
     mem_stock = {
         (r["mode"], r["length"]): r["peak_bytes"] for r in rows if r.get("variant") == "stock" and "peak_bytes" in r
@@ -318,32 +314,23 @@ def write(args, rows) -> dict:
             r["saved_vs_stock"] = round(r["saved_for_backward_bytes"] / s, 3)
     result = {
         "benchmark": "bench_kernel",
-        "command": "python scripts/bench_kernel.py " + shlex.join(sys.argv[1:]),
+        "command": command(__file__),
         "model": f"GPT-2-small shape ({args.layers} layers for time, {args.memory_layers or args.layers} for memory; "
         f"768 wide, 12 heads), random weights, batch 1, body only, dropout {args.dropout}",
         "method": "time: stock and each variant alternately in one process, ratio = median of per-repeat ratios; "
         "memory: one variant per process, peak over one step minus the memory before it",
-        "hardware": {
-            "device": "cuda" if torch.cuda.is_available() else "cpu",
-            "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            **cpu_info(),
-            "flush_denormal_option": args.flush_denormal,
-        },
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-            "retrofit": retrofit.__version__,
-        },
+        **stamp(),
         "memory_measure": "cuda max_memory_allocated"
         if torch.cuda.is_available()
         else "peak RSS (VmHWM) delta, glibc malloc with " + " ".join(f"{k}={v}" for k, v in MEMORY_MALLOC.items()),
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    result["hardware"].update(
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        flush_denormal_option=args.flush_denormal,
+    )
+    write_record(args.out, result)
     return result
 
 

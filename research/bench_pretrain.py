@@ -4,31 +4,25 @@ training loop (``retrofit.training.standin.train``: AdamW, clipping, cosine sche
 for each precision x torch thread count, the variants run round after round in one process
 (median tokens/s over the rounds). It tells how long ``pretrain(preset)`` will take before starting it.
 
-    python scripts/bench_pretrain.py --presets study2-gpt2,study2-llama --out benchmarks/bench_pretrain.json
-    python scripts/bench_pretrain.py --presets study --precisions fp32 --threads 1,2 --steps 4 --rounds 2
+    python research/bench_pretrain.py --presets study2-gpt2,study2-llama --out benchmarks/bench_pretrain.json
+    python research/bench_pretrain.py --presets study --precisions fp32 --threads 1,2 --steps 4 --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torch
 
+from harness import command, stamp, write_record
 from retrofit import baseline
 from retrofit.training import standin
-from retrofit.versions import cpu_info, library_versions
 
 
 def time_steps(cfg: baseline.BaselineConfig, model, blocks: torch.Tensor) -> float:
@@ -102,15 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         rows += bench_preset(name, args)
     result = {
         "benchmark": "bench_pretrain",
-        "command": "python scripts/bench_pretrain.py " + shlex.join(sys.argv[1:]),
+        "command": command(__file__, argv),
         "method": "standin.train on random blocks; variants interleaved round after round in one process, "
         "tokens/s = tokens per measurement / median seconds; round 0 is a warm-up",
-        "hardware": {"cpu_count": os.cpu_count(), "platform": platform.platform(), **cpu_info()},
-        "versions": library_versions(),
+        **stamp(),
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_record(args.out, result)
     for r in rows:
         print(
             f"| {r['preset']} | {r['precision']} | {r['threads']} | {r['tokens_per_s']:.0f} tok/s "

@@ -1,7 +1,7 @@
 """Measure native exports on a trained model: max |logit| difference on random ids and the perplexity of
 the patched vs the exported model on real text (default: the held-out Shakespeare plays), at lengths past the native one.
 
-    OMP_NUM_THREADS=1 python scripts/measure_export.py [--preset quickstart] [--lengths 256 512 1024] [--out m.json]
+    OMP_NUM_THREADS=1 python research/measure_export.py [--preset quickstart] [--lengths 256 512 1024] [--out m.json]
 
 The model is the offline GPT-2 stand-in (``retrofit.baseline``; native length 128 for "quickstart"),
 converted without fine-tuning (the export maps whatever weights it has; fine-tuning changes nothing
@@ -17,6 +17,8 @@ import math
 import tempfile
 
 import torch
+
+from harness import write_record
 
 
 def nll(model, ids: torch.Tensor) -> float:
@@ -104,8 +106,7 @@ def main() -> None:
         )
         print(json.dumps(rows[-1]))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_record(args.out, rows)
 
 
 if __name__ == "__main__":

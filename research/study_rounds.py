@@ -1,12 +1,14 @@
 """The committed study reports (``benchmarks/study*.json/.md/.png``), rebuilt from their cell caches.
 
 A *round* is one committed report: a grid on a stand-in (``retrofit.training.standin``; budgets as fractions of
-its pretraining tokens, cells named ``LABEL-METHOD-FRACTION[-seedN]``), or the SmolLM2 runs. Its definition
-(``Round``) lives in ``scripts/study.py``; everything else is here, once: the scheme entries
+its pretraining tokens, cells named ``LABEL-METHOD-FRACTION[-seedN]``), or the SmolLM2 runs. Each report's
+``Round`` is written in ``research/study.py``; everything else is here, once: the scheme entries
 (``[LABEL=]SCHEME:KEY=VALUE;...``), the cells a round holds, their plans, the cache they are read from
 (``retrofit.study.cache``; a cell missing from it is reported as not run), the report's cells put back into an
 empty cache (same stand-in, same settings), the tables (``retrofit.study.tables``), the markdown and the plot.
-Nothing here trains or evaluates: a new study is ``retrofit study GRID.yaml``.
+Nothing here trains or evaluates: a new study is ``retrofit study GRID.yaml``. A module of the research folder
+(``research/study.py`` and ``research/study_sweep.py`` import it), not of the package: nothing a user runs needs it;
+``research/test_study_rounds.py`` checks it.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..atomic import write_text
-from ..errors import RecipeError
-from ..schema import parse_overrides
-from . import tables as T
-from .cache import CellCache, read
+from retrofit.atomic import write_text
+from retrofit.errors import RecipeError
+from retrofit.schema import parse_overrides
+from retrofit.study import tables as T
+from retrofit.study.cache import CellCache, read
 
 log = logging.getLogger(__name__)
 PASSKEY_DEPTHS = [0.0, 0.5, 1.0]
@@ -228,9 +230,9 @@ def cached_cell(cache: CellCache, cell: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 def stand_in(r: Round, shipped) -> tuple[Path, dict, int]:
     """The stand-in's folder, pretrain stats and native length (the shipped copy where there is one)."""
-    from .. import baseline
-    from .. import run_folder as rf
-    from ..training import standin
+    from retrofit import baseline
+    from retrofit import run_folder as rf
+    from retrofit.training import standin
 
     path = standin.pretrain(r.preset, shipped=shipped or None)
     return path, baseline.load_stats(path), rf.native_length(path)
@@ -240,7 +242,7 @@ def part_gpt2(r: Round, previous: dict | None, shipped) -> dict:
     """The round's report on its stand-in, from the cache under ``r.runs``; ``previous``: the report at
     ``r.out``, whose cells go back into an empty cache first (restore_cells) and are kept when this grid
     lacks them."""
-    from ..baseline import weights_sha256
+    from retrofit.baseline import weights_sha256
 
     base, stats, native = stand_in(r, shipped)
     pretrain_tokens = stats["pretrain_tokens"]
@@ -293,7 +295,7 @@ def restore_cells(previous: dict, base: Path, sha: str, r: Round, native: int, c
     with these settings (SETTINGS). Returns those cells. A report from before hashes were recorded counts as
     this stand-in's if its cache key and pretraining losses are this one's to the last digit (the same
     pretraining run); its settings are then the round's. Anything else is an error."""
-    from ..baseline import load_stats
+    from retrofit.baseline import load_stats
 
     recorded, mine = previous.get("stand_in") or {}, r.settings(native)
     if recorded.get("weights_sha256"):
@@ -479,7 +481,7 @@ def _machine() -> dict:
     import torch
     import transformers
 
-    from ..versions import __version__, cpu_info
+    from retrofit.versions import __version__, cpu_info
 
     return {
         "hardware": {

@@ -6,7 +6,7 @@ the same steps, data, seed and learning rate, three ways: plain (positions 0..L-
 randomized positions over ``--target`` positions. Each result is evaluated on held-out Shakespeare at
 1x..``--target`` tokens (non-overlapping windows, the same tokens for every run).
 
-    OMP_NUM_THREADS=2 python scripts/compare_pose.py --schemes rope --steps 60 --block 128 --target 1024
+    OMP_NUM_THREADS=2 python research/compare_pose.py --schemes rope --steps 60 --block 128 --target 1024
     -> benchmarks/compare_pose.json
 """
 
@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import command, stamp, write_record
 
 
 def recipe(out: Path, scheme: str, method: str, args) -> dict:
@@ -50,7 +52,6 @@ def recipe(out: Path, scheme: str, method: str, args) -> dict:
 def main(argv=None) -> int:
     from retrofit.evaluation import evaluate
     from retrofit.training import finetune
-    from retrofit.versions import cpu_info
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="baseline:quickstart")
@@ -93,14 +94,13 @@ def main(argv=None) -> int:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             result = {
                 "benchmark": "compare_pose",
-                "command": "python scripts/compare_pose.py " + " ".join(sys.argv[1:]),
+                "command": command(__file__, argv),
                 "settings": {k: v for k, v in vars(args).items() if k != "out"},
                 "tokens_per_run": args.steps * args.batch * args.block,
-                "hardware": cpu_info(),
+                **stamp(),
                 "rows": rows,
             }
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            write_record(args.out, result)
     print("| scheme | method | " + " | ".join(f"ppl@{n}" for n in lengths) + " |")
     print("|---|---|" + "---:|" * len(lengths))
     for r in rows:

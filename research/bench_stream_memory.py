@@ -1,6 +1,6 @@
 """Peak memory of streamed fine-tune data against a whole read of the same corpus.
 
-    python scripts/bench_stream_memory.py --mb 300          # writes benchmarks/stream_memory.json
+    python research/bench_stream_memory.py --mb 300          # writes benchmarks/stream_memory.json
 
 Makes a jsonl corpus of about ``--mb`` MB (standard-library sources, each document given a different
 header so none repeats), then measures, each in a fresh process (peak RSS from ``getrusage``):
@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from harness import BENCHMARKS, command, stamp, write_record
 
 
 def make_corpus(path: Path, mb: int) -> int:
@@ -111,14 +110,12 @@ def main() -> None:
     p.add_argument("--mb", type=int, default=300, help="corpus size in MB")
     p.add_argument("--block", type=int, default=1024)
     p.add_argument("--modes", default="stream,finetune,whole")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "stream_memory.json")
+    p.add_argument("--out", type=Path, default=BENCHMARKS / "stream_memory.json")
     p.add_argument("--child", nargs=3, metavar=("MODE", "CORPUS", "BLOCK"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         print(json.dumps(child(a.child[0], a.child[1], int(a.child[2]))))
         return
-    from retrofit.versions import cpu_info, library_versions
-
     with tempfile.TemporaryDirectory() as d:
         corpus = Path(d) / "corpus.jsonl"
         size = make_corpus(corpus, a.mb)
@@ -143,19 +140,18 @@ def main() -> None:
             print(mode, results[mode], flush=True)
     record = {
         "what": "peak RSS of streamed fine-tune data vs a whole read of the same jsonl corpus (each in a fresh process)",
-        "command": f"python scripts/bench_stream_memory.py --mb {a.mb} --block {a.block}",
+        "command": command(__file__, ["--mb", str(a.mb), "--block", str(a.block)]),
         "corpus_mib": round(size / 2**20, 1),
         "block_length": a.block,
         "tokenizer": "tiny-gpt2 (bytes)",
         "results": results,
-        "cpu": cpu_info(),
-        "versions": library_versions(),
+        **stamp(),
     }
     if "whole" in results and "stream" in results:
         record["whole_over_stream_peak"] = round(
             results["whole"]["peak_rss_mib"] / results["stream"]["peak_rss_mib"], 2
         )
-    a.out.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(a.out, record)
     print(f"wrote {a.out}")
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Pretrain (or find cached) the offline GPT-2 stand-in and print its pretrain_stats.json.
 
-    python scripts/pretrain_baseline.py --preset quickstart
-    nice python scripts/pretrain_baseline.py --preset study          # about 30 min on 2 CPU cores
-    python scripts/pretrain_baseline.py --preset study2-gpt2 --ship  # also copy it into standins/ (to commit)
+    python research/pretrain_baseline.py --preset quickstart
+    nice python research/pretrain_baseline.py --preset study          # about 30 min on 2 CPU cores
+    python research/pretrain_baseline.py --preset study2-gpt2 --ship  # also copy it into standins/ (to commit)
 
 A preset found in ``standins/`` (the repo's shipped stand-ins, checked against their SHA256SUMS) is copied
 into the cache instead of being pretrained; ``--force`` pretrains anew.
@@ -17,15 +17,11 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
+from harness import STANDINS  # the shipped stand-ins, committed with the study
 from retrofit import baseline
 from retrofit.errors import RetrofitError
 from retrofit.training import standin
-
-STANDINS = Path(__file__).resolve().parents[1] / "standins"  # the shipped stand-ins, committed with the study
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@ conversions (calibrated ones included) and the fine-tuned cells whose weights ar
 1x, 4x and 16x the native length. Exact continuations per length pooled over the depths, with the 95%
 Wilson interval, and the share of continuation tokens predicted right.
 
-    python scripts/measure_recall.py --out benchmarks/recall_study3.json \\
+    python research/measure_recall.py --out benchmarks/recall_study3.json \\
         --model original=baseline:study2-gpt2 --model alibi-cal-2%=runs/study3-gpt2/alibi-cal-full-0.02/ft/final \\
         --model t5-0=baseline:study2-gpt2+t5 --model t5-cal-0=baseline:study2-gpt2+t5+calibrate
 """
@@ -13,17 +13,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import retrofit  # noqa: E402
-from retrofit.atomic import write_text  # noqa: E402
-from retrofit.evaluation.passkey import wilson  # noqa: E402
-from retrofit.native import native_length  # noqa: E402
-from retrofit.versions import cpu_info, library_versions  # noqa: E402
+import retrofit
+from harness import command, stamp, write_record
+from retrofit.evaluation.passkey import wilson
+from retrofit.native import native_length
 
 
 def build(spec: str):
@@ -75,9 +71,8 @@ def main(argv=None):
     record = json.loads(out.read_text()) if out.exists() else {"models": {}}
     record.update(
         {
-            "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "hardware": {"cpu_count": os.cpu_count(), **cpu_info()},
-            "versions": library_versions(),
+            "command": command(__file__, argv),
+            **stamp(),
             "settings": {
                 "multiples": a.multiples,
                 "depths": a.depths,
@@ -110,7 +105,7 @@ def main(argv=None):
         rows = [r for r in rep.data["recall"] if r["role"] != "baseline"]
         record["models"][label] = {"spec": spec, "by_length": pooled(rows), "seconds": round(time.time() - t0, 1)}
         print(label, json.dumps(record["models"][label]["by_length"]), flush=True)
-        write_text(out, json.dumps(record, indent=1) + "\n")  # after every model: a stopped run keeps the rest
+        write_record(out, record, indent=1)  # after every model: a stopped run keeps the rest
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ control does), and ``none-nodrop`` is the unconverted model without it, for a li
 comparison. Variants run interleaved, round after round, so that a shared machine's load hits all of
 them alike; the reported figure is the median over rounds of tokens/s.
 
-    OMP_NUM_THREADS=1 python scripts/bench_finetune.py --length 1024 --rounds 3 --steps 2
+    OMP_NUM_THREADS=1 python research/bench_finetune.py --length 1024 --rounds 3 --steps 2
     -> benchmarks/bench_finetune.json
-    python scripts/bench_finetune.py --attention-dropout 0.1 --out /tmp/with-dropout.json   # keep GPT-2's 0.1
+    python research/bench_finetune.py --attention-dropout 0.1 --out /tmp/with-dropout.json   # keep GPT-2's 0.1
 
 Target: every converted variant >= 0.85x the unconverted model's tokens/s.
 """
@@ -20,17 +20,12 @@ Target: every converted variant >= 0.85x the unconverted model's tokens/s.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+from harness import command, stamp, write_record
 
 UNCONVERTED = {"none": 0.1, "none-nodrop": 0.0}  # the unconverted variants and their attn_pdrop
 
@@ -136,22 +131,15 @@ def main(argv=None) -> int:
         "lora_r": 8,
         "attention_dropout": args.attention_dropout,
         "unconverted": "none: GPT-2's attn_pdrop 0.1 kept (an unconverted fine-tune); none-nodrop: 0",
-        "command": "python scripts/bench_finetune.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command(__file__, argv),
         "rounds": args.rounds,
         "steps_per_round": args.steps,
         "target_ratio": 0.85,
         "results": rows,
-        "machine": {
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "cuda": torch.cuda.is_available(),
-            **cpu_info(),
-        },
+        **stamp(),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    result["hardware"]["cuda"] = torch.cuda.is_available()
+    out = write_record(args.out, result)
     print(
         "\n| scheme | attention dropout | tokens/s | x unconverted | x unconverted, no dropout | attention path |\n"
         "|---|---:|---:|---:|---:|---|"

@@ -14,7 +14,7 @@ Variants (random weights; the speed does not depend on them), alternated round a
   (its table enlarged to fit) against the same weights converted to SCHEME (rope, alibi, t5, shaw, fire, xl,
   nezha, ...: every bias scheme's cached decoding step beside stock).
 
-    OMP_NUM_THREADS=2 python scripts/bench_decode.py --context 4096 --new 32 --rounds 3
+    OMP_NUM_THREADS=2 python research/bench_decode.py --context 4096 --new 32 --rounds 3
     -> benchmarks/bench_decode.json
 """
 
@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import retrofit  # noqa: E402
-from retrofit.versions import cpu_info  # noqa: E402  (the CPU every figure was measured on)
+import retrofit
+from harness import command, stamp, write_record
 
 
 def build(variant: str, args):
@@ -131,15 +128,13 @@ def main(argv=None) -> int:
             row["vs_" + base] = round(tps[row["variant"]] / tps[base], 3)
     result = {
         "benchmark": "bench_decode",
-        "command": "python scripts/bench_decode.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command(__file__, argv),
         "setup": f"{args.layers} layers, 576 wide, 9 heads (LLaMA: 3 KV heads), batch 1, greedy, prompt {args.context} "
         f"tokens, then {args.new} greedy steps with the KV cache, timed (prefill untimed), median of {args.rounds} rounds",
-        "hardware": {"platform": platform.platform(), **cpu_info()},
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+        **stamp(),
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_record(args.out, result)
     for row in rows:
         print(json.dumps({k: v for k, v in row.items() if k != "seconds_all"}))
     return 0

@@ -4,8 +4,8 @@ against stock SDPA at 4k, 16k and 32k tokens (2 layers of GPT-2-small width), an
 GPT-2-small-shaped model at 4k for a few dozen steps with its peak memory. Writes ``device_check.json`` and
 ``device_check.md`` into --out.
 
-    bash scripts/device_check.sh                 # on the GPU machine: OUT=... (the device tool's folder)
-    python scripts/device_check.py --dry-run     # here: the same code on the CPU at tiny sizes, fp32
+    bash research/device_check.sh                 # on the GPU machine: OUT=... (the device tool's folder)
+    python research/device_check.py --dry-run     # here: the same code on the CPU at tiny sizes, fp32
 
 Without a CUDA GPU and without --dry-run it says so and exits 0.
 """
@@ -18,6 +18,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from harness import stamp, write_record
 
 
 def _time(fn, device: str, repeats: int) -> float:
@@ -222,7 +224,7 @@ def main(argv=None) -> int:
         "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu (dry run): {cpu_info()['processor']}",
         "dtype": str(dtype).removeprefix("torch."),
         "torch": torch.__version__,
-        "cpu": cpu_info(),
+        **stamp(),
     }
     record["correctness"] = correctness(schemes, device, dtype, 64 if small else 1024, width, heads)
     print(json.dumps(record["correctness"], indent=1), flush=True)
@@ -235,7 +237,7 @@ def main(argv=None) -> int:
     record["seconds"] = time.perf_counter() - t0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "device_check.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_record(out / "device_check.json", record)
     (out / "device_check.md").write_text(markdown(record))
     print(markdown(record))
     return 0

@@ -7,7 +7,7 @@ pretrained without dropout) converted to each scheme, once with GPT-2's attentio
 0 (``--dropouts``), same data, seed, steps and learning rate, and records
 the held-out validation loss every ``--eval-every`` steps, and the seconds of each run.
 
-    OMP_NUM_THREADS=1 python scripts/compare_dropout.py --schemes t5 --steps 60 --eval-every 20
+    OMP_NUM_THREADS=1 python research/compare_dropout.py --schemes t5 --steps 60 --eval-every 20
     -> benchmarks/compare_dropout.json
 """
 
@@ -19,23 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import compare_distill  # noqa: E402  (scripts/: the same fine-tune and options)
-
-from retrofit.atomic import write_text  # noqa: E402
-from retrofit.training import finetune  # noqa: E402
-from retrofit.versions import cpu_info, library_versions  # noqa: E402
+from harness import command, lora_parser, lora_recipe, stamp, write_record
+from retrofit.training import finetune
 
 
 def recipe(out: Path, scheme: str, dropout, args) -> dict:
-    """compare_distill's LoRA fine-tune (next-token loss) with the attention dropout set."""
-    r = compare_distill.recipe(out, scheme, "lm", args)
+    """The comparisons' LoRA fine-tune (harness.lora_recipe, next-token loss) with the attention dropout set."""
+    r = lora_recipe(out, scheme, "lm", args)
     r["train"]["attention_dropout"] = dropout
     return r
 
 
 def main(argv=None) -> int:
-    ap = compare_distill.parser(__doc__, schemes="t5", eval_every=20, out="benchmarks/compare_dropout.json")
+    ap = lora_parser(__doc__, schemes="t5", eval_every=20, out="benchmarks/compare_dropout.json")
     ap.add_argument("--dropouts", default="0.1,0", help="train.attention_dropout values ('null': the model's own)")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="compare-dropout-"))
@@ -52,21 +48,15 @@ def main(argv=None) -> int:
                 "seconds": round(seconds, 1),
             }
             print(name, json.dumps(runs[name]), file=sys.stderr, flush=True)
-            write_text(
-                Path(args.out),
-                json.dumps(
-                    {
-                        "benchmark": "compare_dropout",
-                        "command": "python scripts/compare_dropout.py "
-                        + " ".join(sys.argv[1:] if argv is None else argv),
-                        "settings": {k: v for k, v in vars(args).items() if k != "out"},
-                        "hardware": cpu_info(),
-                        "versions": library_versions(),
-                        "runs": runs,
-                    },
-                    indent=2,
-                )
-                + "\n",
+            write_record(
+                args.out,
+                {
+                    "benchmark": "compare_dropout",
+                    "command": command(__file__, argv),
+                    "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                    **stamp(),
+                    "runs": runs,
+                },
             )
     return 0
 

@@ -1,26 +1,24 @@
 """The grids of the committed study reports (``benchmarks/study*.json/.md/.png``), rebuilt from their caches.
 
-    python scripts/study.py                  # every report below
-    python scripts/study.py study3_gpt2      # one report: benchmarks/study3_gpt2.{json,md} and its plot
+    python research/study.py                  # every report below
+    python research/study.py study3_gpt2      # one report: benchmarks/study3_gpt2.{json,md} and its plot
 
 Each report is a round of the study (method and findings: docs/study.md): a grid on a stand-in (budgets as
 fractions of its pretraining tokens) against the original and the continued-training control, or the
 SmolLM2 runs. This file holds only what each report holds and the settings its cells ran with; the cells
 come from the round's cache (``runs``; where it is empty, the report's own cells go back into it first, when
 it was measured on the same stand-in with the same settings), and the tables, markdown and plot are
-``retrofit.study.rounds``'s. Nothing is trained here: a new study is ``retrofit study GRID.yaml``.
+``study_rounds``'s (``research/study_rounds.py``). Nothing is trained here: a new study is ``retrofit study GRID.yaml``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import shlex
-from pathlib import Path
 
-from retrofit.study.rounds import Round, rebuild
+from harness import STANDINS, command
+from study_rounds import Round, rebuild
 
-STANDINS = Path(__file__).resolve().parents[1] / "standins"  # shipped stand-ins (scripts/pretrain_baseline.py --ship)
 # rounds 2 and 3: the 10M stand-ins, 16 blocks a step
 ROUND2 = dict(batch_size=16, lr_full=3e-4, lr_lora=1e-3, variants=False)
 BUDGETS2 = [0, 0.005, 0.02, 0.1]
@@ -171,7 +169,7 @@ def main(argv=None):
         p.error(f"no such report: {', '.join(sorted(set(names) - set(ROUNDS)))}; the reports: {', '.join(ROUNDS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for name in names:
-        print("wrote", ", ".join(rebuild(ROUNDS[name], shlex.join(["python", "scripts/study.py", name]), STANDINS)))
+        print("wrote", ", ".join(rebuild(ROUNDS[name], command(__file__, [name]), STANDINS)))
 
 
 if __name__ == "__main__":

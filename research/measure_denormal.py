@@ -7,7 +7,7 @@ around the whole step (the calling thread only, as torch sets it). Recorded: max
 and of every gradient between the flushed and unflushed runs (relative to the largest value), and the
 seconds of each (stock, unconverted, beside them: the ratios are read in one process, repeat after repeat).
 
-    OMP_NUM_THREADS=1 python scripts/measure_denormal.py --out benchmarks/measure_denormal.json
+    OMP_NUM_THREADS=1 python research/measure_denormal.py --out benchmarks/measure_denormal.json
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import retrofit  # noqa: E402
-from retrofit.atomic import write_text  # noqa: E402
-from retrofit.versions import cpu_info, library_versions  # noqa: E402
+import retrofit
+from harness import command, stamp, write_record
 
 
 def build(scheme: str, layers: int, length: int):
@@ -175,16 +173,15 @@ def main(argv=None) -> int:
 def write(args, rows):
     result = {
         "benchmark": "measure_denormal",
-        "command": "python scripts/measure_denormal.py " + " ".join(sys.argv[1:]),
+        "command": command(__file__),
         "setup": f"GPT-2-small shape, {args.layers} layers, random weights, batch 1, fp32, one train step "
         "(body output, mean square loss, backward); ways timed alternately with stock, "
         f"median of {args.repeats} repeats; diffs from the warm-up step of each way",
-        "hardware": cpu_info(),
-        "versions": library_versions(),
+        **stamp(),
         "rows": rows,
         "kernel_ab": args.kernel_ab,
     }
-    write_text(Path(args.out), json.dumps(result, indent=2))
+    write_record(args.out, result)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The recipe sweep that chose the study's defaults: ALiBi at 2% of the stand-in's pretraining tokens.
 
-    python scripts/study_sweep.py            # writes benchmarks/study_recipe_sweep.{json,md}
+    python research/study_sweep.py            # writes benchmarks/study_recipe_sweep.{json,md}
 
-Each configuration is a round of the study (``retrofit.study.rounds``) on one scheme (alibi) and one budget
+Each configuration is a round of the study (``research/study_rounds.py``) on one scheme (alibi) and one budget
 (2%), with its continued-training control, scoring native-length ppl only; its cells are read from
 ``runs/sweep/<config>/`` (it trains nothing). The study then used the batch size and learning rates
 that gave the lowest converted ppl (not the lowest ratio to the control: a learning rate that
@@ -15,8 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
-from retrofit.study.rounds import Round, rebuild
+from harness import command, write_record
 from retrofit.study.tables import fmt
+from study_rounds import Round, rebuild
 
 # name: (method, batch size, learning rate, the distill/fade/offset variants, LoRA also trains the embeddings)
 CONFIGS = {
@@ -56,7 +57,7 @@ def main(argv=None):
                 passkey_trials=0,
                 **{f"lr_{method}": lr},
             ),
-            "python scripts/study_sweep.py",
+            command(__file__, []),
         )
         gpt2 = json.loads(out.read_text())["gpt2"]
         table, native = gpt2["table"], gpt2["stand_in"]["native_length"]
@@ -84,8 +85,8 @@ def main(argv=None):
                 }
             )
     original = next(r for r in table if r["cell"].startswith("original"))["ppl@1x"]
-    result = {"command": "python scripts/study_sweep.py", "original_ppl@1x": original, "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    result = {"command": command(__file__, []), "original_ppl@1x": original, "rows": rows}
+    write_record(args.out, result, indent=1)
     md = [
         "| config | cell | steps x batch | lr | ppl@1x | control ppl@1x | vs control | vs original |",
         "|---|---|---|---|---|---|---|---|",

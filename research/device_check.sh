@@ -5,4 +5,4 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-timeout 480 python3 scripts/device_check.py --out "${OUT:-device_check}" "$@"
+timeout 480 python3 research/device_check.py --out "${OUT:-device_check}" "$@"

@@ -1,10 +1,10 @@
-"""The kernel table of ``docs/results.md`` from the per-scheme JSONs of ``scripts/bench_kernel.py``.
+"""The kernel table of ``docs/results.md`` from the per-scheme JSONs of ``research/bench_kernel.py``.
 
     for s in alibi t5 shaw fire rope nope sinusoidal; do   # xl and nezha: benchmarks/bench_kernel_relative.json
-        OMP_NUM_THREADS=1 python scripts/bench_kernel.py --schemes $s --lengths 1024,2048,8192 \\
+        OMP_NUM_THREADS=1 python research/bench_kernel.py --schemes $s --lengths 1024,2048,8192 \\
             --modes infer,train --memory-lengths 8192 --out benchmarks/kernel_table/$s.json
     done
-    python scripts/kernel_table.py benchmarks/kernel_table benchmarks/bench_kernel_relative.json
+    python research/kernel_table.py benchmarks/kernel_table benchmarks/bench_kernel_relative.json
 
 One scheme (or a few) per JSON, so that each is a cache of its own (a scheme re-measured after a change reruns
 alone); a folder means every JSON in it. Rows in ``ORDER``, then any other variant by name.

@@ -3,24 +3,19 @@ fp64 reference of the paper's equation, per length: max |output - reference| of 
 GPT-2 small's ALiBi slopes), the last ``--rows`` query rows of each length (where the keys are most), a few
 seeds; the chunked path beside it. The bound stated in the README and ``sdpa_alibi_dims.py`` comes from this run.
 
-    python scripts/measure_fused_alibi.py --out benchmarks/fused_alibi_precision.json
+    python research/measure_fused_alibi.py --out benchmarks/fused_alibi_precision.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from retrofit.atomic import write_text  # noqa: E402
-from retrofit.encodings.alibi import alibi_slopes  # noqa: E402
-from retrofit.kernels import Call, attend, sdpa_alibi_dims  # noqa: E402
-from retrofit.versions import cpu_info, library_versions  # noqa: E402
+from harness import command, stamp, write_record
+from retrofit.encodings.alibi import alibi_slopes
+from retrofit.kernels import Call, attend, sdpa_alibi_dims
 
 
 def errors(T: int, heads: int, dim: int, rows: int, seed: int, dtype=torch.float32) -> dict[str, float]:
@@ -67,7 +62,7 @@ def main(argv=None):
         print(json.dumps(row), flush=True)
         rows.append(row)
     record = {
-        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "command": command(__file__, argv),
         "setup": {
             "heads": a.heads,
             "dim": a.dim,
@@ -76,11 +71,10 @@ def main(argv=None):
             "dtype": "float32",
             "max_span": sdpa_alibi_dims.MAX_SPAN,
         },
-        "hardware": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), **cpu_info()},
-        "versions": library_versions(),
+        **stamp(),
         "rows": rows,
     }
-    write_text(Path(a.out), json.dumps(record, indent=2) + "\n")
+    write_record(a.out, record)
 
 
 if __name__ == "__main__":
