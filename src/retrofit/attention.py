@@ -73,7 +73,9 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     if kind == "relative":  # Transformer-XL: content query q + u, position query q + v
         query, rel_query = scheme.relative_queries(ctx.layer, query)
     tau = None
-    if scheme.common.temperature and ctx.positions:  # length-aware temperature: every logit of query i times tau_i (its bias's too)
+    if (
+        scheme.common.temperature and ctx.positions
+    ):  # length-aware temperature: every logit of query i times tau_i (its bias's too)
         tau = scheme.temperature(state.place(state_positions(state, Tq, query.device)))  # (B or 1, Tq), padding-aware
         query = query * tau.to(query.dtype)[:, None, :, None]
         if rel_query is not None:

@@ -154,7 +154,7 @@ def test_a_layer_without_positions_stays_without_them(monkeypatch):
 
 
 def test_the_support_table_says_what_this_suite_shows():
-    """docs/support.md (research: scripts/support_table.py) agrees with the types this file converts and
+    """docs/support.md (research/support_table.py) agrees with the types this file converts and
     refuses, and with every registered type."""
     from pathlib import Path
 
