@@ -69,7 +69,11 @@ def row(model_type: str) -> tuple[str, str]:
         return "refused", str(e).split("; supported:")[0][:240]
     except Exception as e:
         return "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-    by = "by type" if model_type in {t for _n, c in ADAPTERS.items() for t in c.model_types} else "by structure, probe passed"
+    by = (
+        "by type"
+        if model_type in {t for _n, c in ADAPTERS.items() for t in c.model_types}
+        else "by structure, probe passed"
+    )
     return "converts", f"{retrofit.describe(model)['architecture']} adapter, {by}"
 
 
