@@ -17,7 +17,7 @@ import yaml
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
-from retrofit import cards, hub
+from retrofit import card_facts, cards, hub
 from retrofit.cli import main
 from retrofit.errors import HubError, OptionError
 from retrofit.run_folder import published_weights
@@ -156,7 +156,7 @@ def test_card_trend_words_follow_the_numbers(run_dir):
     ).groups()
     a, b = (float(x.replace(",", "")) for x in (a, b))
     assert verb == ("rises" if b > a else "falls" if b < a else "is unchanged"), (verb, a, b)
-    assert [cards._trend(101.82, x) for x in (101.94, 101.70, 150.0, 50.0, 101.82)] == [
+    assert [card_facts._trend(101.82, x) for x in (101.94, 101.70, 150.0, 50.0, 101.82)] == [
         "rises slightly (under 2%) from",
         "falls slightly (under 2%) from",
         "rises from",

@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from . import denormal, kernels
-from .adapters.base import state_positions
+from .adapters.calls import state_positions
 from .errors import LengthError, PatchNotLiveError, RetrofitError
 from .state import LayerContext
 
@@ -230,7 +230,7 @@ def _rotate_once(state, scheme, key) -> bool:
 
 
 def _writes_through_cache(state, key) -> bool:
-    """``key`` is the cache's own tensor (a plain DynamicCache, see ``adapters.base.track_inputs``) and no
+    """``key`` is the cache's own tensor (a plain DynamicCache, see ``adapters.calls.track_inputs``) and no
     gradient flows through it: new rows may be transformed in place, once, as they enter the cache."""
     return bool((state.inputs or {}).get("cache_in_place")) and not key.requires_grad
 

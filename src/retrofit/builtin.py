@@ -8,6 +8,9 @@
   pretrained offline on Shakespeare (``micro``, ``quickstart``, ``study``, ``study2-gpt2``,
   ``study2-llama``, ...): its cached folder. Resolving it never pretrains; a missing one is an error that
   says how to build it (``retrofit.baseline``).
+
+The facts about these names live here, once: the names (``PREFIXES``), the Hub weights each stands for
+(``HUB_IDS``: a model card's ``base_model``) and the licence of retrofit's own models.
 """
 
 from __future__ import annotations
@@ -19,12 +22,23 @@ from .atomic import write_dir
 TINY_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=257, bos_token_id=256, eos_token_id=256)
 EOS = "<|endoftext|>"
 
+# The built-in names, each with the Hub id of the weights it stands for (None: retrofit's own, not on the Hub).
+HUB_IDS = {"tiny-gpt2": None, "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+BASELINE = "baseline:"  # + a preset of retrofit.baseline: a stand-in retrofit pretrained (its own)
+PREFIXES = (*HUB_IDS, BASELINE)  # what a built-in name starts with
+OWN_LICENSE = "apache-2.0"  # the licence of retrofit's own models (tiny-gpt2, the baseline stand-ins)
+
 
 def names() -> list[str]:
     """Every built-in name ``resolve`` accepts."""
     from .baseline import PRESETS
 
-    return ["tiny-gpt2", "smollm2", *(f"baseline:{p}" for p in PRESETS)]
+    return [*HUB_IDS, *(f"{BASELINE}{p}" for p in PRESETS)]
+
+
+def baseline_preset(name: str) -> str | None:
+    """The preset a ``baseline:<preset>`` name names; None for any other name."""
+    return name.split(":", 1)[1] if name.startswith(BASELINE) else None
 
 
 def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
@@ -36,10 +50,11 @@ def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
 
         p = Path(assets.smollm2_gguf())
         return (str(p.parent), p.name) if p.is_file() else (str(p), gguf_file)
-    if name_or_path.startswith("baseline:"):
+    preset = baseline_preset(name_or_path)
+    if preset is not None:
         from .baseline import cached
 
-        return str(cached(name_or_path.split(":", 1)[1])), gguf_file
+        return str(cached(preset)), gguf_file
     return name_or_path, gguf_file
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from . import kernels, probe
 from .adapters import ADAPTERS, adapter_for
-from .adapters.base import track_inputs
+from .adapters.calls import track_inputs
 from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
 from .encodings import SCHEMES, Scheme
 from .encodings.base import parse_common

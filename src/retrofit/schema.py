@@ -1,9 +1,11 @@
 """One strict loader for every typed configuration: recipes, pipeline sections, ``key=value`` pairs.
 
-A configuration is a dataclass whose fields carry ``metadata={"help": ...}`` (``field_help``). Loading
-is strict: an unknown key (with a "did you mean"), a missing mapping or a value of the wrong type
-raises the caller's error class (``RecipeError`` by default) naming the dotted key. YAML 1.1 quirks
-are handled (``2e-4`` read as a string, a bare ``no`` read as false).
+A configuration is a dataclass whose fields carry ``metadata={"help": ...}`` (``field_help``, the one
+maker of such fields: recipes, evaluation options, scheme options). Loading is strict: an unknown key
+(with a "did you mean"), a missing mapping or a value of the wrong type raises the caller's error class
+(``RecipeError`` by default) naming the dotted key. YAML 1.1 quirks are handled (``2e-4`` read as a
+string, a bare ``no`` read as false). ``check`` is the one type checker, also of scheme options
+(``encodings.base``), which word a mismatch their own way.
 
     section = build(EvalSection, {"budget": 4096}, prefix="eval.")
     raw = read_yaml("recipes/x.yaml"); apply_overrides(raw, ["train.steps=200"])
@@ -14,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import types
 import typing
 from dataclasses import field
 from pathlib import Path
@@ -26,11 +29,20 @@ from .errors import RecipeError
 MISSING = dataclasses.MISSING
 
 
-def field_help(text: str, default=MISSING, factory=MISSING):
-    """A dataclass field with help text (``factory`` for mutable defaults)."""
+UNIONS = (Union, types.UnionType)  # Optional[X] / Union[X, Y], and X | Y
+
+
+def field_help(text: str, default=MISSING, factory=MISSING, **meta):
+    """A dataclass field with help text (``factory`` for mutable defaults); ``meta``: more of its metadata
+    (a scheme option's ``choices``, an evaluation option's command-line ``flag``)."""
     if factory is not MISSING:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
+        return field(default_factory=factory, metadata={"help": text, **meta})
+    return field(default=default, metadata={"help": text, **meta})
+
+
+def help_of(cls) -> dict[str, str]:
+    """{field: its help text} of a dataclass whose fields were made by ``field_help``."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
 
 
 def read_yaml(path: str | Path, what: str = "recipe", error=RecipeError) -> dict:
@@ -69,7 +81,7 @@ def type_name(tp) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " | ".join(str(a) for a in typing.get_args(tp))
-    if origin is Union:
+    if origin in UNIONS:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         name = " | ".join(type_name(a) for a in args)
         return name + (" | null" if type(None) in typing.get_args(tp) else "")
@@ -103,53 +115,105 @@ def build(cls, raw: Any, prefix: str = "", error=RecipeError):
 def _coerce(value, tp, key: str, error=RecipeError):
     if dataclasses.is_dataclass(tp):
         return build(tp, {} if value is None else value, key + ".", error)
+
+    def nested(cls, v):  # a dataclass member of a union: built here, its error one more mismatch
+        try:
+            return _coerce(v, cls, key, error)
+        except error as e:
+            raise Mismatch(v, cls, said=str(e)) from None
+
+    try:
+        return check(value, tp, nested=nested)
+    except Mismatch as m:
+        words = _recipe_words(key, m)
+    raise error(words)
+
+
+class Mismatch(Exception):
+    """What ``check`` found: ``value`` is not a ``tp`` (for a union, ``misses`` holds each member's
+    Mismatch), or ``choices`` when it is a string none of them. The caller words it (``said``: already
+    worded, by a nested dataclass's build)."""
+
+    def __init__(self, value, tp, misses=(), choices=None, said: str | None = None):
+        super().__init__(value, tp)
+        self.value, self.tp, self.misses, self.choices, self.said = value, tp, list(misses), choices, said
+
+
+def check(value, tp, *, choices=None, float_strings: bool = True, nested=None):
+    """``value`` as the type ``tp``, strictly; raises Mismatch. ``tp``: bool; int (not a bool); float (an int
+    or a float, not a bool; with ``float_strings`` a string such as ``2e-4``, which YAML 1.1 reads as one);
+    str (one of ``choices`` when given); list or dict (deep-copied); a Literal (a bare ``no``, which YAML 1.1
+    reads as false, matches ``"no"``); a dataclass (``nested(tp, value)`` builds it); or a Union, Optional or
+    ``X | Y`` of these: None where it allows None, else the first member that takes the value."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Union:
+    if origin in UNIONS:
         if value is None and type(None) in args:
             return None
-        errors = []
+        misses = []
         for a in args:
             if a is type(None):
                 continue
             try:
-                return _coerce(value, a, key, error)
-            except error as e:
-                errors.append(e)
-        if len(errors) == 1 and type(None) in args:  # Optional[X]: X's own message, "or null"
-            raise error(str(errors[0]).replace(", got", " or null, got", 1))
-        raise error(f"'{key}' must be {type_name(tp)}, got {type(value).__name__} ({value!r})")
+                return check(value, a, choices=choices, float_strings=float_strings, nested=nested)
+            except Mismatch as m:
+                if m.choices:  # a string, but none of the choices: that is what to say
+                    raise
+                misses.append(m)
+        raise Mismatch(value, tp, misses)
+    if dataclasses.is_dataclass(tp) and nested is not None:
+        return nested(tp, value)
     if origin is Literal:
         if value is False and "no" in args:  # YAML 1.1 reads a bare `no` as false
             value = "no"
         if value not in args:
-            raise error(f"'{key}' must be one of {', '.join(map(str, args))}; got {value!r}")
+            raise Mismatch(value, tp)
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise error(f"'{key}' must be true or false, got {value!r}")
+            raise Mismatch(value, tp)
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise error(f"'{key}' must be an integer, got {type(value).__name__} ({value!r})")
+            raise Mismatch(value, tp)
         return value
     if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 2e-4 (no dot) as a string
+        if float_strings and isinstance(value, str):  # YAML 1.1 reads 2e-4 (no dot) as a string
             try:
                 value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise error(f"'{key}' must be a number, got {type(value).__name__} ({value!r})")
+            raise Mismatch(value, tp)
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise error(f"'{key}' must be a string, got {type(value).__name__} ({value!r})")
+            raise Mismatch(value, tp)
+        if choices and value not in choices:
+            raise Mismatch(value, tp, choices=choices)
         return value
     if tp in (list, dict):
         if not isinstance(value, tp):
-            raise error(f"'{key}' must be a {tp.__name__}, got {type(value).__name__} ({value!r})")
+            raise Mismatch(value, tp)
         return _deepcopy(value)
-    raise TypeError(f"schema: unsupported type {tp} for {key}")  # a bug in this file
+    raise TypeError(f"schema: unsupported type {tp}")  # a bug in the schema
+
+
+def _recipe_words(key: str, m: Mismatch) -> str:
+    """A mismatch in a recipe's words, naming the dotted key."""
+    tp, value = m.tp, m.value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if m.said:
+        return m.said
+    if origin in UNIONS:
+        if len(m.misses) == 1 and type(None) in args:  # Optional[X]: X's own message, "or null"
+            return _recipe_words(key, m.misses[0]).replace(", got", " or null, got", 1)
+        return f"'{key}' must be {type_name(tp)}, got {type(value).__name__} ({value!r})"
+    if origin is Literal or m.choices:
+        return f"'{key}' must be one of {', '.join(map(str, m.choices or args))}; got {value!r}"
+    if tp is bool:
+        return f"'{key}' must be true or false, got {value!r}"
+    what = {int: "an integer", float: "a number", str: "a string"}.get(tp) or f"a {tp.__name__}"
+    return f"'{key}' must be {what}, got {type(value).__name__} ({value!r})"
 
 
 def parse_overrides(overrides, error=RecipeError) -> dict:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from . import builtin
 from .errors import HubError, ModelLoadError, RetrofitError, UnsupportedArchitectureError
 
 log = logging.getLogger(__name__)
@@ -34,13 +35,10 @@ def check(target: str, *, gguf: bool = False) -> bool:
     return False
 
 
-BUILTIN_PREFIXES = ("tiny-gpt2", "smollm2", "baseline:")
-
-
 def precheck(name: str, gguf_file: str | None = None) -> None:
     """What can be said of a model argument without importing torch: a missing path or GGUF file, a file
     given as a folder, a name that is neither a path nor a Hub id. Built-in names are resolved later."""
-    if name.startswith(BUILTIN_PREFIXES):
+    if name.startswith(builtin.PREFIXES):
         return
     path = Path(name)
     if gguf_file:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, NeutralisedPositionTable, PositionTable, register_adapter
+from .base import Adapter, AttentionSite, PositionTable, register_adapter
+from .standins import NeutralisedPositionTable
 
 
 @register_adapter("gpt2")

@@ -14,7 +14,8 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, NeutralisedPositionTable, PositionTable, register_adapter
+from .base import Adapter, AttentionSite, PositionTable, register_adapter
+from .standins import NeutralisedPositionTable
 
 
 class RetrofitGPTNeoAttention(nn.Module):

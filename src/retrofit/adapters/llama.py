@@ -15,7 +15,8 @@ from torch import nn
 
 from ..errors import UnsupportedArchitectureError
 from . import quirks
-from .base import Adapter, AttentionSite, NeutralisedRotary, register_adapter
+from .base import Adapter, AttentionSite, register_adapter
+from .standins import NeutralisedRotary
 
 
 def native_rope(config, rotary, interleaved: bool = False) -> dict:

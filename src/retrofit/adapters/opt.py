@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, NeutralisedPositionTable, PositionTable, register_adapter
+from .base import Adapter, AttentionSite, PositionTable, register_adapter
+from .standins import NeutralisedPositionTable
 
 
 def opt_positions(attention_mask: torch.Tensor, past_key_values_length: int = 0, position_ids=None) -> torch.Tensor:

@@ -16,7 +16,8 @@ It is one of five kinds:
 - ``"absolute"``: adds to the embeddings, ``embed(position_ids, dtype)``.
 - ``"none"``: nothing (the causal mask alone carries order).
 
-Options are a dataclass (``Options``) whose fields carry ``metadata={"help": ...}``.
+Options are a dataclass (``Options``) whose fields carry ``metadata={"help": ...}`` (made by ``option``,
+through ``schema.field_help``) and are checked by the one type checker, ``schema.check``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import nn
 
 from ..errors import OptionError, UnknownSchemeError
 from ..registry import Registry
+from ..schema import UNIONS, Mismatch, check, field_help, help_of
 
 SCHEMES: Registry[type["Scheme"]] = Registry("scheme", UnknownSchemeError)
 register_scheme = SCHEMES.register
@@ -56,11 +58,9 @@ class ModelSpec:
 
 
 def option(default, help: str, choices: tuple | None = None):
-    """A dataclass field with help text (and allowed values) for a scheme option."""
-    meta = {"help": help}
-    if choices:
-        meta["choices"] = choices
-    return field(default=default, metadata=meta)
+    """A dataclass field with help text (and allowed values) for a scheme option: ``schema.field_help``, in
+    the argument order docs/CORE_API.md gives scheme authors."""
+    return field_help(help, default, **({"choices": choices} if choices else {}))
 
 
 @dataclass
@@ -84,7 +84,7 @@ COMMON_OPTIONS = tuple(f.name for f in dataclasses.fields(CommonOptions))
 
 
 def common_option_help() -> dict[str, str]:
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(CommonOptions)}
+    return help_of(CommonOptions)
 
 
 def common_defaults(spec: ModelSpec | None = None) -> dict[str, Any]:
@@ -152,7 +152,7 @@ class Scheme(nn.Module):
 
     @classmethod
     def option_help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls.Options)}
+        return help_of(cls.Options)
 
     def options_dict(self) -> dict[str, Any]:
         """The scheme's options, and the common ones when the temperature is on (saved in the config)."""
@@ -255,26 +255,15 @@ def gather_per_head(table: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> 
 
 
 def _check_type(scheme: str, key: str, value, hint, choices):
-    origin = typing.get_origin(hint)
-    args = (
-        [a for a in typing.get_args(hint) if a is not type(None)]
-        if origin in (typing.Union, getattr(__import__("types"), "UnionType", None))
-        else [hint]
-    )
-    if value is None and type(None) in typing.get_args(hint):
-        return None
-    for t in args:
-        if t is bool and isinstance(value, bool):
-            return value
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if t is str and isinstance(value, str):
-            if choices and value not in choices:
-                raise OptionError(
-                    f"option {key!r} of scheme {scheme!r} must be one of {', '.join(choices)}; got {value!r}"
-                )
-            return value
-    names = " or ".join(getattr(t, "__name__", str(t)) for t in args)
-    raise OptionError(f"option {key!r} of scheme {scheme!r} must be {names}; got {value!r} ({type(value).__name__})")
+    """``value`` for the option ``key`` of ``scheme``, by ``schema.check`` (no numeric strings: a float option
+    takes a number), a mismatch worded as an option's."""
+    try:
+        return check(value, hint, choices=choices, float_strings=False)
+    except Mismatch as m:
+        if m.choices:
+            words = f"must be one of {', '.join(m.choices)}; got {value!r}"
+        else:
+            members = typing.get_args(hint) if typing.get_origin(hint) in UNIONS else (hint,)
+            names = " or ".join(getattr(t, "__name__", str(t)) for t in members if t is not type(None))
+            words = f"must be {names}; got {value!r} ({type(value).__name__})"
+    raise OptionError(f"option {key!r} of scheme {scheme!r} {words}")

@@ -3,27 +3,18 @@ keywords, ``retrofit eval`` makes one flag per field (``cli/eval.py``), and a pi
 section is this dataclass plus its baselines (``run_recipe.EvalSection``). A new option is one field here.
 The defaults and why they were chosen: docs/eval.md ("Options and their defaults").
 
-A field's metadata: ``help``; ``flag`` when the command-line flag is not ``--name-with-dashes``
-(``--no-sliding`` turns a true default off).
+A field's metadata (``schema.field_help``): ``help``; ``flag`` when the command-line flag is not
+``--name-with-dashes`` (``--no-sliding`` turns a true default off).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import OptionError
-
-MISSING = dataclasses.MISSING
-
-
-def _opt(text: str, default=MISSING, factory=MISSING, flag: str | None = None):
-    meta = {"help": text, **({"flag": flag} if flag else {})}
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
+from ..schema import field_help as _opt
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..adapters.base import cache_kwarg, output_cache
+from ..adapters.calls import cache_kwarg, output_cache
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -40,6 +39,8 @@ from . import blocks as blk
 from . import model as mdl
 from . import outputs, positions, sharding, stream
 from .interrupt import Interrupts
+from .meter import Meter
+from .place import StreamPlace, block_batches
 from .recipe import Recipe, budget, tokens_per_step
 from .teacher import Clock, TeacherView, distill_kl
 
@@ -346,14 +347,14 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
         outputs.log_record(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
 
     acc.step = progress.step * t.gradient_accumulation_steps  # micro-batches seen: where the data resumes
-    where = _StreamPlace(r, acc, progress) if sampler is None else None
+    where = StreamPlace(r, acc, progress) if sampler is None else None
     model.train()
     # What the optimizer steps is what gets clipped. Not model.parameters(): under FSDP2 a unit left
     # gathered after a forward (the tail: final norm, lm_head) lists its unsharded tensors there, whose
     # .grad stays None, and the clip norm would leave them out (measured: 3.70 instead of 4.51).
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     meter = Meter(r, acc, progress.step, clock, view)
-    batches = _block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, tok)
+    batches = block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, tok)
     with Interrupts() as stop:  # Ctrl-C: a checkpoint at the step reached, then KeyboardInterrupt
         for batch in batches if progress.step < t.steps else ():
             _position_controls(base, r, progress.step, fade_offset_cap)
@@ -407,80 +408,6 @@ def _save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
     raise KeyboardInterrupt
 
 
-def _block_batches(acc, train_loader, sampler):
-    """Micro-batches of the whole-read blocks, epoch after epoch, from where ``acc.step`` says."""
-    while True:
-        where = blk.Position.of(acc.step, len(train_loader))
-        sampler.epoch = where.epoch
-        yield from acc.skip_first_batches(train_loader, where.skip) if where.skip else train_loader
-
-
-class _StreamPlace:
-    """This process's place in the stream: where it starts (a checkpoint's), where it stands after each batch."""
-
-    def __init__(self, r, acc, progress):
-        self.r, self.acc, self.progress = r, acc, progress
-        self.seen: list[str] = []  # train.rank_checksums: a digest of every block this process trained on
-        saved = progress.stream
-        if saved is not None and len(saved) != acc.num_processes:
-            from ..errors import RecipeError
-
-            raise RecipeError(
-                f"the checkpoint was written by {len(saved)} processes; resume it with as many "
-                f"(this run has {acc.num_processes}), or start again with checkpoint.resume: never"
-            )
-        self.now = stream.Position(*saved[acc.process_index]) if saved is not None else stream.Position()
-        if saved is not None:
-            log.info("data: resuming the stream at epoch %d, document %d, token %d", *self.now.as_list())
-
-    def batches(self, source, tok):
-        """Micro-batches on the device; every process stops when any one's stream ends (no rank left waiting)."""
-        d, t = self.r.data, self.r.train
-        it = source.batches(
-            tok,
-            t.batch_size,
-            d.block_length,
-            d.packing,
-            rank=self.acc.process_index,
-            world=self.acc.num_processes,
-            seed=t.seed,
-            start=self.now,
-        )
-        for batch, after in it:
-            if not self._all_have(True):
-                return
-            self.now = after
-            if self.r.train.rank_checksums:
-                self.seen += [rdata.fingerprint(row.tolist()) for row in batch]
-            yield batch.to(self.acc.device)
-        self._all_have(False)
-
-    def _all_have(self, mine: bool) -> bool:
-        if self.acc.num_processes == 1:
-            return mine
-        flags = self.acc.gather(torch.tensor([int(mine)], device=self.acc.device))
-        return bool(flags.min().item())
-
-    def save(self) -> None:
-        """Every process's place into the loop state (collective: call on every process before a checkpoint)."""
-        mine = torch.tensor([self.now.as_list()], dtype=torch.long, device=self.acc.device)
-        self.progress.stream = self.acc.gather(mine).view(-1, 3).tolist()
-
-    def say_short(self, step: int, per_step: int) -> None:
-        t = self.r.train
-        log.warning(
-            "data: the stream ended after %s tokens, %s short of the %s budget (step %d of %d); stopping "
-            "there (data.on_short: stop) and saving the weights; set data.on_short: repeat to read it "
-            "again, or add data",
-            f"{step * per_step:,}",
-            f"{(t.steps - step) * per_step:,}",
-            f"{t.steps * per_step:,}",
-            step,
-            t.steps,
-        )
-        self.short = {"steps_planned": t.steps, "steps_done": step, "tokens": step * per_step}
-
-
 def _prepare(r, acc, model, train_set, val_set):
     """Loaders (seeded order; own generators), AdamW, schedule; all through ``accelerator.prepare``.
     A stream (``train_set`` a StreamSource) has no train loader: each process reads its own part."""
@@ -517,105 +444,6 @@ def _prepare(r, acc, model, train_set, val_set):
         return model, optimizer, None, val_loader, scheduler, None
     prepared = acc.prepare(model, optimizer, train_loader, val_loader, scheduler)
     return (*prepared, sampler)
-
-
-class Meter:
-    """Loss (mean over the accumulated micro-batches), grad norm, lr, tokens/s, the teacher's time; progress bar."""
-
-    def __init__(self, r, acc, start_step: int, clock: Clock | None = None, view: TeacherView | None = None):
-        from tqdm.auto import tqdm
-
-        t = r.train
-        self.clock, self.view, self.block_length = clock, view, r.data.block_length
-        self.interval = (start_step, time.perf_counter())  # (step, time) of the last record
-        self.skipped = 0.0  # seconds since then spent outside training steps (evaluation, checkpoints)
-        self.teacher_total = [0.0, 0.0]  # teacher seconds, step seconds since the start
-        self.tokens_per_step = t.batch_size * r.data.block_length * t.gradient_accumulation_steps * acc.num_processes
-        self.start_step, self.t0 = start_step, time.perf_counter()
-        self.sums: dict = {}
-        self.n = 0
-        self.grad_norm, self.lr = math.nan, math.nan
-        self.steps = t.steps
-        self.bar = tqdm(
-            total=t.steps * self.tokens_per_step,
-            initial=start_step * self.tokens_per_step,
-            disable=not (acc.is_local_main_process and progress_bars()),
-            desc="finetune",
-            unit="tok",
-            unit_scale=True,
-            dynamic_ncols=True,
-        )
-
-    def add(self, loss, parts) -> None:
-        for k, v in {"loss": loss, **parts}.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v.detach()
-        self.n += 1
-
-    def rate(self, step: int) -> float:
-        return self.tokens_per_step * (step - self.start_step) / max(time.perf_counter() - self.t0, 1e-9)
-
-    def record(self, acc, step: int) -> dict:
-        """The record for the steps since the last one (collective: every process calls it)."""
-        rec = {"step": step}
-        rec.update({k: acc.reduce(v / self.n, "mean").item() for k, v in self.sums.items()})
-        rec.update(
-            lr=self.lr,
-            grad_norm=float(self.grad_norm),
-            tokens=step * self.tokens_per_step,
-            tokens_per_s=round(self.rate(step), 1),
-        )
-        if self.clock is not None:
-            rec.update(self._teacher(acc, step))
-        self.bar.set_postfix(
-            step=f"{step}/{self.steps}", loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:,.0f}"
-        )
-        if self.bar.disable and acc.is_main_process and (step % max(1, self.steps // 20) == 0 or step == self.steps):
-            log.info(
-                "step %d/%d: %s of %s tokens, %s tokens/s, loss %.4f",
-                step,
-                self.steps,
-                f"{rec['tokens']:,}",
-                f"{self.steps * self.tokens_per_step:,}",
-                f"{rec['tokens_per_s']:,.0f}",
-                rec["loss"],
-            )
-        return rec
-
-    def _teacher(self, acc, step: int) -> dict:
-        """The teacher's seconds per step and share of the step time since the last record (mean over processes)."""
-        last_step, last_t = self.interval
-        now = time.perf_counter()
-        wall = max(now - last_t - self.skipped, 1e-9)
-        both = torch.tensor([self.clock.take(), wall], dtype=torch.float32, device=acc.device)
-        teacher, wall = acc.reduce(both, "mean").tolist()
-        self.interval, self.skipped = (step, now), 0.0
-        self.teacher_total = [self.teacher_total[0] + teacher, self.teacher_total[1] + wall]
-        steps = max(step - last_step, 1)
-        return {"teacher_s_per_step": round(teacher / steps, 6), "teacher_share": round(teacher / wall, 4)}
-
-    def teacher_summary(self, steps: int) -> dict | None:
-        """The teacher's cost over the run (None without a teacher), for summary.json and the log."""
-        if self.clock is None or not steps:
-            return None
-        teacher, wall = self.teacher_total
-        return {
-            "windows_per_block": len(self.view.spans(self.block_length)),
-            "window": self.view.window,
-            "stride": self.view.stride,
-            "seconds_per_step": round(teacher / steps, 6),
-            "share_of_step": round(teacher / max(wall, 1e-9), 4),
-        }
-
-    def skip(self, seconds: float) -> None:
-        """Leave ``seconds`` spent outside the training steps out of the teacher's share."""
-        self.skipped += seconds
-
-    def reset(self) -> None:
-        self.sums, self.n = {}, 0
-
-    def close(self) -> None:
-        self.bar.close()
-        self.elapsed = time.perf_counter() - self.t0
 
 
 def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=None):

@@ -1,0 +1,82 @@
+"""The stand-ins ``Adapter.neutralise`` swaps in for a family's native positional mechanism: a learned
+position table, or a rotary-embedding module. Each keeps the original reachable (``.original``) so that
+``revert`` is exact, and mixes it back in while a fine-tune fades it out (``native_fade``)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..errors import LengthError
+from .calls import state_positions
+
+
+class NeutralisedPositionTable(nn.Module):
+    """Stands in for a learned absolute position table.
+
+    Returns zeros (the new scheme works in attention), or the new absolute scheme's embedding,
+    plus ``native_fade`` x the original table while a fine-tune fades it out. The table's
+    weight stays registered under its original name (same state-dict key), frozen.
+    ``positions(*args, **kwargs) -> (B, T) position ids`` adapts the family's call signature.
+    """
+
+    def __init__(self, original: nn.Embedding, state, positions: Callable[..., torch.Tensor], index_offset: int = 0):
+        super().__init__()
+        self.weight = original.weight
+        object.__setattr__(self, "original", original)  # reachable, not a second state-dict entry
+        object.__setattr__(self, "state", state)
+        self.positions = positions
+        self.index_offset = index_offset  # OPT stores position p at row p + 2
+        self.calls = 0
+
+    def forward(self, *args, **kwargs) -> torch.Tensor:
+        self.calls += 1
+        pos = self.positions(*args, **kwargs)  # (B, T)
+        state = self.state
+        out = torch.zeros(*pos.shape, self.weight.shape[-1], dtype=self.weight.dtype, device=self.weight.device)
+        if state.native_fade > 0:
+            idx = pos + state.offset + self.index_offset
+            if int(idx.max()) >= self.weight.shape[0]:
+                raise LengthError(
+                    f"native_fade needs the native position table, which has {self.weight.shape[0] - self.index_offset} rows;"
+                    f" got position {int(idx.max()) - self.index_offset}"
+                )
+            out = out + state.native_fade * nn.functional.embedding(idx, self.weight)
+        scheme = state.scheme()
+        if scheme.kind == "absolute":
+            new = state_positions(state, pos.shape[-1], pos.device, native=pos)
+            out = out + scheme.embed(state.place(new), out.dtype)
+        return out
+
+
+class NeutralisedRotary(nn.Module):
+    """Stands in for a rotary-embedding module: returns cos = 1, sin = 0 (an exact identity rotation),
+    or the original rotation at angle x ``native_fade`` while a fine-tune fades it out."""
+
+    def __init__(self, original: nn.Module, state):
+        super().__init__()
+        object.__setattr__(self, "original", original)
+        object.__setattr__(self, "state", state)
+        self.calls = 0
+        # The converted model's config advertises its new reach; dynamic RoPE reads the config's length as
+        # its native one, so the original keeps a private copy of the config as it is now (``release`` undoes).
+        shared = getattr(original, "config", None)
+        object.__setattr__(self, "_shared_config", shared)
+        if shared is not None:
+            original.config = copy.deepcopy(shared)
+
+    def release(self) -> None:
+        """Give the original back the model's own config (called by ``revert``)."""
+        if self._shared_config is not None:
+            self.original.config = self._shared_config
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
+        self.calls += 1
+        fade = self.state.native_fade
+        if fade > 0:
+            return self.original(x, (position_ids + self.state.offset).float() * fade, *args, **kwargs)
+        cos, sin = self.original(x, position_ids, *args, **kwargs)
+        return torch.ones_like(cos), torch.zeros_like(sin)
