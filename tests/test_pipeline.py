@@ -219,6 +219,26 @@ def test_run_from_a_converted_checkpoint_compares_with_its_original_positions(tm
     assert by_role == [("converted", True, "alibi"), ("baseline", False, None), ("baseline", True, "alibi")]
 
 
+def test_library_evaluate_knows_the_original(run_dir, tmp_path):
+    """`retrofit.evaluate(RUN, baselines=["original"])`: the library resolves "original" as the CLI and the
+    recipes do (the model the run started from, unconverted), with the same numbers as the run's own row."""
+    ran = json.loads((run_dir / "eval" / "report.json").read_text())
+    rec = yaml.safe_load((run_dir / "run.yaml").read_text())["eval"]
+    report = retrofit.evaluate(
+        str(run_dir), baselines=["original"], data=rec["data"], budget=rec["budget"], lengths=rec["lengths"]
+    ).data
+    base = report["models"][1]
+    assert base["name"] == "tiny-gpt2 (original)" and not base["converted"]
+
+    def row(rep, name):
+        return [r["ppl"] for r in rep["rows"] if r["model"] == name and r["method"] == "non-overlapping"]
+
+    assert row(report, base["name"]) == row(ran, base["name"]) != []
+    model, tok = retrofit.load_model("tiny-gpt2")  # a plain model: its own original, nothing says another
+    with pytest.raises(OptionError, match="records no model it was converted from"):
+        retrofit.evaluate(model, tokenizer=tok, baselines=["original"], lengths=[8], data=rec["data"], budget=64)
+
+
 def test_cli_eval_baseline_original_means_what_recipes_mean(run_dir, tmp_path, capsys):
     """`--baseline original` worked in recipes only (issue 32 item 11): `retrofit eval RUN --baseline original`
     scores the unconverted model the run started from (read from its run.yaml / the checkpoint's retrofit

@@ -156,23 +156,10 @@ def _named(model, tok, name: str, base: str):
     return (name, model, tok)
 
 
-def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None):
-    """A run's "original" baseline: ``name_or_path`` loaded and, when it is itself a retrofit checkpoint (a
-    recipe that starts from ``retrofit convert``'s output), reverted to the positions kept in its weights.
-    Returns ``(name, model, tokenizer)``, named "<name> (original)" as in the report of ``retrofit run``."""
-    from .core import is_converted, revert
-    from .io import load_model
-
-    bm, btok = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device)  # built-in names too
-    if is_converted(bm):
-        revert(bm)
-    return _named(bm, btok, f"{name_or_path} (original)", name_or_path)
-
-
 def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
     from .core import convert, is_converted, set_kernel
-    from .io import load_model
+    from .io import load_model, load_original
     from .training.standin import ensure
 
     m = rr.finetune.model
@@ -184,7 +171,8 @@ def eval_models(rr: RunRecipe):
     baselines = []
     for b in rr.eval.baselines:
         if b == "original":  # the checkpoint's own original positions (kept in its weights)
-            baselines.append(load_original(base, gguf_file=m.gguf_file, dtype=m.dtype))
+            name, bm, btok = load_original(base, gguf_file=m.gguf_file, dtype=m.dtype)
+            baselines.append(_named(bm, btok, name, base))
         elif b == "converted":
             bm, btok = load_model(base, gguf_file=m.gguf_file, dtype=m.dtype)  # built-in names resolve there
             if not is_converted(bm):  # a recipe that starts from a converted checkpoint: it is that one

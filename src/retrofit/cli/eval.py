@@ -7,7 +7,6 @@ import codecs
 import dataclasses
 import logging
 import typing
-from pathlib import Path
 
 from ..errors import OptionError
 from ..evaluation.lengths import parse_list
@@ -121,30 +120,9 @@ def add_option_flags(p) -> None:
 
 
 def _baselines(args) -> list:
-    """``--baseline`` values; ``original`` becomes the model MODEL was converted from, loaded and unconverted
-    (what a recipe's ``baselines: [original]`` scores)."""
-    from ..run_folder import original_source
-
-    out = []
-    for b in args.baseline:
-        if b != "original":
-            out.append(b)
-            continue
-        src = original_source(args.model) if Path(args.model).exists() else None
-        if src is None:
-            raise OptionError(
-                f"--baseline original: {args.model} records no model it was converted from (no "
-                "run recipe, no retrofit block in its config); name that model instead: --baseline NAME"
-            )
-        from ..pipeline import load_original
-
-        log.info("--baseline original: %s", src["name_or_path"])
-        out.append(
-            load_original(
-                src["name_or_path"], gguf_file=src["gguf_file"], dtype=args.dtype or src["dtype"], device=args.device
-            )
-        )
-    return out
+    """``--baseline`` values as ``retrofit.evaluate`` takes them; ``original`` is the model MODEL was converted
+    from, loaded and unconverted (what a recipe's ``baselines: [original]`` scores; resolved by ``evaluate``)."""
+    return list(args.baseline)
 
 
 def _options(args) -> dict:

@@ -542,6 +542,8 @@ def load_models(
         )
     ]
     for j, b in enumerate(baselines):
+        if isinstance(b, str) and b == ORIGINAL:
+            b = original_of(model_or_path, models[0], device=device, dtype=dtype)
         models.append(
             resolve(
                 b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype, default_name=f"baseline{j}"
@@ -549,6 +551,30 @@ def load_models(
         )
     _dedupe_names(models)
     return models
+
+
+ORIGINAL = "original"  # the baseline name that means the evaluated model's own original positions
+
+
+def original_of(model_or_path, evaluated: EvalModel, *, device=None, dtype=None):
+    """The baseline "original" of a run folder or checkpoint: the model it was converted from, as the run
+    recorded it (reverted when that is itself a retrofit checkpoint). ``(name, model, tokenizer)``. A model
+    converted in memory is not copied (its hooks belong to it): pass its original as a baseline instead."""
+    from pathlib import Path
+
+    from ..io import load_original
+    from ..run_folder import original_source
+
+    if isinstance(model_or_path, (str, Path)) and Path(model_or_path).exists():
+        src = original_source(model_or_path)
+        if src is not None:
+            return load_original(
+                src["name_or_path"], gguf_file=src["gguf_file"], dtype=dtype or src["dtype"], device=device
+            )
+    raise OptionError(
+        f"baseline 'original': {evaluated.name} records no model it was converted from (no run folder, run "
+        "recipe or retrofit block in its config to read); name that model instead"
+    )
 
 
 def _unique(jobs: list[Job]) -> list[Job]:

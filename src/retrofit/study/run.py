@@ -22,7 +22,8 @@ from .. import run_folder as rf
 from .. import schema
 from ..atomic import write_text
 from ..errors import LengthError, OptionError, RecipeError, RetrofitError
-from ..pipeline import STAGES, evaluate_section, load_original
+from ..io import load_original
+from ..pipeline import STAGES, evaluate_section
 from ..pipeline import run as run_pipeline
 from ..run_recipe import _hash, load_recipe
 from . import tables as T
