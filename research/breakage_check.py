@@ -21,10 +21,12 @@ from harness import ROOT, command, stamp, write_record
 CASES = {  # name: (file, the line's text, the broken text)
     "scheme": ("src/retrofit/encodings/alibi.py", "(math.log2(n) - 3)", "(math.log2(n) - 2)"),
     "kernel": ("src/retrofit/kernels/cpu_flash_band.py", "(d >= 0) & (d < K)", "(d >= 0) & (d <= K)"),
+    # the adapters' padding rule: positions counted over real tokens (OPT's own fallback rule in adapters/opt.py
+    # is not live with transformers >= 5.2, whose OPTDecoder passes the position ids it counted itself)
     "padding": (
-        "src/retrofit/adapters/opt.py",
-        "torch.cumsum(attention_mask, dim=1) * attention_mask - 1",
-        "torch.ones_like(attention_mask).cumsum(1) - 1",
+        "src/retrofit/adapters/calls.py",
+        "(m.cumsum(-1) - 1).masked_fill(m == 0, 1)",
+        "(m.cumsum(-1)).masked_fill(m == 0, 1)",
     ),
     "save": ("src/retrofit/core.py", '"kernel": kernel,', '"kernel": "auto",'),
 }

@@ -481,3 +481,21 @@ def test_fire_reads_one_row_of_position_ids_across_a_padded_batch():
         first = model(x[:1]).logits
     torch.testing.assert_close(out[1:, 5:], alone, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(out[:1], first, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["opt", "gpt_neo"])
+def test_native_fade_under_left_padding_reads_the_original_positions(model_type):
+    """While a fine-tune fades the table out, the faded table is read at the positions the original would
+    use: a left-padded row (mask only, as OPT counts real tokens) equals the row alone; at fade 1 with NoPE it
+    is the original model, padded the same way (the adapter's own padding rule, e.g. OPT's cumsum of the mask)."""
+    model = TINY[model_type]()
+    x = ids(1, 20)
+    padded = torch.cat([torch.zeros(1, 5, dtype=torch.long), x], 1)
+    mask = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones_like(x)], 1)
+    with torch.no_grad():
+        original = model(padded, attention_mask=mask).logits[:, 5:]
+    retrofit.convert(model, "nope")
+    retrofit.set_position_controls(model, native_fade=1.0)
+    with torch.no_grad():
+        faded = model(padded, attention_mask=mask).logits[:, 5:]
+    torch.testing.assert_close(faded, original, atol=1e-5, rtol=1e-5)
