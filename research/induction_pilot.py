@@ -4,6 +4,9 @@
     OMP_NUM_THREADS=1 python research/induction_pilot.py mix --arch gpt2 --steps 800 --copy-fraction 0.75 --batch 8
     # the induction toy on rows of the body, with natural rows beside (--toy-rows of --batch), own loop
     OMP_NUM_THREADS=1 python research/induction_pilot.py toy --arch gpt2 --layers 4 --toy-rows 16 --steps 800 --native 128
+    # language first: continue a shipped stand-in with toy rows and natural rows whose second half repeats the first
+    OMP_NUM_THREADS=1 python research/induction_pilot.py continue --init standins/study2-llama-736570157b87 \
+        --toy-rows 8 --echo-rows 4 --lr 5e-4 --steps 800 --save runs/induction-pilots/llama-continued
 
 Every 100 steps (toy) it prints the loss on the toy rows' repeats, the natural rows' loss and the copy probe
 (``retrofit.evaluation.retrieval``: a 32-token held-out span at distance 128, repeat NLL / first NLL, exact).
@@ -16,6 +19,7 @@ import dataclasses
 import json
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -105,9 +109,75 @@ def toy(a) -> None:
             )
 
 
+def _echo(x: torch.Tensor) -> torch.Tensor:
+    """Natural rows [k, L] whose second half repeats their first (copying on real text, not random ids)."""
+    h = x.shape[1] // 2
+    return torch.cat([x[:, :h], x[:, :h], x[:, : x.shape[1] - 2 * h]], 1)  # [k, L]
+
+
+def cont(a) -> None:
+    """Language first: continue a stand-in folder (model, tokenizer, pretrain_stats.json) with ``--toy-rows``
+    rows of the induction toy and ``--echo-rows`` natural rows repeated, the rest plain training text; the
+    probe reads held-out plays (never trained on)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from retrofit import assets
+
+    torch.manual_seed(0)
+    stats = json.loads((Path(a.init) / "pretrain_stats.json").read_text())
+    cfg = BaselineConfig(**stats["config"])
+    tok = AutoTokenizer.from_pretrained(a.init)
+    model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32)
+    blocks = pack_blocks(tok, _training_plays(cfg), cfg.n_positions)  # [n, L]
+    held = pack_blocks(tok, assets.shakespeare_documents("heldout"), cfg.n_positions)[:64]  # [64, L]
+    pool = torch.unique(blocks)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    g = torch.Generator().manual_seed(1)
+    text, t0, L, k, e = held.reshape(-1).tolist(), time.time(), cfg.n_positions, a.toy_rows, a.echo_rows
+
+    def report(step):
+        model.eval()
+        c = retrieval.copy_cell(model, text, L // 2, trials=16, span=32, cue=8)
+        with torch.no_grad():
+            plain = model(input_ids=held[:16], labels=held[:16]).loss.item()
+        model.train()
+        print(
+            step,
+            "held-out loss",
+            round(plain, 4),
+            "probe repeat/first",
+            c["second_over_first"],
+            "exact",
+            c["exact_rate"],
+            f"{time.time() - t0:.0f}s",
+            flush=True,
+        )
+
+    report(0)
+    model.train()
+    for step in range(1, a.steps + 1):
+        x = blocks[torch.randint(0, len(blocks), (a.batch,), generator=g)].clone()  # [B, L]
+        x[:k] = induction_rows((k, L), g, pool)
+        x[k : k + e] = _echo(x[k : k + e])
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % a.every == 0:
+            report(step)
+    if a.save:
+        model.save_pretrained(a.save, safe_serialization=True)
+        tok.save_pretrained(a.save)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["mix", "toy"])
+    p.add_argument("what", choices=["mix", "toy", "continue"])
+    p.add_argument("--init", help="continue: a stand-in folder")
+    p.add_argument("--echo-rows", type=int, default=4, help="continue: natural rows whose second half repeats")
+    p.add_argument("--every", type=int, default=100)
+    p.add_argument("--save", help="continue: where to save the model at the end")
     p.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--native", type=int, default=256)
@@ -130,7 +200,7 @@ def main() -> None:
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
-    (mix if a.what == "mix" else toy)(a)
+    {"mix": mix, "toy": toy, "continue": cont}[a.what](a)
 
 
 if __name__ == "__main__":
