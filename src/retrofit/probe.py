@@ -49,10 +49,19 @@ def lossless(model, adapter, convert, revert, set_attn) -> float:
     vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 100
     x = torch.randint(3, max(4, vocab), (1, n), generator=torch.Generator().manual_seed(0)).to(device)
     attn = model.config._attn_implementation
-    before = model(x).logits.float()
-    set_attn(model, "eager")
-    eager = model(x).logits.float()
-    set_attn(model, attn)
+    try:
+        before = model(x).logits.float()
+        set_attn(model, "eager")
+        eager = model(x).logits.float()
+    except Exception as e:
+        raise UnsupportedArchitectureError(
+            f"{model.config.model_type} ({type(model).__name__}): the lossless probe could not run the original on "
+            f"{n} random tokens with its own and with eager attention: {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        set_attn(model, attn)
+        model.train(was_training)
+    model.eval()
     noise = (eager - before).abs().max().item()
     scheme, options = own_mechanism(adapter)
     try:

@@ -19,6 +19,7 @@ from retrofit.errors import UnsupportedArchitectureError
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
 from ..tiny import NATIVE, _llama_like, ids
 
+GEMMA3_LAYERS = ["sliding_attention", "full_attention"]
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 CLAIMED = {  # the LLaMA layout under another model type: converted after the probe
     "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, MOE),
@@ -33,6 +34,12 @@ CLAIMED = {  # the LLaMA layout under another model type: converted after the pr
     "phi": (tf.PhiConfig, tf.PhiForCausalLM, {}),  # partial rotary, output projection named dense
     "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),  # interleaved (GPT-J-style) rotary
     "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])),
+    # rope parameters per layer type: local sliding layers (theta 10k) beside global ones (1M)
+    "gemma3_text": (
+        tf.Gemma3TextConfig,
+        tf.Gemma3ForCausalLM,
+        dict(head_dim=16, layer_types=GEMMA3_LAYERS, sliding_window=24),
+    ),
 }
 REFUSED = {  # model type: (factory arguments, the quirk the error names)
     "gemma2": ((tf.Gemma2Config, tf.Gemma2ForCausalLM, dict(head_dim=16)), "attention-logit softcapping"),
@@ -54,7 +61,6 @@ REFUSED = {  # model type: (factory arguments, the quirk the error names)
         ),
         "split-off part of the head",
     ),
-    "gemma3_text": ((tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, dict(head_dim=16)), "per-layer-type rope parameters"),
 }
 
 
@@ -133,6 +139,32 @@ def test_rescaled_rope_equals_transformers_own_on_interleaved_and_half_split_rot
         ref, out = native(x, attention_mask=mask).logits, plain(x, attention_mask=mask).logits
     torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(out[1, 5:], ref[1, 5:], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scaling", ["linear", "yarn"])
+def test_per_layer_type_rope_rescales_the_global_layers_as_transformers_own_gemma3(scaling, tmp_path):
+    """gemma3: rescaled RoPE on a model with local (theta 10k) and global (1M) layers equals the same weights
+    with transformers' own scaling of ``rope_parameters["full_attention"]``, the local layers unchanged; a
+    left-padded batch past native included; the native export writes that very config, exact."""
+    cfg, cls, extra = CLAIMED["gemma3_text"]
+    own = {"rope_type": "default", "rope_theta": 1e6}
+    scaled = {"rope_type": scaling, "factor": 4.0, "rope_theta": 1e6}
+    if scaling == "yarn":
+        scaled["original_max_position_embeddings"] = NATIVE
+    local = {"rope_type": "default", "rope_theta": 1e4}
+    native = tiny(cfg, cls, dict(extra, rope_parameters={"full_attention": scaled, "sliding_attention": local}))
+    plain = tiny(cfg, cls, dict(extra, rope_parameters={"full_attention": own, "sliding_attention": local}))
+    plain.load_state_dict(native.state_dict())
+    retrofit.convert(plain, "rope", scaling=scaling, factor=4.0)
+    x, mask = ids(2, NATIVE + 12), torch.ones(2, NATIVE + 12, dtype=torch.long)
+    x[1, :5], mask[1, :5] = 0, 0
+    with torch.no_grad():
+        ref, out = native(x, attention_mask=mask).logits, plain(x, attention_mask=mask).logits
+    torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out[1, 5:], ref[1, 5:], atol=2e-5, rtol=1e-4)
+    assert retrofit.export(plain, tmp_path / "x", native=True).exact
+    params = tf.AutoConfig.from_pretrained(tmp_path / "x").rope_parameters
+    assert params["full_attention"]["rope_type"] == scaling and params["sliding_attention"] == local
 
 
 def test_a_layer_without_positions_stays_without_them(monkeypatch):

@@ -190,7 +190,7 @@ def adapter_for(model: nn.Module) -> Adapter:
             adapter.check()
             return adapter
     supported = ", ".join(f"{n} ({', '.join(c.model_types)})" for n, c in ADAPTERS.items())
-    has = quirks.unhandled(model, ())
+    has = quirks.unhandled(model, tuple(q for _n, c in ADAPTERS.items() for q in c.handles))  # none converts these
     raise UnsupportedArchitectureError(
         f"architecture {model_type!r} ({type(model).__name__}) is not supported"
         + (f" (it has {'; '.join(has)})" if has else "")

@@ -1,8 +1,8 @@
 """The LLaMA layout: rotary decoders whose attention applies ``position_embeddings=(cos, sin)``
 from one ``model.rotary_emb`` module (grouped-query attention and sliding windows included).
 
-Claimed by structure: any model whose base has a ``rotary_emb`` module and ``layers`` whose ``self_attn``
-takes ``position_embeddings`` and calls transformers' attention interface (mixtral, phi3, gemma, ...), not
+Claimed by structure: any model whose base has a ``rotary_emb`` module and ``layers`` whose attention
+(``self_attn`` or ``attn``; a hybrid's other layers hold no positions) takes ``position_embeddings`` and calls transformers' attention interface (mixtral, phi3, gemma, ...), not
 only the types listed in ``model_types`` (the ones this suite tests). A type claimed by structure is
 converted only after the lossless probe (``retrofit.probe``) reproduced its logits."""
 
@@ -21,18 +21,68 @@ from .standins import NeutralisedRotary
 
 def native_rope(config, rotary, interleaved: bool = False) -> dict:
     """The model's own rotary settings: transformers' standardised ``rope_parameters`` plus the
-    module's actual frequencies (never guessed attribute names such as ``rope_theta``)."""
+    module's actual frequencies (never guessed attribute names such as ``rope_theta``).
+
+    A model with rope parameters per layer type (gemma3's sliding and global layers): the global type's
+    settings (``full_attention``), plus ``by_layer_type`` {type: its settings} and ``layer_types`` (one type
+    per layer), read from the module's ``{type}_original_inv_freq``; the rope scheme keeps the other types'
+    rotation as it is and applies its options to the global layers."""
     params = dict(config.rope_parameters or {})
-    if "rope_theta" not in params:  # nested per-layer-type parameters are not supported
+    if "rope_theta" in params:
+        return _one_rope(
+            params, config, rotary.original_inv_freq, getattr(rotary, "attention_scaling", 1.0), interleaved
+        )
+    types, used = list(getattr(config, "layer_types", None) or []), _typed_ropes(rotary, config)
+    if not used:
         raise UnsupportedArchitectureError(f"{config.model_type}: unsupported rope_parameters layout {sorted(params)}")
+    per = {
+        t: _one_rope(
+            params[t],
+            config,
+            getattr(rotary, f"{t}_original_inv_freq"),
+            getattr(rotary, f"{t}_attention_scaling", 1.0),
+            interleaved,
+        )
+        for t in used
+    }
+    main = "full_attention" if "full_attention" in per else sorted(per)[0]
+    return {**per[main], "main_type": main, "by_layer_type": per, "layer_types": types}
+
+
+def _one_rope(params: dict, config, inv_freq, attention_scaling, interleaved: bool) -> dict:
     return {
         "theta": float(params["rope_theta"]),
         "fraction": float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0),
         "rope_type": params.get("rope_type", "default"),
-        "inv_freq": rotary.original_inv_freq.detach().float().cpu().clone(),
-        "attention_scaling": float(getattr(rotary, "attention_scaling", 1.0)),
+        "inv_freq": inv_freq.detach().float().cpu().clone(),
+        "attention_scaling": float(attention_scaling),
         "interleaved": interleaved,  # GPT-J-style pairs (2i, 2i + 1)
     }
+
+
+def _has_frequencies(rotary, config) -> bool:
+    """The rotary module keeps its original frequencies: one set, or one per layer type (gemma3)."""
+    if hasattr(rotary, "original_inv_freq"):
+        return True
+    return bool(_typed_ropes(rotary, config))
+
+
+def _typed_ropes(rotary, config) -> list[str]:
+    """The layer types a per-layer-type rotary module holds frequencies for (those its layers use)."""
+    params, types = getattr(config, "rope_parameters", None), getattr(config, "layer_types", None)
+    if not isinstance(params, dict) or not types:
+        return []
+    used = [t for t in sorted(set(types)) if isinstance(params.get(t), dict)]
+    return used if all(hasattr(rotary, f"{t}_original_inv_freq") for t in used) else []
+
+
+ATTENTION_NAMES = ("self_attn", "attn")  # what a layer calls its attention module
+
+
+def attention_of(layer: nn.Module) -> nn.Module | None:
+    """A layer's attention module; None for a layer that mixes tokens otherwise (a hybrid's conv or
+    recurrent layer holds no positions)."""
+    return next((m for n in ATTENTION_NAMES if isinstance(m := getattr(layer, n, None), nn.Module)), None)
 
 
 @functools.cache
@@ -46,12 +96,17 @@ def _on_attention_interface(cls: type) -> bool:
 
 def rotary_interface_layout(base) -> bool:
     """Is ``base`` the LLaMA layout: a ``rotary_emb`` module with its frequencies, and ``layers`` each with
-    a ``self_attn`` that takes ``position_embeddings`` and calls the attention interface?"""
+    an attention module (``self_attn``, or ``attn``) that takes ``position_embeddings`` and calls the attention
+    interface? A hybrid's layers without one (conv, recurrent) are left as they are."""
     rotary, layers = getattr(base, "rotary_emb", None), getattr(base, "layers", None)
-    if not hasattr(rotary, "original_inv_freq") or not isinstance(layers, nn.ModuleList) or not len(layers):
+    if (
+        not _has_frequencies(rotary, getattr(base, "config", None))
+        or not isinstance(layers, nn.ModuleList)
+        or not len(layers)
+    ):
         return False
-    attns = [getattr(layer, "self_attn", None) for layer in layers]
-    return all(a is not None and _on_attention_interface(type(a)) for a in attns)
+    attns = [a for a in map(attention_of, layers) if a is not None]  # a hybrid's other layers hold no positions
+    return bool(attns) and all(_on_attention_interface(type(a)) for a in attns)
 
 
 @register_adapter("llama")
@@ -71,8 +126,9 @@ class LlamaAdapter(Adapter):
     )
     lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
     # the rope scheme rotates interleaved pairs (other schemes remove the rotary); layers without positions
-    # (smollm3's no_rope_layers) stay without them
-    handles = ("interleaved_rotary", "no_rope_layers")
+    # (smollm3's no_rope_layers) stay without them; per-layer-type rope (gemma3): the rope scheme keeps the
+    # local layers' own rotation and applies its options to the global layers
+    handles = ("interleaved_rotary", "no_rope_layers", "per_layer_type_rope")
 
     @classmethod
     def supports(cls, model) -> bool:
@@ -80,7 +136,7 @@ class LlamaAdapter(Adapter):
 
     def targets(self) -> tuple[str, ...]:
         """The attention's own linear layers (phi names its output ``dense``, not ``o_proj``)."""
-        attn = self.base().layers[0].self_attn
+        attn = next(a for a in map(attention_of, self.base().layers) if a is not None)
         return tuple(n for n, m in attn.named_children() if isinstance(m, nn.Linear)) or self.lora_targets
 
     def check(self):
@@ -103,9 +159,11 @@ class LlamaAdapter(Adapter):
 
     def sites(self):
         rope = getattr(self.config, "no_rope_layers", None)  # 1: rotary, 0: no positions
+        attns = [(i, attention_of(layer)) for i, layer in enumerate(self.base().layers)]
         return [
-            AttentionSite(i, layer.self_attn, self._window(i), positions=bool(rope[i]) if rope is not None else True)
-            for i, layer in enumerate(self.base().layers)
+            AttentionSite(i, attn, self._window(i), positions=bool(rope[i]) if rope is not None else True)
+            for i, attn in attns
+            if attn is not None
         ]
 
     def native_rope(self):

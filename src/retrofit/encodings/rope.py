@@ -5,10 +5,15 @@ static NTK-aware scaling (bloc97) has no transformers function and is the defaul
 ``theta * factor ** (d / (d - 2))``. On a model that already has RoPE, the defaults are the
 model's own theta and rotary fraction, so ``convert(model, "rope", scaling="yarn", factor=4)``
 rescales it.
+
+A model with rope parameters per layer type (gemma3: local sliding layers at theta 10k, global layers at
+1M): the options apply to the global layers; the other layers keep their own rotation exactly (a sliding
+layer never sees a distance past its window), as the model's own long-context configs do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -95,6 +100,25 @@ class RoPE(Scheme):
         self.rotation_depends_on_length = options.scaling == "dynamic"
         inv_freq, self.attention_scaling = self._init_frequencies(spec, options)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.kept, self.layer_kept = self._kept_layer_types(spec)
+
+    @staticmethod
+    def _kept_layer_types(spec: ModelSpec):
+        """Per-layer-type rope: ({type: a RoPE with that type's own rotation}, {layer: its type}) for the
+        layers outside the global type; empty on a model with one rotation."""
+        native = spec.native_rope or {}
+        main, per = native.get("main_type"), native.get("by_layer_type") or {}
+        kept = torch.nn.ModuleDict()
+        for t, rope in per.items():
+            if t != main:
+                own = RoPE.Options(theta=rope["theta"], fraction=rope["fraction"])
+                kept[t] = RoPE(dataclasses.replace(spec, native_rope=rope), RoPE.resolve_defaults(spec, own))
+        layers = {i: t for i, t in enumerate(native.get("layer_types") or []) if t in kept}
+        if kept:
+            log.info(
+                "rope: the %s layers keep their own rotation; the options apply to the %s layers", sorted(kept), main
+            )
+        return kept, layers
 
     def _init_frequencies(self, spec, o) -> tuple[torch.Tensor, float]:
         native = spec.native_rope or {}
@@ -155,6 +179,9 @@ class RoPE(Scheme):
     def rotate(self, layer, x, pos, seq_len: int | None = None, start: int | None = None):
         """x (B, H, T, D) rotated at positions pos (T,). ``start``: pos is ``start + arange(T)`` (consecutive
         positions), whose cos/sin are read from a table built once (a decoding step computes none)."""
+        kept = self.layer_kept.get(layer)
+        if kept is not None:  # a local layer of a per-layer-type model: its own rotation
+            return self.kept[kept].rotate(layer, x, pos, seq_len, start)
         table = None if start is None else self._table(start, x.shape[-2], x)
         if table is None:
             cos, sin = self.cos_sin(pos, seq_len or int(pos.max()) + 1)

@@ -76,7 +76,9 @@ def _same_arch_rope(model, info, opts) -> Built:
             f"{type(model).__name__} rotates a fixed part of each head: use retrofit.load"
         )
     cfg = plain_config(model)
-    native_params = dict(model.config.rope_parameters or {})
+    main = nat.get("main_type")  # per-layer-type rope (gemma3): the options went to this type's layers only
+    all_params = dict(model.config.rope_parameters or {})
+    native_params = dict(all_params[main]) if main else all_params
     same = o["scaling"] == "none" and float(o["theta"]) == float(nat.get("theta"))
     if same:  # the scheme kept the model's own frequencies (native scaling included)
         rope, max_pos, notes = native_params, cfg.max_position_embeddings, ["RoPE unchanged: the original config"]
@@ -84,12 +86,14 @@ def _same_arch_rope(model, info, opts) -> Built:
         rope, max_pos, notes = rope_parameters(o, spec.head_dim, native_params)
         if nat.get("rope_type", "default") != "default":
             notes.append(f"the model's native {nat['rope_type']!r} rope scaling is replaced, as in the patched model")
-    cfg.rope_parameters = rope
+        if main:
+            notes.append(f"rope_parameters[{main!r}] rescaled; the other layer types keep their own, as patched")
+    cfg.rope_parameters = {**all_params, main: rope} if main else rope
     cfg.max_position_embeddings = max_pos
     if cfg.model_type == "gpt_neox":
         _keep_rotary_pct(cfg)
     dst = type(model)(cfg).to(dtype=model.dtype).eval()
-    _check_rope_config(dst.config, rope)
+    _check_rope_config(dst.config, {main: rope} if main else rope)
     strict = rope.get("rope_type") != "dynamic"  # see the float32 note in rope_parameters
     cut = Surgery(dst)
     src_sd = {k: v for k, v in model.state_dict().items() if not k.startswith("retrofit_positions.")}
