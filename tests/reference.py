@@ -151,22 +151,32 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     if kind == "rotary":
         query, key = _rope(scheme, query, key, i[:, 0], j[0])
     scaling = scaling if scaling is not None else D**-0.5  # some transformers releases pass None for GPT-2
+    content = query @ key.transpose(-1, -2) * scaling  # (B, H, Tq, Tk)
+    positional = torch.zeros(())
     if kind == "relative":
-        scores = REFERENCE_SCORES[scheme.name](scheme, ctx.layer, query, key, i, j) * scaling
-    else:
-        scores = query @ key.transpose(-1, -2) * scaling  # (B, H, Tq, Tk)
+        positional = REFERENCE_SCORES[scheme.name](scheme, ctx.layer, query, key, i, j) * scaling - content
     if kind == "bias":
-        scores = scores + REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (
+        positional = REFERENCE_BIAS[scheme.name](scheme, ctx.layer, i, j) * (
             scaling if scheme.bias_scaled_with_scores else 1
         )
     beta, length = scheme.common.temperature, scheme.common.temperature_length
     if beta and ctx.positions:  # every logit of query i times 1 + beta * ln(max(1, (i + 1) / length))
-        scores = scores * (1 + beta * torch.log(torch.clamp((i + 1).double() / length, min=1.0))).float()
+        tau = (1 + beta * torch.log(torch.clamp((i + 1).double() / length, min=1.0))).float()
+        content, positional = content * tau, positional * tau
+    softcap = kwargs.get("softcap")  # gemma2 (its eager code): the content logits capped, then the rest added
+    if softcap is not None:
+        content = torch.tanh(content / softcap) * softcap
+    scores = content + positional
     allowed = (j <= i) & ((i - j < ctx.window) if ctx.window else True)
     if attention_mask is not None:
         allowed = (allowed & attention_mask[:, None, None, :].bool()) | (i == j)
     scores = scores.masked_fill(~allowed, float("-inf"))
-    out = torch.softmax(scores, -1) @ value
+    sinks = kwargs.get("s_aux", getattr(module, "sinks", None))  # gpt_oss (its eager code): one more logit, dropped
+    if sinks is not None:
+        sink = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        out = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1] @ value
+    else:
+        out = torch.softmax(scores, -1) @ value
     return out.to(module_dtype(module)).transpose(1, 2).contiguous(), None
 
 

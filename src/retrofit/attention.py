@@ -128,6 +128,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         q_start=q_start,
         dropout=dropout,
         bias_params=tuple(scheme.parameters()) if bias is not None else (),
+        softcap=kwargs.get("softcap"),  # gemma2's attention-logit softcapping
+        sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),  # gpt_oss's attention sinks
     )
     if rows is None:
         out, path = _attend(call, state.kernel)

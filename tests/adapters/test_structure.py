@@ -35,6 +35,8 @@ CLAIMED = {  # the LLaMA layout under another model type: converted after the pr
     "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),  # interleaved (GPT-J-style) rotary
     "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])),
     # rope parameters per layer type: local sliding layers (theta 10k) beside global ones (1M)
+    "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM, dict(head_dim=16, attn_logit_softcapping=5.0)),  # softcap
+    "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM, dict(MOE, head_dim=16)),  # attention sinks
     "gemma3_text": (
         tf.Gemma3TextConfig,
         tf.Gemma3ForCausalLM,
@@ -42,8 +44,6 @@ CLAIMED = {  # the LLaMA layout under another model type: converted after the pr
     ),
 }
 REFUSED = {  # model type: (factory arguments, the quirk the error names)
-    "gemma2": ((tf.Gemma2Config, tf.Gemma2ForCausalLM, dict(head_dim=16)), "attention-logit softcapping"),
-    "gpt_oss": ((tf.GptOssConfig, tf.GptOssForCausalLM, dict(MOE, head_dim=16)), "attention sinks"),
     "deepseek_v3": (
         (
             tf.DeepseekV3Config,

@@ -109,3 +109,31 @@ def test_set_kernel_is_saved_and_an_earlier_name_loads(tmp_path):
     with pytest.raises(OptionError, match="kernel must be one of"):
         set_kernel(old, "fast")
     assert retrofit.describe(old)["kernel"] == "auto"
+
+
+@pytest.mark.parametrize("term", ["softcap", "sinks"])
+def test_only_a_path_that_writes_the_scores_out_serves_a_models_own_score_terms(term):
+    """gemma2's softcap and gpt_oss's sinks: auto takes the one row that applies them (chunked), a named row
+    that cannot says why, and the output equals the plain formula."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=g) for _ in range(3))
+    slopes = torch.tensor([0.5, 0.25])
+    extra = {"softcap": 2.0} if term == "softcap" else {"sinks": torch.tensor([1.0, -0.5])}
+    call = kernels.Call(q, k, v, 8**-0.5, bias=lambda h, i, j: -slopes[h] * (i - j), slopes=slopes, **extra)
+    assert call.scored
+    assert kernels.choose(call).name == "chunked"
+    assert all(p.why_not(call) for p in kernels.PATHS if not p.scores)
+    with pytest.raises(RuntimeError, match="does not apply"):
+        kernels.choose(call, "sdpa-alibi-dims")
+    out, path = kernels.attend(call)
+    i, j = torch.arange(12)[:, None], torch.arange(12)[None, :]
+    content = q @ k.transpose(-1, -2) * 8**-0.5
+    if term == "softcap":
+        content = torch.tanh(content / 2.0) * 2.0
+    scores = (content - slopes[:, None, None] * (i - j)).masked_fill(j > i, float("-inf"))
+    if term == "sinks":
+        sink = extra["sinks"].reshape(1, 2, 1, 1).expand(1, 2, 12, 1)
+        probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, -1)
+    torch.testing.assert_close(out, probs @ v, atol=1e-6, rtol=1e-5)

@@ -127,8 +127,9 @@ class LlamaAdapter(Adapter):
     lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj")
     # the rope scheme rotates interleaved pairs (other schemes remove the rotary); layers without positions
     # (smollm3's no_rope_layers) stay without them; per-layer-type rope (gemma3): the rope scheme keeps the
-    # local layers' own rotation and applies its options to the global layers
-    handles = ("interleaved_rotary", "no_rope_layers", "per_layer_type_rope")
+    # local layers' own rotation and applies its options to the global layers; softcapped logits (gemma2) and
+    # attention sinks (gpt_oss) go through the one path that writes the scores out (kernels: ``Path.scores``)
+    handles = ("interleaved_rotary", "no_rope_layers", "per_layer_type_rope", "softcap", "sinks")
 
     @classmethod
     def supports(cls, model) -> bool:

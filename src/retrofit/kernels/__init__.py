@@ -47,6 +47,13 @@ class Path:
     doc: str
     worth: Callable[[Call], bool] = lambda c: True  # auto takes it only where this holds too
     grouped: bool = False  # takes grouped-query keys (Hkv < H) as they are
+    scores: bool = False  # applies the model's own score terms (softcap, sinks): the others never serve such a call
+
+    def why_not(self, call: Call) -> str | None:
+        """None when this row serves ``call``; else why not."""
+        if call.scored and not self.scores:
+            return f"the model's {call.scored}, which this path does not apply"
+        return self.serves(call)
 
 
 PATHS = (
@@ -111,7 +118,9 @@ PATHS = (
         chunked.serves,
         chunked.run,
         POSITION_FREE + BIAS + RELATIVE,
-        "query-chunked SDPA with each chunk's own bias or relative logits: serves every call",
+        "query-chunked SDPA with each chunk's own bias or relative logits (scores written out where the model "
+        "softcaps its logits or has attention sinks): serves every call",
+        scores=True,
     ),
 )
 BY_NAME = {p.name: p for p in PATHS}
@@ -141,9 +150,9 @@ def check(kernel: str, kind: str | None = None) -> str:
 def choose(call: Call, kernel: str = "auto") -> Path:
     """The row that runs ``call`` for a model whose kernel choice is ``kernel`` (already ``check``ed)."""
     if kernel == "auto" or not call.positional:
-        return next(p for p in PATHS if p.serves(call) is None and p.worth(call))
+        return next(p for p in PATHS if p.why_not(call) is None and p.worth(call))
     path = BY_NAME[kernel]
-    why = path.serves(call)
+    why = path.why_not(call)
     if why is not None:
         raise RuntimeError(f"the {kernel} attention path cannot serve this call: {why}; use kernel auto or chunked")
     return path

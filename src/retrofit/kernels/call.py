@@ -56,6 +56,19 @@ class Call:
     window: int | None = None  # keys with i - j >= window are masked
     q_start: int = 0
     dropout: float = 0.0
+    # the model's own score terms (gemma2's softcap, gpt_oss's sinks): only a path that ``scores`` applies them
+    softcap: float | None = None  # content logits s -> softcap * tanh(s / softcap), before any positional term
+    sinks: torch.Tensor | None = None  # (H,) one extra logit per head in every softmax, its value dropped
+
+    @property
+    def scored(self) -> str | None:
+        """What of the model's own score terms this call carries (None: nothing)."""
+        said = [
+            w
+            for w, x in (("attention-logit softcapping", self.softcap), ("attention sinks", self.sinks))
+            if x is not None
+        ]
+        return " and ".join(said) or None
 
     def __post_init__(self):
         if self.row_scale is not None and self.bias is not None:

@@ -20,11 +20,37 @@ def serves(c: Call) -> str | None:
 def run(c: Call) -> torch.Tensor:
     """The call, one chunk of queries at a time: (B, H, Tq, D)."""
     return attend_chunked(
-        c.q, c.k, c.v, c.scaling, c.bias, c.key_padding, c.window, c.q_start, c.dropout, c.row_scale, c.relative
+        c.q,
+        c.k,
+        c.v,
+        c.scaling,
+        c.bias,
+        c.key_padding,
+        c.window,
+        c.q_start,
+        c.dropout,
+        c.row_scale,
+        c.relative,
+        c.softcap,
+        c.sinks,
     )
 
 
-def attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout, row_scale=None, relative=None):
+def attend_chunked(
+    q,
+    k,
+    v,
+    scaling,
+    bias,
+    key_padding,
+    window,
+    q_start,
+    dropout,
+    row_scale=None,
+    relative=None,
+    softcap=None,
+    sinks=None,
+):
     """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D); each chunk builds its own (H, C, Tk) bias."""
     B, H, Tq, D = q.shape
     rows = chunk_rows(H, Tq, k.shape[-2])
@@ -39,7 +65,7 @@ def attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout
         hi = q_start + e
         lo = max(0, q_start + s - window + 1) if window else 0
         rows_scale = None if row_scale is None else row_scale[:, s:e]
-        rel = () if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
+        rel = (None, None, None) if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
         args = (
             q[:, :, s:e],
             k[:, :, lo:hi],
@@ -53,6 +79,8 @@ def attend_chunked(q, k, v, scaling, bias, key_padding, window, q_start, dropout
             dropout,
             rows_scale,
             *rel,
+            softcap,
+            sinks,
         )
         outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
     return torch.cat(outs, dim=2)
@@ -73,6 +101,8 @@ def _chunk(
     rel_q=None,
     rel_keys=None,
     positions=None,
+    softcap=None,
+    sinks=None,
 ):
     # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
     C, Tc = qc.shape[-2], kc.shape[-2]
@@ -95,6 +125,8 @@ def _chunk(
         )
     else:
         mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window)
+    if softcap is not None or sinks is not None:
+        return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks)
     out = F.scaled_dot_product_attention(
         qc.to(compute_dtype),
         kc.to(compute_dtype),
@@ -104,6 +136,27 @@ def _chunk(
         scale=scaling,
     )
     return out.to(qc.dtype)
+
+
+def _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks):
+    """The chunk with its scores written out in fp32 (B, H, C, Tc): the content logits softcapped (gemma2:
+    ``softcap * tanh(s / softcap)``), then the positional term and the mask added (``mask``: float, or bool
+    True = visible), then a softmax over the keys and, with ``sinks`` (H,), one more logit per head whose
+    share is dropped (gpt_oss)."""
+    scores = (qc.float() @ kc.float().transpose(-1, -2)) * scaling  # (B, H, C, Tc)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    else:
+        scores = scores + mask.float()
+    if sinks is not None:
+        sink = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, C, 1)
+        probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, -1)
+    probs = F.dropout(probs, p=dropout) if dropout else probs
+    return (probs @ vc.float()).to(qc.dtype)  # (B, H, C, D)
 
 
 def relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, dtype):
