@@ -41,28 +41,39 @@ SMALL = dict(
     n_routed_experts=4,
     num_experts_per_tok=2,
     shared_expert_intermediate_size=32,
+    qk_rope_head_dim=8,  # MLA (deepseek_v3 and kin): the split-off rotary part and the rest within the head
+    qk_nope_head_dim=8,
+    v_head_dim=16,
+    kv_lora_rank=16,
+    q_lora_rank=32,
 )
+PER_TYPE = {"gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8)}  # within the 16-dim head
 MAX_PARAMS = 15_000_000  # a config whose sizes did not shrink is not built
 
 
 def tiny(model_type: str):
-    """The type's model from its own config with SMALL's sizes; where that config refuses them, again with
-    its own layer count (a layer pattern tied to it, e.g. GPT-Neo's attention_types)."""
+    """The type's model from its own config with SMALL's sizes, run once on 16 tokens; where that config
+    refuses them or the model cannot run itself, again with its own layer count (a layer pattern tied to it,
+    e.g. GPT-Neo's attention_types, a hybrid's attention layers among recurrent ones)."""
     cls = getattr(tf, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
     default = tf.AutoConfig.for_model(model_type)
     error = None
     for drop in ((), ("num_hidden_layers",)):
         small = {k: v for k, v in SMALL.items() if hasattr(default, k) and k not in drop}
+        if hasattr(default, "qk_rope_head_dim"):  # MLA: its head dims are the split parts', not head_dim
+            small.pop("head_dim", None)
         try:
-            cfg = tf.AutoConfig.for_model(model_type, **small)
+            cfg = tf.AutoConfig.for_model(model_type, **small, **PER_TYPE.get(model_type, {}))
             with torch.device("meta"):
                 n = sum(p.numel() for p in cls(cfg).parameters())
-        except Exception as e:
+            if n > MAX_PARAMS:
+                raise ValueError(f"its config did not shrink ({n / 1e6:.0f}M parameters)")
+            model = cls(cfg).eval()
+            with torch.no_grad():
+                model(torch.randint(3, 100, (1, 16)))  # a tiny model that cannot run itself is not tried
+            return model
+        except Exception as e:  # again with the type's own layer count (a hybrid's pattern of layers)
             error = error or e
-            continue
-        if n > MAX_PARAMS:
-            raise ValueError(f"its config did not shrink ({n / 1e6:.0f}M parameters)")
-        return cls(cfg).eval()
     raise error
 
 

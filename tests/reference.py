@@ -1,5 +1,5 @@
 """A plain reference attention (full N x N scores, fp32) built from transformers' own oracles:
-BLOOM's ``build_alibi_tensor`` for ALiBi, LLaMA's ``apply_rotary_pos_emb`` and rotary module for RoPE,
+BLOOM's ``build_alibi_tensor`` for ALiBi, LLaMA's ``apply_rotary_pos_emb`` and rotary module for RoPE (GPT-J's for interleaved pairs),
 T5's ``_relative_position_bucket`` for T5 buckets; Shaw and FIRE written from their papers.
 Registered as the attention implementation ``"retrofit_reference"``; it reads the same per-layer
 context as the real kernel, so a converted model can be run through it for comparison."""
@@ -10,6 +10,7 @@ import torch
 from transformers import AttentionInterface, LlamaConfig
 from transformers.masking_utils import AttentionMaskInterface
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_rotary
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.t5.modeling_t5 import T5Attention
 
@@ -52,6 +53,14 @@ def _rope(scheme, q, k, q_pos, k_pos):
     rot = scheme.rot_dim
     cos_k, sin_k = rope_oracle_cos_sin(scheme, k_pos)
     cos_q, sin_q = cos_k[:, -q.shape[-2] :], sin_k[:, -q.shape[-2] :]
+    if scheme.interleaved:  # pairs (2i, 2i + 1): GPT-J's own rotation, on (B, T, H, D) with (sin, cos) (1, T, rot/2)
+        half = rot // 2
+
+        def turn(x, sin, cos):
+            return gptj_rotary(x[..., :rot].transpose(1, 2), sin[..., :half], cos[..., :half]).transpose(1, 2)
+
+        qr, kr = turn(q, sin_q, cos_q), turn(k, sin_k, cos_k)
+        return torch.cat([qr, q[..., rot:]], -1), torch.cat([kr, k[..., rot:]], -1)
     qr, _ = apply_rotary_pos_emb(q[..., :rot], q[..., :rot], cos_q, sin_q)
     kr, _ = apply_rotary_pos_emb(k[..., :rot], k[..., :rot], cos_k, sin_k)
     return torch.cat([qr, q[..., rot:]], -1), torch.cat([kr, k[..., rot:]], -1)

@@ -94,12 +94,50 @@ def gpt_neox():
     return tf.GPTNeoXForCausalLM(cfg).eval()
 
 
+def gpt_bigcode():
+    cfg = tf.GPTBigCodeConfig(
+        vocab_size=VOCAB,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=NATIVE,
+        multi_query=True,  # StarCoder 1's one key/value head
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return tf.GPTBigCodeForCausalLM(cfg).eval()
+
+
+def _gptj_like(config_cls, model_cls):
+    def make():
+        cfg = config_cls(
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=NATIVE,
+            rotary_dim=8,  # interleaved pairs over half of each 16-dim head
+            n_inner=128,
+            initializer_range=0.1,  # sharper attention: a rotary change is visible
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+        return model_cls(cfg).eval()
+
+    return make
+
+
 # model_type -> factory. Architecture adapters list several model types; each gets a model here.
 TINY = {
     "gpt2": gpt2,
+    "gpt_bigcode": gpt_bigcode,
     "gpt_neo": gpt_neo,
     "opt": opt,
     "gpt_neox": gpt_neox,
+    "gptj": _gptj_like(tf.GPTJConfig, tf.GPTJForCausalLM),
+    "codegen": _gptj_like(tf.CodeGenConfig, tf.CodeGenForCausalLM),
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
     "mistral": _llama_like(tf.MistralConfig, tf.MistralForCausalLM, sliding_window=8),
     "qwen2": _llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM),

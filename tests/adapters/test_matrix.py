@@ -24,14 +24,17 @@ from ..tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, _llama_l
 # the full battery: one model per adapter and per quirk the adapters handle differently
 REPRESENTATIVES = {
     "gpt2": "learned absolute table, Conv1D projections",
+    "gpt_bigcode": "learned absolute table, Linear projections, multi-query attention (one key/value head)",
     "gpt_neo": "learned absolute, local (windowed) layers beside global ones, unscaled attention",
     "opt": "learned absolute with OPT's offset of 2",
     "gpt_neox": "partial rotary (rotary_pct), fused qkv",
+    "gptj": "interleaved partial rotary read from a (sin, cos) table the original cannot run past",
     "llama": "rotary on the attention interface, grouped-query heads",
     "mistral": "rotary with a sliding window shorter than the input",
 }
 # every other registered type: what it shares with a representative (the quick check runs it)
 QUIRKS = {
+    "codegen": "gptj + one fused qkv projection in four model-parallel groups",
     "qwen2": "llama + qkv biases",
     "qwen3": "llama + q/k norms, explicit head_dim",
     "granite": "llama + attention/residual/logit multipliers",

@@ -2,8 +2,10 @@
 
 from . import (  # noqa: F401  (registration)
     gpt2,
+    gpt_bigcode,
     gpt_neo,
     gpt_neox,
+    gptj,
     llama,
     opt,
 )

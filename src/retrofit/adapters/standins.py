@@ -80,3 +80,25 @@ class NeutralisedRotary(nn.Module):
             return self.original(x, (position_ids + self.state.offset).float() * fade, *args, **kwargs)
         cos, sin = self.original(x, position_ids, *args, **kwargs)
         return torch.ones_like(cos), torch.zeros_like(sin)
+
+
+class NeutralisedSinCos(nn.Module):
+    """Stands in for GPT-J's and CodeGen's rotary module, which returns ``(sin, cos)`` (that order) read from a
+    fixed table of ``max_position_embeddings`` rows: returns sin = 0, cos = 1 (an exact identity rotation) at
+    any length, or the original rotation at angle x ``native_fade`` (computed from ``inv_freq``, since a faded
+    position is not a row of the table) while a fine-tune fades it out."""
+
+    def __init__(self, original: nn.Module, state, inv_freq: torch.Tensor):
+        super().__init__()
+        object.__setattr__(self, "original", original)
+        object.__setattr__(self, "state", state)
+        self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)  # (rot / 2,)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        self.calls += 1
+        fade = self.state.native_fade
+        angle = (position_ids + self.state.offset).float()[..., None] * fade * self.inv_freq.to(x.device)
+        if fade > 0:  # (B, T, rot / 2): the original's float32 angles, faded
+            return angle.sin(), angle.cos()
+        return torch.zeros_like(angle), torch.ones_like(angle)
