@@ -15,7 +15,11 @@ from retrofit.training import standin
 from .procs import TEST_KERNEL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers (-n): one thread each, children too
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(min(2, torch.get_num_threads()))
 platform.platform()  # runs `uname -p` once and caches it: not a process any test starts
 logging.getLogger("transformers").setLevel(logging.ERROR)
 

@@ -134,7 +134,8 @@ REFERENCE_SCORES = {"xl": xl_reference, "nezha": nezha_reference}
 # scheme name -> bias(scheme, layer, i (Tq,1), j (1,Tk)) -> (H, Tq, Tk); extended by later schemes.
 # Absolute ("sinusoidal") and "nope" schemes have no bias: their reference is plain causal attention.
 REFERENCE_BIAS = {
-    "alibi": lambda s, layer, i, j: alibi_oracle_slopes(s.spec.num_heads)[:, None, None] * (j - i).float(),
+    # BLOOM's slopes times -|i - j|: symmetric on an encoder's keys after the query, as jina-bert
+    "alibi": lambda s, layer, i, j: alibi_oracle_slopes(s.spec.num_heads)[:, None, None] * -(j - i).abs().float(),
     "t5": t5_reference,
     "shaw": shaw_reference,
     "fire": fire_reference,
@@ -176,7 +177,10 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     if softcap is not None:
         content = torch.tanh(content / softcap) * softcap
     scores = content + positional
-    allowed = (j <= i) & ((i - j < ctx.window) if ctx.window else True)
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    before = (j <= i) if causal else torch.ones_like(j <= i)  # an encoder sees the keys after the query too
+    allowed = before & (((i - j).abs() < ctx.window) if ctx.window else True)
     if attention_mask is not None:
         allowed = (allowed & attention_mask[:, None, None, :].bool()) | (i == j)
     scores = scores.masked_fill(~allowed, float("-inf"))

@@ -129,8 +129,26 @@ def _gptj_like(config_cls, model_cls):
     return make
 
 
+def bert():
+    """BERT as a decoder (``BertLMHeadModel``, is_decoder): causal attention read from its modules."""
+    cfg = tf.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=NATIVE,
+        is_decoder=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return tf.BertLMHeadModel(cfg).eval()
+
+
 # model_type -> factory. Architecture adapters list several model types; each gets a model here.
 TINY = {
+    "bert": bert,
     "gpt2": gpt2,
     "gpt_bigcode": gpt_bigcode,
     "gpt_neo": gpt_neo,

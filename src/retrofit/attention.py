@@ -34,12 +34,18 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             "use retrofit.convert(model, ...) or retrofit.load(path), not config._attn_implementation"
         )
     state = ctx.state
+    causal = kwargs.get("is_causal")  # the direction: the call's, else the module's (an encoder's is False)
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
     if state.attention_dropout is not None:  # a fine-tune's train.attention_dropout, in place of the module's
         dropout = state.attention_dropout if module.training else 0.0
     scheme = state.scheme()
     kind = scheme.kind if ctx.positions else "none"  # a layer the original ran without positions stays so
     B, H, Tq, D = query.shape
     Tk = key.shape[-2]
+    if not causal and kind in ("bias", "relative") and not scheme.bidirectional:
+        raise RetrofitError(
+            f"scheme {scheme.name!r} has no bidirectional form; this attention sees keys after the query"
+        )
     limit = scheme.max_length()
     if limit is not None and Tk > limit:
         raise LengthError(f"scheme {scheme.name!r} supports at most {limit} positions; got {Tk}")
@@ -128,6 +134,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         q_start=q_start,
         dropout=dropout,
         bias_params=tuple(scheme.parameters()) if bias is not None else (),
+        causal=causal,
         softcap=kwargs.get("softcap"),  # gemma2's attention-logit softcapping
         sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),  # gpt_oss's attention sinks
     )

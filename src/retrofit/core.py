@@ -96,6 +96,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "load it with retrofit.load(path) (plain from_pretrained does not re-apply the patch)"
         )
     adapter = adapter_for(model)
+    _check_direction(adapter, scheme_cls, to)
     if adapter.by_structure and not (from_checkpoint or probing):  # not a type this suite tests: own logits first
         probe.lossless(model, adapter, _probe_convert, revert, _set_attn)
     if state is None:
@@ -142,7 +143,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
             "native": {"kind": adapter.native_kind, "length": spec.native_length},
             "kernel": kernel,
             "retrofit_version": __version__,
-            "base_config": base_config(model.config, previous),
+            "base_config": base_config(model.config, previous, type(model).__name__),
         }
         if common.qk_norm and not from_checkpoint:
             _calibrate_qk_norm(model, state, spec.native_length)
@@ -218,6 +219,17 @@ def _calibrate_qk_norm(model, state: RetrofitState, native_length: int, length: 
     log.info("qk_norm: gains calibrated on %d tokens", n)
 
 
+def _check_direction(adapter, scheme_cls, to: str) -> None:
+    """A model whose attention sees keys after the query (an encoder) takes only a scheme defined for them."""
+    both = [s.layer for s in adapter.sites() if not getattr(s.module, "is_causal", True)]
+    if both and scheme_cls.kind in ("bias", "relative") and not scheme_cls.bidirectional:
+        ok = sorted(n for n, c in SCHEMES.items() if c.bidirectional or c.kind not in ("bias", "relative"))
+        raise OptionError(
+            f"scheme {to!r} is defined for keys before the query only, and this model's attention is "
+            f"bidirectional (layers {both[:4]}{'...' if len(both) > 4 else ''}): use one of {', '.join(ok)}"
+        )
+
+
 def _probe_convert(model, scheme: str, options: dict) -> None:
     _convert(model, scheme, force=False, kernel=DEFAULT_KERNEL, verify=True, options=options, probing=True)
 
@@ -227,7 +239,8 @@ def _verify_live(model, state: RetrofitState, length: int = 8):
     and the native mechanism's stand-in was consulted."""
     sites = state.adapter.sites()
     state.calls.clear()
-    stand_ins = [getattr(sw.parent, sw.attr) for sw in state.swaps]  # stand-ins count their calls
+    stand_ins = [getattr(sw.parent, sw.attr) for sw in state.swaps]  # stand-in modules count their calls
+    stand_ins = [s for s in stand_ins if isinstance(s, nn.Module)]  # (a longer buffer swapped in counts nothing)
     for s in stand_ins:
         s.calls = 0
     vocab = model.get_input_embeddings().weight.shape[0]

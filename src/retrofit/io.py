@@ -91,9 +91,8 @@ def _retrofit_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
 def load(path: str | os.PathLike, **from_pretrained_kwargs):
     """Load a checkpoint written by ``save`` and re-apply its patch (scheme, options, learned
     position parameters, attention function). Safetensors only; no remote code unless asked."""
-    from transformers import AutoModelForCausalLM
-
     from .core import POSITIONS_MODULE, reapply, verify
+    from .task import model_class
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -109,7 +108,7 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
         from_pretrained_kwargs["dtype"] = DTYPES.get(from_pretrained_kwargs["dtype"], from_pretrained_kwargs["dtype"])
     from_pretrained_kwargs.pop("config", None)
     with sources.readable(path), hushed("positions_unexpected"):  # retrofit loads those tensors below
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, **from_pretrained_kwargs)
+        model = model_class(config).from_pretrained(path, config=config, **from_pretrained_kwargs)  # its task's class
     reapply(model, block)
     positions = getattr(model, POSITIONS_MODULE)
     expected = positions.state_dict()

@@ -18,12 +18,14 @@ SAVED_MODEL_TYPE = "retrofit"  # config.json's model_type of a saved converted m
 UNBOUNDED = int(1e30)  # transformers' VERY_LARGE_INTEGER: how tokenizers (and lm-eval) spell "no limit"
 
 
-def base_config(config, previous: dict) -> dict:
+def base_config(config, previous: dict, class_name: str | None = None) -> dict:
     """The original config values that a saved retrofit config replaces (``load`` restores them to
-    build the base model): its model type and architectures, and the length key's value."""
+    build the base model): its model type and architectures (the model's own class where the config names
+    none: a classifier loads with its head), and the length key's value."""
     if previous.get("base_config"):
         return dict(previous["base_config"])
-    out = {"model_type": config.model_type, "architectures": list(getattr(config, "architectures", None) or [])}
+    archs = list(getattr(config, "architectures", None) or ([class_name] if class_name else []))
+    out = {"model_type": config.model_type, "architectures": archs}
     key = reach_key(config)
     if key:
         out[key] = getattr(config, key)

@@ -23,6 +23,7 @@ from ..tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, _llama_l
 
 # the full battery: one model per adapter and per quirk the adapters handle differently
 REPRESENTATIVES = {
+    "bert": "learned absolute table inside the embeddings beside token types; the direction read from each module",
     "gpt2": "learned absolute table, Conv1D projections",
     "gpt_bigcode": "learned absolute table, Linear projections, multi-query attention (one key/value head)",
     "gpt_neo": "learned absolute, local (windowed) layers beside global ones, unscaled attention",

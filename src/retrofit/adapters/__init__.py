@@ -1,6 +1,7 @@
 """Architecture adapters, one small module per family, registered by name (see ``base.ADAPTERS``)."""
 
 from . import (  # noqa: F401  (registration)
+    bert,
     gpt2,
     gpt_bigcode,
     gpt_neo,

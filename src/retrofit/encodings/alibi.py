@@ -65,5 +65,6 @@ class ALiBi(Scheme):
         return self.slopes
 
     def bias(self, layer, h, q_pos, k_pos):
-        # -slope_h * (i - j): 0 on the diagonal, more negative with distance (future keys are masked anyway)
-        return -self.slopes[h] * (q_pos - k_pos).to(torch.float32)
+        # -slope_h * |i - j|: 0 on the diagonal, more negative with distance on either side (a decoder masks the
+        # keys after the query; an encoder sees them, as jina-bert's symmetric ALiBi)
+        return -self.slopes[h] * (q_pos - k_pos).abs().to(torch.float32)

@@ -115,6 +115,8 @@ class Scheme(nn.Module):
     kind: ClassVar[str]  # "bias" | "relative" | "rotary" | "absolute" | "none"
     # True when scores depend only on distances i - j (shifting every position changes nothing)
     shift_invariant: ClassVar[bool] = False
+    # its scores are defined for keys after the query too (an encoder's bidirectional attention)
+    bidirectional: ClassVar[bool] = True
 
     @dataclass
     class Options:
@@ -202,8 +204,8 @@ class Scheme(nn.Module):
         raise TypeError(f"scheme {self.name!r} is not a bias scheme")
 
     def linear_slopes(self, layer: int) -> torch.Tensor | None:
-        """(H,) slopes m when ``bias(layer, h, i, j) == -m[h] * (i - j)`` exactly (the fused kernels serve
-        such a bias without building it); None for any other bias."""
+        """(H,) slopes m when ``bias(layer, h, i, j) == -m[h] * (i - j)`` exactly for every i >= j (the fused
+        kernels serve such a bias on causal calls without building it); None for any other bias."""
         return None
 
     def distance_band(self, layer: int) -> torch.Tensor | None:

@@ -61,6 +61,7 @@ def normalised_distance(c: torch.Tensor, threshold, q_pos: torch.Tensor, k_pos: 
 class FIRE(Scheme):
     name = "fire"
     kind = "bias"
+    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
 
     @dataclass
     class Options:

@@ -27,6 +27,7 @@ from .sinusoidal import sinusoids
 class Nezha(Scheme):
     name = "nezha"
     kind = "relative"
+    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
     shift_invariant = True
 
     @dataclass

@@ -30,6 +30,7 @@ class ShawClipped(Scheme):
     name = "shaw"
     shift_invariant = True
     kind = "bias"
+    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
 
     @dataclass
     class Options:

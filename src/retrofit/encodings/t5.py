@@ -59,6 +59,7 @@ class T5Buckets(Scheme):
     name = "t5"
     shift_invariant = True
     kind = "bias"
+    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
 
     @dataclass
     class Options:

@@ -38,6 +38,7 @@ INIT_STD = 0.02
 class TransformerXL(Scheme):
     name = "xl"
     kind = "relative"
+    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
     shift_invariant = True
 
     @dataclass

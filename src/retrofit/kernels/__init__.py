@@ -48,16 +48,27 @@ class Path:
     worth: Callable[[Call], bool] = lambda c: True  # auto takes it only where this holds too
     grouped: bool = False  # takes grouped-query keys (Hkv < H) as they are
     scores: bool = False  # applies the model's own score terms (softcap, sinks): the others never serve such a call
+    bidirectional: bool = False  # serves keys after the query (an encoder's attention): the others never do
 
     def why_not(self, call: Call) -> str | None:
         """None when this row serves ``call``; else why not."""
         if call.scored and not self.scores:
             return f"the model's {call.scored}, which this path does not apply"
+        if not call.causal and not self.bidirectional:
+            return "bidirectional attention (keys after the query), which this path does not serve"
         return self.serves(call)
 
 
 PATHS = (
-    Path("sdpa", sdpa.serves, sdpa.run, POSITION_FREE, "stock SDPA: no positional term in the scores", grouped=True),
+    Path(
+        "sdpa",
+        sdpa.serves,
+        sdpa.run,
+        POSITION_FREE,
+        "stock SDPA: no positional term in the scores",
+        grouped=True,
+        bidirectional=True,
+    ),
     Path(
         "flash-attn-alibi",
         flash_attn_alibi.serves,
@@ -121,6 +132,7 @@ PATHS = (
         "query-chunked SDPA with each chunk's own bias or relative logits (scores written out where the model "
         "softcaps its logits or has attention sinks): serves every call",
         scores=True,
+        bidirectional=True,
     ),
 )
 BY_NAME = {p.name: p for p in PATHS}

@@ -38,7 +38,8 @@ class Relative:
 
 @dataclass
 class Call:
-    """Causal attention of q over k, v; query i sits at key slot ``q_start + i``. Normalised on creation:
+    """Attention of q over k, v; query i sits at key slot ``q_start + i``; ``causal``: keys up to the query's
+    slot (a decoder), else every key (an encoder's bidirectional attention). Normalised on creation:
     an all-real padding mask, a window every key of the call is within, and a row scale without a bias
     are dropped; half-precision q with a row scale drops the slopes (the dims path would round tau)."""
 
@@ -56,6 +57,7 @@ class Call:
     window: int | None = None  # keys with i - j >= window are masked
     q_start: int = 0
     dropout: float = 0.0
+    causal: bool = True  # False: keys after the query too (bidirectional); a window then spans both sides
     # the model's own score terms (gemma2's softcap, gpt_oss's sinks): only a path that ``scores`` applies them
     softcap: float | None = None  # content logits s -> softcap * tanh(s / softcap), before any positional term
     sinks: torch.Tensor | None = None  # (H,) one extra logit per head in every softmax, its value dropped
@@ -79,7 +81,7 @@ class Call:
             self.row_scale = None
         if self.key_padding is not None and bool(self.key_padding.all()):
             self.key_padding = None
-        if self.window and self.q_start + self.Tq <= self.window:  # every key of this call is within the window
+        if self.window and self.causal and self.q_start + self.Tq <= self.window:  # every key is within the window
             self.window = None
 
     @property

@@ -33,6 +33,7 @@ def run(c: Call) -> torch.Tensor:
         c.relative,
         c.softcap,
         c.sinks,
+        c.causal,
     )
 
 
@@ -50,6 +51,7 @@ def attend_chunked(
     relative=None,
     softcap=None,
     sinks=None,
+    causal=True,
 ):
     """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D); each chunk builds its own (H, C, Tk) bias."""
     B, H, Tq, D = q.shape
@@ -61,8 +63,10 @@ def attend_chunked(
     outs = []
     for s in range(0, Tq, rows):
         e = min(Tq, s + rows)
-        # keys this chunk can see: [lo, hi) (causal upper bound, window lower bound)
-        hi = q_start + e
+        # keys this chunk can see: [lo, hi) (causal upper bound, window lower bound; both sides without causality)
+        hi = q_start + e if causal else k.shape[-2]
+        if window and not causal:
+            hi = min(hi, q_start + e - 1 + window)
         lo = max(0, q_start + s - window + 1) if window else 0
         rows_scale = None if row_scale is None else row_scale[:, s:e]
         rel = (None, None, None) if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
@@ -81,6 +85,7 @@ def attend_chunked(
             *rel,
             softcap,
             sinks,
+            causal,
         )
         outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
     return torch.cat(outs, dim=2)
@@ -103,6 +108,7 @@ def _chunk(
     positions=None,
     softcap=None,
     sinks=None,
+    causal=True,
 ):
     # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
     C, Tc = qc.shape[-2], kc.shape[-2]
@@ -111,7 +117,7 @@ def _chunk(
         if qc.dtype in (torch.float16, torch.bfloat16):
             compute_dtype = torch.float32  # the bias is large at long range: score it in fp32
         mask = block_bias(
-            bias, qc.shape[1], q0, C, k0, Tc, qc.device, compute_dtype, key_padding, window, row_scale
+            bias, qc.shape[1], q0, C, k0, Tc, qc.device, compute_dtype, key_padding, window, row_scale, causal
         )  # (1 or B, H, C, Tc)
     elif rel_q is not None:
         if qc.dtype in (torch.float16, torch.bfloat16):
@@ -121,10 +127,11 @@ def _chunk(
             q_pos, k_pos = positions[q0 : q0 + C], positions[k0 : k0 + Tc]
         mask = relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype)  # (B, H, C, Tc)
         mask = mask.masked_fill(
-            ~block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window), float("-inf")
+            ~block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window, causal=causal),
+            float("-inf"),
         )
     else:
-        mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window)
+        mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window, causal=causal)
     if softcap is not None or sinks is not None:
         return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks)
     out = F.scaled_dot_product_attention(

@@ -1,0 +1,50 @@
+"""What a model is for, as one fact read from its config (``architectures``): the task decides the class a
+checkpoint loads as, and whether its attention reads keys after the query. Causal LMs are what the
+fine-tune, evaluation and cards serve today; an encoder (masked LM, classifier, embeddings) converts,
+saves and loads with its head kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    suffixes: tuple[str, ...]  # how its transformers class names end
+    auto_class: str  # the transformers Auto class that loads it
+    pipeline_tag: str  # the Hub's name for it
+
+
+TASKS = (
+    Task("causal-lm", ("ForCausalLM", "LMHeadModel", "Decoder"), "AutoModelForCausalLM", "text-generation"),
+    Task("masked-lm", ("ForMaskedLM",), "AutoModelForMaskedLM", "fill-mask"),
+    Task(
+        "sequence-classification",
+        ("ForSequenceClassification",),
+        "AutoModelForSequenceClassification",
+        "text-classification",
+    ),
+    Task(
+        "token-classification", ("ForTokenClassification",), "AutoModelForTokenClassification", "token-classification"
+    ),
+    Task("embeddings", ("Model",), "AutoModel", "feature-extraction"),
+)
+
+
+def of_class(name: str | None) -> Task:
+    """The task of a transformers class name (``BertForMaskedLM`` -> masked-lm); causal-lm when unknown."""
+    for task in TASKS:
+        if name and name.endswith(task.suffixes):
+            return task
+    return TASKS[0]
+
+
+def model_class(config):
+    """The class a checkpoint's config says it is (its first ``architectures`` entry, a transformers class),
+    else the causal-LM Auto class: a classifier loads with its head, a masked LM with its own."""
+    import transformers
+
+    name = (getattr(config, "architectures", None) or [None])[0]
+    cls = getattr(transformers, name, None) if name else None
+    return cls if isinstance(cls, type) else getattr(transformers, of_class(name).auto_class)

@@ -1,0 +1,113 @@
+"""Encoders: the BERT layout converts with its direction read from each attention module (an encoder sees
+the keys after the query), its head kept; the schemes defined for both directions match the plain reference
+past the native length, the others are refused by name, and a checkpoint loads as the class it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+
+import retrofit
+from retrofit import probe
+from retrofit.core import _set_attn
+from retrofit.errors import OptionError
+
+from .. import reference  # noqa: F401  (registers "retrofit_reference")
+from ..tiny import NATIVE, VOCAB
+
+ROBERTA_PAD = 1  # RoBERTa's padding_idx: position p at row p + 2
+
+
+def encoder(config_cls, model_cls, extra):
+    torch.manual_seed(0)
+    offset = ROBERTA_PAD + 1 if config_cls in (tf.RobertaConfig, tf.XLMRobertaConfig) else 0
+    cfg = config_cls(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=NATIVE + offset,
+        pad_token_id=ROBERTA_PAD if offset else 0,
+        **extra,
+    )
+    return model_cls(cfg).eval()
+
+
+ENCODERS = {
+    "bert-mlm": (tf.BertConfig, tf.BertForMaskedLM, {}),
+    "bert-classifier": (tf.BertConfig, tf.BertForSequenceClassification, {}),
+    "roberta-mlm": (tf.RobertaConfig, tf.RobertaForMaskedLM, {}),  # claimed by structure, padding offset
+    "electra-mlm": (tf.ElectraConfig, tf.ElectraForMaskedLM, dict(embedding_size=64)),  # by structure
+}
+BOTH_WAYS = {"alibi": {}, "rope": {}, "nope": {}, "extend": {"length": 4 * NATIVE}}
+
+
+def batch(n: int):
+    """Two rows of n tokens, the second right-padded by 5 (an encoder's usual padding)."""
+    x = torch.randint(3, VOCAB, (2, n), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(x)
+    x[1, -5:], mask[1, -5:] = ROBERTA_PAD, 0
+    return x, mask
+
+
+@pytest.mark.parametrize("scheme", sorted(BOTH_WAYS))
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+def test_an_encoder_converts_both_ways_and_matches_the_reference_past_native(name, scheme):
+    model = encoder(*ENCODERS[name])
+    x, mask = batch(2 * NATIVE)
+    with torch.no_grad():
+        before = model(x[:, :NATIVE], attention_mask=mask[:, :NATIVE]).logits
+        retrofit.convert(model, scheme, **BOTH_WAYS[scheme])
+        assert all(not s.module.is_causal for s in retrofit.core._state(model).adapter.sites())
+        out = model(x, attention_mask=mask).logits
+        _set_attn(model, "retrofit_reference")
+        ref = model(x, attention_mask=mask).logits
+        _set_attn(model, "retrofit")
+    torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out[1, :-5], ref[1, :-5], atol=2e-5, rtol=1e-4)
+    if scheme != "extend":  # extend copies the table: the same model up to native
+        assert not torch.allclose(out[0, :NATIVE], before[0], atol=1e-3), "patch is not live"
+
+
+def test_the_first_token_reads_the_last_one():
+    """Bidirectional for real: changing the last token changes the first token's output."""
+    model = encoder(*ENCODERS["bert-mlm"])
+    retrofit.convert(model, "alibi")
+    x, _ = batch(2 * NATIVE)
+    y = x.clone()
+    y[:, -1] = (y[:, -1] + 1) % VOCAB
+    with torch.no_grad():
+        assert not torch.allclose(model(x).logits[:, 0], model(y).logits[:, 0])
+
+
+@pytest.mark.parametrize("name", ["roberta-mlm", "electra-mlm"])
+def test_a_type_claimed_by_structure_passes_the_probe_first(name, monkeypatch):
+    monkeypatch.setattr(probe, "_PASSED", {})
+    model = encoder(*ENCODERS[name])
+    retrofit.convert(model, "alibi")
+    assert probe.fingerprint(encoder(*ENCODERS[name])) in probe._PASSED
+    assert retrofit.describe(model)["architecture"] == "bert"
+
+
+@pytest.mark.parametrize("scheme", ["t5", "shaw", "fire", "xl", "nezha"])
+def test_a_scheme_defined_for_keys_before_the_query_only_is_refused_on_an_encoder(scheme):
+    model = encoder(*ENCODERS["bert-mlm"])
+    with pytest.raises(OptionError, match="bidirectional .*use one of alibi"):
+        retrofit.convert(model, scheme)
+    assert not retrofit.describe(model)["converted"]
+
+
+@pytest.mark.parametrize("name", ["bert-mlm", "bert-classifier", "roberta-mlm"])
+def test_save_and_load_give_back_the_same_class_and_logits(name, tmp_path):
+    model = encoder(*ENCODERS[name])
+    retrofit.convert(model, "alibi")
+    x, mask = batch(3 * NATIVE)
+    with torch.no_grad():
+        out = model(x, attention_mask=mask).logits
+    retrofit.save(model, tmp_path / "m")
+    back = retrofit.load(tmp_path / "m")
+    assert type(back) is type(model)
+    with torch.no_grad():
+        assert torch.equal(back(x, attention_mask=mask).logits, out)
