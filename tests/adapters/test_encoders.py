@@ -111,3 +111,47 @@ def test_save_and_load_give_back_the_same_class_and_logits(name, tmp_path):
     assert type(back) is type(model)
     with torch.no_grad():
         assert torch.equal(back(x, attention_mask=mask).logits, out)
+
+
+def modernbert(rope_parameters=None):
+    torch.manual_seed(0)
+    cfg = tf.ModernBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=NATIVE,
+        local_attention=16,  # the local layers see 8 keys each side (|i - j| <= 8)
+        global_attn_every_n_layers=3,
+        pad_token_id=0,
+        **({"rope_parameters": rope_parameters} if rope_parameters else {}),
+    )
+    return tf.ModernBertForMaskedLM(cfg).eval()
+
+
+def test_modernbert_rescales_its_global_layers_as_its_own_config_would(monkeypatch):
+    """ModernBERT (rotary; local layers with a two-sided window, global ones): claimed by structure, probed,
+    ALiBi matches the reference, and linear x4 RoPE equals transformers' own scaling of the global layers."""
+    monkeypatch.setattr(probe, "_PASSED", {})
+    local = {"rope_type": "default", "rope_theta": 1e4}
+    native = modernbert(
+        {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1.6e5}, "sliding_attention": local}
+    )
+    plain = modernbert({"full_attention": {"rope_type": "default", "rope_theta": 1.6e5}, "sliding_attention": local})
+    plain.load_state_dict(native.state_dict())
+    x, mask = batch(3 * NATIVE)
+    x[1, -5:] = 0
+    retrofit.convert(plain, "rope", scaling="linear", factor=4.0)
+    assert probe._PASSED, "the probe did not run"
+    with torch.no_grad():
+        ref, out = native(x, attention_mask=mask).logits, plain(x, attention_mask=mask).logits
+    torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(out[1, :-5], ref[1, :-5], atol=2e-5, rtol=1e-4)
+    model = modernbert()
+    retrofit.convert(model, "alibi")
+    with torch.no_grad():
+        out = model(x, attention_mask=mask).logits
+        _set_attn(model, "retrofit_reference")
+        ref = model(x, attention_mask=mask).logits
+    torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
