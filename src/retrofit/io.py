@@ -195,14 +195,20 @@ def load_model(
 
 
 def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwargs: dict):
-    from transformers import AutoModelForCausalLM
+    """The checkpoint as the class its config names (an encoder with its head: ``task``), a GGUF file or a
+    config without ``architectures`` as a causal LM."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .task import model_class
 
     if is_retrofit:
         return load(target, **kwargs)
     if not gguf_file:
         kwargs["use_safetensors"] = True
     with sources.readable(target, gguf_file):
-        return AutoModelForCausalLM.from_pretrained(target, **kwargs)
+        if gguf_file:
+            return AutoModelForCausalLM.from_pretrained(target, **kwargs)
+        return model_class(AutoConfig.from_pretrained(target)).from_pretrained(target, **kwargs)
 
 
 def _tokenizer(target: str, gguf_file: str | None):

@@ -40,6 +40,25 @@ def of_class(name: str | None) -> Task:
     return TASKS[0]
 
 
+def of_model(model) -> Task:
+    """The task of a model in memory (its class)."""
+    return of_class(type(model).__name__)
+
+
+def require_causal_lm(model, what: str) -> None:
+    """``what`` (the fine-tune's next-token objective, the evaluation's perplexity and generation) serves causal
+    LMs only so far: any other task is refused with what does work for it."""
+    from .errors import UnsupportedArchitectureError
+
+    task = of_model(model)
+    if task.name != "causal-lm":
+        raise UnsupportedArchitectureError(
+            f"{what} is built for causal language models; {type(model).__name__} is a {task.name} model. "
+            "An encoder converts, saves, loads (its head kept) and exports with retrofit convert; its masked-LM "
+            "objective and evaluation are not built yet"
+        )
+
+
 def model_class(config):
     """The class a checkpoint's config says it is (its first ``architectures`` entry, a transformers class),
     else the causal-LM Auto class: a classifier loads with its head, a masked LM with its own."""

@@ -155,3 +155,20 @@ def test_modernbert_rescales_its_global_layers_as_its_own_config_would(monkeypat
         _set_attn(model, "retrofit_reference")
         ref = model(x, attention_mask=mask).logits
     torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
+
+
+def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_says_what_is_not_built(tmp_path, capsys):
+    """The user's path on an encoder: ``retrofit convert FOLDER --to alibi --out OUT`` keeps the masked-LM head;
+    ``retrofit eval OUT`` (causal perplexity) refuses it with what works instead of scoring it wrong."""
+    from retrofit.cli import main
+
+    src = encoder(*ENCODERS["bert-mlm"])
+    src.save_pretrained(tmp_path / "bert")
+    assert main(["convert", str(tmp_path / "bert"), "--to", "alibi", "--out", str(tmp_path / "run")]) == 0
+    saved = next(p for p in (tmp_path / "run").rglob("config.json")).parent
+    back = retrofit.load(saved)
+    assert type(back) is tf.BertForMaskedLM and retrofit.describe(back)["scheme"] == "alibi"
+    capsys.readouterr()
+    code = main(["eval", str(tmp_path / "run"), "--lengths", "1x"])
+    assert code != 0
+    assert "causal language models" in capsys.readouterr().err

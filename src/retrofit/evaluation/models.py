@@ -32,10 +32,13 @@ class EvalModel:
 def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
     """``retrofit.load_model`` (hub id, folder, retrofit checkpoint, or a ``.gguf`` file path)."""
     from ..io import load_model
+    from ..task import require_causal_lm
 
     if gguf_file is None and name_or_path.endswith(".gguf"):
         gguf_file = name_or_path
-    return load_model(name_or_path, gguf_file=gguf_file, device=device, dtype=dtype)
+    model, tok = load_model(name_or_path, gguf_file=gguf_file, device=device, dtype=dtype)
+    require_causal_lm(model, "retrofit eval")
+    return model, tok
 
 
 def describe_model(model) -> dict:
