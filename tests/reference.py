@@ -71,9 +71,13 @@ def _table(s, layer):
 
 
 def t5_reference(s, layer, i, j):
-    """T5's own bucketing (unidirectional: a causal decoder), then a plain table lookup."""
+    """T5's own bucketing (unidirectional on a causal decoder, T5's encoder form on an encoder), then a plain
+    table lookup."""
     b = T5Attention._relative_position_bucket(
-        j - i, bidirectional=False, num_buckets=s.options.num_buckets, max_distance=s.options.max_distance
+        j - i,
+        bidirectional=s.spec.bidirectional,
+        num_buckets=s.options.num_buckets,
+        max_distance=s.options.max_distance,
     )  # (Tq, Tk)
     return _table(s, layer)[:, b]
 

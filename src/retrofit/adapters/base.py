@@ -127,6 +127,7 @@ class Adapter(abc.ABC):
             native_length=native_length(c),
             native_kind=self.native_kind,
             native_rope=self.native_rope(),
+            bidirectional=any(not getattr(s.module, "is_causal", True) for s in self.sites()),
         )
 
     def native_rope(self) -> dict | None:

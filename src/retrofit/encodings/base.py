@@ -55,6 +55,9 @@ class ModelSpec:
     )
     # learned-absolute families: the native table's rows for positions 0 .. native - 1 (filled by convert)
     native_table: Any = field(default=None, compare=False, repr=False)
+    # its attention sees the keys after the query (an encoder): a scheme with a learned table per offset keeps one
+    # for each side (T5's bidirectional buckets)
+    bidirectional: bool = False
 
 
 def option(default, help: str, choices: tuple | None = None):

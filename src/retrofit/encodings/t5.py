@@ -3,7 +3,9 @@ Text-to-Text Transformer", sec. 2.1): a learned scalar bias per head for each bu
 i - j. Offsets below ``num_buckets // 2`` get a bucket each; larger ones share logarithmically wider
 buckets up to ``max_distance``, beyond which all offsets share the last bucket. Causal decoders use
 T5's unidirectional form (all buckets for i - j >= 0), identical to transformers'
-``T5Attention._relative_position_bucket(..., bidirectional=False)``.
+``T5Attention._relative_position_bucket(..., bidirectional=False)``; an encoder (``spec.bidirectional``)
+uses T5's own encoder form, half the buckets for the keys before the query and half for those after
+(``bidirectional=True``).
 
 Initialisation (``init="alibi"``, default): bucket b of head h starts at -slope_h x (the mean
 distance of the offsets in b), so the converted model starts close to ALiBi and keeps its recency;
@@ -40,6 +42,13 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
     return torch.where(n < max_exact, n.to(torch.long), large)
 
 
+def t5_bucket_both(relative: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Bidirectional T5 bucket of ``relative = j - i``: keys up to the query in [0, num_buckets / 2), keys after
+    it in [num_buckets / 2, num_buckets), each side T5's unidirectional buckets of |i - j|."""
+    half = num_buckets // 2
+    return t5_bucket(relative.abs(), half, max_distance) + (relative > 0).to(torch.long) * half
+
+
 def bucket_distances(bucket_of, num_buckets: int, horizon: int) -> torch.Tensor:
     """Representative distance of each bucket: the mean of the offsets 0..horizon-1 that fall in it
     (buckets no offset reaches take the next reachable bucket's value). ``bucket_of(d) -> bucket``."""
@@ -59,7 +68,6 @@ class T5Buckets(Scheme):
     name = "t5"
     shift_invariant = True
     kind = "bias"
-    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
 
     @dataclass
     class Options:
@@ -74,37 +82,53 @@ class T5Buckets(Scheme):
     def resolve_defaults(cls, spec, opts):
         if opts.num_buckets < 2:
             raise OptionError(f"t5: num_buckets must be >= 2; got {opts.num_buckets}")
-        if opts.max_distance <= opts.num_buckets // 2:
+        side = opts.num_buckets // 2 if spec.bidirectional else opts.num_buckets  # buckets per side
+        if spec.bidirectional and opts.num_buckets < 4:
             raise OptionError(
-                f"t5: max_distance ({opts.max_distance}) must exceed num_buckets // 2 ({opts.num_buckets // 2})"
+                f"t5: an encoder's buckets split in two sides; num_buckets must be >= 4, got {opts.num_buckets}"
+            )
+        if opts.max_distance <= side // 2:
+            raise OptionError(
+                f"t5: max_distance ({opts.max_distance}) must exceed {side // 2} (half of one side's buckets)"
             )
         return opts
 
     def __init__(self, spec: ModelSpec, options):
         super().__init__(spec, options)
         layers = spec.num_layers if options.per_layer else 1
+        self.both, m = spec.bidirectional, options.max_distance
         table = torch.zeros(layers, spec.num_heads, options.num_buckets)
-        if options.init == "alibi":
-            dist = bucket_distances(self.bucket, options.num_buckets, options.max_distance + 1)
+        if options.init == "alibi":  # each bucket at -slope_h x its mean |i - j| (both sides alike on an encoder)
+            side = options.num_buckets // 2 if self.both else options.num_buckets
+            dist = bucket_distances(lambda d: t5_bucket(d, side, m), side, m + 1)
             slopes = torch.tensor(alibi_slopes(spec.num_heads), dtype=torch.float64)
-            table[:] = (-slopes[:, None] * dist[None, :]).float()
+            table[:] = (-slopes[:, None] * dist.repeat(options.num_buckets // side)[None, :]).float()
         self.table = nn.Parameter(table)  # (L or 1, H, num_buckets)
-        # bucket of each distance 0..max_distance (every larger distance is in the last bucket): a lookup
-        # instead of a log per score element
-        lut = self.bucket(torch.arange(options.max_distance + 1))
-        assert int(lut[-1]) == options.num_buckets - 1
-        self.register_buffer("lut", lut, persistent=False)  # (max_distance + 1,)
+        # bucket of each offset i - j in -max_distance..max_distance (or 0..max_distance on a decoder; every
+        # larger offset shares its side's last bucket): a lookup instead of a log per score element
+        lut = self.bucket(torch.arange(-m if self.both else 0, m + 1))
+        self.register_buffer("lut", lut, persistent=False)  # (max_distance + 1,) or (2 max_distance + 1,)
 
     def bucket(self, distance: torch.Tensor) -> torch.Tensor:
-        return t5_bucket(distance, self.options.num_buckets, self.options.max_distance)
+        """The bucket of ``distance = i - j``: T5's unidirectional form, or its bidirectional one on an encoder."""
+        o = self.options
+        if self.both:
+            return t5_bucket_both(-distance, o.num_buckets, o.max_distance)
+        return t5_bucket(distance, o.num_buckets, o.max_distance)
 
     def distance_band(self, layer):
+        if self.both:  # the band path serves causal calls; an encoder's offsets run both ways
+            return None
         return self.table[layer if self.options.per_layer else 0][:, self.lut]  # (H, max_distance + 1)
 
     def bias(self, layer, h, q_pos, k_pos):
         # h (H,1,1), q_pos (1,C,1), k_pos (1,1,Tk) -> (H, C, Tk); or 0-d tensors -> 0-d
         table = self.table[layer if self.options.per_layer else 0]  # (H, num_buckets)
-        distance = (q_pos - k_pos).clamp(0, self.options.max_distance)  # future keys are masked anyway
+        m = self.options.max_distance
+        if self.both:  # offsets -m..m at lut index 0..2m
+            distance = (q_pos - k_pos).clamp(-m, m) + m
+        else:
+            distance = (q_pos - k_pos).clamp(0, m)  # future keys are masked anyway
         if h.dim() == 0:  # FlexAttention score_mod
             return table[h, self.lut[distance]]
         return gather_per_head(table[:, self.lut], h, distance)  # (H, max_distance + 1) per-distance values
