@@ -146,9 +146,25 @@ def bert():
     return tf.BertLMHeadModel(cfg).eval()
 
 
+def bloom():
+    """BLOOM: native ALiBi; its config names no length, so the tiny one states its native length."""
+    cfg = tf.BloomConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        n_layer=2,
+        n_head=4,
+        seq_length=NATIVE,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return tf.BloomForCausalLM(cfg).eval()
+
+
 # model_type -> factory. Architecture adapters list several model types; each gets a model here.
 TINY = {
     "bert": bert,
+    "bloom": bloom,
     "gpt2": gpt2,
     "gpt_bigcode": gpt_bigcode,
     "gpt_neo": gpt_neo,

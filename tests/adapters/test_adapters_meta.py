@@ -17,7 +17,7 @@ FAMILY_OF = {t: name for name, cls in ADAPTERS.items() for t in cls.model_types}
 @pytest.mark.parametrize("name", ADAPTERS.names())
 def test_adapter_declares_its_facts(name):
     cls = ADAPTERS.get(name)
-    assert cls.model_types and cls.attention_class_names and cls.native_kind in ("learned_absolute", "rope")
+    assert cls.model_types and cls.attention_class_names and cls.native_kind in ("learned_absolute", "rope", "alibi")
     assert cls.lora_targets and all(isinstance(t, str) and t for t in cls.lora_targets)
     assert isinstance(cls.fan_in_fan_out, bool)
     assert (cls.position_table is not None) == (cls.native_kind == "learned_absolute"), name

@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401  (registration)
     bert,
+    bloom,
     gpt2,
     gpt_bigcode,
     gpt_neo,

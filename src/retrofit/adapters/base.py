@@ -64,7 +64,7 @@ class Adapter(abc.ABC):
 
     name: ClassVar[str]
     model_types: ClassVar[tuple[str, ...]]
-    native_kind: ClassVar[str]  # "learned_absolute" | "rope"
+    native_kind: ClassVar[str]  # "learned_absolute" | "rope" | "alibi"
     attention_class_names: ClassVar[tuple[str, ...]]  # HF classes of the patched attention modules
     lora_targets: ClassVar[tuple[str, ...]]  # default LoRA target modules (suffixes of module names)
     handles: ClassVar[tuple[str, ...]] = ()  # the ``quirks.QUIRKS`` this adapter converts exactly

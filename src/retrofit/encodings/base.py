@@ -48,7 +48,7 @@ class ModelSpec:
     head_dim: int
     hidden_size: int
     native_length: int  # positions the model was trained on
-    native_kind: str  # "learned_absolute" | "rope"
+    native_kind: str  # "learned_absolute" | "rope" | "alibi"
     native_rope: dict | None = None  # {"theta", "fraction", "rope_type", "inv_freq" (tensor), "attention_scaling"}
     embedding_rms: float | None = (
         None  # RMS of the input token embeddings (filled by convert; absolute schemes scale to it)
