@@ -47,7 +47,7 @@ QUIRKS = {
 # the battery past the liveness and reference check: `pytest -m "not slow"` keeps that check on every case and the
 # quick check on every type
 BATTERY = pytest.mark.slow
-KERNEL_FAMILIES = ("gpt2", "llama")  # kernel dispatch is per call, not per family: one of each native kind
+KERNEL_FAMILIES = ("gpt2", "llama", "bloom")  # kernel dispatch is per call, not per family: one of each native kind
 # "scheme[+flag|+key=value]...[@kernel]": a scheme with extra options (a bare flag is True), on a kernel the
 # tests' default (chunked, conftest) would not take
 KERNEL_CASES = [
