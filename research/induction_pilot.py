@@ -7,6 +7,8 @@
     # language first: continue a shipped stand-in with toy rows and natural rows whose second half repeats the first
     OMP_NUM_THREADS=1 python research/induction_pilot.py continue --init standins/study2-llama-736570157b87 \
         --toy-rows 8 --echo-rows 4 --lr 5e-4 --steps 800 --save runs/induction-pilots/llama-continued
+    # the copying bar on a saved model: natural-text copy at native/4 and native/2, random-token recall at native
+    OMP_NUM_THREADS=1 python research/induction_pilot.py check --init runs/induction-pilots/llama-continued
 
 Every 100 steps (toy) it prints the loss on the toy rows' repeats, the natural rows' loss and the copy probe
 (``retrofit.evaluation.retrieval``: a 32-token held-out span at distance 128, repeat NLL / first NLL, exact).
@@ -171,9 +173,39 @@ def cont(a) -> None:
         tok.save_pretrained(a.save)
 
 
+def check(a) -> None:
+    """The issue's copying bar on a saved model (``--init``): natural-text copy at native/4 and native/2 (32-token
+    held-out spans, 32 trials, repeat/first NLL; bar <= 0.3) and random-token recall at native (16-token spans,
+    depths 0.1..0.5, 32 trials, exact; bar >= 80%), plus its held-out loss at native."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from retrofit import assets
+    from retrofit.evaluation import recall
+
+    tok = AutoTokenizer.from_pretrained(a.init)
+    model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32).eval()
+    L = model.config.max_position_embeddings
+    held = pack_blocks(tok, assets.shakespeare_documents("heldout"), L)  # [n, L]
+    text = held.reshape(-1).tolist()
+    out = {"model": a.init, "native": L}
+    with torch.no_grad():
+        out["heldout_loss"] = round(model(input_ids=held[:32], labels=held[:32]).loss.item(), 4)
+    for d in (L // 4, L // 2):
+        c = retrieval.copy_cell(model, text, d, trials=32, span=32, cue=8)
+        out[f"copy_at_{d}"] = {k: c[k] for k in ("second_over_first", "exact_rate")}
+    pool = recall.token_pool(text, tok)
+    spans = recall.make_spans(0, 32, 16, pool)
+    hits = 0
+    for j, sp in enumerate(spans):
+        prompt = recall.build(text, L, 0.1 + 0.4 * j / 31, sp, cue=4, offset=j * L)
+        hits += recall.score(model, prompt)["exact"]
+    out["random_recall_exact_at_native"] = hits / len(spans)
+    print(json.dumps(out, indent=1), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["mix", "toy", "continue"])
+    p.add_argument("what", choices=["mix", "toy", "continue", "check"])
     p.add_argument("--init", help="continue: a stand-in folder")
     p.add_argument("--echo-rows", type=int, default=4, help="continue: natural rows whose second half repeats")
     p.add_argument("--every", type=int, default=100)
@@ -200,7 +232,7 @@ def main() -> None:
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
-    {"mix": mix, "toy": toy, "continue": cont}[a.what](a)
+    {"mix": mix, "toy": toy, "continue": cont, "check": check}[a.what](a)
 
 
 if __name__ == "__main__":
