@@ -1,0 +1,86 @@
+"""A user's path on each family this release added (issue 42): a tiny model saved as a folder with a tokenizer,
+``retrofit convert FOLDER --to alibi --out RUN`` as typed, ``retrofit finetune`` for two steps from that
+checkpoint, ``retrofit eval RUN --quick`` (1x, 2x, 4x native), and the native export where a mapping exists.
+In-process (``retrofit.cli.main``), one model per family."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as tf
+import yaml
+
+from retrofit.builtin import byte_tokenizer
+from retrofit.cli import main
+
+NATIVE = 32
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+
+
+def _small(config_cls, model_cls, vocab, **extra):
+    base = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=NATIVE,
+        pad_token_id=vocab - 1,
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+    )
+    return model_cls(config_cls(**{**base, **extra}))
+
+
+def _gpt(config_cls, model_cls, vocab, **extra):
+    cfg = config_cls(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=NATIVE, **extra)
+    cfg.pad_token_id = cfg.bos_token_id = cfg.eos_token_id = vocab - 1
+    return model_cls(cfg)
+
+
+FAMILIES = {  # family: (model factory taking the vocab size, whether a native export exists for alibi)
+    "gpt_bigcode": lambda v: _gpt(tf.GPTBigCodeConfig, tf.GPTBigCodeForCausalLM, v, multi_query=True),
+    "gptj": lambda v: _gpt(tf.GPTJConfig, tf.GPTJForCausalLM, v, rotary_dim=8, n_inner=128),
+    "bloom": lambda v: tf.BloomForCausalLM(
+        tf.BloomConfig(vocab_size=v, hidden_size=64, n_layer=2, n_head=4, seq_length=NATIVE, pad_token_id=v - 1)
+    ),
+    "gemma2": lambda v: _small(tf.Gemma2Config, tf.Gemma2ForCausalLM, v, head_dim=16, attn_logit_softcapping=5.0),
+    "gemma3_text": lambda v: _small(
+        tf.Gemma3TextConfig,
+        tf.Gemma3ForCausalLM,
+        v,
+        head_dim=16,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=16,
+    ),
+    "gpt_oss": lambda v: _small(tf.GptOssConfig, tf.GptOssForCausalLM, v, head_dim=16, **MOE),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_convert_finetune_eval_on_each_new_family(family, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    FAMILIES[family](len(tok)).save_pretrained("src")
+    tok.save_pretrained("src")
+    assert main(["convert", "src", "--to", "alibi", "--out", "run"]) == 0
+    recipe = {
+        "model": {"name_or_path": "run"},
+        "convert": {"scheme": "alibi"},
+        "data": {"dataset": "stdlib", "max_documents": 4, "block_length": NATIVE, "max_validation_blocks": 2},
+        "train": {"method": "lora", "steps": 2, "batch_size": 2, "eval_every": 2},
+        "output_dir": "run",
+    }
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["finetune", "recipe.yaml"]) == 0
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    assert main(["eval", "run", "--quick", "--no-plots"]) == 0
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["settings"]["lengths"][-1] == 4 * NATIVE
+    far = [r for r in report["rows"] if r["length"] == 4 * NATIVE and r["method"] == "non-overlapping"]
+    assert far and all(0 < r["ppl"] < 1e4 for r in far), report["rows"]  # it runs at 4x, finite
