@@ -11,7 +11,7 @@ import transformers as tf
 import retrofit
 from retrofit import probe
 from retrofit.core import _set_attn
-from retrofit.errors import OptionError
+from retrofit.errors import OptionError, UnsupportedArchitectureError
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
 from ..tiny import NATIVE, VOCAB
@@ -40,6 +40,7 @@ ENCODERS = {
     "bert-classifier": (tf.BertConfig, tf.BertForSequenceClassification, {}),
     "roberta-mlm": (tf.RobertaConfig, tf.RobertaForMaskedLM, {}),  # claimed by structure, padding offset
     "electra-mlm": (tf.ElectraConfig, tf.ElectraForMaskedLM, dict(embedding_size=64)),  # by structure
+    "distilbert-mlm": (tf.DistilBertConfig, tf.DistilBertForMaskedLM, {}),  # transformer.layer[i].attention
 }
 BOTH_WAYS = {
     "alibi": {},
@@ -75,6 +76,16 @@ def test_an_encoder_converts_both_ways_and_matches_the_reference_past_native(nam
     torch.testing.assert_close(out[1, :-5], ref[1, :-5], atol=2e-5, rtol=1e-4)
     if scheme != "extend":  # extend copies the table: the same model up to native
         assert not torch.allclose(out[0, :NATIVE], before[0], atol=1e-3), "patch is not live"
+
+
+def test_deberta_v2_is_refused_by_name():
+    model = tf.DebertaV2ForMaskedLM(
+        tf.DebertaV2Config(
+            vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+        )
+    )
+    with pytest.raises(UnsupportedArchitectureError, match="disentangled relative attention"):
+        retrofit.convert(model, "alibi")
 
 
 def test_the_first_token_reads_the_last_one():

@@ -27,7 +27,18 @@ LONG_BUFFERS = 1 << 16  # positions the embeddings' own buffers cover while conv
 
 
 def _layers(base):
-    return getattr(getattr(base, "encoder", None), "layer", None)
+    """The encoder's layers: BERT's ``encoder.layer``, DistilBERT's ``transformer.layer``."""
+    for stack in ("encoder", "transformer"):
+        layers = getattr(getattr(base, stack, None), "layer", None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    return None
+
+
+def _self_attention(layer) -> nn.Module | None:
+    """A layer's self-attention module: BERT's ``attention.self``, DistilBERT's ``attention``."""
+    attn = getattr(layer, "attention", None)
+    return getattr(attn, "self", attn) if isinstance(attn, nn.Module) else None
 
 
 @functools.cache
@@ -40,12 +51,12 @@ def _on_attention_interface(cls: type) -> bool:
 
 def bert_layout(base) -> bool:
     """Is ``base`` the BERT layout: an ``embeddings.position_embeddings`` table and ``encoder.layer`` whose
-    ``attention.self`` calls the attention interface?"""
+    ``attention.self`` (DistilBERT: ``transformer.layer``, ``attention``) calls the attention interface?"""
     table = getattr(getattr(base, "embeddings", None), "position_embeddings", None)
     layers = _layers(base)
     if not isinstance(table, nn.Embedding) or not isinstance(layers, nn.ModuleList) or not len(layers):
         return False
-    attns = [getattr(getattr(layer, "attention", None), "self", None) for layer in layers]
+    attns = [_self_attention(layer) for layer in layers]
     return all(a is not None and _on_attention_interface(type(a)) for a in attns)
 
 
@@ -97,7 +108,7 @@ class BertAdapter(Adapter):
         return self.lora_targets
 
     def sites(self):
-        return [AttentionSite(i, layer.attention.self) for i, layer in enumerate(_layers(self.base()))]
+        return [AttentionSite(i, _self_attention(layer)) for i, layer in enumerate(_layers(self.base()))]
 
     def neutralise(self, state):
         emb = self.base().embeddings

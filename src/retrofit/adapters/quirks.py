@@ -91,6 +91,11 @@ QUIRKS = (
     Quirk("per_layer_type_rope", "per-layer-type rope parameters (sliding and global layers)", _per_layer_type_rope),
     Quirk("sinks", "attention sinks", _sinks),
     Quirk("interleaved_rotary", "interleaved (GPT-J-style) rotary", _interleaved_rotary),
+    Quirk(
+        "disentangled",
+        "DeBERTa's disentangled relative attention (content-to-position terms of its own)",
+        lambda m: next((f"{type(a).__name__}.pos_att_type" for a in m.modules() if hasattr(a, "pos_att_type")), None),
+    ),
 )
 
 
