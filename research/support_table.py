@@ -59,7 +59,8 @@ def tiny(model_type: str):
     default = tf.AutoConfig.for_model(model_type)
     error = None
     for drop in ((), ("num_hidden_layers",)):
-        small = {k: v for k, v in SMALL.items() if hasattr(default, k) and k not in drop}
+        fixed = {k for k in SMALL if isinstance(p := getattr(type(default), k, None), property) and p.fset is None}
+        small = {k: v for k, v in SMALL.items() if hasattr(default, k) and k not in drop and k not in fixed}
         if hasattr(default, "qk_rope_head_dim"):  # MLA: its head dims are the split parts', not head_dim
             small.pop("head_dim", None)
         try:
