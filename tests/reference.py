@@ -184,8 +184,8 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
     before = (j <= i) if causal else torch.ones_like(j <= i)  # an encoder sees the keys after the query too
-    if ctx.window:  # transformers' two windows: W keys up to the query; |i - j| <= W both ways
-        before = before & (((i - j) < ctx.window) if causal else ((i - j).abs() <= ctx.window))
+    if ctx.window:  # W keys up to the query; |i - j| < W both ways on an encoder
+        before = before & (((i - j) if causal else (i - j).abs()) < ctx.window)
     allowed = before
     if attention_mask is not None:
         allowed = (allowed & attention_mask[:, None, None, :].bool()) | (i == j)

@@ -24,7 +24,8 @@ def base_config(config, previous: dict, class_name: str | None = None) -> dict:
     none: a classifier loads with its head), and the length key's value."""
     if previous.get("base_config"):
         return dict(previous["base_config"])
-    archs = list(getattr(config, "architectures", None) or ([class_name] if class_name else []))
+    # the model's own class first: a classifier loaded from a masked-LM checkpoint keeps that checkpoint's name
+    archs = [class_name] if class_name else list(getattr(config, "architectures", None) or [])
     out = {"model_type": config.model_type, "architectures": archs}
     key = reach_key(config)
     if key:

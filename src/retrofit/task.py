@@ -60,10 +60,13 @@ def require_causal_lm(model, what: str) -> None:
 
 
 def model_class(config):
-    """The class a checkpoint's config says it is (its first ``architectures`` entry, a transformers class),
-    else the causal-LM Auto class: a classifier loads with its head, a masked LM with its own."""
+    """The class a checkpoint's config names when it names a head (a masked LM, a classifier: loaded with that
+    head), else the causal-LM Auto class as before (a bare base model, a custom class, no ``architectures``)."""
     import transformers
 
     name = (getattr(config, "architectures", None) or [None])[0]
+    task = of_class(name)
     cls = getattr(transformers, name, None) if name else None
-    return cls if isinstance(cls, type) else getattr(transformers, of_class(name).auto_class)
+    if task.name in ("causal-lm", "embeddings") or not isinstance(cls, type):
+        return transformers.AutoModelForCausalLM
+    return cls

@@ -189,3 +189,48 @@ def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_says_what_is
     code = main(["eval", str(tmp_path / "run"), "--lengths", "1x"])
     assert code != 0
     assert "causal language models" in capsys.readouterr().err
+
+
+def test_a_classifier_from_a_masked_lm_checkpoint_reloads_as_the_classifier(tmp_path):
+    """Its config still names the checkpoint's class (``BertForMaskedLM``): the saved model is what was converted."""
+    encoder(*ENCODERS["bert-mlm"]).save_pretrained(tmp_path / "mlm")
+    model = tf.BertForSequenceClassification.from_pretrained(tmp_path / "mlm", num_labels=3).eval()
+    assert model.config.architectures == ["BertForMaskedLM"]
+    retrofit.convert(model, "alibi")
+    retrofit.save(model, tmp_path / "m")
+    x, mask = batch(NATIVE)
+    back = retrofit.load(tmp_path / "m")
+    assert type(back) is tf.BertForSequenceClassification
+    with torch.no_grad():
+        assert torch.equal(back(x, attention_mask=mask).logits, model(x, attention_mask=mask).logits)
+
+
+def test_gemma3_bidirectional_window_is_its_own_past_the_probe_length():
+    """EmbeddingGemma-style layers see |i - j| < W with W their module's width (its config halves it + 1): converted
+    to its own rope, a 160-token input past a window of 101 gives back the original's logits."""
+    torch.manual_seed(0)
+    cfg = tf.Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=200,
+        layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention=True,
+        max_position_embeddings=512,
+    )
+    model = tf.Gemma3ForCausalLM(cfg).eval()
+    x = torch.randint(3, VOCAB, (1, 160), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before = model(x).logits
+        retrofit.convert(model, "rope")
+        torch.testing.assert_close(model(x).logits, before, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("buckets", [5, 33])
+def test_t5_on_an_encoder_takes_an_even_number_of_buckets(buckets):
+    with pytest.raises(OptionError, match="must be even"):
+        retrofit.convert(encoder(*ENCODERS["bert-mlm"]), "t5", num_buckets=buckets)

@@ -201,3 +201,14 @@ def test_the_support_table_says_what_this_suite_shows():
         assert rows.get(t) in ("refused", "not built"), f"docs/support.md says {t}: {rows.get(t)}"
     converts = sum(1 for s in rows.values() if s == "converts")
     assert f"**{converts} of {len(rows)} types convert**" in text
+
+
+@pytest.mark.parametrize("scheme", ["nope", "rope"])
+def test_gptj_converts_in_bf16(scheme):
+    """GPT-J casts its sin/cos to the input's dtype: the stand-in does too (else q, k and v differ in dtype)."""
+    from ..tiny import TINY
+
+    model = TINY["gptj"]().to(torch.bfloat16)
+    retrofit.convert(model, scheme)
+    with torch.no_grad():
+        assert model(ids(1, 2 * NATIVE)).logits.dtype == torch.bfloat16

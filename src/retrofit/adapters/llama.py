@@ -146,7 +146,12 @@ class LlamaAdapter(Adapter):
             raise UnsupportedArchitectureError(f"{self.config.model_type}: expected model.rotary_emb and model.layers")
         super().check()
 
-    def _window(self, i: int) -> int | None:
+    def _window(self, i: int, attn=None) -> int | None:
+        """Layer i's window: keys i - j < W (a decoder's, from the config); on an encoder |i - j| < W with W the
+        module's own ``sliding_window`` (ModernBERT stores local_attention / 2 + 1, Gemma3's bidirectional
+        layers their config's width: each family's own rule)."""
+        if attn is not None and not getattr(attn, "is_causal", True):
+            return getattr(attn, "sliding_window", None) or None
         c = self.config
         window = getattr(c, "sliding_window", None)
         if not window:
@@ -162,7 +167,7 @@ class LlamaAdapter(Adapter):
         rope = getattr(self.config, "no_rope_layers", None)  # 1: rotary, 0: no positions
         attns = [(i, attention_of(layer)) for i, layer in enumerate(self.base().layers)]
         return [
-            AttentionSite(i, attn, self._window(i), positions=bool(rope[i]) if rope is not None else True)
+            AttentionSite(i, attn, self._window(i, attn), positions=bool(rope[i]) if rope is not None else True)
             for i, attn in attns
             if attn is not None
         ]

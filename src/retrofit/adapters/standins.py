@@ -99,6 +99,6 @@ class NeutralisedSinCos(nn.Module):
         self.calls += 1
         fade = self.state.native_fade
         angle = (position_ids + self.state.offset).float()[..., None] * fade * self.inv_freq.to(x.device)
-        if fade > 0:  # (B, T, rot / 2): the original's float32 angles, faded
-            return angle.sin(), angle.cos()
-        return torch.zeros_like(angle), torch.ones_like(angle)
+        if fade > 0:  # (B, T, rot / 2): the original's angles, faded, in the input's dtype as GPT-J casts them
+            return angle.sin().to(x.dtype), angle.cos().to(x.dtype)
+        return torch.zeros_like(angle, dtype=x.dtype), torch.ones_like(angle, dtype=x.dtype)

@@ -83,9 +83,9 @@ class T5Buckets(Scheme):
         if opts.num_buckets < 2:
             raise OptionError(f"t5: num_buckets must be >= 2; got {opts.num_buckets}")
         side = opts.num_buckets // 2 if spec.bidirectional else opts.num_buckets  # buckets per side
-        if spec.bidirectional and opts.num_buckets < 4:
+        if spec.bidirectional and (opts.num_buckets < 4 or opts.num_buckets % 2):
             raise OptionError(
-                f"t5: an encoder's buckets split in two sides; num_buckets must be >= 4, got {opts.num_buckets}"
+                f"t5: an encoder's buckets split in two sides; num_buckets must be even and >= 4, got {opts.num_buckets}"
             )
         if opts.max_distance <= side // 2:
             raise OptionError(

@@ -57,7 +57,7 @@ class Call:
     window: int | None = None  # keys with i - j >= window are masked
     q_start: int = 0
     dropout: float = 0.0
-    causal: bool = True  # False: keys after the query too (bidirectional); a window then spans |i - j| <= window
+    causal: bool = True  # False: keys after the query too (bidirectional); a window then spans |i - j| < window
     # the model's own score terms (gemma2's softcap, gpt_oss's sinks): only a path that ``scores`` applies them
     softcap: float | None = None  # content logits s -> softcap * tanh(s / softcap), before any positional term
     sinks: torch.Tensor | None = None  # (H,) one extra logit per head in every softmax, its value dropped

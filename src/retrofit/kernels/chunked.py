@@ -65,9 +65,9 @@ def attend_chunked(
         e = min(Tq, s + rows)
         # keys this chunk can see: [lo, hi) (causal upper bound, window lower bound; both sides without causality)
         hi = q_start + e if causal else k.shape[-2]
-        if window and not causal:  # both sides: |i - j| <= window
-            hi = min(hi, q_start + e + window)
-        lo = max(0, q_start + s - window + (1 if causal else 0)) if window else 0
+        if window and not causal:  # both sides: |i - j| < window
+            hi = min(hi, q_start + e - 1 + window)
+        lo = max(0, q_start + s - window + 1) if window else 0
         rows_scale = None if row_scale is None else row_scale[:, s:e]
         rel = (None, None, None) if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
         args = (

@@ -80,15 +80,15 @@ def block_bias(
     """The float mask of queries at slots q0..q0+C-1 over keys k0..k0+Tc-1: (1 or B, H, C, Tc) in ``dtype``,
     the bias (times ``row_scale`` (B, C)) where the key is visible, -inf elsewhere (future keys, keys a
     ``window`` or more back, padding (B, Tk) in the cache's slots; a query always sees itself). ``causal``
-    False: keys after the query are visible too, and a window spans both sides (|i - j| <= window, as
-    transformers' bidirectional sliding window).
+    False: keys after the query are visible too, and a window spans both sides (|i - j| < window; the adapter
+    gives the module's own width, e.g. ModernBERT's local_attention / 2 + 1).
     ``bias`` None: a (1 or B, 1, C, Tc) bool mask (True = visible)."""
     q_pos = torch.arange(q0, q0 + C, device=device)
     k_pos = torch.arange(k0, k0 + Tc, device=device)
     rel = q_pos[:, None] - k_pos[None, :]  # (C, Tc)
     allowed = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
     if window:
-        allowed = allowed & ((rel < window) if causal else (rel.abs() <= window))
+        allowed = allowed & ((rel if causal else rel.abs()) < window)
     allowed = allowed[None, None]  # (1, 1, C, Tc)
     if key_padding is not None:
         pad = key_padding[:, k0 : k0 + Tc].bool()[:, None, None, :]  # (B, 1, 1, Tc)
