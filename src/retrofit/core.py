@@ -275,7 +275,10 @@ def revert(model) -> nn.Module:
         release = getattr(getattr(sw.parent, sw.attr), "release", None)  # a stand-in that lent the original something
         if release is not None:
             release()
-        setattr(sw.parent, sw.attr, sw.original)
+        original = sw.original
+        if isinstance(original, torch.Tensor):  # a buffer swapped out (BERT's position ids): follow device moves
+            original = original.to(getattr(sw.parent, sw.attr).device)
+        setattr(sw.parent, sw.attr, original)
     for p in state.frozen:
         p.requires_grad_(True)
     for site in state.adapter.sites():

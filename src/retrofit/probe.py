@@ -16,7 +16,8 @@ import torch
 from .errors import UnsupportedArchitectureError
 
 log = logging.getLogger(__name__)
-LENGTH = 64  # tokens of the probe (at most the native length)
+LENGTH = 64  # tokens of the probe (at most the native length), more to cross a sliding window up to WINDOW_REACH
+WINDOW_REACH = 512
 _PASSED: dict[str, float] = {}  # config fingerprint -> the difference measured when it passed
 
 
@@ -34,6 +35,13 @@ def own_mechanism(adapter) -> tuple[str, dict]:
     return "extend", {"length": adapter.spec().native_length, "init": "copy"}
 
 
+def _output(model, x: torch.Tensor) -> torch.Tensor:
+    """The model's logits, or a bare base model's last hidden state (an embedding model has no head)."""
+    out = model(x)
+    logits = getattr(out, "logits", None)
+    return (logits if logits is not None else out.last_hidden_state).float()
+
+
 @torch.no_grad()
 def lossless(model, adapter, convert, revert, set_attn) -> float:
     """Require ``model``'s logits back after converting it to its own mechanism; returns the difference.
@@ -47,14 +55,15 @@ def lossless(model, adapter, convert, revert, set_attn) -> float:
     model.eval()
     spec = adapter.spec()
     device = next(model.parameters()).device
-    n = max(2, min(LENGTH, spec.native_length or LENGTH))
-    vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else 100
+    windows = [s.window for s in adapter.sites() if s.window and s.window <= WINDOW_REACH]
+    n = max(2, min(max([LENGTH] + [w + 8 for w in windows]), spec.native_length or LENGTH))  # past every window
+    vocab = model.get_input_embeddings().weight.shape[0]
     x = torch.randint(3, max(4, vocab), (1, n), generator=torch.Generator().manual_seed(0)).to(device)
     attn = model.config._attn_implementation
     try:
-        before = model(x).logits.float()
+        before = _output(model, x)
         set_attn(model, "eager")
-        eager = model(x).logits.float()
+        eager = _output(model, x)
     except Exception as e:
         raise UnsupportedArchitectureError(
             f"{model.config.model_type} ({type(model).__name__}): the lossless probe could not run the original on "
@@ -68,7 +77,7 @@ def lossless(model, adapter, convert, revert, set_attn) -> float:
     scheme, options = own_mechanism(adapter)
     try:
         convert(model, scheme, options)
-        after = model(x).logits.float()
+        after = _output(model, x)
     except Exception as e:
         raise UnsupportedArchitectureError(
             f"{model.config.model_type} ({type(model).__name__}): the lossless probe could not convert it to its "

@@ -234,3 +234,47 @@ def test_gemma3_bidirectional_window_is_its_own_past_the_probe_length():
 def test_t5_on_an_encoder_takes_an_even_number_of_buckets(buckets):
     with pytest.raises(OptionError, match="must be even"):
         retrofit.convert(encoder(*ENCODERS["bert-mlm"]), "t5", num_buckets=buckets)
+
+
+def test_a_bare_encoder_is_probed_on_its_hidden_states_and_reverts_its_buffers(monkeypatch):
+    """An embedding model (``RobertaModel``: no head) passes the probe on its last hidden state; revert gives back
+    its own ``position_ids`` buffer (one row per native position)."""
+    monkeypatch.setattr(probe, "_PASSED", {})
+    model = encoder(tf.RobertaConfig, tf.RobertaModel, {})
+    rows = model.embeddings.position_ids.shape
+    retrofit.convert(model, "alibi")
+    assert probe._PASSED
+    with torch.no_grad():
+        assert model(batch(3 * NATIVE)[0]).last_hidden_state.shape[1] == 3 * NATIVE
+    retrofit.revert(model)
+    assert model.embeddings.position_ids.shape == rows
+
+
+def test_the_probe_runs_past_a_window_so_a_wrong_window_rule_is_caught(monkeypatch):
+    """The probe's input crosses every window up to 512 keys: one key too wide is refused, not converted."""
+    from retrofit.adapters.llama import LlamaAdapter
+
+    monkeypatch.setattr(probe, "_PASSED", {})
+    wrong = LlamaAdapter._window
+
+    def one_wider(self, i, attn=None):
+        w = wrong(self, i, attn)
+        return w + 1 if w else None
+
+    monkeypatch.setattr(LlamaAdapter, "_window", one_wider)
+    torch.manual_seed(0)
+    cfg = tf.Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=200,
+        layer_types=["sliding_attention", "full_attention"],
+        use_bidirectional_attention=True,
+        max_position_embeddings=512,
+    )
+    with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
+        retrofit.convert(tf.Gemma3ForCausalLM(cfg).eval(), "rope")
