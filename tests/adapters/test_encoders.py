@@ -205,9 +205,8 @@ def test_a_classifier_from_a_masked_lm_checkpoint_reloads_as_the_classifier(tmp_
         assert torch.equal(back(x, attention_mask=mask).logits, model(x, attention_mask=mask).logits)
 
 
-def test_gemma3_bidirectional_window_is_its_own_past_the_probe_length():
-    """EmbeddingGemma-style layers see |i - j| < W with W their module's width (its config halves it + 1): converted
-    to its own rope, a 160-token input past a window of 101 gives back the original's logits."""
+def gemma3_bidirectional():
+    """EmbeddingGemma's layout: bidirectional layers, local ones with a window of 101 (its config: 200 / 2 + 1)."""
     torch.manual_seed(0)
     cfg = tf.Gemma3TextConfig(
         vocab_size=VOCAB,
@@ -222,7 +221,13 @@ def test_gemma3_bidirectional_window_is_its_own_past_the_probe_length():
         use_bidirectional_attention=True,
         max_position_embeddings=512,
     )
-    model = tf.Gemma3ForCausalLM(cfg).eval()
+    return tf.Gemma3ForCausalLM(cfg).eval()
+
+
+def test_gemma3_bidirectional_window_is_its_own_past_the_probe_length():
+    """EmbeddingGemma-style layers see |i - j| < W with W their module's width (its config halves it + 1): converted
+    to its own rope, a 160-token input past a window of 101 gives back the original's logits."""
+    model = gemma3_bidirectional()
     x = torch.randint(3, VOCAB, (1, 160), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         before = model(x).logits
@@ -262,19 +267,5 @@ def test_the_probe_runs_past_a_window_so_a_wrong_window_rule_is_caught(monkeypat
         return w + 1 if w else None
 
     monkeypatch.setattr(LlamaAdapter, "_window", one_wider)
-    torch.manual_seed(0)
-    cfg = tf.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=200,
-        layer_types=["sliding_attention", "full_attention"],
-        use_bidirectional_attention=True,
-        max_position_embeddings=512,
-    )
     with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
-        retrofit.convert(tf.Gemma3ForCausalLM(cfg).eval(), "rope")
+        retrofit.convert(gemma3_bidirectional(), "rope")
