@@ -15,13 +15,18 @@ from retrofit.training import standin
 from .procs import TEST_KERNEL
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers (-n): one thread each, children too
-    os.environ["OMP_NUM_THREADS"] = "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers (-n): one thread each (its children keep theirs)
     torch.set_num_threads(1)
 else:
     torch.set_num_threads(min(2, torch.get_num_threads()))
 platform.platform()  # runs `uname -p` once and caches it: not a process any test starts
 logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first (a stable sort): with workers (-n 2) the longest ones start at once, side by side,
+    instead of one of them ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)
