@@ -208,6 +208,8 @@ def test_gptj_converts_in_bf16(scheme):
     """GPT-J casts its sin/cos to the input's dtype: the stand-in does too (else q, k and v differ in dtype)."""
     from ..tiny import TINY
 
+    if "gptj" not in TINY:
+        pytest.skip("this transformers rotates GPT-J inside its attention (the adapter refuses it by name)")
     model = TINY["gptj"]().to(torch.bfloat16)
     retrofit.convert(model, scheme)
     with torch.no_grad():

@@ -32,7 +32,10 @@ class GPTJAdapter(Adapter):
                 f"{self.config.model_type}: rotary_dim is not set (its rotary table would span the whole hidden size)"
             )
         if not hasattr(self.base(), "rotary_emb"):
-            raise UnsupportedArchitectureError(f"{self.config.model_type}: expected transformer.rotary_emb")
+            raise UnsupportedArchitectureError(
+                f"{self.config.model_type}: expected transformer.rotary_emb (one rotary module, as transformers 5.24 "
+                "builds GPT-J and CodeGen; older releases rotate inside the attention: upgrade transformers)"
+            )
         super().check()
 
     def targets(self) -> tuple[str, ...]:
