@@ -15,24 +15,15 @@ import yaml
 from retrofit.builtin import byte_tokenizer
 from retrofit.cli import main
 
-NATIVE = 32
+from ..tiny import NATIVE, _llama_like
+
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
 
 def _small(config_cls, model_cls, vocab, **extra):
-    base = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=NATIVE,
-        pad_token_id=vocab - 1,
-        bos_token_id=vocab - 1,
-        eos_token_id=vocab - 1,
-    )
-    return model_cls(config_cls(**{**base, **extra}))
+    last = vocab - 1  # the byte tokenizer's one special token
+    ids = dict(pad_token_id=last, bos_token_id=last, eos_token_id=last)
+    return _llama_like(config_cls, model_cls, vocab_size=vocab, **ids, **extra)()
 
 
 def _gpt(config_cls, model_cls, vocab, **extra):

@@ -19,7 +19,9 @@ class GPT2Adapter(Adapter):
 
     def check(self):
         if getattr(self.config, "add_cross_attention", False):
-            raise UnsupportedArchitectureError("gpt2 with cross-attention (encoder-decoder use) is not supported")
+            raise UnsupportedArchitectureError(
+                f"{self.config.model_type} with cross-attention (encoder-decoder use) is not supported"
+            )
         super().check()
 
     def sites(self):
