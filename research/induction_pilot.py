@@ -7,6 +7,9 @@
     # language first: continue a shipped stand-in with toy rows and natural rows whose second half repeats the first
     OMP_NUM_THREADS=1 python research/induction_pilot.py continue --init standins/study2-llama-736570157b87 \
         --toy-rows 8 --echo-rows 4 --lr 5e-4 --steps 800 --save runs/induction-pilots/llama-continued
+    # the same with repeats at many distances (tiled toy, echo spans at uniform distances)
+    OMP_NUM_THREADS=1 python research/induction_pilot.py continue --init standins/study2-llama-736570157b87 \
+        --toy-rows 6 --copy-toy-min-period 16 --echo-rows 6 --echo-varied --lr 3e-4 --steps 700 --save ...
     # the copying bar on a saved model: natural-text copy at native/4 and native/2, random-token recall at native
     OMP_NUM_THREADS=1 python research/induction_pilot.py check --init runs/induction-pilots/llama-continued
 
@@ -111,10 +114,21 @@ def toy(a) -> None:
             )
 
 
-def _echo(x: torch.Tensor) -> torch.Tensor:
-    """Natural rows [k, L] whose second half repeats their first (copying on real text, not random ids)."""
-    h = x.shape[1] // 2
-    return torch.cat([x[:, :h], x[:, :h], x[:, : x.shape[1] - 2 * h]], 1)  # [k, L]
+def _echo(x: torch.Tensor, g: torch.Generator | None = None) -> torch.Tensor:
+    """Natural rows [k, L] with copying on real text, not random ids. Without ``g`` the second half repeats the
+    first (one distance, L/2); with ``g`` each row repeats a span of 16..64 tokens at a distance drawn uniformly
+    from span..L-span, so no single offset answers."""
+    L = x.shape[1]
+    if g is None:
+        h = L // 2
+        return torch.cat([x[:, :h], x[:, :h], x[:, : L - 2 * h]], 1)  # [k, L]
+    x = x.clone()
+    for row in x:
+        s = int(torch.randint(16, min(64, L // 4) + 1, (), generator=g))
+        d = int(torch.randint(s, L - s + 1, (), generator=g))
+        p = int(torch.randint(0, L - d - s + 1, (), generator=g))
+        row[p + d : p + d + s] = row[p : p + s].clone()
+    return x  # [k, L]
 
 
 def cont(a) -> None:
@@ -139,18 +153,17 @@ def cont(a) -> None:
 
     def report(step):
         model.eval()
-        c = retrieval.copy_cell(model, text, L // 2, trials=16, span=32, cue=8)
+        cells = {d: retrieval.copy_cell(model, text, d, trials=16, span=32, cue=8) for d in (L // 4, L // 2)}
         with torch.no_grad():
             plain = model(input_ids=held[:16], labels=held[:16]).loss.item()
         model.train()
+        probes = " ".join(f"d={d} {c['second_over_first']}/{c['exact_rate']}" for d, c in cells.items())
         print(
             step,
             "held-out loss",
             round(plain, 4),
-            "probe repeat/first",
-            c["second_over_first"],
-            "exact",
-            c["exact_rate"],
+            "copy repeat/first, exact:",
+            probes,
             f"{time.time() - t0:.0f}s",
             flush=True,
         )
@@ -159,8 +172,8 @@ def cont(a) -> None:
     model.train()
     for step in range(1, a.steps + 1):
         x = blocks[torch.randint(0, len(blocks), (a.batch,), generator=g)].clone()  # [B, L]
-        x[:k] = induction_rows((k, L), g, pool)
-        x[k : k + e] = _echo(x[k : k + e])
+        x[:k] = induction_rows((k, L), g, pool, min_period=a.copy_toy_min_period)
+        x[k : k + e] = _echo(x[k : k + e], g if a.echo_varied else None)
         loss = model(input_ids=x, labels=x).loss
         opt.zero_grad()
         loss.backward()
@@ -208,6 +221,7 @@ def main() -> None:
     p.add_argument("what", choices=["mix", "toy", "continue", "check"])
     p.add_argument("--init", help="continue: a stand-in folder")
     p.add_argument("--echo-rows", type=int, default=4, help="continue: natural rows whose second half repeats")
+    p.add_argument("--echo-varied", action="store_true", help="continue: echo spans at distances drawn uniformly")
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--save", help="continue: where to save the model at the end")
     p.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])

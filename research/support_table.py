@@ -47,7 +47,11 @@ SMALL = dict(
     kv_lora_rank=16,
     q_lora_rank=32,
 )
-PER_TYPE = {"gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8)}  # within the 16-dim head
+PER_TYPE = {  # within the 16-dim head; mimo's rotary fraction 0.334 needs 24 dims for an even count
+    "gptj": dict(rotary_dim=8),
+    "codegen": dict(rotary_dim=8),
+    "mimo_v2_flash": dict(head_dim=24, v_head_dim=24),
+}
 MAX_PARAMS = 15_000_000  # a config whose sizes did not shrink is not built
 
 
@@ -61,10 +65,11 @@ def tiny(model_type: str):
     for drop in ((), ("num_hidden_layers",)):
         fixed = {k for k in SMALL if isinstance(p := getattr(type(default), k, None), property) and p.fset is None}
         small = {k: v for k, v in SMALL.items() if hasattr(default, k) and k not in drop and k not in fixed}
-        if hasattr(default, "qk_rope_head_dim"):  # MLA: its head dims are the split parts', not head_dim
-            small.pop("head_dim", None)
+        if hasattr(default, "qk_rope_head_dim"):  # MLA: its head dims are the split parts', not head_dim, and
+            small.pop("head_dim", None)  # its keys are expanded to every head (as its released configs state)
+            small["num_key_value_heads"] = small["num_attention_heads"]
         try:
-            cfg = tf.AutoConfig.for_model(model_type, **small, **PER_TYPE.get(model_type, {}))
+            cfg = tf.AutoConfig.for_model(model_type, **{**small, **PER_TYPE.get(model_type, {})})
             with torch.device("meta"):
                 n = sum(p.numel() for p in cls(cfg).parameters())
             if n > MAX_PARAMS:

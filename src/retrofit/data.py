@@ -176,9 +176,16 @@ def hub_documents(
     return docs
 
 
-def tokenize_documents(tokenizer, docs: Iterable[Document], *, add_eos: bool = True) -> list[list[int]]:
-    """Token ids per document (EOS appended when the tokenizer has one), no special prefix tokens."""
+def separator_id(tokenizer) -> int | None:
+    """The token that ends a document in packed blocks: EOS, else SEP (BERT-style tokenizers have no EOS)."""
     eos = getattr(tokenizer, "eos_token_id", None)
+    return eos if eos is not None else getattr(tokenizer, "sep_token_id", None)
+
+
+def tokenize_documents(tokenizer, docs: Iterable[Document], *, add_eos: bool = True) -> list[list[int]]:
+    """Token ids per document (``separator_id`` appended when the tokenizer has one), no special prefix
+    tokens."""
+    eos = separator_id(tokenizer)
     out = []
     for d in docs:
         ids = tokenizer(d.text, add_special_tokens=False)["input_ids"]

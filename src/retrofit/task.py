@@ -1,7 +1,7 @@
 """What a model is for, as one fact read from its config (``architectures``): the task decides the class a
 checkpoint loads as, and whether its attention reads keys after the query. Causal LMs are what the
-fine-tune, evaluation and cards serve today; an encoder (masked LM, classifier, embeddings) converts,
-saves and loads with its head kept."""
+evaluation and cards serve today; the fine-tune trains causal LMs (next token) and masked LMs (masked tokens);
+an encoder (masked LM, classifier, embeddings) converts, saves and loads with its head kept."""
 
 from __future__ import annotations
 
@@ -56,6 +56,20 @@ def require_causal_lm(model, what: str) -> None:
             f"{what} is built for causal language models; {type(model).__name__} is a {task.name} model. "
             "An encoder converts, saves, loads (its head kept) and exports with retrofit convert; its masked-LM "
             "objective and evaluation are not built yet"
+        )
+
+
+def require_language_model(model, what: str) -> None:
+    """``what`` (the fine-tune) trains a causal LM (next token) or a masked LM (masked tokens); a classifier or
+    an embedding model is refused with what does work for it."""
+    from .errors import UnsupportedArchitectureError
+
+    task = of_model(model)
+    if task.name not in ("causal-lm", "masked-lm"):
+        raise UnsupportedArchitectureError(
+            f"{what} trains causal and masked language models; {type(model).__name__} is a {task.name} model. "
+            "Convert and fine-tune its masked-LM checkpoint (the ...ForMaskedLM class), then put the head back, or "
+            "convert it as it is with retrofit convert (its head kept)"
         )
 
 

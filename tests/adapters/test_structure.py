@@ -43,23 +43,27 @@ CLAIMED = {  # the LLaMA layout under another model type: converted after the pr
         dict(head_dim=16, layer_types=GEMMA3_LAYERS, sliding_window=24),
     ),
 }
+MLA = dict(  # deepseek_v3's multi-head latent attention: the rotary part split off and placed last in each head
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    q_lora_rank=None,
+    kv_lora_rank=16,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=16,
+    num_key_value_heads=4,
+)
+CLAIMED["deepseek_v3"] = (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM, MLA)
+CLAIMED["nanochat"] = (tf.NanoChatConfig, tf.NanoChatForCausalLM, {})  # rotate_half as (x2, -x1): pairs turn back
 REFUSED = {  # model type: (factory arguments, the quirk the error names)
-    "deepseek_v3": (
+    "deepseek_v32": (
         (
-            tf.DeepseekV3Config,
-            tf.DeepseekV3ForCausalLM,
-            dict(
-                n_routed_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=32,
-                q_lora_rank=None,
-                kv_lora_rank=16,
-                qk_rope_head_dim=8,
-                qk_nope_head_dim=8,
-                v_head_dim=16,
-            ),
+            tf.DeepseekV32Config,
+            tf.DeepseekV32ForCausalLM,
+            dict(MLA, q_lora_rank=32, index_n_heads=2, index_head_dim=16, index_topk=8),
         ),
-        "split-off part of the head",
+        "sparse-attention indexer",
     ),
 }
 
@@ -121,18 +125,25 @@ def test_lora_targets_come_from_the_attention_itself():
     assert set(claimant(tiny(*CLAIMED["mixtral"])).targets()) == {"q_proj", "k_proj", "v_proj", "o_proj"}
 
 
-@pytest.mark.parametrize("model_type", ["cohere", "llama"])
+@pytest.mark.parametrize("model_type", ["cohere", "llama", "deepseek_v3", "nanochat"])
 def test_rescaled_rope_equals_transformers_own_on_interleaved_and_half_split_rotary(model_type):
     """YaRN x2 on a plain model equals the same weights with transformers' own YaRN, left-padded batch past
-    native included: the interleaved pairs (cohere) are rotated as its own code rotates them."""
-    cfg, cls = (
-        (tf.CohereConfig, tf.CohereForCausalLM) if model_type == "cohere" else (tf.LlamaConfig, tf.LlamaForCausalLM)
-    )
+    native included: the interleaved pairs (cohere) are rotated as its own code rotates them, MLA's split-off
+    rotary part (deepseek_v3, last in each head) alone, and nanochat's pairs the other way."""
+    cfg, cls, extra = {
+        "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
+        "deepseek_v3": CLAIMED["deepseek_v3"],
+        "nanochat": CLAIMED["nanochat"],
+    }[model_type]
     yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": NATIVE}
-    native = tiny(cfg, cls, dict(rope_parameters=yarn, max_position_embeddings=2 * NATIVE))
-    plain = tiny(cfg, cls, dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    temperature = {}
+    if model_type == "nanochat":  # its QK-norm follows the rotation and divides YaRN's temperature out again
+        temperature = {"attention_factor": 1.0}
+    native = tiny(cfg, cls, dict(extra, rope_parameters=yarn | temperature, max_position_embeddings=2 * NATIVE))
+    plain = tiny(cfg, cls, dict(extra, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
     plain.load_state_dict(native.state_dict())
-    retrofit.convert(plain, "rope", scaling="yarn", factor=2.0)
+    retrofit.convert(plain, "rope", scaling="yarn", factor=2.0, **temperature)
     x, mask = ids(2, NATIVE + 12), torch.ones(2, NATIVE + 12, dtype=torch.long)
     x[1, :5], mask[1, :5] = 0, 0
     with torch.no_grad():
@@ -214,3 +225,22 @@ def test_gptj_converts_in_bf16(scheme):
     retrofit.convert(model, scheme)
     with torch.no_grad():
         assert model(ids(1, 2 * NATIVE)).logits.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("scaling", ["ntk", "yarn"])
+def test_mla_rescaled_rope_exports_to_its_own_architecture_exactly(scaling, tmp_path):
+    """deepseek_v3's rotary part is its own qk_rope_head_dim dims: NTK's grown base and YaRN's bands are
+    computed on those dims, so the exported config reproduces the patched model exactly past native."""
+    model = tiny(*CLAIMED["deepseek_v3"])
+    retrofit.convert(model, "rope", scaling=scaling, factor=4.0)
+    assert retrofit.export(model, tmp_path / "x", native=True).exact
+    back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "x")
+    x = ids(1, 3 * NATIVE)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, atol=2e-5, rtol=1e-4)
+
+
+def test_mla_rotary_part_cannot_be_resized():
+    model = tiny(*CLAIMED["deepseek_v3"])
+    with pytest.raises(retrofit.errors.OptionError, match="qk_rope_head_dim|split-off"):
+        retrofit.convert(model, "rope", fraction=0.5)

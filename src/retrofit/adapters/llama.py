@@ -8,6 +8,7 @@ converted only after the lossless probe (``retrofit.probe``) reproduced its logi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 
@@ -19,7 +20,7 @@ from .base import Adapter, AttentionSite, register_adapter
 from .standins import NeutralisedRotary
 
 
-def native_rope(config, rotary, interleaved: bool = False) -> dict:
+def native_rope(config, rotary, interleaved: bool = False, reversed_: bool = False) -> dict:
     """The model's own rotary settings: transformers' standardised ``rope_parameters`` plus the
     module's actual frequencies (never guessed attribute names such as ``rope_theta``).
 
@@ -29,34 +30,46 @@ def native_rope(config, rotary, interleaved: bool = False) -> dict:
     rotation as it is and applies its options to the global layers."""
     params = dict(config.rope_parameters or {})
     if "rope_theta" in params:
-        return _one_rope(
-            params, config, rotary.original_inv_freq, getattr(rotary, "attention_scaling", 1.0), interleaved
-        )
+        return _one_rope(params, config, rotary.original_inv_freq, getattr(rotary, "attention_scaling", 1.0)) | {
+            "interleaved": interleaved,
+            "reversed": reversed_,
+        }
     types, used = list(getattr(config, "layer_types", None) or []), _typed_ropes(rotary, config)
     if not used:
         raise UnsupportedArchitectureError(f"{config.model_type}: unsupported rope_parameters layout {sorted(params)}")
     per = {
         t: _one_rope(
-            params[t],
-            config,
-            getattr(rotary, f"{t}_original_inv_freq"),
-            getattr(rotary, f"{t}_attention_scaling", 1.0),
-            interleaved,
+            params[t], config, getattr(rotary, f"{t}_original_inv_freq"), getattr(rotary, f"{t}_attention_scaling", 1.0)
         )
+        | {"interleaved": interleaved, "reversed": reversed_}
         for t in used
     }
     main = "full_attention" if "full_attention" in per else sorted(per)[0]
     return {**per[main], "main_type": main, "by_layer_type": per, "layer_types": types}
 
 
-def _one_rope(params: dict, config, inv_freq, attention_scaling, interleaved: bool) -> dict:
+def _one_rope(params: dict, config, inv_freq, attention_scaling) -> dict:
+    split = getattr(config, "qk_rope_head_dim", None)  # MLA: the rotary part is split off and sits last in a head
+    if split:
+        return {
+            "theta": float(params["rope_theta"]),
+            "fraction": 1.0,  # of the rotary part: it all rotates
+            "rot_dims": int(split),
+            "at_end": True,
+            "rope_type": params.get("rope_type", "default"),
+            "inv_freq": inv_freq.detach().float().cpu().clone(),
+            "attention_scaling": float(attention_scaling),
+        }
+    fraction = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if 2 * len(inv_freq) == head_dim and int(head_dim * fraction) != head_dim:
+        fraction = 1.0  # "proportional" rope: every dim has a frequency, those past the fraction 0 (they stay put)
     return {
         "theta": float(params["rope_theta"]),
-        "fraction": float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0),
+        "fraction": fraction,
         "rope_type": params.get("rope_type", "default"),
         "inv_freq": inv_freq.detach().float().cpu().clone(),
         "attention_scaling": float(attention_scaling),
-        "interleaved": interleaved,  # GPT-J-style pairs (2i, 2i + 1)
     }
 
 
@@ -129,7 +142,17 @@ class LlamaAdapter(Adapter):
     # (smollm3's no_rope_layers) stay without them; per-layer-type rope (gemma3): the rope scheme keeps the
     # local layers' own rotation and applies its options to the global layers; softcapped logits (gemma2) and
     # attention sinks (gpt_oss) go through the one path that writes the scores out (kernels: ``Path.scores``)
-    handles = ("interleaved_rotary", "no_rope_layers", "per_layer_type_rope", "softcap", "sinks")
+    # MLA (deepseek_v3 and kin): the rotary part is split off and concatenated after the rest of each head
+    # (x2, -x1) (nanochat) rotates the other way
+    handles = (
+        "interleaved_rotary",
+        "no_rope_layers",
+        "per_layer_type_rope",
+        "softcap",
+        "sinks",
+        "split_rotary",
+        "reversed_rotary",
+    )
 
     @classmethod
     def supports(cls, model) -> bool:
@@ -172,9 +195,20 @@ class LlamaAdapter(Adapter):
             if attn is not None
         ]
 
+    def spec(self):
+        """MLA's queries and keys are qk_nope_head_dim + qk_rope_head_dim wide (its config's head_dim is the
+        rotary part's)."""
+        spec, c = super().spec(), self.config
+        if getattr(c, "qk_rope_head_dim", None):
+            return dataclasses.replace(spec, head_dim=int(c.qk_nope_head_dim) + int(c.qk_rope_head_dim))
+        return spec
+
     def native_rope(self):
-        interleaved = "interleaved_rotary" in quirks.detect(self.model)
-        return native_rope(self.config, self.base().rotary_emb, interleaved)
+        has = quirks.detect(self.model)
+        # GPT-J-style pairs (2i, 2i + 1); MLA's rope_interleave reads such pairs but writes them as halves, so
+        # its split-off part is half-split by the time it reaches attention (the probe shows it)
+        interleaved = "interleaved_rotary" in has and "split_rotary" not in has
+        return native_rope(self.config, self.base().rotary_emb, interleaved, "reversed_rotary" in has)
 
     def neutralise(self, state):
         base = self.base()

@@ -65,6 +65,23 @@ def _interleaved_rotary(model):
     return None
 
 
+def _reversed_rotary(model):
+    """rotate_half returning (x2, -x1) instead of (-x2, x1) (nanochat): each pair turns by -angle."""
+    for m in _attention_modules(model)[:1]:
+        if _turns_back(type(m).__module__):
+            return f"{type(m).__module__}.rotate_half returns (x2, -x1)"
+    return None
+
+
+@functools.cache
+def _turns_back(module_name: str) -> bool:
+    fn = getattr(sys.modules.get(module_name), "rotate_half", None)
+    try:
+        return fn is not None and "(x2, -x1)" in inspect.getsource(fn).replace(" ", "").replace(",", ", ")
+    except (OSError, TypeError):
+        return False
+
+
 @functools.cache
 def _pairs_interleaved(module_name: str) -> bool:
     fn = getattr(sys.modules.get(module_name), "rotate_half", None)
@@ -90,7 +107,13 @@ QUIRKS = (
     ),
     Quirk("per_layer_type_rope", "per-layer-type rope parameters (sliding and global layers)", _per_layer_type_rope),
     Quirk("sinks", "attention sinks", _sinks),
+    Quirk(
+        "sparse_indexer",
+        "a learned sparse-attention indexer that picks each query's keys from rotary positions of its own (DSA)",
+        lambda m: next(("self_attn.indexer" for a in _attention_modules(m) if hasattr(a, "indexer")), None),
+    ),
     Quirk("interleaved_rotary", "interleaved (GPT-J-style) rotary", _interleaved_rotary),
+    Quirk("reversed_rotary", "rotary turning each pair the other way (rotate_half as (x2, -x1))", _reversed_rotary),
     Quirk(
         "disentangled",
         "DeBERTa's disentangled relative attention (content-to-position terms of its own)",

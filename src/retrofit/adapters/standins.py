@@ -68,6 +68,14 @@ class NeutralisedRotary(nn.Module):
         if shared is not None:
             original.config = copy.deepcopy(shared)
 
+    def __getattr__(self, name: str):
+        """What the model reads off its rotary module besides calling it (lfm3's ``layer_types``) comes from
+        the original."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["original"], name)
+
     def release(self) -> None:
         """Give the original back the model's own config (called by ``revert``)."""
         if self._shared_config is not None:

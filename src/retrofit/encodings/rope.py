@@ -33,22 +33,32 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _rope_config(spec: ModelSpec, rope_type: str, theta: float, fraction: float, factor: float, native: int, opts):
-    """A minimal transformers config that ROPE_INIT_FUNCTIONS accept."""
+def _rope_config(rot_dim: int, rope_type: str, theta: float, factor: float, native: int, opts):
+    """A minimal transformers config that ROPE_INIT_FUNCTIONS accept, for ``rot_dim`` rotating dims (written as
+    a head of rot_dim dims that all rotate: the same frequencies as transformers' int(head_dim * fraction))."""
     from transformers import PretrainedConfig
 
-    params = {"rope_type": rope_type, "rope_theta": theta, "partial_rotary_factor": fraction, "factor": factor}
+    params = {"rope_type": rope_type, "rope_theta": theta, "partial_rotary_factor": 1.0, "factor": factor}
     if rope_type == "yarn":
         params.update(original_max_position_embeddings=native, beta_fast=opts.beta_fast, beta_slow=opts.beta_slow)
         if opts.attention_factor is not None:
             params["attention_factor"] = opts.attention_factor
     cfg = PretrainedConfig()
     cfg.rope_parameters = params
-    cfg.head_dim = spec.head_dim
-    cfg.hidden_size = spec.head_dim * spec.num_heads
-    cfg.num_attention_heads = spec.num_heads
+    cfg.head_dim = rot_dim
+    cfg.hidden_size = rot_dim
+    cfg.num_attention_heads = 1
     cfg.max_position_embeddings = int(native * factor) if rope_type in ("yarn", "linear") else native
     return cfg
+
+
+def rotating_dims(spec: ModelSpec, fraction: float) -> int:
+    """How many of each head's dims rotate: the model's own count where it states one (MLA's qk_rope_head_dim),
+    else int(head_dim * fraction) as transformers computes it."""
+    native = spec.native_rope or {}
+    if native.get("rot_dims") and fraction == native.get("fraction"):
+        return int(native["rot_dims"])
+    return int(spec.head_dim * fraction)
 
 
 @register_scheme("rope")
@@ -81,7 +91,12 @@ class RoPE(Scheme):
             opts.native_length = spec.native_length
         if not 0 < opts.fraction <= 1:
             raise OptionError(f"option 'fraction' of scheme 'rope' must be in (0, 1]; got {opts.fraction}")
-        if int(spec.head_dim * opts.fraction) % 2:
+        if native.get("rot_dims") and opts.fraction != native.get("fraction"):
+            raise OptionError(
+                f"rope: this model rotates its own {native['rot_dims']} dims of each head (MLA's split-off rotary "
+                "part); option 'fraction' cannot change them"
+            )
+        if rotating_dims(spec, opts.fraction) % 2:
             raise OptionError(f"rope: {opts.fraction} x head_dim {spec.head_dim} must give an even number of dims")
         if opts.theta <= 0 or opts.native_length <= 0:
             raise OptionError("rope: theta and native_length must be positive")
@@ -93,10 +108,14 @@ class RoPE(Scheme):
 
     def __init__(self, spec: ModelSpec, options):
         super().__init__(spec, options)
-        self.rot_dim = int(spec.head_dim * options.fraction)
+        self.rot_dim = rotating_dims(spec, options.fraction)
+        # MLA (deepseek_v3 and kin) puts the rotary part at the end of each head, after the dims without positions
+        self.at_end = bool((spec.native_rope or {}).get("at_end", False))
         # GPT-J-style models (cohere, glm, ...) rotate the pairs (2i, 2i + 1), not (i, i + rot_dim / 2): a fact
         # of the model, read by its adapter (``quirks``), never an option
         self.interleaved = bool((spec.native_rope or {}).get("interleaved", False))
+        # nanochat's rotate_half is (x2, -x1): its pairs turn by -angle (a fact of the model, as above)
+        self.turn = -1.0 if (spec.native_rope or {}).get("reversed") else 1.0
         self.rotation_depends_on_length = options.scaling == "dynamic"
         inv_freq, self.attention_scaling = self._init_frequencies(spec, options)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
@@ -135,7 +154,7 @@ class RoPE(Scheme):
             return self._dynamic(o.native_length)
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        cfg = _rope_config(self.spec, o.scaling, o.theta, o.fraction, o.factor, o.native_length, o)
+        cfg = _rope_config(self.rot_dim, o.scaling, o.theta, o.factor, o.native_length, o)
         inv_freq, scale = ROPE_INIT_FUNCTIONS[o.scaling](cfg, None)
         return inv_freq, float(scale)
 
@@ -143,7 +162,7 @@ class RoPE(Scheme):
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         o = self.options
-        cfg = _rope_config(self.spec, "dynamic", o.theta, o.fraction, o.factor, o.native_length, o)
+        cfg = _rope_config(self.rot_dim, "dynamic", o.theta, o.factor, o.native_length, o)
         # a tensor length, as transformers' dynamic_rope_update passes: the same float32 arithmetic
         inv_freq, scale = ROPE_INIT_FUNCTIONS["dynamic"](cfg, None, seq_len=torch.tensor(seq_len))
         return inv_freq, float(scale)
@@ -174,7 +193,7 @@ class RoPE(Scheme):
         """cos, sin of shape (T, rot_dim) in fp32 for positions ``pos`` (T,)."""
         freqs = pos.to(torch.float32)[:, None] * self.frequencies(seq_len, pos.device)[None, :]  # (T, rot/2)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+        return emb.cos() * self.attention_scaling, emb.sin() * (self.attention_scaling * self.turn)
 
     def rotate(self, layer, x, pos, seq_len: int | None = None, start: int | None = None):
         """x (B, H, T, D) rotated at positions pos (T,). ``start``: pos is ``start + arange(T)`` (consecutive
@@ -188,10 +207,15 @@ class RoPE(Scheme):
             cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         else:
             cos, sin = table
-        xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
+        if self.at_end:  # (..., D - rot) without positions, then (..., rot) that rotate
+            xp, xr = x[..., : x.shape[-1] - self.rot_dim], x[..., x.shape[-1] - self.rot_dim :]
+        else:
+            xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
         if self.interleaved:  # pair i is dims (2i, 2i + 1): to halves, rotate, back
             xr = torch.cat((xr[..., 0::2], xr[..., 1::2]), dim=-1)
         xr = xr * cos + rotate_half(xr) * sin
         if self.interleaved:
             xr = torch.stack(xr.chunk(2, dim=-1), dim=-1).flatten(-2)  # (..., rot/2, 2) -> (..., rot)
-        return torch.cat((xr, xp), dim=-1) if xp.shape[-1] else xr
+        if not xp.shape[-1]:
+            return xr
+        return torch.cat((xp, xr) if self.at_end else (xr, xp), dim=-1)

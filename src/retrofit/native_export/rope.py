@@ -10,8 +10,11 @@ from ..errors import RetrofitError
 from .base import Built, Surgery, mapping, plain_config
 
 
-def rope_parameters(o: dict, head_dim: int, native_params: dict | None = None) -> tuple[dict, int, list[str]]:
-    """retrofit's ``rope`` options -> (transformers ``rope_parameters``, ``max_position_embeddings``, notes)."""
+def rope_parameters(
+    o: dict, head_dim: int, native_params: dict | None = None, rot_dims: int | None = None
+) -> tuple[dict, int, list[str]]:
+    """retrofit's ``rope`` options -> (transformers ``rope_parameters``, ``max_position_embeddings``, notes).
+    ``rot_dims``: the rotating dims where the model states them (MLA's qk_rope_head_dim)."""
     theta, fraction, native, factor = (
         float(o["theta"]),
         float(o["fraction"]),
@@ -24,7 +27,7 @@ def rope_parameters(o: dict, head_dim: int, native_params: dict | None = None) -
     notes: list[str] = []
     scaling = o["scaling"]
     if scaling in ("none", "ntk"):
-        rot = int(head_dim * fraction)
+        rot = rot_dims or int(head_dim * fraction)
         if scaling == "ntk":  # static NTK-aware: the default rope with a larger base
             params["rope_theta"] = theta * factor ** (rot / (rot - 2))
             notes.append(f"static NTK-aware scaling written as default RoPE with rope_theta={params['rope_theta']:.6g}")
@@ -83,7 +86,7 @@ def _same_arch_rope(model, info, opts) -> Built:
     if same:  # the scheme kept the model's own frequencies (native scaling included)
         rope, max_pos, notes = native_params, cfg.max_position_embeddings, ["RoPE unchanged: the original config"]
     else:
-        rope, max_pos, notes = rope_parameters(o, spec.head_dim, native_params)
+        rope, max_pos, notes = rope_parameters(o, spec.head_dim, native_params, nat.get("rot_dims"))
         if nat.get("rope_type", "default") != "default":
             notes.append(f"the model's native {nat['rope_type']!r} rope scaling is replaced, as in the patched model")
         if main:

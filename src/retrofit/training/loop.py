@@ -28,17 +28,19 @@ from torch.utils.data import DataLoader
 
 from .. import data as rdata
 from .. import run_folder as rf
+from .. import task
 from ..atomic import check_creatable, write_text
 from ..core import describe, max_length, set_position_controls
 from ..encodings import SCHEMES
-from ..errors import LengthError
+from ..errors import LengthError, RecipeError
 from ..optim import param_groups
 from ..quiet import hushed, progress_bars
 from ..versions import library_versions
 from . import blocks as blk
+from . import masking, outputs, positions, sharding, stream
 from . import model as mdl
-from . import outputs, positions, sharding, stream
 from .interrupt import Interrupts
+from .masking import Masker, seed_of
 from .meter import Meter
 from .place import StreamPlace, block_batches
 from .recipe import Recipe, budget, tokens_per_step
@@ -97,6 +99,7 @@ def _finetune(r: Recipe) -> Path:
         mdl.convert(model, r.convert)
         mdl.set_attention_dropout(model, r.train)
         fade_offset_cap = _check_lengths(r, model)  # an impossible block fails before calibrating
+        masker = _masker(r, model, tok)
         if calibrating:
             _calibrate(r, acc, out, model.to(acc.device), teacher.to(acc.device), tok)
         if r.train.objective == "lm":
@@ -111,7 +114,7 @@ def _finetune(r: Recipe) -> Path:
         train_set, val_set = source, _stream_validation(r, tok, source)
     if acc.is_main_process:
         _write_run_info(r, out, model, train_set, val_set, acc.num_processes)
-    out = _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap)
+    out = _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap, masker)
     # Every tensor of the run goes before the process group does: gloo's threads must not hold any when
     # the interpreter finalises (a rank aborted at exit, "terminate called without an active exception").
     del model, teacher, train_set, val_set
@@ -155,6 +158,21 @@ def _calibrate(r: Recipe, acc, out: Path, model, teacher, tok) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / rf.CALIBRATE, json.dumps(record, indent=2) + "\n")
         log.info("%s", summary_line(record))
+
+
+def _masker(r: Recipe, model, tok) -> Masker | None:
+    """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation and
+    calibration are not built yet: refused before any training."""
+    if task.of_model(model).name != "masked-lm":
+        return None
+    if r.train.objective != "lm" or r.convert.calibrate.data is not None:
+        raise RecipeError(
+            f"{type(model).__name__} is a masked LM: it fine-tunes with 'train.objective: lm' (the masked-LM "
+            "loss); distillation and calibration are built for causal LMs only so far"
+        )
+    masker = Masker.of(tok, model.get_input_embeddings().weight.shape[0], r.train.mask_rate)
+    log.info("objective: masked LM, %.0f%% of each block's tokens (80/10/10 mask/random/keep)", 100 * masker.rate)
+    return masker
 
 
 def _accelerator(r: Recipe):
@@ -325,7 +343,7 @@ def _write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> 
 
 
 # ---- training ------------------------------------------------------------------------------
-def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap) -> Path:
+def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap, masker=None) -> Path:
     t, out = r.train, Path(r.output_dir)
     model, optimizer, train_loader, val_loader, scheduler, sampler = _prepare(r, acc, model, train_set, val_set)
     if teacher is not None:
@@ -343,7 +361,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
     if teacher is not None:
         log.info("distillation teacher: %s per block of %d", view.describe(r.data.block_length), r.data.block_length)
     if progress.val_loss_before is None:
-        progress.val_loss_before = _evaluate(acc, model, val_loader, base, r)
+        progress.val_loss_before = _evaluate(acc, model, val_loader, base, r, masker)
         outputs.log_record(acc, out, {"step": 0, "val_loss": progress.val_loss_before})
 
     acc.step = progress.step * t.gradient_accumulation_steps  # micro-batches seen: where the data resumes
@@ -359,7 +377,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
         for batch in batches if progress.step < t.steps else ():
             _position_controls(base, r, progress.step, fade_offset_cap)
             with acc.accumulate(model):
-                loss, parts = _loss(acc, model, teacher, batch, r, view, clock)
+                loss, parts = _loss(acc, model, teacher, batch, r, view, clock, masker)
                 acc.backward(loss)
                 meter.add(loss, parts)
                 if acc.sync_gradients:
@@ -371,7 +389,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
             if not acc.sync_gradients:
                 continue
             progress.step += 1
-            _after_step(r, acc, out, model, val_loader, base, progress, meter, where)
+            _after_step(r, acc, out, model, val_loader, base, progress, meter, where, masker)
             if stop.agreed(acc):
                 _save_interrupted(r, acc, out, progress.step, where, meter)
             if progress.step >= t.steps:
@@ -380,7 +398,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
         optimizer.zero_grad()  # a partial accumulation at the stream's end is not stepped
         where.say_short(progress.step, meter.tokens_per_step)
     meter.close()
-    return _finish(r, acc, model, tok, val_loader, base, progress, meter, shards, where)
+    return _finish(r, acc, model, tok, val_loader, base, progress, meter, shards, where, masker)
 
 
 def _save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
@@ -446,7 +464,7 @@ def _prepare(r, acc, model, train_set, val_set):
     return (*prepared, sampler)
 
 
-def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=None):
+def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=None, masker=None):
     t, step = r.train, progress.step
     if step % t.log_every == 0 or step == t.steps:
         outputs.log_record(acc, out, meter.record(acc, step))
@@ -454,7 +472,8 @@ def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=Non
     meter.bar.update(meter.tokens_per_step)
     t0 = time.perf_counter()
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-        outputs.log_record(acc, out, {"step": step, "val_loss": _evaluate(acc, model, val_loader, base, r)})
+        val = _evaluate(acc, model, val_loader, base, r, masker)
+        outputs.log_record(acc, out, {"step": step, "val_loss": val})
     if r.checkpoint.every and step % r.checkpoint.every == 0:
         if where is not None:
             where.save()
@@ -462,11 +481,11 @@ def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=Non
     meter.skip(time.perf_counter() - t0)
 
 
-def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, where=None) -> Path:
+def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, where=None, masker=None) -> Path:
     """Validation after training, rank checksums, final/ + adapter/, summary.json."""
     out = Path(r.output_dir)
     _position_controls(base, r, None)
-    val_after = _evaluate(acc, model, val_loader, base, r)
+    val_after = _evaluate(acc, model, val_loader, base, r, masker)
     outputs.log_record(acc, out, {"step": progress.step, "val_loss": val_after})
     if r.train.rank_checksums:
         (out / rf.RANK_CHECKSUMS).mkdir(parents=True, exist_ok=True)
@@ -519,9 +538,13 @@ def _val_change(before: float | None, after: float | None) -> str:
     return f"val loss {show(before)} -> {show(after)}"
 
 
-def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None = None):
-    """(loss, {part: value}) for the recipe's objective; the teacher reads the block as ``view`` says."""
+def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None = None, masker=None):
+    """(loss, {part: value}) for the recipe's objective; the teacher reads the block as ``view`` says. A masked
+    LM (``masker``) reads its block with a draw of tokens masked (seeded by the micro-batch) and predicts those."""
     t = r.train
+    if masker is not None:
+        inputs, labels = masker(batch, seed_of(t.seed, acc.step, acc.process_index))
+        return model(input_ids=inputs, labels=labels).loss, {}
     if t.objective == "distill":
         batch = batch[:, : view.student_length(batch.shape[1])]
     labels = batch if t.objective != "distill" else None
@@ -555,16 +578,23 @@ def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = 
 
 
 @torch.no_grad()
-def _evaluate(acc, model, loader, base, r) -> float | None:
-    """Mean per-block next-token loss over the validation blocks (all processes, no duplicates)."""
+def _evaluate(acc, model, loader, base, r, masker=None) -> float | None:
+    """Mean per-block next-token loss over the validation blocks (all processes, no duplicates); a masked LM's
+    masked-token loss, each block masked alike at every evaluation."""
     if len(loader.dataset) == 0:
         return None
     _position_controls(base, r, None)
     model.eval()
     losses = []
-    for batch in loader:
-        logits = model(input_ids=batch).logits[:, :-1].float()
-        per = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none").mean(1)
+    for i, batch in enumerate(loader):
+        if masker is not None:
+            inputs, labels = masker(batch, seed_of(r.train.seed + 1, i, acc.process_index))  # (B, T) each
+            logits = model(input_ids=inputs).logits.float()
+            nll = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=masking.IGNORE)
+            per = nll.sum(1) / (labels != masking.IGNORE).sum(1).clamp(min=1)
+        else:
+            logits = model(input_ids=batch).logits[:, :-1].float()
+            per = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:], reduction="none").mean(1)
         losses.append(acc.gather_for_metrics(per))
     model.train()
     return torch.cat(losses).mean().item()

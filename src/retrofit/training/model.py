@@ -20,12 +20,12 @@ def load(model_cfg):
     comes back dequantized: trainable, mergeable, savable). A ``baseline:<preset>`` stand-in not built yet
     is pretrained first: the recipe asks for it (the log says so before it starts)."""
     from ..io import load_model
-    from ..task import require_causal_lm
+    from ..task import require_language_model
     from .standin import ensure
 
     ensure(model_cfg.name_or_path)
     model, tok = load_model(model_cfg.name_or_path, gguf_file=model_cfg.gguf_file, dtype=model_cfg.dtype)
-    require_causal_lm(model, "retrofit finetune")
+    require_language_model(model, "retrofit finetune")
     if tok is None:
         raise RecipeError(f"'model.name_or_path' = {model_cfg.name_or_path!r} has no tokenizer; fine-tuning needs one")
     return model, tok

@@ -174,7 +174,7 @@ class PositionsConfig:
 class TrainConfig:
     method: Literal["lora", "full"] = _help("lora: PEFT LoRA adapters; full: every weight.", "lora")
     objective: Literal["lm", "distill", "both"] = _help(
-        "lm: next-token loss; distill: KL to the unconverted original (read as teacher_window says); "
+        "lm: the model's own loss (next token; a masked LM's masked tokens); distill: KL to the unconverted original (read as teacher_window says); "
         "both: lm + distill_weight * distill.",
         "lm",
     )
@@ -190,6 +190,11 @@ class TrainConfig:
         "Stride of the sliding teacher, at most the native length (null = half the native length). A smaller "
         "stride gives more context past native at more teacher forwards: 1 + ceil((block - W) / stride) per block.",
         None,
+    )
+    mask_rate: float = _help(
+        "A masked LM (its task, read from the checkpoint): the fraction of each block's tokens it predicts, "
+        "of which 80% are masked, 10% replaced by a random token and 10% kept (BERT's rule).",
+        0.15,
     )
     distill_weight: float = _help("Weight of the distillation term when objective is both.", 1.0)
     temperature: float = _help("Distillation softmax temperature.", 1.0)
@@ -352,6 +357,8 @@ class Recipe:
                 raise RecipeError(
                     "'train.positions' needs 'convert.scheme' (position controls act on a converted model)"
                 )
+        if not 0 < t.mask_rate < 1:
+            raise RecipeError(f"'train.mask_rate' must be in (0, 1), got {t.mask_rate}")
         _check_position_method(t.positions, d.block_length)
         _check_teacher(t)
         if c.resume not in ("auto", "never") and not Path(c.resume).is_dir():

@@ -230,7 +230,7 @@ def pack(
     """Blocks of ``block_length`` tokens from documents (EOS after each, as ``data.tokenize_documents``),
     tokenized ``TOKENIZE_BATCH`` at a time; each with the Position just after it. ``docs`` starts at
     ``start.document``; its first ``start.offset`` tokens were consumed before."""
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = rdata.separator_id(tokenizer)
     buf: list[int] = []
     head = 0  # buf[head:] is not yet emitted
     lengths: list[int] = []  # token counts of the documents in buf, oldest first

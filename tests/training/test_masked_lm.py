@@ -1,0 +1,106 @@
+"""The masked-LM objective (issue 43): BERT's 15% rule, seeded draws, and an encoder fine-tuned through
+``retrofit finetune`` as a user types it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as tf
+import yaml
+
+from retrofit.builtin import byte_tokenizer
+from retrofit.errors import RecipeError, UnsupportedArchitectureError
+from retrofit.training.masking import IGNORE, Masker, seed_of
+
+from .test_finetune import FILES
+
+
+def masker(rate=0.15):
+    return Masker(mask_id=3, vocab_size=200, special_ids=(0, 1, 2, 3), rate=rate)
+
+
+def test_the_rule_chooses_the_rate_never_a_special_token_and_masks_80_10_10():
+    ids = torch.randint(4, 200, (64, 512), generator=torch.Generator().manual_seed(0))
+    ids[:, 0], ids[:, -1] = 1, 2  # [CLS] ... [SEP]
+    inputs, labels = masker()(ids, seed=5)
+    chosen = labels != IGNORE
+    assert abs(chosen.float().mean().item() - 0.15) < 0.005
+    assert not chosen[:, 0].any() and not chosen[:, -1].any(), "a special token was chosen"
+    assert torch.equal(labels[chosen], ids[chosen]) and torch.equal(inputs[~chosen], ids[~chosen])
+    masked = (inputs == 3) & chosen
+    kept = (inputs == ids) & chosen
+    assert abs(masked.sum() / chosen.sum() - 0.8) < 0.02
+    assert abs(kept.sum() / chosen.sum() - 0.1 - 0.1 / 200) < 0.02  # a random token may equal the original
+
+
+def test_draws_repeat_by_seed_and_differ_between_micro_batches():
+    ids = torch.randint(4, 200, (2, 64), generator=torch.Generator().manual_seed(0))
+    a, b = masker()(ids, seed_of(3, 7)), masker()(ids, seed_of(3, 7))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[1], masker()(ids, seed_of(3, 8))[1])
+    assert not torch.equal(a[1], masker()(ids, seed_of(3, 7, process=1))[1])
+
+
+def bert_folder(path, **config):
+    """A tiny BertForMaskedLM with a byte-level tokenizer that has BERT's special tokens."""
+    tok = byte_tokenizer()
+    tok.add_special_tokens({"mask_token": "[MASK]", "cls_token": "[CLS]", "sep_token": "[SEP]"})
+    cfg = tf.BertConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        **config,
+    )
+    torch.manual_seed(0)
+    tf.BertForMaskedLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def bert_recipe(tmp_path, **train) -> dict:
+    return {
+        "model": {"name_or_path": str(bert_folder(tmp_path / "bert"))},
+        "convert": {"scheme": "alibi"},
+        "data": {"files": FILES, "block_length": 128, "validation_fraction": 0.25, "max_validation_blocks": 4},
+        "train": {"method": "full", "steps": 12, "batch_size": 2, "learning_rate": 1e-3, "warmup_steps": 1, **train},
+        "output_dir": str(tmp_path / "run"),
+    }
+
+
+@pytest.mark.slow
+def test_retrofit_finetune_trains_an_encoder_on_its_masked_tokens_past_its_table(tmp_path, capsys):
+    """``retrofit finetune RECIPE`` on a BERT folder, blocks twice its 64-row table (ALiBi both ways): the
+    masked-token validation loss falls and the saved model is the masked LM, converted."""
+    import retrofit
+    from retrofit.cli import main
+
+    path = tmp_path / "bert.yaml"
+    path.write_text(yaml.safe_dump(bert_recipe(tmp_path)))
+    assert main(["finetune", str(path)]) == 0
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["val_loss_after"] < s["val_loss_before"] - 0.3, s
+    back = retrofit.load(next((tmp_path / "run").rglob("model.safetensors")).parent)
+    assert type(back) is tf.BertForMaskedLM and retrofit.describe(back)["scheme"] == "alibi"
+
+
+def test_distillation_of_a_masked_lm_is_refused_before_training(tmp_path):
+    from retrofit.training import finetune
+
+    with pytest.raises(RecipeError, match="masked LM"):
+        finetune(bert_recipe(tmp_path, objective="distill"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_classifier_is_refused_by_the_fine_tune_with_what_works(tmp_path):
+    from retrofit.training import finetune
+
+    r = bert_recipe(tmp_path)
+    cfg = tf.AutoConfig.from_pretrained(r["model"]["name_or_path"])
+    tf.BertForSequenceClassification(cfg).save_pretrained(r["model"]["name_or_path"])
+    with pytest.raises(UnsupportedArchitectureError, match="masked language models"):
+        finetune(r)
