@@ -60,14 +60,14 @@ def require_causal_lm(model, what: str) -> None:
 
 
 def require_language_model(model, what: str) -> None:
-    """``what`` (the fine-tune) trains a causal LM (next token) or a masked LM (masked tokens); a classifier or
-    an embedding model is refused with what does work for it."""
+    """``what`` (the fine-tune, the evaluation) serves a causal LM (next token) or a masked LM (masked tokens); a
+    classifier or an embedding model is refused with what does work for it."""
     from .errors import UnsupportedArchitectureError
 
     task = of_model(model)
     if task.name not in ("causal-lm", "masked-lm"):
         raise UnsupportedArchitectureError(
-            f"{what} trains causal and masked language models; {type(model).__name__} is a {task.name} model. "
+            f"{what} serves causal and masked language models; {type(model).__name__} is a {task.name} model. "
             "Convert and fine-tune its masked-LM checkpoint (the ...ForMaskedLM class), then put the head back, or "
             "convert it as it is with retrofit convert (its head kept)"
         )

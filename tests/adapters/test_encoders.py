@@ -174,9 +174,10 @@ def test_modernbert_rescales_its_global_layers_as_its_own_config_would(monkeypat
     torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
 
 
-def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_says_what_is_not_built(tmp_path, capsys):
-    """The user's path on an encoder: ``retrofit convert FOLDER --to alibi --out OUT`` keeps the masked-LM head;
-    ``retrofit eval OUT`` (causal perplexity) refuses it with what works instead of scoring it wrong."""
+def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_refuses_a_classifier(tmp_path, capsys):
+    """The user's path on an encoder: ``retrofit convert FOLDER --to alibi --out OUT`` keeps the masked-LM head
+    (its evaluation: tests/evaluation/test_eval_masked.py); ``retrofit eval`` of a classifier, which has no
+    language-model loss to score, is refused with what works instead of scoring it wrong."""
     from retrofit.cli import main
 
     src = encoder(*ENCODERS["bert-mlm"])
@@ -185,10 +186,10 @@ def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_says_what_is
     saved = next(p for p in (tmp_path / "run").rglob("config.json")).parent
     back = retrofit.load(saved)
     assert type(back) is tf.BertForMaskedLM and retrofit.describe(back)["scheme"] == "alibi"
+    encoder(*ENCODERS["bert-classifier"]).save_pretrained(tmp_path / "cls")
     capsys.readouterr()
-    code = main(["eval", str(tmp_path / "run"), "--lengths", "1x"])
-    assert code != 0
-    assert "causal language models" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "cls"), "--lengths", "1x"]) != 0
+    assert "causal and masked language models" in capsys.readouterr().err
 
 
 def test_a_classifier_from_a_masked_lm_checkpoint_reloads_as_the_classifier(tmp_path):

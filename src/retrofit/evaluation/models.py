@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +33,12 @@ class EvalModel:
 def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
     """``retrofit.load_model`` (hub id, folder, retrofit checkpoint, or a ``.gguf`` file path)."""
     from ..io import load_model
-    from ..task import require_causal_lm
+    from ..task import require_language_model
 
     if gguf_file is None and name_or_path.endswith(".gguf"):
         gguf_file = name_or_path
     model, tok = load_model(name_or_path, gguf_file=gguf_file, device=device, dtype=dtype)
-    require_causal_lm(model, "retrofit eval")
+    require_language_model(model, "retrofit eval")
     return model, tok
 
 
@@ -88,6 +89,8 @@ def resolve(
 ) -> EvalModel:
     """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel.
     ``role`` None: the evaluated model's, "converted" or "original" as the model is."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
     if isinstance(spec, str):
         if not spec.endswith(".gguf") and not gguf_file:
             from ..run_folder import model_dir

@@ -10,10 +10,11 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from .. import task
 from ..errors import LengthError, OptionError
+from . import masked, retrieval
 from . import passkey as pk
 from . import recall as rc
-from . import retrieval
 from .cost import Meter
 from .farcontext import far_context
 from .lengths import parse_item
@@ -394,6 +395,8 @@ def evaluate(
     lengths = resolve_lengths(lengths, native)
     if default_lengths and models[0].max_length:
         lengths = _within_limit(models[0], lengths)
+    if task.of_model(models[0].model).name == "masked-lm":
+        return _masked(models, docs, data_label, lengths, native, o, progress, out)
     pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
     if copy:
         o = _copy_sizes(o, native)
@@ -515,6 +518,22 @@ def evaluate(
         }
     )
     report.data["verdict"] = verdict(report.data)
+    if out is not None:
+        report.save(out)
+    return report
+
+
+def _masked(models, docs, data_label, lengths, native, o, progress, out) -> masked.MaskedReport:
+    """A masked LM's evaluation (``evaluation.masked``): masked-token NLL, perplexity and BPC at each length
+    against its own and the original's native sliding window, on one draw of masked tokens."""
+    skipped = [k for k in ("passkey", "recall") if getattr(o, k)] + (["copy"] if o.copy else [])
+    log.info("masked LM: masked-token rows and far-context gain; %s (generation) not run", ", ".join(skipped))
+    check_tokenizers(models, docs[0].text[:4000])
+    stream = build_stream(models[0].tokenizer, docs, data_label, o.budget, lengths, o.doc_separator)
+    ids = stream.ids[:-1]  # (n,) a multiple of the longest length
+    with tqdm(total=masked.windows(ids.numel(), lengths, native, models), disable=not progress, unit="window") as bar:
+        data = masked.run(models, ids, lengths, native, data_label, masked.RATE, bar)
+    report = masked.MaskedReport({**data, "environment": environment(models[0].model)})
     if out is not None:
         report.save(out)
     return report

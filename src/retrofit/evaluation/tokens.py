@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data import Document, fingerprint, load_documents
+from ..data import Document, fingerprint, load_documents, separator_id
 from ..errors import LengthError
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,10 @@ class TokenStream:
 def first_tokens(tokenizer, docs: list[Document], want: int, separator: str | None = None) -> tuple[list[int], int]:
     """The first ``want`` ids of the documents (tokenized lazily), and how many documents that took.
 
-    Documents are joined with EOS, or with the text ``separator`` when given (e.g. ``"\n\n"`` for
-    datasets whose rows are paragraphs, such as wikitext).
+    Documents are joined with EOS (SEP for a tokenizer without EOS: ``data.separator_id``), or with the text
+    ``separator`` when given (e.g. ``"\n\n"`` for datasets whose rows are paragraphs, such as wikitext).
     """
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = separator_id(tokenizer)
     ids: list[int] = []
     used = 0
     for d in docs:

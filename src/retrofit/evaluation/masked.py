@@ -1,0 +1,215 @@
+"""Masked-LM evaluation against length (issue 43): the encoder's counterpart of perplexity and far-context gain.
+
+One draw of masked tokens over the whole token stream (``train.masking``'s rule, seeded) is scored by every model
+at every length, so rows compare token by token:
+
+- **full**, length ``L``: non-overlapping windows of ``L`` tokens; each masked token reads its whole window
+  (Longformer's measure, Beltagy et al. 2020, at 4,096 against RoBERTa's 512).
+- **sliding**, window ``W`` (the native length): windows advancing by ``W / 2``; each token is scored from the
+  window where it is most central, so it reads at least ``W / 4`` tokens on either side (at the stream's ends
+  fewer). The same model restricted to its native reach, and the original read as it was trained.
+
+Far-context gain at ``L``: the model's own sliding NLL minus its full NLL on the same masked tokens, with a 95%
+t interval over the ``L``-token windows: above zero, the model *reads* past native; at zero it only *runs* there.
+Bits per character: the masked-token NLL in bits over the stream's mean characters per token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import run_folder as rf
+from ..atomic import write_text
+from ..training.masking import IGNORE, Masker
+from .perplexity import t_quantile_975
+
+SEED = 1234  # the one draw of masked tokens every model and length scores
+RATE = 0.15  # BERT's share of masked tokens
+
+
+@dataclass
+class MaskedStream:
+    inputs: torch.Tensor  # (n,) the stream with masked tokens replaced
+    labels: torch.Tensor  # (n,) the original id where masked, IGNORE elsewhere
+    chars_per_token: float
+
+
+def masked_stream(ids: torch.Tensor, tokenizer, vocab_size: int, rate: float = RATE, seed: int = SEED):
+    """The token stream ``ids`` (n,) masked once (BERT's rule); its characters per token for BPC."""
+    masker = Masker.of(tokenizer, vocab_size, rate)
+    inputs, labels = masker(ids[None], seed)  # (1, n) each
+    chars = len(tokenizer.decode(ids.tolist()))
+    return MaskedStream(inputs[0], labels[0], chars / max(1, ids.numel()))
+
+
+def _scored(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """NLL (float64) at ``y``'s masked positions, NaN elsewhere; x, y (B, T)."""
+    dev = next(model.parameters()).device
+    logits = model(input_ids=x.to(dev)).logits.float()  # (B, T, V)
+    nll = F.cross_entropy(logits.transpose(1, 2), y.to(dev), reduction="none", ignore_index=IGNORE)  # (B, T)
+    return torch.where(y.to(dev) == IGNORE, torch.nan, nll).double().cpu()
+
+
+def full_nll(model, s: MaskedStream, length: int, on_window: Callable[[int], None] | None = None) -> np.ndarray:
+    """(n,) NLL of each masked token read in its non-overlapping window of ``length`` tokens (NaN: not masked)."""
+    n = s.inputs.numel() - s.inputs.numel() % length
+    out = np.full(s.inputs.numel(), np.nan)
+    with torch.inference_mode():
+        for a in range(0, n, length):
+            out[a : a + length] = _scored(model, s.inputs[None, a : a + length], s.labels[None, a : a + length])[0]
+            if on_window:
+                on_window(1)
+    return out
+
+
+def centred_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int, int]]:
+    """Windows (start, end, a, b) over 0..n-1, advancing by ``stride``: each scores positions [a, b), the
+    middle ``stride`` of its window (the first from 0, the last to n), so together they score 0..n-1 once."""
+    if not 0 < stride <= window:
+        raise ValueError(f"stride must be in (0, window={window}], got {stride}")
+    margin, spans, start = (window - stride) // 2, [], 0
+    while True:
+        end = min(start + window, n)
+        a = 0 if start == 0 else start + margin
+        b = n if end == n else start + margin + stride
+        spans.append((start, end, a, b))
+        if end == n:
+            return spans
+        start += stride
+
+
+def sliding_nll(
+    model, s: MaskedStream, window: int, stride: int | None = None, on_window: Callable[[int], None] | None = None
+) -> np.ndarray:
+    """(n,) NLL of each masked token read from the window where it is most central (``centred_spans``)."""
+    n, out = s.inputs.numel(), np.full(s.inputs.numel(), np.nan)
+    with torch.inference_mode():
+        for start, end, a, b in centred_spans(n, window, stride or max(1, window // 2)):
+            nll = _scored(model, s.inputs[None, start:end], s.labels[None, start:end])[0]  # (end - start,)
+            out[a:b] = nll[a - start : b - start]
+            if on_window:
+                on_window(1)
+    return out
+
+
+def summary(nll: np.ndarray, chars_per_token: float) -> dict:
+    """Masked-token NLL, perplexity and bits per character over the masked tokens of ``nll``."""
+    mean = float(np.nanmean(nll))
+    return {
+        "nll": mean,
+        "ppl": math.exp(mean),
+        "bpc": mean / math.log(2) / chars_per_token,
+        "masked_tokens": int(np.sum(~np.isnan(nll))),
+    }
+
+
+def gain(sliding: np.ndarray, full: np.ndarray, length: int) -> dict:
+    """Paired far-context gain: mean (sliding - full) NLL over the masked tokens, with a 95% t interval over the
+    ``length``-token windows; ``reads`` when the interval is above zero."""
+    n = full.size - full.size % length
+    d = (sliding - full)[:n].reshape(-1, length)  # (windows, L)
+    per = np.array([np.nanmean(row) for row in d if np.any(~np.isnan(row))])
+    mean = float(np.nanmean(d))
+    out = {"gain_nats": mean, "ci_low": None, "ci_high": None, "windows": int(per.size), "reads": None}
+    if per.size >= 2:
+        half = t_quantile_975(per.size - 1) * float(per.std(ddof=1)) / math.sqrt(per.size)
+        out.update(ci_low=mean - half, ci_high=mean + half, reads=bool(mean - half > 0))
+    return out
+
+
+@dataclass
+class MaskedReport:
+    """What ``retrofit eval`` writes for a masked LM: report.json and report.md."""
+
+    data: dict
+    kind = "masked-lm"
+
+    def save(self, out: str | os.PathLike, plots: bool = True) -> Path:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / rf.REPORT, json.dumps(self.data, indent=2, default=str) + "\n")
+        write_text(out / rf.REPORT_MD, markdown(self.data) + "\n")
+        return out
+
+    def table(self) -> str:
+        return markdown(self.data, heading=False)
+
+
+def markdown(data: dict, heading: bool = True) -> str:
+    native = data["native_length"]
+    lines = [f"# Masked-LM evaluation: {data['models'][0]['name']}", ""] if heading else []
+    lines += [
+        f"{data['masked_tokens']} masked tokens ({data['mask_rate']:.0%} of {data['tokens']} tokens of "
+        f"{data['data']}, one draw for every row); native length {native}; sliding: window {native}, "
+        f"stride {native // 2}, each token read from the window where it is most central.",
+        "",
+        "| model | length | read as | masked NLL | ppl | BPC | far-context gain (nats, 95% CI) |",
+        "|---|---:|---|---:|---:|---:|---|",
+    ]
+    for r in data["rows"]:
+        g = r.get("gain")
+        shown = (
+            ""
+            if not g
+            else f"{g['gain_nats']:+.4f}"
+            + (
+                f" [{g['ci_low']:+.4f}, {g['ci_high']:+.4f}] {'reads' if g['reads'] else 'runs only'}"
+                if g["ci_low"] is not None
+                else ""
+            )
+        )
+        lines.append(
+            f"| {r['model']} | {r['length']} | {r['read_as']} | {r['nll']:.4f} | {r['ppl']:.2f} | {r['bpc']:.4f} "
+            f"| {shown} |"
+        )
+    return "\n".join(lines)
+
+
+def run(models, stream_ids: torch.Tensor, lengths: list[int], native: int, data_label: str, rate: float, bar):
+    """Every model at every length it runs (full), and its native sliding window; gains for the evaluated
+    model past native. ``models``: EvalModel list (the evaluated first)."""
+    first = models[0]
+    vocab = first.model.get_input_embeddings().weight.shape[0]
+    s = masked_stream(stream_ids, first.tokenizer, vocab, rate)
+    rows = []
+    for m in models:
+        slide = sliding_nll(m.model, s, native, on_window=bar.update)
+        rows.append({"model": m.name, "role": m.role, "length": native, "read_as": f"sliding {native}",
+                     **summary(slide, s.chars_per_token)})  # fmt: skip
+        for L in lengths:
+            if m.max_length and L > m.max_length:
+                continue  # a learned table the original cannot run past: its sliding row stands for it
+            full = full_nll(m.model, s, L, on_window=bar.update)
+            row = {"model": m.name, "role": m.role, "length": L, "read_as": f"windows of {L}"}
+            row.update(summary(full, s.chars_per_token))
+            if L > native:
+                row["gain"] = gain(slide, full, L)
+            rows.append(row)
+    return {
+        "kind": "masked-lm",
+        "models": [{"name": m.name, "role": m.role, "max_length": m.max_length} for m in models],
+        "data": data_label,
+        "tokens": int(stream_ids.numel()),
+        "masked_tokens": int((s.labels != IGNORE).sum()),
+        "mask_rate": rate,
+        "mask_seed": SEED,
+        "chars_per_token": s.chars_per_token,
+        "native_length": native,
+        "lengths": lengths,
+        "rows": rows,
+    }
+
+
+def windows(n: int, lengths: list[int], native: int, models) -> int:
+    """Forward passes ``run`` makes (for the progress bar)."""
+    per = len(centred_spans(n, native, max(1, native // 2)))
+    return sum(per + sum(n // L for L in lengths if not (m.max_length and L > m.max_length)) for m in models)
