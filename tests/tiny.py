@@ -161,6 +161,22 @@ def bloom():
     return tf.BloomForCausalLM(cfg).eval()
 
 
+def falcon(**extra):
+    """Falcon: rotary by default, ALiBi with ``alibi=True``; multi-query unless the new decoder architecture."""
+    cfg = tf.FalconConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=NATIVE,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        **extra,
+    )
+    return tf.FalconForCausalLM(cfg).eval()
+
+
 # GPT-J and CodeGen with one rotary module (transformers 5.24; 5.2 rotates inside the attention, which the gptj
 # adapter refuses by name): their tiny models exist only where the installed transformers has that layout
 GPTJ_LAYOUT = hasattr(tf.models.gptj.modeling_gptj, "GPTJRotaryEmbedding")
@@ -170,6 +186,7 @@ UNAVAILABLE = set() if GPTJ_LAYOUT else {"gptj", "codegen"}
 TINY = {
     "bert": bert,
     "bloom": bloom,
+    "falcon": falcon,
     "gpt2": gpt2,
     "gpt_bigcode": gpt_bigcode,
     "gpt_neo": gpt_neo,

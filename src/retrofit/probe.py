@@ -30,8 +30,8 @@ def own_mechanism(adapter) -> tuple[str, dict]:
     """The scheme and options that reproduce the model's native positions."""
     if adapter.native_kind == "rope":
         return "rope", {}
-    if adapter.native_kind == "alibi":  # BLOOM, MPT: Press et al.'s slopes, unscaled
-        return "alibi", {}
+    if adapter.native_kind == "alibi":  # Press et al.'s slopes; Falcon adds them before the score scaling
+        return "alibi", dict(getattr(adapter, "native_alibi", {}))
     return "extend", {"length": adapter.spec().native_length, "init": "copy"}
 
 

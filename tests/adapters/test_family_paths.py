@@ -32,6 +32,13 @@ def _gpt(config_cls, model_cls, vocab, **extra):
     return model_cls(cfg)
 
 
+def _falcon(vocab, **extra):
+    last = vocab - 1
+    cfg = tf.FalconConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, **extra)
+    cfg.max_position_embeddings, cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id = NATIVE, last, last, last
+    return tf.FalconForCausalLM(cfg)
+
+
 FAMILIES = {  # family: (model factory taking the vocab size, whether a native export exists for alibi)
     "gpt_bigcode": lambda v: _gpt(tf.GPTBigCodeConfig, tf.GPTBigCodeForCausalLM, v, multi_query=True),
     "gptj": lambda v: _gpt(tf.GPTJConfig, tf.GPTJForCausalLM, v, rotary_dim=8, n_inner=128),
@@ -48,6 +55,22 @@ FAMILIES = {  # family: (model factory taking the vocab size, whether a native e
         sliding_window=16,
     ),
     "gpt_oss": lambda v: _small(tf.GptOssConfig, tf.GptOssForCausalLM, v, head_dim=16, **MOE),
+    "falcon": lambda v: _falcon(v),
+    "falcon-alibi": lambda v: _falcon(v, alibi=True),
+    "deepseek_v3": lambda v: _small(
+        tf.DeepseekV3Config,
+        tf.DeepseekV3ForCausalLM,
+        v,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        q_lora_rank=None,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        num_key_value_heads=4,
+    ),
 }
 
 

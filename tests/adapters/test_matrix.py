@@ -25,6 +25,7 @@ from ..tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, UNAVAILA
 REPRESENTATIVES = {
     "bloom": "native ALiBi (no table), fused per-head qkv, attention without dispatch (a stand-in module)",
     "bert": "learned absolute table inside the embeddings beside token types; the direction read from each module",
+    "falcon": "rotary applied by a stand-in attention (no dispatch), fused qkv split by Falcon's own multi-query layout",
     "gpt2": "learned absolute table, Conv1D projections",
     "gpt_bigcode": "learned absolute table, Linear projections, multi-query attention (one key/value head)",
     "gpt_neo": "learned absolute, local (windowed) layers beside global ones, unscaled attention",

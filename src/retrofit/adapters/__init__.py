@@ -3,6 +3,7 @@
 from . import (  # noqa: F401  (registration)
     bert,
     bloom,
+    falcon,
     gpt2,
     gpt_bigcode,
     gpt_neo,

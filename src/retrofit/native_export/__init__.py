@@ -12,7 +12,7 @@ registered in ``MAPPINGS`` (``base.mapping``):
     gpt2  + rope                     -> GPT-NeoX (use_parallel_residual=False, rotary_pct, tied embeddings)
     gpt2 | gpt_neo | opt + nope       -> the same architecture, position table all zeros and enlarged
     gpt2 | gpt_neo | opt + sinusoidal -> the same architecture, position table = the fixed sinusoids
-    llama | gpt_neox + rope (any scaling) -> the same architecture with ``rope_parameters`` set
+    llama | gpt_neox | falcon + rope (any scaling) -> the same architecture with ``rope_parameters`` set
 
 After writing, the folder is loaded back with plain transformers and its logits are compared with
 the patched model's on random token ids past the native length; the result (and versions) go to

@@ -93,6 +93,9 @@ def _same_arch_rope(model, info, opts) -> Built:
             notes.append(f"rope_parameters[{main!r}] rescaled; the other layer types keep their own, as patched")
     cfg.rope_parameters = {**all_params, main: rope} if main else rope
     cfg.max_position_embeddings = max_pos
+    if getattr(cfg, "alibi", False):  # a Falcon whose ALiBi became RoPE: the same architecture, rotary
+        cfg.alibi = False
+        notes.append("Falcon's ALiBi replaced by its rotary (alibi: false), as patched")
     if cfg.model_type == "gpt_neox":
         _keep_rotary_pct(cfg)
     dst = type(model)(cfg).to(dtype=model.dtype).eval()
@@ -110,5 +113,5 @@ def _same_arch_rope(model, info, opts) -> Built:
     return Built(cut.finish(model), exact=True, notes=notes, strict=strict)
 
 
-for _family in ("llama", "gpt_neox"):
+for _family in ("llama", "gpt_neox", "falcon"):
     mapping(_family, "rope", "same architecture (rope_parameters)")(_same_arch_rope)

@@ -1,0 +1,117 @@
+"""Falcon: rotary (``model.rotary_emb``) or, with ``config.alibi``, ALiBi built from the padding mask and added
+before the 1/sqrt(d) score scaling; ``FalconAttention`` computes attention inline, with no attention-function
+dispatch. Each ``self_attention`` is swapped for ``RetrofitFalconAttention``: the same fused
+``query_key_value`` (split by the original's own ``_split_heads``: multi-query, grouped as in Falcon-40B's new
+decoder architecture, or one key/value per head), ``dense``, and q, k, v sent through the configured attention
+function. The rotary variant's rotation is the neutralised rotary module's (an identity, or the original faded
+in); the ALiBi variant's own tensor is not read. Revert puts the original modules back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..errors import RetrofitError, UnsupportedArchitectureError
+from .base import Adapter, AttentionSite, register_adapter
+from .llama import native_rope
+from .standins import NeutralisedRotary
+
+
+class RetrofitFalconAttention(nn.Module):
+    """Stands in for ``FalconAttention``: its projections, attention through
+    ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (the registered ``"retrofit"``)."""
+
+    def __init__(self, original: nn.Module, config, state):
+        super().__init__()
+        self.config = config
+        object.__setattr__(self, "original", original)
+        object.__setattr__(self, "state", state)
+        self.query_key_value, self.dense, self.attention_dropout = (
+            original.query_key_value,
+            original.dense,
+            original.attention_dropout,
+        )
+        self.num_heads, self.head_dim, self.layer_idx = original.num_heads, original.head_dim, original.layer_idx
+        # the new decoder architecture broadcasts each key/value group to its query heads (as Falcon's own code)
+        self.num_kv_heads = original.num_heads if original.new_decoder_architecture else original.num_kv_heads
+        self.scaling = original.inv_norm_factor
+        self.alibi = bool(config.alibi)
+        self.is_causal = True
+        self.calls = 0
+
+    def forward(self, hidden_states, alibi=None, attention_mask=None, position_ids=None, layer_past=None,
+                use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):  # fmt: skip
+        from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+        self.calls += 1
+        if self.alibi and self.state.native_fade > 0:
+            raise RetrofitError("native_fade: Falcon's ALiBi is not faded in (convert to alibi to keep it instead)")
+        B, T, _ = hidden_states.shape
+        q, k, v = self.original._split_heads(self.query_key_value(hidden_states))  # (B, T, H*, D) each
+        q = q.transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)  # (B, H, T, D)
+        k = k.transpose(1, 2).reshape(B, self.num_kv_heads, T, self.head_dim)  # (B, Hkv, T, D)
+        v = v.transpose(1, 2).reshape(B, self.num_kv_heads, T, self.head_dim)
+        if not self.alibi and position_embeddings is not None:  # the neutralised rotary: identity, or faded in
+            q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        if layer_past is not None:
+            k, v = layer_past.update(k, v, self.layer_idx)
+        attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        out, weights = attend(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            scaling=self.scaling,
+            dropout=self.attention_dropout.p if self.training else 0.0,
+        )  # (B, T, H, D)
+        return self.dense(out.reshape(B, T, self.num_heads * self.head_dim)), weights
+
+
+@register_adapter("falcon")
+class FalconAdapter(Adapter):
+    name = "falcon"
+    model_types = ("falcon",)
+    native_kind = "rope"  # per model: "alibi" with config.alibi (set in __init__)
+    native_alibi = {"scale_bias": True}  # Falcon adds ALiBi before the 1/sqrt(d) scaling (the probe's own options)
+    attention_class_names = ("FalconAttention", "FalconFlashAttention2")
+    lora_targets = ("query_key_value", "dense")
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.native_kind = "alibi" if getattr(self.config, "alibi", False) else "rope"
+
+    def check(self):
+        for i, block in enumerate(self.base().h):
+            name = type(block.self_attention).__name__
+            if name not in self.attention_class_names + ("RetrofitFalconAttention",):
+                raise UnsupportedArchitectureError(f"falcon: layer {i} attention is {name}")
+
+    def sites(self):
+        return [AttentionSite(i, block.self_attention) for i, block in enumerate(self.base().h)]
+
+    def spec(self):
+        """Keys and values as Falcon's attention shapes them: one per query head in the new decoder architecture
+        (its groups broadcast), one for all heads with multi-query, else num_kv_heads."""
+        c, spec = self.config, super().spec()
+        kv = spec.num_heads if c.new_decoder_architecture else 1 if c.multi_query else c.num_kv_heads
+        return dataclasses.replace(spec, num_kv_heads=kv)
+
+    def native_max_length(self) -> int | None:
+        return None  # rotary or ALiBi: the original runs at any length
+
+    def native_rope(self):
+        return None if self.native_kind == "alibi" else native_rope(self.config, self.base().rotary_emb)
+
+    def neutralise(self, state):
+        base = self.base()
+        swaps = []
+        if self.native_kind == "rope":
+            swaps.append(self.swap(base, "rotary_emb", NeutralisedRotary(base.rotary_emb, state)))
+        for block in base.h:
+            sw = self.swap(block, "self_attention", RetrofitFalconAttention(block.self_attention, self.config, state))
+            sw.freeze = False  # the stand-in trains the original's projections
+            swaps.append(sw)
+        return swaps
