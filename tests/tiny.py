@@ -177,6 +177,15 @@ def falcon(**extra):
     return tf.FalconForCausalLM(cfg).eval()
 
 
+def mpt(**extra):
+    """MPT: native ALiBi built for max_seq_len keys (the original cannot run past it)."""
+    cfg = tf.MptConfig(
+        **{"vocab_size": VOCAB, "d_model": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": NATIVE, **extra}
+    )
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 1, 2, 0
+    return tf.MptForCausalLM(cfg).eval()
+
+
 # GPT-J and CodeGen with one rotary module (transformers 5.24; 5.2 rotates inside the attention, which the gptj
 # adapter refuses by name): their tiny models exist only where the installed transformers has that layout
 GPTJ_LAYOUT = hasattr(tf.models.gptj.modeling_gptj, "GPTJRotaryEmbedding")
@@ -193,6 +202,7 @@ TINY = {
     "opt": opt,
     "gpt_neox": gpt_neox,
     "llama": _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM),
+    "mpt": mpt,
     "mistral": _llama_like(tf.MistralConfig, tf.MistralForCausalLM, sliding_window=8),
     "qwen2": _llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM),
     "qwen3": _llama_like(tf.Qwen3Config, tf.Qwen3ForCausalLM, head_dim=16),

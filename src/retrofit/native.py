@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-LENGTH_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length", "max_seq_len")
 
 
 def native_length(config: Any) -> int | None:

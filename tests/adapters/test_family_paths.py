@@ -56,6 +56,9 @@ FAMILIES = {  # family: (model factory taking the vocab size, whether a native e
     ),
     "gpt_oss": lambda v: _small(tf.GptOssConfig, tf.GptOssForCausalLM, v, head_dim=16, **MOE),
     "falcon": lambda v: _falcon(v),
+    "mpt": lambda v: tf.MptForCausalLM(
+        tf.MptConfig(vocab_size=v, d_model=64, n_layers=2, n_heads=4, max_seq_len=NATIVE, pad_token_id=v - 1)
+    ),
     "falcon-alibi": lambda v: _falcon(v, alibi=True),
     "deepseek_v3": lambda v: _small(
         tf.DeepseekV3Config,

@@ -37,6 +37,7 @@ REPRESENTATIVES = {
 }
 # every other registered type: what it shares with a representative (the quick check runs it)
 QUIRKS = {
+    "mpt": "bloom + ALiBi built for max_seq_len keys, a mask tensor its model needs, clipped qkv",
     "codegen": "gptj + one fused qkv projection in four model-parallel groups",
     "qwen2": "llama + qkv biases",
     "qwen3": "llama + q/k norms, explicit head_dim",
@@ -98,7 +99,7 @@ NATIVE_ALIBI = {
     "shaw": {"init": "zero"},
     "fire": {"init": "random"},
 }
-FAMILY_OPTIONS = {"bloom": NATIVE_ALIBI}
+FAMILY_OPTIONS = {"bloom": NATIVE_ALIBI, "mpt": NATIVE_ALIBI}
 
 
 def convert_case(model, case):

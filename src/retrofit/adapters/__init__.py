@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration)
     gpt_neox,
     gptj,
     llama,
+    mpt,
     opt,
 )
 from .base import ADAPTERS, Adapter, PositionTable, adapter_class, adapter_for, register_adapter

@@ -70,6 +70,8 @@ class Adapter(abc.ABC):
     handles: ClassVar[tuple[str, ...]] = ()  # the ``quirks.QUIRKS`` this adapter converts exactly
     fan_in_fan_out: ClassVar[bool] = False  # linear layers store weights transposed (HF Conv1D)
     position_table: ClassVar[PositionTable | None] = None  # learned-absolute families: their table
+    native_alibi: ClassVar[dict] = {}  # native-ALiBi families: the alibi options that reproduce it (the probe's)
+    mask_tensor: ClassVar[bool] = False  # the modelling code calls tensor methods on the mask: never give it None
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -1,0 +1,88 @@
+"""MPT: ALiBi as its native mechanism, built by ``MptModel`` for ``max_seq_len`` keys (so the original cannot run
+past it) and added inside ``MptAttention``, which has no attention-function dispatch. Each ``attn`` is swapped for
+``RetrofitMptAttention``: the same fused ``Wqkv`` (clipped as ``clip_qkv`` says), ``out_proj`` and softmax scale,
+with q, k, v sent through the configured attention function; MPT's own ALiBi tensor is not read. A source whose
+ALiBi becomes another scheme, or ALiBi again with the options of the study; revert puts the originals back.
+
+Its slopes are 2^(-alibi_bias_max * i / n) over the next power of two of the heads, interleaved as the paper's
+rule: with MPT's ``alibi_bias_max`` of 8 exactly Press et al.'s (any head count); another value is refused."""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..errors import RetrofitError, UnsupportedArchitectureError
+from .base import Adapter, AttentionSite, register_adapter
+
+
+class RetrofitMptAttention(nn.Module):
+    """Stands in for ``MptAttention``: its projections, attention through
+    ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (the registered ``"retrofit"``)."""
+
+    def __init__(self, original: nn.Module, config, state):
+        super().__init__()
+        self.config = config
+        object.__setattr__(self, "original", original)
+        object.__setattr__(self, "state", state)
+        self.Wqkv, self.out_proj = original.Wqkv, original.out_proj
+        self.num_heads, self.head_dim, self.layer_idx = original.n_heads, original.head_dim, original.layer_idx
+        self.scaling, self.clip_qkv, self.dropout = original.softmax_scale, original.clip_qkv, original.attn_dropout_p
+        self.is_causal = True
+        self.calls = 0
+
+    def forward(self, hidden_states, position_bias=None, cache=None, attention_mask=None, **kwargs):
+        self.calls += 1
+        if self.state.native_fade > 0:
+            raise RetrofitError("native_fade: MPT's ALiBi is not faded in (convert to alibi to keep it instead)")
+        B, T, _ = hidden_states.shape
+        qkv = self.Wqkv(hidden_states)  # (B, T, 3E)
+        if self.clip_qkv:
+            qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+        q, k, v = (x.reshape(B, T, self.num_heads, self.head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=2))
+        if cache is not None:  # (B, H, T, D) each
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+        if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
+            attention_mask = None  # the all-real mask MPT needs a tensor for (``Adapter.mask_tensor``)
+        attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        out, weights = attend(
+            self, q, k, v, attention_mask, scaling=self.scaling, dropout=self.dropout if self.training else 0.0
+        )  # (B, T, H, D)
+        return self.out_proj(out.reshape(B, T, self.num_heads * self.head_dim)), weights
+
+
+@register_adapter("mpt")
+class MptAdapter(Adapter):
+    name = "mpt"
+    model_types = ("mpt",)
+    native_kind = "alibi"
+    attention_class_names = ("MptAttention",)
+    lora_targets = ("Wqkv", "out_proj")
+    mask_tensor = True  # MptModel calls .to(torch.bool) on the mask: an all-real one instead of None
+
+    def check(self):
+        a = self.config.attn_config
+        if not getattr(a, "alibi", True):
+            raise UnsupportedArchitectureError(
+                "mpt without ALiBi (attn_config.alibi: false) has no positions to convert"
+            )
+        if float(getattr(a, "alibi_bias_max", 8)) != 8.0:
+            raise UnsupportedArchitectureError(
+                f"mpt: attn_config.alibi_bias_max={a.alibi_bias_max} gives slopes other than ALiBi's standard ones "
+                "(alibi_bias_max 8): refused rather than converted silently wrong"
+            )
+        for i, block in enumerate(self.base().blocks):
+            name = type(block.attn).__name__
+            if name not in self.attention_class_names + ("RetrofitMptAttention",):
+                raise UnsupportedArchitectureError(f"mpt: layer {i} attention is {name}")
+
+    def sites(self):
+        return [AttentionSite(i, block.attn) for i, block in enumerate(self.base().blocks)]
+
+    def neutralise(self, state):
+        swaps = []
+        for block in self.base().blocks:
+            sw = self.swap(block, "attn", RetrofitMptAttention(block.attn, self.config, state))
+            sw.freeze = False  # the stand-in trains the original's projections
+            swaps.append(sw)
+        return swaps

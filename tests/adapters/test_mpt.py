@@ -1,0 +1,46 @@
+"""MPT (issue 42): a native-ALiBi source through a stand-in attention. Its own mechanism reproduces its logits
+with left padding, any head count (MPT's slope rule is the paper's); it runs past max_seq_len once converted;
+a slope scale other than ALiBi's is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import retrofit
+from retrofit.errors import UnsupportedArchitectureError
+
+from ..tiny import NATIVE, ids, mpt
+
+
+@pytest.mark.parametrize("heads,width", [(4, 64), (6, 48)])
+def test_its_own_alibi_gives_back_its_logits_with_left_padding(heads, width):
+    model = mpt(n_heads=heads, d_model=width)
+    x, mask = ids(2, NATIVE - 2), torch.ones(2, NATIVE - 2, dtype=torch.long)
+    x[1, :5], mask[1, :5] = 0, 0
+    with torch.no_grad():
+        before = model(x, attention_mask=mask).logits
+        retrofit.convert(model, "alibi")
+        after, solo = model(x, attention_mask=mask).logits, model(x[1:, 5:]).logits
+        assert model(ids(1, 3 * NATIVE)).logits.shape[1] == 3 * NATIVE  # past the original's alibi tensor
+    torch.testing.assert_close(after[0], before[0], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(after[1, 5:], before[1, 5:], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(solo[0], after[1, 5:], atol=2e-5, rtol=1e-4)
+    retrofit.revert(model)
+    with torch.no_grad():
+        assert torch.equal(model(x, attention_mask=mask).logits, before)
+
+
+def test_clipped_qkv_is_kept():
+    model = mpt(attn_config={"clip_qkv": 0.05})
+    x = ids(1, NATIVE)
+    with torch.no_grad():
+        before = model(x).logits
+        retrofit.convert(model, "alibi")
+        torch.testing.assert_close(model(x).logits, before, atol=2e-5, rtol=1e-4)
+
+
+def test_other_slopes_are_refused_by_name():
+    model = mpt(attn_config={"alibi_bias_max": 16})
+    with pytest.raises(UnsupportedArchitectureError, match="alibi_bias_max"):
+        retrofit.convert(model, "rope")
