@@ -1,9 +1,10 @@
 """Write docs/support.md: every causal-LM model type of the installed transformers, tried as retrofit would
 treat it. Each type is built as a tiny random model from its own config class (widths shrunk, layer
-pattern kept), converted to ALiBi (the lossless probe runs first for a type claimed by its structure), and
-listed as converted, refused (with the reason the error gives) or not built tiny here.
+pattern kept), converted to ALiBi (the lossless probe runs first for a type claimed by its structure), given
+the quick check (``quick_check``), and listed as converts, refused (with the reason the error gives), failed
+(the check that failed) or not built tiny here.
 
-    python research/support_table.py            # rewrites docs/support.md (about two minutes on 2 cores)
+    python research/support_table.py            # rewrites docs/support.md (a few minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def tiny(model_type: str):
     for drop in ((), ("num_hidden_layers",)):
         fixed = {k for k in SMALL if isinstance(p := getattr(type(default), k, None), property) and p.fset is None}
         small = {k: v for k, v in SMALL.items() if hasattr(default, k) and k not in drop and k not in fixed}
+        small["is_decoder"] = True  # a causal LM (BERT-style classes are bidirectional without it)
         if hasattr(default, "qk_rope_head_dim"):  # MLA: its head dims are the split parts', not head_dim, and
             small.pop("head_dim", None)  # its keys are expanded to every head (as its released configs state)
             small["num_key_value_heads"] = small["num_attention_heads"]
@@ -83,6 +85,45 @@ def tiny(model_type: str):
     raise error
 
 
+def quick_check(model, native: int) -> None:
+    """The issue's quick check on a tiny model, ALiBi on the default kernel: the patch is live (logits within the
+    native length change; a native-ALiBi family is given RoPE for this one check), it runs at 4x native, generates
+    with its cache as without, a left-padded batch equals each prompt alone, save -> reload gives the same logits,
+    and revert gives the original's back. Raises AssertionError naming the check that failed."""
+    import tempfile
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(3, 100, (2, 4 * native), generator=g)
+    short = x[:1, : native // 2]
+    with torch.no_grad():
+        before = model(short).logits
+        own_alibi = retrofit.describe(model)["native"]["kind"] == "alibi"
+        retrofit.convert(model, "rope" if own_alibi else "alibi")
+        assert not torch.allclose(model(short).logits, before, atol=1e-4), "live: the logits did not change"
+        if own_alibi:
+            retrofit.revert(model)
+            retrofit.convert(model, "alibi", scale_bias=True)  # (ALiBi again: scaled, so that it differs)
+        assert torch.isfinite(model(x).logits).all(), "4x native: non-finite logits"
+        kw = dict(max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        a, b = model.generate(short, use_cache=True, **kw), model.generate(short, use_cache=False, **kw)
+        assert torch.equal(a.sequences, b.sequences), "generate: with the cache differs from without"
+        assert torch.allclose(torch.stack(a.logits), torch.stack(b.logits), atol=1e-4), "generate: cache logits"
+        ids, mask = x[:, :native].clone(), torch.ones(2, native, dtype=torch.long)
+        ids[1, :5], mask[1, :5] = 0, 0
+        batch, solo = model(ids, attention_mask=mask).logits, model(ids[1:, 5:]).logits
+        assert torch.allclose(batch[1, 5:], solo[0], atol=1e-4), "left padding: the padded row differs from alone"
+        out = model(x).logits
+        with tempfile.TemporaryDirectory() as d:
+            retrofit.save(model, d)
+            try:
+                back = retrofit.load(d)(x).logits
+            except Exception as e:
+                raise AssertionError(f"save -> reload: {type(e).__name__}: {str(e).splitlines()[0][:100]}") from e
+            assert torch.allclose(back, out, atol=1e-5), "save -> reload changed the logits"
+        retrofit.revert(model)
+        assert torch.equal(model(short).logits, before), "revert: not the original's logits"
+
+
 def row(model_type: str) -> tuple[str, str]:
     torch.manual_seed(0)  # the same tiny weights every run: the table's figures repeat
     try:
@@ -90,11 +131,14 @@ def row(model_type: str) -> tuple[str, str]:
     except Exception as e:
         return "not built", f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
     try:
+        arch = None
         with torch.no_grad():
-            retrofit.convert(model, "alibi")
-            model(torch.randint(3, 100, (1, 80)))
+            retrofit.convert(model, "alibi")  # the probe first, for a type claimed by its structure
+            arch = retrofit.describe(model)["architecture"]
+            retrofit.revert(model)
+        quick_check(model, min(64, retrofit.describe(model)["native"]["length"] or 64))
     except RetrofitError as e:
-        return "refused", str(e).split("; supported:")[0][:240]
+        return ("refused" if arch is None else "failed"), str(e).split("; supported:")[0][:240]
     except Exception as e:
         return "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
     by = (
@@ -102,7 +146,7 @@ def row(model_type: str) -> tuple[str, str]:
         if model_type in {t for _n, c in ADAPTERS.items() for t in c.model_types}
         else "by structure, probe passed"
     )
-    return "converts", f"{retrofit.describe(model)['architecture']} adapter, {by}"
+    return "converts", f"{arch} adapter, {by}, quick check passed"
 
 
 def main() -> None:
@@ -120,8 +164,10 @@ def main() -> None:
         f"Generated by `python research/support_table.py` with transformers {tf.__version__}: every causal-LM model "
         "type, built as a tiny random model from its own config class and converted to ALiBi. A type the suite "
         "does not test by name is claimed by its structure and converted only after the lossless probe "
-        "(converted to its own rotary, its logits came back within float noise); a difference that matters is "
-        "refused by name.",
+        "(converted to its own mechanism, its logits came back within float noise); a difference that matters is "
+        "refused by name. A type counts as converting only when it also passes the quick check: the patch is live, "
+        "it runs at 4x native, generates with its cache as without, a left-padded batch equals each prompt alone, "
+        "save -> reload gives the same logits and revert gives the original's back.",
         "",
         f"**{count['converts']} of {len(rows)} types convert**; {count['refused']} are refused with the reason; "
         f"{count['not built']} could not be built tiny here (untried, not claimed); {count['failed']} failed.",

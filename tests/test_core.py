@@ -499,3 +499,13 @@ def test_native_fade_under_left_padding_reads_the_original_positions(model_type)
     with torch.no_grad():
         faded = model(padded, attention_mask=mask).logits[:, 5:]
     torch.testing.assert_close(faded, original, atol=1e-5, rtol=1e-5)
+
+
+def test_a_config_with_an_infinite_float_saves_and_loads(tmp_path):
+    """transformers writes inf as {"__float__": "Infinity"} (falcon_h1's time_step_limit): retrofit.load reads
+    the base config as transformers does."""
+    model = TINY["llama"]()
+    model.config.time_step_limit = (0.0, float("inf"))
+    retrofit.convert(model, "alibi")
+    retrofit.save(model, tmp_path / "m")
+    assert retrofit.load(tmp_path / "m").config.time_step_limit[1] == float("inf")

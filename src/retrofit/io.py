@@ -58,10 +58,11 @@ def tokenizer_reach(path: Path, length: int) -> None:
 def base_config(path: Path):
     """The transformers config to build a retrofit checkpoint's base model with: config.json with
     the original model type, architectures and length restored (``retrofit.base_config``)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    d = json.loads((path / "config.json").read_text())
+    # transformers' own reading: it writes inf and NaN as {"__float__": "Infinity"} (falcon_h1's time_step_limit)
+    d = PretrainedConfig._dict_from_json_file(path / "config.json")
     if "retrofit" not in d:
         return AutoConfig.from_pretrained(path)  # not a retrofit checkpoint: load() says so
     d = marked(d)  # one reading for every checkpoint, older unmarked ones included

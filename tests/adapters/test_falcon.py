@@ -77,3 +77,23 @@ def test_rescaled_rope_exports_to_falcon_itself_exactly(variant, tmp_path):
     x = ids(1, 3 * NATIVE)
     with torch.no_grad():
         torch.testing.assert_close(back(x).logits, model(x).logits, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["rotary, multi-query", "rotary, new decoder architecture"])
+def test_a_rotary_falcon_given_alibi_exports_to_falcon_with_alibi_exactly(variant, tmp_path):
+    model = falcon(**VARIANTS[variant])
+    retrofit.convert(model, "alibi", scale_bias=True)
+    assert retrofit.export(model, tmp_path / "x", native=True).exact
+    back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "x")
+    assert back.config.alibi
+    x = ids(1, 3 * NATIVE)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, atol=2e-5, rtol=1e-4)
+
+
+def test_alibi_after_the_scaling_is_not_falcon_and_the_export_says_so(tmp_path):
+    model = falcon()
+    retrofit.convert(model, "alibi")
+    with pytest.raises(retrofit.errors.RetrofitError, match="scale_bias=true"):
+        retrofit.export(model, tmp_path / "x", native=True)
+    assert not (tmp_path / "x").exists()

@@ -44,3 +44,21 @@ def test_other_slopes_are_refused_by_name():
     model = mpt(attn_config={"alibi_bias_max": 16})
     with pytest.raises(UnsupportedArchitectureError, match="alibi_bias_max"):
         retrofit.convert(model, "rope")
+
+
+@pytest.mark.parametrize("family", ["mpt", "bloom"])
+def test_a_native_alibi_source_kept_on_alibi_exports_to_itself_past_native(family, tmp_path):
+    """After a fine-tune that kept ALiBi (the scheme's parameters trained or not), the same architecture holds it:
+    MPT with max_seq_len raised to the export's length, BLOOM as it is; exact past native."""
+    import transformers as tf
+
+    from ..tiny import TINY
+
+    model = TINY[family]()
+    retrofit.convert(model, "alibi")
+    assert retrofit.export(model, tmp_path / "x", native=True, max_length=8 * NATIVE).exact
+    back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "x")
+    assert type(back) is type(model)
+    x = ids(1, 4 * NATIVE)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, model(x).logits, atol=2e-5, rtol=1e-4)

@@ -55,6 +55,12 @@ MLA = dict(  # deepseek_v3's multi-head latent attention: the rotary part split 
     num_key_value_heads=4,
 )
 CLAIMED["deepseek_v3"] = (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM, MLA)
+CLAIMED["granite_swa"] = (  # one rotary module per rope theta; theta 0: a layer without positions
+    tf.GraniteSWAConfig,
+    tf.GraniteSWAForCausalLM,
+    dict(layer_types=["full_attention", "sliding_attention"], layer_rope_theta=[0.0, 10000.0], sliding_window=24),
+)
+CLAIMED["deepseek_v2"] = (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM, MLA)  # complex rotary pairs, interleaved
 CLAIMED["nanochat"] = (tf.NanoChatConfig, tf.NanoChatForCausalLM, {})  # rotate_half as (x2, -x1): pairs turn back
 REFUSED = {  # model type: (factory arguments, the quirk the error names)
     "deepseek_v32": (
@@ -64,6 +70,17 @@ REFUSED = {  # model type: (factory arguments, the quirk the error names)
             dict(MLA, q_lora_rank=32, index_n_heads=2, index_head_dim=16, index_topk=8),
         ),
         "sparse-attention indexer",
+    ),
+}
+
+REFUSED_CONFIGS = {  # a config of a type that converts otherwise: (factory arguments, what the error names)
+    "granite_swa, two rope thetas": (
+        (
+            tf.GraniteSWAConfig,
+            tf.GraniteSWAForCausalLM,
+            dict(layer_types=["full_attention", "full_attention"], layer_rope_theta=[10000.0, 500000.0]),
+        ),
+        "rope thetas that differ by layer",
     ),
 }
 
@@ -96,9 +113,9 @@ def test_a_model_of_the_llama_layout_is_claimed_probed_and_converted(model_type,
         assert torch.equal(retrofit.load(tmp_path / "m")(x).logits, out)
 
 
-@pytest.mark.parametrize("model_type", sorted(REFUSED))
+@pytest.mark.parametrize("model_type", sorted(REFUSED) + sorted(REFUSED_CONFIGS))
 def test_a_difference_that_matters_is_refused_by_name(model_type):
-    args, says = REFUSED[model_type]
+    args, says = {**REFUSED, **REFUSED_CONFIGS}[model_type]
     model = tiny(*args)
     with torch.no_grad():
         before = model(ids(1, 16)).logits
@@ -125,7 +142,7 @@ def test_lora_targets_come_from_the_attention_itself():
     assert set(claimant(tiny(*CLAIMED["mixtral"])).targets()) == {"q_proj", "k_proj", "v_proj", "o_proj"}
 
 
-@pytest.mark.parametrize("model_type", ["cohere", "llama", "deepseek_v3", "nanochat"])
+@pytest.mark.parametrize("model_type", ["cohere", "llama", "deepseek_v3", "deepseek_v2", "nanochat"])
 def test_rescaled_rope_equals_transformers_own_on_interleaved_and_half_split_rotary(model_type):
     """YaRN x2 on a plain model equals the same weights with transformers' own YaRN, left-padded batch past
     native included: the interleaved pairs (cohere) are rotated as its own code rotates them, MLA's split-off
@@ -134,6 +151,7 @@ def test_rescaled_rope_equals_transformers_own_on_interleaved_and_half_split_rot
         "cohere": (tf.CohereConfig, tf.CohereForCausalLM, {}),
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
         "deepseek_v3": CLAIMED["deepseek_v3"],
+        "deepseek_v2": CLAIMED["deepseek_v2"],
         "nanochat": CLAIMED["nanochat"],
     }[model_type]
     yarn = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0, "original_max_position_embeddings": NATIVE}

@@ -186,8 +186,25 @@ class LlamaAdapter(Adapter):
             return None
         return window
 
+    def _positions(self) -> list | None:
+        """Per layer, whether it has positions: smollm3's ``no_rope_layers`` (1: rotary, 0: none), or granite_swa's
+        ``layer_rope_theta`` (0: none); None when every layer has them."""
+        c = self.config
+        if getattr(c, "no_rope_layers", None) is not None:
+            return [bool(x) for x in c.no_rope_layers]
+        thetas = getattr(c, "layer_rope_theta", None)
+        return [bool(t) for t in thetas] if thetas is not None else None
+
+    def _rotaries(self) -> list[str]:
+        """Where the rotary modules the layers read live: ``rotary_emb``, or one per distinct rope theta
+        (granite_swa's ``rotary_embs``; its ``rotary_emb`` stays unused)."""
+        embs = getattr(self.base(), "rotary_embs", None)
+        if isinstance(embs, nn.ModuleList) and len(embs):
+            return [f"rotary_embs.{i}" for i in range(len(embs))]
+        return ["rotary_emb"]
+
     def sites(self):
-        rope = getattr(self.config, "no_rope_layers", None)  # 1: rotary, 0: no positions
+        rope = self._positions()
         attns = [(i, attention_of(layer)) for i, layer in enumerate(self.base().layers)]
         return [
             AttentionSite(i, attn, self._window(i, attn), positions=bool(rope[i]) if rope is not None else True)
@@ -205,11 +222,28 @@ class LlamaAdapter(Adapter):
 
     def native_rope(self):
         has = quirks.detect(self.model)
-        # GPT-J-style pairs (2i, 2i + 1); MLA's rope_interleave reads such pairs but writes them as halves, so
-        # its split-off part is half-split by the time it reaches attention (the probe shows it)
-        interleaved = "interleaved_rotary" in has and "split_rotary" not in has
-        return native_rope(self.config, self.base().rotary_emb, interleaved, "reversed_rotary" in has)
+        # GPT-J-style pairs (2i, 2i + 1) (DeepSeek-V2's complex pairs too); DeepSeek-V3's rope_interleave reads
+        # such pairs but writes them as halves (not this quirk), so its split-off part reaches attention half-split
+        interleaved = "interleaved_rotary" in has
+        names = self._rotaries()
+        if len(names) > 1:  # one rotary module per rope theta
+            raise UnsupportedArchitectureError(
+                f"{self.config.model_type}: rope thetas that differ by layer ({len(names)} rotary modules) are not "
+                "converted yet; refused rather than converted silently wrong"
+            )
+        rotary = self.base().get_submodule(names[0])
+        return native_rope(getattr(rotary, "config", self.config), rotary, interleaved, "reversed_rotary" in has)
 
     def neutralise(self, state):
-        base = self.base()
-        return [self.swap(base, "rotary_emb", NeutralisedRotary(base.rotary_emb, state))]
+        swaps = []
+        for name in self._rotaries():
+            parent, _, attr = name.rpartition(".")
+            holder = self.base().get_submodule(parent) if parent else self.base()
+            swaps.append(
+                self.swap(
+                    holder,
+                    attr,
+                    NeutralisedRotary(getattr(holder, attr) if not attr.isdigit() else holder[int(attr)], state),
+                )
+            )
+        return swaps

@@ -32,6 +32,10 @@ def _no_rope_layers(model):
     if layers is not None:
         off = sum(1 for x in layers if not x)
         return off and f"config.no_rope_layers has {off} layers without positions"
+    thetas = _cfg(model, "layer_rope_theta")  # granite_swa: theta 0 = no positions
+    if thetas is not None:
+        off = sum(1 for t in thetas if not t)
+        return off and f"config.layer_rope_theta has {off} layers at theta 0 (no positions)"
     interval = _cfg(model, "no_rope_layer_interval")  # llama4
     return f"config.no_rope_layer_interval={interval}" if interval else None
 
@@ -58,7 +62,7 @@ def _sinks(model):
 
 def _interleaved_rotary(model):
     """GPT-J-style rotary pairs dims (0, 1), (2, 3), ... instead of (i, i + d/2): the modelling module's
-    ``rotate_half`` reads every second dim (``x[..., ::2]``)."""
+    ``rotate_half`` reads every second dim (``x[..., ::2]``), or rotates complex pairs (``_pairs_interleaved``)."""
     for m in _attention_modules(model)[:1]:
         if _pairs_interleaved(type(m).__module__):
             return f"{type(m).__module__}.rotate_half pairs interleaved dims"
@@ -84,9 +88,15 @@ def _turns_back(module_name: str) -> bool:
 
 @functools.cache
 def _pairs_interleaved(module_name: str) -> bool:
-    fn = getattr(sys.modules.get(module_name), "rotate_half", None)
+    """``rotate_half`` reads every second dim, or the rotation multiplies complex pairs (DeepSeek-V2's
+    ``apply_rotary_emb``: ``view_as_complex`` of (..., d/2, 2), written back interleaved)."""
+    module = sys.modules.get(module_name)
     try:
-        return fn is not None and "::2" in inspect.getsource(fn)
+        half = getattr(module, "rotate_half", None)
+        if half is not None and "::2" in inspect.getsource(half):
+            return True
+        emb = getattr(module, "apply_rotary_emb", None)
+        return emb is not None and "view_as_complex" in inspect.getsource(emb)
     except (OSError, TypeError):
         return False
 

@@ -53,8 +53,9 @@ class NeutralisedPositionTable(nn.Module):
 
 
 class NeutralisedRotary(nn.Module):
-    """Stands in for a rotary-embedding module: returns cos = 1, sin = 0 (an exact identity rotation),
-    or the original rotation at angle x ``native_fade`` while a fine-tune fades it out."""
+    """Stands in for a rotary-embedding module: returns cos = 1, sin = 0 (an exact identity rotation; a module
+    returning complex ``freqs_cis``: 1 + 0i), or the original rotation at angle x ``native_fade`` while a
+    fine-tune fades it out."""
 
     def __init__(self, original: nn.Module, state):
         super().__init__()
@@ -86,7 +87,10 @@ class NeutralisedRotary(nn.Module):
         fade = self.state.native_fade
         if fade > 0:
             return self.original(x, (position_ids + self.state.offset).float() * fade, *args, **kwargs)
-        cos, sin = self.original(x, position_ids, *args, **kwargs)
+        out = self.original(x, position_ids, *args, **kwargs)
+        if torch.is_tensor(out) and out.is_complex():  # DeepSeek-V2's freqs_cis: the unit rotation
+            return torch.ones_like(out)
+        cos, sin = out
         return torch.ones_like(cos), torch.zeros_like(sin)
 
 

@@ -13,6 +13,7 @@ registered in ``MAPPINGS`` (``base.mapping``):
     gpt2 | gpt_neo | opt + nope       -> the same architecture, position table all zeros and enlarged
     gpt2 | gpt_neo | opt + sinusoidal -> the same architecture, position table = the fixed sinusoids
     llama | gpt_neox | falcon + rope (any scaling) -> the same architecture with ``rope_parameters`` set
+    bloom | mpt | falcon + alibi     -> the same architecture with its own ALiBi (Falcon: scale_bias=True)
 
 After writing, the folder is loaded back with plain transformers and its logits are compared with
 the patched model's on random token ids past the native length; the result (and versions) go to
@@ -36,7 +37,7 @@ from torch import nn
 from .. import run_folder as rf
 from ..errors import OptionError, RetrofitError
 from ..versions import library_versions
-from . import baked_table, gpt2, rope  # noqa: F401  (registration)
+from . import alibi, baked_table, gpt2, rope  # noqa: F401  (registration)
 from .base import MAPPINGS, TOLERANCE, Built, ExportResult, mapping, per_head_qkv, supported_pairs
 from .gpt2 import FALCON_BF16_EXACT
 from .rope import _check_rope_config, rope_parameters
