@@ -33,9 +33,13 @@ def _register_config(configuration_auto) -> None:
 
 
 def _register_model(modeling_auto) -> None:
-    from .hf_classes import RetrofitConfig, RetrofitForCausalLM
+    """Every task's Auto class (``task.TASKS``: causal LM, masked LM, classifiers, ``AutoModel``) maps
+    ``model_type: retrofit`` to a class that loads the checkpoint with ``retrofit.load``."""
+    from .hf_classes import RetrofitConfig, for_task
+    from .task import TASKS
 
-    modeling_auto.AutoModelForCausalLM.register(RetrofitConfig, RetrofitForCausalLM, exist_ok=True)
+    for t in TASKS:
+        getattr(modeling_auto, t.auto_class).register(RetrofitConfig, for_task(t.name), exist_ok=True)
 
 
 _AFTER = {_CONFIG_AUTO: _register_config, _MODELING_AUTO: _register_model}

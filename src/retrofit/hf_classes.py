@@ -19,10 +19,12 @@ class RetrofitConfig(PretrainedConfig):
 
 
 class RetrofitForCausalLM:
-    """What ``AutoModelForCausalLM`` uses for a retrofit checkpoint: it returns ``retrofit.load``'s
-    model (the base architecture's own class, converted), never an instance of this class."""
+    """What ``AutoModelForCausalLM`` (and each task's Auto class: ``for_task``) uses for a retrofit checkpoint: it
+    returns ``retrofit.load``'s model (the base architecture's own class, converted), never an instance of this
+    class. ``AutoModel`` (embeddings: sentence-transformers) gets the converted model's base model."""
 
     config_class = RetrofitConfig
+    task = "causal-lm"
 
     def __init__(self, *args, **kwargs):
         raise TypeError(
@@ -31,11 +33,31 @@ class RetrofitForCausalLM:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, **kwargs):
+        from . import task
         from .io import load
 
         if args:
             raise RetrofitError("a retrofit checkpoint takes keyword arguments only (dtype=, device_map=, ...)")
-        return load(_local_folder(pretrained_model_name_or_path, kwargs), **_load_kwargs(kwargs))
+        model = load(_local_folder(pretrained_model_name_or_path, kwargs), **_load_kwargs(kwargs))
+        if cls.task == "embeddings":
+            return model.base_model  # the encoder's hidden states (its head, if any, stays with the full model)
+        saved = task.of_model(model).name
+        if saved != cls.task:
+            raise RetrofitError(
+                f"{pretrained_model_name_or_path} is a converted {saved} model ({type(model).__name__}); load it "
+                f"with {task.by_name(saved).auto_class} (or AutoModel for its encoder's hidden states), or "
+                "retrofit.load(path)"
+            )
+        return model
+
+
+def for_task(name: str) -> type:
+    """The stand-in class for one task's Auto class (``task.TASKS``)."""
+    return (
+        RetrofitForCausalLM
+        if name == "causal-lm"
+        else type("RetrofitFor" + "".join(w.title() for w in name.split("-")), (RetrofitForCausalLM,), {"task": name})
+    )
 
 
 _HUB_KWARGS = ("revision", "cache_dir", "token", "local_files_only", "force_download", "proxies")

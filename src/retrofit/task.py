@@ -32,6 +32,10 @@ TASKS = (
 )
 
 
+def by_name(name: str) -> Task:
+    return next(t for t in TASKS if t.name == name)
+
+
 def of_class(name: str | None) -> Task:
     """The task of a transformers class name (``BertForMaskedLM`` -> masked-lm); causal-lm when unknown."""
     for task in TASKS:

@@ -270,3 +270,32 @@ def test_the_probe_runs_past_a_window_so_a_wrong_window_rule_is_caught(monkeypat
     monkeypatch.setattr(LlamaAdapter, "_window", one_wider)
     with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
         retrofit.convert(gemma3_bidirectional(), "rope")
+
+
+@pytest.mark.slow
+def test_a_converted_encoder_loads_through_each_auto_class_and_sentence_transformers(tmp_path):
+    """Once ``import retrofit`` ran: ``AutoModelForMaskedLM`` gives the converted masked LM, ``AutoModel`` its
+    encoder (a converted ``BertModel``), and sentence-transformers (its own API, a folder without modules.json:
+    the encoder plus mean pooling) embeds a text three times the native length exactly as the encoder's
+    hidden states averaged by hand; the wrong task's class is refused with the right one named."""
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    from retrofit.cli import main
+
+    from ..training.test_masked_lm import bert_folder
+
+    src = bert_folder(tmp_path / "bert")
+    assert main(["convert", str(src), "--to", "alibi", "--out", str(tmp_path / "run")]) == 0
+    mlm = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "run")
+    base = tf.AutoModel.from_pretrained(tmp_path / "run")
+    assert type(mlm) is tf.BertForMaskedLM and type(base) is tf.BertModel
+    assert retrofit.describe(mlm)["scheme"] == "alibi"
+    st = sentence_transformers.SentenceTransformer(str(tmp_path / "run"), device="cpu")
+    text = "the quick brown fox jumps over the lazy dog; " * 6
+    ids = st.tokenizer(text, return_tensors="pt")
+    assert ids["input_ids"].shape[1] > 3 * NATIVE, "the text must run past the native length"
+    with torch.no_grad():
+        hidden = base(**ids).last_hidden_state[0]  # (T, E)
+    got = st.encode([text], convert_to_tensor=True)[0]
+    torch.testing.assert_close(got, hidden.mean(0), atol=1e-5, rtol=1e-4)
+    with pytest.raises(retrofit.errors.RetrofitError, match="AutoModelForMaskedLM"):
+        tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run")

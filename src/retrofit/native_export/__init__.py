@@ -212,7 +212,9 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
         built.model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-            tokenizer_reach(tmp / "tokenizer_config.json", built.model.config.max_position_embeddings)
+            reach = built.reach or getattr(built.model.config, "max_position_embeddings", None)
+            if reach:
+                tokenizer_reach(tmp / "tokenizer_config.json", reach)
         _check_config(tmp / "config.json")
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=model.dtype).eval()
         if getattr(built.model.config, "rope_parameters", None):

@@ -50,7 +50,7 @@ def _same_arch_alibi(model, info, opts) -> Built:
     for name, p in dst.named_parameters():
         if name in src:
             cut(p, src[name], name)
-    built = Built(cut.finish(model), exact=not wrong, notes=notes)
+    built = Built(cut.finish(model), exact=not wrong, notes=notes, reach=opts["max_length"])
     if family == "falcon":
         built.exact_below = FALCON_BF16_EXACT if built.exact else None
         built.notes.append(

@@ -35,6 +35,7 @@ class Built:
     exact_below: int | None = None  # exactness only holds for sequences shorter than this (None: any length)
     strict: bool = True  # a measured difference above the tolerance is an error (False: reported, not raised)
     limit: int | None = None  # the exported model reads at most this many tokens (a baked table's rows)
+    reach: int | None = None  # what its tokenizer may pass (default: the config's max_position_embeddings)
 
 
 @dataclass(frozen=True)
