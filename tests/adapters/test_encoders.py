@@ -48,6 +48,7 @@ BOTH_WAYS = {
     "nope": {},
     "extend": {"length": 4 * NATIVE},
     "t5": {"num_buckets": 16, "max_distance": 48},  # T5's encoder buckets: 8 a side, the last shared past 48
+    "shaw": {"max_distance": 48, "init": "zero"},  # 2k + 1 offsets (zero init: live against the original)
 }
 
 
@@ -108,7 +109,25 @@ def test_a_type_claimed_by_structure_passes_the_probe_first(name, monkeypatch):
     assert retrofit.describe(model)["architecture"] == "bert"
 
 
-@pytest.mark.parametrize("scheme", ["shaw", "fire", "xl", "nezha"])
+def test_bidirectional_shaw_starts_as_symmetric_alibi_and_clips_each_side_on_its_own():
+    """Shaw's 2k + 1 offsets initialised from ALiBi are -slope x |i - j| up to k on either side: with k past the
+    input, the model equals symmetric ALiBi; a key after the query reads its own entry, not the one before."""
+    x, mask = batch(2 * NATIVE)
+    shaw, alibi = encoder(*ENCODERS["bert-mlm"]), encoder(*ENCODERS["bert-mlm"])
+    retrofit.convert(shaw, "shaw", max_distance=4 * NATIVE)
+    retrofit.convert(alibi, "alibi")
+    with torch.no_grad():
+        torch.testing.assert_close(shaw(x, attention_mask=mask).logits, alibi(x, attention_mask=mask).logits)
+        scheme = retrofit.core._state(shaw).scheme()
+        k = scheme.options.max_distance
+        assert scheme.table.shape[-1] == 2 * k + 1
+        scheme.table[:, :, k + 1 :] = 0.0  # keys before the query: flat; keys after keep -slope x d
+        h, q, j = torch.arange(4)[:, None, None], torch.tensor([[[10]]]), torch.arange(20)[None, None, :]
+        b = scheme.bias(0, h, q, j)  # (H, 1, 20)
+        assert torch.all(b[:, 0, :10] == 0) and torch.all(b[:, 0, 11:] < 0)
+
+
+@pytest.mark.parametrize("scheme", ["fire", "xl", "nezha"])
 def test_a_scheme_defined_for_keys_before_the_query_only_is_refused_on_an_encoder(scheme):
     model = encoder(*ENCODERS["bert-mlm"])
     with pytest.raises(OptionError, match="bidirectional .*use one of alibi"):
