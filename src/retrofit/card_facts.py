@@ -106,6 +106,8 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
     manifest = rf.manifest(run_dir) or {"stages": {}}
     base = _base_name(recipe, block, folder)
     native = rf.native_length(folder)
+    what = task_of(folder)
+    masked = bool(report) and report.get("kind") == "masked-lm"  # evaluation.masked: its own table
     trained = bool(recipe.get("train")) and folder.name == rf.FINAL
     ctx = {
         "recipe": recipe,
@@ -120,7 +122,9 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
             "native_note": native_note(block),
         },
         "budget": budget(recipe, summary, info, report or {}, manifest) if trained else None,
-        "eval": eval_summary(report, native) if report else None,
+        "eval": eval_summary(report, native) if report and not masked else None,
+        "masked_eval": _masked_table(report) if masked else None,
+        "task": what,
         "folder": str(run_dir),
         "export": export_info(run_dir, manifest),
         "repo": repo or (recipe.get("push") or {}).get("repo"),
@@ -207,6 +211,24 @@ def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict
         "val_loss_after": summary.get("val_loss_after"),
         "resumed_from_step": summary.get("resumed_from_step"),
     }
+
+
+def task_of(folder: Path):
+    """The task the checkpoint's config names (``task.of_class`` of its architectures): the card's Auto class,
+    pipeline tag and model-index task."""
+    import json
+
+    from .task import of_class
+
+    config = json.loads((folder / "config.json").read_text())
+    base = (config.get("retrofit") or {}).get("base_config") or {}
+    return of_class(((base.get("architectures") or config.get("architectures")) or [None])[0])
+
+
+def _masked_table(report: dict) -> str:
+    from .evaluation.masked import markdown
+
+    return markdown(report, heading=False)
 
 
 def eval_summary(report: dict, native: int) -> dict:
@@ -446,7 +468,7 @@ def metadata(ctx: dict) -> dict:
     if base["hub_id"]:
         meta["base_model"] = base["hub_id"]
     meta["library_name"] = "transformers" if ctx["export"]["native"] else "retrofit"
-    tags = ["retrofit", "long-context", "position-encoding", "text-generation"]
+    tags = ["retrofit", "long-context", "position-encoding", ctx["task"].pipeline_tag]
     tags += [t for t in (conv["scheme"], base["model_type"]) if t] + list(card.get("tags") or [])
     meta["tags"] = list(dict.fromkeys(tags))
     meta["license"] = base["card_license"] or "other"
@@ -455,7 +477,7 @@ def metadata(ctx: dict) -> dict:
         specs = [(recipe.get("data") or {}).get("dataset"), (recipe.get("eval") or {}).get("data")]
         datasets = [d for d in map(_hub_dataset, specs) if d]
     meta["datasets"] = list(dict.fromkeys(datasets))
-    meta["pipeline_tag"] = "text-generation"
+    meta["pipeline_tag"] = ctx["task"].pipeline_tag
     if ctx["eval"]:
         meta["model-index"] = [model_index(ctx)]
     return meta
@@ -477,7 +499,7 @@ def model_index(ctx: dict) -> dict:
         "name": ctx["repo"] or local,
         "results": [
             {
-                "task": {"type": "text-generation", "name": "Causal language modeling"},
+                "task": {"type": ctx["task"].pipeline_tag, "name": "Causal language modeling"},
                 "dataset": {"type": spec, "name": f"{spec} ({ev['data']['tokens']:,} tokens)"},
                 "metrics": metrics,
             }

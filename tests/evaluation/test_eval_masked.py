@@ -90,6 +90,10 @@ def test_retrofit_eval_on_a_converted_encoder_writes_masked_rows_and_the_far_con
     past = rows[("converted", "windows of 128")]
     assert past["masked_tokens"] > 100 and np.isfinite(past["bpc"]) and past["gain"]["ci_low"] is not None
     assert "far-context gain" in capsys.readouterr().out
+    assert main(["card", str(tmp_path / "run")]) == 0  # the card a push uploads: the encoder's task throughout
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "pipeline_tag: fill-mask" in card and "AutoModelForMaskedLM.from_pretrained" in card
+    assert "AutoModelForCausalLM" not in card and "windows of 128" in card
 
 
 def test_a_fine_tuned_encoder_run_evaluates_through_its_folder(tmp_path):
