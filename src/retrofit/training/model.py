@@ -11,6 +11,7 @@ from torch import nn
 from ..adapters.base import claimant
 from ..core import POSITIONS_MODULE
 from ..errors import RecipeError
+from ..task import of_model
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,8 @@ def make_trainable(model, train_cfg):
         modules_to_save=extra or None,
         fan_in_fan_out=bool(getattr(claimant(model), "fan_in_fan_out", False)),
         ensure_weight_tying=bool(train_cfg.train_embeddings and _tied(model)),
-        task_type="CAUSAL_LM",
+        # PEFT's causal-LM wrapper for a causal LM; a masked LM (no PEFT task of its own) the plain PeftModel
+        task_type="CAUSAL_LM" if of_model(model).name == "causal-lm" else None,
     )
     peft_model = get_peft_model(model, lcfg)
     return peft_model
