@@ -78,7 +78,7 @@ def case(name: str, scheme: str, options: dict, kind: str, tok, converter: Path,
         ours = model(torch.tensor([ids])).logits[0].float()  # (T, V)
     theirs = llama_cpp_logits(out, ids)
     diff = (ours - theirs).abs().max(dim=-1).values  # (T,)
-    fields = _gguf_fields(out, gguf_py)
+    fields = _gguf_fields(out)
     return {
         "case": name,
         "export": {"target": export.target, "exact": export.exact},
@@ -91,8 +91,8 @@ def case(name: str, scheme: str, options: dict, kind: str, tok, converter: Path,
     }
 
 
-def _gguf_fields(path: Path, gguf_py: Path) -> dict:
-    sys.path.insert(0, str(gguf_py))
+def _gguf_fields(path: Path) -> dict:
+    """The GGUF's rope, ALiBi and context-length fields (read with the ``gguf`` package)."""
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))

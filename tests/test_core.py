@@ -40,7 +40,7 @@ def test_unknown_scheme_names_the_registered_ones():
 
 
 def test_unsupported_architecture_names_the_supported_ones():
-    model = tf.MptForCausalLM(tf.MptConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4))
+    model = tf.XGLMForCausalLM(tf.XGLMConfig(vocab_size=64, d_model=32, num_layers=1, attention_heads=4, ffn_dim=64))
     with pytest.raises(UnsupportedArchitectureError, match="supported: .*gpt2.*llama"):
         retrofit.convert(model, "alibi")
 

@@ -25,6 +25,7 @@ from ..tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, UNAVAILA
 REPRESENTATIVES = {
     "bloom": "native ALiBi (no table), fused per-head qkv, attention without dispatch (a stand-in module)",
     "bert": "learned absolute table inside the embeddings beside token types; the direction read from each module",
+    "mpt": "native ALiBi built for max_seq_len keys through a stand-in attention, a mask tensor its model needs",
     "falcon": "rotary applied by a stand-in attention (no dispatch), fused qkv split by Falcon's own multi-query layout",
     "gpt2": "learned absolute table, Conv1D projections",
     "gpt_bigcode": "learned absolute table, Linear projections, multi-query attention (one key/value head)",
@@ -37,7 +38,6 @@ REPRESENTATIVES = {
 }
 # every other registered type: what it shares with a representative (the quick check runs it)
 QUIRKS = {
-    "mpt": "bloom + ALiBi built for max_seq_len keys, a mask tensor its model needs, clipped qkv",
     "codegen": "gptj + one fused qkv projection in four model-parallel groups",
     "qwen2": "llama + qkv biases",
     "qwen3": "llama + q/k norms, explicit head_dim",
