@@ -1,7 +1,8 @@
-"""A user's path on each family this release added (issue 42): a tiny model saved as a folder with a tokenizer,
+"""A user's path on each decoder family users bring (issue 42): a tiny model saved as a folder with a tokenizer,
 ``retrofit convert FOLDER --to alibi --out RUN`` as typed, ``retrofit finetune`` for two steps from that
-checkpoint, ``retrofit eval RUN --quick`` (1x, 2x, 4x native), and the native export where a mapping exists.
-In-process (``retrofit.cli.main``), one model per family."""
+checkpoint, ``retrofit eval RUN --quick`` (1x, 2x, 4x native), and ``retrofit export RUN --native``: exact where a
+native architecture holds ALiBi (bloom, mpt), else refused with the reason. In-process (``retrofit.cli.main``),
+one model per family."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import yaml
 
 from retrofit.builtin import byte_tokenizer
 from retrofit.cli import main
+from retrofit.native_export.base import MAPPINGS
 
-from ..tiny import NATIVE, _llama_like
+from ..tiny import GPTJ_LAYOUT, NATIVE, _llama_like
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
@@ -55,6 +57,35 @@ FAMILIES = {  # family: (model factory taking the vocab size, whether a native e
         sliding_window=16,
     ),
     "gpt_oss": lambda v: _small(tf.GptOssConfig, tf.GptOssForCausalLM, v, head_dim=16, **MOE),
+    # the LLaMA layout, by type and by structure (the probe first)
+    "llama": lambda v: _small(tf.LlamaConfig, tf.LlamaForCausalLM, v),
+    "mistral": lambda v: _small(tf.MistralConfig, tf.MistralForCausalLM, v, sliding_window=24),
+    "qwen2": lambda v: _small(tf.Qwen2Config, tf.Qwen2ForCausalLM, v),
+    "qwen3": lambda v: _small(tf.Qwen3Config, tf.Qwen3ForCausalLM, v, head_dim=16),
+    "granite": lambda v: _small(tf.GraniteConfig, tf.GraniteForCausalLM, v),
+    "olmo": lambda v: _small(tf.OlmoConfig, tf.OlmoForCausalLM, v),
+    "starcoder2": lambda v: _small(tf.Starcoder2Config, tf.Starcoder2ForCausalLM, v, sliding_window=24),
+    "mixtral": lambda v: _small(tf.MixtralConfig, tf.MixtralForCausalLM, v, **MOE),
+    "qwen2_moe": lambda v: _small(
+        tf.Qwen2MoeConfig,
+        tf.Qwen2MoeForCausalLM,
+        v,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    ),
+    "qwen3_moe": lambda v: _small(
+        tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, v, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
+    ),
+    "gemma": lambda v: _small(tf.GemmaConfig, tf.GemmaForCausalLM, v, head_dim=16),
+    "phi": lambda v: _small(tf.PhiConfig, tf.PhiForCausalLM, v),
+    "phi3": lambda v: _small(tf.Phi3Config, tf.Phi3ForCausalLM, v),
+    "stablelm": lambda v: _small(tf.StableLmConfig, tf.StableLmForCausalLM, v),
+    "cohere": lambda v: _small(tf.CohereConfig, tf.CohereForCausalLM, v),
+    "smollm3": lambda v: _small(
+        tf.SmolLM3Config, tf.SmolLM3ForCausalLM, v, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0]
+    ),
     "falcon": lambda v: _falcon(v),
     "mpt": lambda v: tf.MptForCausalLM(
         tf.MptConfig(vocab_size=v, d_model=64, n_layers=2, n_heads=4, max_seq_len=NATIVE, pad_token_id=v - 1)
@@ -75,6 +106,12 @@ FAMILIES = {  # family: (model factory taking the vocab size, whether a native e
         num_key_value_heads=4,
     ),
 }
+
+
+if GPTJ_LAYOUT:  # codegen beside gptj where this transformers rotates GPT-J outside its attention
+    FAMILIES["codegen"] = lambda v: _gpt(tf.CodeGenConfig, tf.CodeGenForCausalLM, v, rotary_dim=8, n_inner=128)
+else:
+    FAMILIES.pop("gptj")
 
 
 @pytest.mark.slow
@@ -101,3 +138,9 @@ def test_convert_finetune_eval_on_each_new_family(family, tmp_path, monkeypatch)
     assert report["settings"]["lengths"][-1] == 4 * NATIVE
     far = [r for r in report["rows"] if r["length"] == 4 * NATIVE and r["method"] == "non-overlapping"]
     assert far and all(0 < r["ppl"] < 1e4 for r in far), report["rows"]  # it runs at 4x, finite
+    family = json.loads((tmp_path / "run" / "final" / "config.json").read_text())["retrofit"]["architecture"]
+    code = main(["export", "run", "--native", "--out", "exported"])
+    if f"{family}+alibi" in MAPPINGS and family != "falcon":  # Falcon holds ALiBi only before the scaling
+        assert code == 0 and (tmp_path / "exported" / "config.json").is_file()
+    else:
+        assert code != 0 and not (tmp_path / "exported").exists()
