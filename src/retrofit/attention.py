@@ -248,14 +248,14 @@ def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=N
     """Linear-memory mask: only the (B, kv_length) padding mask (True = real token), or None (an all-real one for
     a family whose modelling code needs a tensor: ``Adapter.mask_tensor``). Causality and sliding windows are
     applied by the attention function itself."""
-    if _needs_tensor(config) and (attention_mask is None or bool(attention_mask.all())):
-        return torch.ones(batch_size, kv_length, dtype=torch.bool, device=kwargs.get("device"))
     if attention_mask is None:
+        if _needs_tensor(config):
+            return torch.ones(batch_size, kv_length, dtype=torch.bool, device=kwargs.get("device"))
         return None
     pad = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
     if pad.shape[-1] < kv_length:  # positions not covered by the 2D mask are real tokens
         pad = torch.nn.functional.pad(pad, (0, kv_length - pad.shape[-1]), value=True)
-    return None if bool(pad.all()) else pad
+    return None if bool(pad.all()) and not _needs_tensor(config) else pad
 
 
 def _needs_tensor(config) -> bool:

@@ -64,15 +64,16 @@ def test_the_alibi_variant_converts_live_and_generates_with_its_cache_as_without
         assert torch.equal(retrofit.load(tmp_path / "m")(x).logits, model(x).logits)
 
 
-@pytest.mark.parametrize("variant", ["rotary, multi-query", "alibi"])
-def test_rescaled_rope_exports_to_falcon_itself_exactly(variant, tmp_path):
+@pytest.mark.parametrize("variant,scaling", [("rotary, multi-query", "yarn"), ("alibi", "yarn"), ("alibi", "none")])
+def test_rescaled_rope_exports_to_falcon_itself_exactly(variant, scaling, tmp_path):
     """A rotary Falcon rescaled, or an ALiBi Falcon given RoPE: Falcon's own config holds either, exact."""
     model = falcon(**VARIANTS[variant])
-    retrofit.convert(model, "rope", scaling="yarn", factor=4.0)
+    retrofit.convert(model, "rope", **({"scaling": "yarn", "factor": 4.0} if scaling == "yarn" else {}))
     result = retrofit.export(model, tmp_path / "x", native=True)
     assert result.exact
     back = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "x")
-    assert type(back) is tf.FalconForCausalLM and back.config.rope_parameters["rope_type"] == "yarn"
+    assert type(back) is tf.FalconForCausalLM
+    assert back.config.rope_parameters["rope_type"] == ("yarn" if scaling == "yarn" else "default")
     assert not back.config.alibi
     x = ids(1, 3 * NATIVE)
     with torch.no_grad():

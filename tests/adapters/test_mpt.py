@@ -1,6 +1,5 @@
 """MPT (issue 42): a native-ALiBi source through a stand-in attention. Its own mechanism reproduces its logits
-with left padding, any head count (MPT's slope rule is the paper's); it runs past max_seq_len once converted;
-a slope scale other than ALiBi's is refused by name."""
+with left padding, any head count (MPT's slope rule is the paper's); it runs past max_seq_len once converted."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import pytest
 import torch
 
 import retrofit
-from retrofit.errors import UnsupportedArchitectureError
 
 from ..tiny import NATIVE, ids, mpt
 
@@ -40,10 +38,14 @@ def test_clipped_qkv_is_kept():
         torch.testing.assert_close(model(x).logits, before, atol=2e-5, rtol=1e-4)
 
 
-def test_other_slopes_are_refused_by_name():
+def test_the_slope_fields_transformers_does_not_read_do_not_change_the_conversion():
+    """transformers' MptModel builds ALiBi with alibi_bias_max 8 whatever attn_config says: so does the stand-in."""
     model = mpt(attn_config={"alibi_bias_max": 16})
-    with pytest.raises(UnsupportedArchitectureError, match="alibi_bias_max"):
-        retrofit.convert(model, "rope")
+    x = ids(1, NATIVE)
+    with torch.no_grad():
+        before = model(x).logits
+        retrofit.convert(model, "alibi")
+        torch.testing.assert_close(model(x).logits, before, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("family", ["mpt", "bloom"])

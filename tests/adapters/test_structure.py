@@ -262,3 +262,28 @@ def test_mla_rotary_part_cannot_be_resized():
     model = tiny(*CLAIMED["deepseek_v3"])
     with pytest.raises(retrofit.errors.OptionError, match="qk_rope_head_dim|split-off"):
         retrofit.convert(model, "rope", fraction=0.5)
+
+
+def test_proportional_rope_keeps_its_unrotated_dims_unrotated_when_rescaled():
+    """lfm3's global layers rotate half of each head ("proportional": the other frequencies are 0): YaRN rescales
+    the rotating half and the rest stays without positions."""
+    cfg = tf.Lfm3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=NATIVE, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, layer_types=["conv", "full_attention", "conv", "sliding_attention"],
+    )  # fmt: skip
+    model = tf.Lfm3ForCausalLM(cfg).eval()
+    retrofit.convert(model, "rope", scaling="yarn", factor=4.0)
+    inv_freq = retrofit.core._state(model).scheme().inv_freq
+    assert inv_freq[:4].gt(0).all() and inv_freq[4:].eq(0).all(), inv_freq
+
+
+def test_deepseek_s_own_yarn_temperature_is_refused_when_rescaled():
+    """Its attention scale holds the temperature of its native YaRN (mscale_all_dim): kept as is, refused when
+    rescaled (a second temperature would sharpen every score)."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": NATIVE,
+            "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+    model = tiny(*CLAIMED["deepseek_v3"][:2], dict(MLA, rope_parameters=rope, max_position_embeddings=4 * NATIVE))
+    with pytest.raises(retrofit.errors.OptionError, match="mscale_all_dim"):
+        retrofit.convert(model, "rope", scaling="yarn", factor=8.0)
+    retrofit.convert(model, "alibi")  # another scheme: the rotation goes, the scale stays the model's

@@ -52,6 +52,9 @@ def _one_rope(params: dict, config, inv_freq, attention_scaling) -> dict:
     split = getattr(config, "qk_rope_head_dim", None)  # MLA: the rotary part is split off and sits last in a head
     if split:
         return {
+            # DeepSeek's attention scale holds a temperature of its own native YaRN (mscale_all_dim): kept as is
+            # unchanged, refused when the rotation is rescaled (``RoPE``)
+            "own_temperature": float(params.get("mscale_all_dim") or 0.0),
             "theta": float(params["rope_theta"]),
             "fraction": 1.0,  # of the rotary part: it all rotates
             "rot_dims": int(split),
@@ -62,9 +65,13 @@ def _one_rope(params: dict, config, inv_freq, attention_scaling) -> dict:
         }
     fraction = float(params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    extra = {}
     if 2 * len(inv_freq) == head_dim and int(head_dim * fraction) != head_dim:
-        fraction = 1.0  # "proportional" rope: every dim has a frequency, those past the fraction 0 (they stay put)
+        # "proportional" rope: every dim has a frequency, those past the fraction 0 (they stay put): the rope
+        # scheme rotates all dims and keeps the zero frequencies zero whatever its options
+        fraction, extra = 1.0, {"zero_from": int((inv_freq != 0).sum())}
     return {
+        **extra,
         "theta": float(params["rope_theta"]),
         "fraction": fraction,
         "rope_type": params.get("rope_type", "default"),

@@ -4,8 +4,9 @@ past it) and added inside ``MptAttention``, which has no attention-function disp
 with q, k, v sent through the configured attention function; MPT's own ALiBi tensor is not read. A source whose
 ALiBi becomes another scheme, or ALiBi again with the options of the study; revert puts the originals back.
 
-Its slopes are 2^(-alibi_bias_max * i / n) over the next power of two of the heads, interleaved as the paper's
-rule: with MPT's ``alibi_bias_max`` of 8 exactly Press et al.'s (any head count); another value is refused."""
+Its slopes are 2^(-8 i / n) over the next power of two of the heads, interleaved: exactly Press et al.'s for any head
+count. transformers' ``MptModel`` always builds them so (``attn_config.alibi_bias_max`` and ``attn_config.alibi`` are
+not read by it), and so does the stand-in's conversion."""
 
 from __future__ import annotations
 
@@ -61,16 +62,6 @@ class MptAdapter(Adapter):
     mask_tensor = True  # MptModel calls .to(torch.bool) on the mask: an all-real one instead of None
 
     def check(self):
-        a = self.config.attn_config
-        if not getattr(a, "alibi", True):
-            raise UnsupportedArchitectureError(
-                "mpt without ALiBi (attn_config.alibi: false) has no positions to convert"
-            )
-        if float(getattr(a, "alibi_bias_max", 8)) != 8.0:
-            raise UnsupportedArchitectureError(
-                f"mpt: attn_config.alibi_bias_max={a.alibi_bias_max} gives slopes other than ALiBi's standard ones "
-                "(alibi_bias_max 8): refused rather than converted silently wrong"
-            )
         for i, block in enumerate(self.base().blocks):
             name = type(block.attn).__name__
             if name not in self.attention_class_names + ("RetrofitMptAttention",):

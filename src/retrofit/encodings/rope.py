@@ -117,7 +117,18 @@ class RoPE(Scheme):
         # nanochat's rotate_half is (x2, -x1): its pairs turn by -angle (a fact of the model, as above)
         self.turn = -1.0 if (spec.native_rope or {}).get("reversed") else 1.0
         self.rotation_depends_on_length = options.scaling == "dynamic"
+        native = spec.native_rope or {}
+        same_base = options.theta == native.get("theta") and options.fraction == native.get("fraction")
+        if native.get("own_temperature") and not (options.scaling == "none" and same_base):
+            raise OptionError(
+                f"rope: this model's attention scale holds a temperature of its own native rope scaling "
+                f"(mscale_all_dim={native['own_temperature']:g}, DeepSeek's YaRN); rescaling it would apply a "
+                "second one: refused rather than converted silently wrong (keep its rotation, or convert to "
+                "another scheme)"
+            )
+        self.zero_from = native.get("zero_from")  # "proportional" rope: frequencies from this index stay 0
         inv_freq, self.attention_scaling = self._init_frequencies(spec, options)
+        inv_freq = self._keep_zeros(inv_freq)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.kept, self.layer_kept = self._kept_layer_types(spec)
 
@@ -167,10 +178,18 @@ class RoPE(Scheme):
         inv_freq, scale = ROPE_INIT_FUNCTIONS["dynamic"](cfg, None, seq_len=torch.tensor(seq_len))
         return inv_freq, float(scale)
 
+    def _keep_zeros(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The dims a "proportional" rope never rotated stay unrotated under any option."""
+        if self.zero_from is None or self.zero_from >= inv_freq.numel():
+            return inv_freq
+        out = inv_freq.clone()
+        out[self.zero_from :] = 0.0
+        return out
+
     def frequencies(self, seq_len: int, device) -> torch.Tensor:
         """Inverse frequencies for a sequence of ``seq_len`` keys (only dynamic scaling depends on it)."""
         if self.options.scaling == "dynamic" and seq_len > self.options.native_length:
-            return self._dynamic(seq_len)[0].to(device)
+            return self._keep_zeros(self._dynamic(seq_len)[0]).to(device)
         return self.inv_freq.to(device)
 
     def _table(self, start: int, T: int, x: torch.Tensor):

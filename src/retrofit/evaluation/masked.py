@@ -17,6 +17,7 @@ Bits per character: the masked-token NLL in bits over the stream's mean characte
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from .. import run_folder as rf
 from ..atomic import write_text
 from ..training.masking import IGNORE, Masker
 from .perplexity import t_quantile_975
+
+log = logging.getLogger(__name__)
 
 SEED = 1234  # the one draw of masked tokens every model and length scores
 RATE = 0.15  # BERT's share of masked tokens
@@ -60,9 +63,10 @@ def _scored(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def full_nll(model, s: MaskedStream, length: int, on_window: Callable[[int], None] | None = None) -> np.ndarray:
-    """(n,) NLL of each masked token read in its non-overlapping window of ``length`` tokens (NaN: not masked)."""
-    n = s.inputs.numel() - s.inputs.numel() % length
-    out = np.full(s.inputs.numel(), np.nan)
+    """(n,) NLL of each masked token read in its non-overlapping window of ``length`` tokens (the last window
+    shorter where ``length`` does not divide n: every row scores every masked token; NaN: not masked)."""
+    n = s.inputs.numel()
+    out = np.full(n, np.nan)
     with torch.inference_mode():
         for a in range(0, n, length):
             out[a : a + length] = _scored(model, s.inputs[None, a : a + length], s.labels[None, a : a + length])[0]
@@ -187,7 +191,9 @@ def run(models, stream_ids: torch.Tensor, lengths: list[int], native: int, data_
                      **summary(slide, s.chars_per_token)})  # fmt: skip
         for L in lengths:
             if m.max_length and L > m.max_length:
-                continue  # a learned table the original cannot run past: its sliding row stands for it
+                log.info("%s: no row at %d tokens (its limit is %d); its sliding row stands for it", m.name, L,
+                         m.max_length)  # fmt: skip
+                continue
             full = full_nll(m.model, s, L, on_window=bar.update)
             row = {"model": m.name, "role": m.role, "length": L, "read_as": f"windows of {L}"}
             row.update(summary(full, s.chars_per_token))
@@ -212,4 +218,4 @@ def run(models, stream_ids: torch.Tensor, lengths: list[int], native: int, data_
 def windows(n: int, lengths: list[int], native: int, models) -> int:
     """Forward passes ``run`` makes (for the progress bar)."""
     per = len(centred_spans(n, native, max(1, native // 2)))
-    return sum(per + sum(n // L for L in lengths if not (m.max_length and L > m.max_length)) for m in models)
+    return sum(per + sum(-(-n // L) for L in lengths if not (m.max_length and L > m.max_length)) for m in models)

@@ -526,6 +526,11 @@ def evaluate(
 def _masked(models, docs, data_label, lengths, native, o, progress, out) -> masked.MaskedReport:
     """A masked LM's evaluation (``evaluation.masked``): masked-token NLL, perplexity and BPC at each length
     against its own and the original's native sliding window, on one draw of masked tokens."""
+    if not native:
+        raise OptionError(
+            f"{models[0].name}: its native length is unknown (no adapter describes it and its config names none); "
+            "a masked-LM evaluation needs it for the sliding window"
+        )
     skipped = [k for k in ("passkey", "recall") if getattr(o, k)] + (["copy"] if o.copy else [])
     log.info("masked LM: masked-token rows and far-context gain; %s (generation) not run", ", ".join(skipped))
     check_tokenizers(models, docs[0].text[:4000])

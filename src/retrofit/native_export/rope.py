@@ -82,7 +82,7 @@ def _same_arch_rope(model, info, opts) -> Built:
     main = nat.get("main_type")  # per-layer-type rope (gemma3): the options went to this type's layers only
     all_params = dict(model.config.rope_parameters or {})
     native_params = dict(all_params[main]) if main else all_params
-    same = o["scaling"] == "none" and float(o["theta"]) == float(nat.get("theta"))
+    same = o["scaling"] == "none" and nat.get("theta") is not None and float(o["theta"]) == float(nat["theta"])
     if same:  # the scheme kept the model's own frequencies (native scaling included)
         rope, max_pos, notes = native_params, cfg.max_position_embeddings, ["RoPE unchanged: the original config"]
     else:

@@ -1,5 +1,6 @@
 """The masked-LM objective (BERT, Devlin et al. 2019): a rate of each block's tokens is chosen (never a special
-token); of those 80% become the mask token, 10% a random token, 10% stay; the loss reads the chosen ones only.
+token; at least one per row that has any other); of those 80% become the mask token, 10% a random token, 10%
+stay; the loss reads the chosen ones only.
 
 Draws are seeded by the micro-batch's index (and the process), so a resumed fine-tune masks exactly as the
 uninterrupted one, and the validation blocks are masked the same way at every evaluation."""
@@ -37,7 +38,12 @@ class Masker:
         how = torch.rand(shape, generator=g)  # (B, T) mask / random / keep
         rand = torch.randint(0, self.vocab_size, shape, generator=g)  # (B, T)
         ids = batch.cpu()
-        chosen = (u < self.rate) & ~torch.isin(ids, torch.tensor(self.special_ids, dtype=ids.dtype))
+        allowed = ~torch.isin(ids, torch.tensor(self.special_ids, dtype=ids.dtype))  # (B, T)
+        chosen = (u < self.rate) & allowed
+        # a row with a token to predict always predicts one (the loss of an empty draw is 0/0): its lowest draw
+        none = ~chosen.any(-1) & allowed.any(-1)  # (B,)
+        first = torch.where(allowed, u, torch.full_like(u, 2.0)).argmin(-1)  # (B,)
+        chosen[none, first[none]] = True
         labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
         inputs = torch.where(chosen & (how < 0.8), torch.full_like(ids, self.mask_id), ids)
         inputs = torch.where(chosen & (how >= 0.8) & (how < 0.9), rand, inputs)
