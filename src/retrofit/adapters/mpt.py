@@ -41,8 +41,9 @@ class RetrofitMptAttention(nn.Module):
         if self.clip_qkv:
             qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
         q, k, v = (x.reshape(B, T, self.num_heads, self.head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=2))
+        cache = cache if cache is not None else kwargs.get("past_key_values")  # its name before transformers 5.24
         if cache is not None:  # (B, H, T, D) each
-            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+            k, v = cache.update(k, v, self.layer_idx)
         if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
             attention_mask = None  # the all-real mask MPT needs a tensor for (``Adapter.mask_tensor``)
         attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
