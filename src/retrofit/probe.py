@@ -42,15 +42,55 @@ def _output(model, x: torch.Tensor) -> torch.Tensor:
     return (logits if logits is not None else out.last_hidden_state).float()
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
 @torch.no_grad()
 def lossless(model, adapter, convert, revert, set_attn) -> float:
     """Require ``model``'s logits back after converting it to its own mechanism; returns the difference.
     ``convert(model, scheme, options)``, ``revert(model)`` and ``set_attn(model, name)`` are core's (passed in:
     no import circle).
+
+    A half-precision model is probed in float32 (its weights upcast, then put back bit for bit) where the fp32
+    copy fits in its device's free memory: at half precision its own path rounds the scores (gemma2's eager
+    softcap in bf16) and the float noise hides differences that matter (cohere's pairs, read the wrong way, pass
+    in bf16 on a tiny model); where it does not fit, at its own precision, said in the log.
     Raises UnsupportedArchitectureError naming the difference."""
     key = fingerprint(model)
     if key in _PASSED:
         return _PASSED[key]
+    if next(model.parameters()).dtype not in HALF:
+        return _lossless(model, adapter, convert, revert, set_attn, key)
+    if not _fits_in_fp32(model):
+        log.warning("lossless probe: %s at its own precision (an fp32 copy does not fit)", model.config.model_type)
+        return _lossless(model, adapter, convert, revert, set_attn, key)
+    dtypes = {t: t.dtype for t in (*model.parameters(), *model.buffers())}
+    try:
+        model.float()
+        return _lossless(model, adapter, convert, revert, set_attn, key)
+    finally:
+        for t, dtype in dtypes.items():
+            t.data = t.data.to(dtype)
+
+
+def _fits_in_fp32(model) -> bool:
+    """Would upcasting the model's half-precision weights to float32 fit in its device's free memory (with a
+    quarter to spare)?"""
+    import os
+
+    extra = 2 * sum(t.numel() for t in model.parameters() if t.dtype in HALF)  # bytes: 2 more per element
+    device = next(model.parameters()).device
+    try:
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0]
+        else:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return False
+    return extra * 1.25 <= free
+
+
+def _lossless(model, adapter, convert, revert, set_attn, key) -> float:
     was_training = model.training
     model.eval()
     spec = adapter.spec()

@@ -287,3 +287,25 @@ def test_deepseek_s_own_yarn_temperature_is_refused_when_rescaled():
     with pytest.raises(retrofit.errors.OptionError, match="mscale_all_dim"):
         retrofit.convert(model, "rope", scaling="yarn", factor=8.0)
     retrofit.convert(model, "alibi")  # another scheme: the rotation goes, the scale stays the model's
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
+def test_a_half_precision_model_is_probed_in_float32_and_given_back_bit_for_bit(model_type, monkeypatch):
+    """gemma2's eager softcap rounds its scores in bf16 where retrofit keeps them in fp32: probed in float32, it
+    converts; its weights are the same bf16 tensors afterwards."""
+    monkeypatch.setattr(probe, "_PASSED", {})
+    model = tiny(*CLAIMED[model_type]).to(torch.bfloat16)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    retrofit.convert(model, "alibi")
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) and after[k].dtype == v.dtype for k, v in weights.items() if k in after)
+
+
+def test_in_half_precision_the_probe_still_sees_a_difference_no_quirk_names(monkeypatch):
+    """At bf16's own float noise cohere's pairs read the wrong way would pass on a tiny model; in float32 not."""
+    monkeypatch.setattr(quirks, "QUIRKS", tuple(q for q in quirks.QUIRKS if q.name != "interleaved_rotary"))
+    monkeypatch.setattr(probe, "_PASSED", {})
+    model = tiny(*CLAIMED["cohere"]).to(torch.bfloat16)
+    with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
+        retrofit.convert(model, "rope")
+    assert next(model.parameters()).dtype == torch.bfloat16
