@@ -10,23 +10,21 @@ from __future__ import annotations
 import dataclasses
 
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..errors import RetrofitError, UnsupportedArchitectureError
+from ..errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
+from .standins import StandInAttention
 
 TRAINED_LENGTH = 2048  # BLOOM's training sequence length (Scao et al., 2022); its config has no length key
 
 
-class RetrofitBloomAttention(nn.Module):
-    """Stands in for ``BloomAttention``: its projections, attention through
-    ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (the registered ``"retrofit"``)."""
+class RetrofitBloomAttention(StandInAttention):
+    """Stands in for ``BloomAttention``: its projections, attention through the configured function."""
+
+    family = "BLOOM"
 
     def __init__(self, original: nn.Module, config, state):
-        super().__init__()
-        self.config = config
-        object.__setattr__(self, "original", original)
-        object.__setattr__(self, "state", state)
+        super().__init__(original, config, state)
         self.query_key_value, self.dense, self.attention_dropout = (
             original.query_key_value,
             original.dense,
@@ -34,29 +32,17 @@ class RetrofitBloomAttention(nn.Module):
         )
         self.num_heads, self.head_dim, self.layer_idx = original.num_heads, original.head_dim, original.layer_idx
         self.scaling, self.hidden_dropout = original.inv_norm_factor, original.hidden_dropout
-        self.is_causal = True
-        self.calls = 0
 
     def forward(self, hidden_states, residual, alibi=None, attention_mask=None, layer_past=None, **kwargs):
         from transformers.models.bloom.modeling_bloom import dropout_add
 
         self.calls += 1
-        if self.state.native_fade > 0:
-            raise RetrofitError("native_fade: BLOOM's ALiBi is not faded in (convert to alibi to keep it instead)")
+        self.native_alibi_not_faded()
         B, T, _ = hidden_states.shape
         q, k, v = self.original._reshape(self.query_key_value(hidden_states))  # (B, H, T, D) each
         if layer_past is not None:
             k, v = layer_past.update(k, v, self.layer_idx)
-        attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-        out, weights = attend(
-            self,
-            q,
-            k,
-            v,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=self.attention_dropout.p if self.training else 0.0,
-        )  # (B, T, H, D)
+        out, weights = self.attend(q, k, v, attention_mask, self.scaling, self.attention_dropout.p)  # (B, T, H, D)
         out = self.dense(out.reshape(B, T, self.num_heads * self.head_dim))
         return dropout_add(out, residual, self.hidden_dropout, self.training), weights
 

@@ -11,23 +11,20 @@ from __future__ import annotations
 import dataclasses
 
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..errors import RetrofitError, UnsupportedArchitectureError
+from ..errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
 from .llama import native_rope
-from .standins import NeutralisedRotary
+from .standins import NeutralisedRotary, StandInAttention
 
 
-class RetrofitFalconAttention(nn.Module):
-    """Stands in for ``FalconAttention``: its projections, attention through
-    ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (the registered ``"retrofit"``)."""
+class RetrofitFalconAttention(StandInAttention):
+    """Stands in for ``FalconAttention``: its projections, attention through the configured function."""
+
+    family = "Falcon"
 
     def __init__(self, original: nn.Module, config, state):
-        super().__init__()
-        self.config = config
-        object.__setattr__(self, "original", original)
-        object.__setattr__(self, "state", state)
+        super().__init__(original, config, state)
         self.query_key_value, self.dense, self.attention_dropout = (
             original.query_key_value,
             original.dense,
@@ -38,16 +35,14 @@ class RetrofitFalconAttention(nn.Module):
         self.num_kv_heads = original.num_heads if original.new_decoder_architecture else original.num_kv_heads
         self.scaling = original.inv_norm_factor
         self.alibi = bool(config.alibi)
-        self.is_causal = True
-        self.calls = 0
 
     def forward(self, hidden_states, alibi=None, attention_mask=None, position_ids=None, layer_past=None,
                 use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):  # fmt: skip
         from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
 
         self.calls += 1
-        if self.alibi and self.state.native_fade > 0:
-            raise RetrofitError("native_fade: Falcon's ALiBi is not faded in (convert to alibi to keep it instead)")
+        if self.alibi:
+            self.native_alibi_not_faded()
         B, T, _ = hidden_states.shape
         q, k, v = self.original._split_heads(self.query_key_value(hidden_states))  # (B, T, H*, D) each
         q = q.transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)  # (B, H, T, D)
@@ -57,16 +52,7 @@ class RetrofitFalconAttention(nn.Module):
             q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
         if layer_past is not None:
             k, v = layer_past.update(k, v, self.layer_idx)
-        attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-        out, weights = attend(
-            self,
-            q,
-            k,
-            v,
-            attention_mask,
-            scaling=self.scaling,
-            dropout=self.attention_dropout.p if self.training else 0.0,
-        )  # (B, T, H, D)
+        out, weights = self.attend(q, k, v, attention_mask, self.scaling, self.attention_dropout.p)  # (B, T, H, D)
         return self.dense(out.reshape(B, T, self.num_heads * self.head_dim)), weights
 
 

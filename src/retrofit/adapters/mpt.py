@@ -11,31 +11,26 @@ not read by it), and so does the stand-in's conversion."""
 from __future__ import annotations
 
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..errors import RetrofitError, UnsupportedArchitectureError
+from ..errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
+from .standins import StandInAttention
 
 
-class RetrofitMptAttention(nn.Module):
-    """Stands in for ``MptAttention``: its projections, attention through
-    ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (the registered ``"retrofit"``)."""
+class RetrofitMptAttention(StandInAttention):
+    """Stands in for ``MptAttention``: its projections, attention through the configured function."""
+
+    family = "MPT"
 
     def __init__(self, original: nn.Module, config, state):
-        super().__init__()
-        self.config = config
-        object.__setattr__(self, "original", original)
-        object.__setattr__(self, "state", state)
+        super().__init__(original, config, state)
         self.Wqkv, self.out_proj = original.Wqkv, original.out_proj
         self.num_heads, self.head_dim, self.layer_idx = original.n_heads, original.head_dim, original.layer_idx
         self.scaling, self.clip_qkv, self.dropout = original.softmax_scale, original.clip_qkv, original.attn_dropout_p
-        self.is_causal = True
-        self.calls = 0
 
     def forward(self, hidden_states, position_bias=None, cache=None, attention_mask=None, **kwargs):
         self.calls += 1
-        if self.state.native_fade > 0:
-            raise RetrofitError("native_fade: MPT's ALiBi is not faded in (convert to alibi to keep it instead)")
+        self.native_alibi_not_faded()
         B, T, _ = hidden_states.shape
         qkv = self.Wqkv(hidden_states)  # (B, T, 3E)
         if self.clip_qkv:
@@ -46,10 +41,7 @@ class RetrofitMptAttention(nn.Module):
             k, v = cache.update(k, v, self.layer_idx)
         if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
             attention_mask = None  # the all-real mask MPT needs a tensor for (``Adapter.mask_tensor``)
-        attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-        out, weights = attend(
-            self, q, k, v, attention_mask, scaling=self.scaling, dropout=self.dropout if self.training else 0.0
-        )  # (B, T, H, D)
+        out, weights = self.attend(q, k, v, attention_mask, self.scaling, self.dropout)  # (B, T, H, D)
         return self.out_proj(out.reshape(B, T, self.num_heads * self.head_dim)), weights
 
 

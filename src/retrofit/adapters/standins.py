@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..errors import LengthError
+from ..errors import LengthError, RetrofitError
 from .calls import state_positions
 
 
@@ -114,3 +114,35 @@ class NeutralisedSinCos(nn.Module):
         if fade > 0:  # (B, T, rot / 2): the original's angles, faded, in the input's dtype as GPT-J casts them
             return angle.sin().to(x.dtype), angle.cos().to(x.dtype)
         return torch.zeros_like(angle, dtype=x.dtype), torch.ones_like(angle, dtype=x.dtype)
+
+
+class StandInAttention(nn.Module):
+    """Base of the stand-ins for attention modules that compute attention inline, with no attention-function
+    dispatch (BLOOM, Falcon, MPT): the original kept reachable (``revert``), and q, k, v sent through
+    ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (the registered ``"retrofit"``). A subclass keeps its
+    family's projections and splits its fused qkv as the family does."""
+
+    is_causal = True
+    family = "this family"  # named in errors
+
+    def __init__(self, original: nn.Module, config, state):
+        super().__init__()
+        self.config = config
+        object.__setattr__(self, "original", original)
+        object.__setattr__(self, "state", state)
+        self.calls = 0
+
+    def native_alibi_not_faded(self) -> None:
+        """A native ALiBi is not faded in: ``native_fade`` asks for what only a rotary or a table can give."""
+        if self.state.native_fade > 0:
+            raise RetrofitError(
+                f"native_fade: {self.family}'s ALiBi is not faded in (convert to alibi to keep it instead)"
+            )
+
+    def attend(self, q, k, v, mask, scaling: float, dropout: float):
+        """(out (B, T, H, D), weights) through the configured attention function; q (B, H, T, D), k, v
+        (B, Hkv, Tk, D)."""
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        function = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        return function(self, q, k, v, mask, scaling=scaling, dropout=dropout if self.training else 0.0)
