@@ -18,6 +18,7 @@ from retrofit.cli import main
 from retrofit.native_export.base import MAPPINGS
 
 from ..tiny import GPTJ_LAYOUT, NATIVE, _llama_like
+from .test_structure import CLAIMED
 
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
 
@@ -65,48 +66,21 @@ FAMILIES = {  # family: (model factory taking the vocab size, whether a native e
     "granite": lambda v: _small(tf.GraniteConfig, tf.GraniteForCausalLM, v),
     "olmo": lambda v: _small(tf.OlmoConfig, tf.OlmoForCausalLM, v),
     "starcoder2": lambda v: _small(tf.Starcoder2Config, tf.Starcoder2ForCausalLM, v, sliding_window=24),
-    "mixtral": lambda v: _small(tf.MixtralConfig, tf.MixtralForCausalLM, v, **MOE),
-    "qwen2_moe": lambda v: _small(
-        tf.Qwen2MoeConfig,
-        tf.Qwen2MoeForCausalLM,
-        v,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-    ),
     "qwen3_moe": lambda v: _small(
         tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM, v, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32
-    ),
-    "gemma": lambda v: _small(tf.GemmaConfig, tf.GemmaForCausalLM, v, head_dim=16),
-    "phi": lambda v: _small(tf.PhiConfig, tf.PhiForCausalLM, v),
-    "phi3": lambda v: _small(tf.Phi3Config, tf.Phi3ForCausalLM, v),
-    "stablelm": lambda v: _small(tf.StableLmConfig, tf.StableLmForCausalLM, v),
-    "cohere": lambda v: _small(tf.CohereConfig, tf.CohereForCausalLM, v),
-    "smollm3": lambda v: _small(
-        tf.SmolLM3Config, tf.SmolLM3ForCausalLM, v, num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0]
     ),
     "falcon": lambda v: _falcon(v),
     "mpt": lambda v: tf.MptForCausalLM(
         tf.MptConfig(vocab_size=v, d_model=64, n_layers=2, n_heads=4, max_seq_len=NATIVE, pad_token_id=v - 1)
     ),
     "falcon-alibi": lambda v: _falcon(v, alibi=True),
-    "deepseek_v3": lambda v: _small(
-        tf.DeepseekV3Config,
-        tf.DeepseekV3ForCausalLM,
-        v,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        q_lora_rank=None,
-        kv_lora_rank=16,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=16,
-        num_key_value_heads=4,
-    ),
 }
 
+
+# the LLaMA-layout types test_structure.py claims by structure (MoE, partial, interleaved and reversed rotary,
+# layers without positions, MLA): the same tiny configs, here on the user's path
+for _t in ("mixtral", "qwen2_moe", "gemma", "phi", "phi3", "stablelm", "cohere", "smollm3", "deepseek_v3"):
+    FAMILIES[_t] = lambda v, _c=CLAIMED[_t]: _small(_c[0], _c[1], v, **_c[2])
 
 if GPTJ_LAYOUT:  # codegen beside gptj where this transformers rotates GPT-J outside its attention
     FAMILIES["codegen"] = lambda v: _gpt(tf.CodeGenConfig, tf.CodeGenForCausalLM, v, rotary_dim=8, n_inner=128)
