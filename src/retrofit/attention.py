@@ -64,7 +64,11 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
             f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first"
         )
+    far = None
     if kind == "rotary":
+        reach = scheme.far_reach(ctx.layer)
+        if reach is not None:  # SelfExtend / STRING: the far view, from q and k before the rotation below
+            far = _far_view(state, scheme, query, key, q_start, shift, placed, causal, reach)
         k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
         length = _rotary_length(state, scheme, Tq, Tk + shift, query.device, placed)
         first = None if placed else shift + state.offset  # consecutive positions: cos/sin from a table
@@ -75,6 +79,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], length, start=new)
         else:
             key = scheme.rotate(ctx.layer, key, k_pos, length, start=first)
+        if far is not None and far.k is None:  # STRING: the far view's keys are where they are
+            far = kernels.Far(far.q, key, far.reach)
     rel_query = None
     if kind == "relative":  # Transformer-XL: content query q + u, position query q + v
         query, rel_query = scheme.relative_queries(ctx.layer, query)
@@ -86,6 +92,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         query = query * tau.to(query.dtype)[:, None, :, None]
         if rel_query is not None:
             rel_query = rel_query * tau.to(query.dtype)[:, None, :, None]
+        if far is not None:
+            far = kernels.Far(far.q * tau.to(query.dtype)[:, None, :, None], far.k, far.reach)
     relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed)
     bias = slopes = band = rows = None
     if kind == "bias":
@@ -137,6 +145,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         causal=causal,
         softcap=kwargs.get("softcap"),  # gemma2's attention-logit softcapping
         sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),  # gpt_oss's attention sinks
+        far=far,
     )
     if rows is None:
         out, path = _attend(call, state.kernel)
@@ -147,6 +156,32 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             out[idx], path = _attend(call.rows(idx, _bias_fn(scheme, layer, None, moved, scale)), state.kernel)
     state.record(ctx.layer, path)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _far_view(state, scheme, query, key, q_start: int, shift: int, placed: bool, causal: bool, reach: int):
+    """The second view of a two-view rotary scheme: q (and, for SelfExtend, k) rotated at ``far_positions`` of
+    each token's absolute position (per batch row where left padding moves a row's tokens off their slots:
+    SelfExtend's grouping is not shift-invariant). Keys in the cache are unrotated (``keys_reread``)."""
+    if placed:
+        raise RetrofitError(
+            f"rope extension {scheme.options.extension!r} is training-free: it takes no fine-tune's PoSE or "
+            "randomized positions"
+        )
+    if not causal:
+        raise RetrofitError(f"rope extension {scheme.options.extension!r} needs causal attention (a decoder)")
+    Tq, Tk = query.shape[-2], key.shape[-2]
+    slots = state.place(torch.arange(Tk, device=query.device) + shift)  # (Tk,) positions without padding
+    moves = _row_shifts(state, Tq, Tk, query.device) if scheme.keys_reread else None
+    far_q = torch.empty_like(query)
+    far_k = torch.empty_like(key) if scheme.keys_reread else None
+    for moved in [None] if moves is None else moves.unique().tolist():
+        rows = slice(None) if moved is None else (moves == moved).nonzero()[:, 0]
+        pos = slots if moved is None else torch.arange(Tk, device=query.device) + moved + state.offset
+        q_pos, k_pos = scheme.far_positions(pos[q_start:], pos)
+        far_q[rows] = scheme.rotate(None, query[rows], q_pos, Tk)
+        if far_k is not None:
+            far_k[rows] = scheme.rotate(None, key[rows], k_pos, Tk)
+    return kernels.Far(far_q, far_k, reach)
 
 
 def _bias_fn(scheme, layer, place, moved: int, scale):
@@ -235,7 +270,7 @@ def _rotate_once(state, scheme, key) -> bool:
     """Rotate each key once, as it enters the cache: a plain DynamicCache holds this very tensor, no
     gradient flows through it, and the scheme rotates a position the same way at every length (dynamic
     RoPE rescales with the length: its whole cache is re-rotated every step, exactly)."""
-    return _writes_through_cache(state, key) and not scheme.rotation_depends_on_length
+    return _writes_through_cache(state, key) and not (scheme.rotation_depends_on_length or scheme.keys_reread)
 
 
 def _writes_through_cache(state, key) -> bool:

@@ -242,6 +242,14 @@ class Scheme(nn.Module):
     #: a rotary scheme whose rotation of a position changes with the sequence length (dynamic RoPE)
     rotation_depends_on_length: bool = False
 
+    #: a rotary scheme that reads each key at a second position too (SelfExtend): the cache keeps keys unrotated
+    keys_reread: bool = False
+
+    def far_reach(self, layer: int) -> int | None:
+        """A two-view rotary scheme (SelfExtend, STRING): keys at distance >= this are scored with the rotations
+        of ``far_positions``; None: one view."""
+        return None
+
     #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
     bias_scaled_with_scores: bool = False
 

@@ -6,6 +6,16 @@ static NTK-aware scaling (bloc97) has no transformers function and is the defaul
 model's own theta and rotary fraction, so ``convert(model, "rope", scaling="yarn", factor=4)``
 rescales it.
 
+Two training-free ways to read past native without rescaling (``extension``; each scores far keys by a second
+view of the same rotation, merged per query-key pair by distance, ``far_reach`` / ``far_positions``):
+
+- ``self_extend`` (SelfExtend, Jin et al., ICML 2024): a key at distance d < w (the neighbour window) keeps its
+  exact positions; a farther one is scored with the query at ``floor(i / G) + w - w / G`` and the key at
+  ``floor(j / G)``, G the group size, so no relative position past ``(N - w) * G + w`` is ever new to the model.
+- ``string`` (STRING, An et al., 2024, arXiv 2410.18745): its position matrix ``P[i, j] = i - j`` for d < S (the
+  shift) and ``i - j - S + W`` for d >= S (W the local window): the query of the far view sits at ``i - S + W``,
+  its keys where they are. The distances past S reuse the well-trained ones from W on.
+
 A model with rope parameters per layer type (gemma3: local sliding layers at theta 10k, global layers at
 1M): the options apply to the global layers; the other layers keep their own rotation exactly (a sliding
 layer never sees a distance past its window), as the model's own long-context configs do.
@@ -25,6 +35,8 @@ from .base import ModelSpec, Scheme, option, register_scheme
 log = logging.getLogger(__name__)
 
 SCALINGS = ("none", "linear", "ntk", "yarn", "dynamic")
+EXTENSIONS = ("none", "self_extend", "string")
+STRING_WINDOW = 128  # STRING's local window W by default (the paper's), at most native / 8
 TABLE_POSITIONS = 1 << 16  # consecutive positions below this read cos/sin from a table (32 MiB at rot_dim 128)
 
 
@@ -79,6 +91,26 @@ class RoPE(Scheme):
         beta_fast: float = option(32.0, "YaRN: high-frequency boundary (rotations)")
         beta_slow: float = option(1.0, "YaRN: low-frequency boundary (rotations)")
         attention_factor: float | None = option(None, "YaRN: attention temperature; default 0.1*ln(factor)+1")
+        extension: str = option(
+            "none",
+            "training-free reach without rescaling, far keys through a second view: none | self_extend (SelfExtend: "
+            "grouped positions past the neighbour window) | string (STRING: distances past the shift reuse those "
+            "from the window on); factor sets the length it serves",
+            EXTENSIONS,
+        )
+        group: int | None = option(
+            None, "self_extend: group size G; default: the least that serves factor x native, at least 2"
+        )
+        window: int | None = option(
+            None,
+            "self_extend: the neighbour window w, exact positions below it (default native / 4); string: the local "
+            "window W where the shifted distances start (default 128, at most native / 8)",
+        )
+        shift: int | None = option(
+            None,
+            "string: the shift S, distances from S on read d - S + W; default 0.33 x native when factor is 1 (the "
+            "paper's), else (factor x native + W) / 2 (neither view reads far past native)",
+        )
 
     @classmethod
     def resolve_defaults(cls, spec, opts):
@@ -100,8 +132,9 @@ class RoPE(Scheme):
             raise OptionError(f"rope: {opts.fraction} x head_dim {spec.head_dim} must give an even number of dims")
         if opts.theta <= 0 or opts.native_length <= 0:
             raise OptionError("rope: theta and native_length must be positive")
-        if opts.scaling == "none" and opts.factor != 1.0:
-            raise OptionError("rope: factor != 1 needs a scaling (linear, ntk, yarn or dynamic)")
+        _resolve_extension(opts)
+        if opts.scaling == "none" and opts.factor != 1.0 and opts.extension == "none":
+            raise OptionError("rope: factor != 1 needs a scaling (linear, ntk, yarn or dynamic) or an extension")
         if opts.scaling != "none" and opts.factor < 1.0:
             raise OptionError(f"rope: factor must be >= 1; got {opts.factor}")
         return opts
@@ -117,6 +150,8 @@ class RoPE(Scheme):
         # nanochat's rotate_half is (x2, -x1): its pairs turn by -angle (a fact of the model, as above)
         self.turn = -1.0 if (spec.native_rope or {}).get("reversed") else 1.0
         self.rotation_depends_on_length = options.scaling == "dynamic"
+        # SelfExtend's far keys sit at floor(j / G): the cache keeps keys unrotated (both views read them)
+        self.keys_reread = options.extension == "self_extend"
         native = spec.native_rope or {}
         same_base = options.theta == native.get("theta") and options.fraction == native.get("fraction")
         if native.get("own_temperature") and not (options.scaling == "none" and same_base):
@@ -238,3 +273,55 @@ class RoPE(Scheme):
         if not xp.shape[-1]:
             return xr
         return torch.cat((xp, xr) if self.at_end else (xr, xp), dim=-1)
+
+    # ---- SelfExtend / STRING: the far view -------------------------------------------------
+    def far_reach(self, layer: int) -> int | None:
+        """Keys at distance >= this are scored through the far view (``far_positions``); None: one view (no
+        extension, or a local layer of a per-layer-type model, which keeps its own rotation)."""
+        o = self.options
+        if o.extension == "none" or layer in self.layer_kept:
+            return None
+        return o.window if o.extension == "self_extend" else o.shift
+
+    def far_positions(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The far view's positions of queries at absolute ``q_pos`` and keys at ``k_pos`` (None: the keys keep
+        theirs, STRING). SelfExtend: ``floor(i / G) + w - w / G`` and ``floor(j / G)``; STRING: ``i - S + W``."""
+        o = self.options
+        if o.extension == "self_extend":
+            G, w = o.group, o.window
+            near = w - w / G  # a float where G does not divide w, as the authors' reference code computes it
+            return torch.div(q_pos, G, rounding_mode="floor") + near, torch.div(k_pos, G, rounding_mode="floor")
+        return q_pos - o.shift + o.window, None
+
+
+def _resolve_extension(opts) -> None:
+    """Check SelfExtend's and STRING's options and fill their defaults from the length served (factor x native)."""
+    ext, native = opts.extension, opts.native_length
+    given = [k for k in ("group", "window", "shift") if getattr(opts, k) is not None]
+    if ext == "none":
+        if given:
+            raise OptionError(f"rope: option(s) {', '.join(given)} need extension self_extend or string")
+        return
+    if opts.scaling != "none":
+        raise OptionError(f"rope: extension {ext} replaces rescaling; use scaling none (got {opts.scaling})")
+    if opts.factor < 1.0:
+        raise OptionError(f"rope: factor must be >= 1; got {opts.factor}")
+    served = int(round(opts.factor * native))
+    if ext == "self_extend":
+        if opts.shift is not None:
+            raise OptionError("rope: option 'shift' is STRING's; self_extend takes group and window")
+        w = native // 4 if opts.window is None else opts.window
+        if not 0 < w < native:
+            raise OptionError(f"rope: self_extend's window must be in (0, native {native}); got {w}")
+        need = max(2, -(-(served - w) // (native - w)))  # (N - w) * G + w >= served
+        opts.window, opts.group = w, need if opts.group is None else opts.group
+        if opts.group < 1:
+            raise OptionError(f"rope: self_extend's group must be >= 1; got {opts.group}")
+        return
+    if opts.group is not None:
+        raise OptionError("rope: option 'group' is SelfExtend's; string takes shift and window")
+    w = min(STRING_WINDOW, max(1, native // 8)) if opts.window is None else opts.window
+    s = (int(0.33 * native) if served <= native else (served + w) // 2) if opts.shift is None else opts.shift
+    if not 0 < w < s:
+        raise OptionError(f"rope: string needs 0 < window < shift; got window {w}, shift {s}")
+    opts.window, opts.shift = w, s

@@ -31,7 +31,7 @@ from . import (
     sdpa_alibi_dims,
     sdpa_relative_dims,
 )
-from .call import Call, Relative, Unavailable  # noqa: F401  (the record attention.py builds)
+from .call import Call, Far, Relative, Unavailable  # noqa: F401  (the record attention.py builds)
 
 POSITION_FREE = ("none", "rotary", "absolute")  # scheme kinds with no positional term in the scores
 BIAS = ("bias",)
@@ -49,6 +49,7 @@ class Path:
     grouped: bool = False  # takes grouped-query keys (Hkv < H) as they are
     scores: bool = False  # applies the model's own score terms (softcap, sinks): the others never serve such a call
     bidirectional: bool = False  # serves keys after the query (an encoder's attention): the others never do
+    two_view: bool = False  # serves a second view for the far keys (SelfExtend, STRING): the others never do
 
     def why_not(self, call: Call) -> str | None:
         """None when this row serves ``call``; else why not."""
@@ -56,6 +57,8 @@ class Path:
             return f"the model's {call.scored}, which this path does not apply"
         if not call.causal and not self.bidirectional:
             return "bidirectional attention (keys after the query), which this path does not serve"
+        if call.far is not None and not self.two_view:
+            return "a second rotary view for the far keys (SelfExtend, STRING), which this path does not serve"
         return self.serves(call)
 
 
@@ -130,9 +133,10 @@ PATHS = (
         chunked.run,
         POSITION_FREE + BIAS + RELATIVE,
         "query-chunked SDPA with each chunk's own bias or relative logits (scores written out where the model "
-        "softcaps its logits or has attention sinks): serves every call",
+        "softcaps its logits, has attention sinks or scores far keys through a second view): serves every call",
         scores=True,
         bidirectional=True,
+        two_view=True,
     ),
 )
 BY_NAME = {p.name: p for p in PATHS}

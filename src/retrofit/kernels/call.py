@@ -37,6 +37,17 @@ class Relative:
 
 
 @dataclass
+class Far:
+    """A two-view rotary scheme's second view (SelfExtend, STRING): the logit of query i and key j with
+    ``pos_i - pos_j >= reach`` is ``q[i] . k[j]`` of these tensors (rotated at the far view's positions) instead
+    of the call's own."""
+
+    q: torch.Tensor  # (B, H, Tq, D)
+    k: torch.Tensor  # (B, H or Hkv, Tk, D)
+    reach: int
+
+
+@dataclass
 class Call:
     """Attention of q over k, v; query i sits at key slot ``q_start + i``; ``causal``: keys up to the query's
     slot (a decoder), else every key (an encoder's bidirectional attention). Normalised on creation:
@@ -61,6 +72,7 @@ class Call:
     # the model's own score terms (gemma2's softcap, gpt_oss's sinks): only a path that ``scores`` applies them
     softcap: float | None = None  # content logits s -> softcap * tanh(s / softcap), before any positional term
     sinks: torch.Tensor | None = None  # (H,) one extra logit per head in every softmax, its value dropped
+    far: Far | None = None  # a second view for the far keys (SelfExtend, STRING): only a path that ``two_view``s
 
     @property
     def scored(self) -> str | None:
@@ -96,7 +108,7 @@ class Call:
     def positional(self) -> bool:
         """A positional term enters the scores (a bias, its slopes or band, a relative term): the model's kernel
         choice applies."""
-        return any(x is not None for x in (self.bias, self.slopes, self.band, self.relative))
+        return any(x is not None for x in (self.bias, self.slopes, self.band, self.relative, self.far))
 
     @property
     def masked(self) -> bool:
@@ -122,6 +134,7 @@ class Call:
             bias=bias,
             key_padding=pick(self.key_padding),
             row_scale=pick(self.row_scale),
+            far=None if self.far is None else Far(self.far.q[idx], self.far.k[idx], self.far.reach),
         )
 
     def full_heads(self) -> Call:
@@ -130,7 +143,10 @@ class Call:
         if H == Hkv:
             return self
         k, v = (x.repeat_interleave(H // Hkv, dim=1) for x in (self.k, self.v))
-        return dataclasses.replace(self, k=k, v=v)
+        far = self.far
+        if far is not None and far.k.shape[1] != H:
+            far = Far(far.q, far.k.repeat_interleave(H // far.k.shape[1], dim=1), far.reach)
+        return dataclasses.replace(self, k=k, v=v, far=far)
 
 
 def chunk_rows(H: int, Tq: int, Tk: int) -> int:

