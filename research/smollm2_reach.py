@@ -185,6 +185,7 @@ def main(argv=None) -> int:
             "copy": cells,
             "copy_through_native_window": floor,
             "effective_reach": retrieval.effective_reach(cells, native),
+            "effective_reach_native_window": retrieval.effective_reach(floor, native),
             "seconds": {"full": round(t_full, 1), "windows": round(t_window, 1)},
         }
         rows.append(row)

@@ -117,7 +117,8 @@ def xl_reference(s, layer, q, k, i, j):
     li = layer if s.options.per_layer else 0
     u, v, W = s.u[li].float(), s.v[li].float(), s.proj[li].float()  # (H, D), (H, D), (H * D, dim)
     H, D = u.shape
-    R = _sinusoid((i - j).clamp(min=0), s.options.dim, s.options.base)  # (Tq, Tk, dim); future keys are masked
+    d = (i - j) if s.spec.bidirectional else (i - j).clamp(min=0)  # a decoder's future keys are masked
+    R = _sinusoid(d, s.options.dim, s.options.base)  # (Tq, Tk, dim)
     r = (R @ W.T).view(*R.shape[:2], H, D)  # (Tq, Tk, H, D)
     a = q @ k.transpose(-1, -2)
     b = torch.einsum("bhid,ijhd->bhij", q, r)

@@ -94,7 +94,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
             rel_query = rel_query * tau.to(query.dtype)[:, None, :, None]
         if far is not None:
             far = kernels.Far(far.q * tau.to(query.dtype)[:, None, :, None], far.k, far.reach)
-    relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed)
+    relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed, causal)
     bias = slopes = band = rows = None
     if kind == "bias":
         scale = scaling if scheme.bias_scaled_with_scores else None
@@ -237,18 +237,21 @@ def _tau_of_slots(scheme, tau, q_start, Tk) -> bool:
     return bool((tau == scheme.temperature(torch.arange(q_start, Tk, device=tau.device))[None]).all())
 
 
-def _relative(state, scheme, layer, rel_query, Tk, placed) -> kernels.Relative:
+def _relative(state, scheme, layer, rel_query, Tk, placed, causal=True) -> kernels.Relative:
     """The position side of a relative scheme: one key vector per distance this call can meet (distances
-    only, so a sliding-window cache's shift does not enter; a block's own positions may span more)."""
+    only, so a sliding-window cache's shift does not enter; a block's own positions may span more), the
+    negative ones too where keys after the query count (an encoder)."""
     positions = state.place(torch.arange(Tk, device=rel_query.device)) if placed else None
     n = int(positions.max() - positions.min()) + 1 if placed else Tk
-    keys = scheme.relative_keys(layer, n, rel_query.dtype, rel_query.device)  # (H or 1, n, D)
+    first = 0 if causal else -(n - 1)
+    keys = scheme.relative_keys(layer, n - first, rel_query.dtype, rel_query.device, start=first)  # (H or 1, ., D)
     return kernels.Relative(
         rel_query,
         keys,
         positions,
         sinusoid=scheme.relative_sinusoid(layer, rel_query.device),
         reach=scheme.relative_reach(),
+        first=first,
     )
 
 

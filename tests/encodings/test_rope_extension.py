@@ -89,9 +89,22 @@ def test_equals_attention_written_from_the_papers_position_matrix(extension, opt
     assert (plain - ref).abs().max() > 1e-3  # the far view changes what the plain rotation gives
 
 
-@pytest.mark.parametrize("extension", ["self_extend", "string"])
-def test_cache_left_padding_and_save_reload(extension, tmp_path):
-    model = retrofit.convert(TINY["llama"](), "rope", extension=extension, factor=4.0)
+@pytest.mark.parametrize(
+    "model_type,extension",
+    [
+        ("llama", "self_extend"),
+        ("llama", "string"),
+        ("gpt_neox", "self_extend"),
+        ("gptj", "string"),
+        ("gpt2", "self_extend"),
+    ],
+    ids=["llama-se", "llama-string", "neox-partial-se", "gptj-interleaved-string", "gpt2-se"],
+)
+def test_cache_left_padding_and_save_reload(model_type, extension, tmp_path):
+    """generate() with a cache equals recompute, a left-padded batch equals each prompt alone and save -> reload
+    keeps the logits, past native, on a full rotation (llama), a partial one (gpt_neox), interleaved pairs (gptj)
+    and a learned-absolute model given rope (gpt2)."""
+    model = retrofit.convert(TINY[model_type](), "rope", extension=extension, factor=4.0)
     o = model.retrofit_positions.options
     assert o.window and (o.group or o.shift)  # defaults filled from factor x native
     # generate() with a cache equals recompute, past native

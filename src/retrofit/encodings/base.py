@@ -10,8 +10,9 @@ It is one of five kinds:
   (0-d tensors -> 0-d). A learned bias is a gather (``table[layer, h, bucket(q_pos - k_pos)]``),
   never an H x N x N tensor.
 - ``"relative"``: a query-dependent positional term (Transformer-XL, NEZHA): ``relative_queries(layer, q)``
-  gives the content and position queries, ``relative_keys(layer, n, dtype, device)`` one vector per
-  distance 0 .. n - 1 (H or 1, n, D); the kernel adds ``q_pos[i] . keys[i - j]`` per query chunk.
+  gives the content and position queries, ``relative_keys(layer, n, dtype, device, start)`` one vector per
+  distance start .. start + n - 1 (H or 1, n, D; an encoder's keys after the query have negative distances);
+  the kernel adds ``q_pos[i] . keys[i - j - start]`` per query chunk.
 - ``"rotary"``: rotates q and k, ``rotate(layer, x, pos)``.
 - ``"absolute"``: adds to the embeddings, ``embed(position_ids, dtype)``.
 - ``"none"``: nothing (the causal mask alone carries order).
@@ -222,7 +223,9 @@ class Scheme(nn.Module):
     def relative_queries(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError(f"scheme {self.name!r} is not a relative scheme")
 
-    def relative_keys(self, layer: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def relative_keys(
+        self, layer: int, n: int, dtype: torch.dtype, device: torch.device, start: int = 0
+    ) -> torch.Tensor:
         raise TypeError(f"scheme {self.name!r} is not a relative scheme")
 
     def relative_sinusoid(self, layer: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:

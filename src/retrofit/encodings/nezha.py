@@ -1,7 +1,8 @@
 """NEZHA's functional relative positions (Wei et al., 2019, "NEZHA: Neural Contextualized Representation
 for Chinese Language Understanding", sec. 3.2): Shaw et al.'s key form, q_i . a_ij added to the score,
 with fixed sinusoidal vectors a_ij[2k] = sin((j - i) / base^(2k/D)), a_ij[2k+1] = cos((j - i) / base^(2k/D))
-of the clipped offset (|j - i| <= ``max_distance``; the paper's 64). No learned parameters; the same
+of the clipped offset (|j - i| <= ``max_distance``; the paper's 64), keys after the query included on an
+encoder (NEZHA is a BERT-style encoder). No learned parameters; the same
 chunked relative-logit kernel as ``xl`` (``kind = "relative"``), with one table shared by every head.
 
 Convention: the paper's equations, not the released code's. Huawei's NEZHA code indexes a sinusoid table by
@@ -27,7 +28,6 @@ from .sinusoidal import sinusoids
 class Nezha(Scheme):
     name = "nezha"
     kind = "relative"
-    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
     shift_invariant = True
 
     @dataclass
@@ -52,7 +52,11 @@ class Nezha(Scheme):
     def relative_reach(self) -> int:
         return self.options.max_distance
 
-    def relative_keys(self, layer: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """a for i - j = 0 .. n - 1 (j - i = -d, clipped) -> (1, n, D), shared by every head."""
-        offset = -torch.arange(n, device=device).clamp(max=self.options.max_distance)  # j - i
+    def relative_keys(
+        self, layer: int, n: int, dtype: torch.dtype, device: torch.device, start: int = 0
+    ) -> torch.Tensor:
+        """a for i - j = start .. start + n - 1 (j - i = -d, clipped to [-k, k]: both sides on an encoder, as the
+        paper's BERT-style model) -> (1, n, D), shared by every head."""
+        k = self.options.max_distance
+        offset = -torch.arange(start, start + n, device=device).clamp(-k, k)  # j - i
         return sinusoids(offset, self.spec.head_dim, self.options.base)[None].to(dtype)

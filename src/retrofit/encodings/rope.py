@@ -86,7 +86,9 @@ class RoPE(Scheme):
             None, "fraction of each head's dims that rotate; default: the model's own, else 1.0"
         )
         scaling: str = option("none", "context rescaling: none | linear (PI) | ntk | yarn | dynamic", SCALINGS)
-        factor: float = option(1.0, "rescaling factor (new length / native length)")
+        factor: float = option(
+            1.0, "new length / native length: the rescaling factor (scaling), or the length extension serves"
+        )
         native_length: int | None = option(None, "the length the positions were trained on; default: the model's")
         beta_fast: float = option(32.0, "YaRN: high-frequency boundary (rotations)")
         beta_slow: float = option(1.0, "YaRN: low-frequency boundary (rotations)")

@@ -38,7 +38,6 @@ INIT_STD = 0.02
 class TransformerXL(Scheme):
     name = "xl"
     kind = "relative"
-    bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
     shift_invariant = True
 
     @dataclass
@@ -84,13 +83,16 @@ class TransformerXL(Scheme):
         li = self._li(layer)
         return q + self.u[li][:, None, :].to(q.dtype), q + self.v[li][:, None, :].to(q.dtype)
 
-    def relative_keys(self, layer: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """r_d = W_R R_d for distances d = 0 .. n - 1 -> (H, n, D). Without grad the table is kept per layer
-        (grown by doubling, rebuilt when W_R changes), so decoding does not re-project every distance each step."""
+    def relative_keys(
+        self, layer: int, n: int, dtype: torch.dtype, device: torch.device, start: int = 0
+    ) -> torch.Tensor:
+        """r_d = W_R R_d for distances d = start .. start + n - 1 -> (H, n, D) (an encoder's keys after the query:
+        negative d, the same sinusoid). Without grad the table from 0 is kept per layer (grown by doubling,
+        rebuilt when W_R changes), so decoding does not re-project every distance each step."""
         li = self._li(layer)
         W = self.proj[li].to(device)  # (H * D, dim)
-        if torch.is_grad_enabled() and W.requires_grad:
-            return self._project(W, n, dtype)
+        if start or (torch.is_grad_enabled() and W.requires_grad):
+            return self._project(W, n, dtype, start)
         key = (W._version, W.device, dtype)
         cached = self._tables.get(li)
         if cached is None or cached[0] != key or cached[1].shape[1] < n:
@@ -106,7 +108,7 @@ class TransformerXL(Scheme):
             self.options.dim, self.options.base, W.device
         )
 
-    def _project(self, W: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-        R = sinusoids(torch.arange(n, device=W.device), self.options.dim, self.options.base)  # (n, dim)
+    def _project(self, W: torch.Tensor, n: int, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
+        R = sinusoids(torch.arange(start, start + n, device=W.device), self.options.dim, self.options.base)  # (n, dim)
         r = R @ W.float().T  # (n, H * D)
         return r.view(n, self.spec.num_heads, self.spec.head_dim).transpose(0, 1).to(dtype)  # (H, n, D)

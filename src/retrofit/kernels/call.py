@@ -24,7 +24,7 @@ class Unavailable(RuntimeError):
 @dataclass
 class Relative:
     """A query-dependent positional term (Transformer-XL, NEZHA): the logit of query i and key j gains
-    ``query[i] . keys[d]`` (times ``scaling``), d = pos[i] - pos[j]. Built per query chunk from the chunk's
+    ``query[i] . keys[d - first]`` (times ``scaling``), d = pos[i] - pos[j]. Built per query chunk from the chunk's
     distances only: (B, H, C, C + Tc) logits, never H x N x N, so memory stays linear in N."""
 
     query: torch.Tensor  # (B, H, Tq, D) the position-side query (Transformer-XL: q + v), scaled like q
@@ -34,6 +34,7 @@ class Relative:
     # (odd channels) of d * freqs (Transformer-XL): the term then factorises into functions of i and of j
     sinusoid: tuple[torch.Tensor, torch.Tensor] | None = None
     reach: int | None = None  # keys[d] == keys[reach] for every d >= reach (NEZHA's clipped table)
+    first: int = 0  # the distance of keys[:, 0]: -(n - 1) where keys after the query count (an encoder)
 
 
 @dataclass

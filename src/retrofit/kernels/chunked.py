@@ -71,7 +71,9 @@ def attend_chunked(
             hi = min(hi, q_start + e - 1 + window)
         lo = max(0, q_start + s - window + 1) if window else 0
         rows_scale = None if row_scale is None else row_scale[:, s:e]
-        rel = (None, None, None) if relative is None else (relative.query[:, :, s:e], relative.keys, relative.positions)
+        rel = (None, None, None, 0)
+        if relative is not None:
+            rel = (relative.query[:, :, s:e], relative.keys, relative.positions, relative.first)
         two = (None, None, None) if far is None else (far.q[:, :, s:e], far.k[:, :, lo:hi], far.reach)
         args = (
             q[:, :, s:e],
@@ -110,6 +112,7 @@ def _chunk(
     rel_q=None,
     rel_keys=None,
     positions=None,
+    first=0,
     softcap=None,
     sinks=None,
     causal=True,
@@ -132,7 +135,7 @@ def _chunk(
         q_pos, k_pos = torch.arange(q0, q0 + C, device=qc.device), torch.arange(k0, k0 + Tc, device=qc.device)
         if positions is not None:  # a block's own positions (PoSE, randomized)
             q_pos, k_pos = positions[q0 : q0 + C], positions[k0 : k0 + Tc]
-        mask = relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype)  # (B, H, C, Tc)
+        mask = relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype, first)  # (B, H, C, Tc)
         mask = mask.masked_fill(
             ~block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window, causal=causal),
             float("-inf"),
@@ -186,13 +189,16 @@ def _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores=None
     return (probs @ vc.float()).to(qc.dtype)  # (B, H, C, D)
 
 
-def relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, dtype):
-    """``rel_q[i] . rel_keys[pos_i - pos_j] * scaling`` for one chunk: rel_q (B, H, C, D), rel_keys (H or 1, n, D),
-    q_pos (C,), k_pos (Tc,) -> (B, H, C, Tc). One matmul against the chunk's distinct distances (at most
-    C + Tc - 1 for consecutive positions), then a gather (the rel-shift of Transformer-XL, written as an index)."""
-    dist = (q_pos[:, None] - k_pos[None, :]).clamp(min=0)  # (C, Tc); future keys are masked anyway
+def relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, dtype, first=0):
+    """``rel_q[i] . rel_keys[pos_i - pos_j - first] * scaling`` for one chunk: rel_q (B, H, C, D), rel_keys (H or
+    1, n, D) from distance ``first`` on, q_pos (C,), k_pos (Tc,) -> (B, H, C, Tc). One matmul against the chunk's
+    distinct distances (at most C + Tc - 1 for consecutive positions), then a gather (the rel-shift of
+    Transformer-XL, written as an index)."""
+    dist = q_pos[:, None] - k_pos[None, :]  # (C, Tc)
+    if first == 0:
+        dist = dist.clamp(min=0)  # a decoder's future keys are masked anyway
     lo, hi = int(dist.min()), int(dist.max())
-    table = rel_keys[:, lo : hi + 1].to(dtype)  # (H or 1, n_d, D)
+    table = rel_keys[:, lo - first : hi - first + 1].to(dtype)  # (H or 1, n_d, D)
     per_distance = rel_q.to(dtype) @ table.transpose(-1, -2)  # (B, H, C, n_d)
     B, H, C, _ = per_distance.shape
     index = (dist - lo).expand(B, H, C, dist.shape[-1])  # a view: no (B, H, C, Tc) index tensor
