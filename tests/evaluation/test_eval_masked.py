@@ -90,6 +90,13 @@ def test_retrofit_eval_on_a_converted_encoder_writes_masked_rows_and_the_far_con
     past = rows[("converted", "windows of 128")]
     assert past["masked_tokens"] > 100 and np.isfinite(past["bpc"]) and past["gain"]["ci_low"] is not None
     assert "far-context gain" in capsys.readouterr().out
+    # retrieval at distance, scored by masking, by default: both models at every distance, the original's past
+    # its table through its sliding window; the effective reach in the report
+    cells = report["copy"]["cells"]
+    assert {c["role"] for c in cells} == {"converted", "baseline"} and max(c["distance"] for c in cells) > 64
+    assert all(c["note"] for c in cells if c["role"] == "baseline" and c["distance"] + 16 > 64)
+    assert {r["model"] for r in report["copy"]["reach"]} == {c["model"] for c in cells}
+    assert "Retrieval at distance" in next((tmp_path / "run").rglob("report.md")).read_text()
     assert main(["card", str(tmp_path / "run")]) == 0  # the card a push uploads: the encoder's task throughout
     card = (tmp_path / "run" / "README.md").read_text()
     assert "pipeline_tag: fill-mask" in card and "AutoModelForMaskedLM.from_pretrained" in card

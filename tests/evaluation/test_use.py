@@ -11,7 +11,7 @@ import pytest
 
 from retrofit.evaluation import farcontext, retrieval, verdict
 
-from .oracles import Copier
+from .oracles import Copier, MaskedCopier
 
 NATIVE = 64
 DISTANCES = [16, 32, 64, 128, 256, 512, 1024]
@@ -110,3 +110,33 @@ def test_the_verdict_says_runs_reads_and_reach():
     assert m["runs"] and m["own"]["reads"] and m["reach"]["reach_x"] == 8.0
     text = "\n".join(verdict.lines(v))
     assert "**runs**" in text and "**reads past its native length**" in text and "8x native" in text
+
+
+def _masked_reach(model, text, limit=None) -> dict:
+    cells = []
+    for d in DISTANCES:
+        rows = [
+            retrieval.score_masked(model, retrieval.build(text, d, 16, 4, seed=0, trial=j), MASK, limit)
+            for j in range(6)
+        ]
+        cells.append({"distance": d, **retrieval.summarize(rows)})
+    return retrieval.effective_reach(cells, NATIVE), cells
+
+
+MASK = 50000  # outside the text's ids
+
+
+def test_a_masked_lm_that_copies_has_full_reach_and_a_window_stops_it(text):
+    """Retrieval scored by masking (an encoder): the span's rest masked at its second occurrence, NLL with the
+    first occurrence in the context against the displaced text in its place."""
+    reach, cells = _masked_reach(MaskedCopier(50001, MASK, match=3), text)
+    assert reach["reach"] == DISTANCES[-1] and all(c["exact_rate"] == 1.0 and c["copy_gain"] > 5 for c in cells)
+    for model, limit in (
+        (MaskedCopier(50001, MASK, window=NATIVE, match=3), None),
+        (MaskedCopier(50001, MASK, match=3), NATIVE),
+    ):
+        reach, cells = _masked_reach(model, text, limit)
+        assert reach["copies"] and reach["reach"] < NATIVE
+        assert all(c["copy_gain"] <= 0.05 and c["exact"] == 0 for c in cells if c["distance"] > NATIVE)
+    reach, cells = _masked_reach(MaskedCopier(50001, MASK, match=3, confidence=0.0), text)
+    assert reach["reach"] == 0 and all(c["copy_gain"] == 0 for c in cells)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from .. import run_folder as rf
 from ..atomic import write_text
 from ..training.masking import IGNORE, Masker
+from .markdown import copy_table
 from .perplexity import t_quantile_975
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,20 @@ def markdown(data: dict, heading: bool = True) -> str:
             f"| {r['model']} | {r['length']} | {r['read_as']} | {r['nll']:.4f} | {r['ppl']:.2f} | {r['bpc']:.4f} "
             f"| {shown} |"
         )
+    if data.get("copy"):
+        s = data["copy_settings"]
+        lines += [
+            "",
+            "## Retrieval at distance" if heading else "Retrieval at distance:",
+            "",
+            f"A {s['span']}-token span of the eval text stands d tokens before its second occurrence at the end, "
+            f"whose last {s['span'] - s['cue']} tokens are masked; each cell: the copy gain (masked NLL with the "
+            "displaced text in the first occurrence's place minus with the span there, nats per token) with its "
+            f"bootstrap 95% interval, and trials whose every masked token is right, of {s['trials']} paired "
+            "trials. Effective reach: the longest distance keeping half of the gain at the shortest one.",
+            "",
+            copy_table({"copy": data["copy"], "models": [{**m, "native": {"length": native}} for m in data["models"]]}),
+        ]
     return "\n".join(lines)
 
 

@@ -20,6 +20,11 @@ One trial of length ``L`` at distance ``d`` with ``n_keys`` spans, in tokens:
 * A model that reads at most ``limit`` tokens (the original, past its table) is scored through its sliding
   window: the first occurrence is out of its sight once ``d + k > limit``. It is the floor.
 
+**A masked LM** (an encoder) reads both sides, so the same trial is scored by masking instead: the target's
+last ``k - m`` tokens are masked at its second occurrence and scored twice, with its first occurrence in the
+context and with that occurrence given back the text it displaced (``score_masked``). ``copy_gain`` is the
+NLL without the copy minus the NLL with it; ``exact``: every masked token's argmax right.
+
 Trials are paired across models: trial ``j`` at distance ``d`` uses the same text and spans for every
 model and every length, so differences between rows are the models'. ``L = d + k + tail`` at least:
 the sequence is cut from the left so that it is as short as the distance allows (``length=None``) or a
@@ -44,6 +49,7 @@ class CopyTrial:
     second: int  # index of its second occurrence (the cue's start)
     span: int  # k
     cue: int  # m
+    displaced: tuple[int, ...] = ()  # the text the target's first occurrence replaced (a masked LM's "without")
 
 
 def build(
@@ -81,6 +87,7 @@ def build(
     spans = [list(text_ids[src + i * span : src + (i + 1) * span]) for i in range(n_keys)]
     filler = list(text_ids[off : off + n_text])
     first = n_text - distance  # target at exactly `distance` before the cue
+    displaced = tuple(filler[first : first + span])
     filler[first : first + span] = spans[0]
     # distractors between the target and the cue, evenly spread
     gap = (distance - n_keys * span) // n_keys
@@ -88,7 +95,9 @@ def build(
         at = first + i * (span + gap)
         filler[at : at + span] = spans[i]
     ids = list(prefix) + filler + spans[0]
-    return CopyTrial(ids=ids, first=len(prefix) + first, second=len(prefix) + n_text, span=span, cue=cue)
+    return CopyTrial(
+        ids=ids, first=len(prefix) + first, second=len(prefix) + n_text, span=span, cue=cue, displaced=displaced
+    )
 
 
 def nll_at(logits: torch.Tensor, ids: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -122,6 +131,32 @@ def score(model, trial: CopyTrial, limit: int | None = None) -> dict:
     return {
         "nll_first": float(first.mean()),
         "nll_second": float(second.mean()),
+        "exact": bool(right.all()),
+        "tokens_right": int(right.sum()),
+        "tokens": k - m,
+    }
+
+
+def score_masked(model, trial: CopyTrial, mask_id: int, limit: int | None = None) -> dict:
+    """A masked LM's trial: the target's last ``k - m`` tokens masked at its second occurrence (the end of the
+    sequence), NLL with the first occurrence in the context (``nll_second``) and with the displaced text back in
+    its place (``nll_first``: what the model predicts with no copy to read). A model that reads at most ``limit``
+    tokens reads the last ``limit`` (the first occurrence may then be out of its sight). Same keys as ``score``."""
+    a, b, k, m = trial.first, trial.second, trial.span, trial.cue
+    x = torch.tensor(trial.ids)  # [L]
+    masked = x.clone()
+    masked[b + m : b + k] = mask_id
+    without = masked.clone()
+    without[a : a + k] = torch.tensor(trial.displaced)
+    off = 0 if limit is None else max(0, len(trial.ids) - limit)
+    nll, right = [], None
+    for seq in (without, masked):
+        logits = _logits(model, seq[off:].tolist())[b + m - off : b + k - off]  # [k - m, V]
+        nll.append(float(torch.nn.functional.cross_entropy(logits, x[b + m : b + k])))
+        right = logits.argmax(-1) == x[b + m : b + k]  # the last: with the copy
+    return {
+        "nll_first": nll[0],
+        "nll_second": nll[1],
         "exact": bool(right.all()),
         "tokens_right": int(right.sum()),
         "tokens": k - m,
@@ -233,10 +268,12 @@ def run(
     seed: int,
     prefix: list[int],
     bar,
+    mask_id: int | None = None,
 ) -> dict:
     """The report's ``copy`` section: a cell per (model, distance), paired across models, and each model's
     effective reach. A model with a limit (the original, past its table) reads a longer trial through its
-    sliding window, said in the cell's note: the floor, which cannot see past its window."""
+    sliding window, said in the cell's note: the floor, which cannot see past its window. ``mask_id``: the
+    models are masked LMs, scored by ``score_masked``."""
     cells, reaches = [], []
     for m in models:
         native = (m.info.get("native") or {}).get("length")
@@ -247,7 +284,10 @@ def run(
             bar.set_description(f"{m.name[-24:]} copy d={d}")
             rows = []
             for j in range(trials):
-                rows.append(score(m.model, build(text_ids, d, span, cue, seed, j, n_keys, None, prefix), limit))
+                trial = build(text_ids, d, span, cue, seed, j, n_keys, None, prefix)
+                rows.append(
+                    score(m.model, trial, limit) if mask_id is None else score_masked(m.model, trial, mask_id, limit)
+                )
                 bar.update(1)
             cell = {
                 "model": m.name,

@@ -396,7 +396,7 @@ def evaluate(
     if default_lengths and models[0].max_length:
         lengths = _within_limit(models[0], lengths)
     if task.of_model(models[0].model).name == "masked-lm":
-        return _masked(models, docs, data_label, lengths, native, o, progress, out)
+        return _masked(models, docs, data_label, lengths, native, o, progress, out, cp_items)
     pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
     if copy:
         o = _copy_sizes(o, native)
@@ -523,21 +523,61 @@ def evaluate(
     return report
 
 
-def _masked(models, docs, data_label, lengths, native, o, progress, out) -> masked.MaskedReport:
+def _masked(models, docs, data_label, lengths, native, o, progress, out, cp_items=None) -> masked.MaskedReport:
     """A masked LM's evaluation (``evaluation.masked``): masked-token NLL, perplexity and BPC at each length
-    against its own and the original's native sliding window, on one draw of masked tokens."""
+    against its own and the original's native sliding window, on one draw of masked tokens; and retrieval at
+    distance scored by masking (``retrieval.score_masked``)."""
     if not native:
         raise OptionError(
             f"{models[0].name}: its native length is unknown (no adapter describes it and its config names none); "
             "a masked-LM evaluation needs it for the sliding window"
         )
-    skipped = [k for k in ("passkey", "recall") if getattr(o, k)] + (["copy"] if o.copy else [])
-    log.info("masked LM: masked-token rows and far-context gain; %s (generation) not run", ", ".join(skipped))
+    skipped = [k for k in ("passkey", "recall") if getattr(o, k)]
+    if skipped:
+        log.info("masked LM: %s (generation) not run", ", ".join(skipped))
     check_tokenizers(models, docs[0].text[:4000])
     stream = build_stream(models[0].tokenizer, docs, data_label, o.budget, lengths, o.doc_separator)
     ids = stream.ids[:-1]  # (n,) a multiple of the longest length
-    with tqdm(total=masked.windows(ids.numel(), lengths, native, models), disable=not progress, unit="window") as bar:
+    mask_id = getattr(models[0].tokenizer, "mask_token_id", None)
+    if o.copy and mask_id is None:
+        log.warning("masked LM: its tokenizer has no mask token, so retrieval at distance is not run")
+    cp = None
+    total = masked.windows(ids.numel(), lengths, native, models)
+    if o.copy and mask_id is not None:
+        o = _copy_sizes(o, native)
+        distances = _copy_distances(cp_items, native, lengths, o)
+        longest = max(distances) + (o.copy_keys + 1) * o.copy_span
+        text = _recall_text(
+            models[0], docs, data_label, o.budget, longest, 0, o.doc_separator, f"copy distance {max(distances)}"
+        )
+        prefix = (
+            [models[0].tokenizer.cls_token_id] if getattr(models[0].tokenizer, "cls_token_id", None) is not None else []
+        )
+        cp = (distances, text, prefix)
+        total += len(models) * len(distances) * o.copy_trials
+    with tqdm(total=total, disable=not progress, unit="window") as bar:
         data = masked.run(models, ids, lengths, native, data_label, masked.RATE, bar)
+        if cp is not None:
+            distances, text, prefix = cp
+            data["copy"] = retrieval.run(
+                models,
+                text,
+                distances,
+                o.copy_trials,
+                o.copy_span,
+                o.copy_cue,
+                o.copy_keys,
+                o.seed,
+                prefix,
+                bar,
+                mask_id,
+            )
+            data["copy_settings"] = {
+                "trials": o.copy_trials,
+                "span": o.copy_span,
+                "cue": o.copy_cue,
+                "keys": o.copy_keys,
+            }
     report = masked.MaskedReport({**data, "environment": environment(models[0].model)})
     if out is not None:
         report.save(out)
