@@ -68,21 +68,22 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("kernel", ["auto", "chunked"])
 @pytest.mark.parametrize("extension,opts", CASES, ids=["se-4-8", "se-3-8", "string-20-4"])
-def test_equals_attention_written_from_the_papers_position_matrix(extension, opts):
+def test_equals_attention_written_from_the_papers_position_matrix(extension, opts, kernel):
     original = TINY["llama"]()
     inv_freq = original.model.rotary_emb.inv_freq.clone()
     name = f"ref_{extension}_{'_'.join(map(str, opts.values()))}"
     AttentionInterface.register(name, _reference(extension, opts, inv_freq))
     ref_model = copy.deepcopy(original)
     ref_model.config._attn_implementation = name
-    model = retrofit.convert(original, "rope", extension=extension, **opts)
+    model = retrofit.convert(original, "rope", extension=extension, kernel=kernel, **opts)
     x = ids(1, LENGTH)
     with torch.no_grad():
         ref = ref_model(x).logits
         out = model(x).logits
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
-    assert retrofit.describe(model)["attention_path"] == "chunked"
+    assert retrofit.describe(model)["attention_path"] == ("cpu-flash-two-view" if kernel == "auto" else "chunked")
     retrofit.revert(model)
     with torch.no_grad():
         plain = model(x).logits
@@ -104,7 +105,8 @@ def test_cache_left_padding_and_save_reload(model_type, extension, tmp_path):
     """generate() with a cache equals recompute, a left-padded batch equals each prompt alone and save -> reload
     keeps the logits, past native, on a full rotation (llama), a partial one (gpt_neox), interleaved pairs (gptj)
     and a learned-absolute model given rope (gpt2)."""
-    model = retrofit.convert(TINY[model_type](), "rope", extension=extension, factor=4.0)
+    # the user's default kernel: the CPU flash path where it serves (no padding), the chunked path elsewhere
+    model = retrofit.convert(TINY[model_type](), "rope", extension=extension, factor=4.0, kernel="auto")
     o = model.retrofit_positions.options
     assert o.window and (o.group or o.shift)  # defaults filled from factor x native
     # generate() with a cache equals recompute, past native

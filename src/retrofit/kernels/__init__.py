@@ -25,6 +25,7 @@ from . import (
     cpu_flash_band,
     cpu_flash_mask,
     cpu_flash_relative_band,
+    cpu_flash_two_view,
     flash_attn_alibi,
     flex,
     sdpa,
@@ -126,6 +127,15 @@ PATHS = (
         RELATIVE,
         "NEZHA: a relative table flat past a reach as cpu-flash-band's far square plus a band whose "
         "query-dependent term is the CPU flash op's mask (CPU, no dropout)",
+    ),
+    Path(
+        "cpu-flash-two-view",
+        cpu_flash_two_view.serves,
+        cpu_flash_two_view.run,
+        ("rotary",),
+        "SelfExtend/STRING: the far keys' rectangle through the far view and the near ones through the near view, "
+        "CPU flash op, merged by log-sum-exp (CPU, inference, no padding)",
+        two_view=True,
     ),
     Path(
         "chunked",

@@ -1,0 +1,72 @@
+"""``cpu-flash-two-view``: a two-view rotary scheme (SelfExtend, STRING) through the CPU flash op, for inference.
+
+Query block [qs, qe) (slots; C = qe - qs <= reach R, so the block's own causal square is all near keys) meets its
+keys in four pieces of one softmax, merged by their log-sum-exps (``cpu_flash.merge``):
+
+    keys  [0, a)      far for every query of the block (j <= qs - R): the far view, a rectangle
+    keys  [a, b)      near for some queries, far for others (fewer than C keys): both views, written out
+    keys  [b, qs)     near for every query: the near view, a rectangle
+    keys  [qs, qe)    the block's causal square: the near view
+
+so no score tensor is larger than C x C and the long ranges go through the fused kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cpu_flash
+from .call import Call
+
+BLOCK = 256  # query rows per block (at most the scheme's reach)
+
+
+def serves(c: Call) -> str | None:
+    if c.far is None:
+        return "no second view"
+    if not cpu_flash.available(c.q):
+        return "not a CPU tensor of a dtype the CPU flash op takes"
+    if c.grad:
+        return "gradients (inference only)"
+    if c.key_padding is not None or c.window or c.dropout or c.row_scale is not None:
+        return "padding, a window or dropout"
+    if any(x is not None for x in (c.bias, c.slopes, c.band, c.relative)):
+        return "another positional term"
+    return None
+
+
+def run(c: Call) -> torch.Tensor:
+    """(B, H, Tq, D), keys at full heads."""
+    q, k, v, far = c.q, c.k, c.v, c.far
+    R, Tq = far.reach, c.Tq
+    C = max(1, min(BLOCK, R))
+    outs = []
+    for s in range(0, Tq, C):
+        e = min(Tq, s + C)
+        qs, qe = c.q_start + s, c.q_start + e
+        a = min(max(0, qs - R + 1), qs)  # keys [0, a): far for every query here
+        b = min(max(qe - R, a), qs)  # keys [b, qs): near for every query here
+        qb, fqb = q[:, :, s:e], far.q[:, :, s:e]
+        pieces = [cpu_flash.forward(qb, k[:, :, qs:qe], v[:, :, qs:qe], c.scaling, causal=True)[:2]]
+        if a:
+            pieces.append(cpu_flash.forward(fqb, far.k[:, :, :a], v[:, :, :a], c.scaling, causal=False)[:2])
+        if b > a:
+            pieces.append(_both_views(qb, fqb, k[:, :, a:b], far.k[:, :, a:b], v[:, :, a:b], qs, a, R, c.scaling))
+        if qs > b:
+            pieces.append(cpu_flash.forward(qb, k[:, :, b:qs], v[:, :, b:qs], c.scaling, causal=False)[:2])
+        out, lse = pieces[0]
+        for piece_out, piece_lse in pieces[1:]:
+            out, lse = cpu_flash.merge(out, lse, piece_out, piece_lse)
+        outs.append(out.to(q.dtype))
+    return torch.cat(outs, dim=2)
+
+
+def _both_views(qb, fqb, kb, fkb, vb, qs: int, ks: int, reach: int, scaling: float):
+    """(out fp32 (B, H, C, D), lse (B, H, C)) over keys [ks, ks + n) scored by the view their distance picks."""
+    C, n = qb.shape[-2], kb.shape[-2]
+    dist = (qs + torch.arange(C, device=qb.device))[:, None] - (ks + torch.arange(n, device=qb.device))[None, :]
+    near = qb.float() @ kb.float().transpose(-1, -2)
+    far = fqb.float() @ fkb.float().transpose(-1, -2)
+    scores = torch.where(dist >= reach, far, near) * scaling  # (B, H, C, n); every key here is before the query
+    lse = torch.logsumexp(scores, dim=-1)
+    return torch.softmax(scores, dim=-1) @ vb.float(), lse

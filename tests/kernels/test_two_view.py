@@ -1,0 +1,50 @@
+"""The two-view paths (SelfExtend, STRING: ``kernels.Far``): the CPU flash path and the chunked path against
+attention written out densely, on calls with a cache, blocks smaller and larger than the reach, grouped keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from retrofit.kernels import Call, Far, attend
+
+
+def _dense(q, k, v, fq, fk, reach, q_start, scaling):
+    i = (q_start + torch.arange(q.shape[-2]))[:, None]
+    j = torch.arange(k.shape[-2])[None, :]
+    s = torch.where(i - j >= reach, fq @ fk.transpose(-1, -2), q @ k.transpose(-1, -2)) * scaling
+    return s.masked_fill(j > i, float("-inf")).softmax(-1) @ v
+
+
+CASES = [  # (B, H, Tq, Tk, reach, q_start)
+    (1, 2, 700, 700, 300, 0),  # blocks of 256 under the reach
+    (2, 3, 600, 600, 50, 0),  # blocks of the reach (50)
+    (1, 2, 1, 900, 300, 899),  # one decoding step
+    (1, 2, 37, 500, 100, 463),  # a chunk after a cache
+    (1, 2, 300, 300, 1000, 0),  # no far key at all
+]
+
+
+@pytest.mark.parametrize("kernel", ["auto", "chunked"])
+@pytest.mark.parametrize("B,H,Tq,Tk,reach,q_start", CASES)
+def test_two_view_paths_equal_dense_attention(B, H, Tq, Tk, reach, q_start, kernel):
+    g = torch.Generator().manual_seed(Tq + reach)
+    q, fq = (torch.randn(B, H, Tq, 16, generator=g) for _ in range(2))
+    k, v, fk = (torch.randn(B, H, Tk, 16, generator=g) for _ in range(3))
+    out, path = attend(Call(q, k, v, 0.25, q_start=q_start, far=Far(fq, fk, reach)), kernel)
+    assert path == ("cpu-flash-two-view" if kernel == "auto" else "chunked")
+    torch.testing.assert_close(out, _dense(q, k, v, fq, fk, reach, q_start, 0.25), atol=2e-6, rtol=1e-5)
+
+
+def test_grouped_keys_padding_and_gradients_take_the_chunked_path():
+    q, fq = torch.randn(1, 4, 64, 8), torch.randn(1, 4, 64, 8)
+    k, v, fk = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
+    ref = _dense(q, *(x.repeat_interleave(2, 1) for x in (k, v)), fq, fk.repeat_interleave(2, 1), 20, 0, 0.3)
+    out, path = attend(Call(q, k, v, 0.3, far=Far(fq, fk, 20)))
+    assert path == "cpu-flash-two-view"
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+    pad = torch.ones(1, 64, dtype=torch.bool)
+    pad[0, :3] = False
+    assert attend(Call(q, k, v, 0.3, key_padding=pad, far=Far(fq, fk, 20)))[1] == "chunked"
+    q.requires_grad_(True)
+    assert attend(Call(q, k, v, 0.3, far=Far(fq, fk, 20)))[1] == "chunked"
