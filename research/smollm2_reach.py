@@ -1,5 +1,6 @@
 """Does a real RoPE model read past its native length without a fine-tune? SmolLM2-135M (native 8,192) at 2x
-(16,384 tokens): as is, PI, NTK, YaRN, dynamic NTK, SelfExtend and STRING (``rope`` options), on held-out
+(16,384 tokens): as is, PI, NTK, YaRN, dynamic NTK, SelfExtend and STRING (``rope`` options) and NoPE with the
+length-aware temperature, on held-out
 Shakespeare, paired: every method reads the very same token sequence.
 
 One sequence of ``--length`` tokens per method carries both measures (a CPU budget: one forward of 16k
@@ -22,6 +23,9 @@ cannot see a first occurrence farther than the window.
 
     OMP_NUM_THREADS=2 python research/smollm2_reach.py
     -> benchmarks/smollm2_reach.json (written after every method)
+    OMP_NUM_THREADS=2 python research/smollm2_reach.py --methods string --update   # one method again, the rest kept
+    python research/smollm2_reach.py --table benchmarks/smollm2_reach.json   # the tables of docs/results.md
+    python research/smollm2_reach.py --table benchmarks/smollm2_reach.json --readme   # the README's figures
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,6 +49,7 @@ METHODS = {
     "ntk x2": {"scaling": "ntk", "factor": 2.0},
     "pi x2": {"scaling": "linear", "factor": 2.0},
     "dynamic x2": {"scaling": "dynamic", "factor": 2.0},
+    "nope + temperature": {"scheme": "nope", "temperature": 0.1},  # another scheme: "scheme" names it
 }
 
 
@@ -102,6 +108,64 @@ def windowed_nll(model, ids: torch.Tensor, native: int, start: int) -> np.ndarra
         lo += half
 
 
+def _x(tokens: int, native: int) -> str:
+    return f"{tokens / native:g}x"
+
+
+def table(data: dict) -> str:
+    """docs/results.md's two tables, from the JSON: far-context gain and reach per method; the copy gain by
+    distance, with the full context and through the method's own native window."""
+    rows = data["rows"]
+    native = rows[0]["effective_reach"]["native"]
+
+    def gain(g):
+        ci = "" if g["ci_low"] is None else f" [{g['ci_low']:.3f}, {g['ci_high']:.3f}]"
+        return f"{g['gain']:.3f}{ci} {'reads' if g['reads'] else 'runs'}"
+
+    out = [
+        "| method | ppl, second half, full 16k | through its native window | far-context gain vs its own window "
+        "| vs the original's window | effective reach [CI] | reach through its native window | 16k forward, s |",
+        "|---|---:|---:|---|---|---|---|---:|",
+    ]
+    for r in rows:
+        e, w, g = r["effective_reach"], r["effective_reach_native_window"], r["far_context_gain"]
+        orig = g.get("original's sliding window")
+        out.append(
+            f"| {r['method']} | {r['ppl_full_second_half']:.2f} | {r['ppl_own_window_second_half']:.2f} "
+            f"| {gain(g['own native window'])} | {gain(orig) if orig else '–'} "
+            f"| {_x(e['reach'], native)} [{_x(e['reach_low'], native)}, {_x(e['reach_high'], native)}] "
+            f"| {_x(w['reach'], native)} | {r['seconds']['full']:.0f} |"
+        )
+    distances = [c["distance"] for c in rows[0]["copy"]]
+    out += [
+        "",
+        "| method | " + " | ".join(f"d={d:,} ({_x(d, native)})" for d in distances) + " |",
+        "|---|" + "---:|" * len(distances),
+    ]
+    for r in rows:
+        cells = [
+            f"{c['copy_gain']:.2f} ({f['copy_gain']:.2f})" for c, f in zip(r["copy"], r["copy_through_native_window"])
+        ]
+        out.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def readme_cell(data: dict, method: str = "self_extend") -> str:
+    """The README's figures for ``method``: its copy gains past native (min-max), the most its own native window
+    gives there, its effective reach and its far-context gain on natural text."""
+    r = next(r for r in data["rows"] if r["method"] == method)
+    e, native = r["effective_reach"], r["effective_reach"]["native"]
+    past = [c["copy_gain"] for c in r["copy"] if c["distance"] > native]
+    floor = [c["copy_gain"] for c in r["copy_through_native_window"] if c["distance"] > native]
+    g = r["far_context_gain"]["own native window"]
+    return (
+        f"retrieval past native saves {min(past):.2f}-{max(past):.2f} nats a token against at most "
+        f"{max(floor):.2f} through its native window, effective reach {_x(e['reach'], native)} "
+        f"[{_x(e['reach_low'], native)}, {_x(e['reach_high'], native)}]; on natural text its far-context gain "
+        f"{g['gain']:.3f} ({'reads' if g['reads'] else 'runs'})"
+    )
+
+
 def main(argv=None) -> int:
     import retrofit
     from retrofit import assets
@@ -121,7 +185,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--native", type=int, default=None, help="read the native length as this (a smoke test)")
     ap.add_argument("--out", default="benchmarks/smollm2_reach.json")
+    ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a record and exit")
+    ap.add_argument("--readme", action="store_true", help="with --table: the README's SelfExtend figures")
+    ap.add_argument("--update", action="store_true", help="keep --out's rows of the methods not run")
+    ap.add_argument("--cache", default="runs/smollm2_reach", help="the original's window NLL, for --update")
     args = ap.parse_args(argv)
+    if args.table:
+        data = json.loads(open(args.table).read())
+        print(readme_cell(data) if args.readme else table(data))
+        return 0
     distances = [int(x) for x in args.distances.split(",")]
     model, tok = load_model(args.model, dtype="float32")
     model.eval()
@@ -139,18 +211,27 @@ def main(argv=None) -> int:
     targets = targets[~probe_tok[targets]]
     m = args.cue
     rows, original_window = [], None
+    kept = []
+    if args.update and Path(args.out).exists():
+        kept = [r for r in json.loads(Path(args.out).read_text())["rows"] if r["method"] not in args.methods.split(",")]
+    cached = Path(args.cache) / f"original_window_{args.length}_{args.seed}_{'-'.join(map(str, distances))}.npy"
+    if cached.exists() and "as is" not in args.methods.split(","):
+        original_window = np.load(cached)
     for name in [s for s in args.methods.split(",") if s]:
         opts = METHODS[name]
         if opts is not None:
-            retrofit.convert(model, "rope", **opts)
+            given = dict(opts)
+            retrofit.convert(model, given.pop("scheme", "rope"), **given)
         t0 = time.perf_counter()
         full, pred = score(model, ids)  # [L - 1] each: target p at index p - 1
         t_full = time.perf_counter() - t0
         window = windowed_nll(model, ids, native, native)
         t_window = time.perf_counter() - t0 - t_full
         path = retrofit.describe(model).get("attention_path") or "native (transformers' own)"
-        if original_window is None and opts is None:
+        if opts is None:
             original_window = window
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            np.save(cached, window)
 
         def probe_rows(second_nll, exact):
             out = {}
@@ -202,7 +283,7 @@ def main(argv=None) -> int:
                 f"{len(probes)} probes of {args.span} tokens (cue {m}) at distances {distances}",
                 "targets_far_context": int(targets.size),
                 **stamp(),
-                "rows": rows,
+                "rows": sorted(kept + rows, key=lambda r: list(METHODS).index(r["method"])),
             },
         )
     return 0

@@ -75,3 +75,16 @@ def test_the_recipe_table_names_each_recipes_corpus():
             assert data == names.get(dataset, dataset), line
             checked += 1
     assert checked >= 10
+
+
+@pytest.mark.slow
+def test_the_smollm2_reach_tables_and_the_readme_figures_are_what_the_json_gives():
+    """docs/results.md's SmolLM2 reach tables and the README's SelfExtend figures are rendered from
+    benchmarks/smollm2_reach.json by research/smollm2_reach.py (as its docstring says), not typed."""
+    script = [sys.executable, str(ROOT / "research" / "smollm2_reach.py"), "--table", "benchmarks/smollm2_reach.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    cell = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and cell.returncode == 0, tables.stderr[-2000:] + cell.stderr[-2000:]
+    assert "self_extend" in tables.stdout and "| as is |" in tables.stdout
+    assert tables.stdout.rstrip("\n") in (ROOT / "docs" / "results.md").read_text()
+    assert cell.stdout.strip() in (ROOT / "README.md").read_text()

@@ -152,7 +152,9 @@ def test_defaults_follow_the_papers_and_the_length_served():
     st = retrofit.convert(TINY["llama"](), "rope", extension="string").retrofit_positions.options
     assert (st.shift, st.window) == (int(0.33 * NATIVE), NATIVE // 8)  # the paper's 0.33 of the length served
     st2 = retrofit.convert(TINY["llama"](), "rope", extension="string", factor=2.0).retrofit_positions.options
-    assert st2.shift == (2 * NATIVE + NATIVE // 8) // 2
+    assert st2.shift == NATIVE - NATIVE // 8  # 2x: the near view kept within native (the far one then reads W past)
+    st3 = retrofit.convert(TINY["llama"](), "rope", extension="string", factor=1.5).retrofit_positions.options
+    assert st3.shift == NATIVE // 2 + NATIVE // 8  # both views within native
 
 
 @pytest.mark.parametrize(

@@ -110,8 +110,9 @@ class RoPE(Scheme):
         )
         shift: int | None = option(
             None,
-            "string: the shift S, distances from S on read d - S + W; default 0.33 x native when factor is 1 (the "
-            "paper's), else (factor x native + W) / 2 (neither view reads far past native)",
+            "string: the shift S, distances from S on read d - S + W; default the paper's 0.33 x the length served, "
+            "raised to (factor - 1) x native + W (the far view within native) and capped at native - W (the near "
+            "view within native)",
         )
 
     @classmethod
@@ -323,7 +324,10 @@ def _resolve_extension(opts) -> None:
     if opts.group is not None:
         raise OptionError("rope: option 'group' is SelfExtend's; string takes shift and window")
     w = min(STRING_WINDOW, max(1, native // 8)) if opts.window is None else opts.window
-    s = (int(0.33 * native) if served <= native else (served + w) // 2) if opts.shift is None else opts.shift
+    # the paper's 0.33 of the length served, raised so that the far view reads no distance past native where it
+    # can (served - native + W), and capped so that the near view never does (native - W): at 2x the far view
+    # then reads up to native + W past its shift
+    s = min(native - w, max(int(0.33 * served), served - native + w)) if opts.shift is None else opts.shift
     if not 0 < w < s:
         raise OptionError(f"rope: string needs 0 < window < shift; got window {w}, shift {s}")
     opts.window, opts.shift = w, s
