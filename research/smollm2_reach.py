@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from harness import command, stamp, write_record
 
@@ -76,9 +75,11 @@ def build(stream: list[int], length: int, distances: list[int], per: int, span: 
     return ids, out
 
 
-def score(model, ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def score(model, ids) -> tuple[np.ndarray, np.ndarray]:
     """(NLL [T - 1], greedy prediction [T - 1]) of each next token of ``ids`` (1, T) from one forward, the
     logits taken 1,024 positions at a time through ``perplexity``'s own split of the model."""
+    import torch
+
     from retrofit.evaluation.perplexity import _hidden_and_head
 
     with torch.no_grad():
@@ -93,7 +94,7 @@ def score(model, ids: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     return torch.cat(nll).double().numpy(), torch.cat(pred).numpy()
 
 
-def windowed_nll(model, ids: torch.Tensor, native: int, start: int) -> np.ndarray:
+def windowed_nll(model, ids, native: int, start: int) -> np.ndarray:
     """Per-target NLL of targets ``start`` .. len - 1 read through windows of ``native`` with stride native / 2."""
     T, half = ids.shape[1], native // 2
     out = np.full(T - 1, np.nan)
@@ -167,12 +168,6 @@ def readme_cell(data: dict, method: str = "self_extend") -> str:
 
 
 def main(argv=None) -> int:
-    import retrofit
-    from retrofit import assets
-    from retrofit.data import tokenize_documents
-    from retrofit.evaluation import farcontext, retrieval
-    from retrofit.io import load_model
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--length", type=int, default=16384)
@@ -194,6 +189,14 @@ def main(argv=None) -> int:
         data = json.loads(open(args.table).read())
         print(readme_cell(data) if args.readme else table(data))
         return 0
+    import torch
+
+    import retrofit
+    from retrofit import assets
+    from retrofit.data import tokenize_documents
+    from retrofit.evaluation import farcontext, retrieval
+    from retrofit.io import load_model
+
     distances = [int(x) for x in args.distances.split(",")]
     model, tok = load_model(args.model, dtype="float32")
     model.eval()

@@ -107,7 +107,7 @@ def test_convert_finetune_eval_on_each_new_family(family, tmp_path, monkeypatch)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["finetune", "recipe.yaml"]) == 0
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
-    assert main(["eval", "run", "--quick", "--no-plots"]) == 0
+    assert main(["eval", "run", "--quick", "--no-plots", "--budget", "1024"]) == 0  # the quick default: test_cli_quick
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["settings"]["lengths"][-1] == 4 * NATIVE
     far = [r for r in report["rows"] if r["length"] == 4 * NATIVE and r["method"] == "non-overlapping"]
