@@ -62,13 +62,17 @@ def build(stream: list[int], length: int, distances: list[int], per: int, span: 
         raise SystemExit(f"held-out text has {len(stream)} tokens; need {length + len(probes) * span}")
     ids = list(stream[:length])
     end = length - len(probes) * span
-    out = []
+    out, taken = [], set(range(end, length))  # the cues' block
+    for t, d in enumerate(probes):  # every first occurrence on text no other probe holds
+        first = end + t * span - d
+        spot = set(range(first, first + span))
+        if first < 1 or spot & taken:
+            raise SystemExit(f"probe {t} at distance {d} overlaps another probe or the cues: other distances")
+        taken |= spot
     for t, d in enumerate(probes):
         passage = stream[length + t * span : length + (t + 1) * span]  # text no other place holds
         second = end + t * span
         first = second - d
-        if first < 1:
-            raise SystemExit(f"distance {d} does not fit before cue {t} at {second}")
         ids[first : first + span] = passage
         ids[second : second + span] = passage
         out.append((first, second, d))
@@ -217,7 +221,9 @@ def main(argv=None) -> int:
     kept = []
     if args.update and Path(args.out).exists():
         kept = [r for r in json.loads(Path(args.out).read_text())["rows"] if r["method"] not in args.methods.split(",")]
-    cached = Path(args.cache) / f"original_window_{args.length}_{args.seed}_{'-'.join(map(str, distances))}.npy"
+    # the original's window NLL on this very sequence (every option that shapes it in the name)
+    key = f"{args.model}_{args.length}_{args.seed}_{'-'.join(map(str, distances))}_{args.per_distance}_{args.span}"
+    cached = Path(args.cache) / f"original_window_{key.replace('/', '-')}_{args.native}.npy"
     if cached.exists() and "as is" not in args.methods.split(","):
         original_window = np.load(cached)
     for name in [s for s in args.methods.split(",") if s]:
@@ -286,7 +292,9 @@ def main(argv=None) -> int:
                 f"{len(probes)} probes of {args.span} tokens (cue {m}) at distances {distances}",
                 "targets_far_context": int(targets.size),
                 **stamp(),
-                "rows": sorted(kept + rows, key=lambda r: list(METHODS).index(r["method"])),
+                "rows": sorted(
+                    kept + rows, key=lambda r: list(METHODS).index(r["method"]) if r["method"] in METHODS else 99
+                ),
             },
         )
     return 0

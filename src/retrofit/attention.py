@@ -66,8 +66,11 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         )
     far = None
     if kind == "rotary":
-        reach = scheme.far_reach(ctx.layer)
-        if reach is not None:  # SelfExtend / STRING: the far view, from q and k before the rotation below
+        # SelfExtend / STRING: the far view, from q and k before the rotation below; a sliding-window layer whose
+        # window is within native never reads past it, so it keeps its exact positions
+        local = ctx.window is not None and ctx.window <= scheme.spec.native_length
+        reach = None if local else scheme.far_reach(ctx.layer)
+        if reach is not None:
             far = _far_view(state, scheme, query, key, q_start, shift, placed, causal, reach)
         k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
         length = _rotary_length(state, scheme, Tq, Tk + shift, query.device, placed)

@@ -203,3 +203,35 @@ def test_the_native_export_refuses_by_name(tmp_path):
     model = retrofit.convert(TINY["llama"](), "rope", extension="string", factor=2.0)
     with pytest.raises(RetrofitError, match="extension 'string'"):
         export(model, tmp_path / "n", native=True)
+
+
+def test_mla_with_narrower_values_runs_through_the_chunked_path():
+    """DeepSeek's values are narrower than its queries and keys (v_head_dim < qk width): the CPU flash op takes
+    equal widths only, so the user's default kernel sends such calls to the chunked path."""
+    import transformers as tf
+
+    from ..adapters.test_structure import MLA, tiny
+
+    model = tiny(tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM, {**MLA, "v_head_dim": 12})
+    retrofit.convert(model, "rope", extension="string", factor=4.0, kernel="auto")
+    with torch.no_grad():
+        out = model(ids(1, 3 * NATIVE)).logits
+    assert torch.isfinite(out).all() and retrofit.describe(model)["attention_path"] == "chunked"
+
+
+def test_a_sliding_window_layer_keeps_its_exact_positions():
+    """A layer that reads at most its window never reaches past native: no far view there (gemma2's local
+    layers, Mistral's window), so its logits within the window are the plain rotation's."""
+    from ..tiny import TINY as T
+
+    window = NATIVE // 2
+    plain = T["mistral"]() if "mistral" in T else None
+    if plain is None:
+        pytest.skip("no tiny mistral")
+    plain.config.sliding_window = window
+    x = ids(1, 3 * NATIVE)
+    ext = copy.deepcopy(plain)
+    retrofit.convert(plain, "rope")
+    retrofit.convert(ext, "rope", extension="self_extend", window=4, group=2)
+    with torch.no_grad():
+        torch.testing.assert_close(ext(x).logits, plain(x).logits)

@@ -111,8 +111,8 @@ class RoPE(Scheme):
         shift: int | None = option(
             None,
             "string: the shift S, distances from S on read d - S + W; default the paper's 0.33 x the length served, "
-            "raised to (factor - 1) x native + W (the far view within native) and capped at native - W (the near "
-            "view within native)",
+            "raised to (factor - 1) x native + W (the far view within native where it can) and capped at native - W "
+            "(the near view within native; from about 2x on the cap wins and the far view reads up to native + 2W)",
         )
 
     @classmethod

@@ -28,6 +28,8 @@ def serves(c: Call) -> str | None:
         return "not a CPU tensor of a dtype the CPU flash op takes"
     if c.grad:
         return "gradients (inference only)"
+    if not c.q.shape[-1] == c.k.shape[-1] == c.v.shape[-1]:
+        return "values narrower or wider than the queries (MLA), which the CPU flash op does not take"
     if c.key_padding is not None or c.window or c.dropout or c.row_scale is not None:
         return "padding, a window or dropout"
     if any(x is not None for x in (c.bias, c.slopes, c.band, c.relative)):
