@@ -222,13 +222,8 @@ def test_mla_with_narrower_values_runs_through_the_chunked_path():
 def test_a_sliding_window_layer_keeps_its_exact_positions():
     """A layer that reads at most its window never reaches past native: no far view there (gemma2's local
     layers, Mistral's window), so its logits within the window are the plain rotation's."""
-    from ..tiny import TINY as T
-
-    window = NATIVE // 2
-    plain = T["mistral"]() if "mistral" in T else None
-    if plain is None:
-        pytest.skip("no tiny mistral")
-    plain.config.sliding_window = window
+    plain = TINY["mistral"]()
+    plain.config.sliding_window = NATIVE // 2
     x = ids(1, 3 * NATIVE)
     ext = copy.deepcopy(plain)
     retrofit.convert(plain, "rope")
