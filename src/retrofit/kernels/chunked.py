@@ -142,16 +142,8 @@ def _chunk(
         )
     else:
         mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window, causal=causal)
-    dist = (
-        None
-        if far_q is None
-        else (q0 + torch.arange(C, device=qc.device))[:, None] - k0 - torch.arange(Tc, device=qc.device)
-    )
-    if dist is not None and bool((dist >= reach).any()):  # far keys: their logits from the second view (B, H, C, Tc)
-        near = None if bool((dist >= reach).all()) else qc.float() @ kc.float().transpose(-1, -2)
-        scores = far_q.float() @ far_k.float().transpose(-1, -2)
-        if near is not None:
-            scores = torch.where(dist >= reach, scores, near)
+    scores = None if far_q is None else two_view_scores(qc, kc, far_q, far_k, q0, k0, reach)
+    if scores is not None:  # far keys here: their logits from the second view
         return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores * scaling)
     if softcap is not None or sinks is not None:
         return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks)
@@ -164,6 +156,20 @@ def _chunk(
         scale=scaling,
     )
     return out.to(qc.dtype)
+
+
+def two_view_scores(qc, kc, far_q, far_k, q0: int, k0: int, reach: int) -> torch.Tensor | None:
+    """fp32 logits (B, H, C, Tc), unscaled, of queries from slot ``q0`` over keys from slot ``k0``: a key at
+    distance >= ``reach`` scored by the far view (``far_q . far_k``), a nearer one by the near view; None when no
+    key here is that far (the near view alone: plain attention)."""
+    C, Tc = qc.shape[-2], kc.shape[-2]
+    far = (q0 + torch.arange(C, device=qc.device))[:, None] - k0 - torch.arange(Tc, device=qc.device) >= reach
+    if not bool(far.any()):
+        return None
+    scores = far_q.float() @ far_k.float().transpose(-1, -2)
+    if bool(far.all()):
+        return scores
+    return torch.where(far, scores, qc.float() @ kc.float().transpose(-1, -2))
 
 
 def _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores=None):

@@ -17,6 +17,7 @@ import torch
 
 from . import cpu_flash
 from .call import Call
+from .chunked import two_view_scores
 
 BLOCK = 256  # query rows per block (at most the scheme's reach)
 
@@ -65,10 +66,6 @@ def run(c: Call) -> torch.Tensor:
 
 def _both_views(qb, fqb, kb, fkb, vb, qs: int, ks: int, reach: int, scaling: float):
     """(out fp32 (B, H, C, D), lse (B, H, C)) over keys [ks, ks + n) scored by the view their distance picks."""
-    C, n = qb.shape[-2], kb.shape[-2]
-    dist = (qs + torch.arange(C, device=qb.device))[:, None] - (ks + torch.arange(n, device=qb.device))[None, :]
-    near = qb.float() @ kb.float().transpose(-1, -2)
-    far = fqb.float() @ fkb.float().transpose(-1, -2)
-    scores = torch.where(dist >= reach, far, near) * scaling  # (B, H, C, n); every key here is before the query
+    scores = two_view_scores(qb, kb, fqb, fkb, qs, ks, reach) * scaling  # (B, H, C, n): some key here is far
     lse = torch.logsumexp(scores, dim=-1)
     return torch.softmax(scores, dim=-1) @ vb.float(), lse
