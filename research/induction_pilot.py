@@ -147,13 +147,17 @@ def cont(a) -> None:
     blocks = pack_blocks(tok, _training_plays(cfg), cfg.n_positions)  # [n, L]
     held = pack_blocks(tok, assets.shakespeare_documents("heldout"), cfg.n_positions)[:64]  # [64, L]
     pool = torch.unique(blocks)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    params = _trained(model, a.train)
+    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / a.warmup_steps))
     g = torch.Generator().manual_seed(1)
     text, t0, L, k, e = held.reshape(-1).tolist(), time.time(), cfg.n_positions, a.toy_rows, a.echo_rows
+    T = a.seq or L  # the training rows' length; the probes read at the native length
+    print(f"training {sum(p.numel() for p in params):,} parameters ({a.train}), rows of {T} tokens", flush=True)
 
     def report(step):
         model.eval()
-        cells = {d: retrieval.copy_cell(model, text, d, trials=16, span=32, cue=8) for d in (L // 4, L // 2)}
+        cells = {d: retrieval.copy_cell(model, text, d, trials=16, span=32, cue=8) for d in (L // 8, L // 4, L // 2)}
         with torch.no_grad():
             plain = model(input_ids=held[:16], labels=held[:16]).loss.item()
         model.train()
@@ -171,19 +175,35 @@ def cont(a) -> None:
     report(0)
     model.train()
     for step in range(1, a.steps + 1):
-        x = blocks[torch.randint(0, len(blocks), (a.batch,), generator=g)].clone()  # [B, L]
-        x[:k] = induction_rows((k, L), g, pool, min_period=a.copy_toy_min_period)
+        x = blocks[torch.randint(0, len(blocks), (a.batch,), generator=g)][:, :T].clone()  # [B, T]
+        x[:k] = induction_rows((k, T), g, pool, min_period=a.copy_toy_min_period)
         x[k : k + e] = _echo(x[k : k + e], g if a.echo_varied else None)
         loss = model(input_ids=x, labels=x).loss
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        warm.step()
         if step % a.every == 0:
             report(step)
-    if a.save:
-        model.save_pretrained(a.save, safe_serialization=True)
-        tok.save_pretrained(a.save)
+        if a.save and (step % a.save_every == 0 or step == a.steps):
+            model.save_pretrained(a.save, safe_serialization=True)
+            tok.save_pretrained(a.save)
+
+
+def _trained(model, which: str) -> list:
+    """The parameters ``continue`` trains: ``all``, or ``attention`` (q/k/v/o projections only; embeddings,
+    MLPs and norms frozen, so the language the stand-in learned stays while a copying circuit forms)."""
+    if which == "all":
+        return list(model.parameters())
+    keep = []
+    for name, p in model.named_parameters():
+        p.requires_grad_(".self_attn." in name or ".attn." in name)
+        if p.requires_grad:
+            keep.append(p)
+    if not keep:
+        raise SystemExit("no attention parameters found (names with .self_attn. or .attn.)")
+    return keep
 
 
 def check(a) -> None:
@@ -223,7 +243,10 @@ def main() -> None:
     p.add_argument("--echo-rows", type=int, default=4, help="continue: natural rows whose second half repeats")
     p.add_argument("--echo-varied", action="store_true", help="continue: echo spans at distances drawn uniformly")
     p.add_argument("--every", type=int, default=100)
-    p.add_argument("--save", help="continue: where to save the model at the end")
+    p.add_argument("--save", help="continue: where to save the model (every --save-every steps and at the end)")
+    p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--train", default="all", choices=["all", "attention"], help="continue: which parameters")
+    p.add_argument("--seq", type=int, default=0, help="continue: training rows' length (0: native)")
     p.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--native", type=int, default=256)

@@ -417,3 +417,16 @@ def test_card_quality_line_follows_the_reports_columns(fresh):
     _edit_report(fresh, lambda r, rep: r["length"] != 64)
     text = cards.render_card(fresh)
     assert "no column at its native length (64 tokens; measured: 128, 256)" in text
+
+
+def test_card_states_what_the_model_reads_as_measured(run_dir):
+    """Issue 41: the card states the far-context gain and the effective reach of the eval report (its verdict),
+    not the configured limit alone."""
+    text = (run_dir / "README.md").read_text()
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    v = next(m for m in report["verdict"]["models"] if m["model"] == report["models"][0]["name"])
+    assert "own" in v and "reach" in v, "the default eval measures both"
+    assert f"{v['own']['gain']:.3f}" in text
+    assert ("it reads past its native length." in text) == v["own"]["reads"]
+    assert "Effective reach measured (retrieval of a natural span keeps half its gain at 1/4 native): " in text
+    assert f"{v['reach']['reach']:,} tokens ({v['reach']['reach_x']:g}x native)" in text
