@@ -36,7 +36,7 @@ def build(variant: str, args):
     import transformers as tf
 
     import retrofit
-    from retrofit import attention
+    from retrofit.patch import attention
 
     torch.manual_seed(0)
     family = variant.split("+")[0]

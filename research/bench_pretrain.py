@@ -21,7 +21,7 @@ import time
 import torch
 
 from harness import command, stamp, write_record
-from retrofit import baseline
+from retrofit.models import baseline
 from retrofit.training import standin
 
 

@@ -28,7 +28,7 @@ CASES = {  # name: (file, the line's text, the broken text)
         "(m.cumsum(-1) - 1).masked_fill(m == 0, 1)",
         "(m.cumsum(-1)).masked_fill(m == 0, 1)",
     ),
-    "save": ("src/retrofit/core.py", '"kernel": kernel,', '"kernel": "auto",'),
+    "save": ("src/retrofit/patch/core.py", '"kernel": kernel,', '"kernel": "auto",'),
 }
 TESTS = ["tests/adapters", "tests/encodings", "tests/kernels", "tests/test_core.py"]
 

@@ -37,7 +37,7 @@ ROUTE_CONFIG = {"single": None, "ddp": "ddp.yaml", "fsdp": "fsdp.yaml", "fsdp+of
 def build_models(root: Path) -> dict[str, Path]:
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from retrofit.builtin import byte_tokenizer
+    from retrofit.models.builtin import byte_tokenizer
 
     torch.manual_seed(0)
     made = {

@@ -27,7 +27,7 @@ import yaml
 
 import retrofit
 from harness import RECIPES, command, stamp, write_record
-from retrofit.builtin import TINY_GPT2, byte_tokenizer
+from retrofit.models.builtin import TINY_GPT2, byte_tokenizer
 
 CONFIGS = RECIPES / "accelerate"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     import torch
 
     from retrofit.encodings import SCHEMES
-    from retrofit.versions import cpu_info
+    from retrofit.foundation.versions import cpu_info
 
     cuda = torch.cuda.is_available()
     if not cuda and not a.dry_run:

@@ -34,7 +34,7 @@ NATIVE = 64
 
 
 def tokenizer():
-    from retrofit.io import load_model
+    from retrofit.models.io import load_model
 
     return load_model("smollm2", dtype="float32")[1]  # the GGUF's tokenizer, as transformers reads it
 

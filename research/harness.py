@@ -20,8 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from retrofit.atomic import write_text
-from retrofit.versions import cpu_info, library_versions
+from retrofit.foundation.atomic import write_text
+from retrofit.foundation.versions import cpu_info, library_versions
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 RESEARCH = ROOT / "research"
@@ -33,8 +33,8 @@ STANDINS = ROOT / "standins"  # the shipped stand-ins (research/pretrain_baselin
 
 def stamp() -> dict:
     """{"hardware", "versions"}: the machine a figure was measured on (platform, CPU count, and
-    ``retrofit.versions.cpu_info``: CPU model, kernel-deciding flags, torch threads, denormal flushing) and the
-    library versions (``retrofit.versions.library_versions``). Every record's header; a script adds what only
+    ``retrofit.foundation.versions.cpu_info``: CPU model, kernel-deciding flags, torch threads, denormal flushing) and the
+    library versions (``retrofit.foundation.versions.library_versions``). Every record's header; a script adds what only
     it knows (e.g. the GPU) to ``["hardware"]``."""
     return {
         "hardware": {"platform": platform.platform(), "cpu_count": os.cpu_count(), **cpu_info()},
@@ -51,7 +51,7 @@ def command(script: str | os.PathLike, argv: list[str] | None = None) -> str:
 
 def write_record(path: str | os.PathLike, payload, *, indent: int = 2) -> Path:
     """Write ``payload`` as JSON (keys in the order given, ``indent`` spaces, a final newline) to ``path``,
-    atomically (``retrofit.atomic``: a stopped run leaves the previous record, never half of the new one),
+    atomically (``retrofit.foundation.atomic``: a stopped run leaves the previous record, never half of the new one),
     creating its folder. Returns the path."""
     return write_text(Path(path), json.dumps(payload, indent=indent) + "\n")
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from retrofit.baseline import BaselineConfig, build_model
 from retrofit.evaluation import retrieval
+from retrofit.models.baseline import BaselineConfig, build_model
 from retrofit.training.standin import _training_plays, induction_rows, pack_blocks, pretrain, train_tokenizer
 
 
@@ -137,7 +137,7 @@ def cont(a) -> None:
     probe reads held-out plays (never trained on)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from retrofit import assets
+    from retrofit.models import assets
 
     torch.manual_seed(0)
     stats = json.loads((Path(a.init) / "pretrain_stats.json").read_text())
@@ -212,8 +212,8 @@ def check(a) -> None:
     depths 0.1..0.5, 32 trials, exact; bar >= 80%), plus its held-out loss at native."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from retrofit import assets
     from retrofit.evaluation import recall
+    from retrofit.models import assets
 
     tok = AutoTokenizer.from_pretrained(a.init)
     model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32).eval()

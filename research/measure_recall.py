@@ -19,7 +19,7 @@ from pathlib import Path
 import retrofit
 from harness import command, stamp, write_record
 from retrofit.evaluation.passkey import wilson
-from retrofit.native import native_length
+from retrofit.foundation.native import native_length
 
 
 def build(spec: str):

@@ -19,8 +19,8 @@ import logging
 import sys
 
 from harness import STANDINS  # the shipped stand-ins, committed with the study
-from retrofit import baseline
-from retrofit.errors import RetrofitError
+from retrofit.foundation.errors import RetrofitError
+from retrofit.models import baseline
 from retrofit.training import standin
 
 

@@ -196,10 +196,10 @@ def main(argv=None) -> int:
     import torch
 
     import retrofit
-    from retrofit import assets
-    from retrofit.data import tokenize_documents
     from retrofit.evaluation import farcontext, retrieval
-    from retrofit.io import load_model
+    from retrofit.models import assets
+    from retrofit.models.data import tokenize_documents
+    from retrofit.models.io import load_model
 
     distances = [int(x) for x in args.distances.split(",")]
     model, tok = load_model(args.model, dtype="float32")

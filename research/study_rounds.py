@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from retrofit.atomic import write_text
-from retrofit.errors import RecipeError
-from retrofit.schema import parse_overrides
+from retrofit.foundation.atomic import write_text
+from retrofit.foundation.errors import RecipeError
+from retrofit.foundation.schema import parse_overrides
 from retrofit.study import tables as T
 from retrofit.study.cache import CellCache, read
 
@@ -230,8 +230,8 @@ def cached_cell(cache: CellCache, cell: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 def stand_in(r: Round, shipped) -> tuple[Path, dict, int]:
     """The stand-in's folder, pretrain stats and native length (the shipped copy where there is one)."""
-    from retrofit import baseline
-    from retrofit import run_folder as rf
+    from retrofit.foundation import run_folder as rf
+    from retrofit.models import baseline
     from retrofit.training import standin
 
     path = standin.pretrain(r.preset, shipped=shipped or None)
@@ -242,7 +242,7 @@ def part_gpt2(r: Round, previous: dict | None, shipped) -> dict:
     """The round's report on its stand-in, from the cache under ``r.runs``; ``previous``: the report at
     ``r.out``, whose cells go back into an empty cache first (restore_cells) and are kept when this grid
     lacks them."""
-    from retrofit.baseline import weights_sha256
+    from retrofit.models.baseline import weights_sha256
 
     base, stats, native = stand_in(r, shipped)
     pretrain_tokens = stats["pretrain_tokens"]
@@ -295,7 +295,7 @@ def restore_cells(previous: dict, base: Path, sha: str, r: Round, native: int, c
     with these settings (SETTINGS). Returns those cells. A report from before hashes were recorded counts as
     this stand-in's if its cache key and pretraining losses are this one's to the last digit (the same
     pretraining run); its settings are then the round's. Anything else is an error."""
-    from retrofit.baseline import load_stats
+    from retrofit.models.baseline import load_stats
 
     recorded, mine = previous.get("stand_in") or {}, r.settings(native)
     if recorded.get("weights_sha256"):
@@ -481,7 +481,7 @@ def _machine() -> dict:
     import torch
     import transformers
 
-    from retrofit.versions import __version__, cpu_info
+    from retrofit.foundation.versions import __version__, cpu_info
 
     return {
         "hardware": {

@@ -22,7 +22,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 import retrofit
 from harness import DOCS
 from retrofit.adapters import ADAPTERS
-from retrofit.errors import RetrofitError
+from retrofit.foundation.errors import RetrofitError
 
 SMALL = dict(
     vocab_size=128,

@@ -22,8 +22,8 @@ import pytest
 import study
 import study_rounds as R
 from harness import ROOT
-from retrofit import assets, baseline
-from retrofit.errors import DataError, RecipeError
+from retrofit.foundation.errors import DataError, RecipeError
+from retrofit.models import assets, baseline
 from retrofit.study import tables as T
 from retrofit.study.cache import CellCache
 from retrofit.training import standin

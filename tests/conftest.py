@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrofit import assets, core
-from retrofit.errors import DataError
+from retrofit.foundation.errors import DataError
+from retrofit.models import assets
+from retrofit.patch import core
 from retrofit.training import standin
 
 from .procs import TEST_KERNEL

@@ -21,7 +21,7 @@ TEST_KERNEL = "chunked"
 
 def as_in_tests() -> None:
     """In a spawned child: convert as the test that spawned it does."""
-    from retrofit import core
+    from retrofit.patch import core
 
     core.DEFAULT_KERNEL = TEST_KERNEL
 

@@ -1,27 +1,38 @@
-"""The import direction of docs/ARCHITECTURE.md: a module imports only from its own layer or below,
-nothing inside the package imports the ``retrofit`` facade, and no import circle of any length exists
-among the package's modules (imports inside functions included)."""
+"""The import direction of docs/ARCHITECTURE.md: the folder a module sits in says its layer (``LAYERS``), a
+module imports only from its own layer or below, nothing inside the package imports the ``retrofit`` facade,
+and no import circle of any length exists among the package's modules (imports inside functions included)."""
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "retrofit"
-DOC = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
-ALLOWED_UP = {("auto", "hf_classes")}  # the import hook loads the classes when transformers' auto modules load
+# {top-level folder of the package: its layer}; at the root only the facade (__init__) and __main__
+LAYERS = {
+    "foundation": 0,
+    "encodings": 1,
+    "kernels": 1,
+    "patch": 2,
+    "adapters": 2,
+    "models": 3,
+    "training": 4,
+    "evaluation": 4,
+    "native_export": 5,
+    "running": 6,
+    "study": 6,
+    "cli": 7,
+    "__main__": 7,
+}
+FACADE = "retrofit"  # the facade (src/retrofit/__init__.py) imported; the facade itself imports as layer 0
+# the import hook loads the classes when transformers' auto modules load
+ALLOWED_UP = {("foundation.auto", "models.hf_classes")}
 
 
-def layers() -> dict[str, int]:
-    """{top-level module or package: layer} from the table in docs/ARCHITECTURE.md."""
-    out = {}
-    for line in DOC.read_text().splitlines():
-        m = re.match(r"\| (\d) \w+ \| (.+?) \|", line)
-        if m:
-            for name in re.findall(r"`([a-z_]+)/?`", m.group(2)):
-                out[name] = int(m.group(1))
-    return out
+def layer(module: str) -> int | None:
+    """The layer of a module of the package (``models.io``: its top folder's), None for one outside LAYERS.
+    The facade (``__init__``) is 0: it stays light, importing the rest on first use."""
+    return 0 if module == "__init__" else LAYERS.get(module.split(".")[0])
 
 
 def _is_module(parts: list[str]) -> bool:
@@ -31,61 +42,57 @@ def _is_module(parts: list[str]) -> bool:
 
 
 def imports():
-    """(importing top-level module, imported top-level module, file:line) for every import in the package."""
+    """(importing module, imported module or package, file:line) for every import in the package, both as
+    dotted paths within it (``models.io``, ``patch.core``; a package's own file is ``kernels.__init__``, the
+    facade's ``__init__``); the facade imported is ``retrofit``."""
     for f in sorted(PKG.rglob("*.py")):
-        rel = f.relative_to(PKG).with_suffix("")
-        parts = list(rel.parts)
-        me = parts[0]
-        package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+        parts = list(f.relative_to(PKG).with_suffix("").parts)
+        me = ".".join(parts)
+        package = parts[:-1]
         for node in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            where = f"{f.relative_to(PKG)}:{node.lineno}"
             if isinstance(node, ast.ImportFrom) and node.level:
-                base = (package if f.name != "__init__.py" else parts[:-1])[: len(package) - (node.level - 1)]
+                base = package[: len(package) - (node.level - 1)]
                 target = base + (node.module.split(".") if node.module else [])
                 names = [target] if node.module else [target + [a.name] for a in node.names]
                 for t in names:
                     if not node.module and not _is_module(t):  # `from . import NAME`: a name of the package
                         t = t[:-1]
-                    yield me, (t[0] if t else "retrofit"), f"{f.relative_to(PKG)}:{node.lineno}"
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    yield me, (".".join(t) if t else FACADE), where
+            else:
                 mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 for m in mods:
                     if m == "retrofit" or m.startswith("retrofit."):
-                        yield (
-                            me,
-                            "retrofit" if m == "retrofit" else m.split(".")[1],
-                            f"{f.relative_to(PKG)}:{node.lineno}",
-                        )
+                        yield me, (FACADE if m == "retrofit" else m.split(".", 1)[1]), where
 
 
 def test_every_module_has_a_layer():
-    known = layers()
-    modules = {
-        p.stem if p.is_file() else p.name
-        for p in PKG.iterdir()
-        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
-    }
-    missing = sorted(modules - set(known) - {"__main__"})
-    assert not missing, f"modules without a layer in docs/ARCHITECTURE.md: {missing}"
+    stray = sorted(p.name for p in PKG.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert not stray, f"modules at the package root; put each in its layer's folder ({sorted(LAYERS)}): {stray}"
+    folders = {p.name for p in PKG.iterdir() if p.is_dir() and any(p.rglob("*.py"))}
+    missing = sorted(folders - set(LAYERS))
+    assert not missing, f"folders without a layer (LAYERS here, and the table of docs/ARCHITECTURE.md): {missing}"
 
 
 def test_imports_point_down():
-    known = {**layers(), "__main__": 7, "__init__": 0, "retrofit": 0}
     bad = []
     for me, target, where in imports():
-        if me == target:
+        if me == "__init__" and target == FACADE:
             continue
-        if me == "__init__" and target == "retrofit":
-            continue
-        if target == "retrofit" and me != "__init__":
+        if target == FACADE:
             bad.append(f"{where}: imports the retrofit facade; import the module that defines the name")
-        elif known.get(target, 0) > known.get(me, 0) and (me, target) not in ALLOWED_UP:
-            bad.append(f"{where}: {me} (layer {known.get(me)}) imports {target} (layer {known.get(target)})")
+        elif layer(me) is None or layer(target) is None:
+            bad.append(f"{where}: {me} imports {target}: a module outside the layer folders")
+        elif layer(target) > layer(me) and (me, target) not in ALLOWED_UP:
+            bad.append(f"{where}: {me} (layer {layer(me)}) imports {target} (layer {layer(target)})")
     assert not bad, "\n".join(bad)
 
 
 def module_graph() -> dict[str, set[str]]:
-    """{module: the package's modules it imports} at module granularity (``retrofit.io`` ->
-    ``retrofit.core``), every import statement counted, those inside functions too."""
+    """{module: the package's modules it imports} at module granularity (``retrofit.models.io`` ->
+    ``retrofit.patch.core``), every import statement counted, those inside functions too."""
     mods = {}
     for f in sorted(PKG.rglob("*.py")):
         parts = ["retrofit", *f.relative_to(PKG).with_suffix("").parts]
@@ -142,7 +149,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle():
     graph = module_graph()
-    assert graph["retrofit.io"] >= {"retrofit.core"} and "retrofit.hf_classes" in graph["retrofit.auto"]  # it sees
+    assert graph["retrofit.models.io"] >= {"retrofit.patch.core"}  # it sees
+    assert "retrofit.models.hf_classes" in graph["retrofit.foundation.auto"]
     circles = cycles(graph)
     assert not circles, "import circles (each a set of modules that import each other, directly or not):\n" + "\n".join(
         f"{c}: " + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) for c in circles
@@ -168,4 +176,10 @@ def test_a_name_taken_from_the_facade_is_seen_in_every_form(tmp_path):
         found = sorted((me, target) for me, target, _ in imports())
     finally:
         globals()["PKG"] = saved
-    assert found == [("a", "errors"), ("a", "retrofit"), ("sub", "errors"), ("sub", "retrofit"), ("sub", "retrofit")]
+    assert found == [
+        ("a", "errors"),
+        ("a", "retrofit"),
+        ("sub.b", "errors"),
+        ("sub.b", "retrofit"),
+        ("sub.b", "retrofit"),
+    ]

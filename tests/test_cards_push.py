@@ -17,10 +17,10 @@ import yaml
 from huggingface_hub import ModelCard
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
-from retrofit import card_facts, cards, hub
 from retrofit.cli import main
-from retrofit.errors import HubError, OptionError
-from retrofit.run_folder import published_weights
+from retrofit.foundation.errors import HubError, OptionError
+from retrofit.foundation.run_folder import published_weights
+from retrofit.running import card_facts, cards, hub
 
 from .pipeline_run import REPO, copy_run, shared_run
 

@@ -15,8 +15,8 @@ import yaml
 from safetensors.torch import load_file
 
 import retrofit
-from retrofit import pipeline
-from retrofit.errors import OptionError, RecipeError, RetrofitError
+from retrofit.foundation.errors import OptionError, RecipeError, RetrofitError
+from retrofit.running import pipeline
 
 from .pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
 from .procs import as_in_tests, kill_at_first_checkpoint
@@ -45,7 +45,7 @@ def test_recipe_sections_and_defaults():
 
 
 def test_quickstart_recipe_is_valid_and_spans_1x_to_16x():
-    from retrofit.baseline import PRESETS
+    from retrofit.models.baseline import PRESETS
 
     rr = pipeline.load_recipe(REPO / "recipes" / "quickstart.yaml")
     assert rr.finetune.model.name_or_path == "baseline:quickstart" and rr.finetune.convert.scheme == "alibi"
@@ -128,7 +128,7 @@ def test_export_result_recorded(run_dir):
 
 def test_rerun_skips_every_done_stage(run_dir, caplog):
     before = _manifest(run_dir)["stages"]
-    with caplog.at_level(logging.INFO, logger="retrofit.pipeline"):
+    with caplog.at_level(logging.INFO, logger="retrofit.running.pipeline"):
         retrofit.run(TINY_RECIPE, overrides=[f"output_dir={run_dir}"])
     after = _manifest(run_dir)["stages"]
     for s in pipeline.STAGES:

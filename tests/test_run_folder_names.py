@@ -1,13 +1,13 @@
-"""Once: every run-folder name lives in ``src/retrofit/run_folder.py`` (no other module spells one), and
-every file write goes through ``src/retrofit/atomic.py`` or is one of the raw writers it lists, with why."""
+"""Once: every run-folder name lives in ``src/retrofit/foundation/run_folder.py`` (no other module spells one), and
+every file write goes through ``src/retrofit/foundation/atomic.py`` or is one of the raw writers it lists, with why."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from retrofit import run_folder as rf
-from retrofit.atomic import RAW_WRITERS
+from retrofit.foundation import run_folder as rf
+from retrofit.foundation.atomic import RAW_WRITERS
 
 PKG = Path(__file__).resolve().parents[1] / "src" / "retrofit"
 NAMES = {v for k, v in vars(rf).items() if k.isupper() and isinstance(v, str)}
@@ -35,7 +35,7 @@ def _sources():
 def test_run_folder_names_are_spelled_only_in_run_folder():
     bad = []
     for rel, tree in _sources():
-        if rel == "run_folder.py":
+        if rel == "foundation/run_folder.py":
             continue
         docs = _docstrings(tree)
         for node in ast.walk(tree):
@@ -52,7 +52,7 @@ def test_run_folder_names_are_spelled_only_in_run_folder():
                 or ("/" in v and v.split("/")[0] in FOLDERS and v.split("/")[-1] in FILES)
             ):
                 bad.append(f"{rel}:{node.lineno}: {node.value!r}")
-    assert not bad, "run-folder names outside run_folder.py (use its constants):\n" + "\n".join(bad)
+    assert not bad, "run-folder names outside foundation/run_folder.py (use its constants):\n" + "\n".join(bad)
 
 
 def _raw_writes(node, where: str = ""):
@@ -86,7 +86,7 @@ def test_every_raw_write_is_listed_in_atomic():
             found.setdefault(f"{rel}::{name}", line)
     unlisted = sorted(f"{k} (line {v})" for k, v in found.items() if k not in RAW_WRITERS)
     assert not unlisted, (
-        "raw file writes outside src/retrofit/atomic.py; write through it, or list the function in "
+        "raw file writes outside src/retrofit/foundation/atomic.py; write through it, or list the function in "
         "atomic.RAW_WRITERS with why:\n" + "\n".join(unlisted)
     )
     assert not set(RAW_WRITERS) - set(found), f"listed but no raw write there: {sorted(set(RAW_WRITERS) - set(found))}"

@@ -15,7 +15,7 @@ import torch
 import transformers as tf
 
 import retrofit
-from retrofit.errors import RetrofitError
+from retrofit.foundation.errors import RetrofitError
 
 from .tiny import NATIVE, TINY, ids
 
@@ -65,7 +65,7 @@ def test_auto_loading_honours_subfolder_and_refuses_what_it_cannot_honour(tmp_pa
 def test_an_older_checkpoint_is_pushed_marked(tmp_path):
     """Saved before configs were marked (model_type gpt2, no base_config): retrofit.load reads it, and push
     stages a marked config.json so the Hub copy never loads as the original; the folder is untouched."""
-    from retrofit.hub import stage
+    from retrofit.running.hub import stage
 
     retrofit.save(retrofit.convert(TINY["gpt2"](), "alibi"), tmp_path / "new")
     old = tmp_path / "old"
@@ -86,7 +86,7 @@ def test_an_older_checkpoint_is_pushed_marked(tmp_path):
 @pytest.mark.slow
 def test_a_failed_registration_leaves_transformers_working(tmp_path):
     code = (
-        "import retrofit.auto as a\n"
+        "import retrofit.foundation.auto as a\n"
         "def boom(m): raise RuntimeError('api changed')\n"
         "a._AFTER[a._CONFIG_AUTO] = boom\n"
         "from transformers import AutoConfig, AutoTokenizer\n"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from retrofit import builtin
-from retrofit.io import load_model
+from retrofit.models import builtin
+from retrofit.models.io import load_model
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -188,15 +188,15 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
     real; smollm2 from its PyPI wheel. Loading a stand-in never pretrains: one not built yet is a clear
     error that says how to build it; a recipe that fine-tunes it (`standin.ensure`) pretrains it, saying
     so first (the quickstart preset is pretrained for real by CI's quickstart run)."""
-    from retrofit import assets
-    from retrofit.errors import OptionError
+    from retrofit.foundation.errors import OptionError
+    from retrofit.models import assets
     from retrofit.training import standin
 
     names = builtin.names()
     assert {"tiny-gpt2", "smollm2", "baseline:micro", "baseline:quickstart", "baseline:study"} <= set(names)
     asked = []
     monkeypatch.setattr(standin, "pretrain", lambda preset, *a, **kw: asked.append(preset))
-    from retrofit import baseline
+    from retrofit.models import baseline
 
     refused = []
     for name in names:
@@ -234,7 +234,7 @@ def test_default_eval_lengths_stop_at_the_models_limit():
 
 
 def test_card_metadata_keeps_org_name_datasets():
-    from retrofit.card_facts import _hub_dataset
+    from retrofit.running.card_facts import _hub_dataset
 
     assert _hub_dataset("roneneldan/TinyStories") == "roneneldan/TinyStories"
     assert _hub_dataset("HuggingFaceFW/fineweb-edu:sample-10BT") == "HuggingFaceFW/fineweb-edu"

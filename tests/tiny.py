@@ -239,7 +239,7 @@ def ids(batch=1, length=16, seed=0):
 
 def train_step(model, kernel: str, x):
     """One loss and backward of converted ``model`` on ``kernel`` (``set_kernel``): (loss, {name: gradient})."""
-    from retrofit.core import set_kernel
+    from retrofit.patch.core import set_kernel
 
     set_kernel(model, kernel)
     model.zero_grad()

@@ -7,30 +7,32 @@
 Every entry point is imported on first use.
 """
 
-from . import auto as _auto
-from .errors import RetrofitError
-from .versions import DISTRIBUTION, __version__
+from .foundation import auto as _auto
+from .foundation import moved as _moved
+from .foundation.errors import RetrofitError
+from .foundation.versions import DISTRIBUTION, __version__
 
+_moved.install()  # the old module paths (`retrofit.core`, `retrofit.errors`, ...) give the moved modules
 _auto.install()  # plain AutoModelForCausalLM.from_pretrained(checkpoint) gives the converted model
 
 # Public names, imported on first use so that `import retrofit` stays light.
 # (Module names differ from the function names on purpose: importing a submodule
 # `retrofit.finetune` would shadow the function `retrofit.finetune`.)
 _LAZY = {
-    "convert": ("retrofit.core", "convert"),
-    "revert": ("retrofit.core", "revert"),
-    "describe": ("retrofit.core", "describe"),
-    "schemes": ("retrofit.core", "schemes"),
-    "architectures": ("retrofit.core", "architectures"),
-    "set_position_controls": ("retrofit.core", "set_position_controls"),
-    "save": ("retrofit.io", "save"),
-    "load": ("retrofit.io", "load"),
-    "load_model": ("retrofit.io", "load_model"),
+    "convert": ("retrofit.patch.core", "convert"),
+    "revert": ("retrofit.patch.core", "revert"),
+    "describe": ("retrofit.patch.core", "describe"),
+    "schemes": ("retrofit.patch.core", "schemes"),
+    "architectures": ("retrofit.patch.core", "architectures"),
+    "set_position_controls": ("retrofit.patch.core", "set_position_controls"),
+    "save": ("retrofit.models.io", "save"),
+    "load": ("retrofit.models.io", "load"),
+    "load_model": ("retrofit.models.io", "load_model"),
     "finetune": ("retrofit.training", "finetune"),
     "evaluate": ("retrofit.evaluation", "evaluate"),
     "calibrate": ("retrofit.training.calibrate", "calibrate"),
     "export": ("retrofit.native_export", "export"),
-    "run": ("retrofit.pipeline", "run"),
+    "run": ("retrofit.running.pipeline", "run"),
 }
 
 
@@ -40,6 +42,10 @@ def __getattr__(name):
 
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(mod), attr)
+    if f"{__name__}.{name}" in _moved.MOVED:  # `retrofit.core` after `import retrofit`: the moved module
+        import importlib
+
+        return importlib.import_module(_moved.MOVED[f"{__name__}.{name}"])
     raise AttributeError(f"module 'retrofit' has no attribute {name!r}")
 
 

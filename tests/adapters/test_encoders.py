@@ -9,9 +9,9 @@ import torch
 import transformers as tf
 
 import retrofit
-from retrofit import probe
-from retrofit.core import _set_attn
-from retrofit.errors import OptionError, UnsupportedArchitectureError
+from retrofit.foundation.errors import OptionError, UnsupportedArchitectureError
+from retrofit.patch import probe
+from retrofit.patch.core import _set_attn
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
 from ..tiny import NATIVE, VOCAB
@@ -70,7 +70,7 @@ def test_an_encoder_converts_both_ways_and_matches_the_reference_past_native(nam
     with torch.no_grad():
         before = model(x[:, :NATIVE], attention_mask=mask[:, :NATIVE]).logits
         retrofit.convert(model, scheme, **BOTH_WAYS[scheme])
-        assert all(not s.module.is_causal for s in retrofit.core._state(model).adapter.sites())
+        assert all(not s.module.is_causal for s in retrofit.patch.core._state(model).adapter.sites())
         out = model(x, attention_mask=mask).logits
         _set_attn(model, "retrofit_reference")
         ref = model(x, attention_mask=mask).logits
@@ -120,7 +120,7 @@ def test_bidirectional_shaw_starts_as_symmetric_alibi_and_clips_each_side_on_its
     retrofit.convert(alibi, "alibi")
     with torch.no_grad():
         torch.testing.assert_close(shaw(x, attention_mask=mask).logits, alibi(x, attention_mask=mask).logits)
-        scheme = retrofit.core._state(shaw).scheme()
+        scheme = retrofit.patch.core._state(shaw).scheme()
         k = scheme.options.max_distance
         assert scheme.table.shape[-1] == 2 * k + 1
         scheme.table[:, :, k + 1 :] = 0.0  # keys before the query: flat; keys after keep -slope x d
@@ -318,5 +318,5 @@ def test_a_converted_encoder_loads_through_each_auto_class_and_sentence_transfor
         hidden = base(**ids).last_hidden_state[0]  # (T, E)
     got = st.encode([text], convert_to_tensor=True)[0]
     torch.testing.assert_close(got, hidden.mean(0), atol=1e-5, rtol=1e-4)
-    with pytest.raises(retrofit.errors.RetrofitError, match="AutoModelForMaskedLM"):
+    with pytest.raises(retrofit.foundation.errors.RetrofitError, match="AutoModelForMaskedLM"):
         tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run")

@@ -95,6 +95,6 @@ def test_a_rotary_falcon_given_alibi_exports_to_falcon_with_alibi_exactly(varian
 def test_alibi_after_the_scaling_is_not_falcon_and_the_export_says_so(tmp_path):
     model = falcon()
     retrofit.convert(model, "alibi")
-    with pytest.raises(retrofit.errors.RetrofitError, match="scale_bias=true"):
+    with pytest.raises(retrofit.foundation.errors.RetrofitError, match="scale_bias=true"):
         retrofit.export(model, tmp_path / "x", native=True)
     assert not (tmp_path / "x").exists()

@@ -13,8 +13,8 @@ import torch
 import transformers as tf
 import yaml
 
-from retrofit.builtin import byte_tokenizer
 from retrofit.cli import main
+from retrofit.models.builtin import byte_tokenizer
 from retrofit.native_export.base import MAPPINGS
 
 from ..tiny import GPTJ_LAYOUT, NATIVE, _llama_like

@@ -10,11 +10,11 @@ import torch
 import transformers as tf
 
 import retrofit
-from retrofit import probe
 from retrofit.adapters import quirks
 from retrofit.adapters.base import AttentionSite
-from retrofit.core import _set_attn
-from retrofit.errors import UnsupportedArchitectureError
+from retrofit.foundation.errors import UnsupportedArchitectureError
+from retrofit.patch import probe
+from retrofit.patch.core import _set_attn
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
 from ..tiny import NATIVE, _llama_like, ids
@@ -203,7 +203,7 @@ def test_a_layer_without_positions_stays_without_them(monkeypatch):
 
     model = tiny(*CLAIMED["smollm3"])
     retrofit.convert(model, "alibi")
-    assert [site.positions for site in retrofit.core._state(model).adapter.sites()] == [True, True, True, False]
+    assert [site.positions for site in retrofit.patch.core._state(model).adapter.sites()] == [True, True, True, False]
     monkeypatch.setattr(probe, "_PASSED", {})
     monkeypatch.setattr(
         LlamaAdapter,
@@ -260,7 +260,7 @@ def test_mla_rescaled_rope_exports_to_its_own_architecture_exactly(scaling, tmp_
 
 def test_mla_rotary_part_cannot_be_resized():
     model = tiny(*CLAIMED["deepseek_v3"])
-    with pytest.raises(retrofit.errors.OptionError, match="qk_rope_head_dim|split-off"):
+    with pytest.raises(retrofit.foundation.errors.OptionError, match="qk_rope_head_dim|split-off"):
         retrofit.convert(model, "rope", fraction=0.5)
 
 
@@ -274,7 +274,7 @@ def test_proportional_rope_keeps_its_unrotated_dims_unrotated_when_rescaled():
     )  # fmt: skip
     model = tf.Lfm3ForCausalLM(cfg).eval()
     retrofit.convert(model, "rope", scaling="yarn", factor=4.0)
-    inv_freq = retrofit.core._state(model).scheme().inv_freq
+    inv_freq = retrofit.patch.core._state(model).scheme().inv_freq
     assert inv_freq[:4].gt(0).all() and inv_freq[4:].eq(0).all(), inv_freq
 
 
@@ -284,7 +284,7 @@ def test_deepseek_s_own_yarn_temperature_is_refused_when_rescaled():
     rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": NATIVE,
             "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
     model = tiny(*CLAIMED["deepseek_v3"][:2], dict(MLA, rope_parameters=rope, max_position_embeddings=4 * NATIVE))
-    with pytest.raises(retrofit.errors.OptionError, match="mscale_all_dim"):
+    with pytest.raises(retrofit.foundation.errors.OptionError, match="mscale_all_dim"):
         retrofit.convert(model, "rope", scaling="yarn", factor=8.0)
     retrofit.convert(model, "alibi")  # another scheme: the rotation goes, the scale stays the model's
 

@@ -89,7 +89,7 @@ def test_an_unreachable_hub_fails_at_once_from_the_cache(at, capsys, monkeypatch
     """One request says the Hub does not answer; the load then reads the cache only (no minute of retries)."""
     from huggingface_hub import constants
 
-    from retrofit import sources
+    from retrofit.models import sources
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -191,7 +191,7 @@ def _writer(command: str, out: str) -> list[str]:
 @pytest.fixture
 def no_work(at, monkeypatch):
     """Recipes in place, and any model load fails the test: the output is checked before the work."""
-    from retrofit import builtin
+    from retrofit.models import builtin
 
     shutil.copytree(ROOT / "recipes", at / "recipes")
     monkeypatch.setattr(builtin, "resolve", lambda *a, **k: pytest.fail("a model was loaded before --out was checked"))
@@ -277,7 +277,7 @@ def _full_disk_after(nbytes: int):
 def test_a_full_disk_during_convert(at, capsys, monkeypatch):
     import transformers.modeling_utils as mu
 
-    from retrofit import builtin
+    from retrofit.models import builtin
 
     builtin.tiny_gpt2()  # the input is written before the disk fills
     monkeypatch.setattr(mu, "safe_save_file", lambda tensors, filename, **k: _full_disk_after(100)(filename))
@@ -323,7 +323,7 @@ def test_torch_short_write_on_a_full_disk_is_recognised(tmp_path, monkeypatch):
     """torch's zip writer says only "unexpected pos" when the disk fills; the free space decides."""
     import shutil as sh
 
-    from retrofit.atomic import no_space
+    from retrofit.foundation.atomic import no_space
 
     torch_error = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
     usage = sh.disk_usage(tmp_path)
@@ -457,8 +457,8 @@ def test_help_builds_without_torch():
 
 
 def test_help_lists_every_registered_scheme():
-    from retrofit import menu
     from retrofit.encodings import SCHEMES
+    from retrofit.foundation import menu
 
     assert list(menu.SCHEMES) == SCHEMES.names()  # every registered scheme, nothing else
     r = subprocess.run([sys.executable, "-m", "retrofit", "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -467,7 +467,7 @@ def test_help_lists_every_registered_scheme():
 
 
 def test_convert_help_lists_the_built_in_models():
-    from retrofit import builtin
+    from retrofit.models import builtin
 
     r = subprocess.run(
         [sys.executable, "-m", "retrofit", "convert", "--help"], capture_output=True, text=True, cwd=ROOT

@@ -13,7 +13,7 @@ import transformers as tf
 
 import retrofit
 from retrofit.encodings.extend import copied_rows, interpolated_rows
-from retrofit.errors import LengthError, OptionError
+from retrofit.foundation.errors import LengthError, OptionError
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -143,10 +143,10 @@ def test_pose_positions_inside_the_new_table():
     retrofit.convert(model, "extend", length="4x")
     x = ids(1, NATIVE)
     positions = torch.sort(torch.randperm(4 * NATIVE)[:NATIVE]).values
-    retrofit.core.set_position_controls(model, positions=positions)
+    retrofit.patch.core.set_position_controls(model, positions=positions)
     with torch.no_grad():
         out = model(x).logits
-    retrofit.core.set_position_controls(model)
+    retrofit.patch.core.set_position_controls(model)
     # the reference: the rows at those positions added by hand, through the unconverted model's embeddings
     rows = model.retrofit_positions.table[positions]
     with torch.no_grad():

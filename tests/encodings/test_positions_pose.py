@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import retrofit
-from retrofit.core import set_position_controls
-from retrofit.errors import OptionError, RecipeError
+from retrofit.foundation.errors import OptionError, RecipeError
+from retrofit.patch.core import set_position_controls
 from retrofit.training import finetune, positions
 from retrofit.training.recipe import Recipe
 

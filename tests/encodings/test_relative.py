@@ -11,10 +11,10 @@ import torch
 import retrofit
 from retrofit import kernels
 from retrofit.cli import main
-from retrofit.core import set_kernel
 from retrofit.encodings.sinusoidal import frequencies, sinusoids
-from retrofit.errors import OptionError
+from retrofit.foundation.errors import OptionError
 from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
+from retrofit.patch.core import set_kernel
 
 from ..tiny import NATIVE, TINY, ids, train_step
 
@@ -350,11 +350,11 @@ def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked
     x = ids(2, 70)
 
     def step(kernel_name):
-        return *train_step(model, kernel_name, x), set(retrofit.core._state(model).paths)
+        return *train_step(model, kernel_name, x), set(retrofit.patch.core._state(model).paths)
 
     loss_f, grads_f, paths_f = step("auto")
     assert retrofit.describe(model)["attention_path"] == path
-    retrofit.core._state(model).paths.clear()
+    retrofit.patch.core._state(model).paths.clear()
     loss_c, grads_c, paths_c = step("chunked")
     assert paths_f >= {path} and paths_c == {"chunked"}
     torch.testing.assert_close(loss_f, loss_c, atol=1e-6, rtol=1e-6)

@@ -12,7 +12,7 @@ from transformers import AttentionInterface
 
 import retrofit
 from retrofit.cli import main
-from retrofit.errors import OptionError, RetrofitError
+from retrofit.foundation.errors import OptionError, RetrofitError
 
 from ..tiny import NATIVE, TINY, ids
 

@@ -11,9 +11,9 @@ import torch
 
 import retrofit
 from retrofit.cli import main
-from retrofit.core import set_kernel
-from retrofit.errors import OptionError, RetrofitError
+from retrofit.foundation.errors import OptionError, RetrofitError
 from retrofit.native_export import export
+from retrofit.patch.core import set_kernel
 
 from ..tiny import NATIVE, TINY, ids
 

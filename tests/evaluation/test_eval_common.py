@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from retrofit.data import Document
+from retrofit.models.data import Document
 
 
 def _bytes_to_unicode() -> dict[int, str]:

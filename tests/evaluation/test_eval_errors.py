@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from retrofit.errors import DataError, LengthError, OptionError
 from retrofit.evaluation import evaluate
+from retrofit.foundation.errors import DataError, LengthError, OptionError
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 

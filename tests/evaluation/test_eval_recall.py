@@ -12,12 +12,12 @@ import torch
 from tqdm import tqdm
 
 import retrofit
-from retrofit.errors import OptionError
 from retrofit.evaluation import evaluate
 from retrofit.evaluation import passkey as pk
 from retrofit.evaluation import recall as rc
 from retrofit.evaluation.models import EvalModel
 from retrofit.evaluation.runner import run_recall
+from retrofit.foundation.errors import OptionError
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -240,9 +240,9 @@ def test_cli_eval_with_recall_flags(tmp_path, capsys):
 
 
 def test_recipe_eval_section_takes_recall_with_the_cli_defaults():
-    from retrofit.errors import RecipeError
     from retrofit.evaluation.options import DEFAULTS as D
-    from retrofit.run_recipe import load_recipe
+    from retrofit.foundation.errors import RecipeError
+    from retrofit.running.run_recipe import load_recipe
 
     rr = load_recipe("recipes/tiny-run.yaml", ["eval.recall=true", "eval.recall_lengths=1x,4x"])
     e = rr.eval

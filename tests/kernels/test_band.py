@@ -68,7 +68,7 @@ def test_band_keeps_half_inputs_at_their_own_rounding(dtype, atol):
 def test_t5_band_is_the_t5_bucket_bias_of_transformers():
     """The scheme's band, read at min(i - j, K), equals its own bias and T5's bucketed table everywhere."""
     model = retrofit.convert(TINY["gpt2"](), "t5")
-    scheme = retrofit.core._state(model).scheme()
+    scheme = retrofit.patch.core._state(model).scheme()
     table = scheme.table[1]  # (H, num_buckets)
     values = scheme.distance_band(1)
     K = values.shape[-1] - 1
@@ -85,7 +85,7 @@ def test_t5_band_is_the_t5_bucket_bias_of_transformers():
 @pytest.mark.parametrize("scheme", ["t5", "shaw"])
 def test_every_band_scheme_declares_its_band_truthfully(scheme):
     model = retrofit.convert(TINY["llama"](), scheme, init="zero" if scheme == "shaw" else "alibi")
-    s = retrofit.core._state(model).scheme()
+    s = retrofit.patch.core._state(model).scheme()
     with torch.no_grad():
         s.table.normal_()
     values = s.distance_band(0)
@@ -121,7 +121,9 @@ def test_path_selection():
 
 
 def test_a_path_is_refused_at_convert_where_it_cannot_serve_the_scheme():
-    with pytest.raises(retrofit.errors.OptionError, match="kernel 'cpu-flash-band' .* cannot serve a rotary scheme"):
+    with pytest.raises(
+        retrofit.foundation.errors.OptionError, match="kernel 'cpu-flash-band' .* cannot serve a rotary scheme"
+    ):
         retrofit.convert(TINY["gpt2"](), "rope", kernel="cpu-flash-band")
     for scheme, options in (("fire", {}), ("t5", {"temperature": 0.3})):
         model = retrofit.convert(TINY["gpt2"](), scheme, kernel="cpu-flash-mask", **options)

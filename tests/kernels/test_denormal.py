@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrofit import denormal, kernels
+from retrofit import kernels
+from retrofit.foundation import denormal
 
 pytestmark = pytest.mark.skipif(not denormal.supported(), reason="this CPU cannot flush denormals")
 

@@ -11,9 +11,9 @@ import torch
 
 import retrofit
 from retrofit import kernels
-from retrofit.core import set_kernel
 from retrofit.kernels import Call
 from retrofit.kernels import cpu_flash_mask as dense
+from retrofit.patch.core import set_kernel
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -158,8 +158,8 @@ def test_a_model_trains_on_dense_with_the_chunked_gradients(scheme, options, use
         loss.backward()
         grads[path] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         if path == "auto":
-            assert set(retrofit.core._state(model).paths) == {"cpu-flash-mask"}
-            retrofit.core._state(model).paths.clear()
+            assert set(retrofit.patch.core._state(model).paths) == {"cpu-flash-mask"}
+            retrofit.patch.core._state(model).paths.clear()
     (la, ga), (lc, gc) = grads["auto"], grads["chunked"]
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(la, lc, atol=tol, rtol=tol)

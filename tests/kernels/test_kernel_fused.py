@@ -12,12 +12,12 @@ import torch
 
 import retrofit
 from retrofit import kernels
-from retrofit.core import set_kernel
 from retrofit.encodings import SCHEMES
 from retrofit.encodings.alibi import alibi_slopes
 from retrofit.kernels import Call, call, cpu_flash, flash_attn_alibi
 from retrofit.kernels import flex as flex_path
 from retrofit.kernels import sdpa_alibi_dims as fused
+from retrofit.patch.core import set_kernel
 
 from ..tiny import TINY
 

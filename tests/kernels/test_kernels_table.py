@@ -15,8 +15,8 @@ import torch
 import retrofit
 from retrofit import kernels
 from retrofit.cli import convert as cli_convert
-from retrofit.core import set_kernel
-from retrofit.errors import OptionError
+from retrofit.foundation.errors import OptionError
+from retrofit.patch.core import set_kernel
 
 from ..tiny import TINY, ids
 
@@ -82,7 +82,7 @@ def test_nothing_reads_the_kernel_from_the_environment():
     code = [
         f"{f.relative_to(ROOT)}"
         for f in sorted((ROOT / "src" / "retrofit" / "kernels").glob("*.py"))
-        + [ROOT / "src" / "retrofit" / "attention.py"]
+        + [ROOT / "src" / "retrofit" / "patch" / "attention.py"]
         if "environ" in f.read_text()
     ]
     assert not code, code

@@ -11,9 +11,9 @@ import torch
 import transformers as tf
 
 import retrofit
-from retrofit.errors import RetrofitError
+from retrofit.foundation.errors import RetrofitError
+from retrofit.foundation.run_folder import EXPORT_RECORD as EXPORT_FILE
 from retrofit.native_export import TOLERANCE, per_head_qkv
-from retrofit.run_folder import EXPORT_RECORD as EXPORT_FILE
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -144,7 +144,7 @@ def test_exports_advertise_the_same_reach_as_the_checkpoint(tmp_path):
     retrofit.export(model, tmp_path / "falcon", check_length=64)
     saved = json.loads((tmp_path / "ck" / "config.json").read_text())
     falcon = json.loads((tmp_path / "falcon" / "config.json").read_text())
-    assert saved["n_positions"] == falcon["max_position_embeddings"] == retrofit.core.UNBOUNDED
+    assert saved["n_positions"] == falcon["max_position_embeddings"] == retrofit.patch.core.UNBOUNDED
     assert saved["retrofit"]["base_config"]["n_positions"] == NATIVE  # what load restores to build the table
 
 

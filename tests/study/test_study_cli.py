@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from retrofit.errors import OptionError, RecipeError
+from retrofit.foundation.errors import OptionError, RecipeError
 from retrofit.study import Grid, cells, run_study
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`

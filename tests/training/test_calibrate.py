@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import retrofit
-from retrofit.core import scheme_of, set_kernel
-from retrofit.data import Document
-from retrofit.errors import DataError, OptionError
+from retrofit.foundation.errors import DataError, OptionError
+from retrofit.models.data import Document
+from retrofit.patch.core import scheme_of, set_kernel
 from retrofit.training.calibrate import calibrate, kl_to_original, position_parameters
 from tests.tiny import TINY
 
@@ -31,7 +31,7 @@ def docs(tag: str, n: int = 4):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from retrofit.io import load_model
+    from retrofit.models.io import load_model
 
     return load_model("tiny-gpt2")  # native 64, byte tokenizer
 
@@ -142,7 +142,7 @@ def test_alibi_fixed_slopes_unchanged():
 
 
 def test_alibi_learned_slopes_export_is_not_exact(tmp_path):
-    from retrofit.errors import RetrofitError
+    from retrofit.foundation.errors import RetrofitError
 
     model = retrofit.convert(TINY["gpt2"](), "alibi", learn_slopes=True, scale_bias=True)
     with pytest.raises(RetrofitError, match="learned"):
@@ -231,7 +231,7 @@ def test_recipe_calibrate_phase(tmp_path, monkeypatch):
 
 
 def test_recipe_calibrate_needs_a_scheme():
-    from retrofit.errors import RecipeError
+    from retrofit.foundation.errors import RecipeError
     from retrofit.training.recipe import Recipe
 
     with pytest.raises(RecipeError, match="convert.calibrate.data' needs 'convert.scheme"):

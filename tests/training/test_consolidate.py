@@ -21,7 +21,7 @@ import yaml
 
 import retrofit
 from retrofit.cli import main
-from retrofit.errors import RetrofitError
+from retrofit.foundation.errors import RetrofitError
 from retrofit.training import consolidate
 from retrofit.training.outputs import rebuilt
 from retrofit.training.recipe import Recipe

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from retrofit.baseline import PRESETS, BaselineConfig
-from retrofit.errors import OptionError
+from retrofit.foundation.errors import OptionError
+from retrofit.models.baseline import PRESETS, BaselineConfig
 from retrofit.training.standin import add_repeats, induction_rows
 
 
@@ -60,7 +60,7 @@ def test_the_copy_fields_leave_existing_cache_keys_alone():
 
 
 def test_pretraining_records_its_copy_curve(cache):
-    from retrofit.baseline import load_stats
+    from retrofit.models.baseline import load_stats
     from retrofit.training.standin import pretrain
 
     cfg = dataclasses.replace(PRESETS["micro"], name="micro-copy", copy_fraction=0.5, copy_warmup=2, copy_eval_every=2)

@@ -18,8 +18,8 @@ import yaml
 from safetensors.torch import load_file
 
 import retrofit
-from retrofit.builtin import tiny_gpt2
-from retrofit.errors import DataError, HubError, LengthError, RecipeError
+from retrofit.foundation.errors import DataError, HubError, LengthError, RecipeError
+from retrofit.models.builtin import tiny_gpt2
 from retrofit.training import finetune
 
 from ..procs import free_port, kill_at_first_checkpoint, override, run_child, run_ranks

@@ -10,8 +10,8 @@ import torch
 import transformers as tf
 import yaml
 
-from retrofit.builtin import byte_tokenizer
-from retrofit.errors import RecipeError, UnsupportedArchitectureError
+from retrofit.foundation.errors import RecipeError, UnsupportedArchitectureError
+from retrofit.models.builtin import byte_tokenizer
 from retrofit.training.masking import IGNORE, Masker, seed_of
 
 from .test_finetune import FILES

@@ -24,7 +24,7 @@ import yaml
 from safetensors.torch import load_file
 
 import retrofit
-from retrofit.builtin import TINY_GPT2, byte_tokenizer
+from retrofit.models.builtin import TINY_GPT2, byte_tokenizer
 from retrofit.training import finetune
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
@@ -299,7 +299,7 @@ def test_deepspeed_on_cpu_processes_is_refused_clearly(monkeypatch):
 
     from accelerate.utils import DistributedType
 
-    from retrofit.errors import RecipeError
+    from retrofit.foundation.errors import RecipeError
     from retrofit.training import sharding
 
     acc = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, num_processes=2)

@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from retrofit.data import streams as rdata_streams
-from retrofit.errors import DataError, RecipeError
+from retrofit.foundation.errors import DataError, RecipeError
+from retrofit.models.data import streams as rdata_streams
 from retrofit.training import finetune, stream
 from retrofit.training.recipe import Recipe
 
@@ -215,7 +215,7 @@ def test_two_processes_train_on_every_block_once(tmp_path):
     seen = [(out / "rank_checksums" / f"rank{i}.blocks.txt").read_text().split() for i in (0, 1)]
     from transformers import AutoTokenizer
 
-    from retrofit.data import fingerprint
+    from retrofit.models.data import fingerprint
 
     tok = AutoTokenizer.from_pretrained(out / "final")
     want = [fingerprint(tok(t)["input_ids"] + [tok.eos_token_id]) for t in texts[4:]]

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from ..encodings.base import ModelSpec
-from ..errors import UnsupportedArchitectureError
-from ..native import native_length
-from ..registry import Registry
+from ..foundation.errors import UnsupportedArchitectureError
+from ..foundation.native import native_length
+from ..foundation.registry import Registry
 from . import quirks
 from .calls import state_positions
 

@@ -11,7 +11,7 @@ import dataclasses
 
 from torch import nn
 
-from ..errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
 from .standins import StandInAttention
 

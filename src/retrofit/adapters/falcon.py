@@ -12,7 +12,7 @@ import dataclasses
 
 from torch import nn
 
-from ..errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
 from .llama import native_rope
 from .standins import NeutralisedRotary, StandInAttention

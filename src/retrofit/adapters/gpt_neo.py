@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, PositionTable, register_adapter
 from .standins import NeutralisedPositionTable
 

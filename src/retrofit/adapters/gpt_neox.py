@@ -5,7 +5,7 @@ dims, so replacing the rotary removes it from the rotated part and leaves the re
 
 from __future__ import annotations
 
-from ..errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
 from .llama import native_rope
 from .standins import NeutralisedRotary

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UnsupportedArchitectureError
-from ..native import native_length
+from ..foundation.errors import UnsupportedArchitectureError
+from ..foundation.native import native_length
 from .base import Adapter, AttentionSite, register_adapter
 from .standins import NeutralisedSinCos
 

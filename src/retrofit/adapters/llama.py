@@ -4,7 +4,7 @@ from one ``model.rotary_emb`` module (grouped-query attention and sliding window
 Claimed by structure: any model whose base has a ``rotary_emb`` module and ``layers`` whose attention
 (``self_attn`` or ``attn``; a hybrid's other layers hold no positions) takes ``position_embeddings`` and calls transformers' attention interface (mixtral, phi3, gemma, ...), not
 only the types listed in ``model_types`` (the ones this suite tests). A type claimed by structure is
-converted only after the lossless probe (``retrofit.probe``) reproduced its logits."""
+converted only after the lossless probe (``retrofit.patch.probe``) reproduced its logits."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import inspect
 
 from torch import nn
 
-from ..errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 from . import quirks
 from .base import Adapter, AttentionSite, register_adapter
 from .standins import NeutralisedRotary

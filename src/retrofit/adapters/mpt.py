@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
 from .standins import StandInAttention
 

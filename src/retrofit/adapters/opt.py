@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, PositionTable, register_adapter
 from .standins import NeutralisedPositionTable
 

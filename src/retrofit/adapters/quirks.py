@@ -3,7 +3,7 @@ itself (its config and its modelling code), never from its name.
 
 ``detect(model)`` lists the quirks a model has; an adapter declares the ones it handles
 (``Adapter.handles``). A model with a quirk its adapter does not handle is refused by name before any
-conversion; the lossless probe (``retrofit.probe``) catches what no declared fact describes."""
+conversion; the lossless probe (``retrofit.patch.probe``) catches what no declared fact describes."""
 
 from __future__ import annotations
 

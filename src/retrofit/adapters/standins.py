@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..errors import LengthError, RetrofitError
+from ..foundation.errors import LengthError, RetrofitError
 from .calls import state_positions
 
 

@@ -22,7 +22,7 @@ import importlib
 import re
 import sys
 
-from ..errors import RetrofitError
+from ..foundation.errors import RetrofitError
 
 # One line per subcommand: (name, module under retrofit.cli)
 COMMANDS = [
@@ -48,8 +48,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..menu import schemes_help
-    from ..versions import __version__
+    from ..foundation.menu import schemes_help
+    from ..foundation.versions import __version__
 
     parser = Parser(
         prog="retrofit",
@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..quiet import configure, hushed
+    from ..foundation.quiet import configure, hushed
 
     parser = build_parser()
     args = parser.parse_args(attach_dash_values(sys.argv[1:] if argv is None else argv))
@@ -115,8 +115,8 @@ def output_folder(path, overwrite: bool, flag: str = "--out"):
     or written into, empty unless ``overwrite`` (True for commands that write into an existing one)."""
     from pathlib import Path
 
-    from ..atomic import check_creatable
-    from ..errors import OutputError
+    from ..foundation.atomic import check_creatable
+    from ..foundation.errors import OutputError
 
     out = Path(path)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -128,8 +128,8 @@ def output_folder(path, overwrite: bool, flag: str = "--out"):
 def check_scheme(name: str) -> None:
     """An unknown scheme name is an OptionError at once (the torch-free menu; ``retrofit.encodings.SCHEMES``
     is the registry it mirrors)."""
-    from ..errors import OptionError
-    from ..menu import SCHEMES
+    from ..foundation.errors import OptionError
+    from ..foundation.menu import SCHEMES
 
     if name not in SCHEMES:
         raise OptionError(f"unknown scheme {name!r}; registered: {', '.join(sorted(SCHEMES))}")
@@ -137,7 +137,7 @@ def check_scheme(name: str) -> None:
 
 def parse_options(pairs: list[str] | None) -> dict:
     """``["theta=10000", "scaling=yarn"]`` -> dict, values parsed as YAML scalars."""
-    from ..errors import OptionError
-    from ..schema import parse_overrides
+    from ..foundation.errors import OptionError
+    from ..foundation.schema import parse_overrides
 
     return parse_overrides(pairs, error=OptionError)

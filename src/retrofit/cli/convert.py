@@ -7,8 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-from ..errors import OptionError
-from ..run_folder import CALIBRATE
+from ..foundation.errors import OptionError
+from ..foundation.run_folder import CALIBRATE
 from ..training.recipe import CalibrateConfig
 
 CAL = CalibrateConfig()  # the calibration defaults (one place: the recipe's convert.calibrate section)
@@ -39,7 +39,7 @@ def scheme_help() -> str:
     lines.append("  every scheme also takes:")
     lines += [f"      {key}: {text}" for key, text in common_option_help().items()]
     lines.append(kernels.help_text())
-    from ..sources import supported_architectures
+    from ..models.sources import supported_architectures
 
     lines.append(
         "architectures: " + supported_architectures() + "; and by structure any decoder of the LLaMA layout that "
@@ -65,7 +65,7 @@ def _kernel(name: str) -> str:
 def _builtin_help() -> str:
     import textwrap
 
-    from ..builtin import names
+    from ..models.builtin import names
 
     return textwrap.fill(
         "built-in models (MODEL; made on first use, then cached): " + ", ".join(names()),
@@ -147,14 +147,15 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..sources import precheck
+    from ..models.sources import precheck
     from . import check_scheme, output_folder, parse_options
 
     options = parse_options(args.option)
     out = output_folder(args.out, args.overwrite)
     check_scheme(args.to)  # the cheap checks first: a wrong word is said before torch is imported
     precheck(args.model, args.gguf_file)
-    from .. import core, io
+    from ..models import io
+    from ..patch import core
 
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
     _refuse_converted(model, args)
@@ -165,7 +166,7 @@ def run(args) -> int:
     io.save(model, out, tokenizer=tokenizer)
     shown = {"out": str(out), **core.describe(model)}
     if record is not None:
-        from ..atomic import write_text
+        from ..foundation.atomic import write_text
 
         write_text(out / CALIBRATE, json.dumps(record, indent=2) + "\n")
         shown["calibration"] = {k: v for k, v in record.items() if k != "kl"}
@@ -186,7 +187,7 @@ def _calibrate(model, teacher, tokenizer, args) -> dict:
 
     check_calibratable(model)
     if tokenizer is None:
-        from ..errors import OptionError
+        from ..foundation.errors import OptionError
 
         raise OptionError(f"--calibrate needs a tokenizer; {args.model} has none")
     record = calibrate(
@@ -205,8 +206,8 @@ def _calibrate(model, teacher, tokenizer, args) -> dict:
 
 
 def _refuse_converted(model, args) -> None:
-    from ..core import describe, is_converted
-    from ..errors import AlreadyConvertedError
+    from ..foundation.errors import AlreadyConvertedError
+    from ..patch.core import describe, is_converted
 
     if is_converted(model) and not args.force:
         raise AlreadyConvertedError(
@@ -216,6 +217,6 @@ def _refuse_converted(model, args) -> None:
 
 
 if __name__ == "__main__":  # python -m retrofit.cli.convert: rewrite HELP_FILE from the registries
-    from ..atomic import write_text
+    from ..foundation.atomic import write_text
 
     write_text(HELP_FILE, scheme_help() + "\n")

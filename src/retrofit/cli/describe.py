@@ -19,8 +19,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from .. import core, io
-    from ..errors import RetrofitError
+    from ..foundation.errors import RetrofitError
+    from ..models import io
+    from ..patch import core
 
     if args.list:
         from ..adapters import ADAPTERS

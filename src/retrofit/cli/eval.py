@@ -8,11 +8,11 @@ import dataclasses
 import logging
 import typing
 
-from ..errors import OptionError
 from ..evaluation.lengths import parse_list
 from ..evaluation.options import DEFAULTS, NAMES, QUICK, EvalOptions
-from ..quiet import progress_bars
-from ..run_folder import REPORT, REPORT_MD
+from ..foundation.errors import OptionError
+from ..foundation.quiet import progress_bars
+from ..foundation.run_folder import REPORT, REPORT_MD
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def _options(args) -> dict:
 def run(args) -> int:
     from ..evaluation import evaluate
     from ..evaluation.markdown import ppl_table
-    from ..run_folder import eval_dir
+    from ..foundation.run_folder import eval_dir
     from . import output_folder
 
     out = output_folder(

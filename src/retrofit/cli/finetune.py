@@ -119,7 +119,7 @@ def run(args) -> int:
 
         print(final_from(recipe, args.final_from, trust_pickle=args.trust_pickle))
         return 0
-    from ..run_folder import FINAL
+    from ..foundation.run_folder import FINAL
     from ..training import finetune
 
     out = finetune(recipe)

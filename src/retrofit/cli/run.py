@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from ..pipeline import STAGES
+    from ..running.pipeline import STAGES
 
     p = sub.add_parser(
         "run",
@@ -48,8 +48,8 @@ def run(args) -> int:
 
     import yaml
 
-    from ..pipeline import load_recipe, where
-    from ..pipeline import run as run_pipeline
+    from ..running.pipeline import load_recipe, where
+    from ..running.pipeline import run as run_pipeline
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.check:

@@ -31,9 +31,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..errors import OptionError, UnknownSchemeError
-from ..registry import Registry
-from ..schema import UNIONS, Mismatch, check, field_help, help_of
+from ..foundation.errors import OptionError, UnknownSchemeError
+from ..foundation.registry import Registry
+from ..foundation.schema import UNIONS, Mismatch, check, field_help, help_of
 
 SCHEMES: Registry[type["Scheme"]] = Registry("scheme", UnknownSchemeError)
 register_scheme = SCHEMES.register

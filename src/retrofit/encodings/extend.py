@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import LengthError, OptionError
+from ..foundation.errors import LengthError, OptionError
 from .base import ModelSpec, Scheme, option, register_scheme
 
 INITS = ("copy", "interpolate")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import OptionError
+from ..foundation.errors import OptionError
 from .alibi import alibi_slopes
 from .base import ModelSpec, Scheme, gather_per_head, option, register_scheme
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import OptionError
+from ..foundation.errors import OptionError
 from .base import ModelSpec, Scheme, option, register_scheme
 
 

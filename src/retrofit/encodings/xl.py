@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import OptionError
+from ..foundation.errors import OptionError
 from .base import ModelSpec, Scheme, option, register_scheme
 from .sinusoidal import frequencies, sinusoids
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import OptionError
+from ..foundation.errors import OptionError
 
 _MULTIPLE = re.compile(r"^(\d+(?:\.\d+)?)x$")
 

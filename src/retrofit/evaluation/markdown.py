@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import run_folder as rf
+from ..foundation import run_folder as rf
 from . import verdict as vd
 
 

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import run_folder as rf
-from ..atomic import write_text
+from ..foundation import run_folder as rf
+from ..foundation.atomic import write_text
 from ..training.masking import IGNORE, Masker
 from .markdown import copy_table
 from .perplexity import t_quantile_975

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from ..errors import OptionError, RetrofitError
-from ..native import native_length
+from ..foundation.errors import OptionError, RetrofitError
+from ..foundation.native import native_length
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,8 @@ class EvalModel:
 
 def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
     """``retrofit.load_model`` (hub id, folder, retrofit checkpoint, or a ``.gguf`` file path)."""
-    from ..io import load_model
-    from ..task import require_language_model
+    from ..foundation.task import require_language_model
+    from ..models.io import load_model
 
     if gguf_file is None and name_or_path.endswith(".gguf"):
         gguf_file = name_or_path
@@ -45,7 +45,7 @@ def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
 def describe_model(model) -> dict:
     """``retrofit.describe(model)``, or a minimal stand-in built from the config when that fails."""
     try:
-        from ..core import describe
+        from ..patch.core import describe
 
         d = dict(describe(model))
         d.setdefault("source", "retrofit.describe")
@@ -93,7 +93,7 @@ def resolve(
         spec = os.fspath(spec)
     if isinstance(spec, str):
         if not spec.endswith(".gguf") and not gguf_file:
-            from ..run_folder import model_dir
+            from ..foundation.run_folder import model_dir
 
             spec = str(model_dir(spec))  # a run folder: its fine-tuned final/ (the report names it)
         model, tok = _load(spec, gguf_file=gguf_file, device=device, dtype=dtype)

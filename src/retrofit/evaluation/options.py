@@ -13,8 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import OptionError
-from ..schema import field_help as _opt
+from ..foundation.errors import OptionError
+from ..foundation.schema import field_help as _opt
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -29,7 +29,7 @@ class EvalOptions:
         factory=lambda: ["1x", "2x", "4x", "8x"],
     )
     data: str = _opt(
-        "Data spec (retrofit.data): 'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, "
+        "Data spec (retrofit.models.data): 'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, "
         "or a datasets name[:config[:split[:field]]].",
         "stdlib",
     )

@@ -19,8 +19,8 @@ from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from .. import run_folder as rf  # noqa: E402
-from ..atomic import replacing  # noqa: E402
+from ..foundation import run_folder as rf  # noqa: E402
+from ..foundation.atomic import replacing  # noqa: E402
 
 NOT_RUN_COLOR = "lightgrey"
 # One colour per model (tab10, then tab20 for more), one line style and marker per method / model.

@@ -10,9 +10,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .. import run_folder as rf
-from ..atomic import write_text
-from ..versions import library_versions
+from ..foundation import run_folder as rf
+from ..foundation.atomic import write_text
+from ..foundation.versions import library_versions
 
 log = logging.getLogger(__name__)
 

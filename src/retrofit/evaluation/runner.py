@@ -10,8 +10,8 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from .. import task
-from ..errors import LengthError, OptionError
+from ..foundation import task
+from ..foundation.errors import LengthError, OptionError
 from . import masked, retrieval
 from . import passkey as pk
 from . import recall as rc
@@ -337,7 +337,7 @@ def evaluate(
     The options (``retrofit.evaluation.options.EvalOptions``, their defaults and help in one place) are
     given as ``options=`` and/or as keywords (``budget=4096, passkey=True``); ``lengths`` and ``data`` may
     also be given by position. Left unset, ``lengths`` (1x-8x) stops at the model's limit.
-    ``data``: a ``retrofit.data`` spec or a list of ``Document``, joined with EOS (or with the text
+    ``data``: a ``retrofit.models.data`` spec or a list of ``Document``, joined with EOS (or with the text
     ``doc_separator``, e.g. ``"\\n\\n"`` for wikitext's paragraph rows). Every model scores the same first
     ``budget`` tokens (cut to a multiple of the largest length) at every length, with
     non-overlapping windows and, when ``sliding``, sliding windows of stride ``stride``. A baseline
@@ -626,8 +626,8 @@ def original_of(model_or_path, evaluated: EvalModel, *, device=None, dtype=None)
     converted in memory is not copied (its hooks belong to it): pass its original as a baseline instead."""
     from pathlib import Path
 
-    from ..io import load_original
-    from ..run_folder import original_source
+    from ..foundation.run_folder import original_source
+    from ..models.io import load_original
 
     if isinstance(model_or_path, (str, Path)) and Path(model_or_path).exists():
         src = original_source(model_or_path)

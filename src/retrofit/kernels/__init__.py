@@ -1,5 +1,5 @@
 """The attention paths as one ordered table (``PATHS``): each row names what runs, says whether it serves a
-call (or why not) and runs it. ``attention.py`` builds one ``Call`` per attention call and hands it to
+call (or why not) and runs it. ``patch/attention.py`` builds one ``Call`` per attention call and hands it to
 ``attend`` with the model's kernel choice (``RetrofitState.kernel``, saved with the checkpoint):
 
 - ``auto``: the first row that serves the call (and that auto finds worth it: flex only for long calls);
@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import OptionError
+from ..foundation.errors import OptionError
 from . import (
     chunked,
     cpu_flash_band,
@@ -32,7 +32,7 @@ from . import (
     sdpa_alibi_dims,
     sdpa_relative_dims,
 )
-from .call import Call, Far, Relative, Unavailable  # noqa: F401  (the record attention.py builds)
+from .call import Call, Far, Relative, Unavailable  # noqa: F401  (the record patch/attention.py builds)
 
 POSITION_FREE = ("none", "rotary", "absolute")  # scheme kinds with no positional term in the scores
 BIAS = ("bias",)

@@ -1,4 +1,4 @@
-"""One attention call as one record: q, k, v and every hint a path may use (``Call``). ``attention.py``
+"""One attention call as one record: q, k, v and every hint a path may use (``Call``). ``patch/attention.py``
 builds it once per call; the table (``src/retrofit/kernels/__init__.py``) hands it to the first path that serves it."""
 
 from __future__ import annotations

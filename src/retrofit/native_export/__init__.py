@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import run_folder as rf
-from ..errors import OptionError, RetrofitError
-from ..versions import library_versions
+from ..foundation import run_folder as rf
+from ..foundation.errors import OptionError, RetrofitError
+from ..foundation.versions import library_versions
 from . import alibi, baked_table, gpt2, rope  # noqa: F401  (registration)
 from .base import MAPPINGS, TOLERANCE, Built, ExportResult, mapping, per_head_qkv, supported_pairs
 from .gpt2 import FALCON_BF16_EXACT
@@ -66,7 +66,7 @@ def _resolve_source(model_or_dir):
     path = rf.model_dir(model_or_dir)
     if not (path / "config.json").exists():
         raise RetrofitError(f"{model_or_dir} is neither a retrofit checkpoint nor a run folder with final/ in it")
-    from ..io import load
+    from ..models.io import load
 
     model = load(path)
     tokenizer = None
@@ -78,7 +78,7 @@ def _resolve_source(model_or_dir):
 
 
 def _info(model) -> dict:
-    from ..core import describe, position_controls
+    from ..patch.core import describe, position_controls
 
     info = describe(model)
     if not info["converted"]:
@@ -128,10 +128,10 @@ def export(
     ``check_length``: tokens of the random-id equivalence check (default min(4 x native, native + 1024)).
     ``approximate=True``: also write the closest architecture where none is exact (gpt2 + alibi with
     scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
-    is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.data`` spec) at ``check_length``.
+    is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.models.data`` spec) at ``check_length``.
     An export that should be exact but differs by more than ``tolerance`` raises and writes nothing."""
-    from ..core import UNBOUNDED, reach
-    from ..io import save
+    from ..models.io import save
+    from ..patch.core import UNBOUNDED, reach
 
     model, tok, source = _resolve_source(model_or_run_dir)
     tokenizer = tokenizer if tokenizer is not None else tok
@@ -200,8 +200,8 @@ def _positive(name: str, value, default: int) -> int:
 def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict) -> ExportResult:
     from transformers import AutoModelForCausalLM
 
-    from ..atomic import write_dir
-    from ..io import tokenizer_reach
+    from ..foundation.atomic import write_dir
+    from ..models.io import tokenizer_reach
 
     check_len, tolerance = check["length"], check["tolerance"]
     result = ExportResult(
@@ -267,8 +267,8 @@ def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, window
     real text (``evaluation.perplexity``, the protocol of ``retrofit eval``)."""
     if tokenizer is None:
         return {"ppl": None, "ppl_note": "no tokenizer: the perplexity difference was not measured"}
-    from ..data import load_documents, tokenize_documents
     from ..evaluation.perplexity import nonoverlapping_nll
+    from ..models.data import load_documents, tokenize_documents
 
     tokens = [t for doc in tokenize_documents(tokenizer, load_documents(spec)) for t in doc]
     n = min(windows, (len(tokens) - 1) // length)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..adapters import ADAPTERS
-from ..core import scheme_of
-from ..errors import RetrofitError
+from ..foundation.errors import RetrofitError
+from ..patch.core import scheme_of
 from .base import Built, Surgery, mapping, plain_config
 
 

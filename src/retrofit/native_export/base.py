@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import RetrofitError, UnknownNameError
-from ..registry import Registry
+from ..foundation.errors import RetrofitError, UnknownNameError
+from ..foundation.registry import Registry
 
 TOLERANCE = 1e-4  # max abs logit difference (fp32) for an export that claims to be exact
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..errors import RetrofitError
+from ..foundation.errors import RetrofitError
 from .base import Built, Surgery, mapping, per_head_qkv
 from .rope import _check_rope_config, _keep_rotary_pct, rope_parameters
 

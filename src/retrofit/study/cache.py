@@ -13,8 +13,8 @@ import json
 import logging
 from pathlib import Path
 
-from .. import run_folder as rf
-from ..atomic import write_text
+from ..foundation import run_folder as rf
+from ..foundation.atomic import write_text
 
 log = logging.getLogger(__name__)
 

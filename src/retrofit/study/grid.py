@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from .. import schema
-from ..errors import RecipeError
-from ..schema import field_help as _f
+from ..foundation import schema
+from ..foundation.errors import RecipeError
+from ..foundation.schema import field_help as _f
 from .tables import Target
 
 # what a budget-0 cell evaluates as is: the fine-tune's keys mean nothing there

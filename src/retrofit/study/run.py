@@ -1,6 +1,6 @@
 """Run a study grid on the pipeline's stages and write its reports.
 
-Each cell is a pipeline run (``retrofit.pipeline.run``) in ``OUT/cells/<name>/``: the recipe with the
+Each cell is a pipeline run (``retrofit.running.pipeline.run``) in ``OUT/cells/<name>/``: the recipe with the
 cell's keys set, its fine-tune and its eval exactly as ``retrofit run`` does them (a cell killed midway
 resumes from its last checkpoint when the recipe checkpoints). A budget-0 cell is the model converted (and
 calibrated, when the recipe says so) by the fine-tune's own steps and scored by the pipeline's eval, with no
@@ -18,14 +18,14 @@ import logging
 import time
 from pathlib import Path
 
-from .. import run_folder as rf
-from .. import schema
-from ..atomic import write_text
-from ..errors import LengthError, OptionError, RecipeError, RetrofitError
-from ..io import load_original
-from ..pipeline import STAGES, evaluate_section
-from ..pipeline import run as run_pipeline
-from ..run_recipe import _hash, load_recipe
+from ..foundation import run_folder as rf
+from ..foundation import schema
+from ..foundation.atomic import write_text
+from ..foundation.errors import LengthError, OptionError, RecipeError, RetrofitError
+from ..models.io import load_original
+from ..running.pipeline import STAGES, evaluate_section
+from ..running.pipeline import run as run_pipeline
+from ..running.run_recipe import _hash, load_recipe
 from . import tables as T
 from .cache import CellCache, read, write
 from .grid import Grid, cells
@@ -140,7 +140,7 @@ def _zero_shot(rr):
 
 
 def _native(model) -> int:
-    from ..core import describe
+    from ..patch.core import describe
 
     return describe(model)["native"]["length"]
 

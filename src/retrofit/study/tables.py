@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import replacing
-from ..schema import field_help as _f
+from ..foundation.atomic import replacing
+from ..foundation.schema import field_help as _f
 
 EVALUATED = ("converted", "original")
 

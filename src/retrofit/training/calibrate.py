@@ -2,7 +2,7 @@
 
 ``calibrate(model, teacher, data, tokenizer=...)`` minimises KL(original || converted), the next-token
 distributions of the frozen unconverted model (``teacher``) against the converted one, on native-length
-blocks of ``data`` (a ``retrofit.data`` spec). Only the parameters of the scheme module
+blocks of ``data`` (a ``retrofit.models.data`` spec). Only the parameters of the scheme module
 (``model.retrofit_positions``: T5/Shaw tables, FIRE's MLP, Transformer-XL's vectors, learned ALiBi slopes
 (``learn_slopes=true``), QK-norm gains, a stretched table's rows) are trained; every other tensor is left
 bit-identical. Before and after, the zero-shot ratio (perplexity of the converted model / perplexity of the
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import DataError, LengthError, OptionError
+from ..foundation.errors import DataError, LengthError, OptionError
 from .recipe import CalibrateConfig
 
 log = logging.getLogger(__name__)
@@ -38,14 +38,14 @@ SEED = 0
 
 def position_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, parameter) of the converted model's scheme module (``retrofit_positions``): what calibration trains."""
-    from ..core import scheme_of
+    from ..patch.core import scheme_of
 
     return list(scheme_of(model).named_parameters())
 
 
 def check_calibratable(model) -> None:
     """OptionError (exit 2) when the model's scheme has no position parameters."""
-    from ..core import describe
+    from ..patch.core import describe
 
     if position_parameters(model):
         return
@@ -87,7 +87,7 @@ def _documents(data, heldout, train_tokens: int, held_tokens: int):
 def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
     """Packed native-length blocks of the documents, tokenized in order until ``want`` blocks are there (a few
     hundred steps read a small part of a large corpus; the rest is not tokenized)."""
-    from ..data import tokenize_documents
+    from ..models.data import tokenize_documents
     from .blocks import check_blocks, make_blocks
 
     ids, total = [], 0
@@ -153,8 +153,8 @@ def calibrate(
     seconds. ``teacher``: the unconverted original (frozen here). ``data``/``heldout``: data specs or lists of
     ``Document``; they must share no document. Documents are tokenized in order until there are
     ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate."""
-    from ..core import describe, set_position_controls
-    from ..quiet import progress_bars
+    from ..foundation.quiet import progress_bars
+    from ..patch.core import describe, set_position_controls
 
     check_calibratable(model)
     for key, v in (("steps", steps), ("batch_size", batch_size), ("budget", budget)):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import RetrofitError
+from ..foundation.errors import RetrofitError
 
 log = logging.getLogger("retrofit.training.loop")
 

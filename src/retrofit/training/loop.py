@@ -26,16 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from .. import data as rdata
-from .. import run_folder as rf
-from .. import task
-from ..atomic import check_creatable, write_text
-from ..core import describe, max_length, set_position_controls
 from ..encodings import SCHEMES
-from ..errors import LengthError, RecipeError
-from ..optim import param_groups
-from ..quiet import hushed, progress_bars
-from ..versions import library_versions
+from ..foundation import run_folder as rf
+from ..foundation import task
+from ..foundation.atomic import check_creatable, write_text
+from ..foundation.errors import LengthError, RecipeError
+from ..foundation.quiet import hushed, progress_bars
+from ..foundation.versions import library_versions
+from ..models import data as rdata
+from ..patch.core import describe, max_length, set_position_controls
+from ..patch.optim import param_groups
 from . import blocks as blk
 from . import masking, outputs, positions, sharding, stream
 from . import model as mdl
@@ -70,7 +70,7 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
 
     ``overrides``: ``["train.steps=200", ...]`` applied on top (values parsed as YAML).
     The merged, patched model is in ``<output_dir>/final`` (read it with ``retrofit.load``).
-    Library messages that are harmless here (``retrofit.quiet.HARMLESS``) are kept quiet.
+    Library messages that are harmless here (``retrofit.foundation.quiet.HARMLESS``) are kept quiet.
     """
     with hushed("shared_tensor", "loss_type", "gradient_checkpointing_name"):
         return _finetune(Recipe.coerce(recipe, overrides))

@@ -24,7 +24,7 @@ class Masker:
     @classmethod
     def of(cls, tok, vocab_size: int, rate: float = 0.15) -> Masker:
         """From the model's tokenizer; a tokenizer without a mask token cannot serve a masked LM."""
-        from ..errors import RecipeError
+        from ..foundation.errors import RecipeError
 
         if getattr(tok, "mask_token_id", None) is None:
             raise RecipeError(f"the masked-LM objective needs a mask token; {type(tok).__name__} has none")

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from ..quiet import progress_bars
+from ..foundation.quiet import progress_bars
 from .teacher import Clock, TeacherView
 
 log = logging.getLogger("retrofit.training.loop")  # the loop's messages, under the loop's name

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from ..adapters.base import claimant
-from ..core import POSITIONS_MODULE
-from ..errors import RecipeError
-from ..task import of_model
+from ..foundation.errors import RecipeError
+from ..foundation.task import of_model
+from ..patch.core import POSITIONS_MODULE
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,8 @@ def load(model_cfg):
     """(model, tokenizer) through retrofit.load_model (built-in names resolved; a GGUF checkpoint
     comes back dequantized: trainable, mergeable, savable). A ``baseline:<preset>`` stand-in not built yet
     is pretrained first: the recipe asks for it (the log says so before it starts)."""
-    from ..io import load_model
-    from ..task import require_language_model
+    from ..foundation.task import require_language_model
+    from ..models.io import load_model
     from .standin import ensure
 
     ensure(model_cfg.name_or_path)
@@ -35,10 +35,10 @@ def load(model_cfg):
 def make_teacher(model, model_cfg) -> nn.Module:
     """A frozen copy of the unconverted model (for the distill objective). A model that was loaded
     converted (a retrofit checkpoint) is loaded again and reverted: its original mechanism is kept."""
-    from ..core import is_converted, revert
+    from ..patch.core import is_converted, revert
 
     if is_converted(model):
-        said = logging.getLogger("retrofit.core")  # its "converted ..." lines were said for the student already
+        said = logging.getLogger("retrofit.patch.core")  # its "converted ..." lines were said for the student already
         level = said.level
         said.setLevel(logging.WARNING)
         try:
@@ -55,8 +55,8 @@ def make_teacher(model, model_cfg) -> nn.Module:
 def convert(model, convert_cfg):
     """Convert as the recipe says; a model loaded already converted (a retrofit checkpoint) goes on
     with its own scheme when the recipe names the same one (or none), and is an error otherwise."""
-    from ..core import convert as convert_model
-    from ..core import describe
+    from ..patch.core import convert as convert_model
+    from ..patch.core import describe
 
     current = describe(model)
     if current["converted"]:
@@ -77,8 +77,8 @@ def set_attention_dropout(model, train_cfg) -> float | None:
 
 
 def _go_on(model, convert_cfg, current: dict):
-    from ..core import set_kernel
     from ..encodings.base import common_defaults
+    from ..patch.core import set_kernel
 
     scheme, options = current["scheme"], dict(convert_cfg.options)
     if convert_cfg.scheme not in (None, scheme):
@@ -166,7 +166,7 @@ def _is_norm(m: nn.Module) -> bool:
 def make_trainable(model, train_cfg):
     """Wrap with PEFT LoRA (method: lora) or unfreeze everything but what the core froze (full)."""
     if train_cfg.method == "full":
-        from ..core import frozen_parameters
+        from ..patch.core import frozen_parameters
 
         keep_frozen = {id(p) for p in frozen_parameters(model)}  # the swapped-out native mechanism
         for p in model.parameters():

@@ -8,10 +8,10 @@ import logging
 import shutil
 from pathlib import Path
 
-from .. import run_folder as rf
-from ..atomic import no_space, no_space_error, publish, write_dir, write_text
-from ..errors import RetrofitError
-from ..io import save
+from ..foundation import run_folder as rf
+from ..foundation.atomic import no_space, no_space_error, publish, write_dir, write_text
+from ..foundation.errors import RetrofitError
+from ..models.io import save
 from . import model as mdl
 from . import sharding
 from .recipe import Recipe

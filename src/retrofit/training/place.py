@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from .. import data as rdata
+from ..models import data as rdata
 from . import blocks as blk
 from . import stream
 
@@ -31,7 +31,7 @@ class StreamPlace:
         self.seen: list[str] = []  # train.rank_checksums: a digest of every block this process trained on
         saved = progress.stream
         if saved is not None and len(saved) != acc.num_processes:
-            from ..errors import RecipeError
+            from ..foundation.errors import RecipeError
 
             raise RecipeError(
                 f"the checkpoint was written by {len(saved)} processes; resume it with as many "

@@ -254,10 +254,10 @@ def shape_of_recipe(r) -> Shape:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ..baseline import build_model, built, get_config
-    from ..builtin import resolve
-    from ..io import base_config
-    from ..sources import readable
+    from ..models.baseline import build_model, built, get_config
+    from ..models.builtin import resolve
+    from ..models.io import base_config
+    from ..models.sources import readable
 
     name = r.model.name_or_path
     if name.startswith("baseline:") and not built(name.split(":", 1)[1]):  # its shape, without pretraining it
@@ -337,7 +337,7 @@ def device_rate() -> tuple[str, float]:
                 GPU_PEAKS["A100"] * GPU_UTILISATION,
             )
         return f"{name} ({peak / 1e12:.0f} bf16 TFLOP/s at {GPU_UTILISATION:.0%} utilisation)", peak * GPU_UTILISATION
-    from ..versions import cpu_info
+    from ..foundation.versions import cpu_info
 
     rate = _cpu_matmul_rate()
     return (

@@ -2,7 +2,7 @@
 
 Every key is a dataclass field with ``metadata={"help": ...}``; ``retrofit finetune --help``
 prints them all. Loading is strict: an unknown key, a missing required key or a value of the
-wrong type raises :class:`~retrofit.errors.RecipeError` naming the key (``train.steps``).
+wrong type raises :class:`~retrofit.foundation.errors.RecipeError` naming the key (``train.steps``).
 
     recipe = Recipe.from_yaml("recipes/gpt2-alibi-lora.yaml", overrides=["train.steps=200"])
 
@@ -20,10 +20,10 @@ from typing import Literal, Optional, Union
 
 import yaml
 
-from .. import schema
-from ..data import streams
-from ..errors import RecipeError
-from ..schema import field_help as _help
+from ..foundation import schema
+from ..foundation.errors import RecipeError
+from ..foundation.schema import field_help as _help
+from ..models.data import streams
 
 
 @dataclass
@@ -31,8 +31,8 @@ class ModelConfig:
     name_or_path: Optional[str] = _help(
         "Model to fine-tune: a Hub id, a local directory, a retrofit checkpoint, or a built-in name: "
         "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI), "
-        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.assets) or 'baseline:<preset>' (the small GPT-2 "
-        "pretrained offline on Shakespeare, retrofit.baseline). Required.",
+        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets) or 'baseline:<preset>' (the small GPT-2 "
+        "pretrained offline on Shakespeare, retrofit.models.baseline). Required.",
         None,
     )
     gguf_file: Optional[str] = _help("GGUF file name inside name_or_path (a GGUF checkpoint is dequantized).", None)

@@ -14,7 +14,7 @@ import logging
 import os
 from contextlib import contextmanager
 
-from ..errors import RecipeError
+from ..foundation.errors import RecipeError
 
 log = logging.getLogger("retrofit.training.loop")
 

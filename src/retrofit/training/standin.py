@@ -1,10 +1,10 @@
 """The stand-ins' trainer: ``pretrain(preset)`` builds the tokenizer and the model of a
-``retrofit.baseline`` preset from the Shakespeare training plays and caches the folder
-(``retrofit.baseline.output_dir``). It runs only when asked: ``pretrain`` itself, or ``ensure`` for a
+``retrofit.models.baseline`` preset from the Shakespeare training plays and caches the folder
+(``retrofit.models.baseline.output_dir``). It runs only when asked: ``pretrain`` itself, or ``ensure`` for a
 recipe that fine-tunes ``baseline:<preset>`` (it logs that it pretrains, and for how long, before it
 starts). Loading ``baseline:<preset>`` elsewhere reads the cache and never trains.
 
-Everything it sees comes from the *training* plays (``retrofit.assets``, split by play): the
+Everything it sees comes from the *training* plays (``retrofit.models.assets``, split by play): the
 byte-level BPE tokenizer is trained on them, and the model is trained on them packed into
 blocks of ``n_positions`` tokens. The held-out plays are only used to report the held-out loss
 at the native length.
@@ -24,9 +24,12 @@ from pathlib import Path
 
 import torch
 
-from .. import assets
-from ..atomic import publish
-from ..baseline import (
+from ..foundation.atomic import publish
+from ..foundation.errors import OptionError
+from ..foundation.quiet import progress_bars
+from ..foundation.versions import library_versions
+from ..models import assets
+from ..models.baseline import (
     EOS_TOKEN,
     STATS_FILE,
     BaselineConfig,
@@ -37,11 +40,8 @@ from ..baseline import (
     output_dir,
     weights_sha256,
 )
-from ..data import Document
-from ..errors import OptionError
-from ..optim import param_groups
-from ..quiet import progress_bars
-from ..versions import library_versions
+from ..models.data import Document
+from ..patch.optim import param_groups
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from typing import Iterator
 
 import torch
 
-from .. import data as rdata
-from ..data import file_format, stream_files
-from ..errors import DataError, HubError
+from ..foundation.errors import DataError, HubError
+from ..models import data as rdata
+from ..models.data import file_format, stream_files
 
 log = logging.getLogger(__name__)
 

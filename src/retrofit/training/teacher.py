@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import RecipeError
 from ..evaluation.perplexity import last_logits, sliding_spans
+from ..foundation.errors import RecipeError
 
 
 @dataclass(frozen=True)

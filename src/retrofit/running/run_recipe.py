@@ -1,5 +1,5 @@
 """A pipeline recipe (``retrofit run RECIPE``): a fine-tune recipe plus four optional sections,
-validated as strictly (``retrofit.schema``): an unknown key or a wrong type names the key.
+validated as strictly (``retrofit.foundation.schema``): an unknown key or a wrong type names the key.
 
     eval:   {lengths: [1x, 2x, 4x, 8x, 16x], data: shakespeare:heldout, budget: 16384, baselines: [original], passkey: true}
             (every option of ``retrofit.evaluation.options.EvalOptions``, its defaults where unset)
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from . import schema
-from .errors import OptionError, RecipeError
-from .evaluation.lengths import parse_item, parse_list
-from .evaluation.options import DEFAULTS, EvalOptions
-from .schema import field_help as _f
-from .training.recipe import Recipe
+from ..evaluation.lengths import parse_item, parse_list
+from ..evaluation.options import DEFAULTS, EvalOptions
+from ..foundation import schema
+from ..foundation.errors import OptionError, RecipeError
+from ..foundation.schema import field_help as _f
+from ..training.recipe import Recipe
 
 
 def _hash(obj) -> str:

@@ -1,5 +1,5 @@
 """What a model card states, read from a run folder (recipe, fine-tune summary, eval report, export record):
-``card_context`` gathers it as the data the template sees (``retrofit.cards`` renders it). The card's YAML
+``card_context`` gathers it as the data the template sees (``retrofit.running.cards`` renders it). The card's YAML
 front matter is Hub metadata (``base_model``, ``library_name``, ``tags``, ``license``, ``datasets``,
 ``pipeline_tag``, ``model-index`` with the perplexity results), built here as data (``metadata``).
 """
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from . import builtin
-from . import run_folder as rf
-from .errors import RetrofitError
-from .versions import DISTRIBUTION
+from ..foundation import run_folder as rf
+from ..foundation.errors import RetrofitError
+from ..foundation.versions import DISTRIBUTION
+from ..models import builtin
 
 # Licences of Hub base models we know (the Hub cannot be asked offline). A built-in name takes that of the Hub
 # weights it stands for (builtin.HUB_IDS), or retrofit's own (builtin.OWN_LICENSE).
@@ -47,7 +47,7 @@ def hub_base_model(name: str) -> str | None:
 def base_license(name: str) -> tuple[str | None, str]:
     """(licence id, where it came from) for a base model; (None, reason) when unknown."""
     if name.startswith(builtin.BASELINE):
-        return builtin.OWN_LICENSE, "trained by retrofit.baseline on public-domain plays"
+        return builtin.OWN_LICENSE, "trained by retrofit.models.baseline on public-domain plays"
     hub_id = builtin.HUB_IDS.get(name, name)  # a built-in name: the Hub weights it stands for, if any
     if hub_id is None:
         return builtin.OWN_LICENSE, "retrofit's table of known base models"
@@ -82,7 +82,7 @@ def _front_matter(text: str) -> dict:
 
 
 def _hub_dataset(spec) -> str | None:
-    from .data import source_kind
+    from ..models.data import source_kind
 
     if not isinstance(spec, str) or not spec or source_kind(spec) != "hub":
         return None
@@ -169,8 +169,8 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
     }
     preset = builtin.baseline_preset(name)
     if preset is not None:
-        from .baseline import STATS_FILE, output_dir
-        from .errors import OptionError
+        from ..foundation.errors import OptionError
+        from ..models.baseline import STATS_FILE, output_dir
 
         try:  # where pretrain() caches it (never pretrains here)
             stats = rf.read_json(output_dir(preset) / STATS_FILE)
@@ -218,7 +218,7 @@ def task_of(folder: Path):
     pipeline tag and model-index task."""
     import json
 
-    from .task import of_class
+    from ..foundation.task import of_class
 
     config = json.loads((folder / "config.json").read_text())
     base = (config.get("retrofit") or {}).get("base_config") or {}
@@ -226,15 +226,15 @@ def task_of(folder: Path):
 
 
 def _masked_table(report: dict) -> str:
-    from .evaluation.masked import markdown
+    from ..evaluation.masked import markdown
 
     return markdown(report, heading=False)
 
 
 def eval_summary(report: dict, native: int) -> dict:
     """The report's tables (markdown) and the headline numbers the card quotes."""
-    from .evaluation.markdown import passkey_table, ppl_table
-    from .evaluation.report import Report
+    from ..evaluation.markdown import passkey_table, ppl_table
+    from ..evaluation.report import Report
 
     r = Report(report)
     main = report["models"][0]["name"]

@@ -1,7 +1,7 @@
 """What a converted model's config says to the world, kept in one place: its reach (the config's length
 key and, when saved, the tokenizer's ``model_max_length``), and ``model_type: retrofit`` in every saved
 config.json, so that plain transformers refuses a checkpoint instead of loading the original model
-(``retrofit.auto`` maps the type back to the converted model). ``revert`` undoes the in-memory part."""
+(``retrofit.foundation.auto`` maps the type back to the converted model). ``revert`` undoes the in-memory part."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import json
 import types
 from pathlib import Path
 
-from .atomic import write_text
-from .errors import RetrofitError
-from .native import LENGTH_KEYS
+from ..foundation.atomic import write_text
+from ..foundation.errors import RetrofitError
+from ..foundation.native import LENGTH_KEYS
 
 SAVED_MODEL_TYPE = "retrofit"  # config.json's model_type of a saved converted model (hf_classes registers it)
 

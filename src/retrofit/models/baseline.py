@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
+from ..foundation.atomic import write_dir, write_text
+from ..foundation.errors import OptionError
 from . import assets
-from .atomic import write_dir, write_text
-from .errors import OptionError
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
 
 
 def default_cache_dir() -> Path:
-    """``<retrofit cache>/baseline`` (see ``retrofit.assets.cache_dir``)."""
+    """``<retrofit cache>/baseline`` (see ``retrofit.models.assets.cache_dir``)."""
     return assets.cache_dir() / "baseline"
 
 

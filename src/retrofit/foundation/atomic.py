@@ -32,9 +32,9 @@ _REFUSED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 # {"module path::function": why its raw write is safe}; every other write goes through the functions below
 RAW_WRITERS = {
-    "atomic.py::write_text": "writes the temporary file that replacing() renames into place",
-    "io.py::save.write": "inside write_dir's temporary folder",
-    "builtin.py::tiny_gpt2.write": "inside write_dir's temporary folder",
+    "foundation/atomic.py::write_text": "writes the temporary file that replacing() renames into place",
+    "models/io.py::save.write": "inside write_dir's temporary folder",
+    "models/builtin.py::tiny_gpt2.write": "inside write_dir's temporary folder",
     "native_export/__init__.py::_write.write": "inside write_dir's temporary folder",
     "training/outputs.py::write_outputs.adapter": "adapter/: inside write_dir's temporary folder",
     "training/outputs.py::save_checkpoint": "Accelerate's save_state into a hidden folder that publish() renames",
@@ -45,9 +45,9 @@ RAW_WRITERS = {
     "evaluation/plots.py::_save": "savefig into the temporary path replacing() hands out",
     "study/tables.py::plot": "savefig into the temporary path replacing() hands out",
     "evaluation/cost.py::_reset_rss_peak": "not a file: resets the kernel's peak-RSS counter (/proc/self/clear_refs)",
-    "assets.py::smollm2_gguf": "into the temporary path replacing() hands out",
-    "hub.py::stage": "a temporary staging folder, uploaded and then deleted",
-    "saved_config.py::_save_pretrained": "the user's own save_pretrained call on a converted model, into the "
+    "models/assets.py::smollm2_gguf": "into the temporary path replacing() hands out",
+    "running/hub.py::stage": "a temporary staging folder, uploaded and then deleted",
+    "patch/saved_config.py::_save_pretrained": "the user's own save_pretrained call on a converted model, into the "
     "folder the user named (config.json is then rewritten through write_text)",
 }
 

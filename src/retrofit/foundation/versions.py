@@ -32,7 +32,7 @@ def cpu_info() -> dict:
     """The CPU a speed or precision figure was measured on: its model name and vendor, the flags that decide
     the kernels (AVX2/AVX-512/AMX, FMA), the thread count torch uses, and whether denormals are flushed
     (the calling thread's setting outside retrofit's kernels, and whether retrofit flushes around its biased
-    kernels: ``retrofit.denormal``). Every benchmark JSON records it: a figure holds for its CPU."""
+    kernels: ``retrofit.foundation.denormal``). Every benchmark JSON records it: a figure holds for its CPU."""
     import os
 
     out = {"processor": platform.processor() or platform.machine(), "vendor": None, "flags": []}

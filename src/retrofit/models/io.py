@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
+from ..foundation.atomic import write_dir, write_text
+from ..foundation.errors import RetrofitError
+from ..foundation.quiet import hushed
+from ..patch.core import is_converted, reach
+from ..patch.saved_config import marked
 from . import sources
-from .atomic import write_dir, write_text
-from .core import is_converted, reach
-from .errors import RetrofitError
-from .quiet import hushed
-from .saved_config import marked
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ def _retrofit_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
 def load(path: str | os.PathLike, **from_pretrained_kwargs):
     """Load a checkpoint written by ``save`` and re-apply its patch (scheme, options, learned
     position parameters, attention function). Safetensors only; no remote code unless asked."""
-    from .core import POSITIONS_MODULE, reapply, verify
-    from .task import model_class
+    from ..foundation.task import model_class
+    from ..patch.core import POSITIONS_MODULE, reapply, verify
 
     path = Path(path)
     if not (path / "config.json").exists():
@@ -140,7 +140,7 @@ def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None)
     recipe that starts from ``retrofit convert``'s output), reverted to the positions kept in its weights.
     Returns ``(name, model, tokenizer)``, named "<name> (original)" as in the report of ``retrofit run``; the
     model's ``_name_or_path`` is ``name_or_path``."""
-    from .core import revert
+    from ..patch.core import revert
 
     model, tok = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device)  # built-in names too
     if is_converted(model):
@@ -200,7 +200,7 @@ def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwar
     config without ``architectures`` as a causal LM."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .task import model_class
+    from ..foundation.task import model_class
 
     if is_retrofit:
         return load(target, **kwargs)

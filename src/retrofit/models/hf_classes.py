@@ -1,4 +1,4 @@
-"""The classes ``retrofit.auto.register`` gives transformers for ``model_type: retrofit``."""
+"""The classes ``retrofit.foundation.auto.register`` gives transformers for ``model_type: retrofit``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 from transformers import PretrainedConfig
 
-from .errors import RetrofitError
-from .saved_config import SAVED_MODEL_TYPE as MODEL_TYPE
+from ..foundation.errors import RetrofitError
+from ..patch.saved_config import SAVED_MODEL_TYPE as MODEL_TYPE
 
 
 class RetrofitConfig(PretrainedConfig):
@@ -33,7 +33,7 @@ class RetrofitForCausalLM:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, **kwargs):
-        from . import task
+        from ..foundation import task
         from .io import load
 
         if args:

@@ -12,8 +12,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..foundation.errors import HubError, ModelLoadError, RetrofitError, UnsupportedArchitectureError
 from . import builtin
-from .errors import HubError, ModelLoadError, RetrofitError, UnsupportedArchitectureError
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def check_model_type(model_type: str | None, name: str) -> None:
 
 
 def supported_architectures() -> str:
-    from .adapters import ADAPTERS
+    from ..adapters import ADAPTERS
 
     return ", ".join(f"{n} ({', '.join(c.model_types)})" for n, c in ADAPTERS.items())
 

@@ -2,12 +2,12 @@
 
 - ``tiny-gpt2``: a 2-layer, 64-wide GPT-2 (native length 64) with random weights (seed 0) and a
   byte-level tokenizer (256 bytes + ``<|endoftext|>``). Built offline on first use in
-  ``<cache>/tiny-gpt2`` (``retrofit.assets.cache_root()``). CI and the ``tiny-*`` recipes use it.
-- ``smollm2``: the SmolLM2 GGUF that ``retrofit.assets.smollm2_gguf()`` provides.
+  ``<cache>/tiny-gpt2`` (``retrofit.models.assets.cache_root()``). CI and the ``tiny-*`` recipes use it.
+- ``smollm2``: the SmolLM2 GGUF that ``retrofit.models.assets.smollm2_gguf()`` provides.
 - ``baseline:<preset>``: the small GPT-2 (or, for the ``*-llama`` presets, LLaMA-architecture) model
   pretrained offline on Shakespeare (``micro``, ``quickstart``, ``study``, ``study2-gpt2``,
   ``study2-llama``, ...): its cached folder. Resolving it never pretrains; a missing one is an error that
-  says how to build it (``retrofit.baseline``).
+  says how to build it (``retrofit.models.baseline``).
 
 The facts about these names live here, once: the names (``PREFIXES``), the Hub weights each stands for
 (``HUB_IDS``: a model card's ``base_model``) and the licence of retrofit's own models.
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .atomic import write_dir
+from ..foundation.atomic import write_dir
 
 TINY_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=257, bos_token_id=256, eos_token_id=256)
 EOS = "<|endoftext|>"
 
 # The built-in names, each with the Hub id of the weights it stands for (None: retrofit's own, not on the Hub).
 HUB_IDS = {"tiny-gpt2": None, "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-BASELINE = "baseline:"  # + a preset of retrofit.baseline: a stand-in retrofit pretrained (its own)
+BASELINE = "baseline:"  # + a preset of retrofit.models.baseline: a stand-in retrofit pretrained (its own)
 PREFIXES = (*HUB_IDS, BASELINE)  # what a built-in name starts with
 OWN_LICENSE = "apache-2.0"  # the licence of retrofit's own models (tiny-gpt2, the baseline stand-ins)
 

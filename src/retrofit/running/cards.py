@@ -1,10 +1,10 @@
 """Model cards: a Jinja template filled from a run folder (recipe, fine-tune summary, eval report).
 
-    from retrofit.cards import write_card
+    from retrofit.running.cards import write_card
     write_card("runs/quickstart")            # -> runs/quickstart/README.md
 
 The bundled template is ``src/retrofit/templates/model_card.md.j2`` (``model_cards/`` in the repo links
-to it). What the card states is read from the folder by ``retrofit.card_facts``; this module renders
+to it). What the card states is read from the folder by ``retrofit.running.card_facts``; this module renders
 it. The card's YAML front matter (Hub metadata, built there as data) is dumped with
 ``yaml.safe_dump``, so it is always valid YAML.
 """
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import yaml
 
-from . import run_folder as rf
-from .atomic import write_text
+from ..foundation import run_folder as rf
+from ..foundation.atomic import write_text
 from .card_facts import card_context
 
 log = logging.getLogger(__name__)
 
-TEMPLATE_DIR = Path(__file__).with_name("templates")
+TEMPLATE_DIR = Path(__file__).parents[1] / "templates"  # package data, at the package root
 DEFAULT_TEMPLATE = "model_card.md.j2"
 
 

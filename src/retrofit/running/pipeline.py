@@ -29,15 +29,15 @@ from pathlib import Path
 
 import yaml
 
-from . import run_folder as rf
-from .atomic import check_creatable, write_text
-from .errors import RetrofitError
-from .evaluation.lengths import resolve as resolve_lengths
-from .evaluation.options import EvalOptions
-from .quiet import progress_bars
+from ..evaluation.lengths import resolve as resolve_lengths
+from ..evaluation.options import EvalOptions
+from ..foundation import run_folder as rf
+from ..foundation.atomic import check_creatable, write_text
+from ..foundation.errors import RetrofitError
+from ..foundation.quiet import progress_bars
+from ..foundation.versions import library_versions
+from ..training.recipe import Recipe
 from .run_recipe import SECTIONS, RunRecipe, _hash, load_recipe  # noqa: F401  (public here too)
-from .training.recipe import Recipe
-from .versions import library_versions
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def _run_stage(stage: str, rr: RunRecipe, manifest: Manifest, inputs: str) -> No
 
 # ---- stages (each returns (status, outputs relative to the run folder, detail)) -------------------
 def stage_finetune(rr: RunRecipe, previous: dict):
-    from .training import finetune
+    from ..training import finetune
 
     run_dir = rr.run_dir
     recipe = rr.finetune
@@ -158,9 +158,9 @@ def _named(model, tok, name: str, base: str):
 
 def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
-    from .core import convert, is_converted, set_kernel
-    from .io import load_model, load_original
-    from .training.standin import ensure
+    from ..models.io import load_model, load_original
+    from ..patch.core import convert, is_converted, set_kernel
+    from ..training.standin import ensure
 
     m = rr.finetune.model
     base = m.name_or_path
@@ -188,7 +188,7 @@ def eval_models(rr: RunRecipe):
 
 def evaluate_section(main, baselines, e, native: int):
     """``evaluate()`` as an eval section says (its lengths resolved against ``native``): the Report."""
-    from .evaluation import evaluate
+    from ..evaluation import evaluate
 
     lengths = resolve_lengths(e.lengths, native)
     pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
@@ -217,7 +217,7 @@ def stage_export(rr: RunRecipe, previous: dict):
     if not rr.export.native:
         return "skipped", [], {"reason": "export.native is false"}
     try:
-        from .native_export import export
+        from ..native_export import export
     except ImportError as e:
         return "not available", [], {"reason": f"retrofit.native_export cannot be imported ({e})"}
     out = rr.run_dir / rf.EXPORT

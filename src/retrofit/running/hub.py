@@ -12,7 +12,7 @@ What is uploaded, from a staging folder that holds exactly these files:
 
 Nothing is written into the run folder (a dry run writes nothing at all). Never uploaded: optimizer, scheduler or RNG state, ``checkpoints/``, ``adapter/``, logs, the
 manifest or the recipe (they hold local paths). The token comes from ``HF_TOKEN`` or the login
-cache (``hf auth login``); a missing token is a :class:`~retrofit.errors.HubError` (exit 5) before
+cache (``hf auth login``); a missing token is a :class:`~retrofit.foundation.errors.HubError` (exit 5) before
 anything is created. The token is passed to ``HfApi`` only: never logged, printed or written.
 """
 
@@ -26,9 +26,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import run_folder as rf
-from .errors import HubError, OptionError, RetrofitError
-from .saved_config import SAVED_MODEL_TYPE, marked
+from ..foundation import run_folder as rf
+from ..foundation.errors import HubError, OptionError, RetrofitError
+from ..patch.saved_config import SAVED_MODEL_TYPE, marked
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from .atomic import replacing
-from .documents import Document
-from .errors import DataError
+from ..foundation.atomic import replacing
+from ..foundation.documents import Document
+from ..foundation.errors import DataError
 
 log = logging.getLogger(__name__)
 

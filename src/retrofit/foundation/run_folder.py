@@ -165,7 +165,7 @@ def original_source(path) -> dict | None:
 
 
 def native_length(model_folder: Path) -> int:
-    """The native length of a checkpoint (``retrofit.native.native_length`` of its config.json)."""
+    """The native length of a checkpoint (``retrofit.foundation.native.native_length`` of its config.json)."""
     n = read_native_length(read_json(Path(model_folder) / "config.json") or {})
     if not n:
         raise RetrofitError(f"{model_folder}: cannot tell the native length from config.json")

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from .errors import UnsupportedArchitectureError
+from ..foundation.errors import UnsupportedArchitectureError
 
 log = logging.getLogger(__name__)
 LENGTH = 64  # tokens of the probe (at most the native length), more to cross a sliding window up to WINDOW_REACH

@@ -17,13 +17,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import kernels, probe
-from .adapters import ADAPTERS, adapter_for
-from .adapters.calls import track_inputs
+from .. import kernels
+from ..adapters import ADAPTERS, adapter_for
+from ..adapters.calls import track_inputs
+from ..encodings import SCHEMES, Scheme
+from ..encodings.base import parse_common
+from ..foundation.errors import (
+    AlreadyConvertedError,
+    LengthError,
+    NotConvertedError,
+    OptionError,
+    PatchNotLiveError,
+    RetrofitError,
+)
+from ..foundation.versions import __version__
+from . import probe
 from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
-from .encodings import SCHEMES, Scheme
-from .encodings.base import parse_common
-from .errors import AlreadyConvertedError, LengthError, NotConvertedError, OptionError, PatchNotLiveError, RetrofitError
 from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_saved_config: public here too)
     SAVED_MODEL_TYPE,
     UNBOUNDED,
@@ -33,7 +42,6 @@ from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_sa
     withdraw_reach,
 )
 from .state import POSITIONS_MODULE, LayerContext, RetrofitState
-from .versions import __version__
 
 log = logging.getLogger(__name__)
 

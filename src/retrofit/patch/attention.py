@@ -8,16 +8,17 @@ import dataclasses
 
 import torch
 
-from . import denormal, kernels
-from .adapters.calls import state_positions
-from .errors import LengthError, PatchNotLiveError, RetrofitError
+from .. import kernels
+from ..adapters.calls import state_positions
+from ..foundation import denormal
+from ..foundation.errors import LengthError, PatchNotLiveError, RetrofitError
 from .state import LayerContext
 
 ATTN_NAME = "retrofit"
 
 
 def _attend(call: "kernels.Call", kernel: str):
-    """``kernels.attend``, with denormals flushed around a biased call, forward and backward (src/retrofit/denormal.py)."""
+    """``kernels.attend``, with denormals flushed around a biased call, forward and backward (src/retrofit/foundation/denormal.py)."""
 
     def run(q, k, v):
         return kernels.attend(dataclasses.replace(call, q=q, k=k, v=v), kernel)
@@ -300,7 +301,7 @@ def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=N
 
 
 def _needs_tensor(config) -> bool:
-    from .adapters.base import adapter_class
+    from ..adapters.base import adapter_class
 
     cls = adapter_class(getattr(config, "model_type", None))
     return bool(cls is not None and cls.mask_tensor)

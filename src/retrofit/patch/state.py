@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .adapters.base import Adapter, Swap
-from .encodings import Scheme
+from ..adapters.base import Adapter, Swap
+from ..encodings import Scheme
 
-log = logging.getLogger("retrofit.core")
+log = logging.getLogger("retrofit.patch.core")
 
 POSITIONS_MODULE = "retrofit_positions"  # the submodule holding the new position parameters
 
