@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from retrofit.card_facts import _use
+from retrofit.running.card_facts import _use
 
 
 def _verdict(reads: bool, ci: bool = True, copies: bool = True) -> dict:

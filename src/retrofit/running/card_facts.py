@@ -265,7 +265,7 @@ def eval_summary(report: dict, native: int) -> dict:
 
 
 def _verdict(report: dict) -> dict:
-    from .evaluation.verdict import verdict
+    from ..evaluation.verdict import verdict
 
     return report.get("verdict") or verdict(report)
 
