@@ -95,6 +95,31 @@ def user_kernel(monkeypatch):
 
 
 @pytest.fixture
+def in_process(monkeypatch, capsys, caplog, user_kernel):
+    """``run(["retrofit", ...], cwd, env)``: the console script's entry point in this process, in ``cwd`` with
+    ``env``'s cache and settings and the user's kernel: a ``CompletedProcess`` whose stderr holds what the
+    command printed and logged. For tests of what a command does; a test of what a fresh process prints (its
+    warnings, its imports) or of a signal runs the real process (``tests/test_user_path.cli``)."""
+    from retrofit.cli import main
+
+    def run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+        assert args[0] == "retrofit", args
+        monkeypatch.chdir(cwd)
+        for key in ("RETROFIT_CACHE", "RETROFIT_PROGRESS"):
+            monkeypatch.setenv(key, env[key])
+        caplog.clear()
+        caplog.set_level(logging.INFO)
+        try:
+            rc = main(list(args[1:]))
+        except SystemExit as e:  # argparse's own errors
+            rc = e.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, rc, out.out, out.err + caplog.text)
+
+    return run
+
+
+@pytest.fixture
 def user_env(tmp_path) -> dict:
     """The environment of a user's shell for CLI subprocesses: no token, offline, a fresh cache."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}

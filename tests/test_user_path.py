@@ -89,7 +89,7 @@ def test_readme_usage_block_is_one_story():
     )
 
 
-def test_readme_offline_block_runs_as_written(tmp_path, user_env):
+def test_readme_offline_block_runs_as_written(tmp_path, user_env, in_process):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
     lines = readme_offline_block()
     convert, finetune, evaluate, dry_push = (shlex.split(ln) for ln in lines[:4])
@@ -117,11 +117,11 @@ def test_readme_offline_block_runs_as_written(tmp_path, user_env):
 
     r = cli(push, tmp_path, user_env)  # without --dry-run: no token on this machine -> exit 5, nothing uploaded
     assert r.returncode == 5 and "HF_TOKEN" in r.stderr, r.stderr[-2000:]
-    r = cli(dry_push, tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
+    r = in_process(dry_push, tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
     assert r.returncode == 0, r.stderr[-3000:]
     assert "eval/report.json" in r.stdout
     assert not (folder / "README.md").exists()  # a dry run writes nothing, not even the card it lists
-    r = cli(["retrofit", "card", str(folder.relative_to(tmp_path)), "--print"], tmp_path, user_env)
+    r = in_process(["retrofit", "card", str(folder.relative_to(tmp_path)), "--print"], tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fine-tuned briefly (12 steps)" in r.stdout and 'from_pretrained("runs/tiny-gpt2-alibi/final")' in r.stdout
 
@@ -145,22 +145,24 @@ def test_readme_offline_block_runs_as_written(tmp_path, user_env):
         assert r.returncode != 0 and "model type `retrofit`" in r.stderr, r.stderr[-2000:]
 
 
-def test_finetune_from_a_checkpoint_of_another_scheme_is_a_clear_error(tmp_path, user_env):
+def test_finetune_from_a_checkpoint_of_another_scheme_is_a_clear_error(tmp_path, user_env, in_process):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    r = cli(["retrofit", "convert", "tiny-gpt2", "--to", "rope", "--out", "runs/tiny-gpt2-alibi"], tmp_path, user_env)
+    r = in_process(
+        ["retrofit", "convert", "tiny-gpt2", "--to", "rope", "--out", "runs/tiny-gpt2-alibi"], tmp_path, user_env
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    r = cli(["retrofit", "finetune", "recipes/tiny-gpt2-alibi-lora.yaml"], tmp_path, user_env)
+    r = in_process(["retrofit", "finetune", "recipes/tiny-gpt2-alibi-lora.yaml"], tmp_path, user_env)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "already converted to 'rope'" in r.stderr and "convert.scheme: rope" in r.stderr
     assert not (tmp_path / "runs" / "tiny-gpt2-alibi" / "final").exists()
 
 
-def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, user_env):
+def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, user_env, in_process):
     """Native 64 with a baseline past its table: the default stride comes from the windows (it was a
     fixed 256, larger than the window); `--lengths 1x,2x,16x` works as in recipes."""
-    r = cli(["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], tmp_path, user_env)
+    r = in_process(["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = cli(
+    r = in_process(
         [
             "retrofit",
             "eval",

@@ -379,9 +379,9 @@ def test_recipe_data_files_that_are_not_utf8_text_are_refused(no_work, capsys, k
     assert rc == 2 and f"data/bad.txt {words}" in err, err
 
 
-def test_a_finetune_without_validation_says_so(tmp_path, user_env):
+def test_a_finetune_without_validation_says_so(tmp_path, user_env, in_process):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    r = cli(
+    r = in_process(
         [
             "retrofit",
             "finetune",
@@ -432,8 +432,12 @@ def test_lengths_as_multiples_on_the_command_line_and_in_set(at, capsys):
     assert rc == 0 and "lengths:\n  - 1x\n  - 4x\n" in out, out
 
 
-def test_eval_of_an_unconverted_model_says_which_lengths_it_drops_and_labels_it_the_original(tmp_path, user_env):
-    r = cli(["retrofit", "eval", "tiny-gpt2", "--budget", "256", "--no-plots", "--out", "ev"], tmp_path, user_env)
+def test_eval_of_an_unconverted_model_says_which_lengths_it_drops_and_labels_it_the_original(
+    tmp_path, user_env, in_process
+):
+    r = in_process(
+        ["retrofit", "eval", "tiny-gpt2", "--budget", "256", "--no-plots", "--out", "ev"], tmp_path, user_env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (
         "tiny-gpt2 is not converted (learned_absolute: at most 64 tokens): the default lengths 128, 256, 512 "

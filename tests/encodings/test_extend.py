@@ -3,8 +3,6 @@ transformers' own model with a bigger table, its finite reach, learnable rows, e
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -157,25 +155,11 @@ def test_pose_positions_inside_the_new_table():
 
 
 @pytest.mark.slow
-def test_cli_convert_with_a_multiple(tmp_path, user_env):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "retrofit",
-            "convert",
-            "tiny-gpt2",
-            "--to",
-            "extend",
-            "--option",
-            "length=16x",
-            "--out",
-            str(tmp_path / "ck"),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=user_env,
+def test_cli_convert_with_a_multiple(tmp_path, user_env, in_process):
+    r = in_process(
+        ["retrofit", "convert", "tiny-gpt2", "--to", "extend", "--option", "length=16x", "--out", str(tmp_path / "ck")],
+        tmp_path,
+        user_env,
     )
     assert r.returncode == 0, r.stderr
     loaded = retrofit.load(tmp_path / "ck")

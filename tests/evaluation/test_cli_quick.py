@@ -2,24 +2,16 @@
 item 10); the report opens with its verdict."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # a conversion and a full evaluation: outside `pytest -m "not slow"`
 
 
-def _cli(args, cwd, env):
-    return subprocess.run(
-        [sys.executable, "-m", "retrofit", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
-
-
-def test_quick_eval_says_its_cost_first_and_opens_with_a_verdict(tmp_path, user_env):
-    r = _cli(["convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], tmp_path, user_env)
+def test_quick_eval_says_its_cost_first_and_opens_with_a_verdict(tmp_path, user_env, in_process):
+    r = in_process(["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--out", "ck"], tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = _cli(["eval", "ck", "--quick", "--baseline", "tiny-gpt2", "--no-plots"], tmp_path, user_env)
+    r = in_process(["retrofit", "eval", "ck", "--quick", "--baseline", "tiny-gpt2", "--no-plots"], tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-3000:]
     cost = r.stderr.index("cost: ")
     assert "tokens through the models" in r.stderr[cost:] and "retrofit eval --quick" in r.stderr[cost:]

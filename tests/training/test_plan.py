@@ -110,29 +110,20 @@ def test_public_shapes_and_routes():
         estimate(shape, run, "zero9", 8)
 
 
-def test_plan_cli_as_typed(tmp_path, monkeypatch):
+def test_plan_cli_as_typed(tmp_path, user_env, in_process):
     """`retrofit finetune recipes/tiny-alibi-lora.yaml --plan`: prints the three routes, trains nothing."""
-    monkeypatch.chdir(tmp_path)
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "retrofit",
-            "finetune",
-            str(REPO / "recipes" / "tiny-alibi-lora.yaml"),
-            "--plan",
-            "--processes",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    here = tmp_path / "here"  # the cwd (user_env's cache is another folder of tmp_path)
+    here.mkdir()
+    res = in_process(
+        ["retrofit", "finetune", str(REPO / "recipes" / "tiny-alibi-lora.yaml"), "--plan", "--processes", "4"],
+        here,
+        user_env,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line for line in res.stdout.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["ddp", "fsdp", "fsdp+offload"], res.stdout
     assert "4 processes" in res.stdout and "trainable (lora)" in res.stdout
-    assert not any(tmp_path.iterdir())  # no run folder
+    assert not any(here.iterdir())  # no run folder
 
 
 def test_docs_memory_table_is_what_the_formula_prints():
@@ -145,19 +136,15 @@ def test_docs_memory_table_is_what_the_formula_prints():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_the_plan_describes_the_run_the_same_command_would_do(tmp_path, user_env):
+def test_the_plan_describes_the_run_the_same_command_would_do(tmp_path, user_env, in_process, monkeypatch):
     """`retrofit finetune RECIPE --plan` plans the processes that command would start (one, outside a launcher)
     and the device it would use (this CPU here), and says both; WORLD_SIZE or --processes plan more."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny-alibi-lora.yaml"
-    env = {k: v for k, v in user_env.items() if k != "WORLD_SIZE"}
-    cmd = [sys.executable, "-m", "retrofit", "finetune", str(recipe), "--plan"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    cmd = ["retrofit", "finetune", str(REPO / "recipes" / "tiny-alibi-lora.yaml"), "--plan"]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    r = in_process(cmd, tmp_path, user_env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("processes: 1 process") and "x 1 processes) = 15,360 tokens" in r.stdout
     assert "on paper on this CPU" in r.stdout and "A100" not in r.stdout
-    r = subprocess.run(cmd, env={**env, "WORLD_SIZE": "4"}, capture_output=True, text=True, timeout=300)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    r = in_process(cmd, tmp_path, user_env)
     assert r.returncode == 0 and "processes: 4 processes (WORLD_SIZE)" in r.stdout and "x 4 processes" in r.stdout
