@@ -545,9 +545,9 @@ def test_verbose_shows_what_is_kept_quiet(tmp_path, user_env):
 
 
 @pytest.mark.parametrize("progress", ["0", "1"])
-def test_retrofit_progress_0_silences_the_finetune_bar_and_1_keeps_it(tmp_path, user_env, progress):
+def test_retrofit_progress_0_silences_the_finetune_bar_and_1_keeps_it(tmp_path, user_env, progress, in_process):
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    r = cli(
+    r = in_process(
         [
             "retrofit",
             "finetune",
