@@ -23,14 +23,16 @@ def encoder(config_cls, model_cls, extra):
     torch.manual_seed(0)
     offset = ROBERTA_PAD + 1 if config_cls in (tf.RobertaConfig, tf.XLMRobertaConfig) else 0
     cfg = config_cls(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=NATIVE + offset,
-        pad_token_id=ROBERTA_PAD if offset else 0,
-        **extra,
+        **{
+            "vocab_size": VOCAB,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "max_position_embeddings": NATIVE + offset,
+            "pad_token_id": ROBERTA_PAD if offset else 0,
+            **extra,
+        }
     )
     return model_cls(cfg).eval()
 
@@ -41,6 +43,9 @@ ENCODERS = {
     "roberta-mlm": (tf.RobertaConfig, tf.RobertaForMaskedLM, {}),  # claimed by structure, padding offset
     "electra-mlm": (tf.ElectraConfig, tf.ElectraForMaskedLM, dict(embedding_size=64)),  # by structure
     "distilbert-mlm": (tf.DistilBertConfig, tf.DistilBertForMaskedLM, {}),  # transformer.layer[i].attention
+    # one layer's weights run for every layer (encoder.albert_layer_groups[0].albert_layers[0]), a narrower
+    # embedding projected up: by structure
+    "albert-mlm": (tf.AlbertConfig, tf.AlbertForMaskedLM, dict(embedding_size=32, num_hidden_layers=3)),
 }
 BOTH_WAYS = {
     "alibi": {},
@@ -102,7 +107,7 @@ def test_the_first_token_reads_the_last_one():
         assert not torch.allclose(model(x).logits[:, 0], model(y).logits[:, 0])
 
 
-@pytest.mark.parametrize("name", ["roberta-mlm", "electra-mlm"])
+@pytest.mark.parametrize("name", ["roberta-mlm", "electra-mlm", "albert-mlm"])
 def test_a_type_claimed_by_structure_passes_the_probe_first(name, monkeypatch):
     monkeypatch.setattr(probe, "_PASSED", {})
     model = encoder(*ENCODERS[name])
@@ -137,7 +142,7 @@ def test_a_scheme_defined_for_keys_before_the_query_only_is_refused_on_an_encode
     assert not retrofit.describe(model)["converted"]
 
 
-@pytest.mark.parametrize("name", ["bert-mlm", "bert-classifier", "roberta-mlm"])
+@pytest.mark.parametrize("name", ["bert-mlm", "bert-classifier", "roberta-mlm", "albert-mlm"])
 def test_save_and_load_give_back_the_same_class_and_logits(name, tmp_path):
     model = encoder(*ENCODERS[name])
     retrofit.convert(model, "alibi")
@@ -320,3 +325,22 @@ def test_a_converted_encoder_loads_through_each_auto_class_and_sentence_transfor
     torch.testing.assert_close(got, hidden.mean(0), atol=1e-5, rtol=1e-4)
     with pytest.raises(retrofit.foundation.errors.RetrofitError, match="AutoModelForMaskedLM"):
         tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run")
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "t5"])
+@pytest.mark.parametrize("name", sorted(ENCODERS))
+def test_a_padded_row_equals_itself_alone_and_revert_is_exact(name, scheme):
+    """Past native, the right-padded row of a batch gives the logits it gives alone; revert gives back the
+    original's logits and buffers."""
+    model = encoder(*ENCODERS[name])
+    x, mask = batch(2 * NATIVE)
+    with torch.no_grad():
+        before = model(x[:, :NATIVE]).logits
+        retrofit.convert(model, scheme, **BOTH_WAYS[scheme])
+        together = model(x, attention_mask=mask).logits
+        alone = model(x[1:, :-5]).logits
+        row = together[1, :-5] if together.dim() == 3 else together[1]  # a classifier: one row of labels
+        torch.testing.assert_close(row, alone[0], atol=2e-5, rtol=1e-4)
+        retrofit.revert(model)
+        assert torch.equal(model(x[:, :NATIVE]).logits, before)
+    assert not retrofit.describe(model)["converted"]

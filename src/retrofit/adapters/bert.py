@@ -27,11 +27,16 @@ LONG_BUFFERS = 1 << 16  # positions the embeddings' own buffers cover while conv
 
 
 def _layers(base):
-    """The encoder's layers: BERT's ``encoder.layer``, DistilBERT's ``transformer.layer``."""
+    """The encoder's layers: BERT's ``encoder.layer``, DistilBERT's ``transformer.layer``, ALBERT's layers of
+    every group (``encoder.albert_layer_groups[g].albert_layers``: one module each, run for every layer of its
+    group, so one site serves them all with the same weights, as the model shares its own)."""
     for stack in ("encoder", "transformer"):
         layers = getattr(getattr(base, stack, None), "layer", None)
         if isinstance(layers, nn.ModuleList):
             return layers
+    groups = getattr(getattr(base, "encoder", None), "albert_layer_groups", None)
+    if isinstance(groups, nn.ModuleList):
+        return nn.ModuleList([layer for g in groups for layer in getattr(g, "albert_layers", [])])
     return None
 
 
