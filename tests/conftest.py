@@ -1,12 +1,15 @@
-import logging
-import multiprocessing.process
 import os
-import platform
-import subprocess
-from pathlib import Path
 
-import pytest
-import torch
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub (it reads it once)
+
+import logging  # noqa: E402
+import multiprocessing.process  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from retrofit.foundation.errors import DataError
 from retrofit.models import assets
@@ -15,7 +18,6 @@ from retrofit.training import standin
 
 from .procs import TEST_KERNEL
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers (-n): one thread each (its children keep theirs)
     torch.set_num_threads(1)
 else:
@@ -100,15 +102,31 @@ def in_process(monkeypatch, capsys, caplog, user_kernel):
     ``env``'s cache and settings and the user's kernel: a ``CompletedProcess`` whose stderr holds what the
     command printed and logged. For tests of what a command does; a test of what a fresh process prints (its
     warnings, its imports) or of a signal runs the real process (``tests/test_user_path.cli``)."""
+    import huggingface_hub.constants as hub
+
     from retrofit.cli import main
+    from retrofit.foundation.quiet import VERBOSE_LOGGER
+
+    # the user's shell as user_env makes it: offline, no token (the settings huggingface_hub read at import too)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    # main() configures logging as the CLI does (hub messages through their own handler, retrofit at INFO):
+    # put both back after the test
+    hub_log, ours = logging.getLogger("huggingface_hub"), logging.getLogger(VERBOSE_LOGGER)
+    monkeypatch.setattr(hub_log, "propagate", hub_log.propagate)
+    monkeypatch.setattr(ours, "level", ours.level)
 
     def run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
         assert args[0] == "retrofit", args
+        assert env.get("HF_HUB_OFFLINE") == "1" and "HF_TOKEN" not in env, "in_process runs the user's offline shell"
         monkeypatch.chdir(cwd)
-        for key in ("RETROFIT_CACHE", "RETROFIT_PROGRESS"):
+        for key in ("RETROFIT_CACHE", "RETROFIT_PROGRESS", "HF_HUB_OFFLINE"):
             monkeypatch.setenv(key, env[key])
+        monkeypatch.setattr(hub, "HF_TOKEN_PATH", str(Path(env["HF_HOME"]) / "token"))  # none there
         caplog.clear()
-        caplog.set_level(logging.INFO)
+        caplog.set_level(logging.WARNING)  # as the CLI's configure(): other libraries' warnings, retrofit's INFO
+        caplog.set_level(logging.INFO, logger=VERBOSE_LOGGER)
         try:
             rc = main(list(args[1:]))
         except SystemExit as e:  # argparse's own errors

@@ -181,7 +181,7 @@ def test_cache_keys_of_the_first_presets_did_not_move():
     assert a.cache_key() != b.cache_key()
     assert a.cache_key() != dataclasses.replace(a, precision="fp32").cache_key()
     with pytest.raises(OptionError, match="unknown baseline arch"):
-        baseline.BaselineConfig(arch="bert")
+        baseline.BaselineConfig(arch="t5")
     with pytest.raises(OptionError, match="unknown precision"):
         baseline.BaselineConfig(precision="fp16")
 
@@ -197,6 +197,45 @@ def test_the_two_study2_stand_ins_match_in_size():
         assert model.config.max_position_embeddings == cfg.n_positions == 256
     assert 9e6 < counts["study2-gpt2"] < 11e6
     assert abs(counts["study2-llama"] / counts["study2-gpt2"] - 1) < 0.02, counts
+
+
+def test_the_encoder_stand_in_is_the_gpt2_body_as_a_masked_lm():
+    """study2-bert: BertForMaskedLM with the GPT-2 stand-in's body and table (parameters within 3%: BERT adds
+    its token-type row, embedding LayerNorm and MLM transform), bidirectional, its own cache key."""
+    cfg, gpt2 = baseline.PRESETS["study2-bert"], baseline.PRESETS["study2-gpt2"]
+    assert dataclasses.replace(cfg, name=gpt2.name, arch="gpt2") == gpt2
+    with torch.device("meta"):
+        bert = baseline.build_model(cfg, cfg.vocab_size, eos_token_id=0)
+        ref = baseline.build_model(gpt2, gpt2.vocab_size, eos_token_id=0)
+    n = [sum(p.numel() for p in m.parameters()) for m in (bert, ref)]
+    assert type(bert).__name__ == "BertForMaskedLM" and bert.config.max_position_embeddings == 256
+    assert abs(n[0] / n[1] - 1) < 0.03, n
+    assert cfg.cache_key() != gpt2.cache_key()
+    with pytest.raises(OptionError, match="bert stand-in has none"):
+        dataclasses.replace(cfg, copy_fraction=0.5)
+
+
+def test_the_encoder_stand_in_pretrains_by_masked_lm_reloads_and_converts(cache, tmp_path):
+    """micro-bert: its tokenizer has a mask token after EOS, it trains on 15% masked tokens (the loss falls below
+    the uniform ln V), reports its masked held-out loss, loads as a masked LM and converts both ways."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    import retrofit
+
+    cfg = dataclasses.replace(baseline.PRESETS["micro-bert"], steps=40)
+    path = standin.pretrain(cfg, cache_dir=tmp_path)
+    stats = baseline.load_stats(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert (tok.mask_token, tok.mask_token_id, tok.eos_token_id) == ("<mask>", 1, 0)
+    assert stats["model_class"] == "BertForMaskedLM" and stats["copying"] is None
+    assert stats["heldout_objective"].startswith("masked LM")
+    assert stats["final_train_loss"] < 5.5 and stats["heldout_loss"] < 5.6  # ln(320) = 5.77
+    model = AutoModelForMaskedLM.from_pretrained(path)
+    converted = retrofit.convert(model, "alibi")
+    assert not retrofit.patch.core._state(converted).adapter.sites()[0].module.is_causal
+    ids = torch.randint(2, stats["vocab_size"], (1, 4 * cfg.n_positions))
+    with torch.no_grad():
+        assert torch.isfinite(converted(input_ids=ids).logits).all()
 
 
 def test_llama_stand_in_pretrains_in_bf16_reloads_and_converts(cache, tmp_path, monkeypatch):

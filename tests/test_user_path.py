@@ -117,7 +117,7 @@ def test_readme_offline_block_runs_as_written(tmp_path, user_env, in_process):
 
     r = cli(push, tmp_path, user_env)  # without --dry-run: no token on this machine -> exit 5, nothing uploaded
     assert r.returncode == 5 and "HF_TOKEN" in r.stderr, r.stderr[-2000:]
-    r = in_process(dry_push, tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
+    r = cli(dry_push, tmp_path, user_env)  # the fine-tuned folder pushes its final/ and report
     assert r.returncode == 0, r.stderr[-3000:]
     assert "eval/report.json" in r.stdout
     assert not (folder / "README.md").exists()  # a dry run writes nothing, not even the card it lists

@@ -112,6 +112,34 @@ def test_the_verdict_says_runs_reads_and_reach():
     assert "**runs**" in text and "**reads past its native length**" in text and "8x native" in text
 
 
+def _one(ppl=9.0, gain=(1.2, 1.1, 1.3, True), copies=True) -> dict:
+    g, lo, hi, reads = gain
+    m = {"model": "m", "native": 64, "length": 256, "multiple": 4.0, "ppl": ppl, "ppl_1x": 10.0, "runs": ppl <= 11}
+    m["own"] = {"against": "own native window", "gain": g, "ci_low": lo, "ci_high": hi, "reads": reads}
+    m["reach"] = dict(reach=512 if copies else 0, reach_low=0, reach_high=0, reach_x=8.0 if copies else 0.0)
+    m["reach"].update(reach_low_x=4.0, reach_high_x=16.0, reference_gain=3.0, copies=copies)
+    return {"models": [m], "passkey_uninformative": [], "recall_uninformative": []}
+
+
+def test_the_verdict_sentences_follow_every_case():
+    """The sentences report.md and the model card share: breaking down, tokens that hurt, no interval, an interval
+    shown to the decimals ``reads`` was decided on, and a model that copies nothing (no reach figures)."""
+    broke = "\n".join(verdict.lines(_one(ppl=30.0, gain=(0.9, 0.85, 0.95, False))))
+    assert "**breaks down**" in broke and "**runs**" not in broke and "the far tokens **hurt**" in broke
+    flat = "\n".join(verdict.lines(_one(gain=(1.0, 0.99, 1.01, False))))
+    assert "the interval holds 1" in flat and "**reads" not in flat
+    one = "\n".join(verdict.lines(_one(gain=(1.01, None, None, False))))
+    assert "one window only, so no interval: nothing can be said" in one
+    edge = "\n".join(verdict.lines(_one(gain=(1.002, 1.0004, 1.004, True))))  # farcontext rounds to 4 decimals
+    assert "[1.0004, 1.0040]" in edge and "**reads past its native length**" in edge
+    none = "\n".join(verdict.lines(_one(copies=False)))
+    assert "Effective reach: not measurable — it copies nothing even at short distance." in none
+    assert "0 tokens" not in none and "0x native" not in none
+    assert "No length past a model's native length" in "\n".join(
+        verdict.lines({"models": [], "passkey_uninformative": [], "recall_uninformative": []})
+    )
+
+
 def _masked_reach(model, text, limit=None) -> dict:
     cells = []
     for d in DISTANCES:

@@ -92,12 +92,13 @@ def _x(v: float) -> str:
 
 
 def _gain(g: dict) -> str:
-    ci = f" [{g['ci_low']:.3f}, {g['ci_high']:.3f}]" if g["ci_low"] is not None else ""
-    return f"gain {g['gain']:.3f}{ci}"
+    """Four decimals, as ``farcontext`` rounds them (``reads`` is decided on the interval shown)."""
+    ci = f" [{g['ci_low']:.4f}, {g['ci_high']:.4f}]" if g["ci_low"] is not None else ""
+    return f"gain {g['gain']:.4f}{ci}"
 
 
 def lines(v: dict) -> list[str]:
-    """The verdict as sentences for report.md."""
+    """The verdict as sentences (markdown bullets) for report.md and the model card."""
     out = []
     for m in v["models"]:
         at = f"at {m['length']:,} tokens ({m['multiple']:g}x its native {m['native']:,})"
@@ -124,14 +125,11 @@ def lines(v: dict) -> list[str]:
         if "reach" in m:
             r = m["reach"]
             out.append(
-                f"  - Effective reach (retrieval of a natural span keeps half its gain at 1/4 native): "
-                f"**{r['reach']:,} tokens ({r['reach_x']:g}x native)** [{r['reach_low_x']:g}x, "
-                f"{r['reach_high_x']:g}x]"
-                + (
-                    " — it copies nothing even at short distance, so reach cannot be measured on it."
-                    if not r["copies"]
-                    else "."
-                )
+                "  - Effective reach: not measurable — it copies nothing even at short distance."
+                if not r["copies"]
+                else f"  - Effective reach (the longest distance at which retrieval of a natural span keeps half "
+                f"its gain at 1/4 native): **{r['reach']:,} tokens ({r['reach_x']:g}x native)** "
+                f"[{r['reach_low_x']:g}x, {r['reach_high_x']:g}x]."
             )
         if "original" in m:
             g = m["original"]

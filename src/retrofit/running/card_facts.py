@@ -260,14 +260,18 @@ def eval_summary(report: dict, native: int) -> dict:
         "passkey_plot": f"{rf.EVAL}/{rf.PLOT_PASSKEY}" if rf.PLOT_PASSKEY in plots else None,
         "notes": list(dict.fromkeys(x["note"] for x in report["rows"] if x["note"] and x["method"] == "sliding")),
         "models": report["models"],
-        "use": _use(next((m for m in _verdict(report)["models"] if m["model"] == main), None)),
+        "use": _use(report, main),
     }
 
 
-def _verdict(report: dict) -> dict:
-    from ..evaluation.verdict import verdict
+def _use(report: dict, main: str) -> list[str]:
+    """What the model uses of a long input, as measured: the report's verdict sentences (``evaluation.verdict``,
+    as report.md opens) for the model the card is about (runs or breaks down, reads or not, effective reach)."""
+    from ..evaluation.verdict import lines, verdict
 
-    return report.get("verdict") or verdict(report)
+    v = report.get("verdict") or verdict(report)
+    mine = [m for m in v["models"] if m["model"] == main]
+    return lines({"models": mine, "passkey_uninformative": [], "recall_uninformative": []})
 
 
 def _passkey_summary(report: dict) -> dict:
@@ -384,35 +388,6 @@ def limits(ctx: dict) -> list[str]:
             "long-range retrieval is not what a short positional fine-tune teaches."
         )
     return out + _common_limits(ctx)
-
-
-def _use(v: dict | None) -> list[str]:
-    """Whether the model *reads* past its native length and how far back it retrieves, as measured (``v``: the
-    main model's entry of the report's verdict), beside the configured limit: a model may run at 16x and read 1x."""
-    if v is None:
-        return ["Not measured past its native length: whether it reads there is not known."]
-    out, at = [], f"at {v['length']:,} tokens ({v['multiple']:g}x native)"
-    if "own" in v:
-        g = v["own"]
-        if g["ci_low"] is None:
-            tail = "; one window only, so no interval: whether it reads there is not known."
-        elif g["reads"]:
-            tail = f" [{g['ci_low']:.3f}, {g['ci_high']:.3f}]: it reads past its native length."
-        else:
-            tail = f" [{g['ci_low']:.3f}, {g['ci_high']:.3f}]: it runs there but does not read past its native length."
-        out.append(
-            f"Far-context gain {at}, full context against its own native-size window on the same tokens: "
-            f"{g['gain']:.3f}{tail}"
-        )
-    if "reach" in v:
-        r = v["reach"]
-        out.append(
-            f"Effective reach measured (retrieval of a natural span keeps half its gain at 1/4 native): "
-            f"{r['reach']:,} tokens ({r['reach_x']:g}x native) [{r['reach_low_x']:g}x, {r['reach_high_x']:g}x]"
-            + ("." if r["copies"] else "; it copies nothing even at short distance, so reach is not measurable on it.")
-            + " That, not the configured limit, is how far back it was seen to use its input."
-        )
-    return out
 
 
 def _trend(at_native: float, at_top: float) -> str:

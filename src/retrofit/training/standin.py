@@ -31,6 +31,7 @@ from ..foundation.versions import library_versions
 from ..models import assets
 from ..models.baseline import (
     EOS_TOKEN,
+    MASK_TOKEN,
     STATS_FILE,
     BaselineConfig,
     _unship,
@@ -42,6 +43,7 @@ from ..models.baseline import (
 )
 from ..models.data import Document
 from ..patch.optim import param_groups
+from .masking import Masker, seed_of
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +51,14 @@ log = logging.getLogger(__name__)
 DURATION = {
     "micro": "seconds",
     "micro-llama": "seconds",
+    "micro-bert": "seconds",
     "quickstart": "about 2-3 minutes",
     "study": "about 30 minutes",
     "study2-gpt2": "about 35 minutes",
     "study2-llama": "about 35 minutes",
+    "study2-bert": "about 35 minutes",
 }
+HELDOUT_MASK_SEED = 12_345  # the held-out blocks' one masked draw (bert): the same tokens at every evaluation
 
 
 def ensure(name_or_path: str) -> None:
@@ -81,8 +86,9 @@ def _training_plays(cfg: BaselineConfig) -> list[Document]:
     return docs
 
 
-def train_tokenizer(docs: list[Document], vocab_size: int):
-    """Byte-level BPE trained on ``docs`` only, wrapped as a PreTrainedTokenizerFast with EOS (= BOS = pad)."""
+def train_tokenizer(docs: list[Document], vocab_size: int, mask: bool = False):
+    """Byte-level BPE trained on ``docs`` only, wrapped as a PreTrainedTokenizerFast with EOS (= BOS = pad);
+    ``mask``: a mask token too (the encoder stand-in's masked LM)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -92,7 +98,7 @@ def train_tokenizer(docs: list[Document], vocab_size: int):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=[EOS_TOKEN],
+        special_tokens=[EOS_TOKEN, MASK_TOKEN] if mask else [EOS_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -103,6 +109,7 @@ def train_tokenizer(docs: list[Document], vocab_size: int):
         bos_token=EOS_TOKEN,
         unk_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,
+        **({"mask_token": MASK_TOKEN} if mask else {}),
     )
 
 
@@ -227,6 +234,7 @@ def train(
     if blocks.shape[0] < cfg.batch_size:
         raise OptionError(f"{blocks.shape[0]} training blocks < batch_size {cfg.batch_size}")
     opt, sched = _optimizer(model, cfg)
+    masker = _masker(model, cfg)
     model.train()
     torch.manual_seed(cfg.seed + 2)  # dropout stream
     losses: list[float] = []
@@ -249,8 +257,9 @@ def train(
                 x = torch.cat(
                     [induction_rows((k, x.shape[1]), gen, pool, cfg.copy_toy_min_period), x[k:]]
                 )  # [batch, n_positions]
+        inputs, labels = masker(x, seed_of(cfg.seed, step)) if masker else (x, x)  # masked LM: 15% of x
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-            loss = model(input_ids=x, labels=x).loss
+            loss = model(input_ids=inputs, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -262,7 +271,7 @@ def train(
         if step % max(1, cfg.steps // 10) == 0 or step == cfg.steps - 1:
             log.info("step %d/%d loss %.4f", step + 1, cfg.steps, losses[-1])
         every = cfg.copy_eval_every
-        if curve is not None and held is not None and every and ((step + 1) % every == 0):
+        if curve is not None and held is not None and every and masker is None and ((step + 1) % every == 0):
             curve.append(
                 {
                     "step": step + 1,
@@ -273,6 +282,29 @@ def train(
             )
             log.info("step %d: copy %s", step + 1, curve[-1])
     return losses
+
+
+def _masker(model, cfg: BaselineConfig) -> Masker | None:
+    """The masked-LM draw of the encoder stand-in (its tokenizer's mask token is the id after EOS); None for
+    a decoder."""
+    if cfg.arch != "bert":
+        return None
+    eos = model.config.pad_token_id
+    return Masker(eos + 1, model.get_input_embeddings().weight.shape[0], (eos, eos + 1), cfg.mask_rate)
+
+
+@torch.inference_mode()
+def heldout_masked_loss(model, blocks: torch.Tensor, masker: Masker, batch_size: int = 16) -> float:
+    """Mean masked-LM loss (nats) over one seeded draw of ``blocks`` [n, L] (the same tokens at every call)."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, blocks.shape[0], batch_size):
+        inputs, labels = masker(blocks[i : i + batch_size], HELDOUT_MASK_SEED + i)  # [b, L] each
+        logits = model(input_ids=inputs).logits.float()  # [b, L, V]
+        chosen = labels != -100
+        total += torch.nn.functional.cross_entropy(logits[chosen], labels[chosen], reduction="sum").item()
+        count += int(chosen.sum())
+    return total / count
 
 
 @torch.inference_mode()
@@ -359,7 +391,9 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     if cfg.max_chars_per_play:
         held_docs = [Document(d.name, d.text[: cfg.max_chars_per_play]) for d in held_docs]
     log.info("baseline %s: tokenizer (vocab %d) on %d training plays", cfg.name, cfg.vocab_size, len(train_docs))
-    tokenizer = train_tokenizer(train_docs, cfg.vocab_size)
+    tokenizer = train_tokenizer(train_docs, cfg.vocab_size, mask=cfg.arch == "bert")
+    if cfg.arch == "bert" and tokenizer.mask_token_id != tokenizer.eos_token_id + 1:  # what _masker reads
+        raise RuntimeError(f"mask token id {tokenizer.mask_token_id}, expected EOS + 1")
     train_blocks = pack_blocks(tokenizer, train_docs, cfg.n_positions)  # [n_train, L]
     held_blocks = pack_blocks(tokenizer, held_docs, cfg.n_positions)  # [n_held, L]
     held_blocks = spread_blocks(held_blocks, cfg.eval_max_blocks)  # [<= eval_max_blocks, L]
@@ -379,9 +413,12 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     curve: list[dict] = []
     losses = train(model, train_blocks, cfg, held_blocks, curve)
     t_train = time.perf_counter() - t1
-    held = heldout_loss(model, held_blocks)
-    copying = copy_probe(model, held_blocks, cfg.n_positions)
-    log.info("baseline %s: copying at native/2 %s", cfg.name, copying)
+    masker = _masker(model, cfg)
+    if masker is not None:  # an encoder: its masked-LM loss; the copy probe is a decoder's (next-token) measure
+        held, copying = heldout_masked_loss(model, held_blocks, masker), None
+    else:
+        held, copying = heldout_loss(model, held_blocks), copy_probe(model, held_blocks, cfg.n_positions)
+        log.info("baseline %s: copying at native/2 %s", cfg.name, copying)
     log.info("baseline %s: held-out loss %.4f (ppl %.2f) at length %d", cfg.name, held, math.exp(held), cfg.n_positions)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
@@ -403,6 +440,7 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
         "final_train_loss": sum(tail) / len(tail),
         "final_train_loss_steps": len(tail),
         "heldout_loss": held,
+        "heldout_objective": "masked LM (one seeded draw)" if masker is not None else "next token",
         "heldout_ppl": math.exp(held),
         "copying": copying,
         "copy_curve": curve,
