@@ -153,6 +153,8 @@ def cont(a) -> None:
     g = torch.Generator().manual_seed(1)
     text, t0, L, k, e = held.reshape(-1).tolist(), time.time(), cfg.n_positions, a.toy_rows, a.echo_rows
     T = a.seq or L  # the training rows' length; the probes read at the native length
+    if not 0 < T <= L or a.save_every < 1:
+        raise SystemExit(f"--seq must be within 1..{L} (native) and --save-every >= 1")
     print(f"training {sum(p.numel() for p in params):,} parameters ({a.train}), rows of {T} tokens", flush=True)
 
     def report(step):
@@ -263,7 +265,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--vocab", type=int, default=4096)
-    p.add_argument("--warmup-steps", type=int, default=30)
+    p.add_argument("--warmup-steps", type=int, default=30, help="linear warm-up steps (mix; continue since round 6)")
     p.add_argument("--toy-rows", type=int, default=4)
     p.add_argument("--cache", default="runs/induction-pilots")
     a = p.parse_args()

@@ -43,7 +43,7 @@ from harness import command, stamp, write_record
 METHODS = {
     "as is": None,
     "self_extend": {"extension": "self_extend", "factor": 2.0},
-    "self_extend w=native/2": {"extension": "self_extend", "factor": 2.0, "window": 4096},  # G = 3 serves 2x
+    "self_extend w=4096": {"extension": "self_extend", "factor": 2.0, "window": 4096},  # SmolLM2: native/2, G = 3
     "string": {"extension": "string", "factor": 2.0},
     "yarn x2": {"scaling": "yarn", "factor": 2.0},
     "ntk x2": {"scaling": "ntk", "factor": 2.0},

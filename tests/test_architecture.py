@@ -76,6 +76,20 @@ def test_every_module_has_a_layer():
     assert not missing, f"folders without a layer (LAYERS here, and the table of docs/ARCHITECTURE.md): {missing}"
 
 
+def test_the_docs_table_names_the_same_layers():
+    """docs/ARCHITECTURE.md's table (folders written `name/`, with ``__main__``) says what LAYERS says."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md").read_text()
+    table = {}
+    for line in doc.splitlines():
+        m = re.match(r"\| (\d) \w+ \| (.+?) \|", line)
+        if m:
+            for name in re.findall(r"`([a-z_]+)/`|`(__main__)`", m.group(2)):
+                table["".join(name)] = int(m.group(1))
+    assert table == LAYERS
+
+
 def test_imports_point_down():
     bad = []
     for me, target, where in imports():

@@ -41,6 +41,9 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module):
         module.__spec__ = module.__spec__.loader_state  # the import system set the old name's; it keeps its own
 
+    def get_code(self, fullname):  # `python -m retrofit.core`: run the module by its own name
+        raise ImportError(f"{fullname} moved to {MOVED[fullname]}: run `python -m {MOVED[fullname]}`")
+
 
 _finder = _OldPaths()
 
