@@ -294,3 +294,17 @@ def test_the_committed_stand_ins_are_intact_reachable_and_the_ones_reports_name(
     assert named, "no committed study report records its stand-in's hash"
     unshipped = {name: sha[:12] for name, sha in named.items() if sha not in shipped}
     assert not unshipped, f"reports measured on weights not under standins/: {unshipped}"
+
+
+def test_a_bf16_preset_on_a_cpu_without_native_bf16_says_what_it_costs(monkeypatch, caplog):
+    """Emulated bf16 is ~25x slower than fp32 (an AVX2 AMD EPYC): the warning comes before the training."""
+    from retrofit.foundation import versions
+
+    assert standin.bf16_native(["avx2", "fma"]) is False and standin.bf16_native(["amx_bf16", "avx2"]) is True
+    assert standin.bf16_native([]) is None
+    monkeypatch.setattr(versions, "cpu_info", lambda: {"flags": ["avx2", "fma"]})
+    with caplog.at_level("WARNING"):
+        standin._say_precision_cost(baseline.PRESETS["study2-bert"])
+        standin._say_precision_cost(baseline.PRESETS["micro"])  # fp32: nothing to say
+    assert [r.getMessage().split(" trains")[0] for r in caplog.records] == ["baseline study2-bert"]
+    assert "about 25x slower than fp32" in caplog.text
