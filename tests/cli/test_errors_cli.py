@@ -58,8 +58,44 @@ def test_a_model_that_is_not_a_causal_lm_is_unsupported(at, capsys):
     ).save_pretrained(at / "t5")
     rc, err = run(["convert", "t5", "--to", "alibi", "--out", "out"], capsys)
     assert rc == 3, err
-    assert "'t5' model, which is not a causal (decoder-only) language model" in err and "llama" in err
+    assert "'t5' model (T5ForConditionalGeneration), which is neither a causal (decoder-only) language model" in err
+    assert "nor an encoder with its head" in err and "llama" in err
     assert not (at / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["albert", "distilbert"])
+def test_an_encoder_without_a_causal_lm_class_converts_from_its_folder(at, capsys, kind):
+    """ALBERT and DistilBERT have no ...ForCausalLM class: a folder whose config names its masked-LM head converts
+    (it was refused as 'not a causal LM'), and loads back as that masked LM."""
+    import transformers as tf
+
+    import retrofit
+
+    config, model = {
+        "albert": (
+            tf.AlbertConfig(
+                vocab_size=64,
+                embedding_size=16,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=32,
+            ),
+            tf.AlbertForMaskedLM,
+        ),
+        "distilbert": (
+            tf.DistilBertConfig(
+                vocab_size=64, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=32
+            ),
+            tf.DistilBertForMaskedLM,
+        ),
+    }[kind]
+    model(config).save_pretrained(at / kind)
+    rc, err = run(["convert", kind, "--to", "alibi", "--out", "out"], capsys)
+    assert rc == 0, err
+    back = retrofit.load(at / "out")
+    assert type(back) is model and retrofit.describe(back)["scheme"] == "alibi"
 
 
 @pytest.mark.parametrize(

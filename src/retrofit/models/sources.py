@@ -117,15 +117,18 @@ def _check_folder(path: Path) -> bool:
     if "retrofit" in d:
         return True
     if "auto_map" not in d:  # remote-code models name their own classes
-        check_model_type(d.get("model_type"), str(path))
+        check_model_type(d.get("model_type"), str(path), d.get("architectures"))
     return False
 
 
-def check_model_type(model_type: str | None, name: str) -> None:
-    """A config transformers knows, of a causal language model."""
+def check_model_type(model_type: str | None, name: str, architectures: list | None = None) -> None:
+    """A config transformers knows, of a causal language model, or of an encoder whose config names its head
+    (``architectures``: a masked LM, a classifier; ALBERT and DistilBERT have no causal-LM class at all)."""
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from ..foundation.task import of_class
 
     if not model_type:
         raise ModelLoadError(f"{name}/config.json has no model_type: it is not a transformers model config")
@@ -134,10 +137,13 @@ def check_model_type(model_type: str | None, name: str) -> None:
             f"{name}: model type {model_type!r} is unknown to transformers "
             f"{transformers.__version__}; upgrade transformers or check the model"
         )
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    head = (architectures or [None])[0]
+    with_head = of_class(head).name not in ("causal-lm", "embeddings") and hasattr(transformers, head or "")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not with_head:
         raise UnsupportedArchitectureError(
-            f"{name} is a {model_type!r} model, which is not a causal (decoder-only) language model; retrofit "
-            f"converts causal LMs: {supported_architectures()}"
+            f"{name} is a {model_type!r} model ({head or 'no architectures in its config'}), which is neither a "
+            "causal (decoder-only) language model nor an encoder with its head (a masked LM or a classifier); "
+            f"retrofit converts: {supported_architectures()}"
         )
 
 
