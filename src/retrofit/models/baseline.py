@@ -238,39 +238,25 @@ def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
     )
 
     torch.manual_seed(cfg.seed)
-    if cfg.arch == "bert":  # GPT-2's body (4d MLP, GELU, post-LN as BERT's), one token type, tied embeddings
-        config = BertConfig(
+    if cfg.arch in ENCODERS:  # GPT-2's body (4d MLP, GELU, post-LN as BERT's), one token type, tied embeddings
+        roberta = cfg.arch == "roberta"
+        pad = eos_token_id + 2 if roberta else eos_token_id  # RoBERTa: its own padding id, its table after it
+        config_cls, model_cls = (RobertaConfig, RobertaForMaskedLM) if roberta else (BertConfig, BertForMaskedLM)
+        config = config_cls(
             vocab_size=vocab_size,
             hidden_size=cfg.n_embd,
             num_hidden_layers=cfg.n_layer,
             num_attention_heads=cfg.n_head,
             intermediate_size=4 * cfg.n_embd,
-            max_position_embeddings=cfg.n_positions,
-            type_vocab_size=1,
-            hidden_dropout_prob=cfg.dropout,
-            attention_probs_dropout_prob=cfg.dropout,
-            pad_token_id=eos_token_id,
-            tie_word_embeddings=True,
-        )
-        return BertForMaskedLM(config)
-    if cfg.arch == "roberta":  # the same body; RoBERTa's table starts after its padding id (pad = EOS + 2)
-        pad = eos_token_id + 2
-        config = RobertaConfig(
-            vocab_size=vocab_size,
-            hidden_size=cfg.n_embd,
-            num_hidden_layers=cfg.n_layer,
-            num_attention_heads=cfg.n_head,
-            intermediate_size=4 * cfg.n_embd,
-            max_position_embeddings=cfg.n_positions + pad + 1,
+            max_position_embeddings=cfg.n_positions + (pad + 1 if roberta else 0),
             type_vocab_size=1,
             hidden_dropout_prob=cfg.dropout,
             attention_probs_dropout_prob=cfg.dropout,
             pad_token_id=pad,
-            bos_token_id=eos_token_id,
-            eos_token_id=eos_token_id,
             tie_word_embeddings=True,
+            **({"bos_token_id": eos_token_id, "eos_token_id": eos_token_id} if roberta else {}),
         )
-        return RobertaForMaskedLM(config)
+        return model_cls(config)
     if cfg.arch == "llama":
         config = LlamaConfig(
             vocab_size=vocab_size,
