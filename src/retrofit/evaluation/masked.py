@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
 from ..training.masking import IGNORE, Masker
+from .farcontext import reads
 from .markdown import copy_table
 from .perplexity import t_quantile_975
 
@@ -119,7 +120,7 @@ def summary(nll: np.ndarray, chars_per_token: float) -> dict:
 
 def gain(sliding: np.ndarray, full: np.ndarray, length: int) -> dict:
     """Paired far-context gain: mean (sliding - full) NLL over the masked tokens, with a 95% t interval over the
-    ``length``-token windows; ``reads`` when the interval is above zero."""
+    ``length``-token windows; ``reads`` when the interval is above zero (its perplexity ratio above 1 to 4 decimals)."""
     n = full.size - full.size % length
     d = (sliding - full)[:n].reshape(-1, length)  # (windows, L)
     per = np.array([np.nanmean(row) for row in d if np.any(~np.isnan(row))])
@@ -127,7 +128,8 @@ def gain(sliding: np.ndarray, full: np.ndarray, length: int) -> dict:
     out = {"gain_nats": mean, "ci_low": None, "ci_high": None, "windows": int(per.size), "reads": None}
     if per.size >= 2:
         half = t_quantile_975(per.size - 1) * float(per.std(ddof=1)) / math.sqrt(per.size)
-        out.update(ci_low=mean - half, ci_high=mean + half, reads=bool(mean - half > 0))
+        low = round(math.exp(mean - half), 4)  # the perplexity ratio's low end, as the causal report rounds it
+        out.update(ci_low=mean - half, ci_high=mean + half, reads=reads({"ci_low": low}))
     return out
 
 
@@ -202,15 +204,21 @@ def run(models, stream_ids: torch.Tensor, lengths: list[int], native: int, data_
     rows = []
     for m in models:
         slide = sliding_nll(m.model, s, native, on_window=bar.update)
-        rows.append({"model": m.name, "role": m.role, "length": native, "read_as": f"sliding {native}",
-                     **summary(slide, s.chars_per_token)})  # fmt: skip
+        rows.append({"model": m.name, "role": m.role, "length": native, "method": "sliding",
+                     "read_as": f"sliding {native}", **summary(slide, s.chars_per_token)})  # fmt: skip
         for L in lengths:
             if m.max_length and L > m.max_length:
                 log.info("%s: no row at %d tokens (its limit is %d); its sliding row stands for it", m.name, L,
                          m.max_length)  # fmt: skip
                 continue
             full = full_nll(m.model, s, L, on_window=bar.update)
-            row = {"model": m.name, "role": m.role, "length": L, "read_as": f"windows of {L}"}
+            row = {
+                "model": m.name,
+                "role": m.role,
+                "length": L,
+                "method": "non-overlapping",
+                "read_as": f"windows of {L}",
+            }
             row.update(summary(full, s.chars_per_token))
             if L > native:
                 row["gain"] = gain(slide, full, L)
@@ -227,7 +235,18 @@ def run(models, stream_ids: torch.Tensor, lengths: list[int], native: int, data_
         "native_length": native,
         "lengths": lengths,
         "rows": rows,
+        "far_context": [as_far_context(r, native) for r in rows if r.get("gain")],
     }
+
+
+def as_far_context(row: dict, native: int) -> dict:
+    """A row's gain in the causal report's terms (``evaluation.farcontext``): the ratio of the masked-token
+    perplexities, own native window over full context, with the t interval's ends taken through exp."""
+    g = row["gain"]
+    ends = {k: None if g[k] is None else round(math.exp(g[k]), 4) for k in ("ci_low", "ci_high")}
+    out = {"model": row["model"], "length": row["length"], "native": native, "against": "own native window",
+           "gain": round(math.exp(g["gain_nats"]), 4), **ends, "blocks": g["windows"]}  # fmt: skip
+    return {**out, "reads": reads(out)}  # the causal report's rule: the interval's low end above 1
 
 
 def windows(n: int, lengths: list[int], native: int, models) -> int:

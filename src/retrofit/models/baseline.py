@@ -195,7 +195,24 @@ PRESETS: dict[str, BaselineConfig] = {
         eval_max_blocks=256,
         precision="bf16",
     ),
+    # the encoder stand-ins a 2-core AVX2 CPU can pretrain (issue 43): the quickstart's body at native 256 in
+    # fp32, 8.4M tokens (2,048 steps of 16 x 256), about 45 min on one thread (~3,200 tokens/s)
+    "small-bert": BaselineConfig(
+        name="small-bert",
+        arch="bert",
+        n_positions=256,
+        n_layer=4,
+        n_head=4,
+        n_embd=128,
+        vocab_size=4096,
+        steps=2048,
+        batch_size=16,
+        lr=1e-3,
+        warmup_steps=100,
+        eval_max_blocks=256,
+    ),
 }
+PRESETS["small-roberta"] = dataclasses.replace(PRESETS["small-bert"], name="small-roberta", arch="roberta")
 # the RoPE twins: the same body, data and optimisation, LLaMA architecture
 for _gpt2, _llama in (("micro", "micro-llama"), ("study2-gpt2", "study2-llama")):
     PRESETS[_llama] = dataclasses.replace(PRESETS[_gpt2], name=_llama, arch="llama")

@@ -26,6 +26,7 @@ from ..models.io import load_original
 from ..running.pipeline import STAGES, evaluate_section
 from ..running.pipeline import run as run_pipeline
 from ..running.run_recipe import _hash, load_recipe
+from ..training.standin import ensure
 from . import tables as T
 from .cache import CellCache, read, write
 from .grid import Grid, cells
@@ -165,6 +166,7 @@ def run_original(raw: dict, out: Path) -> dict:
         return cached
     t0 = time.time()
     m = rr.finetune.model
+    ensure(m.name_or_path)  # a recipe's stand-in (baseline:NAME) is built here, as `retrofit run` builds it
     name, model, tok = load_original(m.name_or_path, gguf_file=m.gguf_file, dtype=m.dtype)
     native = _native(model)
     from ..evaluation.lengths import resolve
@@ -184,6 +186,7 @@ def run_original(raw: dict, out: Path) -> dict:
             rows += [
                 {**r, "role": "baseline-as-is", "note": "past the native length, unchanged"}
                 for r in evaluate_section((name, model, tok), [], plain, native).data["rows"]
+                if r["length"] in longer and r["method"] == "non-overlapping"  # a masked LM adds its sliding row
             ]
         except LengthError as e:
             log.info("the original cannot read past its native length, so it has no as-is rows: %s", e)
@@ -294,6 +297,7 @@ def markdown(study: dict, target) -> str:
         "",
     ]
     lines += T.cells_markdown(study["table"], target.long)
+    lines += T.bpc_markdown(study["table"], target.long)
     lines += T.cheapest_markdown(study["cheapest"], _steps, target)
     lines += T.seeds_markdown(study["seeds"], target)
     lines += T.use_markdown(study.get("use") or {}, study["native_length"])

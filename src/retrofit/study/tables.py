@@ -154,21 +154,38 @@ def seed_table(
     return out
 
 
-def ppl_at(rows: list[dict], length: int, role: str = "converted", method: str = "non-overlapping"):
+def ppl_at(rows: list[dict], length: int, role: str = "converted", method: str = "non-overlapping", key: str = "ppl"):
+    """``key`` (ppl; bpc for a masked LM) of the row at ``length`` read as ``method``, or None."""
     for r in rows:
         if r["length"] == length and r["role"] == role and r["method"] == method:
-            return r["ppl"]
+            return r.get(key)
     return None
+
+
+def _bpc(row: dict, rows: list[dict], lengths: list[int], native: int, control: list[dict] | None, long: int):
+    """A masked LM's bits per character beside its perplexity (the encoders' measure, Longformer's): at each
+    length, against the control at 1x and its own 1x at ``long``; nothing for a model whose rows have none."""
+    bpc = {L: ppl_at(rows, L, key="bpc") for L in lengths}
+    if all(v is None for v in bpc.values()):
+        return
+    row.update({f"bpc@{L // native}x": v for L, v in bpc.items()})
+    if control is not None:
+        row["bpc_vs_control@1x"] = ratio(bpc[native], ppl_at(control, native, key="bpc"))
+    row[f"bpc@{long}x/1x"] = ratio(bpc.get(long * native), bpc[native])
 
 
 def cell_table(
     original: list[dict], results: list[dict], lengths: list[int], native: int, long: int = TARGET.long
 ) -> list[dict]:
     """One row per cell: ppl at each length, and the ratio to the control at equal tokens; the original first."""
-    orig = {
-        L: ppl_at(original, L, "baseline", "non-overlapping") or ppl_at(original, L, "baseline", "sliding")
-        for L in lengths
-    }
+
+    def reference(L, key="ppl"):
+        return ppl_at(original, L, "baseline", "non-overlapping", key) or ppl_at(
+            original, L, "baseline", "sliding", key
+        )
+
+    orig = {L: reference(L) for L in lengths}
+    orig_bpc = {f"bpc@{L // native}x": reference(L, "bpc") for L in lengths}
     controls = {
         (c["method"], c["budget"], c.get("seed")): c for c in results if c.get("role") == "control" and "rows" in c
     }
@@ -180,6 +197,7 @@ def cell_table(
             "budget": 0,
             "extra_tokens": 0,
             **{f"ppl@{L // native}x": orig[L] for L in lengths},
+            **({} if all(v is None for v in orig_bpc.values()) else orig_bpc),
         }
     ]
     as_is = {L: ppl_at(original, L, "baseline-as-is") for L in lengths if L > native}
@@ -220,6 +238,7 @@ def cell_table(
         if ctrl and c.get("role") != "control" and native_ppl:
             row["control_ppl@1x"] = ppl_at(ctrl["rows"], native)
             row["vs_control@1x"] = round(native_ppl / row["control_ppl@1x"], 4)
+        _bpc(row, c["rows"], lengths, native, ctrl["rows"] if ctrl and c.get("role") != "control" else None, long)
         if native_ppl:
             for k in sorted({8, 16, long}):
                 row[f"ppl@{k}x/1x"] = ratio(row.get(f"ppl@{k}x"), native_ppl)
@@ -364,6 +383,25 @@ def cells_markdown(table: list[dict], long: int = TARGET.long) -> list[str]:
             fmt(round(r["seconds"]) if r.get("seconds") is not None else None),
         ]
         lines.append("| " + " | ".join(vals) + " |")
+    return lines + [""]
+
+
+def bpc_markdown(table: list[dict], long: int = TARGET.long) -> list[str]:
+    """A masked LM's cells in bits per character (``cell_table``'s bpc keys); nothing for a causal LM."""
+    keys = [
+        k
+        for k in dict.fromkeys(k for r in table for k in r)
+        if k.startswith("bpc@") and k.endswith("x") and "/" not in k
+    ]
+    if not keys:
+        return []
+    head = ["cell", *(k.replace("bpc@", "BPC@") for k in keys), "BPC vs control@1x", f"BPC {long}x/1x"]
+    lines = ["", "## Bits per character (masked tokens)", "", *md_head(head)]
+    for r in table:
+        if not any(r.get(k) is not None for k in keys):
+            continue
+        vals = [fmt(r.get(k)) for k in (*keys, "bpc_vs_control@1x", f"bpc@{long}x/1x")]
+        lines.append("| " + " | ".join([r["cell"], *vals]) + " |")
     return lines + [""]
 
 
