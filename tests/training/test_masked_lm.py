@@ -53,8 +53,7 @@ def bert_folder(path, **config):
         num_hidden_layers=2,
         num_attention_heads=4,
         intermediate_size=128,
-        max_position_embeddings=64,
-        **config,
+        **{"max_position_embeddings": 64, **config},
     )
     torch.manual_seed(0)
     tf.BertForMaskedLM(cfg).save_pretrained(path)
@@ -88,12 +87,66 @@ def test_retrofit_finetune_trains_an_encoder_on_its_masked_tokens_past_its_table
     assert type(back) is tf.BertForMaskedLM and retrofit.describe(back)["scheme"] == "alibi"
 
 
-def test_distillation_of_a_masked_lm_is_refused_before_training(tmp_path):
+def test_calibration_of_a_masked_lm_is_refused_before_training(tmp_path):
     from retrofit.training import finetune
 
-    with pytest.raises(RecipeError, match="masked LM"):
-        finetune(bert_recipe(tmp_path, objective="distill"))
+    r = bert_recipe(tmp_path)
+    r["convert"] = {"scheme": "t5", "calibrate": {"data": "shakespeare:train"}}
+    with pytest.raises(RecipeError, match="masked LM: calibration"):
+        finetune(r)
     assert not (tmp_path / "run").exists()
+
+
+def _bert(path, native=16):
+    bert_folder(path, max_position_embeddings=native)
+    return tf.BertForMaskedLM.from_pretrained(path).eval()
+
+
+def test_masked_distillation_reads_each_masked_token_from_the_teachers_most_central_window(tmp_path):
+    """``masked_distill_kl`` against a plain loop: for every masked token, the KL between the student's
+    prediction and the teacher's read from the native window where that token is most central (a block of 40
+    tokens, a 16-token teacher); and zero against itself within its native length."""
+    import torch.nn.functional as F
+
+    from retrofit.evaluation.masked import centred_spans
+    from retrofit.patch.core import convert
+    from retrofit.training.teacher import TeacherView, masked_distill_kl
+
+    teacher = _bert(tmp_path / "t")
+    student = convert(_bert(tmp_path / "t"), "alibi")
+    ids = torch.randint(10, 200, (2, 40), generator=torch.Generator().manual_seed(0))
+    inputs, labels = Masker(mask_id=3, vocab_size=teacher.config.vocab_size, special_ids=(0, 1, 2, 3), rate=0.3)(ids, 7)
+    view = TeacherView(window=16, stride=8)
+    with torch.no_grad():
+        s = student(input_ids=inputs).logits  # (2, 40, V)
+        got = masked_distill_kl(s, teacher, inputs, labels, view, temperature=2.0)
+        want, n = 0.0, 0
+        for b, p in (labels != IGNORE).nonzero().tolist():
+            start, end, _, _ = next(sp for sp in centred_spans(40, 16, 8) if sp[2] <= p < sp[3])
+            t = teacher(input_ids=inputs[b : b + 1, start:end]).logits[0, p - start]  # (V,)
+            lp, lq = F.log_softmax(t / 2.0, -1), F.log_softmax(s[b, p] / 2.0, -1)
+            want, n = want + (lp.exp() * (lp - lq)).sum(), n + 1
+        torch.testing.assert_close(got, want / n * 4.0, atol=1e-5, rtol=1e-5)
+        short, short_labels = inputs[:, :16], labels[:, :16]
+        same = masked_distill_kl(teacher(input_ids=short).logits, teacher, short, short_labels, view, 1.0)
+    assert got > 0 and abs(float(same)) < 1e-6
+
+
+@pytest.mark.slow
+def test_retrofit_finetune_distils_a_masked_lm_from_its_original(tmp_path):
+    """``train.objective: distill`` on a BERT folder past its table: the KL to the original's masked predictions
+    (read through its native window) is what trains, and it falls; ``both`` logs the two terms."""
+    from retrofit.training import finetune
+
+    def logged(out):
+        return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"loss"' in x]
+
+    out = finetune(bert_recipe(tmp_path, objective="distill", steps=10))
+    assert json.loads((out / "summary.json").read_text())["teacher"]["window"] == 64
+    kd = [x["distill_loss"] for x in logged(out)]
+    assert len(kd) == 10 and sum(kd[-3:]) < 0.9 * sum(kd[:3]), kd
+    both = logged(finetune({**bert_recipe(tmp_path, objective="both", steps=2), "output_dir": str(tmp_path / "b")}))
+    assert all(x["loss"] == pytest.approx(x["lm_loss"] + x["distill_loss"], rel=1e-4) for x in both), both
 
 
 def test_a_classifier_is_refused_by_the_fine_tune_with_what_works(tmp_path):

@@ -44,7 +44,7 @@ from .masking import Masker, seed_of
 from .meter import Meter
 from .place import StreamPlace, block_batches
 from .recipe import Recipe, budget, tokens_per_step
-from .teacher import Clock, TeacherView, distill_kl
+from .teacher import Clock, TeacherView, distill_kl, masked_distill_kl
 
 log = logging.getLogger(__name__)
 
@@ -161,14 +161,15 @@ def _calibrate(r: Recipe, acc, out: Path, model, teacher, tok) -> None:
 
 
 def _masker(r: Recipe, model, tok) -> Masker | None:
-    """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation and
-    calibration are not built yet: refused before any training."""
+    """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation reads
+    the original's masked predictions (``teacher.masked_distill_kl``); its calibration is not built yet: refused
+    before any training."""
     if task.of_model(model).name != "masked-lm":
         return None
-    if r.train.objective != "lm" or r.convert.calibrate.data is not None:
+    if r.convert.calibrate.data is not None:
         raise RecipeError(
-            f"{type(model).__name__} is a masked LM: it fine-tunes with 'train.objective: lm' (the masked-LM "
-            "loss); distillation and calibration are built for causal LMs only so far"
+            f"{type(model).__name__} is a masked LM: calibration ('convert.calibrate') is built for causal LMs "
+            "only so far; fine-tune it with 'train.objective: lm', 'distill' or 'both'"
         )
     masker = Masker.of(tok, model.get_input_embeddings().weight.shape[0], r.train.mask_rate)
     log.info("objective: masked LM, %.0f%% of each block's tokens (80/10/10 mask/random/keep)", 100 * masker.rate)
@@ -544,7 +545,11 @@ def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None 
     t = r.train
     if masker is not None:
         inputs, labels = masker(batch, seed_of(t.seed, acc.step, acc.process_index))
-        return model(input_ids=inputs, labels=labels).loss, {}
+        outputs = model(input_ids=inputs, labels=labels)
+        if teacher is None:
+            return outputs.loss, {}
+        kd = masked_distill_kl(outputs.logits, teacher, inputs, labels, view, t.temperature, acc.autocast, clock)
+        return _mix(t, outputs.loss, kd)
     if t.objective == "distill":
         batch = batch[:, : view.student_length(batch.shape[1])]
     labels = batch if t.objective != "distill" else None
@@ -552,9 +557,14 @@ def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None 
     if teacher is None:
         return outputs.loss, {}
     kd = distill_kl(outputs.logits, teacher, batch, view, t.temperature, acc.autocast, clock)
+    return _mix(t, outputs.loss, kd)
+
+
+def _mix(t, lm_loss, kd):
+    """(loss, parts) of the objective: the distillation term alone, or the model's loss plus its weight of it."""
     if t.objective == "distill":
         return kd, {"distill_loss": kd}
-    return outputs.loss + t.distill_weight * kd, {"lm_loss": outputs.loss, "distill_loss": kd}
+    return lm_loss + t.distill_weight * kd, {"lm_loss": lm_loss, "distill_loss": kd}
 
 
 def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = None) -> None:

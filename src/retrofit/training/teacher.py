@@ -115,6 +115,37 @@ def distill_kl(
     return total / count * temperature**2
 
 
+def masked_distill_kl(
+    student_logits,
+    teacher,
+    inputs,
+    labels,
+    view: TeacherView,
+    temperature: float,
+    autocast=nullcontext,
+    clock: Clock | None = None,
+) -> torch.Tensor:
+    """A masked LM's distillation: KL(teacher || student) at the block's masked tokens (``labels`` not
+    IGNORE), averaged over them, x temperature^2. The teacher reads the same masked ``inputs`` [B, T] through
+    its native window the way the masked-LM evaluation reads the original (``evaluation.masked.centred_spans``:
+    each token from the window where it is most central, stride ``view.stride``); ``student_logits``: [B, T, V]."""
+    from ..evaluation.masked import centred_spans
+    from .masking import IGNORE
+
+    total, count = 0.0, 0
+    n = inputs.shape[1]
+    window = min(view.window, n)
+    for start, end, a, b in centred_spans(n, window, min(view.stride or window, window)):
+        chosen = labels[:, a:b] != IGNORE  # (B, b - a)
+        if not chosen.any():
+            continue
+        with clock or nullcontext(), torch.no_grad(), autocast():
+            teacher_logits = teacher(input_ids=inputs[:, start:end]).logits[:, a - start : b - start]  # (B, b-a, V)
+        total = total + kl_sum(student_logits[:, a:b][chosen], teacher_logits[chosen], temperature)
+        count += int(chosen.sum())
+    return total / max(count, 1) * temperature**2
+
+
 def kl_sum(student_logits, teacher_logits, temperature: float) -> torch.Tensor:
     """KL(teacher || student) summed over the vocabulary and over positions (float32)."""
     s = F.log_softmax(student_logits.float() / temperature, dim=-1)
