@@ -1,6 +1,8 @@
 """``retrofit study`` on a masked LM, as a user types it: a grid whose recipe names an encoder stand-in that is
 not built yet (the study builds it, as ``retrofit run`` does), the cells scored by masked-LM perplexity and bits
-per character against the control, and whether each cell reads past its native length."""
+per character against the control, and whether each cell reads past its native length. RoBERTa's kind: its
+table holds its native length plus the padding offset, and every run (the control's too) is scored at the
+native length its adapter reads, not the table's rows."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ pytestmark = pytest.mark.slow  # pipeline runs: outside `pytest -m "not slow"`
 
 GRID = {
     "recipe": {
-        "model": {"name_or_path": "baseline:micro-bert"},
+        "model": {"name_or_path": "baseline:micro-roberta"},
         "data": {
             "dataset": "shakespeare:train",
             "max_documents": 2,
@@ -56,8 +58,12 @@ def test_a_masked_lm_study_builds_its_stand_in_and_reports_bits_per_character(tm
     assert cell["bpc@4x/1x"] == round(cell["bpc@4x"] / cell["bpc@1x"], 4)
     assert control["bpc@4x"] is None  # the control keeps its table: scored at 1x only
     # BPC is the masked NLL in bits over the characters per token: the same ratio as the NLL, not the perplexity
-    rows = {(row["length"], row["method"]): row for row in next(c for c in report["cells"] if c["name"] == "alibi-full-4")["rows"]}
+    rows = {
+        (row["length"], row["method"]): row
+        for row in next(c for c in report["cells"] if c["name"] == "alibi-full-4")["rows"]
+    }
     native = report["native_length"]
+    assert native == 32 and control["ppl@1x"] and control["bpc@1x"]  # micro: 32 positions, a table of 35 rows
     assert cell["bpc@1x"] == rows[(native, "non-overlapping")]["bpc"]
     # whether it reads past native: the far-context gain over its own native window, in the causal report's terms
     gains = report["use"]["alibi-full-4"]["gains"]

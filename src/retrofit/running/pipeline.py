@@ -203,10 +203,13 @@ def evaluate_section(main, baselines, e, native: int):
 
 
 def stage_eval(rr: RunRecipe, previous: dict):
-    native = rf.native_length(rr.run_dir / rf.FINAL)
-    lengths = resolve_lengths(rr.eval.lengths, native)
+    from ..evaluation.models import describe_model
+
     out = rr.run_dir / rf.EVAL
     main, baselines = eval_models(rr)
+    # the model's own reading (its adapter's: RoBERTa's table holds native + padding offset rows), else its config's
+    native = describe_model(main[1])["native"]["length"] or rf.native_length(rr.run_dir / rf.FINAL)
+    lengths = resolve_lengths(rr.eval.lengths, native)
     report = evaluate_section(main, baselines, rr.eval, native)
     report.save(out)
     outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]

@@ -22,6 +22,7 @@ from ..foundation import run_folder as rf
 from ..foundation import schema
 from ..foundation.atomic import write_text
 from ..foundation.errors import LengthError, OptionError, RecipeError, RetrofitError
+from ..foundation.versions import cpu_info, library_versions
 from ..models.io import load_original
 from ..running.pipeline import STAGES, evaluate_section
 from ..running.pipeline import run as run_pipeline
@@ -266,6 +267,7 @@ def write_reports(grid: Grid, out: Path, original: dict, results: list[dict]) ->
             "original": original.get("seconds"),
             "cells": round(sum(c.get("seconds") or 0 for c in results), 1),
         },
+        "environment": {"hardware": cpu_info(), "versions": library_versions()},  # where the reports were written
     }
     write_text(out / REPORT, json.dumps(study, indent=1, default=str))
     T.plot(
