@@ -88,3 +88,21 @@ def test_the_smollm2_reach_tables_and_the_readme_figures_are_what_the_json_gives
     assert "self_extend" in tables.stdout and "| as is |" in tables.stdout
     assert tables.stdout.rstrip("\n") in (ROOT / "docs" / "results.md").read_text()
     assert cell.stdout.strip() in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_encoder_row_states_what_the_encoder_studies_measured():
+    """The README's encoder row and the recipes' reasons quote benchmarks/encoders_small_*/study.json (the
+    ALiBi cell at 0.5%: its masked-token ppl at 1x over the control's and its 8x/1x), not typed figures."""
+    import json
+
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| encoders, learned absolute"))
+    for stand_in, recipe in (("bert", "bert-alibi-full"), ("roberta", "roberta-alibi-full")):
+        study = json.loads((ROOT / "benchmarks" / f"encoders_small_{stand_in}" / "study.json").read_text())
+        cell = next(r for r in study["table"] if r["cell"] == "alibi-full-20")
+        vs, ratio = f"{cell['vs_control@1x']:.3f}x", f"{cell['ppl@8x/1x']:.3f}"
+        assert vs in row and f"`recipes/{recipe}.yaml`" in row, (stand_in, vs, row)
+        assert f"{vs} the continued-training control's" in (ROOT / "recipes" / f"{recipe}.yaml").read_text()
+        assert f"8x/1x {ratio}" in (ROOT / "recipes" / f"{recipe}.yaml").read_text()
+        if stand_in == "bert":
+            assert f"8x/1x {ratio}" in row
