@@ -16,10 +16,12 @@ def baked_table(model, info, opts) -> Built:
     """A learned-absolute family keeps its own architecture; its position table is replaced by the scheme's
     values at positions 0..max_length-1: all zeros for NoPE, the (scaled) sinusoids for ``sinusoidal``, the
     learned rows for ``extend``."""
-    table = ADAPTERS.get(info["architecture"]).position_table
+    table = ADAPTERS.get(info["architecture"])(model).position_table  # this model's: roberta's prefix and offset
     key, size_attr, first = table.key, table.size_attr, table.first_row
     cfg = plain_config(model)
-    setattr(cfg, size_attr, opts["max_length"])
+    rows = model.state_dict()[key].shape[0]  # the native table, kept in the converted model under its name
+    uncounted = rows - getattr(cfg, size_attr)  # rows its config does not count (OPT's offset; RoBERTa counts its own)
+    setattr(cfg, size_attr, opts["max_length"] + first - uncounted)
     dst = type(model)(cfg).to(dtype=model.dtype).eval()
     cut = Surgery(dst)
     src_sd = {k: v for k, v in model.state_dict().items() if not k.startswith("retrofit_positions.")}
