@@ -1,7 +1,8 @@
 """``retrofit.calibrate``: train only a converted model's own position parameters to match the original at its native length.
 
 ``calibrate(model, teacher, data, tokenizer=...)`` minimises KL(original || converted), the next-token
-distributions of the frozen unconverted model (``teacher``) against the converted one, on native-length
+distributions of the frozen unconverted model (``teacher``) against the converted one (a masked LM: their
+predictions at the masked tokens of a seeded draw, BERT's rule, both reading the same masked block), on native-length
 blocks of ``data`` (a ``retrofit.models.data`` spec). Only the parameters of the scheme module
 (``model.retrofit_positions``: T5/Shaw tables, FIRE's MLP, Transformer-XL's vectors, learned ALiBi slopes
 (``learn_slopes=true``), QK-norm gains, a stretched table's rows) are trained; every other tensor is left
@@ -26,6 +27,7 @@ from typing import Sequence
 import torch
 
 from ..foundation.errors import DataError, LengthError, OptionError
+from .masking import IGNORE, seed_of
 from .recipe import CalibrateConfig
 
 log = logging.getLogger(__name__)
@@ -119,15 +121,20 @@ def zero_shot(
         baselines=baselines,
         budget=budget,
         sliding=False,
+        copy=False,
         progress=progress,
     )
-    rows = {r["role"]: r for r in report.data["rows"] if r["method"] == "non-overlapping"}
+    rows = {r["role"]: r for r in report.data["rows"] if r["method"] == "non-overlapping" and r["length"] == length}
+    data = report.data["data"]  # a masked LM's report names its text and draw instead of a fingerprint
+    fingerprint = (
+        data["fingerprint"] if isinstance(data, dict) else f"{data}:{report.data['tokens']}:{report.data['mask_seed']}"
+    )
     orig = original or {
         "ppl": rows["baseline"]["ppl"],
-        "tokens": rows["baseline"]["tokens"],
-        "fingerprint": report.data["data"]["fingerprint"],
+        "tokens": rows["baseline"].get("tokens", rows["baseline"].get("masked_tokens")),
+        "fingerprint": fingerprint,
     }
-    if report.data["data"]["fingerprint"] != orig["fingerprint"]:
+    if fingerprint != orig["fingerprint"]:
         raise RuntimeError("the held-out tokens changed between the two evaluations")
     ppl = rows["converted"]["ppl"]
     return {"ppl": ppl, "original": orig, "ratio": ppl / orig["ppl"]}
@@ -197,6 +204,7 @@ def calibrate(
         ),
     )
     order = _order(len(blocks), steps * batch_size, seed)
+    masker = _masker(model, tokenizer)
     losses: list[float] = []
     from tqdm.auto import tqdm
 
@@ -205,10 +213,7 @@ def calibrate(
         with tqdm(total=steps, disable=not progress, desc="calibrate", unit="step", dynamic_ncols=True) as bar:
             for step in range(steps):
                 batch = blocks[order[step * batch_size : (step + 1) * batch_size]].to(device)
-                with torch.no_grad():
-                    target = teacher(input_ids=batch, use_cache=False).logits
-                logits = model(input_ids=batch, use_cache=False).logits
-                loss = kl_to_original(logits, target)
+                loss = _kl_step(model, teacher, batch, masker, seed_of(seed, step))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -264,6 +269,30 @@ def calibrate(
         after["ratio"],
     )
     return record
+
+
+def _masker(model, tokenizer):
+    """A masked LM's draw of masked tokens (BERT's rule at 15%), None for a causal LM."""
+    from ..foundation import task
+    from .masking import Masker
+
+    if task.of_model(model).name != "masked-lm":
+        return None
+    return Masker.of(tokenizer, model.get_input_embeddings().weight.shape[0])
+
+
+def _kl_step(model, teacher, batch: torch.Tensor, masker, draw: int) -> torch.Tensor:
+    """KL(original || converted) on one batch (B, T): a causal LM's next-token distributions at every token; a
+    masked LM's predictions at the masked tokens of one seeded draw, both models reading the same masked block."""
+    if masker is None:
+        with torch.no_grad():
+            target = teacher(input_ids=batch, use_cache=False).logits  # (B, T, V)
+        return kl_to_original(model(input_ids=batch, use_cache=False).logits, target)
+    inputs, labels = masker(batch, draw)
+    chosen = labels != IGNORE  # (B, T)
+    with torch.no_grad():
+        target = teacher(input_ids=inputs).logits[chosen]  # (masked, V)
+    return kl_to_original(model(input_ids=inputs).logits[chosen], target)
 
 
 def kl_to_original(logits: torch.Tensor, original_logits: torch.Tensor) -> torch.Tensor:

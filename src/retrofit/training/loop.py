@@ -30,7 +30,7 @@ from ..encodings import SCHEMES
 from ..foundation import run_folder as rf
 from ..foundation import task
 from ..foundation.atomic import check_creatable, write_text
-from ..foundation.errors import LengthError, RecipeError
+from ..foundation.errors import LengthError
 from ..foundation.quiet import hushed, progress_bars
 from ..foundation.versions import library_versions
 from ..models import data as rdata
@@ -162,15 +162,9 @@ def _calibrate(r: Recipe, acc, out: Path, model, teacher, tok) -> None:
 
 def _masker(r: Recipe, model, tok) -> Masker | None:
     """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation reads
-    the original's masked predictions (``teacher.masked_distill_kl``); its calibration is not built yet: refused
-    before any training."""
+    the original's masked predictions (``teacher.masked_distill_kl``), and so does its calibration."""
     if task.of_model(model).name != "masked-lm":
         return None
-    if r.convert.calibrate.data is not None:
-        raise RecipeError(
-            f"{type(model).__name__} is a masked LM: calibration ('convert.calibrate') is built for causal LMs "
-            "only so far; fine-tune it with 'train.objective: lm', 'distill' or 'both'"
-        )
     masker = Masker.of(tok, model.get_input_embeddings().weight.shape[0], r.train.mask_rate)
     log.info("objective: masked LM, %.0f%% of each block's tokens (80/10/10 mask/random/keep)", 100 * masker.rate)
     return masker
