@@ -285,3 +285,20 @@ def test_a_bf16_preset_on_a_cpu_without_native_bf16_says_what_it_costs(monkeypat
         standin._say_precision_cost(baseline.PRESETS["micro"])  # fp32: nothing to say
     assert [r.getMessage().split(" trains")[0] for r in caplog.records] == ["baseline study2-bert"]
     assert "about 25x slower than fp32" in caplog.text
+
+
+def test_a_recipe_naming_a_shipped_stand_in_copies_it_from_the_repository(micro_dir, tmp_path, monkeypatch, caplog):
+    """``ensure`` (a recipe or grid that names ``baseline:<preset>``, run from the repository's root): the
+    shipped folder in ./standins is checked and copied into an empty cache, never pretrained anew."""
+    import logging
+
+    baseline.ship(micro_dir, tmp_path / "standins")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(standin.SHIPPED_ENV, raising=False)
+    monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
+    with caplog.at_level(logging.WARNING):
+        standin.ensure("baseline:micro")
+    got = baseline.built("micro")
+    assert got is not None and baseline.weights_sha256(got) == baseline.weights_sha256(micro_dir)
+    assert "copying the shipped one from standins" in caplog.text
