@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from ..foundation.errors import DataError, LengthError, OptionError
-from .masking import IGNORE, seed_of
+from .masking import IGNORE, masker_for, seed_of
 from .recipe import CalibrateConfig
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def calibrate(
         ),
     )
     order = _order(len(blocks), steps * batch_size, seed)
-    masker = _masker(model, tokenizer)
+    masker = masker_for(model, tokenizer)  # a masked LM: its seeded draws; None for a causal LM
     losses: list[float] = []
     from tqdm.auto import tqdm
 
@@ -269,16 +269,6 @@ def calibrate(
         after["ratio"],
     )
     return record
-
-
-def _masker(model, tokenizer):
-    """A masked LM's draw of masked tokens (BERT's rule at 15%), None for a causal LM."""
-    from ..foundation import task
-    from .masking import Masker
-
-    if task.of_model(model).name != "masked-lm":
-        return None
-    return Masker.of(tokenizer, model.get_input_embeddings().weight.shape[0])
 
 
 def _kl_step(model, teacher, batch: torch.Tensor, masker, draw: int) -> torch.Tensor:

@@ -28,7 +28,6 @@ from torch.utils.data import DataLoader
 
 from ..encodings import SCHEMES
 from ..foundation import run_folder as rf
-from ..foundation import task
 from ..foundation.atomic import check_creatable, write_text
 from ..foundation.errors import LengthError
 from ..foundation.quiet import hushed, progress_bars
@@ -40,7 +39,7 @@ from . import blocks as blk
 from . import masking, outputs, positions, sharding, stream
 from . import model as mdl
 from .interrupt import Interrupts
-from .masking import Masker, seed_of
+from .masking import Masker, masker_for, seed_of
 from .meter import Meter
 from .place import StreamPlace, block_batches
 from .recipe import Recipe, budget, tokens_per_step
@@ -163,9 +162,9 @@ def _calibrate(r: Recipe, acc, out: Path, model, teacher, tok) -> None:
 def _masker(r: Recipe, model, tok) -> Masker | None:
     """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation reads
     the original's masked predictions (``teacher.masked_distill_kl``), and so does its calibration."""
-    if task.of_model(model).name != "masked-lm":
+    masker = masker_for(model, tok, r.train.mask_rate)
+    if masker is None:
         return None
-    masker = Masker.of(tok, model.get_input_embeddings().weight.shape[0], r.train.mask_rate)
     log.info("objective: masked LM, %.0f%% of each block's tokens (80/10/10 mask/random/keep)", 100 * masker.rate)
     return masker
 

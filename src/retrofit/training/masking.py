@@ -50,6 +50,16 @@ class Masker:
         return inputs.to(batch.device), labels.to(batch.device)
 
 
+def masker_for(model, tok, rate: float = 0.15) -> Masker | None:
+    """The masked-LM draw for a masked LM (its task decides: the fine-tune's objective, its distillation and
+    its calibration), None for a causal LM."""
+    from ..foundation import task
+
+    if task.of_model(model).name != "masked-lm":
+        return None
+    return Masker.of(tok, model.get_input_embeddings().weight.shape[0], rate)
+
+
 def seed_of(seed: int, micro_batch: int, process: int = 0) -> int:
     """One seed per (run seed, micro-batch index, process): the same draws on resume."""
     return (seed * 1_000_003 + micro_batch * 7_919 + process * 104_729) % (1 << 62)
