@@ -145,7 +145,8 @@ def user_env(tmp_path) -> dict:
         RETROFIT_CACHE=str(tmp_path / "cache"),
         HF_HUB_OFFLINE="1",
         HF_HOME=str(tmp_path / "hf"),
-        OMP_NUM_THREADS="2",
+        # a user's 2 threads, but 1 beside another worker (-n 2): two workers' children on 2 cores
+        OMP_NUM_THREADS="1" if os.environ.get("PYTEST_XDIST_WORKER") else "2",
         RETROFIT_PROGRESS="0",
     )
     return env

@@ -96,3 +96,9 @@ def kill_at_first_checkpoint(out: Path, target, args: tuple, timeout: float = 24
 
 def final_weights(out: Path) -> dict:
     return load_file(str(out / "final" / "model.safetensors"))
+
+
+def warnings_in(stderr: str) -> list[str]:
+    """The lines of a command's stderr that a user would read as a warning (ours, transformers', accelerate's)."""
+    words = ("warning", "LOAD REPORT", "UNEXPECTED", "Removed shared tensor", "accelerate.", "Traceback")
+    return [ln for ln in stderr.splitlines() if any(w.lower() in ln.lower() for w in words)]

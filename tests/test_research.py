@@ -147,7 +147,8 @@ def test_every_research_path_named_exists():
 
 def test_check_sharded_measures_the_cases_the_test_checks():
     """research/check_sharded.py writes out the cases of tests/training/test_sharded.py (a script imports no
-    test): the same case table, models, recipe and readings, definition for definition."""
+    test): the same models, recipe and readings, definition for definition, and every case the test launches
+    (one per route and quirk) among the script's, defined alike."""
 
     def definitions(path: Path) -> dict[str, str]:
         out = {}
@@ -163,5 +164,14 @@ def test_check_sharded_measures_the_cases_the_test_checks():
 
     script = definitions(RESEARCH / "check_sharded.py")
     test = definitions(ROOT / "tests" / "training" / "test_sharded.py")
-    for name in ("CASES", "STEPS", "EVERY", "FILES", "build_models", "recipe", "_losses", "_logits"):
+    for name in ("STEPS", "EVERY", "FILES", "build_models", "recipe", "_losses", "_logits"):
         assert script[name] == test[name], name
+
+    def cases(path: Path) -> dict:
+        node = next(n for n in _tree(path).body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "CASES")
+        return ast.literal_eval(node.value)
+
+    measured, launched = cases(RESEARCH / "check_sharded.py"), cases(ROOT / "tests" / "training" / "test_sharded.py")
+    assert launched and all(measured.get(case) == spec for case, spec in launched.items()), (launched, measured)
+    routes = {spec[4] for spec in measured.values()}
+    assert {spec[4] for spec in launched.values()} == routes  # every route the script measures is tested

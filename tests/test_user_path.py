@@ -18,6 +18,8 @@ import yaml
 from retrofit.models import builtin
 from retrofit.models.io import load_model
 
+from .procs import warnings_in
+
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,21 +98,21 @@ def test_readme_offline_block_runs_as_written(tmp_path, user_env, in_process):
     push = [w for w in dry_push if w != "--dry-run"]
     folder = tmp_path / convert[convert.index("--out") + 1]
 
-    r = cli(convert, tmp_path, user_env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    def clean(r):  # a fresh process per line, as typed: it succeeds and prints no warning
+        assert r.returncode == 0 and warnings_in(r.stderr) == [], r.stderr[-3000:]
+        return r
+
+    clean(cli(convert, tmp_path, user_env))
     assert json.loads((folder / "config.json").read_text())["model_type"] == "retrofit"
-    r = cli(dry_push, tmp_path, user_env)  # a folder written by `retrofit convert` pushes
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = clean(cli(dry_push, tmp_path, user_env))  # a folder written by `retrofit convert` pushes
     assert "model.safetensors" in r.stdout and "README.md" in r.stdout
 
-    r = cli(finetune, tmp_path, user_env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = clean(cli(finetune, tmp_path, user_env))
     assert "going on from a checkpoint already converted to alibi" in r.stderr
     final = folder / "final"
     assert (final / "model.safetensors").is_file()
 
-    r = cli(evaluate, tmp_path, user_env)
-    assert r.returncode == 0, r.stderr[-3000:]
+    clean(cli(evaluate, tmp_path, user_env))
     report = json.loads((folder / "eval" / "report.json").read_text())
     assert report["settings"]["lengths"] == [64, 128, 256, 512]
     assert report["models"][0]["name"].endswith("final")  # the fine-tuned model, not the converted one

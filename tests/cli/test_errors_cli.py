@@ -18,6 +18,7 @@ import pytest
 
 from retrofit.cli import main
 
+from ..procs import warnings_in
 from ..test_user_path import ROOT, cli
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
@@ -518,23 +519,20 @@ def test_convert_help_lists_the_built_in_models():
     assert "baseline:micro" in listed and "tiny-gpt2" in listed and "smollm2" in listed
 
 
-def warnings_in(stderr: str) -> list[str]:
-    words = ("warning", "LOAD REPORT", "UNEXPECTED", "Removed shared tensor", "accelerate.", "Traceback")
-    return [ln for ln in stderr.splitlines() if any(w.lower() in ln.lower() for w in words)]
-
-
 def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_env):
+    """Each in a fresh process, as a user types it. The README's block (convert from a folder, finetune from a
+    checkpoint, eval, push) is held to the same in tests/test_user_path.py."""
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
     steps = [
         ["retrofit", "convert", "tiny-gpt2", "--to", "t5", "--out", "ck"],  # t5: learned position tensors
-        ["retrofit", "convert", "tiny-gpt2", "--to", "alibi", "--option", "scale_bias=true", "--out", "ckb"],
-        ["retrofit", "export", "ckb", "--native", "--out", "native"],
-        [
+        [  # converts inside the fine-tune (scale_bias: exportable), saves a checkpoint every step
             "retrofit",
             "finetune",
             TINY_RECIPE,
             "--set",
             "model.name_or_path=tiny-gpt2",
+            "--set",
+            "convert.options.scale_bias=true",
             "--set",
             "output_dir=ft",
             "--set",
@@ -544,6 +542,7 @@ def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_
             "--set",
             "train.eval_every=0",
         ],
+        ["retrofit", "export", "ft", "--native", "--out", "native"],
     ]
     for args in steps:
         r = cli(args, tmp_path, user_env)

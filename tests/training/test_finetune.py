@@ -22,7 +22,7 @@ from retrofit.foundation.errors import DataError, HubError, LengthError, RecipeE
 from retrofit.models.builtin import tiny_gpt2
 from retrofit.training import finetune
 
-from ..procs import free_port, kill_at_first_checkpoint, override, run_child, run_ranks
+from ..procs import free_port, kill_at_first_checkpoint, override, run_child
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -174,21 +174,14 @@ def _check_ddp(out: Path):
     assert retrofit.describe(retrofit.load(out / "final"))["scheme"] == "alibi"
 
 
-def test_two_cpu_processes_gloo_end_identical(tmp_path):
-    """Two processes (the environment torchrun / accelerate launch sets up; spawned, since a forked
-    child can deadlock in the parent's OpenMP pool), DDP over gloo: they train and end with identical weights."""
-    out, path = _ddp_recipe(tmp_path)
-    assert run_ranks(str(path), timeout=180) == [0, 0]
-    _check_ddp(out)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("RETROFIT_TEST_LAUNCHER") != "1",
     reason="opt-in (RETROFIT_TEST_LAUNCHER=1): ~40 s of imports in fresh processes on a loaded CPU",
 )
 def test_two_processes_under_torchrun(tmp_path):
-    """The same through a real launcher (what `accelerate launch --multi_gpu` runs). ~2x slower: imports."""
+    """DDP over gloo through torchrun (what `accelerate launch --multi_gpu` runs): both ranks end with the same
+    weights. The suite's DDP check is the accelerate launch in tests/training/test_sharded.py."""
     out, path = _ddp_recipe(tmp_path)
     cmd = [
         sys.executable,

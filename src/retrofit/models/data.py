@@ -121,17 +121,17 @@ def _decode(raw: bytes, path: Path) -> str:
         ) from None
 
 
+STDLIB_SKIPPED = {"site-packages", "test", "tests", "idlelib"}  # folders of the stdlib that are not its sources
+
+
 def stdlib_documents(min_chars: int = 2000) -> list[Document]:
     """This interpreter's standard-library sources (top level and packages, tests excluded)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        f
-        for f in root.rglob("*.py")
-        if "site-packages" not in f.parts
-        and "test" not in f.parts
-        and "tests" not in f.parts
-        and "idlelib" not in f.parts
-    )
+    files = []
+    for folder, subfolders, names in os.walk(root):  # pruned as it walks: site-packages alone can hold 10^4 files
+        subfolders[:] = [d for d in subfolders if d not in STDLIB_SKIPPED]
+        files.extend(Path(folder, n) for n in names if n.endswith(".py"))
+    files.sort()
     docs = []
     for f in files:
         text = _read_text(f)

@@ -197,11 +197,15 @@ def base_model(model):
 
 
 def trainable_hash(model) -> str:
+    """A digest of the trainable weights this process holds: under FSDP2 (DTensors), its own shards."""
     import hashlib
 
     h = hashlib.sha256()
     for n, p in sorted(model.named_parameters()):
         if p.requires_grad:
+            t = p.detach()
+            t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
             h.update(n.encode())
-            h.update(p.detach().to(torch.float32).cpu().numpy().tobytes())
+            h.update(t.to(torch.float32, copy=True).cpu().numpy().tobytes())  # a copy: numpy() would pin the
+            # parameter's own storage (FSDP2 frees and re-allocates it)
     return h.hexdigest()

@@ -226,7 +226,8 @@ class TrainConfig:
     log_every: int = _help("Write a log.jsonl record every N steps.", 1)
     positions: PositionsConfig = _help("Position augmentation during fine-tuning.", factory=PositionsConfig)
     rank_checksums: bool = _help(
-        "Debug: every process writes a hash of its trained weights to rank_checksums/ (multi-process checks); "
+        "Debug: every process writes a hash of the trained weights it holds (FSDP: its shards) to "
+        "rank_checksums/ (multi-process checks); "
         "streaming, also a digest of every block it trained on (rankN.blocks.txt).",
         False,
     )
