@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -92,6 +93,36 @@ def kill_at_first_checkpoint(out: Path, target, args: tuple, timeout: float = 24
     finally:
         proc.join()
     assert proc.exitcode == -signal.SIGKILL, "the run ended before it could be killed"
+
+
+class Crash(BaseException):
+    """A run that dies right after its first checkpoint, as a SIGKILL would leave it (``crash_after_first_checkpoint``).
+    A BaseException: no ``except Exception`` of the run catches it."""
+
+
+@contextmanager
+def crash_after_first_checkpoint():
+    """``with crash_after_first_checkpoint(): finetune(...)`` in this process: the run stops as soon as its first
+    checkpoint is written, and nothing after that runs (no final/, no summary). For tests of what a re-run resumes
+    (the stream's place, the masks drawn, the pipeline's stages); the SIGKILL itself (a process killed at any
+    moment) is ``kill_at_first_checkpoint``'s test (tests/training/test_finetune.py)."""
+    import pytest
+
+    from retrofit.training import outputs
+
+    real = outputs.save_checkpoint
+
+    def save_then_die(*args, **kwargs):
+        real(*args, **kwargs)
+        raise Crash
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(outputs, "save_checkpoint", save_then_die)
+        try:
+            yield
+        except Crash:
+            return
+    raise AssertionError("the run ended before its first checkpoint")
 
 
 def final_weights(out: Path) -> dict:

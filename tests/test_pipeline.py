@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from retrofit.foundation.errors import OptionError, RecipeError, RetrofitError
 from retrofit.running import pipeline
 
 from .pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
-from .procs import as_in_tests, kill_at_first_checkpoint
+from .procs import crash_after_first_checkpoint
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -163,28 +162,22 @@ def test_export_not_available_does_not_fail_the_run(run_dir, tmp_path, monkeypat
     assert "no native architecture for this pair" in card
 
 
-# ---- kill during the fine-tune, then resume ------------------------------------------------------------
-def _cli_child(args: list[str]) -> None:
-    from retrofit.cli import main
-
-    as_in_tests()
-    os._exit(main(args))
-
-
+# ---- killed during the fine-tune, then resume ----------------------------------------------------------
 def _weights(run: Path) -> dict:
     return load_file(str(run / "final" / "model.safetensors"))
 
 
 def test_kill_during_finetune_then_rerun_resumes_and_matches(run_dir, tmp_path):
-    """`retrofit run` in a spawned child process, SIGKILLed once a fine-tune
-    checkpoint exists; the re-run resumes from it, runs every later stage, and ends with the weights of
-    the uninterrupted run."""
+    """`retrofit run` stopped dead once a fine-tune checkpoint exists (tests/procs.py: a SIGKILL of a process
+    is tests/training/test_finetune.py's); the re-run resumes from it, runs every later stage, and ends with
+    the weights of the uninterrupted run."""
     out = tmp_path / "killed"
     fast_eval = ["eval.lengths=[1x]", "eval.passkey=false"]  # not part of the fine-tune: its weights stay comparable
-    args = ["run", str(TINY_RECIPE), "--set", f"output_dir={out}", *[x for o in fast_eval for x in ("--set", o)]]
-    kill_at_first_checkpoint(out, _cli_child, (args,))
+    with crash_after_first_checkpoint():
+        retrofit.run(TINY_RECIPE, overrides=[f"output_dir={out}", *fast_eval])
     assert not (out / "final").exists()
-    assert _manifest(out)["stages"]["finetune"]["status"] == "running"
+    # stopped by an exception here ("failed"; a SIGKILL leaves "running"): either is a stage not done, re-run
+    assert _manifest(out)["stages"]["finetune"]["status"] == "failed"
 
     retrofit.run(TINY_RECIPE, overrides=[f"output_dir={out}", *fast_eval])
     m = _manifest(out)["stages"]

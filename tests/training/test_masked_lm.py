@@ -186,15 +186,15 @@ def test_a_classifier_is_refused_by_the_fine_tune_with_what_works(tmp_path):
         finetune(r)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # three fine-tunes
 def test_a_masked_lm_fine_tune_killed_and_resumed_equals_the_uninterrupted_one(tmp_path):
-    """LoRA on a BERT folder, killed after its first checkpoint and resumed: the same masks are drawn for every
-    step after the resume (seeded by the micro-batch), so the final weights equal an uninterrupted run's."""
+    """LoRA on a BERT folder, stopped dead after its first checkpoint and resumed: the same masks are drawn for
+    every step after the resume (seeded by the micro-batch), so the final weights equal an uninterrupted run's."""
     from safetensors.torch import load_file
 
     from retrofit.training import finetune
 
-    from ..procs import kill_at_first_checkpoint, run_child
+    from ..procs import crash_after_first_checkpoint
 
     def recipe(out):
         r = bert_recipe(tmp_path, method="lora", steps=8, gradient_accumulation_steps=2, seed=3)
@@ -204,7 +204,8 @@ def test_a_masked_lm_fine_tune_killed_and_resumed_equals_the_uninterrupted_one(t
     whole = finetune(recipe(tmp_path / "whole"))
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe(tmp_path / "killed")))
-    kill_at_first_checkpoint(tmp_path / "killed", run_child, (str(path),))
+    with crash_after_first_checkpoint():
+        finetune(path)
     resumed = finetune(path)
     assert 0 < json.loads((resumed / "summary.json").read_text())["resumed_from_step"] < 8
     a, b = (load_file(str(p / "final" / "model.safetensors")) for p in (whole, resumed))

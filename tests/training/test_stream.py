@@ -18,7 +18,7 @@ from retrofit.models.data import streams as rdata_streams
 from retrofit.training import finetune, stream
 from retrofit.training.recipe import Recipe
 
-from ..procs import final_weights, kill_at_first_checkpoint, override, run_child, run_ranks
+from ..procs import crash_after_first_checkpoint, final_weights, override, run_ranks
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -168,7 +168,9 @@ def test_budget_sets_the_steps_and_progress_counts_tokens(streamed):
 def test_killed_mid_stream_resumes_to_the_same_weights(streamed, corpus, tmp_path):
     out, path = tmp_path / "killed", tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe(out, corpus)))
-    kill_at_first_checkpoint(out, run_child, (str(path),))
+    with crash_after_first_checkpoint():  # the stream's place is what the re-run must find
+        finetune(path)
+    assert not (out / "final").exists()
     resumed = finetune(path)
     s = json.loads((resumed / "summary.json").read_text())
     assert 0 < s["resumed_from_step"] < 12
