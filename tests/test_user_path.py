@@ -129,33 +129,31 @@ def test_readme_offline_block_runs_as_written(tmp_path, user_env, in_process):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "fine-tuned briefly (12 steps)" in r.stdout and 'from_pretrained("runs/tiny-gpt2-alibi/final")' in r.stdout
 
-    # Third-party loaders: the converted model with retrofit imported, a loud refusal without it.
+    # Third-party loaders, in one fresh process: a loud refusal without retrofit (both folders), then the
+    # converted model once `import retrofit` has registered it.
     code = (
-        "import json, sys, torch, retrofit; from transformers import AutoModelForCausalLM, AutoConfig;"
-        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); d = retrofit.describe(m);"
-        "x = torch.arange(300)[None] % 250; m(x);"  # past the old table of 64 rows
-        "print(json.dumps({'scheme': d['scheme'], 'reach': AutoConfig.from_pretrained(sys.argv[1]).n_positions,"
-        " 'tied': m.lm_head.weight is m.transformer.wte.weight}))"
-    )
-    r = subprocess.run([sys.executable, "-c", code, str(final)], env=user_env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got == {"scheme": "alibi", "reach": int(1e30), "tied": True}
-    plain = (  # each folder in turn, in one process that never imports retrofit
-        "import sys, transformers\n"
+        "import json, sys, torch, transformers\n"
+        "from transformers import AutoConfig, AutoModelForCausalLM\n"
         "for path in sys.argv[1:]:\n"
         "    try:\n"
-        "        transformers.AutoModelForCausalLM.from_pretrained(path)\n"
+        "        AutoModelForCausalLM.from_pretrained(path)\n"
         "        print('loaded', path)\n"
         "    except Exception as e:\n"
         "        print('refused', 'model type `retrofit`' in str(e), path)\n"
         "assert 'retrofit' not in sys.modules\n"
+        "import retrofit\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[2]); d = retrofit.describe(m)\n"
+        "m(torch.arange(300)[None] % 250)\n"  # past the old table of 64 rows
+        "print(json.dumps({'scheme': d['scheme'], 'reach': AutoConfig.from_pretrained(sys.argv[2]).n_positions,"
+        " 'tied': m.lm_head.weight is m.transformer.wte.weight}))\n"
     )
     r = subprocess.run(
-        [sys.executable, "-c", plain, str(folder), str(final)], env=user_env, capture_output=True, text=True
+        [sys.executable, "-c", code, str(folder), str(final)], env=user_env, capture_output=True, text=True
     )
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split("\n")[:2] == [f"refused True {folder}", f"refused True {final}"], r.stdout
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.strip().splitlines()
+    assert out[:2] == [f"refused True {folder}", f"refused True {final}"], r.stdout
+    assert json.loads(out[-1]) == {"scheme": "alibi", "reach": int(1e30), "tied": True}
 
 
 def test_finetune_from_a_checkpoint_of_another_scheme_is_a_clear_error(tmp_path, user_env, in_process):
