@@ -200,7 +200,7 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
     """Each name `builtin.names()` lists goes through `load_model`: tiny-gpt2 and baseline:micro for
     real; smollm2 from its PyPI wheel. Loading a stand-in never pretrains: one not built yet is a clear
     error that says how to build it; a recipe that fine-tunes it (`standin.ensure`) pretrains it, saying
-    so first (the quickstart preset is pretrained for real by CI's quickstart run)."""
+    so first (the quickstart's shipped stand-in is copied by CI's quickstart run)."""
     from retrofit.foundation.errors import OptionError
     from retrofit.models import assets
     from retrofit.training import standin
