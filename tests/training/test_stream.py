@@ -304,25 +304,21 @@ def test_real_recipes_stream_a_general_corpus_on_a_stated_budget(path):
     assert "# Data: FineWeb-Edu" in text and "ODC-By" in text and "--plan --processes 1" in text
 
 
-def _plan(path, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "retrofit", "finetune", str(path), "--plan", "--processes", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
+def test_plan_prints_budget_time_and_memory(in_process, user_env, cache):
+    path = ROOT / "recipes" / "smollm2-drope.yaml"  # a built-in model: its config reads offline
+    res = in_process(
+        ["retrofit", "finetune", str(path), "--plan", "--processes", "1"],
+        ROOT,
+        {**user_env, "RETROFIT_CACHE": str(cache)},
     )
-
-
-def test_plan_prints_budget_time_and_memory():
-    res = _plan(ROOT / "recipes" / "smollm2-drope.yaml")  # a built-in model: its config reads offline
     assert res.returncode == 0, res.stderr[-2000:]
-    r = Recipe.from_yaml(ROOT / "recipes" / "smollm2-drope.yaml")
+    r = Recipe.from_yaml(path)
     assert f"budget: {r.train.steps:,} steps" in res.stdout and "tokens per step" in res.stdout
     assert "time: " in res.stdout and "tokens/s per device" in res.stdout and "| ddp |" in res.stdout
-    assert "on one A100" in (ROOT / "recipes" / "smollm2-drope.yaml").read_text()
+    assert "on one A100" in path.read_text()
 
 
-def test_plan_prints_the_budget_before_an_offline_model_fails():
-    res = _plan(ROOT / "recipes" / "gpt2-t5-full.yaml", {"HF_HUB_OFFLINE": "1"})
+def test_plan_prints_the_budget_before_an_offline_model_fails(in_process, user_env):
+    path = ROOT / "recipes" / "gpt2-t5-full.yaml"
+    res = in_process(["retrofit", "finetune", str(path), "--plan", "--processes", "1"], ROOT, user_env)  # offline
     assert res.returncode == 5 and "budget: 5,493 steps" in res.stdout, (res.stdout, res.stderr[-1000:])
