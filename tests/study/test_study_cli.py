@@ -4,8 +4,6 @@ its tables and plot written, a second run reusing every cached cell and ``--reru
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,18 +58,8 @@ def test_retrofit_study_tiny_grid_writes_its_tables_and_reuses_its_cells(tmp_pat
     env = {**user_env, "RETROFIT_CACHE": str(cache)}
     out = tmp_path / "study"
 
-    def study(*extra):
-        r = subprocess.run(
-            [sys.executable, "-m", "retrofit", "study", "recipes/study-tiny.yaml", "--out", str(out), *extra],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r
-
-    first = study()
+    first = in_process(["retrofit", "study", "recipes/study-tiny.yaml", "--out", str(out)], REPO, env)
+    assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads((out / "study.json").read_text())
     assert [c["name"] for c in report["cells"]] == NAMES and all("rows" in c for c in report["cells"])
     table = {r["cell"]: r for r in report["table"]}
@@ -85,7 +73,7 @@ def test_retrofit_study_tiny_grid_writes_its_tables_and_reuses_its_cells(tmp_pat
         assert heading in md
     assert md in first.stdout and (out / "ppl_vs_length.png").stat().st_size > 0
 
-    again = in_process(  # the same command again, in this process: what it reuses, not how a process starts
+    again = in_process(  # the same command again: what it reuses
         ["retrofit", "study", "recipes/study-tiny.yaml", "--out", str(out), "--rerun", "alibi-none-*"],
         REPO,
         {**user_env, "RETROFIT_CACHE": str(cache)},
