@@ -519,12 +519,16 @@ def test_convert_help_lists_the_built_in_models():
     assert "baseline:micro" in listed and "tiny-gpt2" in listed and "smollm2" in listed
 
 
-def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_env):
-    """Each in a fresh process, as a user types it. The README's block (convert from a folder, finetune from a
-    checkpoint, eval, push) is held to the same in tests/test_user_path.py."""
+def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_env, in_process):
+    """A fine-tune that converts, the export and a `retrofit.load` of a t5 checkpoint, each in a fresh process as
+    a user types it, print no warning. The README's block (convert, finetune from a checkpoint, eval, push) is
+    held to the same in tests/test_user_path.py."""
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
+    # t5 (learned position tensors) for the fresh `retrofit.load` below; convert's own process is the README
+    # block's (tests/test_user_path.py)
+    r = in_process(["retrofit", "convert", "tiny-gpt2", "--to", "t5", "--out", "ck"], tmp_path, user_env)
+    assert r.returncode == 0 and warnings_in(r.stderr) == [], r.stderr[-3000:]
     steps = [
-        ["retrofit", "convert", "tiny-gpt2", "--to", "t5", "--out", "ck"],  # t5: learned position tensors
         [  # converts inside the fine-tune (scale_bias: exportable), saves a checkpoint every step
             "retrofit",
             "finetune",
