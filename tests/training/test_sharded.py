@@ -362,7 +362,7 @@ def test_final_from_an_fsdp_checkpoint_on_one_process(pair, tmp_path, capsys):
     one process and writes the same final/ the two-process run wrote at that step."""
     case, sharded, single, _ = pair
     if CASES[case][4] != "fsdp.yaml" or CASES[case][3] != "lora":
-        pytest.skip("the FSDP LoRA case")
+        pytest.skip("--final-from reads an FSDP LoRA checkpoint: checked on the FSDP LoRA case, gpt2-t5-lora")
     from retrofit.cli import main
 
     ckpt = sharded / "checkpoints" / f"step_{STEPS:08d}"
