@@ -1,6 +1,7 @@
 """What the multi-process and kill-and-resume tests share: recipe overrides, a free port, a spawned
 fine-tune (a forked child can deadlock in the parent's OpenMP pool), DDP ranks over gloo, a SIGKILL
-once the first checkpoint is written, and the final weights."""
+once the first checkpoint is written (or, in-process, a run stopped dead there), the final weights, and
+the warnings a command printed."""
 
 from __future__ import annotations
 
