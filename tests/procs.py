@@ -13,6 +13,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 # The suite converts onto the chunked path (the reference) unless a test names a kernel or asks for the
@@ -107,8 +108,6 @@ def crash_after_first_checkpoint():
     checkpoint is written, and nothing after that runs (no final/, no summary). For tests of what a re-run resumes
     (the stream's place, the masks drawn, the pipeline's stages); the SIGKILL itself (a process killed at any
     moment) is ``kill_at_first_checkpoint``'s test (tests/training/test_finetune.py)."""
-    import pytest
-
     from retrofit.training import outputs
 
     real = outputs.save_checkpoint

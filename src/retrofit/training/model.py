@@ -206,6 +206,6 @@ def trainable_hash(model) -> str:
             t = p.detach()
             t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
             h.update(n.encode())
-            h.update(t.to(torch.float32, copy=True).cpu().numpy().tobytes())  # a copy: numpy() would pin the
-            # parameter's own storage (FSDP2 frees and re-allocates it)
+            # a copy: numpy() on the parameter itself would pin its storage, which FSDP2 frees and re-allocates
+            h.update(t.to(torch.float32, copy=True).cpu().numpy().tobytes())
     return h.hexdigest()
