@@ -13,7 +13,6 @@ import retrofit
 from retrofit.cli import main
 from retrofit.foundation.errors import OptionError, RetrofitError
 from retrofit.native_export import export
-from retrofit.patch.core import set_kernel
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -136,18 +135,3 @@ def test_the_tiny_drope_recipe_runs_and_its_final_model_keeps_both_options(tmp_p
     options = retrofit.describe(final)["options"]
     assert options["qk_norm"] is True and options["temperature"] == 0.2
     assert not torch.equal(final.retrofit_positions.q_gain, torch.ones_like(final.retrofit_positions.q_gain))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("scheme", ["t5", "fire"])
-def test_a_bias_scheme_with_temperature_runs_on_cpu_flex_and_equals_chunked(scheme):
-    """Unpadded inference reads the temperature from the query position inside the score_mod (a per-row tensor
-    load fails CPU inductor's flex template): flex runs and matches the chunked path."""
-    model = retrofit.convert(TINY["gpt2"]().eval(), scheme, temperature=0.4, temperature_length=16, kernel="flex")
-    x = ids(1, 4 * NATIVE)
-    with torch.no_grad():
-        flex = model(x).logits
-        assert retrofit.describe(model)["attention_path"] == "flex"
-        set_kernel(model, "chunked")
-        chunked = model(x).logits
-    torch.testing.assert_close(flex, chunked, atol=2e-5, rtol=1e-4)

@@ -1,8 +1,8 @@
 """``flex``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window and padding
 as a block mask. The bias path on CUDA; on CPU it has no backward and (torch 2.13) miscompiles padded/windowed
 block masks, and the CPU flash paths are faster, so there auto takes it only for unpadded, unwindowed
-inference when the CPU flash op is missing, after a ~15 s compile per process (``dynamic=True``: no
-recompile per length). If compiling or running fails, the failure is logged, auto reports the call as
+inference when the CPU flash op is missing, after a ~15 s compile per process and scheme (``dynamic=True`` and
+contiguous inputs: no recompile per length or memory layout). If compiling or running fails, the failure is logged, auto reports the call as
 ``"chunked (flex failed)"`` and flex is not tried again in this process.
 """
 
@@ -17,6 +17,7 @@ from .call import Call, Unavailable
 log = logging.getLogger(__name__)
 
 _fn = None  # the compiled flex_attention
+_block_mask_fn = None  # the compiled create_block_mask
 _error: str | None = None
 _failed = False  # flex compiled or ran and failed in this process: auto no longer tries it
 
@@ -45,42 +46,46 @@ def worth(c: Call) -> bool:
 
 
 def run(c: Call) -> torch.Tensor:
-    fn = compiled()
+    fns = compiled()
     try:
-        return attend_flex(fn, c.q, c.k, c.v, c.scaling, c.bias, c.key_padding, c.window, c.q_start, c.row_scale)
+        return attend_flex(fns, c.q, c.k, c.v, c.scaling, c.bias, c.key_padding, c.window, c.q_start, c.row_scale)
     except Exception as e:  # a compiler failure: say so, stop using flex in this process
         disable(e)
         raise Unavailable("flex failed", f"flex_attention failed: {e}") from e
 
 
 def compiled():
-    """flex_attention compiled once per process; ``Unavailable`` when it cannot be (or failed before)."""
-    global _fn, _error
+    """(flex_attention, create_block_mask), each compiled once per process for any length (``dynamic=True``);
+    ``Unavailable`` when they cannot be (or failed before)."""
+    global _fn, _block_mask_fn, _error
     if _fn is None and _error is None:
         try:
-            from torch.nn.attention.flex_attention import flex_attention
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
             _fn = torch.compile(flex_attention, dynamic=True)
+            _block_mask_fn = torch.compile(create_block_mask, dynamic=True)
         except Exception as e:  # no compiler, old torch, ...
             _error = f"{type(e).__name__}: {e}"
             log.warning("flex_attention unavailable (%s); bias schemes use the chunked SDPA path", _error)
     if _fn is None:
         raise Unavailable("flex failed" if _failed else "flex unavailable", f"flex attention is unavailable: {_error}")
-    return _fn
+    return _fn, _block_mask_fn
 
 
 def disable(error: Exception) -> None:
-    global _fn, _error, _failed
+    global _fn, _block_mask_fn, _error, _failed
     _failed = True
     _error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    _fn = None
+    _fn = _block_mask_fn = None
     log.warning("flex_attention failed (%s); this process uses the chunked SDPA path from now on", _error)
 
 
-def attend_flex(fn, q, k, v, scaling, bias, key_padding, window, q_start, row_scale=None):
-    """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D) through ``fn`` (the compiled flex_attention)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def attend_flex(fns, q, k, v, scaling, bias, key_padding, window, q_start, row_scale=None):
+    """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D) through ``fns`` (``compiled()``)."""
+    flex_attention, create_block_mask = fns
+    # one memory layout whatever made q, k, v (a fused projection's views, a cache's concatenation): the
+    # compiled function guards on strides, and a new layout would compile it again (~15 s on CPU)
+    q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, D)
     B, H, Tq, D = q.shape
     Tk = k.shape[-2]
 
@@ -102,7 +107,5 @@ def attend_flex(fn, q, k, v, scaling, bias, key_padding, window, q_start, row_sc
             m = m & (key_padding[b, kv_idx] | (kv_idx == qa))
         return m
 
-    block_mask = create_block_mask(
-        mask_mod, B if key_padding is not None else None, None, Tq, Tk, device=q.device, _compile=True
-    )
-    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    block_mask = create_block_mask(mask_mod, B if key_padding is not None else None, None, Tq, Tk, device=q.device)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling)
