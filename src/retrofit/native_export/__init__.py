@@ -270,7 +270,11 @@ def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, window
     from ..evaluation.perplexity import nonoverlapping_nll
     from ..models.data import load_documents, tokenize_documents
 
-    tokens = [t for doc in tokenize_documents(tokenizer, load_documents(spec)) for t in doc]
+    tokens = []
+    for doc in load_documents(spec):  # tokenized until the windows are full, not the whole corpus
+        tokens += tokenize_documents(tokenizer, [doc])[0]
+        if len(tokens) > windows * length:
+            break
     n = min(windows, (len(tokens) - 1) // length)
     if n == 0:
         return {"ppl": None, "ppl_note": f"{spec!r} has fewer than {length + 1} tokens: perplexity not measured"}
