@@ -378,22 +378,6 @@ def test_half_precision_bias_is_scored_in_fp32():
     assert (out.float() - ref).abs().max() < 0.05  # bf16 inputs/outputs, fp32 scores
 
 
-@pytest.mark.slow
-def test_flex_path_matches_chunked_without_grad():
-    pytest.importorskip("torch.nn.attention.flex_attention")
-    B, H, T, D = 1, 4, 256, 16
-    q, k, v = (torch.randn(B, H, T, D) for _ in range(3))
-    bias = _alibi_bias(H)
-    with torch.no_grad():
-        try:
-            flex, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=bias), "flex")
-        except RuntimeError as e:
-            pytest.skip(f"flex attention unavailable here: {e}")
-        chunked, _ = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=bias), "chunked")
-    assert path == "flex"
-    torch.testing.assert_close(flex, chunked, atol=1e-5, rtol=1e-4)
-
-
 def test_a_failing_flex_compile_is_reported_and_falls_back(monkeypatch, caplog):
     monkeypatch.setattr(flex, "_fn", None)
     monkeypatch.setattr(flex, "_error", None)

@@ -306,13 +306,19 @@ def test_dynamic_rope_re_rotates_the_cache_exactly(monkeypatch):
 
 
 @pytest.mark.slow
-def test_cpu_flex_compiles_a_learned_bias_in_every_layer(monkeypatch):
-    """Regressions: a score_mod indexing a per-layer table with a Python int failed to compile (inductor
-    C++ error) from the second layer on, so T5/Shaw/FIRE inference silently fell to the chunked path; the
-    layer now reaches bias functions as a 0-d tensor. A per-row temperature tensor in a score_mod fails CPU
-    inductor's flex template; unpadded inference reads the temperature from the query position instead.
-    Flex runs in every layer and matches chunked. One score_mod: each costs a CPU compile (~20 s for T5,
-    ~35 s for FIRE's MLP), so FIRE's compiled bias is left to the GPU check (``research/device_check.py``)."""
+def test_cpu_flex_compiles_a_learned_bias_in_every_layer_and_an_alibi_bias_over_blocks(monkeypatch):
+    """The compiled CPU flex path, in one test (one process pays inductor's ~15 s start-up once):
+
+    - a converted T5 with the temperature on. Regressions: a score_mod indexing a per-layer table with a Python
+      int failed to compile (inductor C++ error) from the second layer on, so T5/Shaw/FIRE inference silently
+      fell to the chunked path (the layer now reaches bias functions as a 0-d tensor); a per-row temperature
+      tensor in a score_mod fails CPU inductor's flex template (unpadded inference reads the temperature from
+      the query position instead). Flex runs in every layer and matches chunked, and convert's probe compiled
+      what the first call needs.
+    - an ALiBi bias over two 128-token blocks at the kernel level, against the paper's equation.
+
+    Each score_mod costs a CPU compile (~20 s for T5, ~35 s for FIRE's MLP), so FIRE's compiled bias is left to
+    the GPU check (``research/device_check.py``)."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     monkeypatch.setattr(flex_path, "_failed", False)
     monkeypatch.setattr(flex_path, "_error", None)
@@ -328,6 +334,14 @@ def test_cpu_flex_compiles_a_learned_bias_in_every_layer(monkeypatch):
         set_kernel(model, "chunked")
         chunked = model(x).logits
     torch.testing.assert_close(flex, chunked, atol=2e-5, rtol=1e-4)
+
+    H, T, D = 4, 256, 16
+    q, k, v = _qkv(1, H, T, T, D)
+    slopes = torch.tensor(alibi_slopes(H))
+    with torch.no_grad():
+        out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=lambda h, i, j: -slopes[h] * (i - j)), "flex")
+    assert path == "flex"
+    torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes), atol=1e-5, rtol=1e-4)
 
 
 def test_only_steep_heads_are_blocked(monkeypatch):
