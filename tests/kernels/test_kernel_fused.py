@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 import retrofit
 from retrofit import kernels
@@ -320,6 +319,8 @@ def test_cpu_flex_compiles_a_learned_bias_in_every_layer_and_an_alibi_bias_over_
     Each score_mod costs a CPU compile (~20 s for T5, ~35 s for FIRE's MLP), so FIRE's compiled bias is left to
     the GPU check (``research/device_check.py``)."""
     pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch._dynamo.utils import counters  # what dynamo compiled (frames)
+
     monkeypatch.setattr(flex_path, "_failed", False)
     monkeypatch.setattr(flex_path, "_error", None)
     monkeypatch.setattr(flex_path, "_fn", None)

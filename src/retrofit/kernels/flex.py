@@ -56,8 +56,8 @@ def run(c: Call) -> torch.Tensor:
 
 
 def compiled():
-    """(flex_attention, create_block_mask), each compiled once per process for any length (``dynamic=True``);
-    ``Unavailable`` when they cannot be (or failed before)."""
+    """(flex_attention, create_block_mask), compiled per process with symbolic lengths (``dynamic=True``: not
+    per length); ``Unavailable`` when they cannot be (or failed before)."""
     global _fn, _block_mask_fn, _error
     if _fn is None and _error is None:
         try:
@@ -85,7 +85,7 @@ def attend_flex(fns, q, k, v, scaling, bias, key_padding, window, q_start, row_s
     """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D) through ``fns`` (``compiled()``)."""
     flex_attention, create_block_mask = fns
     # one memory layout whatever made q, k, v (a fused projection's views, a cache's concatenation): the
-    # compiled function guards on strides, and a new layout would compile it again (~15 s on CPU)
+    # compiled function guards on strides, and a new layout would compile it again (seconds on CPU)
     q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, D)
     B, H, Tq, D = q.shape
     Tk = k.shape[-2]
