@@ -268,13 +268,10 @@ def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, window
     if tokenizer is None:
         return {"ppl": None, "ppl_note": "no tokenizer: the perplexity difference was not measured"}
     from ..evaluation.perplexity import nonoverlapping_nll
-    from ..models.data import load_documents, tokenize_documents
+    from ..evaluation.tokens import first_tokens
+    from ..models.data import load_documents
 
-    tokens = []
-    for doc in load_documents(spec):  # tokenized until the windows are full, not the whole corpus
-        tokens += tokenize_documents(tokenizer, [doc])[0]
-        if len(tokens) > windows * length:
-            break
+    tokens, _ = first_tokens(tokenizer, load_documents(spec), windows * length + 1)  # not the whole corpus
     n = min(windows, (len(tokens) - 1) // length)
     if n == 0:
         return {"ppl": None, "ppl_note": f"{spec!r} has fewer than {length + 1} tokens: perplexity not measured"}
