@@ -29,14 +29,14 @@ from torch.utils.data import DataLoader
 from ..encodings import SCHEMES
 from ..foundation import run_folder as rf
 from ..foundation.atomic import check_creatable, write_text
-from ..foundation.errors import LengthError
+from ..foundation.errors import LengthError, RecipeError
 from ..foundation.quiet import hushed, progress_bars
 from ..foundation.versions import library_versions
 from ..models import data as rdata
 from ..patch.core import describe, max_length, set_position_controls
 from ..patch.optim import param_groups
 from . import blocks as blk
-from . import masking, outputs, positions, sharding, stream
+from . import copies, masking, outputs, positions, sharding, stream
 from . import model as mdl
 from .interrupt import Interrupts
 from .masking import Masker, masker_for, seed_of
@@ -163,6 +163,18 @@ def _masker(r: Recipe, model, tok) -> Masker | None:
     """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation reads
     the original's masked predictions (``teacher.masked_distill_kl``), and so does its calibration."""
     masker = masker_for(model, tok, r.train.mask_rate)
+    cp = r.data.copies
+    if masker is not None and cp.spans:
+        raise RecipeError("'data.copies' places retrieval targets for a causal LM; this model is a masked LM")
+    if cp.spans:
+        hi = cp.max_distance or r.train.positions.target_length or r.data.block_length
+        log.info(
+            "data.copies: %d spans of %d tokens a block, copied %d-%d positions later (drawn uniformly)",
+            cp.spans,
+            cp.span_length,
+            cp.min_distance or cp.span_length,
+            hi,
+        )
     if masker is None:
         return None
     log.info("objective: masked LM, %.0f%% of each block's tokens (80/10/10 mask/random/keep)", 100 * masker.rate)
@@ -369,7 +381,8 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
     batches = block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, tok)
     with Interrupts() as stop:  # Ctrl-C: a checkpoint at the step reached, then KeyboardInterrupt
         for batch in batches if progress.step < t.steps else ():
-            _position_controls(base, r, progress.step, fade_offset_cap)
+            drawn = _position_controls(base, r, progress.step, fade_offset_cap)
+            batch = _with_copies(r, acc, batch, drawn)
             with acc.accumulate(model):
                 loss, parts = _loss(acc, model, teacher, batch, r, view, clock, masker)
                 acc.backward(loss)
@@ -560,19 +573,30 @@ def _mix(t, lm_loss, kd):
     return lm_loss + t.distill_weight * kd, {"lm_loss": lm_loss, "distill_loss": kd}
 
 
-def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = None) -> None:
+def _with_copies(r, acc, batch, drawn):
+    """``batch`` (B, L) with ``data.copies`` retrieval targets placed at distances in the block's positions
+    ``drawn`` (None: 0..L-1); as it was when the option is off."""
+    cp = r.data.copies
+    if not cp.spans:
+        return batch
+    target = r.train.positions.target_length or r.data.block_length
+    placed, _ = copies.place(batch.cpu(), drawn, cp, target, seed_of(r.train.seed + 2, acc.step, acc.process_index))
+    return placed.to(batch.device)
+
+
+def _position_controls(base, r, step: int | None, fade_offset_cap: int | None = None):
     """Random offset and native fade for this step (same on every process and on resume);
-    ``step=None`` resets both."""
+    ``step=None`` resets both. Returns the positions drawn by ``train.positions.method`` (else None)."""
     pos = r.train.positions
     if not (pos.random_offset or pos.native_fade_steps or pos.method != "none"):
-        return
+        return None
     if step is None:
         set_position_controls(base)
-        return
+        return None
     if pos.method != "none":
         drawn = positions.draw(pos.method, r.data.block_length, pos.target_length, pos.pose_chunks, r.train.seed, step)
         set_position_controls(base, positions=drawn)
-        return
+        return drawn
     offset = random.Random(r.train.seed * 1_000_003 + step).randint(0, pos.random_offset) if pos.random_offset else 0
     fade = max(0.0, 1.0 - step / pos.native_fade_steps) if pos.native_fade_steps else 0.0
     if fade > 0 and fade_offset_cap is not None:

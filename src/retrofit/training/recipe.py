@@ -78,6 +78,23 @@ class ConvertConfig:
 
 
 @dataclass
+class CopiesConfig:
+    spans: int = _help(
+        "Retrieval targets per training block (causal LMs): a natural span of the block written again later in "
+        "it, the two occurrences a drawn distance apart in *positions* (under train.positions' PoSE or "
+        "randomized, past the block's own length). 0 = off.",
+        0,
+    )
+    span_length: int = _help("Tokens per copied span.", 32)
+    min_distance: Optional[int] = _help("Shortest distance drawn, in positions (null = span_length).", None)
+    max_distance: Optional[int] = _help(
+        "Longest distance drawn, in positions (null = train.positions.target_length when set, else "
+        "data.block_length); where a block's positions hold no pair that far apart, the nearest they hold.",
+        None,
+    )
+
+
+@dataclass
 class DataConfig:
     dataset: Optional[str] = _help(
         "A datasets Hub name (with config/split/text_field below), or a built-in source: "
@@ -135,6 +152,9 @@ class DataConfig:
     )
     validation_fraction: float = _help("Fraction of documents held out (whole documents) for validation loss.", 0.05)
     max_validation_blocks: int = _help("At most this many validation blocks are scored at each evaluation.", 32)
+    copies: CopiesConfig = _help(
+        "Retrieval targets placed in training blocks (validation blocks are left as they are).", factory=CopiesConfig
+    )
 
 
 @dataclass
@@ -361,6 +381,7 @@ class Recipe:
         if not 0 < t.mask_rate < 1:
             raise RecipeError(f"'train.mask_rate' must be in (0, 1), got {t.mask_rate}")
         _check_position_method(t.positions, d.block_length)
+        _check_copies(d)
         _check_teacher(t)
         if c.resume not in ("auto", "never") and not Path(c.resume).is_dir():
             raise RecipeError(
@@ -391,6 +412,24 @@ def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
         )
     if pos.pose_chunks < 1:
         raise RecipeError(f"'train.positions.pose_chunks' must be >= 1, got {pos.pose_chunks}")
+
+
+def _check_copies(d: DataConfig) -> None:
+    cp = d.copies
+    if cp.spans < 0:
+        raise RecipeError(f"'data.copies.spans' must be >= 0, got {cp.spans}")
+    if not cp.spans:
+        return
+    if not 1 <= cp.span_length <= d.block_length // 2:
+        raise RecipeError(
+            f"'data.copies.span_length' must be in [1, data.block_length / 2 = {d.block_length // 2}], got {cp.span_length}"
+        )
+    lo, hi = cp.min_distance or cp.span_length, cp.max_distance
+    if lo < cp.span_length or (hi is not None and hi < lo):
+        raise RecipeError(
+            f"'data.copies' distances must satisfy span_length <= min_distance <= max_distance; got "
+            f"span_length {cp.span_length}, min_distance {cp.min_distance}, max_distance {cp.max_distance}"
+        )
 
 
 def tokens_per_step(r: "Recipe", processes: int = 1) -> int:

@@ -1,0 +1,80 @@
+"""Retrieval targets placed in fine-tune blocks (``data.copies``): a natural span of the block written again
+later in the same block, so that the model learns to read back that far.
+
+The distance is measured in *positions*, not tokens: when PoSE or randomized positions stretch a short block
+over a longer target (``train.positions``), a span at token ``i`` and its copy at token ``j`` sit
+``pos[j] - pos[i]`` positions apart, which can be far past the native length in a block shorter than it.
+Each copy draws a distance uniformly from ``[min_distance, max_distance]`` and is placed where the block's
+positions hold that distance exactly; where they hold none (a PoSE gap), at the nearest distance they hold.
+Spans never overlap one another's first or second occurrence.
+
+Every draw is seeded by (seed, row), the loop's seed of the micro-batch and process (``masking.seed_of``): the
+same recipe places the same copies after a resume, and other ones on each process and micro-batch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Copy:
+    row: int
+    first: int  # token index of the span's first occurrence
+    second: int  # token index of its copy
+    distance: int  # positions between them: pos[second] - pos[first]
+
+
+def place_one(pos: torch.Tensor, span: int, d: int, taken: torch.Tensor, rng: random.Random) -> tuple[int, int] | None:
+    """(first, second) token indices of one copy whose positions are nearest ``d`` apart (exactly ``d`` where the
+    positions allow it) among the places where neither occurrence touches a ``taken`` token; None if none is free."""
+    L = pos.shape[0]
+    count = torch.cat([torch.zeros(1, dtype=torch.long), taken.long().cumsum(0)])  # (L + 1,): taken before k
+    start = torch.arange(L - span + 1)  # (S,): every span's first token
+    free = start[count[start + span] == count[start]]  # (F,): spans touching nothing taken
+    if free.numel() < 2:
+        return None
+    p = pos[free]  # (F,): increasing
+    after = torch.searchsorted(free, free + span)  # (F,): the first free span starting after the span at i ends
+    at = torch.searchsorted(p, p + d)  # (F,): the first free span at or past pos + d
+    i = torch.arange(free.numel()).repeat(2)  # (2F,): each first with two candidate seconds, one on either side
+    j = torch.maximum(torch.cat([at, at - 1]), after.repeat(2))  # (2F,)
+    ok = j < free.numel()
+    if not ok.any():
+        return None
+    i, j = i[ok], j[ok]
+    gap = (p[j] - p[i] - d).abs()
+    best = (gap == gap.min()).nonzero().flatten()
+    k = best[rng.randrange(best.numel())]
+    return int(free[i[k]]), int(free[j[k]])
+
+
+def place(
+    batch: torch.Tensor, positions: torch.Tensor | None, cfg, target: int, seed: int
+) -> tuple[torch.Tensor, list[Copy]]:
+    """(a copy of ``batch`` (B, L) with up to ``cfg.spans`` copies a row, the copies placed): ``positions`` (L,)
+    are the block's positions (None: 0..L-1); distances are drawn from [cfg.min_distance or the span length,
+    cfg.max_distance or ``target``], capped by the distance the block's positions span."""
+    B, L = batch.shape
+    pos = torch.arange(L) if positions is None else positions.cpu().long()  # (L,)
+    lo = cfg.min_distance or cfg.span_length
+    hi = min(cfg.max_distance or target, int(pos[-1] - pos[0]) + 1) - cfg.span_length
+    out, placed = batch.clone(), []
+    for row in range(B):
+        rng = random.Random(seed * 1_000_003 + row)
+        taken, n = torch.zeros(L, dtype=torch.bool), 0
+        for _ in range(4 * cfg.spans):  # a draw whose every place is taken is drawn again, 4 tries a copy
+            if n == cfg.spans:
+                break
+            where = place_one(pos, cfg.span_length, rng.randint(lo, max(lo, hi)), taken, rng)
+            if where is None:
+                continue
+            n += 1
+            i, j = where
+            out[row, j : j + cfg.span_length] = out[row, i : i + cfg.span_length]
+            taken[i : i + cfg.span_length] = taken[j : j + cfg.span_length] = True
+            placed.append(Copy(row, i, j, int(pos[j] - pos[i])))
+    return out, placed
