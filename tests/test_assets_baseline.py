@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
-import time
 
 import pytest
 import torch
@@ -91,9 +90,7 @@ def test_micro_is_cached_deterministic_and_force_is_atomic(micro_dir, tmp_path, 
     # cache hit: no training on the second call
     with monkeypatch.context() as m:
         m.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("cache miss"))
-        t0 = time.perf_counter()
-        assert standin.pretrain("micro", cache_dir=micro_dir.parent) == micro_dir
-        assert time.perf_counter() - t0 < 2.0
+        assert standin.pretrain("micro", cache_dir=micro_dir.parent) == micro_dir  # no training: _pretrain_into fails
     # a copy retrained with force in another cache dir: identical weights and tokenizer
     other = tmp_path / "baseline" / micro_dir.name
     shutil.copytree(micro_dir, other)

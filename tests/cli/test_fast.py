@@ -1,11 +1,11 @@
-"""`retrofit convert --help` and a wrong argument answer within a second (no torch imported first), and
-the help they print is the registries' own (issue 44, item 5)."""
+"""`retrofit convert --help` and a wrong argument answer at once: what would make them slow, importing torch,
+never happens (checked as the cause, not timed: a busy machine must not fail a test), and the help they print
+is the registries' own (issue 44, item 5). The seconds they take are measured by benchmarks, not asserted."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,6 @@ from retrofit.cli import convert as cli_convert
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
-FAST_S = 1.0
 GRID = Path(__file__).resolve().parents[2] / "recipes" / "study-tiny.yaml"
 
 
@@ -24,16 +23,15 @@ def test_convert_help_file_is_the_registries_help():
     )
 
 
-def _run(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float, bool]:
-    """The command in a fresh interpreter; its wall time and whether it imported torch."""
+def _run(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, bool]:
+    """The command in a fresh interpreter, and whether it imported torch."""
     code = (
         "import sys, runpy; sys.argv = ['retrofit', *sys.argv[1:]]\n"
         "try:\n    runpy.run_module('retrofit', run_name='__main__')\n"
         "finally:\n    print('TORCH' if 'torch' in sys.modules else 'NOTORCH', file=sys.stderr)"
     )
-    t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120)
-    return r, time.perf_counter() - t0, "\nTORCH" in r.stderr
+    return r, "\nTORCH" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -51,8 +49,7 @@ def _run(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float
 def test_help_and_argument_errors_answer_at_once_without_torch(args, rc, says, tmp_path, user_env):
     (tmp_path / "FILE").write_text("x")
     args = [str(tmp_path / a) if a in ("OUT", "FILE") else str(GRID) if a == "GRID" else a for a in args]
-    r, seconds, torch_imported = _run(args, user_env)
+    r, torch_imported = _run(args, user_env)
     assert r.returncode == rc, r.stderr[-2000:]
     assert says in (r.stdout + r.stderr)
-    assert not torch_imported
-    assert seconds < FAST_S + 1.0  # the interpreter's start is counted; without torch it is ~0.3 s here
+    assert not torch_imported  # the cause of a slow answer; no wall-clock bound (a busy machine fails one)
