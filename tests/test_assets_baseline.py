@@ -274,8 +274,8 @@ def test_a_bf16_preset_on_a_cpu_without_native_bf16_says_what_it_costs(monkeypat
     """Emulated bf16 is ~25x slower than fp32 (an AVX2 AMD EPYC): the warning comes before the training."""
     from retrofit.foundation import versions
 
-    assert standin.bf16_native(["avx2", "fma"]) is False and standin.bf16_native(["amx_bf16", "avx2"]) is True
-    assert standin.bf16_native([]) is None
+    assert versions.bf16_native(["avx2", "fma"]) is False and versions.bf16_native(["amx_bf16", "avx2"]) is True
+    assert versions.bf16_native([]) is None
     monkeypatch.setattr(versions, "cpu_info", lambda: {"flags": ["avx2", "fma"]})
     with caplog.at_level("WARNING"):
         standin._say_precision_cost(baseline.PRESETS["study2-bert"])

@@ -73,3 +73,9 @@ def cpu_info() -> dict:
     except ImportError:
         pass
     return out
+
+
+def bf16_native(flags: list[str]) -> bool | None:
+    """Whether a CPU with these flags (``cpu_info``) computes bf16 matmuls natively (AVX-512 BF16 or AMX); None
+    when the flags are unknown (not Linux)."""
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16")) if flags else None

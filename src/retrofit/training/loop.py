@@ -105,7 +105,7 @@ def _finetune(r: Recipe) -> Path:
             teacher = None  # the calibration's teacher only
         if r.train.gradient_checkpointing:
             model.config.use_cache = False
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            mdl.enable_checkpointing(model)
         model = mdl.make_trainable(model, r.train)
     if source is None:
         train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
@@ -185,15 +185,18 @@ def _accelerator(r: Recipe):
     from accelerate import Accelerator
     from accelerate.utils import GradientAccumulationPlugin
 
+    precision, why = mdl.mixed_precision(r)
+    if why:
+        log.warning(why)
     acc = Accelerator(
         cpu=_cpu_processes(),
-        mixed_precision=None if r.train.mixed_precision == "no" else r.train.mixed_precision,
+        mixed_precision=None if precision == "no" else precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=r.train.gradient_accumulation_steps, sync_with_dataloader=False
         ),
         project_dir=r.output_dir,
     )
-    sharding.cpu_route(acc, r.train.mixed_precision)
+    sharding.cpu_route(acc, precision)
     log.info("processes: %d (%s)", acc.num_processes, sharding.route(acc))
     return acc
 

@@ -419,8 +419,12 @@ def plan_budget(r, processes: int) -> str:
 
 def plan_model(r, processes: int, tokens_per_s: float | None = None) -> list[str]:
     """The time and memory lines (the model's config is read)."""
+    from .model import mixed_precision
+
     shape = shape_of_recipe(r)
+    precision, why = mixed_precision(r)
     return [
+        f"precision: {'fp32' if precision == 'no' else precision}" + (f" ({why})" if why else ""),
         *time_lines(r, shape, budget(r, processes)[1], processes, tokens_per_s),
         "",
         table(shape, Run.of(r), processes),

@@ -234,6 +234,11 @@ class TrainConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] = _help(
         "Accelerate mixed precision (an accelerate launch config may also set it).", "no"
     )
+    cpu_mixed_precision: Literal["fp32", "keep"] = _help(
+        "What mixed_precision does on a machine without a GPU whose CPU has no native bf16 (no AVX-512 BF16 or "
+        "AMX), where autocast is emulated (~15x slower): fp32 (train in fp32 and say so) or keep (emulate it anyway).",
+        "fp32",
+    )
     gradient_checkpointing: bool = _help("Recompute activations in backward to save memory.", False)
     attention_dropout: Optional[float] = _help(
         "Dropout on the attention probabilities while fine-tuning (null = the model's own, e.g. GPT-2's 0.1). "

@@ -406,19 +406,13 @@ def _publish(tmp: Path, out: Path, replace: bool) -> None:
     log.info("saved baseline to %s", out)
 
 
-def bf16_native(flags: list[str]) -> bool | None:
-    """Whether a CPU with these flags (``versions.cpu_info``) computes bf16 matmuls natively (AVX-512 BF16 or
-    AMX); None when the flags are unknown (not Linux)."""
-    return any(f in flags for f in ("avx512_bf16", "amx_bf16")) if flags else None
-
-
 def _say_precision_cost(cfg: BaselineConfig) -> None:
     """A bf16 preset on a CPU without native bf16 runs emulated: say so before hours go by (measured on an AMD
     EPYC with AVX2 only, study2-bert, 2 threads: 3 steps took 276-285 s in bf16 against 10.6-11.2 s in fp32).
     The preset is kept: its precision is part of its weights (and of its cache key)."""
     if cfg.precision != "bf16":
         return
-    from ..foundation.versions import cpu_info
+    from ..foundation.versions import bf16_native, cpu_info
 
     if bf16_native(cpu_info()["flags"]) is False:
         log.warning(
