@@ -292,10 +292,37 @@ def test_a_recipe_naming_a_shipped_stand_in_copies_it_from_the_repository(micro_
     baseline.ship(micro_dir, tmp_path / "standins")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(standin.SHIPPED_ENV, raising=False)
+    monkeypatch.delenv(baseline.SHIPPED_ENV, raising=False)
     monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
     with caplog.at_level(logging.WARNING):
         standin.ensure("baseline:micro")
     got = baseline.built("micro")
     assert got is not None and baseline.weights_sha256(got) == baseline.weights_sha256(micro_dir)
     assert "copying the shipped one from standins" in caplog.text
+
+
+def test_loading_a_shipped_stand_in_by_name_copies_it(micro_dir, tmp_path, monkeypatch, caplog):
+    """``baseline:<preset>`` named anywhere (``retrofit convert baseline:small-bert ...``, ``load_model``) with an
+    empty cache: the shipped copy in ./standins is checked and copied, not refused and not pretrained."""
+    import logging
+
+    from retrofit.models.io import load_model
+
+    baseline.ship(micro_dir, tmp_path / "standins")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(baseline.SHIPPED_ENV, raising=False)
+    monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
+    with caplog.at_level(logging.WARNING):
+        model, tok = load_model("baseline:micro")
+    assert baseline.weights_sha256(baseline.built("micro")) == baseline.weights_sha256(micro_dir)
+    assert "copying the shipped one from standins" in caplog.text and model.config.vocab_size == len(tok)
+
+
+def test_a_stand_in_neither_cached_nor_shipped_names_the_command_that_builds_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(baseline.SHIPPED_ENV, raising=False)
+    with pytest.raises(OptionError, match="not built yet") as e:
+        baseline.cached("micro")
+    assert "from retrofit.training.standin import pretrain; pretrain('micro')" in str(e.value)

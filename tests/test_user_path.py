@@ -198,8 +198,8 @@ def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, us
 
 def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypatch, caplog):
     """Each name `builtin.names()` lists goes through `load_model`: tiny-gpt2 and baseline:micro for
-    real; smollm2 from its PyPI wheel. Loading a stand-in never pretrains: one not built yet is a clear
-    error that says how to build it; a recipe that fine-tunes it (`standin.ensure`) pretrains it, saying
+    real; smollm2 from its PyPI wheel. Loading a stand-in never pretrains: one shipped in ./standins is copied
+    from there, one neither cached nor shipped is a clear error that says how to build it; a recipe that fine-tunes it (`standin.ensure`) pretrains it, saying
     so first (the quickstart's shipped stand-in is copied by CI's quickstart run)."""
     from retrofit.foundation.errors import OptionError
     from retrofit.models import assets
@@ -213,8 +213,12 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
 
     refused = []
     for name in names:
-        # a stand-in another test of this session built loads; one not built is the clear error
-        if name.startswith("baseline:") and not baseline.built(name.split(":", 1)[1]):
+        # a stand-in built or shipped loads; one neither is the clear error
+        preset = name.split(":", 1)[1] if name.startswith("baseline:") else None
+        shipped = (
+            preset and baseline.shipped_folder() and (baseline.shipped_folder() / baseline.output_dir(preset).name)
+        )
+        if preset and not baseline.built(preset) and not (shipped and shipped.is_dir()):
             with pytest.raises(OptionError, match=f"{name} is not built yet.*never pretrains"):
                 load_model(name, tokenizer=True)
             refused.append(name)

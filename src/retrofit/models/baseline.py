@@ -334,19 +334,34 @@ def built(preset_or_config: str | BaselineConfig, cache_dir: str | os.PathLike |
     return out if (out / STATS_FILE).is_file() else None
 
 
+SHIPPED_ENV = "RETROFIT_STANDINS"  # a folder of shipped stand-ins; unset: ./standins (the repository's root)
+
+
+def shipped_folder() -> Path | None:
+    """Where shipped stand-ins (``ship``'s folders) are looked for: ``$RETROFIT_STANDINS``, else ``standins/`` in
+    the working directory (the repository's, when its commands run from its root)."""
+    p = Path(os.environ.get(SHIPPED_ENV) or "standins").expanduser()
+    return p if p.is_dir() else None
+
+
 def cached(preset: str) -> Path:
-    """The cached folder of ``baseline:<preset>`` (what loading the built-in name reads), else an
-    ``OptionError`` that says how to build it: loading never pretrains."""
+    """The cached folder of ``baseline:<preset>`` (what loading the built-in name reads). Not cached but shipped
+    (``shipped_folder``): the shipped copy, checked against its SHA256SUMS, is copied into the cache and said.
+    Neither: an ``OptionError`` with the command that builds it (loading never pretrains)."""
     path = built(preset)
-    if path is None:
-        cfg = get_config(preset)
-        raise OptionError(
-            f"the stand-in baseline:{preset} is not built yet (no {output_dir(cfg)}); loading it never pretrains. "
-            f"Build it once: fine-tune a recipe that names it (retrofit finetune / retrofit run, e.g. "
-            f"recipes/quickstart.yaml for baseline:quickstart), or in Python: "
-            f"retrofit.training.standin.pretrain({preset!r})"
-        )
-    return path
+    if path is not None:
+        return path
+    out = output_dir(preset)
+    shipped = shipped_folder()
+    if shipped is not None and (shipped / out.name).is_dir():
+        log.warning("baseline:%s is not in the cache: copying the shipped one from %s", preset, shipped)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return _unship(shipped / out.name, out)
+    raise OptionError(
+        f"the stand-in baseline:{preset} is not built yet (no {out}, and no shipped copy in "
+        f"${SHIPPED_ENV} or ./standins); loading it never pretrains. Build it once (it shows its progress): "
+        f'python -c "from retrofit.training.standin import pretrain; pretrain({preset!r})"'
+    )
 
 
 # ----------------------------------------------------------------------------- shipped stand-ins

@@ -41,6 +41,7 @@ from ..models.baseline import (
     built,
     get_config,
     output_dir,
+    shipped_folder,
     weights_sha256,
 )
 from ..models.data import Document
@@ -65,16 +66,6 @@ DURATION = {
     "small-roberta": "about 25 minutes",
 }
 HELDOUT_MASK_SEED = 12_345  # the held-out blocks' one masked draw (bert): the same tokens at every evaluation
-
-
-SHIPPED_ENV = "RETROFIT_STANDINS"  # a folder of shipped stand-ins; unset: ./standins (the repository's root)
-
-
-def shipped_folder() -> Path | None:
-    """Where ``ensure`` looks for shipped stand-ins (``ship``'s folders): ``$RETROFIT_STANDINS``, else
-    ``standins/`` in the working directory (the repository's, when its recipes and grids run from its root)."""
-    p = Path(os.environ.get(SHIPPED_ENV) or "standins").expanduser()
-    return p if p.is_dir() else None
 
 
 def ensure(name_or_path: str) -> None:
