@@ -113,6 +113,30 @@ def _assert_styles_unique(ax):
     assert len(set(pairs)) == len(pairs), pairs
 
 
+def test_a_models_native_window_series_looks_unlike_its_other_series(saved):
+    """A fine-tuned model's non-overlapping and native-window series differ in line style and marker, not
+    only in the legend (they once shared colour, marker and line)."""
+    import copy
+
+    import matplotlib.pyplot as plt
+
+    from retrofit.evaluation.plots import ppl_figure
+
+    report, _ = saved
+    data = copy.deepcopy(report.data)
+    model = next(r["model"] for r in data["rows"] if r["method"] == "non-overlapping" and r["model"] != "gpt2-32")
+    mine = [r for r in data["rows"] if r["model"] == model and r["method"] == "non-overlapping"]
+    data["rows"] += [{**r, "method": "native-window", "ppl": r["ppl"] * 1.01} for r in mine]
+    fig = ppl_figure(Report(data))
+    try:
+        lines = {ln.get_label(): ln for ln in _labelled_lines(fig.axes[0])}
+        a, b = lines[f"{model} (non-overlapping)"], lines[f"{model} (native-window)"]
+        assert a.get_linestyle() != b.get_linestyle() and a.get_marker() != b.get_marker()
+        _assert_styles_unique(fig.axes[0])
+    finally:
+        plt.close(fig)
+
+
 def test_ppl_plot_is_readable(saved):
     import matplotlib.pyplot as plt
 

@@ -29,6 +29,22 @@ _STYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "v", "D", "P")
 
 
+# per method: (line, marker, filled) — a model's series differ in all three, not only in the legend
+METHOD_STYLES = {
+    "non-overlapping": ("-", "o", True),
+    "sliding": ("--", "s", False),
+    "native-window": (":", "^", False),
+}
+
+
+def method_style(method: str) -> tuple[str, str, bool]:
+    """(line style, marker, filled) of a perplexity method; an unknown one gets a style of its own."""
+    if method in METHOD_STYLES:
+        return METHOD_STYLES[method]
+    k = sum(map(ord, method))
+    return _STYLES[k % len(_STYLES)], _MARKERS[k % len(_MARKERS)], False
+
+
 def _model_colors(models) -> dict:
     cmap = plt.get_cmap("tab10" if len(models) <= 10 else "tab20")
     return {m: cmap(i % cmap.N) for i, m in enumerate(models)}
@@ -83,8 +99,9 @@ def _save(fig, path: Path) -> None:
 
 
 def ppl_figure(report):
-    """Every model and method on one figure: a colour per model, solid circles for non-overlapping
-    windows, dashed squares for sliding ones. A series of one point (the original at its native length)
+    """Every model and method on one figure: a colour per model, a line style and marker per method
+    (``METHOD_STYLES``: solid circles non-overlapping, dashed open squares sliding, dotted open triangles the
+    native window), so no two series of one model look alike. A series of one point (the original at its native length)
     is a large diamond with its interval drawn on top of everything, so no other series hides it."""
     series: dict[tuple, list] = {}
     for r in report.rows:
@@ -111,13 +128,13 @@ def ppl_figure(report):
         )
         label = f"{model} ({method}" + (f"{stride})" if method == "sliding" else ")")
         color = colors[model]
-        sliding = method == "sliding"
+        line, marker, filled = method_style(method)
         if len(rows) == 1:
             ax.errorbar(
                 xs,
                 ys,
                 yerr=[[ys[0] - lo[0]], [hi[0] - ys[0]]],
-                fmt="s" if sliding else "D",
+                fmt="D" if method == "non-overlapping" else marker,
                 color=color,
                 markersize=9,
                 markeredgecolor="black",
@@ -132,10 +149,11 @@ def ppl_figure(report):
             ax.plot(
                 xs,
                 ys,
-                "s--" if sliding else "o-",
+                linestyle=line,
+                marker=marker,
                 color=color,
-                markersize=5 if sliding else 6,
-                markerfacecolor="white" if sliding else color,
+                markersize=6 if filled else 5,
+                markerfacecolor=color if filled else "white",
                 label=label,
                 zorder=3,
             )
