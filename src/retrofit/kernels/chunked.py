@@ -5,6 +5,8 @@ chunk's bias."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -17,145 +19,99 @@ def serves(c: Call) -> str | None:
     return None  # any bias, relative term, padding, window, cache, dropout, dtype, device
 
 
+@dataclass
+class Piece:
+    """One chunk of a call's queries and the keys it can see: query slots q0 .. q0 + C - 1 over key slots
+    k0 .. k0 + Tc - 1, with the chunk's rows of every per-query tensor."""
+
+    q: torch.Tensor  # (B, H, C, D)
+    k: torch.Tensor  # (B, H, Tc, D)
+    v: torch.Tensor  # (B, H, Tc, D)
+    q0: int
+    k0: int
+    row_scale: torch.Tensor | None = None  # (B or 1, C)
+    rel_q: torch.Tensor | None = None  # (B, H, C, D) the relative term's query side
+    far_q: torch.Tensor | None = None  # (B, H, C, D) the far view's queries
+    far_k: torch.Tensor | None = None  # (B, H, Tc, D) the far view's keys
+
+
 def run(c: Call) -> torch.Tensor:
-    """The call, one chunk of queries at a time: (B, H, Tq, D)."""
-    return attend_chunked(
-        c.q,
-        c.k,
-        c.v,
-        c.scaling,
-        c.bias,
-        c.key_padding,
-        c.window,
-        c.q_start,
-        c.dropout,
-        c.row_scale,
-        c.relative,
-        c.softcap,
-        c.sinks,
-        c.causal,
-        c.far,
-    )
-
-
-def attend_chunked(
-    q,
-    k,
-    v,
-    scaling,
-    bias,
-    key_padding,
-    window,
-    q_start,
-    dropout,
-    row_scale=None,
-    relative=None,
-    softcap=None,
-    sinks=None,
-    causal=True,
-    far=None,
-):
-    """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D); each chunk builds its own (H, C, Tk) bias."""
-    B, H, Tq, D = q.shape
-    rows = chunk_rows(H, Tq, k.shape[-2])
-    if relative is not None:  # per batch row, over the chunk's distances: C + Tc, or a block's own span
-        span = k.shape[-2] if relative.positions is None else int(relative.keys.shape[1])
-        rows = chunk_rows(H * B, Tq, k.shape[-2] + span)
-    use_ckpt = torch.is_grad_enabled() and rows < Tq and (q.requires_grad or k.requires_grad or v.requires_grad)
-    outs = []
-    for s in range(0, Tq, rows):
-        e = min(Tq, s + rows)
-        # keys this chunk can see: [lo, hi) (causal upper bound, window lower bound; both sides without causality)
-        hi = q_start + e if causal else k.shape[-2]
-        if window and not causal:  # both sides: |i - j| < window
-            hi = min(hi, q_start + e - 1 + window)
-        lo = max(0, q_start + s - window + 1) if window else 0
-        rows_scale = None if row_scale is None else row_scale[:, s:e]
-        rel = (None, None, None, 0)
-        if relative is not None:
-            rel = (relative.query[:, :, s:e], relative.keys, relative.positions, relative.first)
-        two = (None, None, None) if far is None else (far.q[:, :, s:e], far.k[:, :, lo:hi], far.reach)
-        args = (
-            q[:, :, s:e],
-            k[:, :, lo:hi],
-            v[:, :, lo:hi],
-            q_start + s,
-            lo,
-            scaling,
-            bias,
-            key_padding,
-            window,
-            dropout,
-            rows_scale,
-            *rel,
-            softcap,
-            sinks,
-            causal,
-            *two,
-        )
-        outs.append(checkpoint(_chunk, *args, use_reentrant=False) if use_ckpt else _chunk(*args))
+    """The call, one chunk of queries at a time: (B, H, Tq, D); each chunk builds its own (H, C, Tk) bias."""
+    B, H, Tq, D = c.q.shape
+    rows = chunk_rows(H, Tq, c.k.shape[-2])
+    if c.relative is not None:  # per batch row, over the chunk's distances: C + Tc, or a block's own span
+        span = c.k.shape[-2] if c.relative.positions is None else int(c.relative.keys.shape[1])
+        rows = chunk_rows(H * B, Tq, c.k.shape[-2] + span)
+    grads = c.q.requires_grad or c.k.requires_grad or c.v.requires_grad
+    use_ckpt = torch.is_grad_enabled() and rows < Tq and grads
+    outs = [
+        checkpoint(_chunk, c, piece, use_reentrant=False) if use_ckpt else _chunk(c, piece) for piece in pieces(c, rows)
+    ]
     return torch.cat(outs, dim=2)
 
 
-def _chunk(
-    qc,
-    kc,
-    vc,
-    q0,
-    k0,
-    scaling,
-    bias,
-    key_padding,
-    window,
-    dropout,
-    row_scale=None,
-    rel_q=None,
-    rel_keys=None,
-    positions=None,
-    first=0,
-    softcap=None,
-    sinks=None,
-    causal=True,
-    far_q=None,
-    far_k=None,
-    reach=None,
-):
-    # qc (B, H, C, D), kc/vc (B, H, Tc, D); q0/k0: slot indices of the first query/key
-    C, Tc = qc.shape[-2], kc.shape[-2]
-    compute_dtype = qc.dtype
-    if bias is not None:
-        if qc.dtype in (torch.float16, torch.bfloat16):
-            compute_dtype = torch.float32  # the bias is large at long range: score it in fp32
-        mask = block_bias(
-            bias, qc.shape[1], q0, C, k0, Tc, qc.device, compute_dtype, key_padding, window, row_scale, causal
-        )  # (1 or B, H, C, Tc)
-    elif rel_q is not None:
-        if qc.dtype in (torch.float16, torch.bfloat16):
-            compute_dtype = torch.float32
-        q_pos, k_pos = torch.arange(q0, q0 + C, device=qc.device), torch.arange(k0, k0 + Tc, device=qc.device)
-        if positions is not None:  # a block's own positions (PoSE, randomized)
-            q_pos, k_pos = positions[q0 : q0 + C], positions[k0 : k0 + Tc]
-        mask = relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, compute_dtype, first)  # (B, H, C, Tc)
-        mask = mask.masked_fill(
-            ~block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window, causal=causal),
-            float("-inf"),
+def pieces(c: Call, rows: int):
+    """The call's chunks of ``rows`` queries, each with the keys it can see: [lo, hi) (the causal upper bound, the
+    window's lower bound; both sides of the query without causality)."""
+    Tq, window = c.q.shape[-2], c.window
+    for s in range(0, Tq, rows):
+        e = min(Tq, s + rows)
+        hi = c.q_start + e if c.causal else c.k.shape[-2]
+        if window and not c.causal:  # both sides: |i - j| < window
+            hi = min(hi, c.q_start + e - 1 + window)
+        lo = max(0, c.q_start + s - window + 1) if window else 0
+        yield Piece(
+            c.q[:, :, s:e],
+            c.k[:, :, lo:hi],
+            c.v[:, :, lo:hi],
+            c.q_start + s,
+            lo,
+            None if c.row_scale is None else c.row_scale[:, s:e],
+            None if c.relative is None else c.relative.query[:, :, s:e],
+            None if c.far is None else c.far.q[:, :, s:e],
+            None if c.far is None else c.far.k[:, :, lo:hi],
         )
-    else:
-        mask = block_bias(None, 1, q0, C, k0, Tc, qc.device, key_padding=key_padding, window=window, causal=causal)
-    scores = None if far_q is None else two_view_scores(qc, kc, far_q, far_k, q0, k0, reach)
+
+
+def _chunk(c: Call, p: Piece) -> torch.Tensor:
+    """One piece of the call: (B, H, C, D)."""
+    compute_dtype = p.q.dtype
+    if c.bias is not None or p.rel_q is not None:
+        if p.q.dtype in (torch.float16, torch.bfloat16):
+            compute_dtype = torch.float32  # the positional term is large at long range: score it in fp32
+    mask = _mask(c, p, compute_dtype)
+    scores = None if p.far_q is None else two_view_scores(p.q, p.k, p.far_q, p.far_k, p.q0, p.k0, c.far.reach)
     if scores is not None:  # far keys here: their logits from the second view
-        return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores * scaling)
-    if softcap is not None or sinks is not None:
-        return _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks)
+        return _written_out(p.q, p.k, p.v, c.scaling, mask, c.dropout, c.softcap, c.sinks, scores * c.scaling)
+    if c.softcap is not None or c.sinks is not None:
+        return _written_out(p.q, p.k, p.v, c.scaling, mask, c.dropout, c.softcap, c.sinks)
     out = F.scaled_dot_product_attention(
-        qc.to(compute_dtype),
-        kc.to(compute_dtype),
-        vc.to(compute_dtype),
+        p.q.to(compute_dtype),
+        p.k.to(compute_dtype),
+        p.v.to(compute_dtype),
         attn_mask=mask,
-        dropout_p=dropout,
-        scale=scaling,
+        dropout_p=c.dropout,
+        scale=c.scaling,
     )
-    return out.to(qc.dtype)
+    return out.to(p.q.dtype)
+
+
+def _mask(c: Call, p: Piece, dtype) -> torch.Tensor:
+    """The piece's positional term and mask: a float (1 or B, H, C, Tc) bias or relative logits with -inf where
+    masked, or a bool visibility mask (no positional term)."""
+    C, Tc, device = p.q.shape[-2], p.k.shape[-2], p.q.device
+    visible = dict(key_padding=c.key_padding, window=c.window, causal=c.causal)
+    if c.bias is not None:
+        return block_bias(c.bias, p.q.shape[1], p.q0, C, p.k0, Tc, device, dtype, row_scale=p.row_scale, **visible)
+    seen = block_bias(None, 1, p.q0, C, p.k0, Tc, device, **visible)
+    if p.rel_q is None:
+        return seen
+    rel = c.relative
+    q_pos, k_pos = torch.arange(p.q0, p.q0 + C, device=device), torch.arange(p.k0, p.k0 + Tc, device=device)
+    if rel.positions is not None:  # a block's own positions (PoSE, randomized)
+        q_pos, k_pos = rel.positions[p.q0 : p.q0 + C], rel.positions[p.k0 : p.k0 + Tc]
+    logits = relative_logits(p.rel_q, rel.keys, q_pos, k_pos, c.scaling, dtype, rel.first)  # (B, H, C, Tc)
+    return logits.masked_fill(~seen, float("-inf"))
 
 
 def two_view_scores(qc, kc, far_q, far_k, q0: int, k0: int, reach: int) -> torch.Tensor | None:
