@@ -30,7 +30,7 @@ import torch
 
 from retrofit.evaluation import retrieval
 from retrofit.models.baseline import BaselineConfig, build_model
-from retrofit.training.standin import _training_plays, induction_rows, pack_blocks, pretrain, train_tokenizer
+from retrofit.training.standin import induction_rows, pack_blocks, pretrain, train_tokenizer, training_plays
 
 
 def mix(a) -> None:
@@ -76,7 +76,7 @@ def toy(a) -> None:
     cfg = BaselineConfig(
         name="toy", arch=a.arch, n_positions=a.native, n_layer=a.layers, n_head=4, n_embd=128, vocab_size=4096
     )
-    docs = _training_plays(cfg)
+    docs = training_plays(cfg)
     tok = train_tokenizer(docs, cfg.vocab_size)
     blocks = pack_blocks(tok, docs, a.native)
     held, blocks = blocks[-64:], blocks[:-64]
@@ -144,7 +144,7 @@ def cont(a) -> None:
     cfg = BaselineConfig(**stats["config"])
     tok = AutoTokenizer.from_pretrained(a.init)
     model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32)
-    blocks = pack_blocks(tok, _training_plays(cfg), cfg.n_positions)  # [n, L]
+    blocks = pack_blocks(tok, training_plays(cfg), cfg.n_positions)  # [n, L]
     held = pack_blocks(tok, assets.shakespeare_documents("heldout"), cfg.n_positions)[:64]  # [64, L]
     pool = torch.unique(blocks)
     params = _trained(model, a.train)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-import smollm2_reach as reach
+import reach
 from harness import stamp, write_record
 
 TARGET = 16384  # 2x SmolLM2's native 8,192
@@ -151,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--native", type=int, default=None)
     ap.add_argument("--cache", default="runs/smollm2_use")
     args = ap.parse_args(argv)
+    args.command = "OMP_NUM_THREADS=1 python research/smollm2_use.py"
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0

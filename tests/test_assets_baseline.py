@@ -71,7 +71,7 @@ def test_tokenizer_never_saw_heldout_plays(micro_dir):
     assert stats["heldout_plays"] == list(assets.HELDOUT_PLAYS_EXPECTED)
     assert stats["tokenizer_corpus"] == stats["train_plays"]
     assert held.isdisjoint(stats["tokenizer_corpus"]) and len(stats["tokenizer_corpus"]) == assets.N_PLAYS_EXPECTED - 4
-    assert [d.name for d in standin._training_plays(baseline.PRESETS["micro"])] == stats["tokenizer_corpus"]
+    assert [d.name for d in standin.training_plays(baseline.PRESETS["micro"])] == stats["tokenizer_corpus"]
 
 
 def test_micro_stats_are_complete(micro_dir):

@@ -8,11 +8,9 @@ Every entry point is imported on first use.
 """
 
 from .foundation import auto as _auto
-from .foundation import moved as _moved
 from .foundation.errors import RetrofitError
 from .foundation.versions import DISTRIBUTION, __version__
 
-_moved.install()  # the old module paths (`retrofit.core`, `retrofit.errors`, ...) give the moved modules
 _auto.install()  # plain AutoModelForCausalLM.from_pretrained(checkpoint) gives the converted model
 
 # Public names, imported on first use so that `import retrofit` stays light.
@@ -42,10 +40,6 @@ def __getattr__(name):
 
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(mod), attr)
-    if f"{__name__}.{name}" in _moved.MOVED:  # `retrofit.core` after `import retrofit`: the moved module
-        import importlib
-
-        return importlib.import_module(_moved.MOVED[f"{__name__}.{name}"])
     raise AttributeError(f"module 'retrofit' has no attribute {name!r}")
 
 

@@ -44,7 +44,7 @@ def _uses_plain_head(model) -> bool:
     return base is not None and base is not model
 
 
-def _hidden_and_head(model, input_ids: torch.Tensor):
+def hidden_and_head(model, input_ids: torch.Tensor):
     """``(hidden [B, T, D], head)`` when the chunked path applies, else ``(logits [B, T, V], None)``."""
     if _uses_plain_head(model):
         out = model.base_model(input_ids=input_ids, use_cache=False)
@@ -60,7 +60,7 @@ def token_nll(model, input_ids: torch.Tensor, targets: torch.Tensor, score_from:
     Returns [B, T - score_from]. Logits are computed ``LOGIT_CHUNK`` positions at a time, in
     float32, so a long window never materialises a [T, vocab] float32 tensor at once.
     """
-    hidden, head = _hidden_and_head(model, input_ids)
+    hidden, head = hidden_and_head(model, input_ids)
     hidden = hidden[:, score_from:]  # [B, T', D] or [B, T', V]
     tgt = targets[:, score_from:].to(hidden.device)  # [B, T']
     parts = []
@@ -138,7 +138,7 @@ def sliding_nll(
 def last_logits(model, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
     """Logits [B, keep, V] of the last ``keep`` positions of ``input_ids`` [B, T] (the head reads those alone
     where the chunked path applies)."""
-    hidden, head = _hidden_and_head(model, input_ids)
+    hidden, head = hidden_and_head(model, input_ids)
     hidden = hidden[:, hidden.shape[1] - keep :]
     return head(hidden) if head is not None else hidden
 

@@ -90,7 +90,7 @@ def ensure(name_or_path: str) -> None:
         pretrain(preset)
 
 
-def _training_plays(cfg: BaselineConfig) -> list[Document]:
+def training_plays(cfg: BaselineConfig) -> list[Document]:
     """The training plays, each truncated to ``cfg.max_chars_per_play`` if set."""
     docs = assets.shakespeare_documents("train")
     if cfg.max_chars_per_play:
@@ -418,7 +418,7 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     """Train tokenizer and model for ``cfg``, save both into ``path``; return the stats dict."""
     _say_precision_cost(cfg)
     t0 = time.perf_counter()
-    train_docs = _training_plays(cfg)
+    train_docs = training_plays(cfg)
     held_docs = assets.shakespeare_documents("heldout")
     if cfg.max_chars_per_play:
         held_docs = [Document(d.name, d.text[: cfg.max_chars_per_play]) for d in held_docs]
