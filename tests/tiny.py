@@ -186,6 +186,43 @@ def mpt(**extra):
     return tf.MptForCausalLM(cfg).eval()
 
 
+def biogpt():
+    """BioGPT: OPT's layout (a learned table with OPT's offset of 2) on the base model itself, scaled token
+    embeddings; no adapter names it (claimed by structure)."""
+    cfg = tf.BioGptConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=NATIVE,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return tf.BioGptForCausalLM(cfg).eval()
+
+
+def bart_decoder():
+    """BART's decoder as a causal LM: OPT's layout beside an encoder whose head count (16) its config's standard
+    names report; the decoder's own is 4."""
+    cfg = tf.BartConfig(
+        vocab_size=VOCAB,
+        d_model=64,
+        encoder_layers=3,
+        encoder_attention_heads=16,
+        decoder_layers=2,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=NATIVE,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    return tf.BartForCausalLM(cfg).eval()
+
+
 # GPT-J and CodeGen with one rotary module (transformers 5.24; 5.2 rotates inside the attention, which the gptj
 # adapter refuses by name): their tiny models exist only where the installed transformers has that layout
 GPTJ_LAYOUT = hasattr(tf.models.gptj.modeling_gptj, "GPTJRotaryEmbedding")

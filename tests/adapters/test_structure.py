@@ -1,5 +1,5 @@
-"""Models claimed by their structure (the LLaMA layout under another model type) and proven by the lossless
-probe; models whose difference matters refused by name (issue 42)."""
+"""Models claimed by their structure (the LLaMA layout, or OPT's learned table, under another model type) and
+proven by the lossless probe; models whose difference matters refused by name (issue 42)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from retrofit.patch import probe
 from retrofit.patch.core import _set_attn
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
-from ..tiny import NATIVE, _llama_like, ids
+from ..tiny import NATIVE, _llama_like, bart_decoder, biogpt, ids
 
 GEMMA3_LAYERS = ["sliding_attention", "full_attention"]
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
@@ -62,6 +62,7 @@ CLAIMED["granite_swa"] = (  # one rotary module per rope theta; theta 0: a layer
 )
 CLAIMED["deepseek_v2"] = (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM, MLA)  # complex rotary pairs, interleaved
 CLAIMED["nanochat"] = (tf.NanoChatConfig, tf.NanoChatForCausalLM, {})  # rotate_half as (x2, -x1): pairs turn back
+TABLE_CLAIMED = {"biogpt": biogpt, "bart": bart_decoder}  # OPT's layout (a learned table) under another model type
 REFUSED = {  # model type: (factory arguments, the quirk the error names)
     "deepseek_v32": (
         (
@@ -224,7 +225,7 @@ def test_the_support_table_says_what_this_suite_shows():
     text = (Path(__file__).resolve().parents[2] / "docs" / "support.md").read_text()
     rows = dict(re.findall(r"^\| `([^`]+)` \| ([a-z ]+) \|", text, re.M))
     registered = {t for _n, c in ADAPTERS.items() for t in c.model_types}
-    for t in set(CLAIMED) | registered:
+    for t in set(CLAIMED) | set(TABLE_CLAIMED) | registered:
         assert rows.get(t) == "converts", f"docs/support.md says {t}: {rows.get(t)}"
     for t in REFUSED:
         assert rows.get(t) in ("refused", "not built"), f"docs/support.md says {t}: {rows.get(t)}"
@@ -309,3 +310,86 @@ def test_in_half_precision_the_probe_still_sees_a_difference_no_quirk_names(monk
     with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
         retrofit.convert(model, "rope")
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "rope"])
+def test_a_learned_table_decoder_is_claimed_probed_and_converted(scheme, tmp_path):
+    """BioGPT (OPT's learned table with its offset of 2, no adapter names it): claimed by structure, its own table
+    gives its logits back (the probe's conversion) and revert the original's; converted, the patch is live and
+    matches the reference past the table's rows, generates with its cache as without (a left-padded row
+    included), and save -> reload gives the same logits."""
+    from retrofit.adapters.base import adapter_for
+
+    model = biogpt()
+    adapter = adapter_for(model)
+    assert model.config.model_type == "biogpt" and adapter.name == "opt" and adapter.by_structure
+    assert adapter.position_table.key == "biogpt.embed_positions.weight" and adapter.position_table.first_row == 2
+    x = ids(2, NATIVE + 8)
+    with torch.no_grad():
+        plain = model(x[:, :NATIVE]).logits
+        retrofit.convert(model, "extend", length=2 * NATIVE, init="copy")  # its own table, inside native
+        torch.testing.assert_close(model(x[:, :NATIVE]).logits, plain, atol=2e-5, rtol=1e-4)
+        retrofit.revert(model)
+        assert torch.equal(model(x[:, :NATIVE]).logits, plain)
+        retrofit.convert(model, scheme)
+        assert probe.fingerprint(biogpt()) in probe._PASSED, "the probe did not run"
+        out = model(x).logits
+        assert not torch.allclose(out[:, :NATIVE], plain, atol=1e-3), "patch is not live"
+        _set_attn(model, "retrofit_reference")
+        ref = model(x).logits
+        _set_attn(model, "retrofit")
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    prompt, mask = ids(2, 12), torch.ones(2, 12, dtype=torch.long)
+    prompt[0, :4], mask[0, :4] = 0, 0
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        a = model.generate(prompt, attention_mask=mask, use_cache=True, **kw)
+        b = model.generate(prompt, attention_mask=mask, use_cache=False, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    torch.testing.assert_close(torch.stack(a.logits), torch.stack(b.logits), atol=2e-5, rtol=1e-4)
+    retrofit.save(model, tmp_path / "m")
+    with torch.no_grad():
+        assert torch.equal(retrofit.load(tmp_path / "m")(x).logits, out)
+    retrofit.revert(model)
+    with torch.no_grad():
+        assert torch.equal(model(x[:, :NATIVE]).logits, plain), "revert: not the original's logits"
+
+
+def test_a_decoder_beside_an_encoder_reads_its_own_heads():
+    """BART's decoder as a causal LM: its config's standard names report the encoder's 16 heads and 3 layers; the
+    scheme is built for the decoder's own 4 heads and 2 layers (ALiBi's slopes are per head)."""
+    model = bart_decoder()
+    x = ids(1, NATIVE + 8)
+    retrofit.convert(model, "alibi")
+    spec = retrofit.patch.core._state(model).adapter.spec()
+    assert (spec.num_heads, spec.num_layers, spec.head_dim) == (4, 2, 16)
+    with torch.no_grad():
+        out = model(x).logits
+        _set_attn(model, "retrofit_reference")
+        ref = model(x).logits
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_a_learned_table_decoder_converts_from_its_folder(tmp_path, monkeypatch, capsys):
+    """``retrofit convert <folder> --to alibi --out X`` on a BioGPT folder: converted, loaded back as BioGPT."""
+    from retrofit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RETROFIT_PROGRESS", "0")
+    model = biogpt()
+    model.save_pretrained(tmp_path / "bio")
+    rc = main(["convert", "bio", "--to", "alibi", "--out", "out"])
+    assert rc == 0, capsys.readouterr().err
+    back = retrofit.load(tmp_path / "out")
+    assert type(back).__name__ == "BioGptForCausalLM" and retrofit.describe(back)["scheme"] == "alibi"
+    retrofit.convert(model, "alibi")
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids(1, NATIVE + 8)).logits, model(ids(1, NATIVE + 8)).logits)
+
+
+def test_an_unclaimed_decoder_is_told_both_layouts():
+    """A decoder of neither layout (XGLM's sinusoids computed on the fly) is refused with both layouts named."""
+    cfg = tf.XGLMConfig(vocab_size=128, d_model=64, num_layers=2, attention_heads=4, ffn_dim=128)
+    with pytest.raises(UnsupportedArchitectureError, match="a learned embed_positions table"):
+        retrofit.convert(tf.XGLMForCausalLM(cfg).eval(), "alibi")

@@ -199,5 +199,6 @@ def adapter_for(model: nn.Module) -> Adapter:
         + (f" (it has {'; '.join(has)})" if has else "")
         + f"; supported: {supported}, and any "
         "decoder with the LLaMA layout (a rotary_emb module, layers of self_attn on transformers' attention "
-        "interface) that passes the lossless probe (docs/support.md)"
+        "interface) or OPT's (a learned embed_positions table, layers of self_attn on that interface) that "
+        "passes the lossless probe (docs/support.md)"
     )

@@ -34,7 +34,7 @@ class NeutralisedPositionTable(nn.Module):
 
     def forward(self, *args, **kwargs) -> torch.Tensor:
         self.calls += 1
-        pos = self.positions(*args, **kwargs)  # (B, T)
+        pos = self.positions(*args, **kwargs).to(self.weight.device)  # (B, T)
         state = self.state
         out = torch.zeros(*pos.shape, self.weight.shape[-1], dtype=self.weight.dtype, device=self.weight.device)
         if state.native_fade > 0:

@@ -217,6 +217,6 @@ def _tokenizer(target: str, gguf_file: str | None):
 
     try:
         return AutoTokenizer.from_pretrained(target, **({"gguf_file": gguf_file} if gguf_file else {}))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, ImportError) as e:  # ImportError: its tokenizer needs a package (BioGPT's sacremoses)
         log.warning("no tokenizer for %s: %s", target, str(e).splitlines()[0])
         return None
