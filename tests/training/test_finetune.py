@@ -107,6 +107,13 @@ def test_adapter_alone_merges_to_the_final_model(run):
     torch.testing.assert_close(_logits(merged, ids), _logits(final, ids), atol=1e-5, rtol=1e-5)
 
 
+def test_the_adapter_alone_loads_with_retrofit_load(run):
+    """adapter/ (a few MB) names its base and conversion (retrofit_base.json): ``retrofit.load`` of it is final/."""
+    merged, final, ids = retrofit.load(run / "adapter"), retrofit.load(run / "final"), _ids()
+    assert json.loads((run / "adapter" / "retrofit_base.json").read_text())["convert"]["scheme"] == "alibi"
+    torch.testing.assert_close(_logits(merged, ids), _logits(final, ids), atol=1e-5, rtol=1e-5)
+
+
 def test_lora_with_position_parameters_save_load_merge(tmp_path):
     """A scheme with new position parameters: they train (modules_to_save) and survive
     save -> load -> merge with identical logits."""

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 FINAL = "final"
 ADAPTER = "adapter"
+ADAPTER_BASE = "retrofit_base.json"  # in adapter/: the base model and the conversion the adapter goes on
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
 EXPORT = "export"

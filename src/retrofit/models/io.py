@@ -96,6 +96,10 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
     from ..patch.core import POSITIONS_MODULE, reapply, verify
 
     path = Path(path)
+    if (path / "adapter_config.json").is_file():
+        dtype = from_pretrained_kwargs.get("dtype")
+        names = {v: k for k, v in DTYPES.items()}
+        return load_adapter(path, dtype=names.get(dtype, dtype))
     if not (path / "config.json").exists():
         raise RetrofitError(f"{path} is not a saved model folder (no config.json)")
     config = base_config(path)
@@ -121,6 +125,32 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
             raise RetrofitError(f"{path}: the checkpoint lacks position parameters {missing}")
         positions.load_state_dict({k: saved[k] for k in expected}, strict=True)
     verify(model)
+    model.eval()
+    return model
+
+
+def load_adapter(path: Path, dtype: str | None = None):
+    """A fine-tune's ``adapter/`` (a LoRA adapter of a few MB): its base loaded as the recipe named it
+    (``retrofit_base.json``), converted as the recipe did, the adapter merged in: the model ``final/`` holds."""
+    from peft import PeftModel
+
+    from ..foundation.run_folder import ADAPTER_BASE
+    from ..patch.core import convert
+
+    spec_file = path / ADAPTER_BASE
+    if not spec_file.is_file():
+        raise RetrofitError(
+            f"{path} is a PEFT adapter without {ADAPTER_BASE} (not written by retrofit finetune): load its base, "
+            "retrofit.convert it as it was trained, then peft.PeftModel.from_pretrained(base, adapter)"
+        )
+    spec = json.loads(spec_file.read_text())
+    m, c = spec["model"], spec["convert"]
+    model, _ = load_model(
+        m["name_or_path"], gguf_file=m.get("gguf_file"), dtype=dtype or m.get("dtype"), tokenizer=False
+    )
+    if c.get("scheme"):
+        convert(model, c["scheme"], **c.get("options", {}))
+    model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     model.eval()
     return model
 

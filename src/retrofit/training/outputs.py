@@ -108,11 +108,22 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
         def adapter(tmp: Path) -> None:
             unwrapped.save_pretrained(tmp, save_embedding_layers=False)  # trained embeddings: modules_to_save
             tok.save_pretrained(tmp)
+            write_text(tmp / rf.ADAPTER_BASE, json.dumps(adapter_base(r), indent=2) + "\n")
 
         write_dir(out / rf.ADAPTER, adapter)
         unwrapped = unwrapped.merge_and_unload()
     save(unwrapped, out / rf.FINAL, tokenizer=tok)
     return out / rf.FINAL
+
+
+def adapter_base(r: Recipe) -> dict:
+    """What ``retrofit.load(adapter/)`` rebuilds the adapter's base from: the model as the recipe names it and
+    the conversion (a built-in or Hub name loads anywhere; a local path only where it exists)."""
+    m, c = r.model, r.convert
+    return {
+        "model": {"name_or_path": m.name_or_path, "gguf_file": m.gguf_file, "dtype": m.dtype},
+        "convert": {"scheme": c.scheme, "options": dict(c.options or {})},
+    }
 
 
 def rebuilt(r: Recipe, state: dict | None = None):
