@@ -132,6 +132,7 @@ def test_an_unreachable_hub_fails_at_once_from_the_cache(at, capsys, monkeypatch
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     asked = []
+    monkeypatch.setattr(sources, "_probed", {})  # this process has not asked yet
     monkeypatch.setattr(sources, "_unreachable", lambda endpoint: asked.append(endpoint) or "ConnectError: no route")
     rc, err = run(["describe", "someone/not-cached-here"], capsys)
     assert rc == 5 and "the Hub does not answer" in err, err

@@ -7,9 +7,10 @@ import codecs
 import dataclasses
 import logging
 import typing
+from pathlib import Path
 
 from ..evaluation.lengths import parse_list
-from ..evaluation.options import DEFAULTS, NAMES, QUICK, EvalOptions
+from ..evaluation.options import DEFAULTS, NAMES, ORIGINAL, QUICK, EvalOptions
 from ..foundation.errors import OptionError
 from ..foundation.quiet import progress_bars
 from ..foundation.run_folder import REPORT, REPORT_MD
@@ -139,7 +140,19 @@ def _options(args) -> dict:
     return given
 
 
+def precheck(args) -> None:
+    """What can be said of MODEL and each --baseline before torch is imported: a missing path (a run folder
+    reads as its final/ model), a folder that is not a model, a Hub id neither cached nor reachable."""
+    from ..foundation.run_folder import model_dir
+    from ..models.sources import precheck as check
+
+    for name in [args.model, *(b for b in args.baseline if b != ORIGINAL)]:
+        gguf = args.gguf_file if name is args.model else None
+        check(str(model_dir(name)) if Path(name).is_dir() and not gguf else name, gguf)  # "./x" stays a path
+
+
 def run(args) -> int:
+    precheck(args)  # the cheap checks first: a missing model is said at once
     from ..evaluation import evaluate
     from ..evaluation.markdown import ppl_table
     from ..foundation.run_folder import eval_dir

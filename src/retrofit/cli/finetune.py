@@ -119,6 +119,9 @@ def run(args) -> int:
 
         print(final_from(recipe, args.final_from, trust_pickle=args.trust_pickle))
         return 0
+    from ..models.sources import precheck
+
+    precheck(recipe.model.name_or_path, recipe.model.gguf_file)  # a missing model is said before torch is imported
     from ..foundation.run_folder import FINAL
     from ..training import finetune
 

@@ -83,3 +83,99 @@ class Meter:
             "peak_memory_delta_bytes": int(max(0, self.peak - self.before)),
             "memory_measure": self.measure,
         }
+
+
+# ---- the estimate said before an evaluation starts ----------------------------------------------------------
+TIMING_S = 4.0  # forwards timed for the estimate stop growing past about half this: said before long work starts
+SHORT = 16  # tokens of the short forward that measures the fixed cost of a pass
+QUICK_S = 0.2  # a forward quicker than this is timed three times (the best counts)
+
+
+def when(seconds: float) -> str:
+    """``42 s``, ``8 min``, ``1.5 h``."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def plan_line(work: list[tuple[int, int]]) -> str:
+    """What the evaluation puts through the models, from ``work``: (window length, forward passes) pairs."""
+    tokens, passes = sum(n * c for n, c in work), sum(c for _, c in work)
+    lengths = sorted({n for n, c in work if c})
+    span = f"{lengths[0]:,}" if len(lengths) == 1 else f"{lengths[0]:,} to {lengths[-1]:,}"
+    return f"cost: {tokens:,} tokens through the models in {passes:,} forward passes (windows of {span} tokens)"
+
+
+def _forward_s(model, ids: torch.Tensor, k: int) -> float:
+    """One timed forward of the first ``k`` tokens."""
+    x = ids[:k].reshape(1, -1).to(next(model.parameters()).device)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        model(input_ids=x)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize(x.device)
+        return time.perf_counter() - t0
+
+
+def _best_s(model, ids: torch.Tensor, k: int, first: float) -> float:
+    """``first`` (a forward of ``k`` tokens just timed), or the best of it and two more when it was quick: one
+    slow moment of a busy machine does not set the estimate, and a slow forward is not run again."""
+    return first if first >= QUICK_S else min(first, _forward_s(model, ids, k), _forward_s(model, ids, k))
+
+
+def time_forwards(model, ids: torch.Tensor, target: int) -> list[tuple[int, float]]:
+    """(tokens, seconds) of forwards timed now on the eval's own tokens ``ids``: a short one (the fixed cost of
+    a pass; after a warm-up), then doubling lengths up to ``target`` (the longest window), stopping early once a
+    forward takes about ``TIMING_S / 2``: a few seconds in all, however large the model."""
+    target = max(1, min(target, ids.numel()))
+    short = min(SHORT, target)
+    _forward_s(model, ids, short)  # warm-up: first calls allocate
+    timed = [(short, _best_s(model, ids, short, _forward_s(model, ids, short)))]
+    k = short
+    while k < target and timed[-1][1] < TIMING_S / 2:
+        k = min(2 * k, target)
+        timed.append((k, _best_s(model, ids, k, _forward_s(model, ids, k))))
+    return timed
+
+
+def pass_seconds(n: int, timed: list[tuple[int, float]]) -> float:
+    """A forward of ``n`` tokens, read off the forwards ``timed`` ((tokens, seconds), by length): between two
+    of them on the line through both, past the longest on the slope of the last two (a convex cost grows at
+    least that fast), below the shortest as the shortest. Times are taken as non-decreasing in the length, so
+    noise never gives a negative cost per token or an absurd rate."""
+    points, slowest = [], 0.0
+    for k, t in sorted(timed):
+        slowest = max(slowest, t)
+        points.append((k, slowest))
+    if n <= points[0][0]:
+        return points[0][1]
+    for (k0, t0), (k1, t1) in zip(points, points[1:]):
+        if n <= k1:
+            return t0 + (t1 - t0) * (n - k0) / (k1 - k0)
+    (k0, t0), (k1, t1) = points[-2] if len(points) > 1 else (0, 0.0), points[-1]
+    return t1 + (t1 - t0) / (k1 - k0) * (n - k1)
+
+
+def estimate(work: list[tuple[int, int]], timed: list[tuple[int, float]]) -> float:
+    """Seconds of forwards for ``work``: (window length, passes) pairs, each pass as ``pass_seconds`` reads it."""
+    return sum(c * pass_seconds(n, timed) for n, c in work if c)
+
+
+def time_line(name: str, work: list[tuple[int, int]], timed: list[tuple[int, float]]) -> str:
+    """The time the forwards of ``work`` take here, and what it was measured on."""
+    seconds = estimate(work, timed)
+    (s, ts), (k, tk) = timed[0], timed[-1]
+    measured = f"{k:,} tokens in {tk * 1e3:,.1f} ms, {k / max(tk, 1e-9):,.0f} tokens/s"
+    if k > s:
+        measured += f"; {s:,} tokens in {ts * 1e3:,.1f} ms"
+    longest = max(n for n, c in work if c)
+    beyond = (
+        f"; longer windows (up to {longest:,} tokens) extrapolated from the last two, so likely more: attention "
+        "grows faster than the length"
+        if k < longest
+        else ""
+    )
+    return (
+        f"cost: about {when(seconds)} here for the forwards alone (timed now on {name}: {measured}); scoring adds "
+        f"to it{beyond}; lighter: retrofit eval --quick"
+    )

@@ -249,7 +249,17 @@ def as_far_context(row: dict, native: int) -> dict:
     return {**out, "reads": reads(out)}  # the causal report's rule: the interval's low end above 1
 
 
+def work(n: int, lengths: list[int], native: int, models) -> list[tuple[int, int]]:
+    """(window length, forward passes) ``run`` makes: every model's native sliding window, and its full
+    windows at each length it runs (for the progress bar and the cost said before it starts)."""
+    per = len(centred_spans(n, native, max(1, native // 2)))
+    out = []
+    for m in models:
+        out.append((native, per))
+        out += [(L, -(-n // L)) for L in lengths if not (m.max_length and L > m.max_length)]
+    return out
+
+
 def windows(n: int, lengths: list[int], native: int, models) -> int:
     """Forward passes ``run`` makes (for the progress bar)."""
-    per = len(centred_spans(n, native, max(1, native // 2)))
-    return sum(per + sum(-(-n // L) for L in lengths if not (m.max_length and L > m.max_length)) for m in models)
+    return sum(c for _, c in work(n, lengths, native, models))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -92,7 +93,7 @@ def resolve(
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if isinstance(spec, str):
-        if not spec.endswith(".gguf") and not gguf_file:
+        if not spec.endswith(".gguf") and not gguf_file and Path(spec).is_dir():  # "./x" not found stays a path
             from ..foundation.run_folder import model_dir
 
             spec = str(model_dir(spec))  # a run folder: its fine-tuned final/ (the report names it)

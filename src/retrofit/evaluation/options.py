@@ -17,6 +17,7 @@ from ..foundation.errors import OptionError
 from ..foundation.schema import field_help as _opt
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+ORIGINAL = "original"  # the baseline name that means the evaluated model's own original positions
 
 
 @dataclass
@@ -39,6 +40,11 @@ class EvalOptions:
         None,
     )
     budget: int = _opt("Tokens scored at every length.", 65536)
+    budget_windows: Optional[int] = _opt(
+        "At least this many windows of the longest length: the budget grows to hold them, so it fits the "
+        "model it is given (null = the budget as given; retrofit eval --quick: 2, the fewest with an interval).",
+        None,
+    )
     stride: Optional[int] = _opt("Sliding-window stride (null = half of each sliding window).", None)
     sliding: bool = _opt(
         "Sliding-window rows at each length (window = the length) for models that run it plainly "
@@ -90,14 +96,26 @@ class EvalOptions:
 NAMES = tuple(f.name for f in dataclasses.fields(EvalOptions))
 DEFAULTS = EvalOptions()
 # A lighter evaluation for a CPU (retrofit eval --quick): fewer tokens and lengths, no long-window sliding rows,
-# fewer copy trials. The far-context gain (a native-size window) and the copy measure stay.
+# fewer copy trials. The far-context gain (a native-size window) and the copy measure stay. The budget fits the
+# model: 8,192 tokens, or two windows of the longest length when that is more (SmolLM2's 2x is 16,384).
 QUICK = {
     "lengths": ["1x", "2x", "4x"],
     "budget": 8192,
+    "budget_windows": 2,
     "sliding": False,
     "copy_trials": 4,
     "copy_distances": ["0.25x", "1x", "2x", "4x"],
 }
+
+
+def fitted_budget(o: EvalOptions, longest: int) -> EvalOptions:
+    """``o`` with its budget raised to ``budget_windows`` windows of the ``longest`` length, when that is more."""
+    n = o.budget_windows
+    if n is None:
+        return o
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise OptionError(f"budget_windows must be a positive integer or null, got {n!r}")
+    return dataclasses.replace(o, budget=max(o.budget, n * longest))
 
 
 def eval_options(options: EvalOptions | None = None, **given) -> EvalOptions:

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from ..foundation import task
 from ..foundation.errors import LengthError, OptionError
-from . import masked, retrieval
+from . import cost, masked, retrieval
 from . import passkey as pk
 from . import recall as rc
 from .cost import Meter
@@ -20,7 +20,7 @@ from .farcontext import far_context
 from .lengths import parse_item
 from .lengths import resolve as resolve_lengths
 from .models import EvalModel, check_tokenizers, describe_model, resolve
-from .options import DEFAULTS, EvalOptions, eval_options
+from .options import DEFAULTS, ORIGINAL, QUICK, EvalOptions, eval_options, fitted_budget
 from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
 from .report import SCHEMA_VERSION, Report, environment
 from .tokens import build_stream, first_tokens, resolve_documents
@@ -388,6 +388,7 @@ def evaluate(
         passkey_trials,
         (rc_depths, recall_trials, recall_span, recall_cue) if recall else None,
     )
+    fitted_budget(o, 1)  # a bad budget_windows is said before anything is read
     cp_items = _check_lengths(o.copy_distances, "copy distances") if copy else None
     docs, data_label = resolve_documents(data, max_tokens=2 * max(budget, 1 << 17))  # a Hub dataset: streamed
     models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
@@ -395,6 +396,8 @@ def evaluate(
     lengths = resolve_lengths(lengths, native)
     if default_lengths and models[0].max_length:
         lengths = _within_limit(models[0], lengths)
+    o = _fit_budget(o, lengths)
+    budget = o.budget
     if task.of_model(models[0].model).name == "masked-lm":
         return _masked(models, docs, data_label, lengths, native, o, progress, out, cp_items)
     pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
@@ -412,13 +415,9 @@ def evaluate(
     check_tokenizers(models, docs[0].text[:4000])
     stream = build_stream(models[0].tokenizer, docs, data_label, budget, lengths, doc_separator)
     jobs = plan_jobs(models, lengths, stride, sliding)
-    total = sum(_windows(j, stream.targets) for j in _unique(jobs))
-    if passkey:
-        total += len(models) * len(pk_lengths) * len(depths) * passkey_trials
     rc_text = None
     if recall:
         rc_text = _recall_text(models[0], docs, data_label, budget, max(rc_lengths), recall_span, doc_separator)
-        total += len(models) * len(rc_lengths) * len(rc_depths) * recall_trials
     if cp_distances:
         cp_prefix = pk.bos_prefix(models[0].tokenizer)
         cp_text = _recall_text(
@@ -431,16 +430,15 @@ def evaluate(
             doc_separator,
             what=f"copy distance {max(cp_distances)}",
         )
-        total += len(models) * len(cp_distances) * o.copy_trials
     log.info(
         "evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), stream.targets, data_label, lengths
     )
-    forward = sum(_windows(j, stream.targets) * j.window for j in _unique(jobs))
-    forward += len(models) * (sum(pk_lengths) * len(depths) * passkey_trials if passkey else 0)
-    forward += len(models) * (sum(rc_lengths) * len(rc_depths) * recall_trials if recall else 0)
-    forward += len(models) * o.copy_trials * sum(d + o.copy_span for d in cp_distances)
-    log.info("%s", _cost_line(models[0], stream, forward, total))
-    with tqdm(total=total, disable=not progress, unit="window", dynamic_ncols=True) as bar:
+    work = [(j.window, _windows(j, stream.targets)) for j in _unique(jobs)]
+    work += [(L, len(models) * len(depths) * passkey_trials) for L in (pk_lengths if passkey else [])]
+    work += [(L, len(models) * len(rc_depths) * recall_trials) for L in (rc_lengths if recall else [])]
+    work += [(d + o.copy_span, len(models) * o.copy_trials) for d in cp_distances]
+    _say_cost(models[0], stream.ids, work)
+    with tqdm(total=sum(c for _, c in work), disable=not progress, unit="window", dynamic_ncols=True) as bar:
         rows, positions, costs, scored = run_perplexity(models, jobs, stream, batch_size, position_buckets, bar)
         pk_results = run_passkey(models, pk_lengths, depths, passkey_trials, seed, bar) if passkey else None
         rc_results = (
@@ -542,7 +540,7 @@ def _masked(models, docs, data_label, lengths, native, o, progress, out, cp_item
     if o.copy and mask_id is None:
         log.warning("masked LM: its tokenizer has no mask token, so retrieval at distance is not run")
     cp = None
-    total = masked.windows(ids.numel(), lengths, native, models)
+    work = masked.work(ids.numel(), lengths, native, models)
     if o.copy and mask_id is not None:
         o = _copy_sizes(o, native)
         distances = _copy_distances(cp_items, native, lengths, o)
@@ -554,8 +552,9 @@ def _masked(models, docs, data_label, lengths, native, o, progress, out, cp_item
             [models[0].tokenizer.cls_token_id] if getattr(models[0].tokenizer, "cls_token_id", None) is not None else []
         )
         cp = (distances, text, prefix)
-        total += len(models) * len(distances) * o.copy_trials
-    with tqdm(total=total, disable=not progress, unit="window") as bar:
+        work += [(d + o.copy_span, len(models) * o.copy_trials) for d in distances]
+    _say_cost(models[0], ids, work)
+    with tqdm(total=sum(c for _, c in work), disable=not progress, unit="window") as bar:
         data = masked.run(models, ids, lengths, native, data_label, masked.RATE, bar)
         if cp is not None:
             distances, text, prefix = cp
@@ -617,9 +616,6 @@ def load_models(
     return models
 
 
-ORIGINAL = "original"  # the baseline name that means the evaluated model's own original positions
-
-
 def original_of(model_or_path, evaluated: EvalModel, *, device=None, dtype=None):
     """The baseline "original" of a run folder or checkpoint: the model it was converted from, as the run
     recorded it (reverted when that is itself a retrofit checkpoint). ``(name, model, tokenizer)``. A model
@@ -673,45 +669,29 @@ def _check_recall_room(m: EvalModel, length: int, span: int) -> None:
         raise LengthError(f"recall length {length} is too short: a {span}-token span and its repeat take {need} tokens")
 
 
-def _cost_line(m: EvalModel, stream, forward: int, passes: int) -> str:
-    """What the evaluation will cost, said before it starts: tokens through the models, forward passes, and
-    a time from forwards of the evaluated model timed now at n and 2n tokens (a fixed cost per pass and a
-    cost per token; attention grows faster than the length, so long windows take longer).
-    ``retrofit eval --quick`` is the lighter preset."""
-    import time
+def _fit_budget(o, lengths: list[int]):
+    """The options with the budget fitted to the longest length (``budget_windows``), said when it grows."""
+    fitted = fitted_budget(o, max(lengths))
+    if fitted.budget != o.budget:
+        log.info(
+            "budget: %s tokens, %d windows of the longest length %s (budget_windows), instead of %s",
+            f"{fitted.budget:,}",
+            o.budget_windows,
+            f"{max(lengths):,}",
+            f"{o.budget:,}",
+        )
+    return fitted
 
-    import torch
 
-    n = min(stream.ids.numel() // 2, (m.info.get("native") or {}).get("length") or 512, 1024)
+def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]]) -> None:
+    """What the evaluation will cost, said before it starts: at once the tokens and forward passes of ``work``
+    ((window length, passes) pairs), then a time from forwards of the evaluated model timed now on the eval's
+    tokens, up to its longest window (``cost.time_forwards``: a few seconds at most)."""
+    log.info("%s", cost.plan_line(work))
+    target = max(n for n, c in work if c)
     if m.max_length is not None:
-        n = min(n, m.max_length // 2)  # 2n tokens must fit a model with a limit (the original)
-
-    def timed(k: int) -> float:
-        x = stream.ids[:k].reshape(1, -1).to(_device_of(m.model))
-        best = float("inf")
-        with torch.inference_mode():
-            for _ in range(3):  # the first is a warm-up; the best of the rest
-                t0 = time.perf_counter()
-                m.model(input_ids=x)
-                best = min(best, time.perf_counter() - t0)
-        return best
-
-    t1, t2 = timed(n), timed(2 * n)
-    per_token = max(t2 - t1, 1e-9) / n
-    per_pass = max(t1 - per_token * n, 0.0)
-    seconds = passes * per_pass + forward * per_token
-    when = (
-        f"{seconds:.0f} s"
-        if seconds < 120
-        else f"{seconds / 60:.0f} min"
-        if seconds < 7200
-        else f"{seconds / 3600:.1f} h"
-    )
-    return (
-        f"cost: {forward:,} tokens through the models in {passes:,} forward passes: at least {when} here (the "
-        f"forwards alone, timed now on {m.name}: {per_pass * 1e3:.1f} ms a pass + {1 / per_token:,.0f} tokens/s; "
-        "scoring and long windows add to it); lighter: retrofit eval --quick"
-    )
+        target = min(target, m.max_length)
+    log.info("%s", cost.time_line(m.name, work, cost.time_forwards(m.model, ids, target)))
 
 
 def _copy_sizes(o, native: int | None):
@@ -728,9 +708,9 @@ def _copy_sizes(o, native: int | None):
 
 
 def _copy_distances(items, native: int | None, lengths: list[int], o) -> list[int]:
-    """The copy distances in tokens: as given, or (the defaults) those up to the longest length."""
+    """The copy distances in tokens: as given, or (the defaults, --quick's too) those up to the longest length."""
     distances = resolve_lengths(items, native, "copy distances")
-    if o.copy_distances == DEFAULTS.copy_distances:
+    if o.copy_distances in (DEFAULTS.copy_distances, QUICK["copy_distances"]):
         distances = [d for d in distances if d <= max(lengths)]
     small = [d for d in distances if d < o.copy_keys * o.copy_span]
     if small:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..foundation.documents import Document
-from ..foundation.errors import DataError
-from . import assets
+from ..foundation.errors import DataError, HubError
+from . import assets, sources
 
 log = logging.getLogger(__name__)
 
@@ -158,22 +158,34 @@ def hub_documents(
     try:
         import datasets
 
-        for i, row in enumerate(datasets.load_dataset(name, config, split=split, streaming=True)):
-            if field not in row:
-                raise DataError(f"dataset {name!r} has no field {field!r}; fields: {', '.join(row)}")
-            text = row[field]
-            if isinstance(text, str) and text.strip():
-                docs.append(Document(f"{name}[{i}]", text))
-                chars += len(text)
-                if max_chars is not None and chars >= max_chars:
-                    break
+        with sources.cache_only():  # offline (set, or found once): the cache only, never a minute of retries
+            for i, row in enumerate(datasets.load_dataset(name, config, split=split, streaming=True)):
+                if field not in row:
+                    raise DataError(f"dataset {name!r} has no field {field!r}; fields: {', '.join(row)}")
+                text = row[field]
+                if isinstance(text, str) and text.strip():
+                    docs.append(Document(f"{name}[{i}]", text))
+                    chars += len(text)
+                    if max_chars is not None and chars >= max_chars:
+                        break
     except DataError:
         raise
+    except (ConnectionError, TimeoutError) as e:  # datasets' offline and unreachable-Hub errors
+        raise _not_cached(f"dataset {name!r} (config={config!r}, split={split!r})", e) from None
     except Exception as e:  # datasets raises many types; all mean "cannot use this dataset"
         raise DataError(f"cannot load dataset {name!r} (config={config!r}, split={split!r}): {e}") from e
     if not docs:
         raise DataError(f"dataset {name!r} field {field!r} holds no text")
     return docs
+
+
+def _not_cached(what: str, e: BaseException) -> HubError:
+    """A Hub dataset that is not in the cache while the Hub cannot be asked: one line, at once."""
+    why = sources.hub_unusable() or "the Hub cannot be reached"
+    return HubError(
+        f"{what} is not in the Hugging Face cache, and {why} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+        "go online once to cache it, or give local files"
+    )
 
 
 def separator_id(tokenizer) -> int | None:

@@ -28,11 +28,35 @@ def check(target: str, *, gguf: bool = False) -> bool:
         return False
     if path.exists():
         return _check_folder(path)
-    if not _is_hub_id(target):
-        raise ModelLoadError(
-            f"no such file or folder: {target}; give a model folder, a .gguf file, or a Hub id (org/name)"
-        )
+    if names_a_path(target):
+        raise _missing(target)
     return False
+
+
+def names_a_path(name: str) -> bool:
+    """Whether a model argument names a local path, not a Hub id, decided on this machine alone. As in
+    transformers, a path that exists wins; so does one that starts with ``.``, ``/`` or ``~``, one with a path
+    separator that is not shaped like a Hub id (``org/name``), and an ``org/name`` whose ``org`` is a folder
+    here (``runs/gpt2-alibi`` beside ``runs/tiny-gpt2-alibi``). Anything else shaped like a Hub id is one."""
+    if Path(name).expanduser().exists() or name.startswith((".", "/", "~", os.sep)):
+        return True
+    if os.altsep and os.altsep in name:
+        return True
+    if not _is_hub_id(name):
+        return True  # not a Hub id: what can it be but a path (said as "no such file or folder")
+    return "/" in name and Path(name.split("/", 1)[0]).is_dir()
+
+
+def _missing(name: str) -> ModelLoadError:
+    first = name.split("/", 1)[0]
+    why = (
+        f" ({first}/ is a folder here, so this is a path, not a Hub id)"
+        if "/" in name and _is_hub_id(name) and Path(first).is_dir()
+        else ""
+    )
+    return ModelLoadError(
+        f"no such file or folder: {name}{why}; give a model folder, a .gguf file, or a Hub id (org/name)"
+    )
 
 
 def precheck(name: str, gguf_file: str | None = None) -> None:
@@ -53,27 +77,46 @@ def precheck(name: str, gguf_file: str | None = None) -> None:
     if path.exists():
         _model_folder(path)
         return
-    if not _is_hub_id(name):
-        raise ModelLoadError(
-            f"no such file or folder: {name}; give a model folder, a .gguf file, or a Hub id (org/name)"
-        )
+    if names_a_path(name):
+        raise _missing(name)
     _hub_or_cache(name)
 
 
 def _hub_or_cache(hub_id: str) -> None:
     """A Hub id that is neither in the local Hugging Face cache nor reachable (offline, or the Hub does not
     answer one quick request): the error ``from_pretrained`` would end in, said now."""
-    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
     if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
         return
-    why = (
-        "HF_HUB_OFFLINE is set"
-        if constants.HF_HUB_OFFLINE
-        else ("the Hub does not answer" if _unreachable(constants.ENDPOINT) else None)
-    )
+    why = hub_unusable()
     if why:
         raise _uncached(hub_id, why)
+
+
+def hub_unusable() -> str | None:
+    """Why the Hub cannot be asked now, or None: ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set, or the
+    one quick request this process makes to the Hub (``_probe``: asked once, remembered) got no answer."""
+    from huggingface_hub import constants
+
+    if _offline_by_env() or (constants.HF_HUB_OFFLINE and constants.ENDPOINT not in _probed):
+        return "HF_HUB_OFFLINE is set"
+    return None if _probe(constants.ENDPOINT) is None else "the Hub does not answer"
+
+
+_probed: dict[str, str | None] = {}  # endpoint -> why it did not answer (None: it did), once per process
+
+
+def _probe(endpoint: str) -> str | None:
+    if endpoint not in _probed:
+        _probed[endpoint] = _unreachable(endpoint)
+        if _probed[endpoint] is not None:
+            log.warning(
+                "%s does not answer (%s); this process reads the local Hugging Face cache only",
+                endpoint,
+                _probed[endpoint],
+            )
+    return _probed[endpoint]
 
 
 def _uncached(hub_id: str, why: str) -> HubError:
@@ -160,20 +203,38 @@ def check_gguf(path: Path) -> None:
 
 @contextlib.contextmanager
 def hub_access(hub_id: str | None) -> Iterator[None]:
-    """For a Hub id, one quick request first: when the Hub does not answer, this block reads the local
-    cache only (said once, at once, instead of a minute of retries per file). No-op for local paths."""
+    """For a Hub id, one quick request first (once per process): when the Hub does not answer, this block
+    reads the local cache only (said once, at once, instead of a minute of retries per file). No-op for
+    local paths."""
+    with cache_only(hub_id is not None):
+        yield
+
+
+@contextlib.contextmanager
+def cache_only(hub: bool = True) -> Iterator[None]:
+    """A block that may ask the Hub (``hub``): when ``hub_unusable`` says it cannot be asked, huggingface_hub,
+    transformers and ``datasets`` read their local caches only inside it (each reads its own offline flag),
+    so what is not cached fails at once instead of after each library's retries. Restored after."""
+    import sys
+
     from huggingface_hub import constants
 
-    reason = None if hub_id is None or constants.HF_HUB_OFFLINE else _unreachable(constants.ENDPOINT)
-    if reason is None:
+    if not hub or hub_unusable() is None:
         yield
         return
-    log.warning("%s does not answer (%s); looking for %s in the local cache only", constants.ENDPOINT, reason, hub_id)
-    constants.HF_HUB_OFFLINE = True  # what transformers and huggingface_hub read for "cache only"
+    flags = [(constants, "HF_HUB_OFFLINE")]
+    if "datasets" in sys.modules:  # imported later, it reads huggingface_hub's flag
+        import datasets.config
+
+        flags.append((datasets.config, "HF_HUB_OFFLINE"))
+    saved = [getattr(mod, name) for mod, name in flags]
+    for mod, name in flags:
+        setattr(mod, name, True)
     try:
         yield
     finally:
-        constants.HF_HUB_OFFLINE = False
+        for (mod, name), value in zip(flags, saved):
+            setattr(mod, name, value)
 
 
 def _unreachable(endpoint: str) -> str | None:

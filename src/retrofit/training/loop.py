@@ -33,6 +33,7 @@ from ..foundation.errors import LengthError, RecipeError
 from ..foundation.quiet import hushed, progress_bars
 from ..foundation.versions import library_versions
 from ..models import data as rdata
+from ..models import sources
 from ..patch.core import describe, max_length, set_position_controls
 from ..patch.optim import param_groups
 from . import blocks as blk
@@ -78,6 +79,7 @@ def finetune(recipe, overrides: list[str] | dict | None = None) -> Path:
 def _finetune(r: Recipe) -> Path:
     out = Path(r.output_dir)
     check_creatable(out, "output_dir")  # before anything is loaded or trained
+    sources.precheck(r.model.name_or_path, r.model.gguf_file)  # a missing or uncached model: before the data
     acc = _accelerator(r)
     from accelerate.utils import set_seed
 

@@ -29,6 +29,7 @@ import torch
 
 from ..foundation.errors import DataError, HubError
 from ..models import data as rdata
+from ..models import sources
 from ..models.data import file_format, stream_files
 
 log = logging.getLogger(__name__)
@@ -103,11 +104,13 @@ class StreamSource:
 
         split = "train" if self.d.files is not None else (split or self.d.split)
         try:
-            return datasets.load_dataset(*self._args, split=split, **self._kwargs)
+            with sources.cache_only(self.d.files is None):  # offline (set, or found once): the cache only, at once
+                return datasets.load_dataset(*self._args, split=split, **self._kwargs)
         except (ConnectionError, TimeoutError) as e:  # datasets' offline and unreachable-Hub errors
+            why = sources.hub_unusable() or "the Hub cannot be reached"
             raise HubError(
-                f"dataset {self.what!r} (split {split!r}) is not in the Hugging Face cache and the Hub "
-                f"cannot be reached ({type(e).__name__}: {str(e).splitlines()[0][:200]}); go online once "
+                f"dataset {self.what!r} (split {split!r}) is not in the Hugging Face cache, and {why} "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); go online once "
                 "to cache it, or point data.files at local json/jsonl/parquet/txt files"
             ) from None
         except Exception as e:  # DatasetNotFoundError, a bad config or split, unreadable files: all bad input
