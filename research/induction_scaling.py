@@ -52,13 +52,13 @@ def probe(model, held: list[int], vocab: int, native: int, seed: int = 0) -> dic
     cue = max(1, span // 4)
     out = {}
     for d in (native // 8, native // 2):
-        cell = retrieval.copy_cell(model, held, distance=d, trials=16, span=span, cue=cue, seed=seed)
+        cell = retrieval.copy_cell(model, held, d, 16, retrieval.Probe(span, cue, seed=seed))
         out[f"second_over_first_d{d}"] = cell["second_over_first"]
     rng = random.Random(seed)
     rand = [rng.randrange(3, vocab) for _ in range(20000)]
     right = total = 0
     for j in range(16):
-        trial = retrieval.build(rand, native - span, span, cue, seed, j, length=native)
+        trial = retrieval.build(rand, native - span, retrieval.Probe(span, cue, seed=seed), j, length=native)
         s = retrieval.score(model, trial)
         right, total = right + s["tokens_right"], total + s["tokens"]
     out["random_recall_at_native"] = round(right / total, 4)

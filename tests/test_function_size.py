@@ -15,12 +15,6 @@ MAX_LINES, MAX_PARAMS = 80, 8
 KNOWN = {
     "adapters/falcon.py:forward": (18, 9),
     "evaluation/markdown.py:render_markdown": (114, 2),
-    "evaluation/retrieval.py:build": (46, 9),
-    "evaluation/retrieval.py:copy_cell": (19, 11),
-    "evaluation/retrieval.py:run": (46, 11),
-    "evaluation/runner.py:run_recall": (31, 9),
-    "evaluation/runner.py:evaluate": (209, 12),
-    "evaluation/runner.py:_masked": (59, 9),
     "kernels/chunked.py:_written_out": (21, 9),
     "kernels/cpu_flash_band.py:band_backward": (39, 9),
     "kernels/cpu_flash_mask.py:block_bias": (37, 12),

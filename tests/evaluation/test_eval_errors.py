@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from retrofit.evaluation import evaluate
-from retrofit.foundation.errors import DataError, LengthError, OptionError
+from retrofit.foundation.errors import DataError, HubError, LengthError, OptionError
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -41,7 +41,7 @@ def test_unknown_dataset(counted, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     model, calls = counted
-    with pytest.raises(DataError, match="no-such-dataset-xyz"):
+    with pytest.raises(HubError, match="no-such-dataset-xyz.*not in the Hugging Face cache"):  # offline: at once
         _eval(model, [32], data="no-such-dataset-xyz:cfg:test")
     with pytest.raises(DataError, match="no file matches"):
         _eval(model, [32], data="missing/*.txt")

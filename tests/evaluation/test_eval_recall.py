@@ -16,8 +16,14 @@ from retrofit.evaluation import evaluate
 from retrofit.evaluation import passkey as pk
 from retrofit.evaluation import recall as rc
 from retrofit.evaluation.models import EvalModel
+from retrofit.evaluation.options import eval_options
 from retrofit.evaluation.runner import run_recall
 from retrofit.foundation.errors import OptionError
+
+
+def _recall(trials, span, cue, seed):
+    return eval_options(recall_trials=trials, recall_span=span, recall_cue=cue, seed=seed)
+
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -83,7 +89,7 @@ def test_induction_oracle_scores_100_percent_and_lengths_past_a_limit_are_not_ru
     m = EvalModel("oracle", "converted", InductionOracle(), tok, {"max_length": None})
     capped = EvalModel("capped", "baseline", InductionOracle(), tok, {"max_length": 100})
     with tqdm(disable=True) as bar:
-        results = run_recall([m, capped], text, [64, 256], [0.0, 0.5, 1.0], trials=5, span=12, cue=4, seed=3, bar=bar)
+        results = run_recall([m, capped], text, [64, 256], [0.0, 0.5, 1.0], _recall(5, 12, 4, 3), bar)
     mine = [r for r in results if r["model"] == "oracle"]
     assert len(mine) == 6
     assert all(r["accuracy"] == 1.0 and r["token_accuracy"] == 1.0 and r["mean_logprob"] == 0.0 for r in mine)
@@ -101,7 +107,7 @@ def test_a_random_model_scores_near_zero():
     model = TINY["gpt2"]()  # vocab 128, native 32: byte ids of ASCII text fit
     m = EvalModel("random", "converted", model, tok, {"max_length": 32})
     with tqdm(disable=True) as bar:
-        [r] = run_recall([m], _ascii_ids(tok), [32], [0.5], trials=10, span=12, cue=4, seed=0, bar=bar)
+        [r] = run_recall([m], _ascii_ids(tok), [32], [0.5], _recall(10, 12, 4, 0), bar)
     assert r["trials"] == 10 and r["correct"] == 0 and r["accuracy"] == 0.0
     assert r["token_accuracy"] < 0.2
     assert r["mean_logprob"] < math.log(0.5)  # far from sure of the right tokens

@@ -24,7 +24,7 @@ def text() -> list[int]:
 
 
 def _reach(model, text, limit=None) -> dict:
-    cells = [retrieval.copy_cell(model, text, d, trials=6, span=16, cue=4, limit=limit) for d in DISTANCES]
+    cells = [retrieval.copy_cell(model, text, d, 6, retrieval.Probe(16, 4), limit=limit) for d in DISTANCES]
     return retrieval.effective_reach(cells, NATIVE), cells
 
 
@@ -50,10 +50,10 @@ def test_a_model_that_copies_nothing_has_no_reach(text):
 
 
 def test_trials_are_paired_across_models(text):
-    a = retrieval.build(text, 128, 16, 4, seed=3, trial=1)
-    b = retrieval.build(text, 128, 16, 4, seed=3, trial=1)
+    a = retrieval.build(text, 128, retrieval.Probe(16, 4, seed=3), trial=1)
+    b = retrieval.build(text, 128, retrieval.Probe(16, 4, seed=3), trial=1)
     assert a == b and a.second - a.first == 128 and a.ids[a.first : a.first + 16] == a.ids[a.second :]
-    multi = retrieval.build(text, 128, 16, 4, seed=3, trial=1, n_keys=4)
+    multi = retrieval.build(text, 128, retrieval.Probe(16, 4, n_keys=4, seed=3), trial=1)
     starts = {tuple(multi.ids[i : i + 4]) for i in range(multi.first, multi.second, 1)}
     assert tuple(multi.ids[multi.second : multi.second + 4]) in starts  # the cue's span is inside, with others
 
@@ -144,7 +144,7 @@ def _masked_reach(model, text, limit=None) -> dict:
     cells = []
     for d in DISTANCES:
         rows = [
-            retrieval.score_masked(model, retrieval.build(text, d, 16, 4, seed=0, trial=j), MASK, limit)
+            retrieval.score_masked(model, retrieval.build(text, d, retrieval.Probe(16, 4), trial=j), MASK, limit)
             for j in range(6)
         ]
         cells.append({"distance": d, **retrieval.summarize(rows)})

@@ -52,19 +52,23 @@ class CopyTrial:
     displaced: tuple[int, ...] = ()  # the text the target's first occurrence replaced (a masked LM's "without")
 
 
+@dataclass(frozen=True)
+class Probe:
+    """How every copy trial is laid out: the same for each distance and model (paired by ``seed``)."""
+
+    span: int = 32  # k: tokens of each span
+    cue: int = 8  # m: the span's first tokens repeated before it is scored
+    n_keys: int = 1  # spans in the trial: the target and n_keys - 1 distractors
+    seed: int = 0
+    prefix: tuple[int, ...] = ()  # tokens that start every trial (a BOS)
+
+
 def build(
-    text_ids: list[int],
-    distance: int,
-    span: int,
-    cue: int,
-    seed: int,
-    trial: int,
-    n_keys: int = 1,
-    length: int | None = None,
-    prefix: list[int] = (),
+    text_ids: list[int], distance: int, probe: Probe = Probe(), trial: int = 0, length: int | None = None
 ) -> CopyTrial:
     """Trial ``trial`` at ``distance`` (see the module docstring). ``length`` (default: the least that fits)
-    pads the front with more held-out text; ``prefix`` (a BOS) starts the sequence."""
+    pads the front with more held-out text; ``probe.prefix`` (a BOS) starts the sequence."""
+    span, cue, seed, n_keys, prefix = probe.span, probe.cue, probe.seed, probe.n_keys, probe.prefix
     if not 0 < cue < span:
         raise ValueError(f"the cue must be shorter than the span and at least 1 token: cue {cue}, span {span}")
     if distance < n_keys * span:
@@ -237,39 +241,14 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def copy_cell(
-    model,
-    text_ids: list[int],
-    distance: int,
-    trials: int,
-    span: int = 32,
-    cue: int = 8,
-    n_keys: int = 1,
-    seed: int = 0,
-    length: int | None = None,
-    prefix: list[int] = (),
-    limit: int | None = None,
+    model, text_ids: list[int], distance: int, trials: int, probe: Probe = Probe(), length=None, limit=None
 ) -> dict:
     """``trials`` paired trials at one distance, summarised (``summarize``)."""
-    rows = [
-        score(model, build(text_ids, distance, span, cue, seed, j, n_keys, length, prefix), limit)
-        for j in range(trials)
-    ]
-    return {"distance": distance, "n_keys": n_keys, **summarize(rows, seed)}
+    rows = [score(model, build(text_ids, distance, probe, j, length), limit) for j in range(trials)]
+    return {"distance": distance, "n_keys": probe.n_keys, **summarize(rows, probe.seed)}
 
 
-def run(
-    models,
-    text_ids: list[int],
-    distances: list[int],
-    trials: int,
-    span: int,
-    cue: int,
-    n_keys: int,
-    seed: int,
-    prefix: list[int],
-    bar,
-    mask_id: int | None = None,
-) -> dict:
+def run(models, text_ids: list[int], distances: list[int], trials: int, probe: Probe, bar, mask_id=None) -> dict:
     """The report's ``copy`` section: a cell per (model, distance), paired across models, and each model's
     effective reach. A model with a limit (the original, past its table) reads a longer trial through its
     sliding window, said in the cell's note: the floor, which cannot see past its window. ``mask_id``: the
@@ -280,11 +259,11 @@ def run(
         mine = []
         for d in distances:
             limit = m.max_length
-            longer = limit is not None and len(prefix) + d + span > limit
+            longer = limit is not None and len(probe.prefix) + d + probe.span > limit
             bar.set_description(f"{m.name[-24:]} copy d={d}")
             rows = []
             for j in range(trials):
-                trial = build(text_ids, d, span, cue, seed, j, n_keys, None, prefix)
+                trial = build(text_ids, d, probe, j)
                 rows.append(
                     score(m.model, trial, limit) if mask_id is None else score_masked(m.model, trial, mask_id, limit)
                 )
@@ -293,10 +272,10 @@ def run(
                 "model": m.name,
                 "role": m.role,
                 "distance": d,
-                "n_keys": n_keys,
+                "n_keys": probe.n_keys,
                 "distance_x": round(d / native, 3) if native else None,
                 "note": f"through its sliding window of {limit}" if longer else None,
-                **summarize(rows, seed),
+                **summarize(rows, probe.seed),
             }
             cells.append(cell)
             mine.append(cell)

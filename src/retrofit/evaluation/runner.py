@@ -279,10 +279,12 @@ def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
     return results
 
 
-def run_recall(models, text_ids: list[int], lengths, depths, trials, span, cue, seed, bar) -> list[dict]:
+def run_recall(models, text_ids: list[int], lengths, depths, o, bar) -> list[dict]:
     """Recall per (model, length, depth): exact-match accuracy (with its Wilson interval), per-token
     accuracy and mean log-probability of the continuation; lengths past a model's limit are not run.
-    Every model sees the same sequences (``text_ids``: the eval text, in the shared tokenizer's ids)."""
+    Every model sees the same sequences (``text_ids``: the eval text, in the shared tokenizer's ids).
+    ``o``: the options (``recall_trials``, ``recall_span``, ``recall_cue``, ``seed``)."""
+    trials, span, cue, seed = o.recall_trials, o.recall_span, o.recall_cue, o.seed
     pool = rc.token_pool(text_ids, models[0].tokenizer)
     spans = rc.make_spans(seed, trials, span, pool)
     prefix = pk.bos_prefix(models[0].tokenizer)
@@ -297,8 +299,8 @@ def run_recall(models, text_ids: list[int], lengths, depths, trials, span, cue, 
                     continue
                 bar.set_description(f"{m.name[-24:]} recall L={L} depth={d:g}")
                 scores = []
-                for s, o in zip(spans, starts):
-                    scores.append(rc.score(m.model, rc.build(text_ids, L, d, s, cue, o, prefix)))
+                for s, at in zip(spans, starts):
+                    scores.append(rc.score(m.model, rc.build(text_ids, L, d, s, cue, at, prefix)))
                     bar.update(1)
                 n_tokens = sum(x["tokens"] for x in scores)
                 results.append(
@@ -312,6 +314,51 @@ def run_recall(models, text_ids: list[int], lengths, depths, trials, span, cue, 
     return results
 
 
+LOAD_KEYS = ("tokenizer", "gguf_file", "device", "dtype")  # evaluate()'s keywords that say how to load a model
+
+
+@dataclass
+class Asked:
+    """What each measure asked for, checked before anything is read (multiples of native resolved later)."""
+
+    lengths: list
+    passkey: list | None  # None: the perplexity lengths
+    recall: list | None
+    copy: list | None  # copy distances; None: none asked
+    depths: list[float]  # passkey depths
+    recall_depths: list[float]
+
+
+@dataclass
+class Plan:
+    """One evaluation, resolved: the models, the tokens they all score, and each measure's lengths and text."""
+
+    o: EvalOptions
+    models: list[EvalModel]
+    stream: object  # tokens.build_stream's: the perplexity's tokens
+    jobs: list[Job]
+    lengths: list[int]
+    passkey_lengths: list[int]
+    recall_lengths: list[int]
+    copy_distances: list[int]
+    asked: Asked
+    recall_text: list[int] | None = None
+    copy_text: list[int] | None = None
+    copy_prefix: list[int] = ()
+
+    def work(self) -> list[tuple[int, int]]:
+        """(window length, forward passes) of every measure: what the cost line and the progress bar count."""
+        o, n = self.o, len(self.models)
+        work = [(j.window, _windows(j, self.stream.targets)) for j in _unique(self.jobs)]
+        work += [
+            (L, n * len(self.asked.depths) * o.passkey_trials) for L in (self.passkey_lengths if o.passkey else [])
+        ]
+        work += [
+            (L, n * len(self.asked.recall_depths) * o.recall_trials) for L in (self.recall_lengths if o.recall else [])
+        ]
+        return work + [(d + o.copy_span, n * o.copy_trials) for d in self.copy_distances]
+
+
 def evaluate(
     model_or_path,
     lengths: Sequence | None = None,
@@ -319,20 +366,16 @@ def evaluate(
     baselines: Sequence = (),
     *,
     options: EvalOptions | None = None,
-    tokenizer=None,
-    gguf_file: str | None = None,
-    device=None,
-    dtype=None,
     out=None,
     progress: bool = True,
-    **option_keywords,
+    **keywords,
 ) -> Report:
     """Evaluate a (converted) model and its baselines past the native length.
 
     ``model_or_path``: an ``nn.Module`` (with ``tokenizer=``), ``(model, tokenizer)``, or a path /
-    hub id / retrofit checkpoint / ``.gguf`` file loaded with ``retrofit.load_model`` (``gguf_file``:
-    the GGUF file inside a folder). ``baselines``: the same forms (a baseline given as an
-    ``nn.Module`` alone uses the model's tokenizer).
+    hub id / retrofit checkpoint / ``.gguf`` file loaded with ``retrofit.load_model`` (``gguf_file=``:
+    the GGUF file inside a folder; ``device=``, ``dtype=``). ``baselines``: the same forms (a baseline given
+    as an ``nn.Module`` alone uses the model's tokenizer).
 
     The options (``retrofit.evaluation.options.EvalOptions``, their defaults and help in one place) are
     given as ``options=`` and/or as keywords (``budget=4096, passkey=True``); ``lengths`` and ``data`` may
@@ -352,179 +395,190 @@ def evaluate(
     plots to ``out`` when given. Returns the ``Report``.
     """
     started = _dt.datetime.now(_dt.timezone.utc)
-    given = {k: v for k, v in (("lengths", lengths), ("data", data)) if v is not None}
-    o = eval_options(options, **given, **option_keywords)
-    default_lengths = (
-        "lengths" not in given
-        and "lengths" not in option_keywords
-        and (options is None or options.lengths == DEFAULTS.lengths)
-    )  # the defaults, up to the model's limit
-    data, budget, stride, sliding, doc_separator = o.data, o.budget, o.stride, o.sliding, o.doc_separator
-    batch_size, position_buckets, passkey, passkey_trials = (
-        o.batch_size,
-        o.position_buckets,
-        o.passkey,
-        o.passkey_trials,
-    )
-    recall, recall_trials, recall_span, recall_cue, seed = (
-        o.recall,
-        o.recall_trials,
-        o.recall_span,
-        o.recall_cue,
-        o.seed,
-    )
-    copy = o.copy
-    lengths = _check_lengths(o.lengths)
-    pk_items = _check_lengths(o.passkey_lengths, "passkey lengths") if passkey and o.passkey_lengths else None
-    rc_items = _check_lengths(o.recall_lengths, "recall lengths") if recall and o.recall_lengths else None
-    depths = [float(d) for d in o.passkey_depths]
-    rc_depths = [float(d) for d in o.recall_depths] if recall else []
-    _check_options(
-        budget,
-        1 if stride is None else stride,
-        batch_size,
-        position_buckets,
-        depths,
-        passkey_trials,
-        (rc_depths, recall_trials, recall_span, recall_cue) if recall else None,
-    )
-    fitted_budget(o, 1)  # a bad budget_windows is said before anything is read
-    cp_items = _check_lengths(o.copy_distances, "copy distances") if copy else None
-    docs, data_label = resolve_documents(data, max_tokens=2 * max(budget, 1 << 17))  # a Hub dataset: streamed
-    models = load_models(model_or_path, baselines, tokenizer=tokenizer, gguf_file=gguf_file, device=device, dtype=dtype)
+    load = {k: keywords.pop(k) for k in LOAD_KEYS if k in keywords}
+    o, default_lengths = _gather_options(options, lengths, data, keywords)
+    asked = _asked(o)
+    docs, data_label = resolve_documents(o.data, max_tokens=2 * max(o.budget, 1 << 17))  # a Hub dataset: streamed
+    models = load_models(model_or_path, baselines, **load)
     native = (models[0].info.get("native") or {}).get("length")
-    lengths = resolve_lengths(lengths, native)
+    lengths = resolve_lengths(asked.lengths, native)
     if default_lengths and models[0].max_length:
         lengths = _within_limit(models[0], lengths)
     o = _fit_budget(o, lengths)
-    budget = o.budget
     if task.of_model(models[0].model).name == "masked-lm":
-        return _masked(models, docs, data_label, lengths, native, o, progress, out, cp_items)
-    pk_lengths = resolve_lengths(pk_items, native, "passkey lengths") if pk_items else lengths
-    if copy:
-        o = _copy_sizes(o, native)
-    cp_distances = _copy_distances(cp_items, native, lengths, o) if copy else []
-    rc_lengths = resolve_lengths(rc_items, native, "recall lengths") if rc_items else lengths
-    _check_supported(models[0], lengths, "lengths")
-    if passkey:
-        _check_supported(models[0], pk_lengths, "passkey lengths")
-        _check_passkey_room(models[0], min(pk_lengths))
-    if recall:
-        _check_supported(models[0], rc_lengths, "recall lengths")
-        _check_recall_room(models[0], min(rc_lengths), recall_span)
-    check_tokenizers(models, docs[0].text[:4000])
-    stream = build_stream(models[0].tokenizer, docs, data_label, budget, lengths, doc_separator)
-    jobs = plan_jobs(models, lengths, stride, sliding)
-    rc_text = None
-    if recall:
-        rc_text = _recall_text(models[0], docs, data_label, budget, max(rc_lengths), recall_span, doc_separator)
-    if cp_distances:
-        cp_prefix = pk.bos_prefix(models[0].tokenizer)
-        cp_text = _recall_text(
-            models[0],
-            docs,
-            data_label,
-            budget,
-            max(cp_distances) + (o.copy_keys + 1) * o.copy_span,
-            0,
-            doc_separator,
-            what=f"copy distance {max(cp_distances)}",
-        )
+        return _masked(models, (docs, data_label), lengths, o, asked.copy, progress, out)
+    plan = _plan(models, (docs, data_label), o, asked, lengths)
     log.info(
-        "evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), stream.targets, data_label, lengths
+        "evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), plan.stream.targets, data_label, lengths
     )
-    work = [(j.window, _windows(j, stream.targets)) for j in _unique(jobs)]
-    work += [(L, len(models) * len(depths) * passkey_trials) for L in (pk_lengths if passkey else [])]
-    work += [(L, len(models) * len(rc_depths) * recall_trials) for L in (rc_lengths if recall else [])]
-    work += [(d + o.copy_span, len(models) * o.copy_trials) for d in cp_distances]
-    _say_cost(models[0], stream.ids, work)
-    with tqdm(total=sum(c for _, c in work), disable=not progress, unit="window", dynamic_ncols=True) as bar:
-        rows, positions, costs, scored = run_perplexity(models, jobs, stream, batch_size, position_buckets, bar)
-        pk_results = run_passkey(models, pk_lengths, depths, passkey_trials, seed, bar) if passkey else None
-        rc_results = (
-            run_recall(models, rc_text, rc_lengths, rc_depths, recall_trials, recall_span, recall_cue, seed, bar)
-            if recall
-            else None
-        )
-        cp_results = (
-            retrieval.run(
-                models, cp_text, cp_distances, o.copy_trials, o.copy_span, o.copy_cue, o.copy_keys, seed, cp_prefix, bar
-            )
-            if cp_distances
-            else None
-        )
-    finished = _dt.datetime.now(_dt.timezone.utc)
-    report = Report(
-        {
-            "schema_version": SCHEMA_VERSION,
-            "models": [_model_entry(m) for m in models],
-            "data": {**stream.describe(), "budget": budget, "doc_separator": doc_separator or "eos"},
-            "settings": {
-                "lengths": lengths,
-                "stride": stride,
-                "sliding": sliding,
-                "batch_size": batch_size,
-                "position_buckets": position_buckets,
-                "passkey": {
-                    "lengths": pk_lengths,
-                    "depths": depths,
-                    "trials": passkey_trials,
-                    "new_tokens": PASSKEY_NEW_TOKENS,
-                }
-                if passkey
-                else None,
-                "recall": {
-                    "lengths": rc_lengths,
-                    "depths": rc_depths,
-                    "trials": recall_trials,
-                    "span": recall_span,
-                    "cue": recall_cue,
-                    "text_tokens": len(rc_text),
-                    "scoring": "teacher-forced argmax (one forward per trial)",
-                }
-                if recall
-                else None,
-                "copy": {
-                    "distances": cp_distances,
-                    "trials": o.copy_trials,
-                    "span": o.copy_span,
-                    "cue": o.copy_cue,
-                    "keys": o.copy_keys,
-                    "text": "the eval text (natural)",
-                }
-                if cp_distances
-                else None,
-            },
-            "seeds": {
-                "passkey": seed,
-                **({"recall": seed} if recall else {}),
-                **({"copy": seed} if cp_distances else {}),
-            },
-            "environment": environment(models[0].model),
-            "rows": rows,
-            "far_context": far_context(models, jobs, scored),
-            "loss_by_position": positions,
-            "passkey": pk_results,
-            "recall": rc_results,
-            "copy": cp_results,
-            "cost": costs,
-            "timing": {
-                "started": started.isoformat(),
-                "finished": finished.isoformat(),
-                "seconds": (finished - started).total_seconds(),
-            },
-        }
-    )
+    _say_cost(models[0], plan.stream.ids, plan.work())
+    results = _measure(plan, progress)
+    report = Report(_report_data(plan, results, started))
     report.data["verdict"] = verdict(report.data)
     if out is not None:
         report.save(out)
     return report
 
 
-def _masked(models, docs, data_label, lengths, native, o, progress, out, cp_items=None) -> masked.MaskedReport:
+def _gather_options(options, lengths, data, keywords) -> tuple[EvalOptions, bool]:
+    """(the options from ``options=``, the positional lengths and data, and keywords; whether the lengths are
+    the defaults, which then stop at the model's limit)."""
+    given = {k: v for k, v in (("lengths", lengths), ("data", data)) if v is not None}
+    o = eval_options(options, **given, **keywords)
+    default_lengths = (
+        "lengths" not in given
+        and "lengths" not in keywords
+        and (options is None or options.lengths == DEFAULTS.lengths)
+    )
+    return o, default_lengths
+
+
+def _asked(o: EvalOptions) -> Asked:
+    """Every measure's lengths and depths, checked (bad input is said before anything is read)."""
+    asked = Asked(
+        lengths=_check_lengths(o.lengths),
+        passkey=_check_lengths(o.passkey_lengths, "passkey lengths") if o.passkey and o.passkey_lengths else None,
+        recall=_check_lengths(o.recall_lengths, "recall lengths") if o.recall and o.recall_lengths else None,
+        copy=_check_lengths(o.copy_distances, "copy distances") if o.copy else None,
+        depths=[float(d) for d in o.passkey_depths],
+        recall_depths=[float(d) for d in o.recall_depths] if o.recall else [],
+    )
+    recall = (asked.recall_depths, o.recall_trials, o.recall_span, o.recall_cue) if o.recall else None
+    stride = 1 if o.stride is None else o.stride
+    _check_options(o.budget, stride, o.batch_size, o.position_buckets, asked.depths, o.passkey_trials, recall)
+    fitted_budget(o, 1)  # a bad budget_windows is said before anything is read
+    return asked
+
+
+def _plan(models: list[EvalModel], data: tuple, o: EvalOptions, asked: Asked, lengths: list[int]) -> Plan:
+    """The resolved evaluation of a causal LM: each measure's lengths checked against the model, the tokens
+    every model scores, the windows to score, and the text recall and retrieval draw from."""
+    docs, label = data
+    m, native = models[0], (models[0].info.get("native") or {}).get("length")
+    pk_lengths = resolve_lengths(asked.passkey, native, "passkey lengths") if asked.passkey else lengths
+    o = _copy_sizes(o, native) if o.copy else o
+    distances = _copy_distances(asked.copy, native, lengths, o) if o.copy else []
+    rc_lengths = resolve_lengths(asked.recall, native, "recall lengths") if asked.recall else lengths
+    _check_supported(m, lengths, "lengths")
+    if o.passkey:
+        _check_supported(m, pk_lengths, "passkey lengths")
+        _check_passkey_room(m, min(pk_lengths))
+    if o.recall:
+        _check_supported(m, rc_lengths, "recall lengths")
+        _check_recall_room(m, min(rc_lengths), o.recall_span)
+    check_tokenizers(models, docs[0].text[:4000])
+    stream = build_stream(m.tokenizer, docs, label, o.budget, lengths, o.doc_separator)
+    plan = Plan(
+        o=o,
+        models=models,
+        stream=stream,
+        jobs=plan_jobs(models, lengths, o.stride, o.sliding),
+        lengths=lengths,
+        passkey_lengths=pk_lengths,
+        recall_lengths=rc_lengths,
+        copy_distances=distances,
+        asked=asked,
+    )
+    if o.recall:
+        plan.recall_text = _recall_text(m, docs, label, o.budget, max(rc_lengths), o.recall_span, o.doc_separator)
+    if distances:
+        longest = max(distances) + (o.copy_keys + 1) * o.copy_span
+        what = f"copy distance {max(distances)}"
+        plan.copy_text = _recall_text(m, docs, label, o.budget, longest, 0, o.doc_separator, what=what)
+        plan.copy_prefix = pk.bos_prefix(m.tokenizer)
+    return plan
+
+
+def _measure(plan: Plan, progress: bool) -> dict:
+    """Every measure of the plan, one progress bar over all their forward passes."""
+    o, models = plan.o, plan.models
+    out = {"passkey": None, "recall": None, "copy": None}
+    with tqdm(total=sum(c for _, c in plan.work()), disable=not progress, unit="window", dynamic_ncols=True) as bar:
+        ppl = run_perplexity(models, plan.jobs, plan.stream, o.batch_size, o.position_buckets, bar)
+        out["rows"], out["loss_by_position"], out["cost"], out["scored"] = ppl
+        if o.passkey:
+            out["passkey"] = run_passkey(models, plan.passkey_lengths, plan.asked.depths, o.passkey_trials, o.seed, bar)
+        if o.recall:
+            out["recall"] = run_recall(models, plan.recall_text, plan.recall_lengths, plan.asked.recall_depths, o, bar)
+        if plan.copy_distances:
+            probe = retrieval.Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(plan.copy_prefix))
+            out["copy"] = retrieval.run(models, plan.copy_text, plan.copy_distances, o.copy_trials, probe, bar)
+    return out
+
+
+def _report_data(plan: Plan, results: dict, started) -> dict:
+    """report.json's content (``report.schema``) from the plan and what its measures gave."""
+    o, finished = plan.o, _dt.datetime.now(_dt.timezone.utc)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "models": [_model_entry(m) for m in plan.models],
+        "data": {**plan.stream.describe(), "budget": o.budget, "doc_separator": o.doc_separator or "eos"},
+        "settings": _settings(plan),
+        "seeds": {
+            "passkey": o.seed,
+            **({"recall": o.seed} if o.recall else {}),
+            **({"copy": o.seed} if plan.copy_distances else {}),
+        },
+        "environment": environment(plan.models[0].model),
+        "rows": results["rows"],
+        "far_context": far_context(plan.models, plan.jobs, results["scored"]),
+        "loss_by_position": results["loss_by_position"],
+        "passkey": results["passkey"],
+        "recall": results["recall"],
+        "copy": results["copy"],
+        "cost": results["cost"],
+        "timing": {
+            "started": started.isoformat(),
+            "finished": finished.isoformat(),
+            "seconds": (finished - started).total_seconds(),
+        },
+    }
+
+
+def _settings(plan: Plan) -> dict:
+    """The report's ``settings``: what each measure ran with."""
+    o = plan.o
+    passkey = {
+        "lengths": plan.passkey_lengths,
+        "depths": plan.asked.depths,
+        "trials": o.passkey_trials,
+        "new_tokens": PASSKEY_NEW_TOKENS,
+    }
+    recall = {
+        "lengths": plan.recall_lengths,
+        "depths": plan.asked.recall_depths,
+        "trials": o.recall_trials,
+        "span": o.recall_span,
+        "cue": o.recall_cue,
+        "text_tokens": len(plan.recall_text or []),
+        "scoring": "teacher-forced argmax (one forward per trial)",
+    }
+    copy = {
+        "distances": plan.copy_distances,
+        "trials": o.copy_trials,
+        "span": o.copy_span,
+        "cue": o.copy_cue,
+        "keys": o.copy_keys,
+        "text": "the eval text (natural)",
+    }
+    return {
+        "lengths": plan.lengths,
+        "stride": o.stride,
+        "sliding": o.sliding,
+        "batch_size": o.batch_size,
+        "position_buckets": o.position_buckets,
+        "passkey": passkey if o.passkey else None,
+        "recall": recall if o.recall else None,
+        "copy": copy if plan.copy_distances else None,
+    }
+
+
+def _masked(models, data: tuple, lengths, o, cp_items, progress, out) -> masked.MaskedReport:
     """A masked LM's evaluation (``evaluation.masked``): masked-token NLL, perplexity and BPC at each length
     against its own and the original's native sliding window, on one draw of masked tokens; and retrieval at
-    distance scored by masking (``retrieval.score_masked``)."""
+    distance scored by masking (``retrieval.score_masked``). ``data``: (documents, their label)."""
+    docs, data_label = data
+    native = (models[0].info.get("native") or {}).get("length")
     if not native:
         raise OptionError(
             f"{models[0].name}: its native length is unknown (no adapter describes it and its config names none); "
@@ -555,29 +609,18 @@ def _masked(models, docs, data_label, lengths, native, o, progress, out, cp_item
         work += [(d + o.copy_span, len(models) * o.copy_trials) for d in distances]
     _say_cost(models[0], ids, work)
     with tqdm(total=sum(c for _, c in work), disable=not progress, unit="window") as bar:
-        data = masked.run(models, ids, lengths, native, data_label, masked.RATE, bar)
+        scores = masked.run(models, ids, lengths, native, data_label, masked.RATE, bar)
         if cp is not None:
             distances, text, prefix = cp
-            data["copy"] = retrieval.run(
-                models,
-                text,
-                distances,
-                o.copy_trials,
-                o.copy_span,
-                o.copy_cue,
-                o.copy_keys,
-                o.seed,
-                prefix,
-                bar,
-                mask_id,
-            )
-            data["copy_settings"] = {
+            probe = retrieval.Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
+            scores["copy"] = retrieval.run(models, text, distances, o.copy_trials, probe, bar, mask_id)
+            scores["copy_settings"] = {
                 "trials": o.copy_trials,
                 "span": o.copy_span,
                 "cue": o.copy_cue,
                 "keys": o.copy_keys,
             }
-    report = masked.MaskedReport({**data, "environment": environment(models[0].model)})
+    report = masked.MaskedReport({**scores, "environment": environment(models[0].model)})
     if out is not None:
         report.save(out)
     return report

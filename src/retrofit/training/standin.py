@@ -228,7 +228,7 @@ def copy_probe(model, held: torch.Tensor, native: int) -> dict:
     model.eval()
     text = held.reshape(-1).tolist()
     span = min(32, max(4, native // 8))
-    cell = retrieval.copy_cell(model, text, distance=native // 2, trials=16, span=span, cue=max(1, span // 4))
+    cell = retrieval.copy_cell(model, text, native // 2, 16, retrieval.Probe(span, max(1, span // 4)))
     model.train(was)
     return {k: cell[k] for k in ("distance", "second_over_first", "exact_rate")}
 
