@@ -125,8 +125,31 @@ def run_cell(cell: str, args, setup_cache: dict) -> dict:
 
 
 def table(data: dict) -> str:
-    """docs/results.md's tables for this record (the same layout as smollm2_reach's)."""
-    return reach.table(data)
+    """docs/results.md's tables for this record: smollm2_reach's two (far-context gain and reach; copy gain by
+    distance), then what each cell cost and kept at 1x, and where it stands against SelfExtend past native."""
+    rows = data["rows"]
+    base = next((r for r in rows if r["method"] == "as is"), None)
+    se = next((r for r in rows if r["method"] == "self_extend"), None)
+    native = rows[0]["effective_reach"]["native"]
+    out = [
+        reach.table(data),
+        "",
+        "| method | fine-tune | ppl at 1x (first 8k) | vs the original | past native: copy gain minus SelfExtend's |",
+        "|---|---|---:|---:|---|",
+    ]
+    for r in rows:
+        ft = (
+            f"{r['fine_tune_tokens']:,} tokens, {r['fine_tune_seconds'] / 60:.0f} min"
+            if r.get("fine_tune_tokens")
+            else "none"
+        )
+        ratio = f"{r['ppl_first_half'] / base['ppl_first_half']:.3f}x" if base else "–"
+        vs = "–"
+        if se is not None and r is not se:
+            diffs = [c["copy_gain"] - s["copy_gain"] for c, s in zip(r["copy"], se["copy"]) if c["distance"] > native]
+            vs = " / ".join(f"{x:+.2f}" for x in diffs)
+        out.append(f"| {r['method']} | {ft} | {r['ppl_first_half']:.2f} | {ratio} | {vs} |")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:

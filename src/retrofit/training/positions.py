@@ -14,14 +14,18 @@ on every process and after a resume.
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 METHODS = ("none", "pose", "randomized")
 
 
 def pose(length: int, target: int, chunks: int, rng: random.Random) -> torch.Tensor:
     """(length,) strictly increasing positions in [0, target): ``chunks`` pieces, each shifted by a sorted skip."""
+    import torch  # here, not at the top: the recipe's checks read METHODS without torch
+
     chunks = max(1, min(chunks, length))
     bounds = [round(c * length / chunks) for c in range(chunks + 1)]
     skips = sorted(rng.randint(0, target - length) for _ in range(chunks))
@@ -31,6 +35,8 @@ def pose(length: int, target: int, chunks: int, rng: random.Random) -> torch.Ten
 
 def randomized(length: int, target: int, rng: random.Random) -> torch.Tensor:
     """(length,) a sorted uniform random subset of [0, target)."""
+    import torch
+
     return torch.tensor(sorted(rng.sample(range(target), length)), dtype=torch.long)
 
 
