@@ -1,11 +1,15 @@
 """The figures the README states about its first two lines, checked against what this CI run measured:
-the quickstart's and the tests' minutes (upper bounds) and the test count (within 10%). Exit 1 when a
-figure no longer holds, saying which and what was measured, so the README is corrected in the same change.
+the quickstart's and the tests' minutes (upper bounds for an idle 2-core machine) and the test count (within
+10%). Exit 1 when a figure no longer holds, saying which and what was measured, so the README is corrected in
+the same change. The minutes are bounds for an idle machine: when the load average during the run (--load,
+the highest sampled) exceeded the cores, the run says so and checks the count alone, since a busy machine's
+minutes say nothing of an idle one's (the README states the busy figures it measured beside the bounds).
 
-    python .ci/readme_figures.py --quickstart-s 130 --tests-s 655 --tests 3702
+    python .ci/readme_figures.py --quickstart-s 130 --tests-s 655 --tests 3702 --load 1.3
 """
 
 import argparse
+import os
 import pathlib
 import re
 import sys
@@ -25,12 +29,14 @@ def main() -> int:
     p.add_argument("--quickstart-s", type=float, required=True)
     p.add_argument("--tests-s", type=float, required=True)
     p.add_argument("--tests", type=int, required=True, help="tests run (passed + skipped + failed)")
+    p.add_argument("--load", type=float, default=0.0, help="the highest 1-minute load average sampled in the run")
     a = p.parse_args()
+    busy = a.load > (os.cpu_count() or 2)
     q_min, t_min, count = stated((pathlib.Path(__file__).parents[1] / "README.md").read_text())
     problems = []
-    if a.quickstart_s > q_min * 60:
+    if a.quickstart_s > q_min * 60 and not busy:
         problems.append(f"the quickstart took {a.quickstart_s / 60:.1f} min; the README says under {q_min} min")
-    if a.tests_s > t_min * 60:
+    if a.tests_s > t_min * 60 and not busy:
         problems.append(f"the tests took {a.tests_s / 60:.1f} min; the README says under {t_min} min")
     if abs(a.tests - count) > 0.1 * count:
         problems.append(f"{a.tests:,} tests ran; the README says about {count:,}")
@@ -38,6 +44,8 @@ def main() -> int:
         f"README figures: quickstart {a.quickstart_s / 60:.1f} min (stated under {q_min}), tests "
         f"{a.tests_s / 60:.1f} min (under {t_min}), {a.tests:,} tests (about {count:,})"
     )
+    if busy:
+        print(f"the machine was busy (load average up to {a.load:.1f} on {os.cpu_count()} cores): the minutes, bounds for an idle machine, are not checked")
     for line in problems:
         print(f"README figure out of date: {line}")
     return 1 if problems else 0

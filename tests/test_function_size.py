@@ -24,8 +24,6 @@ KNOWN = {
     "kernels/sdpa_alibi_dims.py:attend_alibi": (78, 12),
     "kernels/sdpa_alibi_dims.py:_block": (31, 12),
     "native_export/__init__.py:export": (80, 9),
-    "patch/attention.py:retrofit_attention": (134, 8),
-    "patch/attention.py:_far_view": (24, 9),
     "training/calibrate.py:calibrate": (129, 11),
     "training/loop.py:_train": (57, 10),
     "training/loop.py:_after_step": (15, 10),

@@ -5,6 +5,7 @@ and run the converted model's scheme: one ``kernels.Call`` per call, handed to t
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
@@ -26,23 +27,103 @@ def _attend(call: "kernels.Call", kernel: str):
     return denormal.attend(run, call.q, call.k, call.v, flush=call.bias is not None or call.relative is not None)
 
 
+@dataclass
+class Site:
+    """One call of a converted layer's attention: its layer, scheme and kind, its direction, and where its
+    queries and keys sit (``q_start``: earlier keys in the cache; ``shift``: a sliding-window cache's dropped
+    keys; ``placed``: a training block's own positions)."""
+
+    ctx: LayerContext
+    scheme: object
+    kind: str  # the scheme's kind ("bias", "rotary", "relative", "absolute", "none")
+    causal: bool
+    scaling: float
+    Tq: int
+    Tk: int
+    q_start: int
+    shift: int
+    placed: bool
+
+    @property
+    def state(self):
+        return self.ctx.state
+
+
+@dataclass
+class BiasTerms:
+    """A bias scheme's term for one call: the bias function and what the fused paths read instead of it."""
+
+    bias: object = None  # bias(h, i, j) of slot indices
+    slopes: torch.Tensor | None = None  # ALiBi's (H,), scaled
+    band: torch.Tensor | None = None  # T5's / Shaw's (H, K + 1), scaled
+    rows: torch.Tensor | None = None  # (B,) per-row shifts where rows sit at different positions
+    tau: torch.Tensor | None = None  # the temperature left to the row scale (None once folded into the bias)
+    layer: object = None
+    scale: float | None = None
+
+
 def retrofit_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """query (B, H, Tq, D), key/value (B, Hkv, Tk, D) -> ((B, Tq, H, D), None)."""
+    """query (B, H, Tq, D), key/value (B, Hkv, Tk, D) -> ((B, Tq, H, D), None): each kind prepares its term,
+    then one ``kernels.Call`` goes to the path table."""
+    site = _site(module, query, key, scaling, kwargs)
+    state, scheme = site.state, site.scheme
+    if state.attention_dropout is not None:  # a fine-tune's train.attention_dropout, in place of the module's
+        dropout = state.attention_dropout if module.training else 0.0
+    if scheme.common.qk_norm and site.ctx.positions:
+        query, key = _qk_norm(state, scheme, site.ctx.layer, query, key, site.q_start)
+    far = None
+    if site.kind == "rotary":
+        query, key, far = _rotary(site, query, key)
+    rel_query = None
+    if site.kind == "relative":  # Transformer-XL: content query q + u, position query q + v
+        query, rel_query = scheme.relative_queries(site.ctx.layer, query)
+    tau = None
+    if scheme.common.temperature and site.ctx.positions:
+        query, rel_query, far, tau = _temperature(site, query, rel_query, far)
+    relative = None
+    if rel_query is not None:
+        relative = _relative(state, scheme, site.ctx.layer, rel_query, site.Tk, site.placed, site.causal)
+    terms = _bias_terms(site, query, tau) if site.kind == "bias" else BiasTerms(tau=tau)
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
+    call = kernels.Call(
+        query,
+        key,
+        value,
+        site.scaling,
+        bias=terms.bias,
+        slopes=terms.slopes,
+        band=terms.band,
+        row_scale=terms.tau,
+        relative=relative,
+        key_padding=attention_mask,
+        window=site.ctx.window,
+        q_start=site.q_start,
+        dropout=dropout,
+        bias_params=tuple(scheme.parameters()) if terms.bias is not None else (),
+        causal=site.causal,
+        softcap=kwargs.get("softcap"),  # gemma2's attention-logit softcapping
+        sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),  # gpt_oss's attention sinks
+        far=far,
+    )
+    out = _run(site, call, terms)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _site(module, query, key, scaling, kwargs) -> Site:
+    """The call's ``Site``, checked: a converted layer, a direction its scheme has, a length it reaches, and a
+    block's own positions only on a call without a cache."""
     ctx: LayerContext | None = getattr(module, "_retrofit_layer", None)
     if ctx is None:
         raise PatchNotLiveError(
             f"the retrofit attention function was called by {type(module).__name__}, which was not converted; "
             "use retrofit.convert(model, ...) or retrofit.load(path), not config._attn_implementation"
         )
-    state = ctx.state
+    state, scheme = ctx.state, ctx.state.scheme()
     causal = kwargs.get("is_causal")  # the direction: the call's, else the module's (an encoder's is False)
     causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
-    if state.attention_dropout is not None:  # a fine-tune's train.attention_dropout, in place of the module's
-        dropout = state.attention_dropout if module.training else 0.0
-    scheme = state.scheme()
     kind = scheme.kind if ctx.positions else "none"  # a layer the original ran without positions stays so
-    B, H, Tq, D = query.shape
-    Tk = key.shape[-2]
+    Tq, Tk, D = query.shape[-2], key.shape[-2], query.shape[-1]
     if not causal and kind in ("bias", "relative") and not scheme.bidirectional:
         raise RetrofitError(
             f"scheme {scheme.name!r} has no bidirectional form; this attention sees keys after the query"
@@ -50,128 +131,113 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     limit = scheme.max_length()
     if limit is not None and Tk > limit:
         raise LengthError(f"scheme {scheme.name!r} supports at most {limit} positions; got {Tk}")
-    if scaling is None:
-        scaling = D**-0.5
     q_start = Tk - Tq  # the cache holds Tk - Tq earlier keys
     # a sliding-window cache drops its oldest keys: shift slot indices to the tokens' true positions
     # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
     seen = (state.inputs or {}).get("past", 0)
-    shift = seen - q_start if seen > q_start else 0
-    if scheme.common.qk_norm and ctx.positions:
-        query, key = _qk_norm(state, scheme, ctx.layer, query, key, q_start)
     placed = state.positions is not None  # a training block's own positions (PoSE, randomized)
     if placed and (q_start or Tk > len(state.positions)):
         raise RetrofitError(
             f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
             f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first"
         )
+    shift = seen - q_start if seen > q_start else 0
+    scaling = D**-0.5 if scaling is None else scaling
+    return Site(ctx, scheme, kind, causal, scaling, Tq, Tk, q_start, shift, placed)
+
+
+def _rotary(site: Site, query, key):
+    """(query, key, far view): q and k rotated at their positions; SelfExtend / STRING's far view from q and k
+    before the rotation (a sliding-window layer whose window is within native never reads past it, so it keeps
+    its exact positions)."""
+    state, scheme, layer, q_start = site.state, site.scheme, site.ctx.layer, site.q_start
+    local = site.ctx.window is not None and site.ctx.window <= scheme.spec.native_length
+    reach = None if local else scheme.far_reach(layer)
     far = None
-    if kind == "rotary":
-        # SelfExtend / STRING: the far view, from q and k before the rotation below; a sliding-window layer whose
-        # window is within native never reads past it, so it keeps its exact positions
-        local = ctx.window is not None and ctx.window <= scheme.spec.native_length
-        reach = None if local else scheme.far_reach(ctx.layer)
-        if reach is not None:
-            far = _far_view(state, scheme, query, key, q_start, shift, placed, causal, reach)
-        k_pos = state.place(torch.arange(Tk, device=query.device) + shift)
-        length = _rotary_length(state, scheme, Tq, Tk + shift, query.device, placed)
-        first = None if placed else shift + state.offset  # consecutive positions: cos/sin from a table
-        new = None if first is None else first + q_start
-        query = scheme.rotate(ctx.layer, query, k_pos[q_start:], length, start=new)
-        if _rotate_once(state, scheme, key):
-            # the cache keeps rotated keys, as a native RoPE model's does: rotate only the new rows, in place
-            key[:, :, q_start:] = scheme.rotate(ctx.layer, key[:, :, q_start:], k_pos[q_start:], length, start=new)
-        else:
-            key = scheme.rotate(ctx.layer, key, k_pos, length, start=first)
-        if far is not None and far.k is None:  # STRING: the far view's keys are where they are
-            far = kernels.Far(far.q, key, far.reach)
-    rel_query = None
-    if kind == "relative":  # Transformer-XL: content query q + u, position query q + v
-        query, rel_query = scheme.relative_queries(ctx.layer, query)
-    tau = None
-    if (
-        scheme.common.temperature and ctx.positions
-    ):  # length-aware temperature: every logit of query i times tau_i (its bias's too)
-        tau = scheme.temperature(state.place(state_positions(state, Tq, query.device)))  # (B or 1, Tq), padding-aware
-        query = query * tau.to(query.dtype)[:, None, :, None]
-        if rel_query is not None:
-            rel_query = rel_query * tau.to(query.dtype)[:, None, :, None]
-        if far is not None:
-            far = kernels.Far(far.q * tau.to(query.dtype)[:, None, :, None], far.k, far.reach)
-    relative = None if rel_query is None else _relative(state, scheme, ctx.layer, rel_query, Tk, placed, causal)
-    bias = slopes = band = rows = None
-    if kind == "bias":
-        scale = scaling if scheme.bias_scaled_with_scores else None
-        layer = ctx.layer_index(query.device)  # a 0-d tensor: compiled score_mods do not specialise on it
-        moved = shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
-        if not (scheme.shift_invariant or placed):  # left padding / position_ids move a row's tokens off their slots
-            rows = _row_shifts(state, Tq, Tk, query.device)
-            rows = None if rows is None or bool((rows == shift).all()) else rows + state.offset  # (B,)
-        bias = _bias_fn(scheme, layer, state.place if placed else None, moved, scale)
-        # ALiBi: the fused kernels need no bias function (not with a block's own positions)
-        slopes = None if placed else scheme.linear_slopes(ctx.layer)
-        if slopes is not None and scale:
-            slopes = slopes * scale
-        # T5 / Shaw: a distance bias flat past a reach (not with a block's own positions or a temperature)
-        band = None if placed or tau is not None else scheme.distance_band(ctx.layer)
-        if band is not None and scale:
-            band = band * scale
-        if (
-            tau is not None
-            and slopes is None
-            and rows is None
-            and not (placed or moved)
-            and _tau_of_slots(scheme, tau, q_start, Tk)
-        ):
-            # the temperature read from the query's own position inside the bias: a compiled flex score_mod
-            # that loads a per-row tensor fails inductor's CPU template (torch 2.13); this one compiles
-            tempered, temperature = bias, scheme.temperature_fn(query.device)
-            bias = lambda h, i, j: tempered(h, i, j) * temperature(i)  # noqa: E731
-            tau = None
-    padding = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
-    if attention_mask is not None and attention_mask.dim() != 2:
-        raise RetrofitError("retrofit attention takes a 2D padding mask; a custom 4D mask is not supported")
-    call = kernels.Call(
-        query,
-        key,
-        value,
-        scaling,
-        bias=bias,
-        slopes=slopes,
-        band=band,
-        row_scale=tau,
-        relative=relative,
-        key_padding=padding,
-        window=ctx.window,
-        q_start=q_start,
-        dropout=dropout,
-        bias_params=tuple(scheme.parameters()) if bias is not None else (),
-        causal=causal,
-        softcap=kwargs.get("softcap"),  # gemma2's attention-logit softcapping
-        sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),  # gpt_oss's attention sinks
-        far=far,
-    )
-    if rows is None:
+    if reach is not None:
+        far = _far_view(state, scheme, query, key, site, reach)
+    k_pos = state.place(torch.arange(site.Tk, device=query.device) + site.shift)
+    length = _rotary_length(state, scheme, site.Tq, site.Tk + site.shift, query.device, site.placed)
+    first = None if site.placed else site.shift + state.offset  # consecutive positions: cos/sin from a table
+    new = None if first is None else first + q_start
+    query = scheme.rotate(layer, query, k_pos[q_start:], length, start=new)
+    if _rotate_once(state, scheme, key):
+        # the cache keeps rotated keys, as a native RoPE model's does: rotate only the new rows, in place
+        key[:, :, q_start:] = scheme.rotate(layer, key[:, :, q_start:], k_pos[q_start:], length, start=new)
+    else:
+        key = scheme.rotate(layer, key, k_pos, length, start=first)
+    if far is not None and far.k is None:  # STRING: the far view's keys are where they are
+        far = kernels.Far(far.q, key, far.reach)
+    return query, key, far
+
+
+def _temperature(site: Site, query, rel_query, far):
+    """The length-aware temperature: every logit of query i times tau_i (B or 1, Tq), its positional terms'
+    too (padding-aware): (query, rel_query, far, tau) scaled."""
+    tau = site.scheme.temperature(site.state.place(state_positions(site.state, site.Tq, query.device)))
+    times = tau.to(query.dtype)[:, None, :, None]
+    query = query * times
+    rel_query = None if rel_query is None else rel_query * times
+    far = None if far is None else kernels.Far(far.q * times, far.k, far.reach)
+    return query, rel_query, far, tau
+
+
+def _bias_terms(site: Site, query, tau) -> BiasTerms:
+    """A bias scheme's term: the bias function (at a block's own positions, or moved by a cache's shift), ALiBi's
+    slopes or T5/Shaw's band for the fused paths where they are exact, per-row shifts where left padding or
+    position ids move rows off their slots, and the temperature folded into the bias where it is the slots'."""
+    scheme, state, placed = site.scheme, site.state, site.placed
+    t = BiasTerms(tau=tau, layer=site.ctx.layer_index(query.device))  # a 0-d tensor: compiled score_mods keep it
+    t.scale = site.scaling if scheme.bias_scaled_with_scores else None
+    moved = site.shift + state.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
+    if not (scheme.shift_invariant or placed):  # left padding / position_ids move a row's tokens off their slots
+        rows = _row_shifts(state, site.Tq, site.Tk, query.device)
+        t.rows = None if rows is None or bool((rows == site.shift).all()) else rows + state.offset  # (B,)
+    t.bias = _bias_fn(scheme, t.layer, state.place if placed else None, moved, t.scale)
+    t.slopes = None if placed else scheme.linear_slopes(site.ctx.layer)  # ALiBi: the fused kernels' own
+    if t.slopes is not None and t.scale:
+        t.slopes = t.slopes * t.scale
+    # T5 / Shaw: a distance bias flat past a reach (not with a block's own positions or a temperature)
+    t.band = None if placed or tau is not None else scheme.distance_band(site.ctx.layer)
+    if t.band is not None and t.scale:
+        t.band = t.band * t.scale
+    plain = t.slopes is None and t.rows is None and not (placed or moved)
+    if tau is not None and plain and _tau_of_slots(scheme, tau, site.q_start, site.Tk):
+        # the temperature read from the query's own position inside the bias: a compiled flex score_mod
+        # that loads a per-row tensor fails inductor's CPU template (torch 2.13); this one compiles
+        tempered, temperature = t.bias, scheme.temperature_fn(query.device)
+        t.bias = lambda h, i, j: tempered(h, i, j) * temperature(i)  # noqa: E731
+        t.tau = None
+    return t
+
+
+def _run(site: Site, call, terms: BiasTerms) -> torch.Tensor:
+    """The call through the path table (one call per group of rows that share a shift, where rows sit at
+    different positions); the path is recorded for ``describe``."""
+    state = site.state
+    if terms.rows is None:
         out, path = _attend(call, state.kernel)
-    else:  # rows at different positions: one call per group of rows that share a shift
-        out, path = torch.empty_like(query), None
-        for moved in rows.unique().tolist():
-            idx = (rows == moved).nonzero()[:, 0]
-            out[idx], path = _attend(call.rows(idx, _bias_fn(scheme, layer, None, moved, scale)), state.kernel)
-    state.record(ctx.layer, path)
-    return out.transpose(1, 2).contiguous(), None
+    else:
+        out, path = torch.empty_like(call.q), None
+        for moved in terms.rows.unique().tolist():
+            idx = (terms.rows == moved).nonzero()[:, 0]
+            bias = _bias_fn(site.scheme, terms.layer, None, moved, terms.scale)
+            out[idx], path = _attend(call.rows(idx, bias), state.kernel)
+    state.record(site.ctx.layer, path)
+    return out
 
 
-def _far_view(state, scheme, query, key, q_start: int, shift: int, placed: bool, causal: bool, reach: int):
+def _far_view(state, scheme, query, key, site: Site, reach: int):
     """The second view of a two-view rotary scheme: q (and, for SelfExtend, k) rotated at ``far_positions`` of
     each token's absolute position (per batch row where left padding moves a row's tokens off their slots:
     SelfExtend's grouping is not shift-invariant). Keys in the cache are unrotated (``keys_reread``)."""
-    if placed:
+    q_start, shift = site.q_start, site.shift
+    if site.placed:
         raise RetrofitError(
             f"rope extension {scheme.options.extension!r} is training-free: it takes no fine-tune's PoSE or "
             "randomized positions"
         )
-    if not causal:
+    if not site.causal:
         raise RetrofitError(f"rope extension {scheme.options.extension!r} needs causal attention (a decoder)")
     Tq, Tk = query.shape[-2], key.shape[-2]
     slots = state.place(torch.arange(Tk, device=query.device) + shift)  # (Tk,) positions without padding
