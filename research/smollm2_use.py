@@ -38,6 +38,7 @@ CELLS = {
         {"scheme": "rope", "options": {"scaling": "yarn", "factor": 2.0}},
         {"data": {"copies": {"spans": 8, "span_length": 32}}},
     ),
+    "yarn x4 + pose": ({"scheme": "rope", "options": {"scaling": "yarn", "factor": 4.0}}, {}),
     "ntk x2 + pose": ({"scheme": "rope", "options": {"scaling": "ntk", "factor": 2.0}}, {}),
     "pi x2 + pose": ({"scheme": "rope", "options": {"scaling": "linear", "factor": 2.0}}, {}),
     "alibi + pose": ({"scheme": "alibi", "options": {}}, {}),
@@ -47,6 +48,7 @@ CELLS = {
     ),
 }
 FREE = {k: reach.METHODS[k] for k in ("as is", "self_extend", "string", "yarn x2")}  # no fine-tune
+FREE["yarn x4"] = {"scaling": "yarn", "factor": 4.0}  # headroom past the target
 
 
 def recipe(cell: str, args) -> dict:
