@@ -190,6 +190,31 @@ def readme_cell(data: dict) -> str:
     return out
 
 
+def save_row(args, setup: dict, row: dict) -> None:
+    """Add ``row`` to ``args.out`` under a lock, reading the record again first: cells run side by side (one
+    thread each) and each writes its own row without dropping the others'."""
+    import fcntl
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{args.out}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = json.loads(Path(args.out).read_text())["rows"] if Path(args.out).exists() else []
+        rows = [r for r in rows if r["method"] != row["method"]] + [row]
+        order = [*FREE, *CELLS]
+        rows.sort(key=lambda r: order.index(r["method"]) if r["method"] in order else 99)
+        write_record(
+            args.out,
+            {
+                **reach.header(args, setup, f"fine-tuned {args.steps} steps x {args.train_block} tokens (LoRA)"),
+                "benchmark": "smollm2_use",
+                "command": "OMP_NUM_THREADS=1 python research/smollm2_use.py",
+                "threads": int(os.environ.get("OMP_NUM_THREADS", "0") or 0),
+                **stamp(),
+                "rows": rows,
+            },
+        )
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", default=",".join([*FREE, *CELLS]))
@@ -225,20 +250,7 @@ def main(argv=None) -> int:
             print(f"{cell}: in {args.out} already", file=sys.stderr)
             continue
         row = run_cell(cell, args, setup)
-        rows = [r for r in rows if r["method"] != cell] + [row]
-        order = [*FREE, *CELLS]
-        rows.sort(key=lambda r: order.index(r["method"]) if r["method"] in order else 99)
-        write_record(
-            args.out,
-            {
-                **reach.header(args, setup, f"fine-tuned {args.steps} steps x {args.train_block} tokens (LoRA)"),
-                "benchmark": "smollm2_use",
-                "command": "OMP_NUM_THREADS=1 python research/smollm2_use.py",
-                "threads": int(os.environ.get("OMP_NUM_THREADS", "0") or 0),
-                **stamp(),
-                "rows": rows,
-            },
-        )
+        save_row(args, setup, row)
         print(json.dumps({k: row[k] for k in ("method", "ppl_first_half", "effective_reach")}), file=sys.stderr)
     return 0
 
