@@ -90,6 +90,27 @@ def test_the_smollm2_reach_tables_and_the_readme_figures_are_what_the_json_gives
     assert cell.stdout.strip() in (ROOT / "README.md").read_text()
 
 
+@pytest.mark.slow
+def test_the_smollm2_fine_tune_tables_and_the_readme_sentence_are_what_the_json_gives():
+    """docs/results.md's short-fine-tune tables and the README's sentence for the best fine-tuned cell are rendered
+    from benchmarks/smollm2_use.json by research/smollm2_use.py, not typed; every cell has its effective reach."""
+    import json
+
+    data = json.loads((ROOT / "benchmarks" / "smollm2_use.json").read_text())
+    assert all("effective_reach" in r and r["effective_reach"]["native"] == 8192 for r in data["rows"])
+    assert {"as is", "self_extend", "yarn x2 + pose", "yarn x2 + pose + copies"} <= {r["method"] for r in data["rows"]}
+    script = [sys.executable, str(ROOT / "research" / "smollm2_use.py"), "--table", "benchmarks/smollm2_use.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    cell = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and cell.returncode == 0, tables.stderr[-2000:] + cell.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    assert (
+        tables.stdout.rstrip("\n")
+        in results.split("<!-- smollm2-use:begin -->")[1].split("<!-- smollm2-use:end -->")[0]
+    )
+    assert cell.stdout.strip() in (ROOT / "README.md").read_text()
+
+
 def test_the_readme_encoder_row_states_what_the_encoder_studies_measured():
     """The README's encoder row and the recipes' reasons quote benchmarks/encoders_small_*/study.json (the
     ALiBi cell at 0.5%: its masked-token ppl at 1x over the control's and its 8x/1x), not typed figures."""

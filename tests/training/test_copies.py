@@ -33,6 +33,13 @@ def test_a_span_is_copied_at_the_requested_distance():
     assert torch.equal(y[0, outside], x[0, outside])  # nothing else changed
 
 
+def test_distances_are_drawn_over_the_whole_range_asked():
+    x = torch.randint(0, 1000, (64, 512))
+    _, placed = copies.place(x, None, cfg(min_distance=200, max_distance=300), 512, seed=2)
+    got = [c.distance for c in placed]
+    assert min(got) >= 200 and max(got) <= 300 and max(got) > 290 and min(got) < 210
+
+
 def test_under_pose_the_distance_is_in_positions_past_the_block():
     pos = positions.pose(256, 4096, 2, random.Random(5))  # (256,): two chunks, a gap between them
     d = int(pos[200] - pos[10])

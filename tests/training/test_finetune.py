@@ -114,6 +114,21 @@ def test_the_adapter_alone_loads_with_retrofit_load(run):
     torch.testing.assert_close(_logits(merged, ids), _logits(final, ids), atol=1e-5, rtol=1e-5)
 
 
+def test_the_adapter_of_a_run_from_a_converted_checkpoint_loads_too(tmp_path):
+    """The README's path: convert and save first, then fine-tune that checkpoint: its adapter/ loads as final/."""
+    model, tok = retrofit.load_model(str(tiny_gpt2()))
+    retrofit.convert(model, "alibi", kernel="chunked")
+    retrofit.save(model, tmp_path / "converted", tokenizer=tok)
+    r = recipe(tmp_path / "run", train__steps=4, checkpoint__every=0)
+    r["model"]["name_or_path"] = str(tmp_path / "converted")
+    finetune(r)
+    out = tmp_path / "run"
+    ids = _ids()
+    torch.testing.assert_close(
+        _logits(retrofit.load(out / "adapter"), ids), _logits(retrofit.load(out / "final"), ids), atol=1e-5, rtol=1e-5
+    )
+
+
 def test_lora_with_position_parameters_save_load_merge(tmp_path):
     """A scheme with new position parameters: they train (modules_to_save) and survive
     save -> load -> merge with identical logits."""

@@ -148,7 +148,7 @@ def load_adapter(path: Path, dtype: str | None = None):
     model, _ = load_model(
         m["name_or_path"], gguf_file=m.get("gguf_file"), dtype=dtype or m.get("dtype"), tokenizer=False
     )
-    if c.get("scheme"):
+    if c.get("scheme") and not is_converted(model):  # a base saved converted goes on as it was (the fine-tune's rule)
         convert(model, c["scheme"], **c.get("options", {}))
     model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     model.eval()

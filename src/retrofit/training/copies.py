@@ -52,6 +52,12 @@ def place_one(pos: torch.Tensor, span: int, d: int, taken: torch.Tensor, rng: ra
     return int(free[i[k]]), int(free[j[k]])
 
 
+def distance_range(cfg, target: int) -> tuple[int, int]:
+    """[lo, hi] the distances are drawn from: ``cfg``'s, by default the span length to ``target`` (a block's own
+    positions may cap hi further: ``place``)."""
+    return cfg.min_distance or cfg.span_length, cfg.max_distance or target
+
+
 def place(
     batch: torch.Tensor, positions: torch.Tensor | None, cfg, target: int, seed: int
 ) -> tuple[torch.Tensor, list[Copy]]:
@@ -60,8 +66,8 @@ def place(
     cfg.max_distance or ``target``], capped by the distance the block's positions span."""
     B, L = batch.shape
     pos = torch.arange(L) if positions is None else positions.cpu().long()  # (L,)
-    lo = cfg.min_distance or cfg.span_length
-    hi = min(cfg.max_distance or target, int(pos[-1] - pos[0]) + 1) - cfg.span_length
+    lo, hi = distance_range(cfg, target)
+    hi = min(hi, int(pos[L - cfg.span_length] - pos[0]))  # the farthest start to start the positions hold
     out, placed = batch.clone(), []
     for row in range(B):
         rng = random.Random(seed * 1_000_003 + row)

@@ -165,18 +165,7 @@ def _masker(r: Recipe, model, tok) -> Masker | None:
     """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation reads
     the original's masked predictions (``teacher.masked_distill_kl``), and so does its calibration."""
     masker = masker_for(model, tok, r.train.mask_rate)
-    cp = r.data.copies
-    if masker is not None and cp.spans:
-        raise RecipeError("'data.copies' places retrieval targets for a causal LM; this model is a masked LM")
-    if cp.spans:
-        hi = cp.max_distance or r.train.positions.target_length or r.data.block_length
-        log.info(
-            "data.copies: %d spans of %d tokens a block, copied %d-%d positions later (drawn uniformly)",
-            cp.spans,
-            cp.span_length,
-            cp.min_distance or cp.span_length,
-            hi,
-        )
+    _say_copies(r, masker)
     if masker is None:
         return None
     log.info("objective: masked LM, %.0f%% of each block's tokens (80/10/10 mask/random/keep)", 100 * masker.rate)
@@ -192,7 +181,8 @@ def _accelerator(r: Recipe):
         log.warning(why)
     acc = Accelerator(
         cpu=_cpu_processes(),
-        mixed_precision=None if precision == "no" else precision,
+        # "no" said explicitly when fp32 replaces an emulated bf16 (else a launch config's would come back)
+        mixed_precision="no" if why else (None if precision == "no" else precision),
         gradient_accumulation_plugin=GradientAccumulationPlugin(
             num_steps=r.train.gradient_accumulation_steps, sync_with_dataloader=False
         ),
@@ -578,14 +568,36 @@ def _mix(t, lm_loss, kd):
     return lm_loss + t.distill_weight * kd, {"lm_loss": lm_loss, "distill_loss": kd}
 
 
+def _copies_target(r: Recipe) -> int:
+    """The length ``data.copies`` draws distances up to by default: the positions' target, else the block."""
+    return r.train.positions.target_length or r.data.block_length
+
+
+def _say_copies(r: Recipe, masker) -> None:
+    """``data.copies``: refused for a masked LM, else said before training."""
+    cp = r.data.copies
+    if not cp.spans:
+        return
+    if masker is not None:
+        raise RecipeError("'data.copies' places retrieval targets for a causal LM; this model is a masked LM")
+    lo, hi = copies.distance_range(cp, _copies_target(r))
+    log.info(
+        "data.copies: up to %d spans of %d tokens a block, copied %d-%d positions later (drawn uniformly)",
+        cp.spans,
+        cp.span_length,
+        lo,
+        hi,
+    )
+
+
 def _with_copies(r, acc, batch, drawn):
     """``batch`` (B, L) with ``data.copies`` retrieval targets placed at distances in the block's positions
     ``drawn`` (None: 0..L-1); as it was when the option is off."""
     cp = r.data.copies
     if not cp.spans:
         return batch
-    target = r.train.positions.target_length or r.data.block_length
-    placed, _ = copies.place(batch.cpu(), drawn, cp, target, seed_of(r.train.seed + 2, acc.step, acc.process_index))
+    seed = seed_of(r.train.seed + 2, acc.step, acc.process_index)
+    placed, _ = copies.place(batch.cpu(), drawn, cp, _copies_target(r), seed)
     return placed.to(batch.device)
 
 

@@ -226,9 +226,14 @@ def mixed_precision(r) -> tuple[str, str | None]:
     bf16/fp16 on a machine without a GPU whose CPU has no native bf16 (no AVX-512 BF16 or AMX), where autocast is
     emulated (measured ~15x slower: a 6-step LoRA fine-tune of a 10M-parameter GPT-2, 563 s against 36 s in fp32
     on an AVX2 AMD EPYC): fp32 then, unless ``train.cpu_mixed_precision: keep`` insists."""
+    import os
+
     from ..foundation.versions import bf16_native, cpu_info
 
+    # the recipe's, else an accelerate launch config's (Accelerate reads it from the environment)
     asked = r.train.mixed_precision
+    if asked == "no":
+        asked = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     if asked == "no" or torch.cuda.is_available() or r.train.cpu_mixed_precision == "keep":
         return asked, None
     if bf16_native(cpu_info()["flags"]) is not False:
