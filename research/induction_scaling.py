@@ -18,6 +18,7 @@ Resumable: a checkpoint (weights, optimizer, schedule, data generator, curve) ev
 ``--run``; the same command goes on from it.
 
     OMP_NUM_THREADS=1 python research/induction_scaling.py     # -> benchmarks/induction_scaling.json
+    python research/induction_scaling.py --table benchmarks/induction_scaling.json   # the curve in docs/results.md
 """
 
 from __future__ import annotations
@@ -81,6 +82,25 @@ def save(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def table(data: dict) -> str:
+    """docs/results.md's copy curve: every probe of the record, the predicted emergence step marked."""
+    out = [
+        "| step | tokens | held-out loss | second/first at native/8 | at native/2 | random-token recall at native |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    native = data["config"]["native"]
+    for p in data["curve"]:
+        mark = (
+            " (predicted)" if p["step"] >= data["predicted_steps"] > p["step"] - data["config"]["probe_every"] else ""
+        )
+        out.append(
+            f"| {p['step']:,}{mark} | {p['tokens']:,} | {p['heldout_loss']:.3f} | "
+            f"{p[f'second_over_first_d{native // 8}']:.3f} | {p[f'second_over_first_d{native // 2}']:.3f} | "
+            f"{p['random_recall_at_native']:.0%} |"
+        )
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--native", type=int, default=128)
@@ -91,7 +111,13 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-every", type=int, default=1000)
     ap.add_argument("--run", default="runs/induction_scaling")
     ap.add_argument("--out", default="benchmarks/induction_scaling.json")
+    ap.add_argument("--table", metavar="JSON", help="print the copy curve of a record as markdown and exit")
     a = ap.parse_args(argv)
+    if a.table:
+        import json
+
+        print(table(json.loads(Path(a.table).read_text())))
+        return 0
     cfg = BaselineConfig(
         name="induction-scaling",
         n_positions=a.native,
