@@ -11,6 +11,8 @@ The per-call input tracking lives in ``calls``, the stand-in modules in ``standi
 from __future__ import annotations
 
 import abc
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -202,3 +204,16 @@ def adapter_for(model: nn.Module) -> Adapter:
         "interface) or OPT's (a learned embed_positions table, layers of self_attn on that interface) that "
         "passes the lossless probe (docs/support.md)"
     )
+
+
+@functools.cache
+def calls_attention_interface(cls: type, *also: str) -> bool:
+    """Does the attention class ``cls`` run its scores through transformers' attention interface (its ``forward``
+    looks its function up in ``ALL_ATTENTION_FUNCTIONS``), and name each of ``also`` (e.g. ``position_embeddings``,
+    the rotary layout's argument)? The structural claims' one test of an attention module: transformers marks
+    models (``_supports_attention_backend``), not their attention classes, so the source is read."""
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in src and all(word in src for word in also)

@@ -14,13 +14,11 @@ Claimed by structure (bert, roberta, electra, xlm-roberta, camembert, ernie, ...
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 
 import torch
 from torch import nn
 
-from .base import Adapter, AttentionSite, PositionTable, Swap, register_adapter
+from .base import Adapter, AttentionSite, PositionTable, Swap, calls_attention_interface, register_adapter
 from .standins import NeutralisedPositionTable
 
 LONG_BUFFERS = 1 << 16  # positions the embeddings' own buffers cover while converted (the native rows' 128x at 512)
@@ -46,14 +44,6 @@ def _self_attention(layer) -> nn.Module | None:
     return getattr(attn, "self", attn) if isinstance(attn, nn.Module) else None
 
 
-@functools.cache
-def _on_attention_interface(cls: type) -> bool:
-    try:
-        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-
-
 def bert_layout(base) -> bool:
     """Is ``base`` the BERT layout: an ``embeddings.position_embeddings`` table and ``encoder.layer`` whose
     ``attention.self`` (DistilBERT: ``transformer.layer``, ``attention``) calls the attention interface?"""
@@ -62,7 +52,7 @@ def bert_layout(base) -> bool:
     if not isinstance(table, nn.Embedding) or not isinstance(layers, nn.ModuleList) or not len(layers):
         return False
     attns = [_self_attention(layer) for layer in layers]
-    return all(a is not None and _on_attention_interface(type(a)) for a in attns)
+    return all(a is not None and calls_attention_interface(type(a)) for a in attns)
 
 
 @register_adapter("bert")

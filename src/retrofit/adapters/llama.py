@@ -9,14 +9,12 @@ converted only after the lossless probe (``retrofit.patch.probe``) reproduced it
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from . import quirks
-from .base import Adapter, AttentionSite, register_adapter
+from .base import Adapter, AttentionSite, calls_attention_interface, register_adapter
 from .standins import NeutralisedRotary
 
 
@@ -105,15 +103,6 @@ def attention_of(layer: nn.Module) -> nn.Module | None:
     return next((m for n in ATTENTION_NAMES if isinstance(m := getattr(layer, n, None), nn.Module)), None)
 
 
-@functools.cache
-def _on_attention_interface(cls: type) -> bool:
-    try:
-        src = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-    return "ALL_ATTENTION_FUNCTIONS" in src and "position_embeddings" in src
-
-
 def rotary_interface_layout(base) -> bool:
     """Is ``base`` the LLaMA layout: a ``rotary_emb`` module with its frequencies, and ``layers`` each with
     an attention module (``self_attn``, or ``attn``) that takes ``position_embeddings`` and calls the attention
@@ -126,7 +115,7 @@ def rotary_interface_layout(base) -> bool:
     ):
         return False
     attns = [a for a in map(attention_of, layers) if a is not None]  # a hybrid's other layers hold no positions
-    return bool(attns) and all(_on_attention_interface(type(a)) for a in attns)
+    return bool(attns) and all(calls_attention_interface(type(a), "position_embeddings") for a in attns)
 
 
 @register_adapter("llama")

@@ -12,14 +12,13 @@ Claimed by structure: any model of this layout (biogpt, ...), not only the types
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 
 import torch
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, PositionTable, register_adapter
+from .base import Adapter, AttentionSite, PositionTable, calls_attention_interface, register_adapter
 from .standins import NeutralisedPositionTable
 
 
@@ -66,14 +65,6 @@ def decoder_of(base: nn.Module | None) -> nn.Module | None:
     return decoder if isinstance(decoder, nn.Module) else base
 
 
-@functools.cache
-def _on_attention_interface(cls: type) -> bool:
-    try:
-        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
-
-
 def learned_table_layout(base) -> bool:
     """Is ``base`` the OPT layout: a decoder with an ``embed_positions`` table (an ``nn.Embedding`` whose call this
     module reads) and ``layers`` whose ``self_attn`` calls the attention interface?"""
@@ -84,7 +75,7 @@ def learned_table_layout(base) -> bool:
     if not isinstance(layers, nn.ModuleList) or not len(layers):
         return False
     attns = [getattr(layer, "self_attn", None) for layer in layers]
-    return all(isinstance(a, nn.Module) and _on_attention_interface(type(a)) for a in attns)
+    return all(isinstance(a, nn.Module) and calls_attention_interface(type(a)) for a in attns)
 
 
 @register_adapter("opt")
