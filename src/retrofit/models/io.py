@@ -150,7 +150,8 @@ def load_adapter(path: Path, dtype: str | None = None):
     )
     if c.get("scheme") and not is_converted(model):  # a base saved converted goes on as it was (the fine-tune's rule)
         convert(model, c["scheme"], **c.get("options", {}))
-    model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    with hushed("gradient_checkpointing_name"):  # peft reads transformers' old attribute name
+        model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     model.eval()
     return model
 
