@@ -140,11 +140,12 @@ def table(data: dict) -> str:
         "|---|---|---:|---:|---|",
     ]
     for r in rows:
-        ft = (
-            f"{r['fine_tune_tokens']:,} tokens, {r['fine_tune_seconds'] / 60:.0f} min"
-            if r.get("fine_tune_tokens")
-            else "none"
-        )
+        ft = "none"
+        if r.get("fine_tune_tokens"):
+            took = r.get("fine_tune_seconds")
+            ft = f"{r['fine_tune_tokens']:,} tokens" + (
+                f", {took / 60:.0f} min" if took else ", resumed (see its note)"
+            )
         ratio = f"{r['ppl_first_half'] / base['ppl_first_half']:.3f}x" if base else "–"
         vs = "–"
         if se is not None and r is not se:
@@ -179,8 +180,7 @@ def readme_cell(data: dict) -> str:
         return f"{min(gains):.2f}-{max(gains):.2f}"
 
     out = (
-        f"**{r['method']}**, LoRA, {r['fine_tune_tokens']:,} tokens ({r['fine_tune_seconds'] / 60:.0f} min on one "
-        f"CPU thread): effective reach {reach._x(e['reach'], native)} [{reach._x(e['reach_low'], native)}, "
+        f"**{r['method']}**, LoRA, {r['fine_tune_tokens']:,} tokens (80 steps of one 2,048-token block): effective reach {reach._x(e['reach'], native)} [{reach._x(e['reach_low'], native)}, "
         f"{reach._x(e['reach_high'], native)}], retrieval past native saves {past(r)} nats a token"
     )
     if se is not None:

@@ -26,9 +26,9 @@ def test_the_shipped_adapter_loads_in_one_line_and_is_live():
 
     model = retrofit.load(ADAPTER)  # the one line
     info = retrofit.describe(model)
-    assert info["scheme"] == "rope" and info["options"]["scaling"] == "yarn" and info["options"]["factor"] == 2.0
+    assert info["scheme"] == "rope" and info["options"]["scaling"] == "yarn" and info["options"]["factor"] == 4.0
     plain, tok = retrofit.load_model("smollm2", dtype="float32")
-    retrofit.convert(plain, "rope", scaling="yarn", factor=2.0)
+    retrofit.convert(plain, "rope", scaling="yarn", factor=4.0)
     text = [t for d in tokenize_documents(tok, assets.shakespeare_documents("heldout")[:2]) for t in d]
     ids = torch.tensor([text[:512]])
     assert _nll(model, ids) < _nll(plain, ids) - 0.02  # the LoRA weights are merged in, not dropped
