@@ -284,16 +284,21 @@ def test_a_bf16_preset_on_a_cpu_without_native_bf16_says_what_it_costs(monkeypat
     assert "about 25x slower than fp32" in caplog.text
 
 
-def test_a_recipe_naming_a_shipped_stand_in_copies_it_from_the_repository(micro_dir, tmp_path, monkeypatch, caplog):
-    """``ensure`` (a recipe or grid that names ``baseline:<preset>``, run from the repository's root): the
-    shipped folder in ./standins is checked and copied into an empty cache, never pretrained anew."""
-    import logging
-
+def _shipped_only(micro_dir, tmp_path, monkeypatch) -> None:
+    """micro shipped in ./standins, an empty cache, and pretraining refused."""
     baseline.ship(micro_dir, tmp_path / "standins")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(baseline.SHIPPED_ENV, raising=False)
     monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
+
+
+def test_a_recipe_naming_a_shipped_stand_in_copies_it_from_the_repository(micro_dir, tmp_path, monkeypatch, caplog):
+    """``ensure`` (a recipe or grid that names ``baseline:<preset>``, run from the repository's root): the
+    shipped folder in ./standins is checked and copied into an empty cache, never pretrained anew."""
+    import logging
+
+    _shipped_only(micro_dir, tmp_path, monkeypatch)
     with caplog.at_level(logging.WARNING):
         standin.ensure("baseline:micro")
     got = baseline.built("micro")
@@ -308,11 +313,7 @@ def test_loading_a_shipped_stand_in_by_name_copies_it(micro_dir, tmp_path, monke
 
     from retrofit.models.io import load_model
 
-    baseline.ship(micro_dir, tmp_path / "standins")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(baseline.SHIPPED_ENV, raising=False)
-    monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
+    _shipped_only(micro_dir, tmp_path, monkeypatch)
     with caplog.at_level(logging.WARNING):
         model, tok = load_model("baseline:micro")
     assert baseline.weights_sha256(baseline.built("micro")) == baseline.weights_sha256(micro_dir)

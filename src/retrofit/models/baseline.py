@@ -344,6 +344,13 @@ def shipped_folder() -> Path | None:
     return p if p.is_dir() else None
 
 
+def shipped_copy(preset: str) -> Path | None:
+    """The shipped folder of this preset's config (``shipped_folder``), or None when none is shipped."""
+    shipped = shipped_folder()
+    ready = None if shipped is None else shipped / output_dir(preset).name
+    return ready if ready is not None and ready.is_dir() else None
+
+
 def cached(preset: str) -> Path:
     """The cached folder of ``baseline:<preset>`` (what loading the built-in name reads). Not cached but shipped
     (``shipped_folder``): the shipped copy, checked against its SHA256SUMS, is copied into the cache and said.
@@ -351,12 +358,11 @@ def cached(preset: str) -> Path:
     path = built(preset)
     if path is not None:
         return path
-    out = output_dir(preset)
-    shipped = shipped_folder()
-    if shipped is not None and (shipped / out.name).is_dir():
-        log.warning("baseline:%s is not in the cache: copying the shipped one from %s", preset, shipped)
+    out, ready = output_dir(preset), shipped_copy(preset)
+    if ready is not None:
+        log.warning("baseline:%s is not in the cache: copying the shipped one from %s", preset, ready.parent)
         out.parent.mkdir(parents=True, exist_ok=True)
-        return _unship(shipped / out.name, out)
+        return _unship(ready, out)
     raise OptionError(
         f"the stand-in baseline:{preset} is not built yet (no {out}, and no shipped copy in "
         f"${SHIPPED_ENV} or ./standins); loading it never pretrains. Build it once (it shows its progress): "

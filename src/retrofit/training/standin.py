@@ -39,9 +39,10 @@ from ..models.baseline import (
     _unship,
     build_model,
     built,
+    cached,
     get_config,
     output_dir,
-    shipped_folder,
+    shipped_copy,
     weights_sha256,
 )
 from ..models.data import Document
@@ -75,19 +76,19 @@ def ensure(name_or_path: str) -> None:
     if not isinstance(name_or_path, str) or not name_or_path.startswith("baseline:"):
         return
     preset = name_or_path.split(":", 1)[1]
-    shipped = shipped_folder()
-    if built(preset) is None and shipped is not None and (shipped / output_dir(preset).name).is_dir():
-        log.warning("baseline:%s is not in the cache: copying the shipped one from %s", preset, shipped)
-        pretrain(preset, shipped=shipped)
-    elif built(preset) is None:
-        log.warning(
-            "baseline:%s is not in the cache: pretraining it now from the Shakespeare training plays "
-            "(%s on 2 CPU cores; once, then cached at %s)",
-            preset,
-            DURATION.get(preset, "minutes"),
-            output_dir(preset),
-        )
-        pretrain(preset)
+    if built(preset) is not None:
+        return
+    if shipped_copy(preset) is not None:
+        cached(preset)  # copies the shipped folder into the cache, checked, and says so
+        return
+    log.warning(
+        "baseline:%s is not in the cache: pretraining it now from the Shakespeare training plays "
+        "(%s on 2 CPU cores; once, then cached at %s)",
+        preset,
+        DURATION.get(preset, "minutes"),
+        output_dir(preset),
+    )
+    pretrain(preset)
 
 
 def training_plays(cfg: BaselineConfig) -> list[Document]:
