@@ -20,7 +20,8 @@ HELP_FILE = Path(__file__).with_name("convert_help.txt")  # scheme_help(), writt
 
 def _help_text() -> str:
     """The epilog of ``retrofit convert --help`` without importing torch: ``scheme_help()`` as written to
-    HELP_FILE (tests/cli/test_fast.py fails when the file differs from the registries)."""
+    HELP_FILE (tests/cli/test_fast.py::test_convert_help_file_is_the_registries_help, a slow test, fails when the
+    file differs from the registries)."""
     return HELP_FILE.read_text()
 
 
