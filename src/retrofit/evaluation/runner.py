@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from ..foundation import task
 from ..foundation.errors import LengthError, OptionError
-from . import cost, masked, retrieval
+from . import cost, longdoc, masked, retrieval
 from . import passkey as pk
 from . import recall as rc
 from .cost import Meter
@@ -398,8 +398,14 @@ def evaluate(
     load = {k: keywords.pop(k) for k in LOAD_KEYS if k in keywords}
     o, default_lengths = _gather_options(options, lengths, data, keywords)
     asked = _asked(o)
-    docs, data_label = resolve_documents(o.data, max_tokens=2 * max(o.budget, 1 << 17))  # a Hub dataset: streamed
+    docs, data_label = (
+        (None, o.data)  # a long-document task: built once the tokenizer is known
+        if longdoc.is_spec_of(o.data)
+        else resolve_documents(o.data, max_tokens=2 * max(o.budget, 1 << 17))  # a Hub dataset: streamed
+    )
     models = load_models(model_or_path, baselines, **load)
+    if task.of_model(models[0].model).name in ("sequence-classification", "embeddings"):
+        return _long_documents(models, longdoc.spec_for(o.data, model_or_path), asked.lengths, progress, out)
     native = (models[0].info.get("native") or {}).get("length")
     lengths = resolve_lengths(asked.lengths, native)
     if default_lengths and models[0].max_length:
@@ -571,6 +577,32 @@ def _settings(plan: Plan) -> dict:
         "recall": recall if o.recall else None,
         "copy": copy if plan.copy_distances else None,
     }
+
+
+def _long_documents(models, spec: str, asked_lengths, progress: bool, out) -> longdoc.LongDocReport:
+    """A classifier's or an embedding model's evaluation (``evaluation.longdoc``): its task's accuracy or top-1 at
+    each length (default 1x, 2x, 4x, 8x of native) and by depth, against the original truncated and chunked."""
+    native = (models[0].info.get("native") or {}).get("length")
+    if not native:
+        raise OptionError(f"{models[0].name}: its native length is unknown; the baselines' readings need it")
+    lengths = resolve_lengths(asked_lengths or ["1x", "2x", "4x", "8x"], native)
+    n = longdoc.EXAMPLES
+    readings = len(longdoc.reads_of(models, native))
+    log.info(
+        "%s: %d documents at each of the lengths %s, %d readings (models x ways of reading)",
+        spec,
+        n,
+        lengths,
+        readings,
+    )
+    with tqdm(total=n * readings * len(lengths), disable=not progress, unit="doc") as bar:
+        data = longdoc.run(models, spec, lengths, native, n, bar)
+    data["verdict"] = longdoc.verdict(data)
+    data["environment"] = environment(models[0].model)
+    report = longdoc.LongDocReport(data)
+    if out is not None:
+        report.save(out)
+    return report
 
 
 def _masked(models, data: tuple, lengths, o, cp_items, progress, out) -> masked.MaskedReport:

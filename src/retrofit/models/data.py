@@ -276,3 +276,28 @@ def streams(d) -> bool:
     except DataError:
         return False  # the whole-read path names the problem
     return any(file_format(f) in ("json", "parquet") for f in found)  # records to parse: a dataset format
+
+
+def records(d) -> list[dict]:
+    """The rows of a recipe's ``data.files`` (json, jsonl, parquet or csv) or of a Hub dataset (``data.dataset``,
+    ``config``, ``split``), whole, through ``datasets.load_dataset``: what a classifier or embedding fine-tune reads
+    (a text and its label, a query and its document)."""
+    try:
+        import datasets
+
+        with sources.cache_only():
+            if d.files is not None:
+                files = [str(f) for s in ([d.files] if isinstance(d.files, str) else d.files) for f in _expand_paths(s)]
+                kinds = {"csv" if f.lower().endswith(".csv") else file_format(f) for f in files}
+                if len(kinds) != 1 or None in kinds or "text" in kinds:
+                    raise DataError(f"records are read from json, jsonl, parquet or csv files; got {', '.join(files)}")
+                ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+            else:
+                ds = datasets.load_dataset(d.dataset, d.config, split=d.split)
+        return [dict(row) for row in ds]
+    except DataError:
+        raise
+    except (ConnectionError, TimeoutError) as e:
+        raise _not_cached(f"dataset {d.dataset!r} (config={d.config!r}, split={d.split!r})", e) from None
+    except Exception as e:  # datasets raises many types; all mean "cannot use these records"
+        raise DataError(f"cannot read the records of {d.files or d.dataset!r}: {e}") from e

@@ -187,10 +187,15 @@ def load_model(
     dtype: str | None = None,
     device: str | None = None,
     tokenizer: bool = True,
+    task: str | None = None,
+    num_labels: int | None = None,
 ):
     """(model, tokenizer) from a hub id, a local folder, a GGUF file or a built-in name
     (``tiny-gpt2``, ``smollm2``, ``baseline:<preset>``). A retrofit checkpoint is re-patched.
-    What cannot be loaded is a ModelLoadError, UnsupportedArchitectureError or HubError that says why."""
+    What cannot be loaded is a ModelLoadError, UnsupportedArchitectureError or HubError that says why.
+    ``task`` (``sequence-classification``, ``embeddings``): an original checkpoint loads as that task's class (a
+    masked LM's encoder under a new classification head of ``num_labels`` classes, or its bare encoder); a
+    retrofit checkpoint always loads as the class it was saved as."""
     from .builtin import resolve
 
     given = str(name_or_path)
@@ -212,7 +217,7 @@ def load_model(
     target = str(local) if gguf_file else name_or_path
     is_retrofit = sources.check(target, gguf=bool(gguf_file))
     with sources.hub_access(None if local.exists() else target):
-        model = _from_pretrained(target, is_retrofit, gguf_file, kwargs)
+        model = _from_pretrained(target, is_retrofit, gguf_file, kwargs, (task, num_labels))
         tok = _tokenizer(target, gguf_file) if tokenizer else None
     if gguf_file:  # dequantized: plain tensors that train, merge and save like any checkpoint
         model.hf_quantizer = None
@@ -226,9 +231,10 @@ def load_model(
     return model, tok
 
 
-def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwargs: dict):
+def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwargs: dict, task=(None, None)):
     """The checkpoint as the class its config names (an encoder with its head: ``task``), a GGUF file or a
     config without ``architectures`` as a causal LM."""
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..foundation.task import model_class
@@ -240,7 +246,15 @@ def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwar
     with sources.readable(target, gguf_file):
         if gguf_file:
             return AutoModelForCausalLM.from_pretrained(target, **kwargs)
-        return model_class(AutoConfig.from_pretrained(target)).from_pretrained(target, **kwargs)
+        config = AutoConfig.from_pretrained(target)
+        if task[0] is None:
+            return model_class(config).from_pretrained(target, **kwargs)
+        from ..foundation.task import by_name
+
+        auto = getattr(transformers, by_name(task[0]).auto_class)
+        if task[1] is not None and config.num_labels != task[1]:
+            kwargs.update(num_labels=task[1], ignore_mismatched_sizes=True)  # a new head of that many classes
+        return auto.from_pretrained(target, **kwargs)
 
 
 def _tokenizer(target: str, gguf_file: str | None):

@@ -37,7 +37,7 @@ from ..models import sources
 from ..patch.core import describe, max_length, set_position_controls
 from ..patch.optim import param_groups
 from . import blocks as blk
-from . import copies, masking, outputs, positions, sharding, stream
+from . import copies, masking, outputs, positions, sharding, stream, tasks
 from . import model as mdl
 from .interrupt import Interrupts
 from .masking import Masker, masker_for, seed_of
@@ -84,13 +84,13 @@ def _finetune(r: Recipe) -> Path:
     from accelerate.utils import set_seed
 
     set_seed(r.train.seed)
-    source = stream.StreamSource.of(r.data) if rdata.streams(r.data) else None  # opened and probed here
-    train_docs, val_docs = _documents(r) if source is None else (None, None)
+    source = stream.StreamSource.of(r.data) if r.task is None and rdata.streams(r.data) else None  # probed here
+    train_docs, val_docs = _documents(r) if source is None and r.task is None else (None, None)
     _budget(r, acc, source)
     sharding.mark_baseline()
     with sharding.whole_models():
         with acc.main_process_first():
-            model, tok = mdl.load(r.model)
+            model, tok = mdl.load(r.model, tasks.model_task(r))
         model.train()
         native = describe(model)["native"].get("length")
         view = TeacherView.of(r.train, r.data.block_length, native)  # a stride past native fails here
@@ -100,7 +100,7 @@ def _finetune(r: Recipe) -> Path:
         mdl.convert(model, r.convert)
         mdl.set_attention_dropout(model, r.train)
         fade_offset_cap = _check_lengths(r, model)  # an impossible block fails before calibrating
-        masker = _masker(r, model, tok)
+        masker = tasks.objective(r, model) or _masker(r, model, tok)  # what the loss reads
         if calibrating:
             _calibrate(r, acc, out, model.to(acc.device), teacher.to(acc.device), tok)
         if r.train.objective == "lm":
@@ -109,7 +109,9 @@ def _finetune(r: Recipe) -> Path:
             model.config.use_cache = False
             mdl.enable_checkpointing(model)
         model = mdl.make_trainable(model, r.train)
-    if source is None:
+    if r.task is not None:
+        train_set, val_set = tasks.datasets(r, tok, acc.num_processes)
+    elif source is None:
         train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
     else:
         train_set, val_set = source, _stream_validation(r, tok, source)
@@ -330,16 +332,21 @@ def _write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> 
         "trainable_parameters": trainable,
         "total_parameters": sum(p.numel() for p in model.parameters()),
         "validation_blocks": len(val),
-        "validation_fingerprint": rdata.fingerprint(val.flatten().tolist()),
     }
-    if isinstance(train, stream.StreamSource):
+    if r.task is not None:
+        info.update(task=r.task, train_examples=len(train))
+    elif isinstance(train, stream.StreamSource):
         info.update(
             train_stream=train.what,
             validation_documents=train.validation_documents,
             budget_tokens=r.train.steps * tokens_per_step(r, processes),
         )
     else:
-        info.update(train_blocks=len(train), train_fingerprint=rdata.fingerprint(train.flatten().tolist()))
+        info.update(
+            train_blocks=len(train),
+            train_fingerprint=rdata.fingerprint(train.flatten().tolist()),
+            validation_fingerprint=rdata.fingerprint(val.flatten().tolist()),
+        )
     write_text(out / rf.VERSIONS, json.dumps(info, indent=2) + "\n")
 
 
@@ -438,19 +445,24 @@ def _prepare(r, acc, model, train_set, val_set):
     sampler = None if streaming else blk.EpochShuffle(len(train_set), t.seed)
     # Each loader gets its own generator: a new iterator draws a seed from it, and drawing from the
     # global RNG would shift dropout after a resume.
+    collate = getattr(train_set, "collate", None)  # a task's examples pad themselves; blocks are one tensor
     train_loader = (
         None
         if streaming
         else DataLoader(
-            blk.Blocks(train_set),
+            train_set if collate else blk.Blocks(train_set),
             batch_size=t.batch_size,
             sampler=sampler,
             drop_last=True,
             generator=torch.Generator().manual_seed(t.seed),
+            collate_fn=collate,
         )
     )
     val_loader = DataLoader(
-        blk.Blocks(val_set), batch_size=t.batch_size, generator=torch.Generator().manual_seed(t.seed)
+        val_set if collate else blk.Blocks(val_set),
+        batch_size=t.batch_size,
+        generator=torch.Generator().manual_seed(t.seed),
+        collate_fn=collate,
     )
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.learning_rate)
     scheduler = get_scheduler(  # a prepared scheduler steps once per process: scale like the HF examples
@@ -496,6 +508,7 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
             write_text(
                 out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.blocks.txt", "".join(x + "\n" for x in where.seen)
             )
+    heldout = masker.metrics(model, val_loader, acc.gather_for_metrics) if isinstance(masker, tasks.Objective) else None
     peak = sharding.peak_memory_mib(acc)  # training's peak, before final/ is gathered and written
     outputs.write_final(r, acc, model, tok)
     if acc.is_main_process:
@@ -517,6 +530,9 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
         if getattr(where, "short", None):
             summary["stream_ended_early"] = where.short
         summary["peak_memory_mib"] = peak
+        if heldout:
+            summary["heldout"] = heldout
+            log.info("held out: %s", ", ".join(f"{k} {v:.4g}" for k, v in heldout.items()))
         teacher = meter.teacher_summary(progress.step - meter.start_step)
         if teacher is not None:
             summary["teacher"] = teacher
@@ -544,6 +560,8 @@ def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None 
     """(loss, {part: value}) for the recipe's objective; the teacher reads the block as ``view`` says. A masked
     LM (``masker``) reads its block with a draw of tokens masked (seeded by the micro-batch) and predicts those."""
     t = r.train
+    if isinstance(masker, tasks.Objective):
+        return masker.loss(model, batch), {}
     if masker is not None:
         inputs, labels = masker(batch, seed_of(t.seed, acc.step, acc.process_index))
         outputs = model(input_ids=inputs, labels=labels)
@@ -631,7 +649,9 @@ def _evaluate(acc, model, loader, base, r, masker=None) -> float | None:
     model.eval()
     losses = []
     for i, batch in enumerate(loader):
-        if masker is not None:
+        if isinstance(masker, tasks.Objective):
+            per = masker.per_example(model, batch)
+        elif masker is not None:
             inputs, labels = masker(batch, seed_of(r.train.seed + 1, i, acc.process_index))  # (B, T) each
             logits = model(input_ids=inputs).logits.float()
             nll = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=masking.IGNORE)

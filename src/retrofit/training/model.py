@@ -16,20 +16,34 @@ from ..patch.core import POSITIONS_MODULE
 log = logging.getLogger(__name__)
 
 
-def load(model_cfg):
+def load(model_cfg, task: tuple = (None, None)):
     """(model, tokenizer) through retrofit.load_model (built-in names resolved; a GGUF checkpoint
     comes back dequantized: trainable, mergeable, savable). A ``baseline:<preset>`` stand-in not built yet
-    is pretrained first: the recipe asks for it (the log says so before it starts)."""
+    is pretrained first: the recipe asks for it (the log says so before it starts). ``task``: (the recipe's
+    ``task``, its number of classes): a classifier or an embedding model of the checkpoint (``TASK_CLASSES``)."""
     from ..foundation.task import require_language_model
     from ..models.io import load_model
     from .standin import ensure
 
     ensure(model_cfg.name_or_path)
-    model, tok = load_model(model_cfg.name_or_path, gguf_file=model_cfg.gguf_file, dtype=model_cfg.dtype)
-    require_language_model(model, "retrofit finetune")
+    want = TASK_CLASSES.get(task[0])
+    model, tok = load_model(
+        model_cfg.name_or_path, gguf_file=model_cfg.gguf_file, dtype=model_cfg.dtype, task=want, num_labels=task[1]
+    )
+    if want is None:
+        require_language_model(model, "retrofit finetune")
+    elif of_model(model).name != want:
+        raise RecipeError(
+            f"'task: {task[0]}' needs a {want} model; {model_cfg.name_or_path!r} is a converted "
+            f"{type(model).__name__}, which keeps its class: start from the original checkpoint with "
+            "'convert.scheme' in the recipe (it loads as the task's class, then converts)"
+        )
     if tok is None:
         raise RecipeError(f"'model.name_or_path' = {model_cfg.name_or_path!r} has no tokenizer; fine-tuning needs one")
     return model, tok
+
+
+TASK_CLASSES = {"classification": "sequence-classification", "embedding": "embeddings"}  # recipe task: its class
 
 
 def make_teacher(model, model_cfg) -> nn.Module:
@@ -136,6 +150,8 @@ def extra_trainable(model, train_cfg) -> list[str]:
     names = []
     if positions_parameters(model):
         names.append(POSITIONS_MODULE)
+    if of_model(model).name == "sequence-classification":  # BERT's pooler: new under a masked LM's encoder
+        names += [n for n, m in model.named_modules() if n.endswith("pooler") and any(m.parameters())]
     if train_cfg.train_norms:
         names += [n for n, m in model.named_modules() if _is_norm(m)]
     if train_cfg.train_embeddings:
@@ -163,6 +179,9 @@ def _is_norm(m: nn.Module) -> bool:
     )
 
 
+PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
+
+
 def make_trainable(model, train_cfg):
     """Wrap with PEFT LoRA (method: lora) or unfreeze everything but what the core froze (full)."""
     if train_cfg.method == "full":
@@ -184,8 +203,8 @@ def make_trainable(model, train_cfg):
         modules_to_save=extra or None,
         fan_in_fan_out=bool(getattr(claimant(model), "fan_in_fan_out", False)),
         ensure_weight_tying=bool(train_cfg.train_embeddings and _tied(model)),
-        # PEFT's causal-LM wrapper for a causal LM; a masked LM (no PEFT task of its own) the plain PeftModel
-        task_type="CAUSAL_LM" if of_model(model).name == "causal-lm" else None,
+        # PEFT's wrapper of the task (a classifier's keeps its head trained in full); else the plain PeftModel
+        task_type=PEFT_TASKS.get(of_model(model).name),
     )
     peft_model = get_peft_model(model, lcfg)
     return peft_model

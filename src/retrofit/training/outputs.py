@@ -15,6 +15,7 @@ from ..models.io import save
 from . import model as mdl
 from . import sharding
 from .recipe import Recipe
+from .tasks import model_task
 
 log = logging.getLogger("retrofit.training.loop")
 
@@ -113,7 +114,33 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
         write_dir(out / rf.ADAPTER, adapter)
         unwrapped = unwrapped.merge_and_unload()
     save(unwrapped, out / rf.FINAL, tokenizer=tok)
+    if r.task == "embedding":
+        sentence_transformers_files(out / rf.FINAL, r.data.block_length)
     return out / rf.FINAL
+
+
+ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+
+
+def sentence_transformers_files(final: Path, max_length: int) -> None:
+    """The files that make ``SentenceTransformer(final)`` the trained embedding model (the encoder, mean pooling,
+    texts read to ``max_length`` tokens), as the installed sentence-transformers writes them: its own ``save`` into
+    a scratch folder, of which the module files are kept (the weights stay retrofit's)."""
+    import tempfile
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling, Transformer
+
+    encoder = Transformer(str(final))
+    st = SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension(), "mean")], device="cpu")
+    st.max_seq_length = max_length
+    with tempfile.TemporaryDirectory() as tmp:
+        st.save(tmp)
+        for f in sorted(Path(tmp).rglob("*.json")):
+            rel = f.relative_to(tmp)
+            if rel.parent != Path(".") or rel.name in ST_FILES:  # its modules' folders and its own files
+                (final / rel).parent.mkdir(parents=True, exist_ok=True)
+                write_text(final / rel, f.read_text())
 
 
 def adapter_base(r: Recipe) -> dict:
@@ -130,7 +157,7 @@ def rebuilt(r: Recipe, state: dict | None = None):
     """(model, tokenizer): a fresh model converted and wrapped as the recipe says, holding ``state``
     (the gathered weights of a sharded run, or a checkpoint's) when given."""
     with sharding.whole_models():
-        model, tok = mdl.load(r.model)
+        model, tok = mdl.load(r.model, model_task(r))
         mdl.convert(model, r.convert)
         model = mdl.make_trainable(model, r.train)
     if state is not None:

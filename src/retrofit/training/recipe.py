@@ -105,6 +105,9 @@ class DataConfig:
     config: Optional[str] = _help("Hub dataset config name.", None)
     split: str = _help("Hub dataset split.", "train")
     text_field: str = _help("Hub dataset column holding the text.", "text")
+    label_field: str = _help("task: classification: the column holding each text's label.", "label")
+    query_field: str = _help("task: embedding: the column holding the query (the anchor).", "query")
+    document_field: str = _help("task: embedding: the column holding the document the query must find.", "document")
     files: Optional[Union[str, list]] = _help(
         "Local files, directories or globs (a string or a list), relative to the working directory: json, jsonl and "
         "parquet records (text in text_field) stream; UTF-8 text files are read whole, one document per file (a file "
@@ -144,7 +147,16 @@ class DataConfig:
         "training). null = as many as fill max_validation_blocks; 0 = no validation.",
         None,
     )
-    block_length: int = _help("Training block length in tokens (may exceed the model's native length).", 1024)
+    block_length: int = _help(
+        "Training block length in tokens (may exceed the model's native length); for a classifier or an embedding "
+        "model, the longest document (records are cut there).",
+        1024,
+    )
+    min_block_length: Optional[int] = _help(
+        "task: classification or embedding on a 'longdoc:' task: the shortest document; lengths are drawn uniformly "
+        "in [min_block_length, block_length] (null = every document block_length long).",
+        None,
+    )
     packing: bool = _help(
         "true: concatenate documents (EOS between them) and cut into blocks; "
         "false: cut each document into its own blocks (shorter remainders dropped).",
@@ -271,6 +283,14 @@ class CheckpointConfig:
 
 @dataclass
 class Recipe:
+    task: Optional[Literal["classification", "embedding"]] = _help(
+        "What the fine-tune trains. null: the model's language modelling (next token for a causal LM, masked tokens "
+        "for a masked LM); classification: a sequence classifier (the encoder's own head, cross-entropy; accuracy "
+        "and macro-F1 on the held-out examples); embedding: an embedding model (mean pooling, sentence-transformers' "
+        "MultipleNegativesRankingLoss over (query, document) pairs). Data for both: a 'longdoc:' task "
+        "(longdoc:mention, longdoc:both, longdoc:needle) or records (data.files or a Hub dataset).",
+        None,
+    )
     model: ModelConfig = _help("The pretrained model.", factory=ModelConfig)
     convert: ConvertConfig = _help("The positional conversion applied before training.", factory=ConvertConfig)
     data: DataConfig = _help("Training and validation text.", factory=DataConfig)
@@ -386,12 +406,37 @@ class Recipe:
         if not 0 < t.mask_rate < 1:
             raise RecipeError(f"'train.mask_rate' must be in (0, 1), got {t.mask_rate}")
         _check_position_method(t.positions, d.block_length)
+        _check_task(self)
         _check_copies(d)
         _check_teacher(t)
         if c.resume not in ("auto", "never") and not Path(c.resume).is_dir():
             raise RecipeError(
                 f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none"
             )
+
+
+def _check_task(r: "Recipe") -> None:
+    """A classifier or embedding fine-tune: what it does not combine with, said before anything loads."""
+    d, t = r.data, r.train
+    if d.min_block_length is not None and not 1 <= d.min_block_length <= d.block_length:
+        raise RecipeError(f"'data.min_block_length' must be in [1, data.block_length]; got {d.min_block_length}")
+    if r.task is None:
+        if isinstance(d.dataset, str) and d.dataset.startswith("longdoc:"):
+            raise RecipeError(f"'data.dataset: {d.dataset}' is a task's data: set 'task' (classification or embedding)")
+        return
+    why = [
+        (t.objective != "lm", f"'train.objective: {t.objective}' (distillation serves language models)"),
+        (
+            t.positions.method != "none" or t.positions.random_offset or t.positions.native_fade_steps,
+            "'train.positions'",
+        ),
+        (d.copies.spans > 0, "'data.copies'"),
+        (d.streaming is True, "'data.streaming: true' (a task reads its records whole)"),
+        (r.convert.calibrate.data is not None, "'convert.calibrate'"),
+    ]
+    for bad, what in why:
+        if bad:
+            raise RecipeError(f"{what} is not built for 'task: {r.task}'; remove it")
 
 
 def _check_position_method(pos: PositionsConfig, block_length: int) -> None:

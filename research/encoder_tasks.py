@@ -1,0 +1,153 @@
+"""Issue 60's study: which scheme lets a converted encoder *use* a long document, on the offline tasks of
+``retrofit.models.longdoc`` (mention: one piece of evidence anywhere; both: two pieces about 0.8 of the document
+apart; needle: retrieval of the document that holds a passage).
+
+1. The stand-in classifiers and embedding model (``baseline:small-bert``, native 256): a short task fine-tune at
+   native, full, in two stages (documents of 64-128 tokens, then 64-256) through ``retrofit.finetune``.
+2. A cell per (task, scheme): the native model converted (``extend`` copy to 8x, symmetric ``alibi``, ``t5``,
+   ``rope`` with NTK x4) and fine-tuned on documents of 256-1,024 tokens (1x-4x) for ``BUDGET`` tokens (2% of the
+   stand-in's 8,388,608 pretraining tokens), full.
+3. ``retrofit.evaluate`` of each cell with ``--baseline`` the native model: accuracy (top-1) at 1x, 2x, 4x, 8x for
+   the cell reading whole documents, the original truncated at 256 and over 256-token chunks.
+
+Resumable: a cell already in the record is skipped; runs live under ``runs/encoder-tasks/``.
+
+    OMP_NUM_THREADS=1 python research/encoder_tasks.py                       # every cell
+    python research/encoder_tasks.py --table benchmarks/encoder_tasks.json   # the markdown tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from harness import BENCHMARKS, ROOT, command, stamp, write_record
+
+import retrofit
+
+RUNS = ROOT / "runs" / "encoder-tasks"
+OUT = BENCHMARKS / "encoder_tasks.json"
+PRETRAIN_TOKENS = 8_388_608  # baseline:small-bert's pretraining (standins/small-bert-*/pretrain_stats.json)
+BUDGET = PRETRAIN_TOKENS // 50  # 2%
+BATCH, LONGEST = 4, 1024
+TASKS = {"mention": "classification", "both": "classification", "needle": "embedding"}
+SCHEMES = {
+    "extend": {"length": "8x", "init": "copy"},
+    "alibi": {},
+    "t5": {},
+    "rope-ntk": {"scaling": "ntk", "factor": 4},
+}
+NATIVE_STAGES = ((64, 128, 300), (64, 256, 300))  # (shortest, longest document, steps) at batch 32
+
+
+def recipe(task: str, model: str, out: Path, lengths: tuple, steps: int, batch: int, lr: float, scheme=None) -> dict:
+    name, options = (scheme.split("-")[0], SCHEMES[scheme]) if scheme else (None, {})
+    return {
+        "task": TASKS[task],
+        "model": {"name_or_path": model},
+        "convert": {"scheme": name, "options": options},
+        "data": {
+            "dataset": f"longdoc:{task}",
+            "min_block_length": lengths[0],
+            "block_length": lengths[1],
+            "max_validation_blocks": 64,
+        },
+        "train": {
+            "method": "full",
+            "steps": steps,
+            "batch_size": batch,
+            "learning_rate": lr,
+            "warmup_steps": max(1, steps // 10),
+            "weight_decay": 0.01,
+        },
+        "checkpoint": {"every": 50},
+        "output_dir": str(out),
+    }
+
+
+def native(task: str) -> Path:
+    """The stand-in model of ``task`` (final/ of its last stage), trained once."""
+    model = "baseline:small-bert"
+    for i, (lo, hi, steps) in enumerate(NATIVE_STAGES):
+        out = RUNS / f"{task}-native-{i}"
+        if not (out / "summary.json").is_file():
+            retrofit.finetune(recipe(task, model, out, (lo, hi), steps, 32, 1e-3))
+        model = str(out / "final")
+    return Path(model)
+
+
+def cell(task: str, scheme: str, base: Path) -> dict:
+    out = RUNS / f"{task}-{scheme}"
+    steps = BUDGET // (BATCH * LONGEST)
+    t0 = time.time()
+    if not (out / "summary.json").is_file():
+        retrofit.finetune(recipe(task, str(base), out, (256, LONGEST), steps, BATCH, 3e-4, scheme))
+    summary = json.loads((out / "summary.json").read_text())
+    report = retrofit.evaluate(str(out), data=f"longdoc:{task}", baselines=[str(base)], progress=False)
+    return {
+        "task": task,
+        "scheme": scheme,
+        "options": SCHEMES[scheme],
+        "steps": steps,
+        "tokens": summary["tokens"],
+        "budget_share": summary["tokens"] / PRETRAIN_TOKENS,
+        "heldout": summary.get("heldout"),
+        "seconds": round(time.time() - t0, 1),
+        "eval": report.data,
+    }
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--table", help="print the markdown tables of this record and exit")
+    args = p.parse_args(argv)
+    if args.table:
+        print(tables(json.loads(Path(args.table).read_text())))
+        return
+    record = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {"rows": []}
+    for task in args.tasks.split(","):
+        base = native(task)
+        for scheme in args.schemes.split(","):
+            if any(r["task"] == task and r["scheme"] == scheme for r in record["rows"]):
+                continue
+            record["rows"].append(cell(task, scheme, base))
+            record.update(benchmark="encoder_tasks", command=command(__file__, argv), **stamp())
+            write_record(args.out, record)
+            print(f"{task} {scheme}: {record['rows'][-1]['eval']['verdict']}", flush=True)
+
+
+def tables(record: dict) -> str:
+    """A table per task: a row per reading (the original truncated and chunked once, each scheme whole)."""
+    out = []
+    for task in TASKS:
+        rows = [r for r in record["rows"] if r["task"] == task]
+        if not rows:
+            continue
+        lengths = rows[0]["eval"]["lengths"]
+        metric = "accuracy" if TASKS[task] == "classification" else "top-1"
+        out += [f"**longdoc:{task}** ({metric}, %, 64 documents a length)", ""]
+        out += [f"| reading | {' | '.join(f'{L:,}' for L in lengths)} |", "|---|" + "---:|" * len(lengths)]
+        first = rows[0]["eval"]["rows"]
+        for how in ("truncated", "chunked"):
+            out.append(_line(f"original, {how}", first, lambda r, h=how: r["role"] == "baseline" and r["read"] == h))
+        out.append(_line("original, whole", first, lambda r: r["role"] == "baseline" and r["read"] == "whole", lengths))
+        for r in rows:
+            name = f"{r['scheme']} (fine-tuned, whole)"
+            out.append(_line(name, r["eval"]["rows"], lambda x: x["role"] != "baseline", lengths))
+        out.append("")
+    return "\n".join(out)
+
+
+def _line(name: str, rows: list, keep, lengths=None) -> str:
+    got = {r["length"]: r["score"] for r in rows if keep(r)}
+    lengths = lengths or sorted(got)
+    return f"| {name} | " + " | ".join(f"{100 * got[L]:.1f}" if L in got else "—" for L in lengths) + " |"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Use of the whole document by a classifier or an embedding model (``retrofit eval`` of such a model): on the
+offline tasks of ``models.longdoc``, accuracy (classification) or retrieval top-1 (embedding) at each document length
+and by the depth of the evidence, for every model reading the whole document and, for the original (a baseline), also
+the two ways it reads a long document today: **truncated** at its native length, and over **native-size chunks**
+(each chunk starts with the document's first token; a classifier's class probabilities and an embedding model's chunk
+embeddings are averaged). A model uses its reach when, past native, it beats both."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..foundation import run_folder as rf
+from ..foundation.atomic import write_text
+from ..foundation.errors import OptionError
+from ..models import longdoc
+from .models import EvalModel
+
+log = logging.getLogger(__name__)
+DEPTH_BINS = 4  # the evidence's depth in quarters of the document
+EXAMPLES = 64  # documents a length, by default; depths spread evenly over [0, 1]
+SEED = 1_234
+
+
+@dataclass(frozen=True)
+class Read:
+    """One way a model reads a document: ``whole``, ``truncated`` at ``native`` or over ``chunked`` windows."""
+
+    how: str
+    native: int
+
+    def views(self, ids: list[int], first: list[int]) -> list[list[int]]:
+        """The inputs this reading gives the model for one document (``first``: its special first token)."""
+        if self.how == "whole" or len(ids) <= self.native:
+            return [ids]
+        if self.how == "truncated":
+            return [ids[: self.native]]
+        body, step = ids[len(first) :], self.native - len(first)
+        return [first + body[i : i + step] for i in range(0, len(body), step)]
+
+
+class Scorer:
+    """A model's outputs for the views of a document: class probabilities or a pooled, normalised embedding."""
+
+    def __init__(self, m: EvalModel, kind: str):
+        self.m, self.kind = m, kind
+        self.device = next(m.model.parameters()).device
+
+    @torch.no_grad()
+    def __call__(self, views: list[list[int]]) -> torch.Tensor:
+        outs = []
+        for v in views:
+            ids = torch.tensor([v], device=self.device)  # (1, T)
+            if self.kind == "classification":
+                outs.append(self.m.model(input_ids=ids).logits.float().softmax(-1)[0])  # (C,)
+            else:
+                outs.append(self.m.model(input_ids=ids).last_hidden_state.float()[0].mean(0))  # (E,)
+        out = torch.stack(outs).mean(0)  # chunks: the mean of their probabilities or embeddings
+        return out if self.kind == "classification" else F.normalize(out, dim=-1)
+
+
+def is_spec_of(data) -> bool:
+    """Whether an eval's ``data`` names a long-document task (``longdoc:<task>``)."""
+    return longdoc.is_spec(data)
+
+
+def spec_for(o_data: str, model_path) -> str:
+    """The task a classifier or embedding model is evaluated on: ``--data`` when it names a ``longdoc:`` task,
+    else the one the run fine-tuned on (its recipe); an OptionError naming the tasks otherwise."""
+    if longdoc.is_spec(o_data):
+        longdoc.task_of(o_data)
+        return o_data
+    from ..foundation.run_folder import recipe
+
+    if isinstance(model_path, (str, Path)):
+        p = Path(model_path)
+        for d in (p, p.parent):
+            spec = ((recipe(d) or {}).get("data") or {}).get("dataset")
+            if longdoc.is_spec(spec):
+                return spec
+    raise OptionError(
+        "a classifier or an embedding model is evaluated on a long-document task: pass --data with one of "
+        + ", ".join(longdoc.PREFIX + n for n in longdoc.TASKS)
+    )
+
+
+def reads_of(models: list[EvalModel], native: int) -> list[tuple[EvalModel, Read]]:
+    """Every model reads whole; a baseline also truncated and chunked at the evaluated model's native length."""
+    out = []
+    for m in models:
+        out.append((m, Read("whole", native)))
+        if m.role == "baseline":
+            out += [(m, Read("truncated", native)), (m, Read("chunked", native))]
+    return out
+
+
+def check_fits(models: list[EvalModel], lengths: list[int], kind: str) -> None:
+    from ..foundation.task import of_model
+
+    want = "sequence-classification" if kind == "classification" else "embeddings"
+    for m in models:
+        if of_model(m.model).name != want:
+            raise OptionError(f"{m.name} is a {of_model(m.model).name} model; this task needs a {want} model")
+    for m in models[:1]:
+        if m.max_length is not None and max(lengths) > m.max_length:
+            raise OptionError(f"{m.name} reads at most {m.max_length} tokens; the longest length is {max(lengths)}")
+
+
+def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: int, bar=None) -> dict:
+    """The task's scores: a row per (model, reading, length) with its accuracy (or top-1), overall and by depth."""
+    info = longdoc.task_of(spec)
+    check_fits(models, lengths, info.kind)
+    builder = longdoc.Builder(spec, models[0].tokenizer, "heldout")
+    rows = []
+    for L in lengths:
+        docs = [builder.example(SEED, i, L, (i + 0.5) / n) for i in range(n)]  # depths spread evenly
+        for m, read in reads_of(models, native):
+            if read.how == "whole" and m.max_length is not None and L > m.max_length:
+                continue  # the original past its table: only its truncated and chunked readings
+            hits = _hits(m, read, docs, builder.first, info.kind)
+            rows.append(_row(m, read, L, docs, hits))
+            if bar is not None:
+                bar.update(n)
+    return {"task": spec, "kind": info.kind, "native": native, "examples": n, "lengths": lengths, "rows": rows}
+
+
+def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> list[bool]:
+    """Whether each document was answered: its label predicted, or (embedding) its query's nearest document."""
+    score = Scorer(m, kind)
+    outs = torch.stack([score(read.views(d.ids, first)) for d in docs])  # (n, C) or (n, E)
+    if kind == "classification":
+        return (outs.argmax(-1) == torch.tensor([d.label for d in docs])).tolist()
+    queries = torch.stack([score([d.query]) for d in docs])  # (n, E): a query is short, read whole
+    return ((queries @ outs.T).argmax(-1) == torch.arange(len(docs))).tolist()
+
+
+def _row(m: EvalModel, read: Read, L: int, docs: list, hits: list[bool]) -> dict:
+    bins = [[h for d, h in zip(docs, hits) if min(int(d.depth * DEPTH_BINS), DEPTH_BINS - 1) == b] for b in range(4)]
+    return {
+        "model": m.name,
+        "role": m.role,
+        "read": read.how,
+        "length": L,
+        "score": sum(hits) / len(hits),
+        "by_depth": [sum(b) / len(b) if b else None for b in bins],
+        "past_native": sum(h for d, h in zip(docs, hits) if d.evidence[-1] >= read.native)
+        / max(1, sum(d.evidence[-1] >= read.native for d in docs))
+        if any(d.evidence[-1] >= read.native for d in docs)
+        else None,
+    }
+
+
+def verdict(data: dict) -> str:
+    """Whether the evaluated model beats the original's truncated and chunked readings past native, in words."""
+    native, rows = data["native"], data["rows"]
+    model = rows[0]["model"] if rows else None
+    past = [L for L in data["lengths"] if L > native]
+    if not past or not any(r["role"] == "baseline" for r in rows):
+        return "no verdict: it needs a length past native and a baseline (--baseline original)"
+    wins = []
+    for L in past:
+        own = next(r["score"] for r in rows if r["model"] == model and r["length"] == L and r["read"] == "whole")
+        base = [r["score"] for r in rows if r["role"] == "baseline" and r["length"] == L and r["read"] != "whole"]
+        wins.append(own > max(base))
+    if all(wins):
+        return "uses its reach: past native it beats the original truncated and chunked at every length"
+    return (
+        f"does not use its reach everywhere: past native it beats both readings at {sum(wins)} of {len(wins)} lengths"
+    )
+
+
+def table(data: dict) -> str:
+    """The markdown table: a row per model and reading, a column per length (score, and by depth)."""
+    lengths, metric = data["lengths"], "accuracy" if data["kind"] == "classification" else "top-1"
+    head = f"| model | reading | {' | '.join(f'{L:,}' for L in lengths)} |\n|---|---|{'---|' * len(lengths)}\n"
+    keys = list(dict.fromkeys((r["model"], r["read"]) for r in data["rows"]))
+    lines = []
+    for name, how in keys:
+        cells = []
+        for L in lengths:
+            r = next((r for r in data["rows"] if (r["model"], r["read"], r["length"]) == (name, how, L)), None)
+            cells.append("—" if r is None else f"{100 * r['score']:.1f}")
+        lines.append(f"| {name} | {how} | {' | '.join(cells)} |")
+    title = f"{data['task']}: {metric} (%) by document length in tokens (native {data['native']:,}), {data['examples']} documents a length"
+    return f"{title}\n\n{head}" + "\n".join(lines) + f"\n\nVerdict: {verdict(data)}.\n"
+
+
+@dataclass
+class LongDocReport:
+    """What ``retrofit eval`` writes for a classifier or an embedding model: report.json and report.md."""
+
+    data: dict
+    kind = "long-document"
+
+    def save(self, out, plots: bool = True) -> Path:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / rf.REPORT, json.dumps(self.data, indent=2, default=str) + "\n")
+        write_text(out / rf.REPORT_MD, f"# Long-document evaluation: {self.data['rows'][0]['model']}\n\n{self.table()}")
+        return out
+
+    def table(self) -> str:
+        return table(self.data)

