@@ -23,9 +23,8 @@ import json
 import time
 from pathlib import Path
 
-from harness import BENCHMARKS, ROOT, command, stamp, write_record
-
 import retrofit
+from harness import BENCHMARKS, ROOT, command, stamp, write_record
 
 RUNS = ROOT / "runs" / "encoder-tasks"
 OUT = BENCHMARKS / "encoder_tasks.json"

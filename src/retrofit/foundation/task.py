@@ -79,12 +79,27 @@ def require_language_model(model, what: str) -> None:
 
 def model_class(config):
     """The class a checkpoint's config names when it names a head (a masked LM, a classifier: loaded with that
-    head), else the causal-LM Auto class as before (a bare base model, a custom class, no ``architectures``)."""
+    head) or is a bare encoder (``is_encoder``: BERT's ``BertModel``), else the causal-LM Auto class as before (a
+    bare decoder, a custom class, no ``architectures``)."""
     import transformers
 
     name = (getattr(config, "architectures", None) or [None])[0]
     task = of_class(name)
     cls = getattr(transformers, name, None) if name else None
+    if task.name == "embeddings" and isinstance(cls, type) and is_encoder(config):
+        return cls  # a bare encoder (an embedding model): itself, not a decoder built over its weights
     if task.name in ("causal-lm", "embeddings") or not isinstance(cls, type):
         return transformers.AutoModelForCausalLM
     return cls
+
+
+def is_encoder(config) -> bool:
+    """Whether a config is a bidirectional encoder's: a family with a masked-LM class, used neither as a decoder
+    nor as an encoder-decoder (BERT, RoBERTa, ...: their bare ``...Model`` is an embedding model)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return (
+        getattr(config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        and not getattr(config, "is_decoder", False)
+        and not getattr(config, "is_encoder_decoder", False)
+    )

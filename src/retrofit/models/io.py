@@ -234,7 +234,6 @@ def load_model(
 def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwargs: dict, task=(None, None)):
     """The checkpoint as the class its config names (an encoder with its head: ``task``), a GGUF file or a
     config without ``architectures`` as a causal LM."""
-    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from ..foundation.task import model_class
@@ -249,12 +248,36 @@ def _from_pretrained(target: str, is_retrofit: bool, gguf_file: str | None, kwar
         config = AutoConfig.from_pretrained(target)
         if task[0] is None:
             return model_class(config).from_pretrained(target, **kwargs)
-        from ..foundation.task import by_name
 
-        auto = getattr(transformers, by_name(task[0]).auto_class)
-        if task[1] is not None and config.num_labels != task[1]:
-            kwargs.update(num_labels=task[1], ignore_mismatched_sizes=True)  # a new head of that many classes
-        return auto.from_pretrained(target, **kwargs)
+        return _as_task(target, config, task, kwargs)
+
+
+def _as_task(target: str, config, task: tuple, kwargs: dict):
+    """The checkpoint as ``task[0]``'s class (``task[1]`` classes for a classifier): what is new (a head, BERT's
+    pooler) or left out (a masked LM's head) said in one line instead of transformers' load table."""
+    import transformers
+
+    from ..foundation.task import by_name
+
+    auto = getattr(transformers, by_name(task[0]).auto_class)
+    if task[1] is not None and config.num_labels != task[1]:
+        kwargs.update(num_labels=task[1], ignore_mismatched_sizes=True)  # a new head of that many classes
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        model, info = auto.from_pretrained(target, output_loading_info=True, **kwargs)
+    finally:
+        transformers.logging.set_verbosity(level)
+    new = sorted({k.rsplit(".", 1)[0] for k in info.get("missing_keys", [])})
+    left = sorted({k.split(".")[0] for k in info.get("unexpected_keys", [])})
+    log.info(
+        "loaded %s as %s%s%s",
+        target,
+        type(model).__name__,
+        f"; new (trained from scratch): {', '.join(new)}" if new else "",
+        f"; not used: {', '.join(left)}" if left else "",
+    )
+    return model
 
 
 def _tokenizer(target: str, gguf_file: str | None):

@@ -75,6 +75,9 @@ class Example:
     depth: float = 0.0  # where the (last) evidence sits, as a fraction of the document
 
 
+_FILLER: dict = {}  # (id of a tokenizer, split): (the tokenizer, the split's plays in its tokens)
+
+
 class Builder:
     """Builds examples of one task in one tokenizer: filler drawn from the split's plays, the evidence written over
     it at drawn positions (the document keeps its drawn length exactly)."""
@@ -84,11 +87,14 @@ class Builder:
 
         self.task = task_of(task)
         self.tok = tokenizer
-        plays: list[Document] = shakespeare_documents(split)
-        ids: list[int] = []
-        for d in plays:
-            ids += tokenizer(d.text, add_special_tokens=False).input_ids
-        self.filler = ids
+        key = (id(tokenizer), split)
+        if key not in _FILLER:  # tokenized once a process (the tokenizer kept, so its id stays its own)
+            plays: list[Document] = shakespeare_documents(split)
+            _FILLER[key] = (
+                tokenizer,
+                [i for d in plays for i in tokenizer(d.text, add_special_tokens=False).input_ids],
+            )
+        self.filler = _FILLER[key][1]
         self.first = _first_token(tokenizer)
         self.words = [self._encode(f" The secret word is {w}.") for w in WORDS]
 

@@ -101,10 +101,24 @@ def _check_ids(vocab: int, length: int, seed: int = 0) -> torch.Tensor:
 
 def max_logit_diff(a, b, ids: torch.Tensor) -> float:
     """Max abs difference of the two models' logits on ``ids`` (one full forward each, no cache)."""
-    with torch.no_grad():
-        la = a(input_ids=ids.to(a.device), use_cache=False).logits.float()
-        lb = b(input_ids=ids.to(b.device), use_cache=False).logits.float()
+    with torch.no_grad():  # a bare encoder (an embedding model) has no logits: its hidden states
+        la, lb = (_output(m(input_ids=ids.to(m.device), use_cache=False)).float() for m in (a, b))
     return float((la - lb.to(la.device)).abs().max())
+
+
+def _output(out) -> torch.Tensor:
+    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+
+def _reload_class(model):
+    """The class an export is reloaded with: a causal LM's Auto class, else its own task's (a classifier's, a bare
+    encoder's, a masked LM's), as a user loads it."""
+    import transformers
+
+    from ..foundation.task import of_model
+
+    task = of_model(model)
+    return getattr(transformers, task.auto_class)
 
 
 def export(
@@ -198,7 +212,6 @@ def _positive(name: str, value, default: int) -> int:
 
 
 def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict) -> ExportResult:
-    from transformers import AutoModelForCausalLM
 
     from ..foundation.atomic import write_dir
     from ..models.io import tokenizer_reach
@@ -222,7 +235,7 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
             if reach:
                 tokenizer_reach(tmp / "tokenizer_config.json", reach)
         _check_config(tmp / "config.json")
-        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=model.dtype).eval()
+        reloaded = _reload_class(model).from_pretrained(tmp, dtype=model.dtype).eval()
         if getattr(built.model.config, "rope_parameters", None):
             _check_rope_config(reloaded.config, built.model.config.rope_parameters)
         diff = max_logit_diff(model, reloaded, _check_ids(model.get_input_embeddings().weight.shape[0], check_len))

@@ -88,8 +88,11 @@ def per_head_qkv(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def copy_lm_head(dst_model, src_model) -> None:
-    """Tied models share the embedding; an untied source head is copied."""
+    """Tied models share the embedding; an untied source head is copied. A model without an LM head (a classifier,
+    a bare encoder) has none to copy: its head's weights are copied by name like the rest."""
     src, dst = src_model.get_output_embeddings(), dst_model.get_output_embeddings()
+    if src is None and dst is None:
+        return
     if src.weight is src_model.get_input_embeddings().weight:
         if dst.weight is not dst_model.get_input_embeddings().weight:
             raise RetrofitError("export: the source ties its lm_head to the embeddings but the target does not")
@@ -117,7 +120,8 @@ class Surgery:
 
     def finish(self, src_model):
         copy_lm_head(self.dst, src_model)
-        self.done.add(id(self.dst.get_output_embeddings().weight))
+        if self.dst.get_output_embeddings() is not None:
+            self.done.add(id(self.dst.get_output_embeddings().weight))
         check_surgery(self.dst, self.done)
         return self.dst
 

@@ -501,14 +501,8 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
     _position_controls(base, r, None)
     val_after = _evaluate(acc, model, val_loader, base, r, masker)
     outputs.log_record(acc, out, {"step": progress.step, "val_loss": val_after})
-    if r.train.rank_checksums:
-        (out / rf.RANK_CHECKSUMS).mkdir(parents=True, exist_ok=True)
-        write_text(out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.txt", mdl.trainable_hash(base) + "\n")
-        if where is not None:  # the blocks this process read from the stream, one digest per line
-            write_text(
-                out / rf.RANK_CHECKSUMS / f"rank{acc.process_index}.blocks.txt", "".join(x + "\n" for x in where.seen)
-            )
-    heldout = masker.metrics(model, val_loader, acc.gather_for_metrics) if isinstance(masker, tasks.Objective) else None
+    _rank_checksums(r, acc, base, where)
+    heldout = _heldout(acc, model, val_loader, masker)
     peak = sharding.peak_memory_mib(acc)  # training's peak, before final/ is gathered and written
     outputs.write_final(r, acc, model, tok)
     if acc.is_main_process:
@@ -526,13 +520,10 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
             "final": str(out / rf.FINAL),
             "tokens": progress.step * meter.tokens_per_step,
             "budget_tokens": r.train.steps * meter.tokens_per_step,
+            **({"stream_ended_early": where.short} if getattr(where, "short", None) else {}),
+            "peak_memory_mib": peak,
+            **(heldout or {}),
         }
-        if getattr(where, "short", None):
-            summary["stream_ended_early"] = where.short
-        summary["peak_memory_mib"] = peak
-        if heldout:
-            summary["heldout"] = heldout
-            log.info("held out: %s", ", ".join(f"{k} {v:.4g}" for k, v in heldout.items()))
         teacher = meter.teacher_summary(progress.step - meter.start_step)
         if teacher is not None:
             summary["teacher"] = teacher
@@ -547,6 +538,26 @@ def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, 
         write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
         log.info("done: %s; %s", _val_change(progress.val_loss_before, val_after), out / rf.FINAL)
     return out
+
+
+def _rank_checksums(r, acc, base, where) -> None:
+    """``train.rank_checksums``: a digest of this process's trainable weights (and of the stream blocks it read)."""
+    if not r.train.rank_checksums:
+        return
+    d = Path(r.output_dir) / rf.RANK_CHECKSUMS
+    d.mkdir(parents=True, exist_ok=True)
+    write_text(d / f"rank{acc.process_index}.txt", mdl.trainable_hash(base) + "\n")
+    if where is not None:  # the blocks this process read from the stream, one digest per line
+        write_text(d / f"rank{acc.process_index}.blocks.txt", "".join(x + "\n" for x in where.seen))
+
+
+def _heldout(acc, model, val_loader, objective) -> dict | None:
+    """A classifier's accuracy and macro-F1, an embedding model's top-1, on the validation examples (said)."""
+    if not isinstance(objective, tasks.Objective):
+        return None
+    metrics = objective.metrics(model, val_loader, acc.gather_for_metrics)
+    log.info("held out: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+    return {"heldout": metrics}
 
 
 def _val_change(before: float | None, after: float | None) -> str:

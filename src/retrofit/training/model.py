@@ -20,16 +20,23 @@ def load(model_cfg, task: tuple = (None, None)):
     """(model, tokenizer) through retrofit.load_model (built-in names resolved; a GGUF checkpoint
     comes back dequantized: trainable, mergeable, savable). A ``baseline:<preset>`` stand-in not built yet
     is pretrained first: the recipe asks for it (the log says so before it starts). ``task``: (the recipe's
-    ``task``, its number of classes): a classifier or an embedding model of the checkpoint (``TASK_CLASSES``)."""
+    ``task``, its class names): a classifier or an embedding model of the checkpoint (``TASK_CLASSES``)."""
     from ..foundation.task import require_language_model
     from ..models.io import load_model
     from .standin import ensure
 
     ensure(model_cfg.name_or_path)
-    want = TASK_CLASSES.get(task[0])
+    want, labels = TASK_CLASSES.get(task[0]), task[1]
     model, tok = load_model(
-        model_cfg.name_or_path, gguf_file=model_cfg.gguf_file, dtype=model_cfg.dtype, task=want, num_labels=task[1]
+        model_cfg.name_or_path,
+        gguf_file=model_cfg.gguf_file,
+        dtype=model_cfg.dtype,
+        task=want,
+        num_labels=None if labels is None else len(labels),
     )
+    if labels is not None:  # the classes by name: the saved config, its card and pipelines say them
+        model.config.id2label = dict(enumerate(labels))
+        model.config.label2id = {n: i for i, n in enumerate(labels)}
     if want is None:
         require_language_model(model, "retrofit finetune")
     elif of_model(model).name != want:
@@ -151,7 +158,9 @@ def extra_trainable(model, train_cfg) -> list[str]:
     if positions_parameters(model):
         names.append(POSITIONS_MODULE)
     if of_model(model).name == "sequence-classification":  # BERT's pooler: new under a masked LM's encoder
-        names += [n for n, m in model.named_modules() if n.endswith("pooler") and any(m.parameters())]
+        names += [
+            n for n, m in model.named_modules() if n.endswith("pooler") and next(m.parameters(), None) is not None
+        ]
     if train_cfg.train_norms:
         names += [n for n, m in model.named_modules() if _is_norm(m)]
     if train_cfg.train_embeddings:

@@ -62,16 +62,16 @@ class Generated(Dataset):
         return Row(ex.ids, ex.label, ex.query or None)
 
 
-def num_labels(r) -> int:
-    """How many classes the recipe's classifier has: the task's (longdoc), else the labels in its records."""
+def label_names(r) -> tuple[str, ...]:
+    """The recipe's classes in label order: the task's (longdoc), else the labels its records hold (sorted)."""
     if longdoc.is_spec(r.data.dataset):
-        return len(longdoc.task_of(r.data.dataset).labels)
-    return len(_label_names(_records(r)))
+        return longdoc.task_of(r.data.dataset).labels
+    return tuple(str(x) for x in _label_names(_records(r), r.data.label_field))
 
 
 def model_task(r) -> tuple:
-    """(the recipe's task, its number of classes) as ``model.load`` takes them."""
-    return (r.task, num_labels(r) if r.task == "classification" else None)
+    """(the recipe's task, its class names or None) as ``model.load`` takes them."""
+    return (r.task, label_names(r) if r.task == "classification" else None)
 
 
 def datasets(r, tok, processes: int) -> tuple[Dataset, Dataset]:
@@ -89,7 +89,8 @@ def datasets(r, tok, processes: int) -> tuple[Dataset, Dataset]:
             "data: %s, %d training examples of %d-%d tokens (each new), %d held-out", d.dataset, n, *lengths, len(val)
         )
         return _with_collate(tok, train, val)
-    rows = [_row(r, tok, rec) for rec in _records(r)]
+    names = list(label_names(r)) if r.task == "classification" else []
+    rows = [_row(r, tok, rec, names) for rec in _records(r)]
     random.Random(r.train.seed).shuffle(rows)
     n_val = min(int(len(rows) * d.validation_fraction), d.max_validation_blocks)
     if len(rows) - n_val < r.train.batch_size * processes:
@@ -128,10 +129,11 @@ def _records(r) -> list[dict]:
 
 
 def _label_names(records: list[dict], field: str = "label") -> list:
-    return sorted({rec[field] for rec in records if field in rec}, key=str)
+    found = {rec[field] for rec in records if field in rec}
+    return sorted(found) if len({type(x) for x in found}) == 1 else sorted(found, key=str)
 
 
-def _row(r, tok, rec: dict) -> Row:
+def _row(r, tok, rec: dict, names: list[str]) -> Row:
     d = r.data
     fields = (d.text_field, d.label_field) if r.task == "classification" else (d.query_field, d.document_field)
     missing = [f for f in fields if f not in rec]
@@ -139,9 +141,7 @@ def _row(r, tok, rec: dict) -> Row:
         raise DataError(f"a record has no field {missing[0]!r} (fields: {', '.join(rec)}); set data.*_field")
     cut = lambda text: tok(str(text), truncation=True, max_length=d.block_length).input_ids  # noqa: E731
     if r.task == "classification":
-        names = _label_names(_records(r), d.label_field)
-        label = rec[d.label_field]
-        return Row(cut(rec[d.text_field]), names.index(label) if not isinstance(label, int) else label)
+        return Row(cut(rec[d.text_field]), names.index(str(rec[d.label_field])))
     return Row(cut(rec[d.document_field]), query=cut(rec[d.query_field]))
 
 

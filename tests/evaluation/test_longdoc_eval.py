@@ -1,0 +1,100 @@
+"""The long-document measure (``retrofit.evaluation.longdoc``) tells a model that reads the whole document from one
+that ignores text past native: oracles that find the evidence wherever their input holds it score 100% whole, while
+the original's truncated reading misses evidence past native and its chunks cannot join two pieces further apart
+than native; the same oracle cut at native (a model that ignores what lies past it) is caught."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoTokenizer
+
+from retrofit.evaluation import longdoc as measure
+from retrofit.evaluation.models import EvalModel
+from retrofit.models import longdoc
+
+STANDIN = next((Path(__file__).resolve().parents[2] / "standins").glob("small-bert-*"))
+NATIVE = 256
+
+
+class Finder(nn.Module):
+    """A classifier that reads its input for the task's sentence: the word said (mention), or whether it is said
+    twice (both); ``reach`` cuts what it reads (a model that ignores text past native)."""
+
+    def __init__(self, builder: longdoc.Builder, reach: int | None = None):
+        super().__init__()
+        self.b, self.reach, self.w = builder, reach, nn.Parameter(torch.zeros(1))
+        self.config = SimpleNamespace(architectures=["BertForSequenceClassification"])
+
+    def count(self, ids: list[int], piece: list[int]) -> int:
+        return sum(ids[i : i + len(piece)] == piece for i in range(len(ids)))
+
+    def forward(self, input_ids):
+        ids = input_ids[0, : self.reach].tolist()
+        found = [self.count(ids, p) for p in self.b.words]
+        if self.b.task.name == "both":
+            logits = (
+                torch.tensor([0.0, 1.0]) if found[0] >= 2 else torch.tensor([1.0, 0.0]) if found[0] else torch.zeros(2)
+            )
+        else:
+            logits = torch.tensor([5.0 * bool(f) for f in found])
+        return SimpleNamespace(logits=logits[None])
+
+
+Finder.__name__ = "BertForSequenceClassification"  # its task, as foundation.task reads a class name
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(STANDIN)
+
+
+def models(tok, task: str, reach=None) -> list[EvalModel]:
+    b = longdoc.Builder(f"longdoc:{task}", tok, "heldout")
+    info = {"native": {"length": NATIVE}, "max_length": None}
+    return [
+        EvalModel("whole", "converted", Finder(b, reach), tok, info),
+        EvalModel("original", "baseline", Finder(b), tok, {"native": {"length": NATIVE}, "max_length": NATIVE}),
+    ]
+
+
+def scores(data: dict) -> dict:
+    return {(r["model"], r["read"], r["length"]): r["score"] for r in data["rows"]}
+
+
+@pytest.mark.parametrize("task", ["mention", "both"])
+def test_the_measure_sees_a_model_read_past_native(tok, task):
+    data = measure.run(models(tok, task), f"longdoc:{task}", [NATIVE, 4 * NATIVE], NATIVE, 32)
+    s = scores(data)
+    assert s["whole", "whole", 4 * NATIVE] == 1.0 == s["whole", "whole", NATIVE]
+    assert ("original", "whole", 4 * NATIVE) not in s  # past its table: only its truncated and chunked readings
+    assert s["original", "truncated", 4 * NATIVE] <= 0.6
+    if task == "mention":
+        assert s["original", "chunked", 4 * NATIVE] == 1.0  # one piece: a chunk finds it
+    else:
+        assert s["original", "chunked", 4 * NATIVE] <= 0.6  # two pieces 0.8 x 1,024 apart: no chunk holds both
+    assert ("uses its reach" in measure.verdict(data)) == (task == "both")
+
+
+@pytest.mark.parametrize("task", ["mention", "both"])
+def test_a_model_that_ignores_text_past_native_is_caught(tok, task):
+    data = measure.run(models(tok, task, reach=NATIVE), f"longdoc:{task}", [4 * NATIVE], NATIVE, 32)
+    s = scores(data)
+    assert s["whole", "whole", 4 * NATIVE] == s["original", "truncated", 4 * NATIVE] <= 0.6
+    assert "does not use its reach" in measure.verdict(data)
+    past = next(r for r in data["rows"] if r["model"] == "whole")
+    assert past["past_native"] <= 0.5  # evidence only past native: not found
+
+
+def test_readings_cover_what_they_say(tok):
+    ids = list(range(1, 1001))
+    r = measure.Read("chunked", NATIVE)
+    views = r.views([0] + ids, [0])
+    assert all(v[0] == 0 and len(v) <= NATIVE for v in views)
+    assert [i for v in views for i in v[1:]] == ids  # every token once, each chunk led by the first token
+    assert measure.Read("truncated", NATIVE).views([0] + ids, [0]) == [[0] + ids[: NATIVE - 1]]
+    assert measure.Read("whole", NATIVE).views([0] + ids, [0]) == [[0] + ids]

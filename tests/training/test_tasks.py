@@ -1,0 +1,180 @@
+"""``retrofit finetune`` of a classifier (``task: classification``) and an embedding model (``task: embedding``) as
+users type it: the result saves, reloads through its Auto class or ``SentenceTransformer(...)`` with the same outputs,
+reports its held-out metrics, and ``retrofit eval`` measures it against the original; bad recipes fail at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as tf
+import yaml
+
+import retrofit
+from retrofit.cli import main
+from retrofit.foundation.errors import RecipeError
+from retrofit.training.recipe import Recipe
+from retrofit.training.tasks import macro_f1
+
+from .test_masked_lm import bert_folder
+
+NATIVE = 64
+
+
+def classifier_folder(path):
+    """A tiny BERT classifier (2 classes, 64-row table): the "original" a user starts from."""
+    src = bert_folder(path.parent / "mlm")
+    tf.BertForSequenceClassification.from_pretrained(src, num_labels=2).save_pretrained(path)
+    tf.AutoTokenizer.from_pretrained(src).save_pretrained(path)
+    return path
+
+
+def write(tmp_path, recipe: dict):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_classifier_fine_tunes_past_its_table_reloads_and_is_measured(tmp_path, capsys):
+    src = classifier_folder(tmp_path / "cls")
+    recipe = {
+        "task": "classification",
+        "model": {"name_or_path": str(src)},
+        "convert": {"scheme": "alibi"},
+        "data": {"dataset": "longdoc:both", "block_length": 2 * NATIVE, "min_block_length": NATIVE},
+        "train": {"steps": 4, "batch_size": 2, "learning_rate": 1e-3, "warmup_steps": 1},
+        "output_dir": str(tmp_path / "run"),
+    }
+    assert main(["finetune", write(tmp_path, recipe)]) == 0  # LoRA, the default
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["heldout"]) == {"examples", "accuracy", "macro_f1"} and summary["heldout"]["examples"] > 0
+    assert (run / "adapter").is_dir()
+    model = tf.AutoModelForSequenceClassification.from_pretrained(run / "final")  # import retrofit ran
+    assert model.config.id2label == {0: "once", 1: "both"}
+    assert retrofit.describe(model)["scheme"] == "alibi"
+    ids = torch.randint(5, 200, (1, 3 * NATIVE))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, retrofit.load(run / "final")(ids).logits)
+    assert main(["eval", str(run), "--lengths", "1x,2x", "--baseline", "original"]) == 0
+    report = json.loads((run / "eval" / "report.json").read_text())
+    reads = {(r["role"], r["read"], r["length"]) for r in report["rows"]}
+    assert ("baseline", "chunked", 2 * NATIVE) in reads and ("converted", "whole", 2 * NATIVE) in reads
+    assert ("baseline", "whole", 2 * NATIVE) not in reads  # the original past its table: truncated and chunked
+    assert "longdoc:both" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_an_embedding_model_fine_tunes_from_records_and_loads_in_sentence_transformers(tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    src = bert_folder(tmp_path / "bert")
+    rows = [
+        {"query": f"question {i} about item {i}", "document": f"item {i} is described here " * 6} for i in range(24)
+    ]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = {
+        "task": "embedding",
+        "model": {"name_or_path": str(src)},
+        "convert": {"scheme": "t5"},
+        "data": {"files": str(tmp_path / "pairs.jsonl"), "block_length": 2 * NATIVE, "validation_fraction": 0.25},
+        "train": {"method": "full", "steps": 3, "batch_size": 4, "learning_rate": 1e-3, "warmup_steps": 1},
+        "output_dir": str(tmp_path / "run"),
+    }
+    assert main(["finetune", write(tmp_path, recipe)]) == 0
+    final = tmp_path / "run" / "final"
+    assert "top1" in json.loads((tmp_path / "run" / "summary.json").read_text())["heldout"]
+    model = st.SentenceTransformer(str(final), device="cpu")
+    assert model.max_seq_length == 2 * NATIVE
+    text = "a long text past the native length, " * 3
+    ids = model.tokenizer(text, return_tensors="pt")
+    assert NATIVE < ids["input_ids"].shape[1] <= 2 * NATIVE
+    with torch.no_grad():
+        hidden = tf.AutoModel.from_pretrained(final)(**ids).last_hidden_state[0]  # (T, E)
+    torch.testing.assert_close(model.encode([text], convert_to_tensor=True)[0], hidden.mean(0), atol=1e-5, rtol=1e-4)
+
+
+def test_a_classifiers_records_give_its_labels_by_name(tmp_path):
+    from retrofit.training.tasks import label_names
+
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps({"text": "x", "label": v}) + "\n" for v in ["b", "a", "b"]))
+    r = Recipe.from_dict(
+        {
+            "task": "classification",
+            "model": {"name_or_path": "x"},
+            "data": {"files": str(tmp_path / "r.jsonl")},
+            "output_dir": "o",
+        }
+    )
+    assert label_names(r) == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"data": {"dataset": "longdoc:mention", "copies": {"spans": 1}}}, "'data.copies' is not built"),
+        ({"train": {"objective": "distill"}, "convert": {"scheme": "alibi"}}, "distillation serves language models"),
+        ({"task": None}, "set 'task'"),
+        ({"data": {"dataset": "longdoc:mention", "min_block_length": 0}}, "min_block_length"),
+    ],
+)
+def test_recipes_a_task_cannot_run_fail_before_loading(change, match):
+    raw = {
+        "task": "classification",
+        "model": {"name_or_path": "x"},
+        "data": {"dataset": "longdoc:mention"},
+        "output_dir": "o",
+    }
+    for k, v in change.items():
+        raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
+    with pytest.raises(RecipeError, match=match):
+        Recipe.from_dict(raw)
+
+
+def test_macro_f1_is_scikit_learns():
+    sklearn = pytest.importorskip("sklearn.metrics")
+    g = torch.tensor([0, 0, 1, 2, 2, 2, 1, 0])
+    p = torch.tensor([0, 1, 1, 2, 0, 2, 1, 1])
+    assert macro_f1(p, g) == pytest.approx(sklearn.f1_score(g, p, average="macro"))
+
+
+EXPORT_CHECK = """
+import sys, torch, transformers as tf
+assert "retrofit" not in sys.modules
+cls = getattr(tf, sys.argv[2])
+out = cls.from_pretrained(sys.argv[1])(torch.load(sys.argv[3]))
+torch.save(out.logits if sys.argv[2].endswith("Classification") else out.last_hidden_state, sys.argv[4])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["classification", "embedding"])
+def test_an_extended_classifier_and_embedding_model_export_to_plain_bert(tmp_path, task):
+    """``extend`` (the copied table) has a native target: ``retrofit export RUN --native`` writes a plain BERT
+    (longer table) that transformers loads without retrofit, giving the fine-tuned model's outputs past native."""
+    import subprocess
+    import sys
+
+    src = classifier_folder(tmp_path / "cls") if task == "classification" else bert_folder(tmp_path / "bert")
+    data = {"dataset": "longdoc:mention"} if task == "classification" else {"dataset": "longdoc:needle"}
+    recipe = {
+        "task": task,
+        "model": {"name_or_path": str(src)},
+        "convert": {"scheme": "extend", "options": {"length": "4x"}},
+        "data": {**data, "block_length": 2 * NATIVE, "min_block_length": NATIVE, "max_validation_blocks": 4},
+        "train": {"method": "full", "steps": 2, "batch_size": 2, "learning_rate": 1e-3, "warmup_steps": 1},
+        "output_dir": str(tmp_path / "run"),
+    }
+    assert main(["finetune", write(tmp_path, recipe)]) == 0
+    assert main(["export", str(tmp_path / "run"), "--native", "--out", str(tmp_path / "native")]) == 0
+    ids = torch.randint(5, 200, (1, 3 * NATIVE))
+    torch.save(ids, tmp_path / "ids.pt")
+    cls = "BertForSequenceClassification" if task == "classification" else "BertModel"
+    args = [str(tmp_path / "native"), cls, str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")]
+    subprocess.run([sys.executable, "-c", EXPORT_CHECK, *args], check=True)
+    model = retrofit.load(tmp_path / "run" / "final")
+    with torch.no_grad():
+        out = model(ids)
+    want = out.logits if task == "classification" else out.last_hidden_state
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), want, atol=1e-5, rtol=1e-4)
