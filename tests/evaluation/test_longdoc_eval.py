@@ -73,10 +73,11 @@ def test_the_measure_sees_a_model_read_past_native(tok, task):
     assert s["whole", "whole", 4 * NATIVE] == 1.0 == s["whole", "whole", NATIVE]
     assert ("original", "whole", 4 * NATIVE) not in s  # past its table: only its truncated and chunked readings
     assert s["original", "truncated", 4 * NATIVE] <= 0.6
-    if task == "mention":
-        assert s["original", "chunked", 4 * NATIVE] == 1.0  # one piece: a chunk finds it
-    else:
-        assert s["original", "chunked", 4 * NATIVE] <= 0.6  # two pieces 0.8 x 1,024 apart: no chunk holds both
+    for how in ("chunked", "best-chunk"):
+        if task == "mention":
+            assert s["original", how, 4 * NATIVE] == 1.0  # one piece: a chunk finds it
+        else:
+            assert s["original", how, 4 * NATIVE] <= 0.6  # two pieces 0.8 x 1,024 apart: no chunk holds both
     assert ("uses its reach" in measure.verdict(data)) == (task == "both")
 
 
@@ -98,3 +99,44 @@ def test_readings_cover_what_they_say(tok):
     assert [i for v in views for i in v[1:]] == ids  # every token once, each chunk led by the first token
     assert measure.Read("truncated", NATIVE).views([0] + ids, [0]) == [[0] + ids[: NATIVE - 1]]
     assert measure.Read("whole", NATIVE).views([0] + ids, [0]) == [[0] + ids]
+
+
+class Bag(nn.Module):
+    """An embedding model that reads its input as a bag of hashed 4-grams (mean pooling of one-hot rows): a query's
+    passage matches the document that holds it wherever it sits; ``reach`` cuts what it reads."""
+
+    D = 8192
+
+    def __init__(self, reach: int | None = None):
+        super().__init__()
+        self.reach, self.w = reach, nn.Parameter(torch.zeros(1))
+        self.config = SimpleNamespace(architectures=["BertModel"])
+
+    def forward(self, input_ids):
+        ids = input_ids[0, : self.reach].tolist()
+        rows = torch.zeros(1, len(ids), self.D)
+        for t in range(3, len(ids)):
+            rows[0, t, hash(tuple(ids[t - 3 : t + 1])) % self.D] = 1.0
+        return SimpleNamespace(last_hidden_state=rows)
+
+
+Bag.__name__ = "BertModel"
+
+
+@pytest.mark.parametrize("reach", [None, NATIVE])
+def test_the_needle_measure_sees_whether_a_model_reads_past_native(tok, reach):
+    info = {"native": {"length": NATIVE}, "max_length": None}
+    models = [
+        EvalModel("whole", "converted", Bag(reach), tok, info),
+        EvalModel("original", "baseline", Bag(), tok, {"native": {"length": NATIVE}, "max_length": NATIVE}),
+    ]
+    data = measure.run(models, "longdoc:needle", [4 * NATIVE], NATIVE, 16)
+    s = scores(data)
+    assert s["original", "truncated", 4 * NATIVE] <= 0.5  # a quarter of the needles sit in the first 256 tokens
+    # the chunk that holds the passage matches it best, but for common 4-grams (the plays' markup) other texts repeat
+    assert s["original", "best-chunk", 4 * NATIVE] >= 0.75
+    if reach is None:
+        assert s["whole", "whole", 4 * NATIVE] >= 0.75
+    else:  # a model that ignores text past native finds only the needles before it
+        assert s["whole", "whole", 4 * NATIVE] == s["original", "truncated", 4 * NATIVE]
+        assert "does not use its reach" in measure.verdict(data)
