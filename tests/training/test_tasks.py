@@ -93,6 +93,10 @@ def test_an_embedding_model_fine_tunes_from_records_and_loads_in_sentence_transf
     with torch.no_grad():
         hidden = tf.AutoModel.from_pretrained(final)(**ids).last_hidden_state[0]  # (T, E)
     torch.testing.assert_close(model.encode([text], convert_to_tensor=True)[0], hidden.mean(0), atol=1e-5, rtol=1e-4)
+    from retrofit.running.hub import upload_plan
+
+    pushed = {path for path, _ in upload_plan(tmp_path / "run", "user/emb")}  # what `retrofit push` uploads
+    assert {"modules.json", "1_Pooling/config.json", "model.safetensors", "README.md"} <= pushed
 
 
 def test_a_classifiers_records_give_its_labels_by_name(tmp_path):
@@ -178,3 +182,5 @@ def test_an_extended_classifier_and_embedding_model_export_to_plain_bert(tmp_pat
         out = model(ids)
     want = out.logits if task == "classification" else out.last_hidden_state
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), want, atol=1e-5, rtol=1e-4)
+    if task == "embedding":  # sentence-transformers reads the export as the trained embedding model
+        assert (tmp_path / "native" / "modules.json").is_file() and (tmp_path / "native" / "1_Pooling").is_dir()

@@ -114,6 +114,23 @@ def export_record(run_dir: Path) -> dict | None:
     return read_json(export / EXPORT_RECORD)
 
 
+ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")  # an embedding model's
+
+
+def st_files(folder: Path) -> list[Path]:
+    """An embedding model's sentence-transformers files in ``folder``, relative to it: its own configs and its
+    modules' folders (``modules.json``: e.g. ``1_Pooling/config.json``), what ``SentenceTransformer(folder)`` reads
+    besides the weights and the tokenizer. [] for any other model."""
+    folder = Path(folder)
+    if not (folder / "modules.json").is_file():
+        return []
+    mods = [m.get("path") for m in json.loads((folder / "modules.json").read_text())]
+    own = [Path(n) for n in ST_FILES if (folder / n).is_file()]
+    return own + [
+        f.relative_to(folder) for m in mods if m and (folder / m).is_dir() for f in sorted((folder / m).glob("*.json"))
+    ]
+
+
 def published_layout(run_dir) -> dict[str, Path]:
     """{path prefix in the repo: local weights folder}. An exact native export goes to the repo root
     (plain transformers loads it) and replaces the retrofit checkpoint; an inexact one goes to

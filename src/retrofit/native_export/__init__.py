@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -234,6 +235,9 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
             reach = built.reach or getattr(built.model.config, "max_position_embeddings", None)
             if reach:
                 tokenizer_reach(tmp / "tokenizer_config.json", reach)
+        for f in rf.st_files(source) if source else []:  # an embedding model's sentence-transformers modules
+            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(source) / f, tmp / f)
         _check_config(tmp / "config.json")
         reloaded = _reload_class(model).from_pretrained(tmp, dtype=model.dtype).eval()
         if getattr(built.model.config, "rope_parameters", None):

@@ -67,6 +67,7 @@ def _weights(prefix: str, src: Path) -> dict[str, Path]:
     for name in MODEL_FILES + TOKENIZER_FILES:
         if (src / name).is_file():
             files[prefix + name] = src / name
+    files.update({prefix + p.as_posix(): src / p for p in rf.st_files(src)})  # an embedding model's modules
     return files
 
 

@@ -119,8 +119,8 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
     return out / rf.FINAL
 
 
-# its own files; the tokenizer config carries the length it reads (sentence-transformers 5+: model_max_length)
-ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "tokenizer_config.json")
+# the tokenizer config carries the length it reads (sentence-transformers 5+: model_max_length)
+ST_FILES = (*rf.ST_FILES, "tokenizer_config.json")
 
 
 def sentence_transformers_files(final: Path, max_length: int) -> None:
