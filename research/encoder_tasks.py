@@ -14,6 +14,7 @@ Resumable: a cell already in the record is skipped; runs live under ``runs/encod
 
     OMP_NUM_THREADS=1 python research/encoder_tasks.py                       # every cell
     python research/encoder_tasks.py --table benchmarks/encoder_tasks.json   # the markdown tables
+    python research/encoder_tasks.py --table benchmarks/encoder_tasks.json --readme   # the README's row
 """
 
 from __future__ import annotations
@@ -104,9 +105,11 @@ def main(argv=None) -> None:
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--table", help="print the markdown tables of this record and exit")
+    p.add_argument("--readme", action="store_true", help="with --table: print the README's row instead")
     args = p.parse_args(argv)
     if args.table:
-        print(tables(json.loads(Path(args.table).read_text())))
+        record = json.loads(Path(args.table).read_text())
+        print(readme_row(record) if args.readme else tables(record))
         return
     record = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {"rows": []}
     for task in args.tasks.split(","):
@@ -132,7 +135,7 @@ def tables(record: dict) -> str:
         out += [f"**longdoc:{task}** ({metric}, %, 64 documents a length)", ""]
         out += [f"| reading | {' | '.join(f'{L:,}' for L in lengths)} |", "|---|" + "---:|" * len(lengths)]
         first = rows[0]["eval"]["rows"]
-        for how in ("truncated", "chunked"):
+        for how in ("truncated", "chunked", "best-chunk"):
             out.append(_line(f"original, {how}", first, lambda r, h=how: r["role"] == "baseline" and r["read"] == h))
         out.append(_line("original, whole", first, lambda r: r["role"] == "baseline" and r["read"] == "whole", lengths))
         for r in rows:
@@ -140,6 +143,46 @@ def tables(record: dict) -> str:
             out.append(_line(name, r["eval"]["rows"], lambda x: x["role"] != "baseline", lengths))
         out.append("")
     return "\n".join(out)
+
+
+def score(record: dict, task: str, scheme: str | None, read: str, multiple: int) -> float | None:
+    """A cell's score at ``multiple`` x native: the scheme's reading whole, or (scheme None) the original's."""
+    for r in record["rows"]:
+        if r["task"] != task or (scheme is not None and r["scheme"] != scheme):
+            continue
+        ev = r["eval"]
+        L = ev["native"] * multiple
+        role = "baseline" if scheme is None else "converted"
+        got = [
+            x["score"]
+            for x in ev["rows"]
+            if x["length"] == L and x["read"] == read and (x["role"] == "baseline") == (role == "baseline")
+        ]
+        if got:
+            return got[0]
+    return None
+
+
+def best(record: dict, task: str, multiple: int = 4) -> str:
+    """The scheme with the highest score at ``multiple`` x native on ``task``."""
+    schemes = [r["scheme"] for r in record["rows"] if r["task"] == task]
+    return max(schemes, key=lambda s: score(record, task, s, "whole", multiple) or 0.0)
+
+
+def readme_row(record: dict) -> str:
+    """The README's encoder-task row: the best scheme on each task at 4x against the original's readings."""
+    pct = lambda v: "–" if v is None else f"{100 * v:.0f}%"  # noqa: E731
+    parts = []
+    for task in TASKS:
+        if not any(r["task"] == task for r in record["rows"]):
+            continue
+        s = best(record, task)
+        orig = {how: score(record, task, None, how, 4) for how in ("truncated", "chunked", "best-chunk")}
+        parts.append(
+            f"`longdoc:{task}` {s} {pct(score(record, task, s, 'whole', 4))} (original truncated "
+            f"{pct(orig['truncated'])}, chunks mean {pct(orig['chunked'])} / best {pct(orig['best-chunk'])})"
+        )
+    return "at 4x native after 2% of pretraining tokens (full): " + "; ".join(parts)
 
 
 def _line(name: str, rows: list, keep, lengths=None) -> str:

@@ -200,10 +200,11 @@ def test_modernbert_rescales_its_global_layers_as_its_own_config_would(monkeypat
     torch.testing.assert_close(out[0], ref[0], atol=2e-5, rtol=1e-4)
 
 
-def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_refuses_a_classifier(tmp_path, capsys):
+def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_asks_a_classifier_for_its_task(tmp_path, capsys):
     """The user's path on an encoder: ``retrofit convert FOLDER --to alibi --out OUT`` keeps the masked-LM head
     (its evaluation: tests/evaluation/test_eval_masked.py); ``retrofit eval`` of a classifier, which has no
-    language-model loss to score, is refused with what works instead of scoring it wrong."""
+    language-model loss to score, asks for the long-document task it is measured on (tests/training/test_tasks.py
+    measures one) instead of scoring it wrong."""
     from retrofit.cli import main
 
     src = encoder(*ENCODERS["bert-mlm"])
@@ -215,7 +216,7 @@ def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_refuses_a_cl
     encoder(*ENCODERS["bert-classifier"]).save_pretrained(tmp_path / "cls")
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "cls"), "--lengths", "1x"]) != 0
-    assert "causal and masked language models" in capsys.readouterr().err
+    assert "pass --data with one of longdoc:mention, longdoc:both, longdoc:needle" in capsys.readouterr().err
 
 
 def test_a_classifier_from_a_masked_lm_checkpoint_reloads_as_the_classifier(tmp_path):

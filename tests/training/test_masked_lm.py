@@ -176,13 +176,14 @@ def test_retrofit_finetune_distils_a_masked_lm_from_its_original(tmp_path):
     assert all(x["loss"] == pytest.approx(x["lm_loss"] + x["distill_loss"], rel=1e-4) for x in both), both
 
 
-def test_a_classifier_is_refused_by_the_fine_tune_with_what_works(tmp_path):
+def test_a_classifier_without_a_task_is_refused_by_the_fine_tune_with_what_works(tmp_path):
+    """A classifier has no language-model objective: a recipe without ``task`` is refused, naming the key."""
     from retrofit.training import finetune
 
     r = bert_recipe(tmp_path)
     cfg = tf.AutoConfig.from_pretrained(r["model"]["name_or_path"])
     tf.BertForSequenceClassification(cfg).save_pretrained(r["model"]["name_or_path"])
-    with pytest.raises(UnsupportedArchitectureError, match="masked language models"):
+    with pytest.raises(UnsupportedArchitectureError, match="set 'task: classification' or 'task: embedding'"):
         finetune(r)
 
 

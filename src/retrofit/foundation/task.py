@@ -1,7 +1,8 @@
 """What a model is for, as one fact read from its config (``architectures``): the task decides the class a
 checkpoint loads as, and whether its attention reads keys after the query. Causal LMs are what the
-evaluation and cards serve today; the fine-tune trains causal LMs (next token) and masked LMs (masked tokens);
-an encoder (masked LM, classifier, embeddings) converts, saves and loads with its head kept."""
+evaluation and cards serve; the fine-tune trains causal LMs (next token), masked LMs (masked tokens), and with a
+recipe's ``task`` classifiers and embedding models; an encoder (masked LM, classifier, embeddings) converts, saves
+and loads with its head kept."""
 
 from __future__ import annotations
 
@@ -71,9 +72,8 @@ def require_language_model(model, what: str) -> None:
     task = of_model(model)
     if task.name not in ("causal-lm", "masked-lm"):
         raise UnsupportedArchitectureError(
-            f"{what} serves causal and masked language models; {type(model).__name__} is a {task.name} model. "
-            "Convert and fine-tune its masked-LM checkpoint (the ...ForMaskedLM class), then put the head back, or "
-            "convert it as it is with retrofit convert (its head kept)"
+            f"{what} serves causal and masked language models as such; {type(model).__name__} is a {task.name} model: "
+            "set 'task: classification' or 'task: embedding' in the recipe (docs/encoders.md)"
         )
 
 
