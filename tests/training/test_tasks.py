@@ -184,3 +184,35 @@ def test_an_extended_classifier_and_embedding_model_export_to_plain_bert(tmp_pat
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), want, atol=1e-5, rtol=1e-4)
     if task == "embedding":  # sentence-transformers reads the export as the trained embedding model
         assert (tmp_path / "native" / "modules.json").is_file() and (tmp_path / "native" / "1_Pooling").is_dir()
+
+
+def test_class_labels_are_read_by_name_and_only_the_records_used(tmp_path):
+    """A dataset whose label column is a ``ClassLabel`` (as Hub datasets such as ccdv/arxiv-classification): the
+    classes by their names; ``data.max_documents`` reads only that many records."""
+    import datasets
+
+    from retrofit.training.tasks import _records, label_names
+
+    feats = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["math", "cs", "bio"])}
+    )
+    rows = {"text": [f"paper {i}" for i in range(9)], "label": [i % 3 for i in range(9)]}
+    datasets.Dataset.from_dict(rows, features=feats).to_parquet(tmp_path / "p.parquet")
+    raw = {"task": "classification", "model": {"name_or_path": "x"}, "output_dir": "o"}
+    r = Recipe.from_dict({**raw, "data": {"files": str(tmp_path / "p.parquet"), "max_documents": 2}})
+    assert [x["label"] for x in _records(r)] == ["math", "cs"]
+    assert label_names(r) == ("cs", "math")
+
+
+def test_the_plan_of_a_classifier_counts_no_token_logits(tmp_path, capsys):
+    src = classifier_folder(tmp_path / "cls")
+    recipe = {
+        "task": "classification",
+        "model": {"name_or_path": str(src)},
+        "convert": {"scheme": "extend", "options": {"length": "4x"}},
+        "data": {"dataset": "longdoc:both", "block_length": 4 * NATIVE},
+        "output_dir": str(tmp_path / "run"),
+    }
+    assert main(["finetune", write(tmp_path, recipe), "--plan"]) == 0
+    ddp = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| ddp |"))
+    assert ddp.split("|")[6].strip() == "0.00"  # the logits column: none per token

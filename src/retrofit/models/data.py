@@ -281,20 +281,23 @@ def streams(d) -> bool:
 def records(d) -> list[dict]:
     """The rows of a recipe's ``data.files`` (json, jsonl, parquet or csv) or of a Hub dataset (``data.dataset``,
     ``config``, ``split``), whole, through ``datasets.load_dataset``: what a classifier or embedding fine-tune reads
-    (a text and its label, a query and its document)."""
+    (a text and its label, a query and its document). The first ``data.max_documents`` only, when set; a column of
+    class labels (``datasets.ClassLabel``) gives their names."""
     try:
         import datasets
 
+        first = f"[:{d.max_documents}]" if d.max_documents else ""  # only the records used are read
         with sources.cache_only():
             if d.files is not None:
                 files = [str(f) for s in ([d.files] if isinstance(d.files, str) else d.files) for f in _expand_paths(s)]
                 kinds = {"csv" if f.lower().endswith(".csv") else file_format(f) for f in files}
                 if len(kinds) != 1 or None in kinds or "text" in kinds:
                     raise DataError(f"records are read from json, jsonl, parquet or csv files; got {', '.join(files)}")
-                ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train")
+                ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train" + first)
             else:
-                ds = datasets.load_dataset(d.dataset, d.config, split=d.split)
-        return [dict(row) for row in ds]
+                ds = datasets.load_dataset(d.dataset, d.config, split=d.split + first)
+        named = {c: f.int2str for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
+        return [{**row, **{c: name(row[c]) for c, name in named.items()}} for row in ds]  # class labels by name
     except DataError:
         raise
     except (ConnectionError, TimeoutError) as e:

@@ -29,6 +29,7 @@ Not counted: the framework (CUDA context, allocator slack; CPU processes: the Py
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -252,7 +253,7 @@ def shape_of_recipe(r) -> Shape:
     from pathlib import Path
 
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from ..models.baseline import build_model, built, get_config
     from ..models.builtin import resolve
@@ -269,12 +270,18 @@ def shape_of_recipe(r) -> Shape:
     with readable(target, gguf):
         is_retrofit = Path(target, "config.json").is_file() and '"retrofit"' in Path(target, "config.json").read_text()
         cfg = base_config(Path(target)) if is_retrofit else AutoConfig.from_pretrained(target, gguf_file=gguf)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
+    with torch.device("meta"):  # a classifier or embedding model: its encoder (its head is a few numbers)
+        model = (AutoModel if r.task else AutoModelForCausalLM).from_config(cfg)
     return _shape_of(model, r)
 
 
 def _shape_of(model, r) -> Shape:
+    if r.task:  # no token logits: a classifier's are one row a sequence, an embedding model has none
+        return dataclasses.replace(_shape_of_model(model, r), vocab=0)
+    return _shape_of_model(model, r)
+
+
+def _shape_of_model(model, r) -> Shape:
     targets = r.train.lora.target_modules
     return from_model(
         model,

@@ -350,7 +350,8 @@ class Recipe:
             raise RecipeError("'train.steps' is null: set it, or set 'data.max_tokens' to derive it from the budget")
         if t.steps is not None:
             _positive("train.steps", t.steps)
-        _check_streaming(d)
+        if self.task is None:  # a task reads its records whole (_check_task)
+            _check_streaming(d)
         _positive("train.batch_size", t.batch_size)
         _positive("train.gradient_accumulation_steps", t.gradient_accumulation_steps)
         _positive("train.lora.r", t.lora.r)

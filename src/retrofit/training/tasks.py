@@ -120,8 +120,6 @@ def _records(r) -> list[dict]:
     from ..models.data import records as read_records
 
     records = read_records(r.data)
-    if r.data.max_documents is not None:
-        records = records[: r.data.max_documents]
     if not records:
         raise DataError("the recipe's data section names no records")
     object.__setattr__(r, "_task_records", records)
