@@ -1,6 +1,6 @@
 """Does the suite notice a one-line break? Each case changes one line of the package on purpose (a scheme, a
 kernel path, an adapter's padding, a field the checkpoint saves) in a throw-away git worktree, runs the core
-tests there (tests/adapters, tests/encodings, tests/kernels, tests/test_core.py, slow ones included) and
+tests there (tests/adapters, tests/encodings, tests/kernels, tests/patch/test_core.py, slow ones included) and
 records the tests that fail: none of these breaks may pass unnoticed.
 
     python research/breakage_check.py --out benchmarks/breakage.json     # about 10 min on 2 cores
@@ -30,7 +30,7 @@ CASES = {  # name: (file, the line's text, the broken text)
     ),
     "save": ("src/retrofit/patch/core.py", '"kernel": kernel,', '"kernel": "auto",'),
 }
-TESTS = ["tests/adapters", "tests/encodings", "tests/kernels", "tests/test_core.py"]
+TESTS = ["tests/adapters", "tests/encodings", "tests/kernels", "tests/patch/test_core.py"]
 
 
 def run_case(name: str, file: str, line: str, broken: str) -> dict:

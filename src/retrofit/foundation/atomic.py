@@ -9,7 +9,7 @@ crash leaves the old one, never half of the new one). Every writer in the packag
 A library writer (``save_pretrained``, ``savefig``, ``save_state``) writes into the temporary path one of
 these hands out. ``RAW_WRITERS`` names every function of the package that calls a raw writer
 (``open(..., "w")``, ``.write_text``, ``.save_pretrained``, ``savefig``, ``torch.save``, ...) and why it may;
-``tests/test_run_folder_names.py`` fails on any other.
+``tests/foundation/test_run_folder.py`` fails on any other.
 """
 
 from __future__ import annotations

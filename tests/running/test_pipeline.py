@@ -17,8 +17,8 @@ import retrofit
 from retrofit.foundation.errors import OptionError, RecipeError, RetrofitError
 from retrofit.running import pipeline
 
-from .pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
-from .procs import crash_after_first_checkpoint
+from ..pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
+from ..procs import crash_after_first_checkpoint
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 

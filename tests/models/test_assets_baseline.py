@@ -248,7 +248,7 @@ def test_the_committed_stand_ins_are_intact_reachable_and_the_ones_reports_name(
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     folders = sorted(p for p in (root / "standins").iterdir() if p.is_dir())
     assert folders, "no shipped stand-in under standins/"
     shipped = {}

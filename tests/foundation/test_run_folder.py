@@ -9,7 +9,7 @@ from pathlib import Path
 from retrofit.foundation import run_folder as rf
 from retrofit.foundation.atomic import RAW_WRITERS
 
-PKG = Path(__file__).resolve().parents[1] / "src" / "retrofit"
+PKG = Path(__file__).resolve().parents[2] / "src" / "retrofit"
 NAMES = {v for k, v in vars(rf).items() if k.isupper() and isinstance(v, str)}
 FILES = {n for n in NAMES if "." in n or "_" in n}  # report.json, rank_checksums: never another word
 FOLDERS = NAMES - FILES  # final, eval, export: also stage and section names, so only as a path

@@ -17,7 +17,7 @@ import transformers as tf
 import retrofit
 from retrofit.foundation.errors import RetrofitError
 
-from .tiny import NATIVE, TINY, ids
+from ..tiny import NATIVE, TINY, ids
 
 
 def test_dynamic_native_rope_is_untouched_by_the_advertised_reach():
@@ -92,7 +92,7 @@ def test_a_failed_registration_leaves_transformers_working(tmp_path):
         "from transformers import AutoConfig, AutoTokenizer\n"
         "print('transformers ok')\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2] / "src")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "transformers ok" in r.stdout, r.stderr[-2000:]
     assert "could not register" in r.stderr

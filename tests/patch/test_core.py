@@ -25,7 +25,7 @@ from retrofit.foundation.errors import (
 )
 from retrofit.kernels import Call, call, cpu_flash, flex
 
-from .tiny import NATIVE, TINY, ids
+from ..tiny import NATIVE, TINY, ids
 
 
 def logits(model, x, **kw):

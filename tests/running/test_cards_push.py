@@ -22,7 +22,7 @@ from retrofit.foundation.errors import HubError, OptionError
 from retrofit.foundation.run_folder import published_weights
 from retrofit.running import card_facts, cards, hub
 
-from .pipeline_run import REPO, copy_run, shared_run
+from ..pipeline_run import REPO, copy_run, shared_run
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -359,7 +359,7 @@ def test_card_install_line_names_the_pyproject_distribution(fresh):
 def _converted_folder(tmp_path, factory: str, scheme: str) -> Path:
     import retrofit
 
-    from .tiny import TINY
+    from ..tiny import TINY
 
     model = TINY[factory]()
     retrofit.convert(model, scheme)
