@@ -99,11 +99,29 @@ def cell(task: str, scheme: str, base: Path) -> dict:
     }
 
 
+def untrained(task: str, scheme: str, base: Path) -> dict:
+    """The native model converted, no fine-tune: what the conversion alone reads."""
+    from transformers import AutoTokenizer
+
+    model = retrofit.load_model(str(base))[0]
+    retrofit.convert(model, scheme.split("-")[0], **SCHEMES[scheme])
+    pair = (model, AutoTokenizer.from_pretrained(base))
+    report = retrofit.evaluate(pair, data=f"longdoc:{task}", baselines=[str(base)], progress=False)
+    return {
+        "task": task,
+        "scheme": f"{scheme} (no fine-tune)",
+        "options": SCHEMES[scheme],
+        "steps": 0,
+        "eval": report.data,
+    }
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--schemes", default=",".join(SCHEMES))
+    p.add_argument("--untrained", action="store_true", help="also each scheme with no fine-tune (the conversion alone)")
     p.add_argument("--table", help="print the markdown tables of this record and exit")
     p.add_argument("--readme", action="store_true", help="with --table: print the README's row instead")
     args = p.parse_args(argv)
@@ -115,9 +133,12 @@ def main(argv=None) -> None:
     for task in args.tasks.split(","):
         base = native(task)
         for scheme in args.schemes.split(","):
-            if any(r["task"] == task and r["scheme"] == scheme for r in record["rows"]):
-                continue
-            record["rows"].append(cell(task, scheme, base))
+            for name, measure in ((scheme, cell), (f"{scheme} (no fine-tune)", untrained)):
+                if name.endswith("(no fine-tune)") and not args.untrained:
+                    continue
+                if any(r["task"] == task and r["scheme"] == name for r in record["rows"]):
+                    continue
+                record["rows"].append(measure(task, scheme, base))
             record.update(benchmark="encoder_tasks", command=command(__file__, argv), **stamp())
             write_record(args.out, record)
             print(f"{task} {scheme}: {record['rows'][-1]['eval']['verdict']}", flush=True)
@@ -139,7 +160,7 @@ def tables(record: dict) -> str:
             out.append(_line(f"original, {how}", first, lambda r, h=how: r["role"] == "baseline" and r["read"] == h))
         out.append(_line("original, whole", first, lambda r: r["role"] == "baseline" and r["read"] == "whole", lengths))
         for r in rows:
-            name = f"{r['scheme']} (fine-tuned, whole)"
+            name = f"{r['scheme']}, whole" if r["steps"] == 0 else f"{r['scheme']} (fine-tuned), whole"
             out.append(_line(name, r["eval"]["rows"], lambda x: x["role"] != "baseline", lengths))
         out.append("")
     return "\n".join(out)
@@ -165,7 +186,7 @@ def score(record: dict, task: str, scheme: str | None, read: str, multiple: int)
 
 def best(record: dict, task: str, multiple: int = 4) -> str:
     """The scheme with the highest score at ``multiple`` x native on ``task``."""
-    schemes = [r["scheme"] for r in record["rows"] if r["task"] == task]
+    schemes = [r["scheme"] for r in record["rows"] if r["task"] == task and r["steps"]]
     return max(schemes, key=lambda s: score(record, task, s, "whole", multiple) or 0.0)
 
 
