@@ -140,3 +140,12 @@ def test_the_needle_measure_sees_whether_a_model_reads_past_native(tok, reach):
     else:  # a model that ignores text past native finds only the needles before it
         assert s["whole", "whole", 4 * NATIVE] == s["original", "truncated", 4 * NATIVE]
         assert "does not use its reach" in measure.verdict(data)
+
+
+def test_a_classifier_of_another_task_is_refused(tok):
+    from retrofit.foundation.errors import OptionError
+
+    ms = models(tok, "mention")
+    ms[0].model.config.num_labels = 11  # e.g. an arXiv classifier asked about the secret word
+    with pytest.raises(OptionError, match="has 11 classes; this task has 4"):
+        measure.run(ms, "longdoc:mention", [NATIVE], NATIVE, 4)

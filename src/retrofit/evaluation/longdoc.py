@@ -102,13 +102,19 @@ def reads_of(models: list[EvalModel], native: int) -> list[tuple[EvalModel, Read
     return out
 
 
-def check_fits(models: list[EvalModel], lengths: list[int], kind: str) -> None:
+def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: tuple = ()) -> None:
     from ..foundation.task import of_model
 
     want = "sequence-classification" if kind == "classification" else "embeddings"
     for m in models:
         if of_model(m.model).name != want:
             raise OptionError(f"{m.name} is a {of_model(m.model).name} model; this task needs a {want} model")
+        classes = getattr(m.model.config, "num_labels", None) if kind == "classification" else None
+        if classes is not None and classes != len(labels):
+            raise OptionError(
+                f"{m.name} has {classes} classes; this task has {len(labels)} ({', '.join(labels)}): evaluate a "
+                "classifier on the task it was fine-tuned on"
+            )
     for m in models[:1]:
         if m.max_length is not None and max(lengths) > m.max_length:
             raise OptionError(f"{m.name} reads at most {m.max_length} tokens; the longest length is {max(lengths)}")
@@ -117,7 +123,7 @@ def check_fits(models: list[EvalModel], lengths: list[int], kind: str) -> None:
 def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: int, bar=None) -> dict:
     """The task's scores: a row per (model, reading, length) with its accuracy (or top-1), overall and by depth."""
     info = longdoc.task_of(spec)
-    check_fits(models, lengths, info.kind)
+    check_fits(models, lengths, info.kind, info.labels)
     builder = longdoc.Builder(spec, models[0].tokenizer, "heldout")
     rows = []
     for L in lengths:
