@@ -5,6 +5,7 @@ reports its held-out metrics, and ``retrofit eval`` measures it against the orig
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -216,3 +217,22 @@ def test_the_plan_of_a_classifier_counts_no_token_logits(tmp_path, capsys):
     assert main(["finetune", write(tmp_path, recipe), "--plan"]) == 0
     ddp = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| ddp |"))
     assert ddp.split("|")[6].strip() == "0.00"  # the logits column: none per token
+
+
+TASK_RECIPES = sorted(
+    p for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml") if "\ntask:" in p.read_text()
+)
+
+
+@pytest.mark.parametrize("path", TASK_RECIPES, ids=lambda p: p.stem)
+def test_the_task_recipes_name_a_real_corpus_and_their_budget(path):
+    """A classifier's or embedding model's recipe: records of a named Hub corpus, its budget's arithmetic, the cost."""
+    from retrofit.training.recipe import tokens_per_step
+
+    r = Recipe.from_yaml(path)
+    text = path.read_text()
+    assert r.task in ("classification", "embedding") and r.data.dataset and r.data.max_documents
+    assert r.convert.scheme == "extend"  # what the study found reads the whole document (docs/results.md)
+    per = tokens_per_step(r, 1)
+    assert f"{r.train.steps:,} steps x {per:,} tokens" in text and "# Data:" in text and "--plan" in text
+    assert r.data.dataset in text.split("# Data:")[1]
