@@ -146,32 +146,30 @@ def test_every_research_path_named_exists():
 
 
 def test_check_sharded_measures_the_cases_the_test_checks():
-    """research/check_sharded.py writes out the cases of tests/training/test_sharded.py (a script imports no
-    test): the same models, recipe and readings, definition for definition, and every case the test launches
-    (one per route and quirk) among the script's, defined alike."""
+    """research/check_sharded.py and tests/training/test_sharded.py take the models, recipe, launch and readings
+    from one place, ``retrofit.training.sharded_check`` (a script imports no test), and define none of them
+    again; the test launches one case per route the script measures."""
+    shared = {"STEPS", "EVERY", "FILES", "CASES", "build_models", "recipe", "launch_command", "losses", "logits"}
 
-    def definitions(path: Path) -> dict[str, str]:
-        out = {}
+    def defined(path: Path) -> set[str]:
+        out = set()
         for node in _tree(path).body:
             if isinstance(node, ast.FunctionDef):
-                out[node.name] = ast.dump(node)
+                out.add(node.name)
             elif isinstance(node, ast.Assign):
-                for t in node.targets:
-                    for name in t.elts if isinstance(t, ast.Tuple) else [t]:
-                        if isinstance(name, ast.Name):
-                            out[name.id] = ast.dump(node)
+                out |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         return out
 
-    script = definitions(RESEARCH / "check_sharded.py")
-    test = definitions(ROOT / "tests" / "training" / "test_sharded.py")
-    for name in ("STEPS", "EVERY", "FILES", "build_models", "recipe", "_losses", "_logits"):
-        assert script[name] == test[name], name
+    def imports_it(path: Path) -> bool:
+        modules = {n.module for n in ast.walk(_tree(path)) if isinstance(n, ast.ImportFrom)}
+        return "retrofit.training.sharded_check" in modules
 
-    def cases(path: Path) -> dict:
-        node = next(n for n in _tree(path).body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "CASES")
-        return ast.literal_eval(node.value)
+    script, test = RESEARCH / "check_sharded.py", ROOT / "tests" / "training" / "test_sharded.py"
+    assert imports_it(script) and imports_it(test)
+    assert not defined(script) & (shared - {"CASES"}), defined(script) & shared
+    assert not defined(test) & (shared - {"CASES"}), defined(test) & shared  # its CASES: a subset, by id
+    from retrofit.training import sharded_check
+    from tests.training.test_sharded import CASES as launched
 
-    measured, launched = cases(RESEARCH / "check_sharded.py"), cases(ROOT / "tests" / "training" / "test_sharded.py")
-    assert launched and all(measured.get(case) == spec for case, spec in launched.items()), (launched, measured)
-    routes = {spec[4] for spec in measured.values()}
-    assert {spec[4] for spec in launched.values()} == routes  # every route the script measures is tested
+    assert launched and all(sharded_check.CASES[case] == spec for case, spec in launched.items())
+    assert {spec[4] for spec in launched.values()} == {spec[4] for spec in sharded_check.CASES.values()}

@@ -18,6 +18,7 @@ TOP_LEVEL = {
     "test_function_size.py": "a house rule over every function of the package",
     "test_layout.py": "the src layout of the repository (a clone named retrofit shadows nothing)",
     "test_no_clock.py": "a house rule over every test",
+    "test_no_figures_in_src.py": "a house rule over every docstring and comment of the package",
     "test_research.py": "research/ and the package kept apart",
     "test_tests_mirror_src.py": "this rule: tests/ mirrors the package's folders",
     "test_user_path.py": "the README's user path, end to end through the CLI",

@@ -13,8 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -24,45 +22,14 @@ import yaml
 from safetensors.torch import load_file
 
 import retrofit
-from retrofit.models.builtin import TINY_GPT2, byte_tokenizer
 from retrofit.training import finetune
+from retrofit.training import sharded_check as check
+from retrofit.training.sharded_check import EVERY, STEPS, build_models, kill_group, launch_command, launch_env, recipe
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "recipes" / "accelerate"
-STDLIB = Path(sysconfig.get_paths()["stdlib"])
-FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py")]
-STEPS, EVERY = 8, 2
-
-
-def build_models(root: Path) -> Path:
-    """A tiny GPT-2 without dropout (ranks draw different dropout masks) and a tiny LLaMA, each with
-    the byte tokenizer, saved like any local model folder under ``root``."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    built = {
-        "gpt2": GPT2LMHeadModel(GPT2Config(**TINY_GPT2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
-        "llama": LlamaForCausalLM(
-            LlamaConfig(
-                vocab_size=257,
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=64,
-                bos_token_id=256,
-                eos_token_id=256,
-                tie_word_embeddings=False,
-            )
-        ),
-    }
-    for name, model in built.items():
-        model.save_pretrained(root / name)
-        byte_tokenizer().save_pretrained(root / name)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -70,101 +37,15 @@ def models(tmp_path_factory):
     return build_models(tmp_path_factory.mktemp("models"))
 
 
-def recipe(model: Path, scheme: str, options: dict, method: str, out: Path, batch_size: int, **train) -> dict:
-    return {
-        "model": {"name_or_path": str(model)},
-        "convert": {"scheme": scheme, "options": options},
-        "data": {"files": FILES, "block_length": 128, "validation_fraction": 0.25, "max_validation_blocks": 4},
-        "train": {
-            "method": method,
-            "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
-            "train_norms": True,
-            "steps": STEPS,
-            "batch_size": batch_size,
-            "learning_rate": 3e-3,
-            "warmup_steps": 1,
-            "seed": 3,
-            "log_every": 1,
-            **train,
-        },
-        "checkpoint": {"every": EVERY, "keep_last": 2},
-        "output_dir": str(out),
-    }
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _launch_cmd(config: str, recipe_path: Path) -> list[str]:
-    accelerate = Path(sys.executable).parent / "accelerate"  # the console script a user types
-    head = [str(accelerate)] if accelerate.is_file() else [sys.executable, "-m", "accelerate.commands.launch"]
-    if head[-1] == str(accelerate):
-        head.append("launch")
-    return [
-        *head,
-        "--config_file",
-        str(CONFIGS / config),
-        "--main_process_port",
-        str(_free_port()),
-        "-m",
-        "retrofit",
-        "finetune",
-        str(recipe_path),
-    ]
-
-
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
 def launch(config: str, r: dict, where: Path) -> subprocess.CompletedProcess:
-    """The launch, in its own process group: on a timeout (or a test interrupted) no rank is left behind
-    waiting on gloo for a peer."""
-    path = where / f"{Path(r['output_dir']).name}.yaml"
-    path.write_text(yaml.safe_dump(r))
-    cmd = _launch_cmd(config, path)
-    proc = subprocess.Popen(
-        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=400)
-    finally:
-        _kill_group(proc)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def _losses(out: Path) -> list[float]:
-    return [x["loss"] for x in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in x]
-
-
-def _logits(folder: Path) -> torch.Tensor:
-    model = retrofit.load(folder).eval()
-    ids = torch.randint(0, 256, (2, 100), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        return model(input_ids=ids).logits
+    return check.launch(CONFIGS / config, r, where)
 
 
 # One case per route and quirk (each launch is ~20 s of fresh processes on 2 cores): every route (FSDP2,
 # FSDP2 with offload, DDP), LoRA and full, a scheme with position parameters (t5), one without (alibi),
 # and a rotary model (llama, yarn buffers).
-CASES = {  # id: (model, scheme, options, method, accelerate config)
-    "gpt2-t5-lora": ("gpt2", "t5", {}, "lora", "fsdp.yaml"),
-    "gpt2-alibi-full": ("gpt2", "alibi", {"kernel": "chunked"}, "full", "fsdp.yaml"),
-    "llama-yarn-full": ("llama", "rope", {"scaling": "yarn", "factor": 4.0}, "full", "fsdp-offload.yaml"),
-    "gpt2-alibi-lora-ddp": ("gpt2", "alibi", {"kernel": "chunked"}, "lora", "ddp.yaml"),
+CASES = {  # id: (model, scheme, options, method, accelerate config), four of check.CASES
+    case: check.CASES[case] for case in ("gpt2-t5-lora", "gpt2-alibi-full", "llama-yarn-full", "gpt2-alibi-lora-ddp")
 }
 ROUTES = {"fsdp.yaml": "fsdp2", "fsdp-offload.yaml": "fsdp2+offload", "ddp.yaml": "ddp"}
 
@@ -209,7 +90,7 @@ def test_sharded_run_matches_one_process(pair):
     if s["route"].startswith("fsdp2"):
         assert s["parameters"]["sharded"] > 0 and s["parameters"]["unsharded"] == [], s["parameters"]
         assert "FSDP2" in stderr  # the log says which route ran
-    a, b = _losses(sharded), _losses(single)
+    a, b = check.losses(sharded), check.losses(single)
     assert len(a) == len(b) == STEPS
     torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=2e-4, rtol=0)
     assert abs(s["val_loss_after"] - json.loads((single / "summary.json").read_text())["val_loss_after"]) < 2e-4
@@ -231,7 +112,7 @@ def test_final_is_a_full_checkpoint_with_the_same_logits(pair):
     assert all(w_sharded[k].shape == w_single[k].shape for k in w_sharded)  # gathered, not one rank's shard
     info = retrofit.describe(retrofit.load(sharded / "final"))
     assert info["scheme"] == CASES[case][1]
-    torch.testing.assert_close(_logits(sharded / "final"), _logits(single / "final"), atol=5e-4, rtol=0)
+    torch.testing.assert_close(check.logits(sharded / "final"), check.logits(single / "final"), atol=5e-4, rtol=0)
 
 
 def test_position_parameters_are_sharded_and_saved(pair, models):
@@ -282,8 +163,8 @@ def test_kill_one_rank_then_resume_auto(models, tmp_path, tmp_path_factory):
     path.write_text(yaml.safe_dump(r))
     out = tmp_path / "killed"
     launcher = subprocess.Popen(
-        _launch_cmd("fsdp.yaml", path),
-        env=_env(),
+        launch_command(CONFIGS / "fsdp.yaml", path),
+        env=launch_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -299,7 +180,7 @@ def test_kill_one_rank_then_resume_auto(models, tmp_path, tmp_path_factory):
             time.sleep(0.01)
         launcher.wait(120)
     finally:
-        _kill_group(launcher)
+        kill_group(launcher)
     assert killed and launcher.returncode != 0, "the run ended before rank 1 could be killed"
     assert not (out / "final").exists() and not (out / "summary.json").exists()
 
@@ -371,5 +252,5 @@ def test_final_from_an_fsdp_checkpoint_on_one_process(pair, tmp_path, capsys):
     out = tmp_path / "again"
     assert main(["finetune", str(recipe_path), "--final-from", str(ckpt), "--set", f"output_dir={out}"]) == 0
     assert capsys.readouterr().out.strip() == str(out / "final")
-    torch.testing.assert_close(_logits(out / "final"), _logits(sharded / "final"), atol=1e-5, rtol=0)
+    torch.testing.assert_close(check.logits(out / "final"), check.logits(sharded / "final"), atol=1e-5, rtol=0)
     assert (out / "adapter" / "adapter_model.safetensors").is_file()

@@ -8,7 +8,7 @@ visible to PEFT), added to the token embeddings exactly where the native table w
   later positions repeat the table periodically. ``copy_from`` is the row each later period starts at:
   0 repeats every row (Longformer's copy); 1 skips row 0, the start-of-text row (in GPT-2 its norm is
   several times the others' and the model treats it as an attention sink), so it appears at position 0
-  only. ``docs/results.md`` measures both (they differ by < 1% past native at budget 0 on the GPT-2 stand-in).
+  only. ``docs/results.md`` measures both (past native at budget 0 on the GPT-2 stand-in).
 - ``init="interpolate"`` (Chen et al., 2023, "Position Interpolation", applied to a table as in Karypis
   et al., 2023, arXiv 2310.14633): position p reads the native table at x = p * native / length, linear
   between rows floor(x) and floor(x) + 1, so every position lands inside the range the model was trained on.

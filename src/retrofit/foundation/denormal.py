@@ -3,7 +3,8 @@
 A steep positional bias (ALiBi, T5's and Shaw's bands, FIRE) makes many softmax probabilities underflow
 gradually: they pass through the denormal range (below 1.2e-38 in fp32) on their way to zero, and x86
 arithmetic on denormals is many times slower (on some Intel CPUs the train step of a biased model ran
-1.8-2.5x stock until the kernels flushed them; AMD shows little). A denormal probability carries no
+well above stock until the kernels flushed them; AMD shows little; measured: docs/results.md, "Denormals").
+A denormal probability carries no
 weight: it is below 2^-126 of the row's largest term (1), far under fp32's 2^-24 rounding of the sum, and
 the output and gradients are the same with it flushed (``tests/kernels/test_denormal.py``).
 
@@ -20,9 +21,8 @@ end of the backward restores it whatever happens in between). The process's sett
 is never changed.
 
 Calls with fewer than ``MIN_SCORES`` scores (a decoding step: one query row) run as they are: their
-denormals cost little, and waking the thread pool to set it costs more (measured on the 2-core AMD EPYC
-this was written on, loaded: 75 us per enter and exit with one thread, ~17 ms with two, the pool's threads
-asleep).
+denormals cost little, and waking the thread pool to set it costs more (per enter and exit, above all
+with the pool's threads asleep; measured: docs/results.md, "Denormals", ``benchmarks/measure_denormal.json``).
 
 ``RETROFIT_FLUSH_DENORMAL=0`` turns all this off (``1``, the default: on).
 """

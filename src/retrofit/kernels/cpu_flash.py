@@ -17,9 +17,8 @@ EXP_FLOOR = -87.0  # ln of fp32's smallest normal is -87.34: below it torch's CP
 def exp_(scores: torch.Tensor) -> torch.Tensor:
     """``scores.exp_()`` for probabilities, in place, with arguments below ``EXP_FLOOR`` (masked -inf, a steep
     bias) raised to it first: they give 1.6e-38 instead of 0 (or a denormal), which no fp32 sum can see, and
-    torch's CPU exp runs 10-25x slower on a vector holding any of them (measured on an AMD EPYC: 1.6 ms for
-    1.5M scores in [-87, 0], 23 ms in [-100, 0], 7 ms with half of them -inf; the flush of denormals does not
-    change it)."""
+    torch's CPU exp runs many times slower on a vector holding any of them, flushed denormals or not
+    (measured: docs/results.md, "Attention kernel", FIRE)."""
     return scores.clamp_(min=EXP_FLOOR).exp_()
 
 

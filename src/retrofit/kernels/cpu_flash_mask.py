@@ -127,8 +127,8 @@ def attend_dense(
 
 def block_rows(BH: int, Tk: int) -> int:
     """Queries per block for B x H heads over Tk keys: a multiple of MIN_ROWS whose mask stays near
-    BLOCK_ELEMENTS (measured on 2 CPU cores, 12 heads: at 8k keys 32 rows run inference 1.5x faster than 128
-    with a sixth of the transient memory; at 2k, 64 rows train fastest)."""
+    BLOCK_ELEMENTS: fewer rows of long keys run faster and hold less transient memory than more (measured:
+    docs/ARCHITECTURE.md, "The attention paths")."""
     fit = BLOCK_ELEMENTS // max(1, BH * Tk) // MIN_ROWS * MIN_ROWS
     return max(MIN_ROWS, min(ROWS, fit))
 

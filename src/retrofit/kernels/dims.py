@@ -15,8 +15,8 @@ DECODE_ROWS = 16  # at most this many queries over a longer cache, no gradient: 
 
 def worth(c: Call) -> bool:
     """Auto passes a decoding step on: the dims would be appended to every cached key at every step (a copy of
-    the cache per layer), where the next path adds the step's term directly (measured for ALiBi: 0.73x stock
-    decoding at a 4k context on its dims path, 1.09x on cpu-flash-mask; benchmarks/bench_decode_schemes.json)."""
+    the cache per layer), where the next path adds the step's term directly (ALiBi decodes slower than stock on
+    its dims path, faster on cpu-flash-mask; measured: docs/results.md, "Decoding with the KV cache")."""
     return not (c.Tq <= DECODE_ROWS < c.Tk and not c.grad)
 
 

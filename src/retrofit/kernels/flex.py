@@ -1,7 +1,8 @@
 """``flex``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window and padding
 as a block mask. The bias path on CUDA; on CPU it has no backward and (torch 2.13) miscompiles padded/windowed
 block masks, and the CPU flash paths are faster, so there auto takes it only for unpadded, unwindowed
-inference when the CPU flash op is missing, after a ~15-20 s compile per process and scheme (``dynamic=True``
+inference when the CPU flash op is missing, after a compile per process and scheme (measured:
+docs/ARCHITECTURE.md, "The attention paths"; ``dynamic=True``
 and contiguous inputs: compiled once for one 128-token block and once for more, not per length or memory
 layout). If compiling or running fails, the failure is logged, auto reports the call as
 ``"chunked (flex failed)"`` and flex is not tried again in this process.

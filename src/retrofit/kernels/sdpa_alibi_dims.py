@@ -16,15 +16,14 @@ before it plus its own causal square, merged by log-sum-exp (``cpu_flash.rectang
 boolean (C, Tk) mask per block, which SDPA keeps for backward). Heads are grouped by the blocks they need (``head_groups``): at 8k tokens only the
 steepest one or two heads of a 12-head model are blocked, the others run as one causal square.
 ``MAX_SPAN`` = 2048 bounds the error once a block is that wide (from ~2k tokens on): in fp32 the output
-stays within 2e-4 of an fp64 reference at any length (measured max 3.6e-5 at 1k, 7.9e-5 at 2k, 8.7e-5
-at 4k and 8k, 12 heads; ``research/measure_fused_alibi.py``, ``benchmarks/fused_alibi_precision.json``;
-tested at 8k). The chunked path stays within ~1.5e-6. bf16/fp16 stay at their own rounding.
+stays within 2e-4 of an fp64 reference at any length (tested at 8k; measured per length, and for the
+chunked path, by ``research/measure_fused_alibi.py`` into ``benchmarks/fused_alibi_precision.json``). bf16/fp16 stay at their own rounding.
 
 Steep heads read only as far as they can see (``reach``): a key whose bias puts it more than ``MARGIN`` below
 the row's own diagonal score, whatever q and k hold (bounded by their norms), carries less than e^-MARGIN of the
 row's probability, far under fp32's resolution; so a blocked head attends through a window of that reach
-when it is shorter than the call, in blocks of about that many queries (measured on the 2-core EPYC: one
-attention call at 8k, 12 heads of 64, inference, 3.67 s before, 2.96 s after, stock 3.01 s).
+when it is shorter than the call, in blocks of about that many queries (at 8k this brought ALiBi's call to
+stock's time; measured: docs/results.md, "Attention kernel").
 
 On CUDA with FlashAttention 2 installed, auto takes ``flash-attn-alibi`` for half-precision inputs instead.
 """

@@ -13,8 +13,8 @@ Transformer-XL's position vectors are r_d = W_h R(d), R(d) interleaving sin and 
 fused kernel then runs forward and backward with O(N) memory, and autograd carries the gradients of q, u, v
 and W_R through a, b. The sines and cosines of the positions are taken in float64 (the chunked path's table
 rounds ``d * w_f`` in fp32 first: the two agree to that rounding). v is zero-padded to q's width: the CPU
-flash kernel runs only with equal widths (through SDPA, q/k 128 wide with v 64 took 3.3x the forward time,
-1.9x forward and backward, of v padded to 128: 2k tokens, 12 heads, 1 thread).
+flash kernel runs only with equal widths (through SDPA unequal widths ran several times slower than v padded;
+measured: docs/ARCHITECTURE.md, "The attention paths").
 
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
 ``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square, a cached prefix

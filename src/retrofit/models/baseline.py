@@ -10,10 +10,10 @@ folder, else says how to build it.
     path = pretrain("quickstart")            # cached: a second call returns at once
     model = AutoModelForCausalLM.from_pretrained(path); tok = AutoTokenizer.from_pretrained(path)
 
-Presets: ``"micro"`` (seconds, for tests), ``"quickstart"`` (about 2-3 min on 2 CPU cores), ``"study"``
-(about 30 min on 2 CPU cores), ``"study2-gpt2"`` and ``"study2-llama"`` (~10M parameters, 10.5M tokens,
-native 256: ~35 min each on 2 idle CPU cores in bf16, 75 min each when both run at once;
-``research/bench_pretrain.py`` measures the rate). The output dir is a normal Hugging Face folder
+Presets: ``"micro"`` (seconds, for tests), ``"quickstart"``, ``"study"``, ``"study2-gpt2"`` and
+``"study2-llama"`` (~10M parameters, 10.5M tokens, native 256, bf16), and the encoder twins; how long each
+takes on 2 CPU cores is ``retrofit.training.standin.DURATION`` (measured: docs/baseline.md, "Presets and
+measured numbers" and the sections after it; ``research/bench_pretrain.py`` measures the rate). The output dir is a normal Hugging Face folder
 (``GPT2LMHeadModel`` or ``LlamaForCausalLM`` safetensors + tokenizer) plus ``pretrain_stats.json``.
 
 Same config -> same weights (seeded data order, init and dropout; on the same hardware and thread
@@ -196,7 +196,7 @@ PRESETS: dict[str, BaselineConfig] = {
         precision="bf16",
     ),
     # the encoder stand-ins a 2-core AVX2 CPU can pretrain (issue 43): the quickstart's body at native 256 in
-    # fp32, 8.4M tokens (2,048 steps of 16 x 256), about 45 min on one thread (~3,200 tokens/s)
+    # fp32, 8.4M tokens (2,048 steps of 16 x 256); its time: docs/baseline.md, "The encoder twins"
     "small-bert": BaselineConfig(
         name="small-bert",
         arch="bert",

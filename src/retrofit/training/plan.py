@@ -331,7 +331,7 @@ CPU_UTILISATION = 0.50  # of the measured fp32 matmul rate
 
 def device_rate() -> tuple[str, float]:
     """(what the time assumes, FLOP/s): the first CUDA GPU the run would use, else this CPU at the thread
-    count the run would use, its fp32 matmul rate measured now (about 0.3 s)."""
+    count the run would use, its fp32 matmul rate measured now (a few matmuls, under a second)."""
     import torch
 
     if torch.cuda.is_available():

@@ -51,7 +51,7 @@ class CalibrateConfig:
         "null = no calibration.",
         None,
     )
-    # learning rate measured on the GPT-2 stand-in: t5 2.17x at 1e-2, 1.33x at 5e-2; alibi the same (docs/calibrate.md)
+    # learning rate: the larger step suits T5's table, ALiBi's slopes do the same (measured: docs/calibrate.md)
     steps: int = _help("Calibration optimizer steps.", 200)
     learning_rate: float = _help("Calibration Adam peak learning rate (warmup, then cosine to 10%).", 5e-2)
     batch_size: int = _help("Calibration blocks (of the native length) per step.", 1)

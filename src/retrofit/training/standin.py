@@ -63,7 +63,7 @@ DURATION = {
     "study2-llama": "about 35 minutes",
     "study2-bert": "about 35 minutes",
     "study2-roberta": "about 35 minutes",
-    "small-bert": "about 25 minutes",  # fp32: 22 min on an AMD EPYC's 2 threads
+    "small-bert": "about 25 minutes",  # fp32 (measured: docs/baseline.md, "The encoder twins")
     "small-roberta": "about 25 minutes",
 }
 HELDOUT_MASK_SEED = 12_345  # the held-out blocks' one masked draw (bert): the same tokens at every evaluation
@@ -399,8 +399,8 @@ def _publish(tmp: Path, out: Path, replace: bool) -> None:
 
 
 def _say_precision_cost(cfg: BaselineConfig) -> None:
-    """A bf16 preset on a CPU without native bf16 runs emulated: say so before hours go by (measured on an AMD
-    EPYC with AVX2 only, study2-bert, 2 threads: 3 steps took 276-285 s in bf16 against 10.6-11.2 s in fp32).
+    """A bf16 preset on a CPU without native bf16 runs emulated: say so before hours go by (measured:
+    docs/baseline.md, "The encoder twins", "bf16 needs a CPU that has it").
     The preset is kept: its precision is part of its weights (and of its cache key)."""
     if cfg.precision != "bf16":
         return
