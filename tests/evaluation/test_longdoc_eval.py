@@ -73,7 +73,7 @@ def test_the_measure_sees_a_model_read_past_native(tok, task):
     assert s["whole", "whole", 4 * NATIVE] == 1.0 == s["whole", "whole", NATIVE]
     assert ("original", "whole", 4 * NATIVE) not in s  # past its table: only its truncated and chunked readings
     assert s["original", "truncated", 4 * NATIVE] <= 0.6
-    for how in ("chunked", "best-chunk"):
+    for how in ("chunk-mean", "best-chunk"):
         if task == "mention":
             assert s["original", how, 4 * NATIVE] == 1.0  # one piece: a chunk finds it
         else:
@@ -93,7 +93,7 @@ def test_a_model_that_ignores_text_past_native_is_caught(tok, task):
 
 def test_readings_cover_what_they_say(tok):
     ids = list(range(1, 1001))
-    r = measure.Read("chunked", NATIVE)
+    r = measure.Read("chunk-mean", NATIVE)
     views = r.views([0] + ids, [0])
     assert all(v[0] == 0 and len(v) <= NATIVE for v in views)
     assert [i for v in views for i in v[1:]] == ids  # every token once, each chunk led by the first token

@@ -62,7 +62,7 @@ def test_a_classifier_fine_tunes_past_its_table_reloads_and_is_measured(tmp_path
     assert main(["eval", str(run), "--lengths", "1x,2x", "--baseline", "original"]) == 0
     report = json.loads((run / "eval" / "report.json").read_text())
     reads = {(r["role"], r["read"], r["length"]) for r in report["rows"]}
-    assert ("baseline", "chunked", 2 * NATIVE) in reads and ("converted", "whole", 2 * NATIVE) in reads
+    assert ("baseline", "chunk-mean", 2 * NATIVE) in reads and ("converted", "whole", 2 * NATIVE) in reads
     assert ("baseline", "whole", 2 * NATIVE) not in reads  # the original past its table: truncated and chunked
     assert "longdoc:both" in capsys.readouterr().out
 

@@ -2,7 +2,7 @@
 offline tasks of ``models.longdoc``, accuracy (classification) or retrieval top-1 (embedding) at each document length
 and by the depth of the evidence, for every model reading the whole document and, for the original (a baseline), also
 the ways it reads a long document today: **truncated** at its native length, and over **native-size chunks** (each
-chunk starts with the document's first token) joined by their mean (``chunked``: a classifier's class probabilities,
+chunk starts with the document's first token) joined by their mean (``chunk-mean``: a classifier's class probabilities,
 an embedding model's chunk embeddings) or by their best chunk (``best-chunk``: the most confident chunk's class; a
 document's most similar chunk, as chunked retrieval does). A model uses its reach when, past native, it beats them
 all."""
@@ -32,7 +32,7 @@ SEED = 1_234
 @dataclass(frozen=True)
 class Read:
     """One way a model reads a document: ``whole``, ``truncated`` at ``native``, or over native-size chunks joined
-    by their mean (``chunked``) or by their best chunk (``best-chunk``)."""
+    by their mean (``chunk-mean``) or by their best chunk (``best-chunk``)."""
 
     how: str
     native: int
@@ -98,7 +98,7 @@ def reads_of(models: list[EvalModel], native: int) -> list[tuple[EvalModel, Read
     for m in models:
         out.append((m, Read("whole", native)))
         if m.role == "baseline":
-            out += [(m, Read(how, native)) for how in ("truncated", "chunked", "best-chunk")]
+            out += [(m, Read(how, native)) for how in ("truncated", "chunk-mean", "best-chunk")]
     return out
 
 
@@ -140,7 +140,7 @@ def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: 
 
 def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> list[bool]:
     """Whether each document was answered: its label predicted, or (embedding) its query's nearest document. Chunks
-    join by their mean (``chunked``: probabilities, or embeddings renormalised) or by their best one (``best-chunk``:
+    join by their mean (``chunk-mean``: probabilities, or embeddings renormalised) or by their best one (``best-chunk``:
     the most confident chunk's class, or a document's most similar chunk)."""
     score = Scorer(m, kind)
     outs = [score(read.views(d.ids, first)) for d in docs]  # n x (views, C or E)

@@ -252,8 +252,8 @@ def enable_checkpointing(model) -> None:
 def mixed_precision(r) -> tuple[str, str | None]:
     """(the precision this run trains in, why it differs from the recipe's or None): the recipe's, except
     bf16/fp16 on a machine without a GPU whose CPU has no native bf16 (no AVX-512 BF16 or AMX), where autocast is
-    emulated (measured ~15x slower: a 6-step LoRA fine-tune of a 10M-parameter GPT-2, 563 s against 36 s in fp32
-    on an AVX2 AMD EPYC): fp32 then, unless ``train.cpu_mixed_precision: keep`` insists."""
+    emulated (far slower; measured: docs/finetune.md, "Details worth knowing"): fp32 then, unless
+    ``train.cpu_mixed_precision: keep`` insists."""
     import os
 
     from ..foundation.versions import bf16_native, cpu_info
