@@ -92,7 +92,7 @@ class Builder:
             plays: list[Document] = shakespeare_documents(split)
             _FILLER[key] = (
                 tokenizer,
-                [i for d in plays for i in tokenizer(d.text, add_special_tokens=False).input_ids],
+                [i for d in plays for i in tokenizer(d.text, add_special_tokens=False, verbose=False).input_ids],
             )
         self.filler = _FILLER[key][1]
         self.first = _first_token(tokenizer)
