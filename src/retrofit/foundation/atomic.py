@@ -33,6 +33,7 @@ _REFUSED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 # {"module path::function": why its raw write is safe}; every other write goes through the functions below
 RAW_WRITERS = {
     "foundation/atomic.py::write_text": "writes the temporary file that replacing() renames into place",
+    "training/sharded_check.py::build_models": "the check's tiny models, in the scratch folder it is given",
     "models/io.py::save.write": "inside write_dir's temporary folder",
     "models/builtin.py::tiny_gpt2.write": "inside write_dir's temporary folder",
     "native_export/__init__.py::_write.write": "inside write_dir's temporary folder",

@@ -14,6 +14,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from ..foundation import run_folder as rf
+from ..foundation.atomic import write_text
 from ..kernels import PATHS
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -121,7 +123,7 @@ def launch(config: Path, r: dict, where: Path) -> subprocess.CompletedProcess:
     import yaml
 
     path = where / f"{Path(r['output_dir']).name}.yaml"
-    path.write_text(yaml.safe_dump(r))
+    write_text(path, yaml.safe_dump(r))
     cmd = launch_command(config, path)
     proc = subprocess.Popen(
         cmd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -135,7 +137,7 @@ def launch(config: Path, r: dict, where: Path) -> subprocess.CompletedProcess:
 
 def losses(out: Path) -> list[float]:
     """The per-step training losses of a run folder's ``log.jsonl``."""
-    return [x["loss"] for x in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in x]
+    return [x["loss"] for x in map(json.loads, (out / rf.LOG).read_text().splitlines()) if "loss" in x]
 
 
 def logits(folder: Path):
