@@ -111,6 +111,29 @@ def test_the_smollm2_fine_tune_tables_and_the_readme_sentence_are_what_the_json_
     assert cell.stdout.strip() in (ROOT / "README.md").read_text()
 
 
+@pytest.mark.slow
+def test_the_encoder_task_tables_and_the_readme_row_are_what_the_json_gives():
+    """docs/results.md's long-document tables and the README's classifier/embedding row are rendered from
+    benchmarks/encoder_tasks.json by research/encoder_tasks.py, not typed; every cell stayed within 2% of the
+    stand-in's pretraining tokens."""
+    import json
+
+    data = json.loads((ROOT / "benchmarks" / "encoder_tasks.json").read_text())
+    assert {r["task"] for r in data["rows"]} == {"mention", "both", "needle"}
+    assert all(r["budget_share"] <= 0.02 for r in data["rows"] if r["steps"])
+    script = [sys.executable, str(ROOT / "research" / "encoder_tasks.py"), "--table", "benchmarks/encoder_tasks.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    row = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and row.returncode == 0, tables.stderr[-2000:] + row.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    between = results.split("<!-- encoder-tasks:begin -->")[1].split("<!-- encoder-tasks:end -->")[0]
+    assert tables.stdout.strip() == between.strip()
+    readme = next(
+        line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| encoders, a classifier")
+    )
+    assert row.stdout.strip() in readme
+
+
 def test_the_readme_encoder_row_states_what_the_encoder_studies_measured():
     """The README's encoder row and the recipes' reasons quote benchmarks/encoders_small_*/study.json (the
     ALiBi cell at 0.5%: its masked-token ppl at 1x over the control's and its 8x/1x), not typed figures."""
