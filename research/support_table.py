@@ -23,14 +23,11 @@ import retrofit
 from harness import DOCS
 from retrofit.adapters import ADAPTERS
 from retrofit.foundation.errors import RetrofitError
+from retrofit.models.builtin import TINY_LLAMA
 
 SMALL = dict(
     vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    **TINY_LLAMA,
     max_position_embeddings=64,
     pad_token_id=0,
     bos_token_id=1,

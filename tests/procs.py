@@ -125,6 +125,29 @@ def crash_after_first_checkpoint():
     raise AssertionError("the run ended before its first checkpoint")
 
 
+def assert_resume_is_exact(recipe, tmp_path: Path, steps: int) -> None:
+    """``recipe(out)`` (a recipe dict writing to ``out``, with checkpoints) fine-tuned whole, and again stopped dead
+    after its first checkpoint and resumed: the resumed run started between 0 and ``steps`` and its final weights
+    equal the whole run's."""
+    import json
+
+    import torch
+    import yaml
+
+    from retrofit.training import finetune
+
+    whole = finetune(recipe(tmp_path / "whole"))
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe(tmp_path / "killed")))
+    with crash_after_first_checkpoint():
+        finetune(path)
+    resumed = finetune(path)
+    assert 0 < json.loads((resumed / "summary.json").read_text())["resumed_from_step"] < steps
+    a, b = final_weights(whole), final_weights(resumed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+
+
 def final_weights(out: Path) -> dict:
     return load_file(str(out / "final" / "model.safetensors"))
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import transformers as tf
 
+from retrofit.models.builtin import TINY_LLAMA
+
 NATIVE = 32
 VOCAB = 128
 
@@ -15,11 +17,7 @@ def _llama_like(config_cls, model_cls, **extra):
     def make():
         defaults = dict(
             vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
+            **TINY_LLAMA,
             max_position_embeddings=NATIVE,
             pad_token_id=0,
             bos_token_id=1,

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from retrofit.models.builtin import TINY_LLAMA
 from retrofit.models.data import Document
 
 
@@ -60,11 +61,7 @@ def tiny_llama(max_len: int = 64, seed: int = 1, vocab_size: int = 260):
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY_LLAMA,
         max_position_embeddings=max_len,
         vocab_size=vocab_size,
         bos_token_id=256,

@@ -16,6 +16,7 @@ import transformers as tf
 
 import retrofit
 from retrofit.foundation.errors import RetrofitError
+from retrofit.models.builtin import TINY_LLAMA
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -25,11 +26,7 @@ def test_dynamic_native_rope_is_untouched_by_the_advertised_reach():
     'no limit' must not reach it (it overflowed a torch.tensor), while fading or after revert."""
     cfg = tf.LlamaConfig(
         vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **TINY_LLAMA,
         max_position_embeddings=NATIVE,
         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
     )

@@ -191,27 +191,14 @@ def test_a_classifier_without_a_task_is_refused_by_the_fine_tune_with_what_works
 def test_a_masked_lm_fine_tune_killed_and_resumed_equals_the_uninterrupted_one(tmp_path):
     """LoRA on a BERT folder, stopped dead after its first checkpoint and resumed: the same masks are drawn for
     every step after the resume (seeded by the micro-batch), so the final weights equal an uninterrupted run's."""
-    from safetensors.torch import load_file
-
-    from retrofit.training import finetune
-
-    from ..procs import crash_after_first_checkpoint
+    from ..procs import assert_resume_is_exact
 
     def recipe(out):
         r = bert_recipe(tmp_path, method="lora", steps=8, gradient_accumulation_steps=2, seed=3)
         r["train"]["lora"] = {"r": 4, "alpha": 8, "dropout": 0.0}
         return {**r, "checkpoint": {"every": 3}, "output_dir": str(out)}
 
-    whole = finetune(recipe(tmp_path / "whole"))
-    path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(recipe(tmp_path / "killed")))
-    with crash_after_first_checkpoint():
-        finetune(path)
-    resumed = finetune(path)
-    assert 0 < json.loads((resumed / "summary.json").read_text())["resumed_from_step"] < 8
-    a, b = (load_file(str(p / "final" / "model.safetensors")) for p in (whole, resumed))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+    assert_resume_is_exact(recipe, tmp_path, 8)
 
 
 def test_a_row_always_has_a_token_to_predict():

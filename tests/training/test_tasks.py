@@ -242,11 +242,7 @@ def test_the_task_recipes_name_a_real_corpus_and_their_budget(path):
 def test_a_classifier_fine_tune_killed_and_resumed_equals_the_uninterrupted_one(tmp_path):
     """LoRA on a classifier, stopped dead after its first checkpoint and resumed: the examples after the resume are
     the ones an uninterrupted run reads (each drawn from its index), so the final weights are the same."""
-    from safetensors.torch import load_file
-
-    from retrofit.training import finetune
-
-    from ..procs import crash_after_first_checkpoint
+    from ..procs import assert_resume_is_exact
 
     src = classifier_folder(tmp_path / "cls")
 
@@ -267,13 +263,4 @@ def test_a_classifier_fine_tune_killed_and_resumed_equals_the_uninterrupted_one(
             "output_dir": str(out),
         }
 
-    whole = finetune(recipe(tmp_path / "whole"))
-    path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(recipe(tmp_path / "killed")))
-    with crash_after_first_checkpoint():
-        finetune(path)
-    resumed = finetune(path)
-    assert 0 < json.loads((resumed / "summary.json").read_text())["resumed_from_step"] < 6
-    a, b = (load_file(str(p / "final" / "model.safetensors")) for p in (whole, resumed))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0, msg=k)
+    assert_resume_is_exact(recipe, tmp_path, 6)

@@ -20,6 +20,10 @@ from pathlib import Path
 from ..foundation.atomic import write_dir
 
 TINY_GPT2 = dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=257, bos_token_id=256, eos_token_id=256)
+# the body of the tiny LLaMA-layout models of tests and checks (grouped-query attention: 2 key/value heads)
+TINY_LLAMA = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 EOS = "<|endoftext|>"
 
 # The built-in names, each with the Hub id of the weights it stands for (None: retrofit's own, not on the Hub).

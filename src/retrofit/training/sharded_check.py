@@ -17,6 +17,7 @@ from pathlib import Path
 from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
 from ..kernels import PATHS
+from ..models.builtin import TINY_LLAMA
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py")]
@@ -47,11 +48,7 @@ def build_models(root: Path) -> Path:
         "llama": LlamaForCausalLM(
             LlamaConfig(
                 vocab_size=257,
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
+                **TINY_LLAMA,
                 max_position_embeddings=64,
                 bos_token_id=256,
                 eos_token_id=256,
