@@ -264,3 +264,24 @@ def test_a_classifier_fine_tune_killed_and_resumed_equals_the_uninterrupted_one(
         }
 
     assert_resume_is_exact(recipe, tmp_path, 6)
+
+
+def test_a_hub_dataset_is_streamed_up_to_max_documents(tmp_path):
+    """``data.dataset`` goes through ``datasets.load_dataset(name, config, split=..., streaming=True)`` as a Hub id
+    does (here a local dataset folder, read by the same call offline): only the records used are read, labels by
+    name."""
+    import datasets
+
+    from retrofit.training.tasks import _records
+
+    feats = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    rows = {"text": [f"review {i}" for i in range(50)], "label": [i % 2 for i in range(50)]}
+    (tmp_path / "ds" / "data").mkdir(parents=True)
+    datasets.Dataset.from_dict(rows, features=feats).to_parquet(tmp_path / "ds" / "data" / "train-00000.parquet")
+    raw = {"task": "classification", "model": {"name_or_path": "x"}, "output_dir": "o"}
+    r = Recipe.from_dict({**raw, "data": {"dataset": str(tmp_path / "ds"), "max_documents": 3}})
+    assert [(x["text"], x["label"]) for x in _records(r)] == [
+        ("review 0", "neg"),
+        ("review 1", "pos"),
+        ("review 2", "neg"),
+    ]

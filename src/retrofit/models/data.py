@@ -280,9 +280,10 @@ def streams(d) -> bool:
 
 def records(d) -> list[dict]:
     """The rows of a recipe's ``data.files`` (json, jsonl, parquet or csv) or of a Hub dataset (``data.dataset``,
-    ``config``, ``split``), whole, through ``datasets.load_dataset``: what a classifier or embedding fine-tune reads
-    (a text and its label, a query and its document). The first ``data.max_documents`` only, when set; a column of
-    class labels (``datasets.ClassLabel``) gives their names."""
+    ``config``, ``split``; streamed, so only what is read is downloaded) through ``datasets.load_dataset``: what a
+    classifier or embedding fine-tune reads (a text and its label, a query and its document), held in memory. The
+    first ``data.max_documents`` only, when set; a column of class labels (``datasets.ClassLabel``) gives their
+    names."""
     try:
         import datasets
 
@@ -294,10 +295,11 @@ def records(d) -> list[dict]:
                 if len(kinds) != 1 or None in kinds or "text" in kinds:
                     raise DataError(f"records are read from json, jsonl, parquet or csv files; got {', '.join(files)}")
                 ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train" + first)
-            else:
-                ds = datasets.load_dataset(d.dataset, d.config, split=d.split + first)
-        named = {c: f.int2str for c, f in ds.features.items() if isinstance(f, datasets.ClassLabel)}
-        return [{**row, **{c: name(row[c]) for c, name in named.items()}} for row in ds]  # class labels by name
+            else:  # streamed: only the records used are downloaded
+                ds = datasets.load_dataset(d.dataset, d.config, split=d.split, streaming=True)
+                ds = ds.take(d.max_documents) if d.max_documents else ds
+            named = {c: f.int2str for c, f in (ds.features or {}).items() if isinstance(f, datasets.ClassLabel)}
+            return [{**row, **{c: name(row[c]) for c, name in named.items()}} for row in ds]  # class labels by name
     except DataError:
         raise
     except (ConnectionError, TimeoutError) as e:
