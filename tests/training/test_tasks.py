@@ -65,6 +65,13 @@ def test_a_classifier_fine_tunes_past_its_table_reloads_and_is_measured(tmp_path
     assert ("baseline", "chunk-mean", 2 * NATIVE) in reads and ("converted", "whole", 2 * NATIVE) in reads
     assert ("baseline", "whole", 2 * NATIVE) not in reads  # the original past its table: truncated and chunked
     assert "longdoc:both" in capsys.readouterr().out
+    assert main(["push", str(run), "--repo", "user/cls", "--dry-run"]) == 0  # the card quotes the task's table
+    from retrofit.running.cards import render_card
+
+    card = render_card(run, None, "user/cls")
+    assert "Long-document evaluation" in card
+    assert "pipeline_tag: text-classification" in card and "chunk-mean" in card
+    assert "not evaluated" not in card.lower() and "- longdoc" not in card  # no Hub dataset named for a built-in task
 
 
 @pytest.mark.slow

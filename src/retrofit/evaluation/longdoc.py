@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 DEPTH_BINS = 4  # the evidence's depth in quarters of the document
 EXAMPLES = 64  # documents a length, by default; depths spread evenly over [0, 1]
 SEED = 1_234
+REPORT_KIND = "long-document"
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,15 @@ def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: 
             rows.append(_row(m, read, L, docs, hits))
             if bar is not None:
                 bar.update(n)
-    return {"task": spec, "kind": info.kind, "native": native, "examples": n, "lengths": lengths, "rows": rows}
+    return {
+        "kind": REPORT_KIND,  # what a card or the CLI reads the report as
+        "task": spec,
+        "task_kind": info.kind,
+        "native": native,
+        "examples": n,
+        "lengths": lengths,
+        "rows": rows,
+    }
 
 
 def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> list[bool]:
@@ -196,7 +205,7 @@ def verdict(data: dict) -> str:
 
 def table(data: dict) -> str:
     """The markdown table: a row per model and reading, a column per length (score, and by depth)."""
-    lengths, metric = data["lengths"], "accuracy" if data["kind"] == "classification" else "top-1"
+    lengths, metric = data["lengths"], "accuracy" if data["task_kind"] == "classification" else "top-1"
     head = f"| model | reading | {' | '.join(f'{L:,}' for L in lengths)} |\n|---|---|{'---|' * len(lengths)}\n"
     keys = list(dict.fromkeys((r["model"], r["read"]) for r in data["rows"]))
     lines = []
@@ -215,7 +224,7 @@ class LongDocReport:
     """What ``retrofit eval`` writes for a classifier or an embedding model: report.json and report.md."""
 
     data: dict
-    kind = "long-document"
+    kind = REPORT_KIND
 
     def save(self, out, plots: bool = True) -> Path:
         out = Path(out)

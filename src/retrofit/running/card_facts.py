@@ -83,9 +83,10 @@ def _front_matter(text: str) -> dict:
 
 def _hub_dataset(spec) -> str | None:
     from ..models.data import source_kind
+    from ..models.longdoc import is_spec
 
-    if not isinstance(spec, str) or not spec or source_kind(spec) != "hub":
-        return None
+    if not isinstance(spec, str) or not spec or is_spec(spec) or source_kind(spec) != "hub":
+        return None  # a local or built-in source, or an offline long-document task: no Hub dataset
     return spec.split(":")[0]
 
 
@@ -108,6 +109,7 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
     native = rf.native_length(folder)
     what = task_of(folder)
     masked = bool(report) and report.get("kind") == "masked-lm"  # evaluation.masked: its own table
+    task_eval = bool(report) and report.get("kind") == longdoc_kind()  # a classifier's or embedding model's
     trained = bool(recipe.get("train")) and folder.name == rf.FINAL
     ctx = {
         "recipe": recipe,
@@ -122,8 +124,9 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
             "native_note": native_note(block),
         },
         "budget": budget(recipe, summary, info, report or {}, manifest) if trained else None,
-        "eval": eval_summary(report, native) if report and not masked else None,
+        "eval": eval_summary(report, native) if report and not (masked or task_eval) else None,
         "masked_eval": _masked_table(report) if masked else None,
+        "task_eval": _task_table(report) if task_eval else None,
         "task": what,
         "folder": str(run_dir),
         "export": export_info(run_dir, manifest),
@@ -223,6 +226,18 @@ def task_of(folder: Path):
     config = json.loads((folder / "config.json").read_text())
     base = (config.get("retrofit") or {}).get("base_config") or {}
     return of_class(((base.get("architectures") or config.get("architectures")) or [None])[0])
+
+
+def longdoc_kind() -> str:
+    from ..evaluation.longdoc import REPORT_KIND
+
+    return REPORT_KIND
+
+
+def _task_table(report: dict) -> str:
+    from ..evaluation.longdoc import table
+
+    return table(report)
 
 
 def _masked_table(report: dict) -> str:
@@ -361,6 +376,8 @@ def limits(ctx: dict) -> list[str]:
             "a higher perplexity than the original's until it is fine-tuned (`retrofit finetune`)."
         ]
     )
+    if ev is None and (ctx.get("masked_eval") or ctx.get("task_eval")):
+        return out + _common_limits(ctx)  # measured on its own terms (a masked LM's, a task's table)
     if ev is None:
         return (
             out
