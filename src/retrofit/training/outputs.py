@@ -133,7 +133,8 @@ def sentence_transformers_files(final: Path, max_length: int) -> None:
     from sentence_transformers.models import Pooling, Transformer
 
     encoder = Transformer(str(final))
-    st = SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension(), "mean")], device="cpu")
+    width = getattr(encoder, "get_embedding_dimension", None) or encoder.get_word_embedding_dimension  # ST 6 / 3-5
+    st = SentenceTransformer(modules=[encoder, Pooling(width(), "mean")], device="cpu")
     st.max_seq_length = max_length
     with tempfile.TemporaryDirectory() as tmp:
         st.save(tmp)
