@@ -60,7 +60,9 @@ def check_blocks(
 
 
 class Blocks(Dataset):
-    def __init__(self, blocks: torch.Tensor):
+    """The rows of a (n, L) tensor of blocks, or of any list (a task's examples)."""
+
+    def __init__(self, blocks):
         self.blocks = blocks
 
     def __len__(self):

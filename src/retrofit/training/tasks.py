@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from ..foundation.errors import DataError, RecipeError
 from ..models import longdoc
+from .blocks import Blocks  # any indexable of examples
 
 log = logging.getLogger(__name__)
 KINDS = ("classification", "embedding")
@@ -34,17 +35,6 @@ class Row:
     ids: list[int]
     label: int = -1
     query: list[int] | None = None
-
-
-class Rows(Dataset):
-    def __init__(self, rows: list[Row]):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        return self.rows[i]
 
 
 class Generated(Dataset):
@@ -101,7 +91,7 @@ def datasets(r, tok, processes: int) -> tuple[Dataset, Dataset]:
         n_val,
         d.block_length,
     )
-    return _with_collate(tok, Rows(rows[n_val:]), Rows(rows[:n_val]))
+    return _with_collate(tok, Blocks(rows[n_val:]), Blocks(rows[:n_val]))
 
 
 def _with_collate(tok, *sets: Dataset) -> tuple:
