@@ -216,7 +216,10 @@ def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_asks_a_class
     encoder(*ENCODERS["bert-classifier"]).save_pretrained(tmp_path / "cls")
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "cls"), "--lengths", "1x"]) != 0
-    assert "pass --data with one of longdoc:mention, longdoc:both, longdoc:needle" in capsys.readouterr().err
+    assert (
+        "pass --data with one of longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey"
+        in capsys.readouterr().err
+    )
 
 
 def test_a_classifier_from_a_masked_lm_checkpoint_reloads_as_the_classifier(tmp_path):

@@ -149,3 +149,20 @@ def test_a_classifier_of_another_task_is_refused(tok):
     ms[0].model.config.num_labels = 11  # e.g. an arXiv classifier asked about the secret word
     with pytest.raises(OptionError, match="has 11 classes; this task has 4"):
         measure.run(ms, "longdoc:mention", [NATIVE], NATIVE, 4)
+
+
+@pytest.mark.parametrize("reach", [None, NATIVE])
+def test_the_passkey_measure_sees_whether_a_model_reads_past_native(tok, reach):
+    """LongEmbed's passkey: a model that reads the whole document finds the document of its key; one that ignores
+    text past native finds only the keys before it."""
+    info = {"native": {"length": NATIVE}, "max_length": None}
+    models = [
+        EvalModel("whole", "converted", Bag(reach), tok, info),
+        EvalModel("original", "baseline", Bag(), tok, {"native": {"length": NATIVE}, "max_length": NATIVE}),
+    ]
+    s = scores(measure.run(models, "longdoc:passkey", [4 * NATIVE], NATIVE, 16))
+    assert s["original", "truncated", 4 * NATIVE] <= 0.5
+    if reach is None:
+        assert s["whole", "whole", 4 * NATIVE] >= 0.75
+    else:
+        assert s["whole", "whole", 4 * NATIVE] == s["original", "truncated", 4 * NATIVE]

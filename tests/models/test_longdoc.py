@@ -73,7 +73,19 @@ def _windows(ids: list[int], n: int = 24) -> list[list[int]]:
 
 
 def test_bad_specs_and_short_documents_are_clear_errors(tok):
-    with pytest.raises(DataError, match="longdoc:mention, longdoc:both, longdoc:needle"):
+    with pytest.raises(DataError, match="longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey"):
         longdoc.task_of("longdoc:summary")
     with pytest.raises(DataError, match="too short"):
         longdoc.Builder("longdoc:mention", tok, "heldout").example(0, 0, 4)
+
+
+def test_a_passkey_document_holds_the_key_its_query_asks_for(tok):
+    b = longdoc.Builder("longdoc:passkey", tok, "heldout")
+    keys = set()
+    for i in range(10):
+        ex = b.example(2, i, 400, depth=i / 9)
+        key = tok.decode(ex.query).split("The pass key is ")[1].rstrip(".")
+        assert len(ex.ids) == 400 and tok.decode(ex.ids).count(f"The pass key is {key}.") == 1
+        assert tok.decode(ex.ids[ex.evidence[0] :]).startswith(f" The pass key is {key}.")
+        keys.add(key)
+    assert len(keys) == 10  # every document its own key

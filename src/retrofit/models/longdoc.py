@@ -13,6 +13,9 @@ A spec is ``longdoc:<task>`` (``data.dataset`` of a recipe, ``--data`` of ``retr
   one of the two, so neither can answer (chance, 50%).
 - ``longdoc:needle`` (embedding, pairs): a document with a passage of another play placed at a drawn depth; the query
   is that passage. Retrieval: the query must find, among documents of the same length, the one holding it.
+- ``longdoc:passkey`` (embedding, pairs; LongEmbed's synthetic passkey): a document that says once, at a drawn
+  depth, "The pass key is 48213. Remember it. 48213 is the pass key."; the query asks for that key ("What is the
+  pass key? The pass key is 48213."). Retrieval as for ``needle``: the documents differ only in their key and filler.
 
 Training documents come from the training plays, evaluation documents from the held-out ones
 (``assets.shakespeare_documents``); example ``i`` of a seed is the same on every machine (its own ``random.Random``).
@@ -46,6 +49,7 @@ TASKS = {
         TaskInfo("mention", "classification", WORDS, "which word the document says once, anywhere"),
         TaskInfo("both", "classification", ("once", "both"), "whether the start and the end both say it"),
         TaskInfo("needle", "embedding", (), "find the document that holds a passage, at any depth"),
+        TaskInfo("passkey", "embedding", (), "find the document that holds a pass key, at any depth"),
     )
 }
 
@@ -107,7 +111,7 @@ class Builder:
 
     def example(self, seed: int, index: int, length: int, depth: float | None = None) -> Example:
         """Example ``index`` of ``seed`` with ``length`` tokens (the first one included); ``depth`` in [0, 1]
-        places the evidence of ``mention`` and ``needle`` (drawn when None)."""
+        places the evidence of ``mention``, ``needle`` and ``passkey`` (drawn when None)."""
         rng = random.Random(seed * 1_000_003 + index)
         depth = rng.random() if depth is None else depth
         body = self._span(rng, length - len(self.first))
@@ -115,6 +119,8 @@ class Builder:
             return self._mention(rng, body, depth)
         if self.task.name == "both":
             return self._both(rng, body)
+        if self.task.name == "passkey":
+            return self._passkey(rng, body, depth)
         return self._needle(rng, body, depth)
 
     def _place(self, body: list[int], piece: list[int], depth: float) -> int:
@@ -135,6 +141,13 @@ class Builder:
         where = ("start", "end") if label else (rng.choice(("start", "end")),)
         at = [self._place(body, self.words[0], rng.uniform(*SPANS[w])) for w in where]
         return Example(self.first + body, label=label, evidence=tuple(at), depth=SPANS[where[-1]][0])
+
+    def _passkey(self, rng, body, depth) -> Example:
+        key = rng.randrange(10_000, 100_000)
+        piece = self._encode(f" The pass key is {key}. Remember it. {key} is the pass key.")
+        at = self._place(body, piece, depth)
+        query = self.first + self._encode(f" What is the pass key? The pass key is {key}.")
+        return Example(self.first + body, query=query, evidence=(at,), depth=depth)
 
     def _needle(self, rng, body, depth) -> Example:
         passage = self._span(rng, PASSAGE)

@@ -288,7 +288,7 @@ class Recipe:
         "for a masked LM); classification: a sequence classifier (the encoder's own head, cross-entropy; accuracy "
         "and macro-F1 on the held-out examples); embedding: an embedding model (mean pooling, sentence-transformers' "
         "MultipleNegativesRankingLoss over (query, document) pairs). Data for both: a 'longdoc:' task "
-        "(longdoc:mention, longdoc:both, longdoc:needle) or records (data.files or a Hub dataset).",
+        "(longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey) or records (data.files or a Hub dataset).",
         None,
     )
     model: ModelConfig = _help("The pretrained model.", factory=ModelConfig)
