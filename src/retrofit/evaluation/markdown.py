@@ -155,6 +155,13 @@ def _scheme(m: dict) -> str:
 
 
 def render_markdown(report, plots: dict | None = None) -> str:
+    """report.md: the models and data, the verdict, then a section per measure that ran, the cost, the environment."""
+    plots = plots or {}
+    sections = (_head, _perplexity, _passkey_section, _recall_section, _copy_section, _cost_and_environment)
+    return "\n".join(line for section in sections for line in section(report, plots))
+
+
+def _head(report, plots: dict) -> list[str]:
     d = report.data
     out = ["# Evaluation report", ""]
     out.append(
@@ -183,6 +190,11 @@ def render_markdown(report, plots: dict | None = None) -> str:
         "",
     ]
     out += ["## Verdict", "", *vd.lines(d.get("verdict") or vd.verdict(d)), ""]
+    return out
+
+
+def _perplexity(report, plots: dict) -> list[str]:
+    out = []
     out += [
         "## Perplexity vs length",
         "",
@@ -200,56 +212,79 @@ def render_markdown(report, plots: dict | None = None) -> str:
     )  # the starred cells (the header has †)
     for note in notes:
         out += [f"\\* {note}.", ""]
-    if rf.PLOT_PPL in (plots or {}):
+    if rf.PLOT_PPL in plots:
         out += [f"![perplexity vs length]({rf.PLOT_PPL})", ""]
-    if rf.PLOT_POSITIONS in (plots or {}):
+    if rf.PLOT_POSITIONS in plots:
         out += ["## Loss by position", "", f"![loss by position]({rf.PLOT_POSITIONS})", ""]
-    if d.get("passkey"):
-        s = d["settings"]["passkey"]
-        out += [
-            "## Passkey retrieval",
-            "",
-            f"Correct answers out of {s['trials']} trials per cell (greedy decoding, seed {d['seeds']['passkey']}), "
-            "with the 95% Wilson interval of the accuracy.",
-            "",
-            passkey_table(report),
-            "",
-        ]
-        if rf.PLOT_PASSKEY in (plots or {}):
-            out += [f"![passkey]({rf.PLOT_PASSKEY})", ""]
-    if d.get("recall"):
-        s = d["settings"]["recall"]
-        out += [
-            "## Recall",
-            "",
-            f"A random span of {s['span']} tokens sits at each depth of the eval text; its first {s['cue']} "
-            f"repeat at the end and the model must continue with the other {s['span'] - s['cue']}. Each cell: "
-            f"exact continuations out of {s['trials']} trials (seed {d['seeds'].get('recall')}) with the 95% "
-            "Wilson interval; the share of continuation tokens predicted right; the mean log-probability per "
-            "continuation token. Teacher-forced in one forward pass: a continuation is exact exactly when "
-            "greedy decoding would produce it.",
-            "",
-            recall_table(report),
-            "",
-        ]
-        if rf.PLOT_RECALL in (plots or {}):
-            out += [f"![recall]({rf.PLOT_RECALL})", ""]
-    if d.get("copy"):
-        s = d["settings"]["copy"]
-        distractors = f" ({s['keys'] - 1} distractor spans between)" if s["keys"] > 1 else ""
-        out += [
-            "## Retrieval at distance",
-            "",
-            f"A {s['span']}-token span of the eval text (natural text) stands d tokens before its first {s['cue']} "
-            f"tokens repeat at the end{distractors}; "
-            f"each cell: the copy gain (nats per token the first occurrence saves on the span's other "
-            f"{s['span'] - s['cue']} tokens) with its bootstrap 95% interval, and exact greedy continuations of "
-            f"{s['trials']} paired trials. Effective reach: the longest distance keeping half of the gain at the "
-            "shortest one [from the intervals' ends]. A baseline with a limit reads through its sliding window.",
-            "",
-            copy_table(report),
-            "",
-        ]
+    return out
+
+
+def _passkey_section(report, plots: dict) -> list[str]:
+    d, out = report.data, []
+    if not d.get("passkey"):
+        return []
+    s = d["settings"]["passkey"]
+    out += [
+        "## Passkey retrieval",
+        "",
+        f"Correct answers out of {s['trials']} trials per cell (greedy decoding, seed {d['seeds']['passkey']}), "
+        "with the 95% Wilson interval of the accuracy.",
+        "",
+        passkey_table(report),
+        "",
+    ]
+    if rf.PLOT_PASSKEY in plots:
+        out += [f"![passkey]({rf.PLOT_PASSKEY})", ""]
+    return out
+
+
+def _recall_section(report, plots: dict) -> list[str]:
+    d, out = report.data, []
+    if not d.get("recall"):
+        return []
+    s = d["settings"]["recall"]
+    out += [
+        "## Recall",
+        "",
+        f"A random span of {s['span']} tokens sits at each depth of the eval text; its first {s['cue']} "
+        f"repeat at the end and the model must continue with the other {s['span'] - s['cue']}. Each cell: "
+        f"exact continuations out of {s['trials']} trials (seed {d['seeds'].get('recall')}) with the 95% "
+        "Wilson interval; the share of continuation tokens predicted right; the mean log-probability per "
+        "continuation token. Teacher-forced in one forward pass: a continuation is exact exactly when "
+        "greedy decoding would produce it.",
+        "",
+        recall_table(report),
+        "",
+    ]
+    if rf.PLOT_RECALL in plots:
+        out += [f"![recall]({rf.PLOT_RECALL})", ""]
+    return out
+
+
+def _copy_section(report, plots: dict) -> list[str]:
+    d, out = report.data, []
+    if not d.get("copy"):
+        return []
+    s = d["settings"]["copy"]
+    distractors = f" ({s['keys'] - 1} distractor spans between)" if s["keys"] > 1 else ""
+    out += [
+        "## Retrieval at distance",
+        "",
+        f"A {s['span']}-token span of the eval text (natural text) stands d tokens before its first {s['cue']} "
+        f"tokens repeat at the end{distractors}; "
+        f"each cell: the copy gain (nats per token the first occurrence saves on the span's other "
+        f"{s['span'] - s['cue']} tokens) with its bootstrap 95% interval, and exact greedy continuations of "
+        f"{s['trials']} paired trials. Effective reach: the longest distance keeping half of the gain at the "
+        "shortest one [from the intervals' ends]. A baseline with a limit reads through its sliding window.",
+        "",
+        copy_table(report),
+        "",
+    ]
+    return out
+
+
+def _cost_and_environment(report, plots: dict) -> list[str]:
+    d, out = report.data, []
     env = d["environment"]
     out += [
         "## Cost",
@@ -267,4 +302,4 @@ def render_markdown(report, plots: dict | None = None) -> str:
         f"({env['hardware']['device']}).",
         "",
     ]
-    return "\n".join(out)
+    return out
