@@ -82,9 +82,9 @@ def _chunk(c: Call, p: Piece) -> torch.Tensor:
     mask = _mask(c, p, compute_dtype)
     scores = None if p.far_q is None else two_view_scores(p.q, p.k, p.far_q, p.far_k, p.q0, p.k0, c.far.reach)
     if scores is not None:  # far keys here: their logits from the second view
-        return _written_out(p.q, p.k, p.v, c.scaling, mask, c.dropout, c.softcap, c.sinks, scores * c.scaling)
+        return _written_out(p, c, mask, scores * c.scaling)
     if c.softcap is not None or c.sinks is not None:
-        return _written_out(p.q, p.k, p.v, c.scaling, mask, c.dropout, c.softcap, c.sinks)
+        return _written_out(p, c, mask)
     out = F.scaled_dot_product_attention(
         p.q.to(compute_dtype),
         p.k.to(compute_dtype),
@@ -128,14 +128,15 @@ def two_view_scores(qc, kc, far_q, far_k, q0: int, k0: int, reach: int) -> torch
     return torch.where(far, scores, qc.float() @ kc.float().transpose(-1, -2))
 
 
-def _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores=None):
-    """The chunk with its scores written out in fp32 (B, H, C, Tc) (``scores``: given, a two-view scheme's; else
-    ``qc . kc * scaling``): the content logits softcapped (gemma2:
+def _written_out(p, c, mask, scores=None):
+    """The chunk ``p`` (its q, k, v) of the call ``c`` with its scores written out in fp32 (B, H, C, Tc) (``scores``:
+    given, a two-view scheme's; else ``q . k * scaling``): the content logits softcapped (gemma2:
     ``softcap * tanh(s / softcap)``), then the positional term and the mask added (``mask``: float, or bool
     True = visible), then a softmax over the keys and, with ``sinks`` (H,), one more logit per head whose
     share is dropped (gpt_oss)."""
+    qc, kc, vc, softcap, sinks = p.q, p.k, p.v, c.softcap, c.sinks
     if scores is None:
-        scores = (qc.float() @ kc.float().transpose(-1, -2)) * scaling  # (B, H, C, Tc)
+        scores = (qc.float() @ kc.float().transpose(-1, -2)) * c.scaling  # (B, H, C, Tc)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask.dtype == torch.bool:
@@ -147,7 +148,7 @@ def _written_out(qc, kc, vc, scaling, mask, dropout, softcap, sinks, scores=None
         probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
     else:
         probs = torch.softmax(scores, -1)
-    probs = F.dropout(probs, p=dropout) if dropout else probs
+    probs = F.dropout(probs, p=c.dropout) if c.dropout else probs
     return (probs @ vc.float()).to(qc.dtype)  # (B, H, C, D)
 
 

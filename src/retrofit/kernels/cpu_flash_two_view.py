@@ -54,7 +54,8 @@ def run(c: Call) -> torch.Tensor:
         if a:
             pieces.append(cpu_flash.forward(fqb, far.k[:, :, :a], v[:, :, :a], c.scaling, causal=False)[:2])
         if b > a:
-            pieces.append(_both_views(qb, fqb, k[:, :, a:b], far.k[:, :, a:b], v[:, :, a:b], qs, a, R, c.scaling))
+            keys = (k[:, :, a:b], far.k[:, :, a:b], v[:, :, a:b])  # near keys, far keys, values
+            pieces.append(_both_views(qb, fqb, keys, qs, a, R, c.scaling))
         if qs > b:
             pieces.append(cpu_flash.forward(qb, k[:, :, b:qs], v[:, :, b:qs], c.scaling, causal=False)[:2])
         out, lse = pieces[0]
@@ -64,8 +65,10 @@ def run(c: Call) -> torch.Tensor:
     return torch.cat(outs, dim=2)
 
 
-def _both_views(qb, fqb, kb, fkb, vb, qs: int, ks: int, reach: int, scaling: float):
-    """(out fp32 (B, H, C, D), lse (B, H, C)) over keys [ks, ks + n) scored by the view their distance picks."""
+def _both_views(qb, fqb, keys: tuple, qs: int, ks: int, reach: int, scaling: float):
+    """(out fp32 (B, H, C, D), lse (B, H, C)) over keys [ks, ks + n) scored by the view their distance picks;
+    ``keys``: (near view's keys, far view's keys, values), each (B, H, n, D)."""
+    kb, fkb, vb = keys
     scores = two_view_scores(qb, kb, fqb, fkb, qs, ks, reach) * scaling  # (B, H, C, n): some key here is far
     lse = torch.logsumexp(scores, dim=-1)
     return torch.softmax(scores, dim=-1) @ vb.float(), lse
