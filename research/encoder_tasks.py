@@ -1,6 +1,7 @@
 """Issue 60's study: which scheme lets a converted encoder *use* a long document, on the offline tasks of
 ``retrofit.models.longdoc`` (mention: one piece of evidence anywhere; both: two pieces about 0.8 of the document
-apart; needle: retrieval of the document that holds a passage).
+apart; needle: retrieval of the document that holds a passage; passkey: retrieval of the document that holds
+the key a query asks for).
 
 1. The stand-in classifiers and embedding model (``baseline:small-bert``, native 256): a short task fine-tune at
    native, full, in two stages (documents of 64-128 tokens, then 64-256) through ``retrofit.finetune``.
@@ -32,7 +33,7 @@ OUT = BENCHMARKS / "encoder_tasks.json"
 PRETRAIN_TOKENS = 8_388_608  # baseline:small-bert's pretraining (standins/small-bert-*/pretrain_stats.json)
 BUDGET = PRETRAIN_TOKENS // 50  # 2%
 BATCH, LONGEST = 4, 1024
-TASKS = {"mention": "classification", "both": "classification", "needle": "embedding"}
+TASKS = {"mention": "classification", "both": "classification", "needle": "embedding", "passkey": "embedding"}
 SCHEMES = {
     "extend": {"length": "8x", "init": "copy"},
     "alibi": {},
