@@ -277,3 +277,38 @@ def test_cli_eval_baseline_original_means_what_recipes_mean(run_dir, tmp_path, c
     tok.save_pretrained(plain)
     assert main(["eval", str(plain), "--baseline", "original", "--out", str(tmp_path / "x")]) == 2
     assert "records no model it was converted from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("start", ["classifier", "masked-lm"])
+def test_a_classifier_recipe_runs_every_stage_against_its_original(tmp_path, start, caplog):
+    """``retrofit run`` of a ``task: classification`` recipe: fine-tune, the long-document evaluation (default lengths
+    up to the model's limit), the native export, the card. A run from a classifier compares with it; one from a
+    masked LM (a new head) has no original classifier: said, not faked."""
+    from retrofit.cli import main
+
+    from ..training.test_masked_lm import bert_folder
+    from ..training.test_tasks import classifier_folder
+
+    src = classifier_folder(tmp_path / "cls") if start == "classifier" else bert_folder(tmp_path / "mlm")
+    recipe = {
+        "task": "classification",
+        "model": {"name_or_path": str(src)},
+        "convert": {"scheme": "extend", "options": {"length": "2x"}},
+        "data": {"dataset": "longdoc:both", "block_length": 128, "min_block_length": 64},
+        "train": {"method": "full", "steps": 2, "batch_size": 2},
+        "output_dir": str(tmp_path / "run"),
+    }
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    with caplog.at_level(logging.WARNING):
+        assert main(["run", str(tmp_path / "r.yaml")]) == 0
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["kind"] == "long-document" and report["task"] == "longdoc:both"
+    assert report["lengths"] == [64, 128]  # 1x-8x by default, stopped at the extended table's 128 positions
+    baselines = {r["read"] for r in report["rows"] if r["role"] == "baseline"}
+    if start == "classifier":
+        assert baselines == {"whole", "truncated", "chunk-mean", "best-chunk"}
+    else:
+        assert baselines == set() and "not a classifier: no original reading" in caplog.text
+    manifest = _manifest(tmp_path / "run")
+    assert manifest["stages"]["export"]["status"] == "done"  # extend -> plain BERT with a longer table
+    assert "Long-document evaluation" in (tmp_path / "run" / "README.md").read_text()

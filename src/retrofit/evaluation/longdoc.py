@@ -5,7 +5,8 @@ the ways it reads a long document today: **truncated** at its native length, and
 chunk starts with the document's first token) joined by their mean (``chunk-mean``: a classifier's class probabilities,
 an embedding model's chunk embeddings) or by their best chunk (``best-chunk``: the most confident chunk's class; a
 document's most similar chunk, as chunked retrieval does). A model uses its reach when, past native, it beats them
-all."""
+all. The documents are a task's, built at each length, or records (``evaluation.records``: the held-out part of
+what the run fine-tuned on, or ``--data``'s), each read whole and counted in the first length that holds it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
 from ..models import longdoc
+from . import records
 from .models import EvalModel
 
 log = logging.getLogger(__name__)
@@ -68,31 +70,6 @@ class Scorer:
         return torch.stack(outs)  # (views, C) or (views, E)
 
 
-def is_spec_of(data) -> bool:
-    """Whether an eval's ``data`` names a long-document task (``longdoc:<task>``)."""
-    return longdoc.is_spec(data)
-
-
-def spec_for(o_data: str, model_path) -> str:
-    """The task a classifier or embedding model is evaluated on: ``--data`` when it names a ``longdoc:`` task,
-    else the one the run fine-tuned on (its recipe); an OptionError naming the tasks otherwise."""
-    if longdoc.is_spec(o_data):
-        longdoc.task_of(o_data)
-        return o_data
-    from ..foundation.run_folder import recipe
-
-    if isinstance(model_path, (str, Path)):
-        p = Path(model_path)
-        for d in (p, p.parent):
-            spec = ((recipe(d) or {}).get("data") or {}).get("dataset")
-            if longdoc.is_spec(spec):
-                return spec
-    raise OptionError(
-        "a classifier or an embedding model is evaluated on a long-document task: pass --data with one of "
-        + ", ".join(longdoc.PREFIX + n for n in longdoc.TASKS)
-    )
-
-
 def reads_of(models: list[EvalModel], native: int) -> list[tuple[EvalModel, Read]]:
     """Every model reads whole; a baseline also truncated and over chunks at the evaluated model's native length."""
     out = []
@@ -104,12 +81,10 @@ def reads_of(models: list[EvalModel], native: int) -> list[tuple[EvalModel, Read
 
 
 def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: tuple = ()) -> None:
-    from ..foundation.task import of_model
-
     want = "sequence-classification" if kind == "classification" else "embeddings"
     for m in models:
-        if of_model(m.model).name != want:
-            raise OptionError(f"{m.name} is a {of_model(m.model).name} model; this task needs a {want} model")
+        if task_kind(m) != want:
+            raise OptionError(f"{m.name} is a {task_kind(m)} model; this task needs a {want} model")
         classes = getattr(m.model.config, "num_labels", None) if kind == "classification" else None
         if classes is not None and classes != len(labels):
             raise OptionError(
@@ -136,15 +111,57 @@ def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: 
             rows.append(_row(m, read, L, docs, hits))
             if bar is not None:
                 bar.update(n)
+    return _data(spec, info.kind, native, n, lengths, rows)
+
+
+def run_records(models: list[EvalModel], src: "records.Records", lengths: list[int], native: int, bar=None) -> dict:
+    """The scores on records: each read once by every reading, then a row per (model, reading, length bin), the
+    bin of a record being the first length that holds it (records past the longest are cut there). A baseline's
+    whole reading is left out: on what its table holds it is its truncated one."""
+    kind = "classification" if task_kind(models[0]) == "sequence-classification" else "embedding"
+    names = class_names(models[0]) if kind == "classification" else ()
+    check_fits(models, lengths, kind, names)
+    tok = models[0].tokenizer
+    docs = records.examples(src, tok, names, max(lengths), native)
+    bins = [next(b for b, L in enumerate(lengths) if len(d.ids) <= L) for d in docs]
+    rows = []
+    for m, read in reads_of(models, native):
+        if read.how == "whole" and m.role == "baseline":
+            continue
+        hits = _hits(m, read, docs, longdoc.first_token(tok), kind)
+        for b, L in enumerate(lengths):
+            held = [i for i, x in enumerate(bins) if x == b]
+            if held:
+                rows.append(_row(m, read, L, [docs[i] for i in held], [hits[i] for i in held]))
+        if bar is not None:
+            bar.update(len(docs))
+    data = _data(src.label, kind, native, len(docs), lengths, rows)
+    data["bins"] = [bins.count(b) for b in range(len(lengths))]  # records a length bin
+    return data
+
+
+def _data(task: str, kind: str, native: int, n: int, lengths: list[int], rows: list[dict]) -> dict:
     return {
         "kind": REPORT_KIND,  # what a card or the CLI reads the report as
-        "task": spec,
-        "task_kind": info.kind,
+        "task": task,
+        "task_kind": kind,
         "native": native,
         "examples": n,
         "lengths": lengths,
         "rows": rows,
     }
+
+
+def task_kind(m: EvalModel) -> str:
+    from ..foundation.task import of_model
+
+    return of_model(m.model).name
+
+
+def class_names(m: EvalModel) -> tuple[str, ...]:
+    """A classifier's class names in index order (``config.id2label``)."""
+    id2label = m.model.config.id2label or {}
+    return tuple(str(id2label.get(i, id2label.get(str(i), i))) for i in range(m.model.config.num_labels))
 
 
 def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> list[bool]:
@@ -165,18 +182,19 @@ def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> 
 
 
 def _row(m: EvalModel, read: Read, L: int, docs: list, hits: list[bool]) -> dict:
+    """A row's score, and (documents built with their evidence placed) its score by depth and past native."""
+    placed = all(d.evidence for d in docs)
     bins = [[h for d, h in zip(docs, hits) if min(int(d.depth * DEPTH_BINS), DEPTH_BINS - 1) == b] for b in range(4)]
+    past = [h for d, h in zip(docs, hits) if placed and d.evidence[-1] >= read.native]
     return {
         "model": m.name,
         "role": m.role,
         "read": read.how,
         "length": L,
+        "documents": len(docs),
         "score": sum(hits) / len(hits),
-        "by_depth": [sum(b) / len(b) if b else None for b in bins],
-        "past_native": sum(h for d, h in zip(docs, hits) if d.evidence[-1] >= read.native)
-        / max(1, sum(d.evidence[-1] >= read.native for d in docs))
-        if any(d.evidence[-1] >= read.native for d in docs)
-        else None,
+        "by_depth": [sum(b) / len(b) if b else None for b in bins] if placed else None,
+        "past_native": sum(past) / len(past) if past else None,
     }
 
 
@@ -185,9 +203,10 @@ def verdict(data: dict) -> str:
     in words."""
     native, rows = data["native"], data["rows"]
     model = rows[0]["model"] if rows else None
-    past = [L for L in data["lengths"] if L > native]
+    held = {r["length"] for r in rows if r["model"] == model}  # records: a length bin may hold none
+    past = [L for L in data["lengths"] if L > native and L in held]
     if not past or not any(r["role"] == "baseline" for r in rows):
-        return "no verdict: it needs a length past native and a baseline (--baseline original)"
+        return "no verdict: it needs a length past native and a baseline to compare with (--baseline, or eval.baselines)"
     wins = []
     for L in past:
         own = next(r["score"] for r in rows if r["model"] == model and r["length"] == L and r["read"] == "whole")
@@ -215,7 +234,11 @@ def table(data: dict) -> str:
             r = next((r for r in data["rows"] if (r["model"], r["read"], r["length"]) == (name, how, L)), None)
             cells.append("—" if r is None else f"{100 * r['score']:.1f}")
         lines.append(f"| {name} | {how} | {' | '.join(cells)} |")
-    title = f"{data['task']}: {metric} (%) by document length in tokens (native {data['native']:,}), {data['examples']} documents a length"
+    if "bins" in data:  # records: a column per length bin
+        counts = " / ".join(f"{c:,}" for c in data["bins"])
+        title = f"{data['task']}: {metric} (%) of the documents up to each length in tokens (native {data['native']:,}); documents a column: {counts}"
+    else:
+        title = f"{data['task']}: {metric} (%) by document length in tokens (native {data['native']:,}), {data['examples']} documents a length"
     return f"{title}\n\n{head}" + "\n".join(lines) + f"\n\nVerdict: {verdict(data)}.\n"
 
 

@@ -4,15 +4,18 @@ converted model and its baselines on exactly the same tokens."""
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from tqdm.auto import tqdm
 
+from ..foundation import run_folder as rf
 from ..foundation import task
 from ..foundation.errors import LengthError, OptionError
-from . import cost, longdoc, masked, retrieval
+from . import cost, longdoc, masked, records, retrieval
 from . import passkey as pk
 from . import recall as rc
 from .cost import Meter
@@ -27,6 +30,7 @@ from .tokens import build_stream, first_tokens, resolve_documents
 from .verdict import verdict
 
 log = logging.getLogger(__name__)
+READS_DOCUMENTS = ("sequence-classification", "embeddings")  # models evaluated on documents (evaluation.longdoc)
 
 PASSKEY_NEW_TOKENS = 8
 
@@ -398,14 +402,16 @@ def evaluate(
     load = {k: keywords.pop(k) for k in LOAD_KEYS if k in keywords}
     o, default_lengths = _gather_options(options, lengths, data, keywords)
     asked = _asked(o)
+    reads_records = records.is_source(o.data) or _task_of(model_or_path) in READS_DOCUMENTS
     docs, data_label = (
-        (None, o.data)  # a long-document task: built once the tokenizer is known
-        if longdoc.is_spec_of(o.data)
+        (None, o.data)  # a classifier's or embedding model's documents: read once the tokenizer is known
+        if reads_records
         else resolve_documents(o.data, max_tokens=2 * max(o.budget, 1 << 17))  # a Hub dataset: streamed
     )
     models = load_models(model_or_path, baselines, **load)
-    if task.of_model(models[0].model).name in ("sequence-classification", "embeddings"):
-        return _long_documents(models, longdoc.spec_for(o.data, model_or_path), asked.lengths, progress, out)
+    if task.of_model(models[0].model).name in READS_DOCUMENTS:
+        source = records.source_for(o.data, model_or_path, given=o.data != EvalOptions.data)
+        return _long_documents(models, source, asked.lengths if not default_lengths else None, progress, out)
     native = (models[0].info.get("native") or {}).get("length")
     lengths = resolve_lengths(asked.lengths, native)
     if default_lengths and models[0].max_length:
@@ -579,30 +585,60 @@ def _settings(plan: Plan) -> dict:
     }
 
 
-def _long_documents(models, spec: str, asked_lengths, progress: bool, out) -> longdoc.LongDocReport:
-    """A classifier's or an embedding model's evaluation (``evaluation.longdoc``): its task's accuracy or top-1 at
-    each length (default 1x, 2x, 4x, 8x of native) and by depth, against the original truncated and chunked."""
+def _long_documents(models, source, asked_lengths, progress: bool, out) -> longdoc.LongDocReport:
+    """A classifier's or an embedding model's evaluation (``evaluation.longdoc``): accuracy or top-1 at each length
+    (default 1x, 2x, 4x, 8x of native, up to the model's limit) against the original truncated and chunked, on a
+    task's documents (``longdoc:`` spec) or on records (``records.Records``)."""
     native = (models[0].info.get("native") or {}).get("length")
     if not native:
         raise OptionError(f"{models[0].name}: its native length is unknown; the baselines' readings need it")
     lengths = resolve_lengths(asked_lengths or ["1x", "2x", "4x", "8x"], native)
-    n = longdoc.EXAMPLES
+    if asked_lengths is None and models[0].max_length:
+        lengths = _within_limit(models[0], lengths)
     readings = len(longdoc.reads_of(models, native))
+    on_records = isinstance(source, records.Records)
+    n = None if on_records else longdoc.EXAMPLES
     log.info(
-        "%s: %d documents at each of the lengths %s, %d readings (models x ways of reading)",
-        spec,
-        n,
+        "%s: %s at the lengths %s, %d readings (models x ways of reading)",
+        getattr(source, "label", source),
+        "its records" if on_records else f"{n} documents",
         lengths,
         readings,
     )
-    with tqdm(total=n * readings * len(lengths), disable=not progress, unit="doc") as bar:
-        data = longdoc.run(models, spec, lengths, native, n, bar)
+    with tqdm(total=None if on_records else n * readings * len(lengths), disable=not progress, unit="doc") as bar:
+        if on_records:
+            data = longdoc.run_records(models, source, lengths, native, bar)
+        else:
+            data = longdoc.run(models, source, lengths, native, n, bar)
     data["verdict"] = longdoc.verdict(data)
     data["environment"] = environment(models[0].model)
     report = longdoc.LongDocReport(data)
     if out is not None:
         report.save(out)
     return report
+
+
+def _task_of(model_or_path) -> str | None:
+    """The task of what ``evaluate`` was given, before loading it: a model's class, or a local folder's config
+    (its architecture); None when only loading tells."""
+    import torch.nn as nn
+
+    m = model_or_path[0] if isinstance(model_or_path, tuple) else model_or_path
+    if isinstance(m, nn.Module):
+        return task.of_model(m).name
+    folder = Path(str(m)).expanduser() if isinstance(m, (str, Path)) else None
+    cfg = (
+        next((f for f in (folder / "config.json", folder / rf.FINAL / "config.json") if f.is_file()), None)
+        if folder
+        else None
+    )
+    if cfg is None:
+        return None
+    try:
+        arch = (json.loads(cfg.read_text()).get("architectures") or [None])[0]
+    except (OSError, ValueError):
+        return None  # loading it says what is wrong
+    return task.of_class(arch).name if arch else None
 
 
 def _masked(models, data: tuple, lengths, o, cp_items, progress, out) -> masked.MaskedReport:

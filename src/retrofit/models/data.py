@@ -234,6 +234,18 @@ def split_documents(
     return [docs[i] for i in train], [docs[i] for i in held]
 
 
+def heldout_split(items: Sequence, seed: int, fraction: float, most: int) -> tuple[list, list]:
+    """(training, held-out) records of a classifier's or an embedding model's fine-tune: shuffled with the recipe's
+    seed, the first ``fraction`` of them (at most ``most``) held out. The fine-tune and ``retrofit eval`` of its run
+    both split here, so the evaluation reads exactly the records the fine-tune never trained on."""
+    import random
+
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    n = min(int(len(order) * fraction), most)
+    return order[n:], order[:n]
+
+
 # ----------------------------------------------------------------------------- streamed sources
 FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
 COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")

@@ -166,14 +166,14 @@ def _gguf_dequantize() -> dict:
     return {"quantization_config": GgufConfig(dequantize=True)}
 
 
-def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None):
-    """ "The original" of a model: ``name_or_path`` loaded and, when it is itself a retrofit checkpoint (a
-    recipe that starts from ``retrofit convert``'s output), reverted to the positions kept in its weights.
-    Returns ``(name, model, tokenizer)``, named "<name> (original)" as in the report of ``retrofit run``; the
-    model's ``_name_or_path`` is ``name_or_path``."""
+def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None, task=None):
+    """ "The original" of a model: ``name_or_path`` loaded (as ``task``'s class when given, as ``load_model``) and,
+    when it is itself a retrofit checkpoint (a recipe that starts from ``retrofit convert``'s output), reverted to
+    the positions kept in its weights. Returns ``(name, model, tokenizer)``, named "<name> (original)" as in the
+    report of ``retrofit run``; the model's ``_name_or_path`` is ``name_or_path``."""
     from ..patch.core import revert
 
-    model, tok = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device)  # built-in names too
+    model, tok = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device, task=task)  # built-ins too
     if is_converted(model):
         revert(model)
     model.config._name_or_path = name_or_path

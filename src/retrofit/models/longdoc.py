@@ -99,7 +99,7 @@ class Builder:
                 [i for d in plays for i in tokenizer(d.text, add_special_tokens=False, verbose=False).input_ids],
             )
         self.filler = _FILLER[key][1]
-        self.first = _first_token(tokenizer)
+        self.first = first_token(tokenizer)
         self.words = [self._encode(f" The secret word is {w}.") for w in WORDS]
 
     def _encode(self, text: str) -> list[int]:
@@ -155,7 +155,7 @@ class Builder:
         return Example(self.first + body, query=self.first + passage, evidence=(at,), depth=depth)
 
 
-def _first_token(tokenizer) -> list[int]:
+def first_token(tokenizer) -> list[int]:
     """The token a document starts with: the tokenizer's CLS (BERT's pooler reads it), else its BOS, else none."""
     for name in ("cls_token_id", "bos_token_id"):
         tid = getattr(tokenizer, name, None)

@@ -171,8 +171,7 @@ def eval_models(rr: RunRecipe):
     baselines = []
     for b in rr.eval.baselines:
         if b == "original":  # the checkpoint's own original positions (kept in its weights)
-            name, bm, btok = load_original(base, gguf_file=m.gguf_file, dtype=m.dtype)
-            baselines.append(_named(bm, btok, name, base))
+            baselines += _original(rr)
         elif b == "converted":
             bm, btok = load_model(base, gguf_file=m.gguf_file, dtype=m.dtype)  # built-in names resolve there
             if not is_converted(bm):  # a recipe that starts from a converted checkpoint: it is that one
@@ -186,20 +185,42 @@ def eval_models(rr: RunRecipe):
     return main, baselines
 
 
-def evaluate_section(main, baselines, e, native: int):
-    """``evaluate()`` as an eval section says (its lengths resolved against ``native``): the Report."""
+def _original(rr: RunRecipe) -> list:
+    """[the original as a baseline]; [] for a classifier fine-tuned from a model that is not one (a masked LM under
+    a new head has no original reading to compare with)."""
+    from ..foundation.task import of_model
+    from ..models.io import load_original
+
+    m, task = rr.finetune.model, rr.finetune.task
+    as_task = "embeddings" if task == "embedding" else None  # an encoder read as an embedding model
+    name, bm, btok = load_original(m.name_or_path, gguf_file=m.gguf_file, dtype=m.dtype, task=as_task)
+    if task == "classification" and of_model(bm).name != "sequence-classification":
+        log.warning(
+            "eval: the original %s is a %s, not a classifier: no original reading to compare with; name a "
+            "classifier fine-tuned at its native length in eval.baselines for one",
+            m.name_or_path,
+            of_model(bm).name,
+        )
+        return []
+    return [_named(bm, btok, name, m.name_or_path)]
+
+
+def evaluate_section(main, baselines, e, native: int, source=None):
+    """``evaluate()`` as an eval section says (its lengths resolved against ``native``; ``source``: a classifier's or
+    an embedding model's documents in place of ``e.data``, its default lengths stopping at the model's limit): the
+    Report."""
     from ..evaluation import evaluate
 
-    lengths = resolve_lengths(e.lengths, native)
-    pk_lengths = resolve_lengths(e.passkey_lengths, native, "passkey lengths") if e.passkey_lengths else None
-    rc_lengths = resolve_lengths(e.recall_lengths, native, "recall lengths") if e.recall_lengths else None
     opts = {f.name: getattr(e, f.name) for f in dataclasses.fields(EvalOptions)}
-    return evaluate(
-        main,
-        baselines=baselines,
-        **{**opts, "lengths": lengths, "passkey_lengths": pk_lengths, "recall_lengths": rc_lengths},
-        progress=progress_bars(),
-    )
+    opts["lengths"] = resolve_lengths(e.lengths, native)
+    if e.passkey_lengths:
+        opts["passkey_lengths"] = resolve_lengths(e.passkey_lengths, native, "passkey lengths")
+    if e.recall_lengths:
+        opts["recall_lengths"] = resolve_lengths(e.recall_lengths, native, "recall lengths")
+    if source is not None:
+        opts["data"] = source
+        opts["lengths"] = None if e.lengths == EvalOptions().lengths else opts["lengths"]
+    return evaluate(main, baselines=baselines, **opts, progress=progress_bars())
 
 
 def stage_eval(rr: RunRecipe, previous: dict):
@@ -210,7 +231,12 @@ def stage_eval(rr: RunRecipe, previous: dict):
     # the model's own reading (its adapter's: RoBERTa's table holds native + padding offset rows), else its config's
     native = describe_model(main[1])["native"]["length"] or rf.native_length(rr.run_dir / rf.FINAL)
     lengths = resolve_lengths(rr.eval.lengths, native)
-    report = evaluate_section(main, baselines, rr.eval, native)
+    source = None
+    if rr.finetune.task is not None:  # a classifier or an embedding model: the task, or the held-out records
+        from ..evaluation import records
+
+        source = records.source_for(rr.eval.data, rr.run_dir, given=rr.eval.data != EvalOptions.data)
+    report = evaluate_section(main, baselines, rr.eval, native, source)
     report.save(out)
     outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
     return "done", outputs, {"lengths": lengths, "native_length": native}

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from ..foundation.errors import DataError, RecipeError
 from ..models import longdoc
+from ..models.data import heldout_split
 from .blocks import Blocks  # any indexable of examples
 
 log = logging.getLogger(__name__)
@@ -80,18 +81,14 @@ def datasets(r, tok, processes: int) -> tuple[Dataset, Dataset]:
         )
         return _with_collate(tok, train, val)
     names = list(label_names(r)) if r.task == "classification" else []
-    rows = [_row(r, tok, rec, names) for rec in _records(r)]
-    random.Random(r.train.seed).shuffle(rows)
-    n_val = min(int(len(rows) * d.validation_fraction), d.max_validation_blocks)
-    if len(rows) - n_val < r.train.batch_size * processes:
-        raise DataError(f"{len(rows) - n_val} training examples; train.batch_size x processes needs more")
+    train, val = heldout_split(_records(r), r.train.seed, d.validation_fraction, d.max_validation_blocks)
+    if len(train) < r.train.batch_size * processes:
+        raise DataError(f"{len(train)} training examples; train.batch_size x processes needs more")
     log.info(
-        "data: %d training examples, %d validation examples (cut at %d tokens)",
-        len(rows) - n_val,
-        n_val,
-        d.block_length,
+        "data: %d training examples, %d validation examples (cut at %d tokens)", len(train), len(val), d.block_length
     )
-    return _with_collate(tok, Blocks(rows[n_val:]), Blocks(rows[:n_val]))
+    rows = lambda recs: Blocks([_row(r, tok, rec, names) for rec in recs])  # noqa: E731
+    return _with_collate(tok, rows(train), rows(val))
 
 
 def _with_collate(tok, *sets: Dataset) -> tuple:

@@ -1,0 +1,117 @@
+"""A classifier's or an embedding model's own records as the documents of the long-document measure
+(``evaluation.longdoc``): the held-out part of the records its run fine-tuned on (the split the fine-tune made,
+``models.data.heldout_split``), or every record of ``--data`` (json/jsonl/csv/parquet files or a Hub dataset).
+
+Records are not built at a length: each is read whole (cut at the longest evaluated length) and falls in the bin of
+the first length that holds it, so the report's columns are "documents up to 512 tokens", "up to 1,024", ..."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from ..foundation import run_folder as rf
+from ..foundation.errors import DataError, OptionError
+from ..models import longdoc
+from ..models.data import heldout_split, records, source_kind
+from ..models.longdoc import Example
+
+# the fields a record is read by when no run's recipe names them (the recipe's own defaults)
+FIELDS = {"text_field": "text", "label_field": "label", "query_field": "query", "document_field": "document"}
+
+
+@dataclass(frozen=True)
+class Records:
+    """Records to evaluate on: ``data`` holds a recipe data section's fields (files or dataset, config, split,
+    max_documents and the *_field names); ``heldout`` (seed, fraction, most) keeps only its fine-tune's held-out
+    split, None keeps every record."""
+
+    data: SimpleNamespace
+    label: str
+    heldout: tuple[int, float, int] | None = None
+
+
+def is_source(data) -> bool:
+    """Whether an eval's ``data`` names what a classifier or an embedding model is evaluated on."""
+    return longdoc.is_spec(data) or isinstance(data, Records)
+
+
+def source_for(data, model_path, given: bool):
+    """What a classifier or an embedding model is evaluated on: ``data`` when it is a ``longdoc:`` spec, Records, or
+    (``given``) the user's own records; else what its run fine-tuned on (its recipe's ``data``). An OptionError
+    naming the choices otherwise."""
+    if is_source(data):
+        if isinstance(data, str):
+            longdoc.task_of(data)  # an unknown task fails here
+        return data
+    run = _run_data(model_path)
+    if given:
+        return _own(data, run)
+    if run is not None and longdoc.is_spec(run[0].get("dataset")) and run[0].get("files") is None:
+        return run[0]["dataset"]
+    if run is not None:
+        d, train = run
+        return Records(
+            SimpleNamespace(**d),
+            f"the held-out records of {d.get('files') or d.get('dataset')}",
+            (train.get("seed", 0), d.get("validation_fraction", 0.05), d.get("max_validation_blocks", 64)),
+        )
+    raise OptionError(
+        "a classifier or an embedding model is evaluated on a long-document task or on records: pass --data with one "
+        "of " + ", ".join(longdoc.PREFIX + n for n in longdoc.TASKS) + ", json/jsonl/csv/parquet files or a dataset"
+    )
+
+
+def _run_data(model_path) -> tuple[dict, dict] | None:
+    """(the data section, the train section) of the recipe of the run ``model_path`` is (or is final/ of)."""
+    if not isinstance(model_path, (str, Path)):
+        return None
+    p = Path(model_path)
+    for d in (p, p.parent):
+        r = rf.recipe(d)
+        if r and r.get("data"):
+            return r["data"], r.get("train") or {}
+    return None
+
+
+def _own(spec: str, run) -> Records:
+    """``--data``'s records, read by the run's field names (else the defaults)."""
+    fields = {k: (run[0].get(k) or v) if run else v for k, v in FIELDS.items()}
+    if source_kind(spec) == "files":
+        d = SimpleNamespace(files=spec, dataset=None, config=None, split="train", max_documents=None, **fields)
+    elif source_kind(spec) == "hub":
+        name, config, split = (spec.split(":") + [None, None])[:3]
+        d = SimpleNamespace(
+            files=None, dataset=name, config=config, split=split or "test", max_documents=None, **fields
+        )
+    else:
+        raise OptionError(f"--data {spec!r} holds no records; a classifier or embedding model reads records or a task")
+    return Records(d, spec)
+
+
+def examples(src: Records, tokenizer, names: tuple[str, ...], longest: int, native: int) -> list[Example]:
+    """The records as documents of the measure: ids cut at ``longest``; the label's index in ``names`` (a
+    classifier's classes) or the query's ids cut at ``native`` (an embedding model's pair)."""
+    recs = records(src.data)
+    if src.heldout is not None:
+        recs = heldout_split(recs, *src.heldout)[1]
+    if not recs:
+        raise DataError(f"{src.label}: no records to evaluate")
+    d, out = src.data, []
+    for rec in recs:
+        fields = (d.text_field, d.label_field) if names else (d.document_field, d.query_field)
+        missing = [f for f in fields if f not in rec]
+        if missing:
+            raise DataError(f"a record has no field {missing[0]!r} (fields: {', '.join(rec)}); set data.*_field")
+        ids = tokenizer(str(rec[fields[0]]), truncation=True, max_length=longest).input_ids
+        if names:
+            label = str(rec[d.label_field])
+            if label not in names:
+                raise DataError(f"a record's label {label!r} is not one of the model's classes ({', '.join(names)})")
+            out.append(Example(ids, label=names.index(label)))
+        else:
+            out.append(
+                Example(ids, query=tokenizer(str(rec[d.query_field]), truncation=True, max_length=native).input_ids)
+            )
+    return out
