@@ -206,7 +206,9 @@ def verdict(data: dict) -> str:
     held = {r["length"] for r in rows if r["model"] == model}  # records: a length bin may hold none
     past = [L for L in data["lengths"] if L > native and L in held]
     if not past or not any(r["role"] == "baseline" for r in rows):
-        return "no verdict: it needs a length past native and a baseline to compare with (--baseline, or eval.baselines)"
+        return (
+            "no verdict: it needs a length past native and a baseline to compare with (--baseline, or eval.baselines)"
+        )
     wins = []
     for L in past:
         own = next(r["score"] for r in rows if r["model"] == model and r["length"] == L and r["read"] == "whole")
