@@ -3,8 +3,9 @@
 apart; needle: retrieval of the document that holds a passage; passkey: retrieval of the document that holds
 the key a query asks for).
 
-1. The stand-in classifiers and embedding model (``baseline:small-bert``, native 256): a short task fine-tune at
-   native, full, in two stages (documents of 64-128 tokens, then 64-256) through ``retrofit.finetune``.
+1. The stand-in classifiers and embedding models (``baseline:small-bert``, native 256): a short task fine-tune at
+   native, full, in two stages (documents of 64-128 tokens, then 64-256) through ``retrofit.finetune``. The mention
+   classifier and the needle embedding model are shipped (``standins/``, ``--ship``) and used from there.
 2. A cell per (task, scheme): the native model converted (``extend`` copy to 8x, symmetric ``alibi``, ``t5``,
    ``rope`` with NTK x4) and fine-tuned on documents of 256-1,024 tokens (1x-4x) for ``BUDGET`` tokens (2% of the
    stand-in's 8,388,608 pretraining tokens), full.
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import retrofit
 from harness import BENCHMARKS, ROOT, command, stamp, write_record
+from retrofit.models.baseline import SUMS_FILE, check_shipped, file_sha256
+from retrofit.models.longdoc import task_of
 
 RUNS = ROOT / "runs" / "encoder-tasks"
 OUT = BENCHMARKS / "encoder_tasks.json"
@@ -68,8 +71,16 @@ def recipe(task: str, model: str, out: Path, lengths: tuple, steps: int, batch: 
     }
 
 
+SHIPPED = {"mention": "small-bert-mention-classifier", "needle": "small-bert-needle-embedding"}  # in standins/
+
+
 def native(task: str) -> Path:
-    """The stand-in model of ``task`` (final/ of its last stage), trained once."""
+    """The stand-in model of ``task``: the shipped one (checked against its SHA256SUMS), else final/ of its last
+    stage, trained once."""
+    shipped = ROOT / "standins" / SHIPPED.get(task, "-")
+    if shipped.is_dir():
+        check_shipped(shipped)
+        return shipped
     model = "baseline:small-bert"
     for i, (lo, hi, steps) in enumerate(NATIVE_STAGES):
         out = RUNS / f"{task}-native-{i}"
@@ -77,6 +88,41 @@ def native(task: str) -> Path:
             retrofit.finetune(recipe(task, model, out, (lo, hi), steps, 32, 1e-3))
         model = str(out / "final")
     return Path(model)
+
+
+def ship(task: str) -> Path:
+    """Copy the task's trained stand-in (final/ of its last stage) into ``standins/`` with its SHA256SUMS and how it
+    was built (build.json: the stages, tokens and held-out metric of each)."""
+    import shutil
+
+    dest = ROOT / "standins" / SHIPPED[task]
+    if dest.exists():
+        raise SystemExit(f"{dest} exists: a shipped stand-in is never replaced (reports name its weights)")
+    last = RUNS / f"{task}-native-{len(NATIVE_STAGES) - 1}"
+    shutil.copytree(last / "final", dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    if TASKS[task] == "classification":  # class names, in the label order it was trained with
+        labels = task_of(f"longdoc:{task}").labels
+        cfg.update(id2label=dict(enumerate(labels)), label2id={n: i for i, n in enumerate(labels)})
+    cfg["_name_or_path"] = SHIPPED[task]
+    write_record(dest / "config.json", cfg)
+    stages = [json.loads((RUNS / f"{task}-native-{i}" / "summary.json").read_text()) for i in range(len(NATIVE_STAGES))]
+    build = {
+        "from": "baseline:small-bert",
+        "task": f"longdoc:{task}",
+        "stages": [
+            {"documents": [lo, hi], "steps": steps, "batch_size": 32, "tokens": s["tokens"], "heldout": s["heldout"]}
+            for (lo, hi, steps), s in zip(NATIVE_STAGES, stages)
+        ],
+        "command": command(__file__, ["--tasks", task, "--ship"]),
+        **stamp(),
+    }
+    write_record(dest / "build.json", build)
+    files = sorted(p for p in dest.rglob("*") if p.is_file())
+    sums = "".join(f"{file_sha256(p)}  {p.relative_to(dest).as_posix()}\n" for p in files)
+    (dest / SUMS_FILE).write_text(sums)
+    check_shipped(dest)
+    return dest
 
 
 def cell(task: str, scheme: str, base: Path) -> dict:
@@ -125,7 +171,12 @@ def main(argv=None) -> None:
     p.add_argument("--untrained", action="store_true", help="also each scheme with no fine-tune (the conversion alone)")
     p.add_argument("--table", help="print the markdown tables of this record and exit")
     p.add_argument("--readme", action="store_true", help="with --table: print the README's row instead")
+    p.add_argument("--ship", action="store_true", help="copy each task's trained stand-in into standins/ and exit")
     args = p.parse_args(argv)
+    if args.ship:
+        for task in (t for t in args.tasks.split(",") if t in SHIPPED):
+            print(ship(task))
+        return
     if args.table:
         record = json.loads(Path(args.table).read_text())
         print(readme_row(record) if args.readme else tables(record))

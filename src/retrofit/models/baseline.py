@@ -435,7 +435,7 @@ def check_shipped(folder: Path) -> None:
         if not sep or len(digest) != 64:
             raise OptionError(f"shipped stand-in {folder}: {SUMS_FILE} line {line!r} is not '<sha256>  <file>'; {fix}")
         want[name.strip().lstrip("*")] = digest.lower()
-    have = {p.name for p in folder.iterdir() if p.is_file() and p.name != SUMS_FILE}
+    have = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != SUMS_FILE}
     if have != set(want):
         raise OptionError(f"shipped stand-in {folder}: files {sorted(have ^ set(want))} differ from {SUMS_FILE}; {fix}")
     for name, digest in sorted(want.items()):

@@ -1,0 +1,50 @@
+"""The shipped stand-in classifier and embedding model (``standins/small-bert-*-classifier``, ``-embedding``: the
+encoder stand-in after a short task fine-tune at its native length, ``research/encoder_tasks.py --ship``): their
+files match their SHA256SUMS, they load through their Auto class and ``SentenceTransformer`` without retrofit's help,
+and they do their task at native (what the study's cells start from; a damaged or wrong copy fails here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import transformers as tf
+
+from retrofit.evaluation import longdoc as measure
+from retrofit.evaluation.models import EvalModel
+from retrofit.models.baseline import check_shipped
+
+STANDINS = Path(__file__).resolve().parents[2] / "standins"
+CLASSIFIER, EMBEDDING = STANDINS / "small-bert-mention-classifier", STANDINS / "small-bert-needle-embedding"
+NATIVE = 256
+
+
+@pytest.mark.parametrize("folder", [CLASSIFIER, EMBEDDING], ids=["classifier", "embedding"])
+def test_the_shipped_task_standins_are_whole_and_say_how_they_were_built(folder):
+    check_shipped(folder)
+    build = json.loads((folder / "build.json").read_text())
+    assert build["from"] == "baseline:small-bert" and build["command"].startswith("python research/encoder_tasks.py")
+    assert all(s["documents"][1] <= NATIVE for s in build["stages"])  # a fine-tune at native only
+
+
+def _eval_model(model, tok) -> EvalModel:
+    return EvalModel("standin", "converted", model.eval(), tok, {"native": {"length": NATIVE}, "max_length": NATIVE})
+
+
+def test_the_shipped_classifier_loads_as_itself_and_finds_the_word_at_native():
+    model = tf.AutoModelForSequenceClassification.from_pretrained(CLASSIFIER)
+    assert type(model).__name__ == "BertForSequenceClassification"
+    assert model.config.id2label == {0: "lion", 1: "horse", 2: "crown", 3: "sword"}
+    tok = tf.AutoTokenizer.from_pretrained(CLASSIFIER)
+    data = measure.run([_eval_model(model, tok)], "longdoc:mention", [NATIVE], NATIVE, 32)
+    assert data["rows"][0]["score"] >= 0.9  # chance: 25%
+
+
+def test_the_shipped_embedding_model_loads_in_sentence_transformers_and_retrieves_at_native():
+    st = pytest.importorskip("sentence_transformers")
+    model = st.SentenceTransformer(str(EMBEDDING), device="cpu")
+    assert model.max_seq_length == NATIVE
+    bare = tf.AutoModel.from_pretrained(EMBEDDING)
+    data = measure.run([_eval_model(bare, model.tokenizer)], "longdoc:needle", [NATIVE], NATIVE, 32)
+    assert data["rows"][0]["score"] >= 0.2  # chance: 1 in 32
