@@ -48,3 +48,22 @@ def test_the_shipped_embedding_model_loads_in_sentence_transformers_and_retrieve
     bare = tf.AutoModel.from_pretrained(EMBEDDING)
     data = measure.run([_eval_model(bare, model.tokenizer)], "longdoc:needle", [NATIVE], NATIVE, 32)
     assert data["rows"][0]["score"] >= 0.2  # chance: 1 in 32
+
+
+def test_the_docs_line_that_tries_the_classifier_runs_as_typed(tmp_path, monkeypatch, capsys):
+    """docs/encoders.md's line, run from the repository's root (its --out moved to a temporary folder)."""
+    import shlex
+
+    from retrofit.cli import main
+
+    root = STANDINS.parent
+    doc = (root / "docs" / "encoders.md").read_text().splitlines()
+    line = next(x for x in doc if x.startswith("retrofit eval standins/"))
+    args = shlex.split(line)
+    assert args[:2] == ["retrofit", "eval"]
+    args[args.index("--out") + 1] = str(tmp_path / "ev")
+    monkeypatch.chdir(root)
+    assert main(args[1:]) == 0
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert report["task"] == "longdoc:mention" and report["rows"][0]["score"] >= 0.9
+    check_shipped(CLASSIFIER)  # nothing written into the shipped folder

@@ -174,5 +174,6 @@ def run(args) -> int:
     )
     report.save(out, plots=not args.no_plots)
     print(report.table() if hasattr(report, "table") else ppl_table(report))  # a masked LM's, a task's: their own
-    print(f"\nwrote {out / REPORT}, {out / REPORT_MD}" + ("" if args.no_plots else " and plots"))
+    plots = (report.data.get("plots") or []) if not args.no_plots else []  # a task's report draws none
+    print(f"\nwrote {out / REPORT}, {out / REPORT_MD}" + (" and plots" if plots else ""))
     return 0
