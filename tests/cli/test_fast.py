@@ -1,6 +1,6 @@
 """`retrofit convert --help` and a wrong argument answer at once: what would make them slow, importing torch,
 never happens (checked as the cause, not timed: a busy machine must not fail a test), and the help they print
-is the registries' own (issue 44, item 5). The seconds they take are measured by benchmarks, not asserted."""
+is the catalog's own. The seconds they take are measured by benchmarks, not asserted."""
 
 from __future__ import annotations
 
@@ -10,17 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from retrofit.cli import convert as cli_convert
-
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 GRID = Path(__file__).resolve().parents[2] / "recipes" / "study-tiny.yaml"
-
-
-def test_convert_help_file_is_the_registries_help():
-    assert cli_convert.HELP_FILE.read_text() == cli_convert.scheme_help() + "\n", (
-        "src/retrofit/cli/convert_help.txt is stale: run python -m retrofit.cli.convert"
-    )
 
 
 def _run(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, bool]:
@@ -37,7 +29,7 @@ def _run(args: list[str], env: dict) -> tuple[subprocess.CompletedProcess, bool]
 @pytest.mark.parametrize(
     "args, rc, says",
     [
-        (["convert", "--help"], 0, "schemes and their options"),
+        (["convert", "--help"], 0, "a scheme's options: retrofit convert --help --to SCHEME"),
         (["convert", "tiny-gpt2", "--to", "alibj", "--out", "OUT"], 2, "unknown scheme 'alibj'"),
         (["convert", "no/such-model-here", "--to", "alibi", "--out", "OUT"], 5, "not in the Hugging Face cache"),
         (["convert", "./missing-folder", "--to", "alibi", "--out", "OUT"], 2, "no such file or folder"),
@@ -53,3 +45,13 @@ def test_help_and_argument_errors_answer_at_once_without_torch(args, rc, says, t
     assert r.returncode == rc, r.stderr[-2000:]
     assert says in (r.stdout + r.stderr)
     assert not torch_imported  # the cause of a slow answer; no wall-clock bound (a busy machine fails one)
+
+
+def test_convert_help_for_one_scheme_gives_its_options_from_the_scheme_itself(user_env):
+    """``--help --to SCHEME``: that scheme's options as its class declares them (this one imports torch)."""
+    from retrofit.encodings import SCHEMES
+
+    r, _ = _run(["convert", "--help", "--to", "rope"], user_env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert all(f"      {key}: " in r.stdout for key in SCHEMES.get("rope").option_help())
+    assert "  alibi (bias)" not in r.stdout and "kernels (--kernel)" in r.stdout

@@ -100,7 +100,7 @@ def test_cli_takes_the_temperature_and_lists_it(tmp_path, capsys):
     assert rc == 0
     assert retrofit.describe(retrofit.load(tmp_path / "o"))["options"]["temperature"] == 0.25
     with pytest.raises(SystemExit):
-        main(["convert", "--help"])
+        main(["convert", "--help", "--to", "nope"])
     assert "every scheme also takes" in capsys.readouterr().out
 
 

@@ -38,6 +38,9 @@ COMMANDS = [
 ]
 
 
+ARGV: list[str] = []  # the command line being parsed (``retrofit convert --help --to SCHEME`` reads it)
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose epilog may be a function, called when the help is printed."""
 
@@ -48,7 +51,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..foundation.menu import schemes_help
+    from ..foundation.catalog import schemes_help
     from ..foundation.versions import __version__
 
     parser = Parser(
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..foundation.quiet import configure, hushed
 
     parser = build_parser()
-    args = parser.parse_args(attach_dash_values(sys.argv[1:] if argv is None else argv))
+    ARGV[:] = attach_dash_values(sys.argv[1:] if argv is None else argv)  # what a help epilog may read
+    args = parser.parse_args(ARGV)
     configure(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -126,13 +130,10 @@ def output_folder(path, overwrite: bool, flag: str = "--out"):
 
 
 def check_scheme(name: str) -> None:
-    """An unknown scheme name is an OptionError at once (the torch-free menu; ``retrofit.encodings.SCHEMES``
-    is the registry it mirrors)."""
-    from ..foundation.errors import OptionError
-    from ..foundation.menu import SCHEMES
+    """An unknown scheme name is an error (exit 2) at once: the torch-free catalog (``foundation/catalog.py``)."""
+    from ..foundation.catalog import entry
 
-    if name not in SCHEMES:
-        raise OptionError(f"unknown scheme {name!r}; registered: {', '.join(sorted(SCHEMES))}")
+    entry(name)
 
 
 def parse_options(pairs: list[str] | None) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from pathlib import Path
 
 from ..foundation.errors import OptionError
 from ..foundation.run_folder import CALIBRATE
@@ -15,25 +14,29 @@ CAL = CalibrateConfig()  # the calibration defaults (one place: the recipe's con
 log = logging.getLogger(__name__)
 
 
-HELP_FILE = Path(__file__).with_name("convert_help.txt")  # scheme_help(), written by `python -m retrofit.cli.convert`
-
-
 def _help_text() -> str:
-    """The epilog of ``retrofit convert --help`` without importing torch: ``scheme_help()`` as written to
-    HELP_FILE (tests/cli/test_fast.py::test_convert_help_file_is_the_registries_help, a slow test, fails when the
-    file differs from the registries)."""
-    return HELP_FILE.read_text()
+    """The epilog of ``retrofit convert --help``: the catalog and the built-in names, without importing torch; with
+    ``--to SCHEME`` also that scheme's options, the attention paths and the architectures (``scheme_help``)."""
+    from ..foundation.catalog import CATALOG, schemes_help
+    from . import ARGV as argv
+
+    asked = argv[argv.index("--to") + 1] if "--to" in argv[:-1] else None
+    if asked in CATALOG:
+        return scheme_help(asked)
+    return f"{schemes_help()}\n{_builtin_help()}"
 
 
-def scheme_help() -> str:
-    """The schemes with their options, the attention paths, the architectures and the built-in names, from
-    the registries (imports torch)."""
+def scheme_help(only: str | None = None) -> str:
+    """The schemes (``only``: that one) with their options, the attention paths, the architectures and the built-in
+    names, from the registries (imports torch)."""
     from .. import kernels
     from ..encodings import SCHEMES
     from ..encodings.base import common_option_help
 
     lines = ["schemes and their options (--option key=value):"]
     for name, cls in SCHEMES.items():
+        if only is not None and name != only:
+            continue
         lines.append(f"  {name} ({cls.kind})")
         for key, text in cls.option_help().items():
             lines.append(f"      {key}: {text}")
@@ -215,9 +218,3 @@ def _refuse_converted(model, args) -> None:
             f"{args.model} is already converted to {describe(model)['scheme']!r}; pass --force to revert that and "
             f"convert it to {args.to!r}"
         )
-
-
-if __name__ == "__main__":  # python -m retrofit.cli.convert: rewrite HELP_FILE from the registries
-    from ..foundation.atomic import write_text
-
-    write_text(HELP_FILE, scheme_help() + "\n")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import ModelSpec, Scheme, option, register_scheme
+from .base import ModelSpec, Scheme, option
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -27,11 +27,9 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
-@register_scheme("alibi")
 class ALiBi(Scheme):
-    name = "alibi"
+    fixed_because = "its slopes are fixed; convert with --option learn_slopes=true to make them parameters"
     shift_invariant = True
-    kind = "bias"
 
     @dataclass
     class Options:

@@ -24,6 +24,7 @@ through ``schema.field_help``) and are checked by the one type checker, ``schema
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -31,12 +32,37 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..foundation.errors import OptionError, UnknownSchemeError
-from ..foundation.registry import Registry
+from ..foundation import catalog
+from ..foundation.errors import OptionError
 from ..foundation.schema import UNIONS, Mismatch, check, field_help, help_of
 
-SCHEMES: Registry[type["Scheme"]] = Registry("scheme", UnknownSchemeError)
-register_scheme = SCHEMES.register
+
+class Schemes:
+    """The schemes by name (``foundation.catalog``), each class imported on first use: ``get(name)``, ``names()``,
+    ``items()`` (imports every one), ``name in SCHEMES``."""
+
+    def get(self, name: str) -> type["Scheme"]:
+        module = importlib.import_module(catalog.module_of(name))  # an unknown name: UnknownSchemeError
+        found = [
+            c
+            for c in vars(module).values()
+            if isinstance(c, type) and issubclass(c, Scheme) and getattr(c, "name", None) == name
+        ]
+        if len(found) != 1:
+            raise TypeError(f"{module.__name__} defines {len(found)} Scheme subclasses named {name!r}; it needs one")
+        return found[0]
+
+    def names(self) -> list[str]:
+        return sorted(catalog.CATALOG)
+
+    def items(self) -> list[tuple[str, type["Scheme"]]]:
+        return [(n, self.get(n)) for n in self.names()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in catalog.CATALOG
+
+
+SCHEMES = Schemes()
 
 
 @dataclass(frozen=True)
@@ -115,8 +141,13 @@ def parse_common(spec: ModelSpec, given: dict[str, Any]) -> tuple[CommonOptions,
 
 
 class Scheme(nn.Module):
-    name: ClassVar[str]
+    name: ClassVar[str]  # both from the scheme's catalog line (foundation/catalog.py), set when its module loads
     kind: ClassVar[str]  # "bias" | "relative" | "rotary" | "absolute" | "none"
+    # why the scheme has nothing to calibrate, when it has no position parameters (retrofit convert --calibrate)
+    fixed_because: ClassVar[str] = "the scheme defines no learned parameters"
+    # an absolute scheme exported as a position table: the table in words, and how to get a longer one
+    table_words: ClassVar[str] = ""  # "": "a fixed <name>"
+    longer_table: ClassVar[str] = "re-export with a larger max_length (--max-length)"
     # True when scores depend only on distances i - j (shifting every position changes nothing)
     shift_invariant: ClassVar[bool] = False
     # its scores are defined for keys after the query too (an encoder's bidirectional attention)
@@ -125,6 +156,13 @@ class Scheme(nn.Module):
     @dataclass
     class Options:
         pass
+
+    def __init_subclass__(cls, **kwargs):
+        """A scheme's module in the catalog names the scheme it defines: its name and kind come from there."""
+        super().__init_subclass__(**kwargs)
+        name = catalog.name_of(cls.__module__)
+        if name is not None:
+            cls.name, cls.kind = name, catalog.CATALOG[name].kind
 
     def __init__(self, spec: ModelSpec, options):
         super().__init__()

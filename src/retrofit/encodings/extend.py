@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..foundation.errors import LengthError, OptionError
-from .base import ModelSpec, Scheme, option, register_scheme
+from .base import ModelSpec, Scheme, option
 
 INITS = ("copy", "interpolate")
 
@@ -59,10 +59,9 @@ def interpolated_rows(table: torch.Tensor, length: int) -> torch.Tensor:
     return ((1 - w) * table[lo].double() + w * table[hi].double()).to(table.dtype)
 
 
-@register_scheme("extend")
 class Extend(Scheme):
-    name = "extend"
-    kind = "absolute"
+    table_words = "the stretched"
+    longer_table = "convert with a larger length="
 
     @dataclass
     class Options:

@@ -20,14 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option, register_scheme
+from .base import ModelSpec, Scheme, option
 from .sinusoidal import sinusoids
 
 
-@register_scheme("nezha")
 class Nezha(Scheme):
-    name = "nezha"
-    kind = "relative"
     shift_invariant = True
 
     @dataclass

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option, register_scheme
+from .base import ModelSpec, Scheme, option
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +73,9 @@ def rotating_dims(spec: ModelSpec, fraction: float) -> int:
     return int(spec.head_dim * fraction)
 
 
-@register_scheme("rope")
 class RoPE(Scheme):
-    name = "rope"
+    fixed_because = "RoPE's rotation frequencies are fixed (no learned part)"
     shift_invariant = True
-    kind = "rotary"
 
     @dataclass
     class Options:

@@ -22,16 +22,13 @@ from torch import nn
 
 from ..foundation.errors import OptionError
 from .alibi import alibi_slopes
-from .base import ModelSpec, Scheme, gather_per_head, option, register_scheme
+from .base import ModelSpec, Scheme, gather_per_head, option
 
 INITS = ("alibi", "zero")
 
 
-@register_scheme("shaw")
 class ShawClipped(Scheme):
-    name = "shaw"
     shift_invariant = True
-    kind = "bias"
 
     @dataclass
     class Options:

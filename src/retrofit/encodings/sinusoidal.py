@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option, register_scheme
+from .base import ModelSpec, Scheme, option
 
 
 def frequencies(dim: int, base: float, device=None) -> torch.Tensor:
@@ -33,10 +33,8 @@ def sinusoids(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch
     return out[..., :dim]
 
 
-@register_scheme("sinusoidal")
 class Sinusoidal(Scheme):
-    name = "sinusoidal"
-    kind = "absolute"
+    fixed_because = "the sinusoidal table is fixed"
 
     @dataclass
     class Options:

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..foundation.errors import OptionError
 from .alibi import alibi_slopes
-from .base import ModelSpec, Scheme, gather_per_head, option, register_scheme
+from .base import ModelSpec, Scheme, gather_per_head, option
 
 INITS = ("alibi", "zero")
 
@@ -63,11 +63,8 @@ def bucket_distances(bucket_of, num_buckets: int, horizon: int) -> torch.Tensor:
     return mean
 
 
-@register_scheme("t5")
 class T5Buckets(Scheme):
-    name = "t5"
     shift_invariant = True
-    kind = "bias"
 
     @dataclass
     class Options:

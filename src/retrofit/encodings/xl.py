@@ -27,17 +27,14 @@ import torch
 from torch import nn
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option, register_scheme
+from .base import ModelSpec, Scheme, option
 from .sinusoidal import frequencies, sinusoids
 
 INITS = ("zero", "random")
 INIT_STD = 0.02
 
 
-@register_scheme("xl")
 class TransformerXL(Scheme):
-    name = "xl"
-    kind = "relative"
     shift_invariant = True
 
     @dataclass

@@ -31,8 +31,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..foundation.atomic import write_dir, write_text
 from ..foundation.errors import OptionError
 from . import assets
@@ -243,6 +241,7 @@ def llama_intermediate(cfg: BaselineConfig) -> int:
 def build_model(cfg: BaselineConfig, vocab_size: int, eos_token_id: int):
     """A fresh GPT2LMHeadModel or LlamaForCausalLM (tied embeddings) for ``cfg`` and a tokenizer of
     ``vocab_size`` tokens whose EOS (= BOS = pad) is ``eos_token_id``, initialised from ``cfg.seed``."""
+    import torch  # here: the presets and their names are read without torch (retrofit convert --help)
     from transformers import (
         BertConfig,
         BertForMaskedLM,

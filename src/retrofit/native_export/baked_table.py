@@ -33,15 +33,11 @@ def baked_table(model, info, opts) -> Built:
             cut(p, _table_rows(model, info, p, first), name)
         elif name in src_sd:
             cut(p, src_sd[name], name)
-    what = {"nope": "an all-zero", "extend": "the stretched"}.get(info["scheme"], f"a fixed {info['scheme']}")
-    larger = (
-        "convert with a larger length="
-        if info["scheme"] == "extend"
-        else "re-export with a larger max_length (--max-length)"
-    )
+    scheme = scheme_of(model)
+    what = scheme.table_words or f"a fixed {scheme.name}"
     note = (
         f"{type(dst).__name__} with {what} position table of {opts['max_length']} positions: longer inputs do "
-        f"not fit the table; {larger}"
+        f"not fit the table; {scheme.longer_table}"
     )
     return Built(cut.finish(model), exact=True, notes=[note], limit=opts["max_length"])
 

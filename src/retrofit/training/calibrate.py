@@ -47,20 +47,13 @@ def position_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 def check_calibratable(model) -> None:
     """OptionError (exit 2) when the model's scheme has no position parameters."""
-    from ..patch.core import describe
+    from ..patch.core import scheme_of
 
     if position_parameters(model):
         return
-    info = describe(model)
-    scheme = info["scheme"]
-    why = {
-        "alibi": "its slopes are fixed; convert with --option learn_slopes=true to make them parameters",
-        "rope": "RoPE's rotation frequencies are fixed (no learned part)",
-        "nope": "NoPE has no positional term at all",
-        "sinusoidal": "the sinusoidal table is fixed",
-    }.get(scheme, "the scheme defines no learned parameters")
+    scheme = scheme_of(model)
     raise OptionError(
-        f"nothing to calibrate: scheme {scheme!r} has no position parameters ({why}; "
+        f"nothing to calibrate: scheme {scheme.name!r} has no position parameters ({scheme.fixed_because}; "
         "qk_norm=true adds learned gains). Calibration trains only the scheme's own parameters."
     )
 
