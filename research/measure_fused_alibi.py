@@ -29,7 +29,7 @@ def errors(T: int, heads: int, dim: int, rows: int, seed: int, dtype=torch.float
         ref, _ = attend(
             Call(q[:, :, -R:].double(), k.double(), v.double(), scaling, bias=bias, q_start=T - R), "chunked"
         )
-        out = sdpa_alibi_dims.attend_alibi(q.to(dtype), k.to(dtype), v.to(dtype), scaling=scaling, slopes=slopes)[
+        out = sdpa_alibi_dims.attend_alibi(Call(q.to(dtype), k.to(dtype), v.to(dtype), scaling, slopes=slopes))[
             :, :, -R:
         ]
         chunked, _ = attend(

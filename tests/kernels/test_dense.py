@@ -60,7 +60,7 @@ def test_dense_matches_the_plain_softmax_forward_and_backward(monkeypatch, Tq, T
     """Several blocks, a ragged last block, one block, a cached prefix (Tq < Tk), one decoding query."""
     monkeypatch.setattr(dense, "ROWS", rows)
     q, k, v, table = _inputs(2, 3, Tq, Tk, 8)
-    out = dense.attend_dense(q, k, v, scaling=0.35, bias=_bias(table), params=(table,), q_start=Tk - Tq)
+    out = dense.attend_dense(Call(q, k, v, scaling=0.35, bias=_bias(table), bias_params=(table,), q_start=Tk - Tq))
     ref = _reference(q, k, v, 0.35, table, q_start=Tk - Tq)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
     _check_grads(out, ref, (q, k, v, table))
@@ -73,7 +73,7 @@ def test_dense_with_window_padding_and_row_scale(monkeypatch):
     padding[0, :7] = False  # left padding in the first row
     row_scale = torch.rand(2, 30, generator=torch.Generator().manual_seed(2)) + 0.5
     kw = dict(window=11, key_padding=padding, row_scale=row_scale)
-    out = dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(table), params=(table,), **kw)
+    out = dense.attend_dense(Call(q, k, v, scaling=0.3, bias=_bias(table), bias_params=(table,), **kw))
     ref = _reference(q, k, v, 0.3, table, window=11, padding=padding, row_scale=row_scale)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
     _check_grads(out, ref, (q, k, v, table))
@@ -82,7 +82,7 @@ def test_dense_with_window_padding_and_row_scale(monkeypatch):
 @pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
 def test_dense_scores_half_inputs_in_fp32(dtype, atol):
     q, k, v, table = _inputs(1, 4, 300, 300, 16, dtype)
-    out = dense.attend_dense(q, k, v, scaling=0.25, bias=_bias(table), params=(table,))
+    out = dense.attend_dense(Call(q, k, v, scaling=0.25, bias=_bias(table), bias_params=(table,)))
     assert out.dtype == dtype
     assert float((out.double() - _reference(q, k, v, 0.25, table)).abs().max()) <= atol
 
@@ -92,11 +92,11 @@ def test_blocks_stay_bounded_and_a_frozen_bias_costs_no_score_recompute(monkeypa
     gradient the backward is the flash kernel's alone (no recomputed scores)."""
     shapes, recomputed = [], []
     real_mask, real_grad = dense.block_bias, dense._probabilities
-    monkeypatch.setattr(dense, "block_bias", lambda *a, **kw: shapes.append(a[3]) or real_mask(*a, **kw))
+    monkeypatch.setattr(dense, "block_bias", lambda *a, **kw: shapes.append(a[2].C) or real_mask(*a, **kw))
     monkeypatch.setattr(dense, "_probabilities", lambda *a: recomputed.append(1) or real_grad(*a))
     q, k, v, table = _inputs(1, 2, 100, 100, 8)
     frozen = table.detach()
-    out = dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(frozen), params=(frozen,), max_rows=16)
+    out = dense.attend_dense(Call(q, k, v, scaling=0.3, bias=_bias(frozen), bias_params=(frozen,)), max_rows=16)
     out.sum().backward()
     assert max(shapes) == 16 and len(shapes) == 2 * 7 and not recomputed  # 7 blocks, forward + backward
     ref = _reference(q, k, v, 0.3, frozen)
@@ -105,7 +105,9 @@ def test_blocks_stay_bounded_and_a_frozen_bias_costs_no_score_recompute(monkeypa
     for x in (q, k, v):
         x.grad = None
     learned = table.detach().clone().requires_grad_()  # the bias learns: P and dS once per block, for all
-    dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(learned), params=(learned,), max_rows=16).sum().backward()
+    dense.attend_dense(
+        Call(q, k, v, scaling=0.3, bias=_bias(learned), bias_params=(learned,)), max_rows=16
+    ).sum().backward()
     assert len(recomputed) == 7 and learned.grad is not None
     for x, g in zip((q, k, v), flash):
         torch.testing.assert_close(x.grad, g, atol=1e-6, rtol=1e-5)
@@ -119,9 +121,9 @@ def test_long_key_spans_take_fewer_rows_per_block(monkeypatch):
     assert dense.block_rows(2, 160) == 64 and dense.block_rows(2, 1000) == 16 and dense.block_rows(2, 10) == dense.ROWS
     shapes = []
     real_mask = dense.block_bias
-    monkeypatch.setattr(dense, "block_bias", lambda *a, **kw: shapes.append(a[3]) or real_mask(*a, **kw))
+    monkeypatch.setattr(dense, "block_bias", lambda *a, **kw: shapes.append(a[2].C) or real_mask(*a, **kw))
     q, k, v, table = _inputs(1, 2, 160, 160, 8)
-    out = dense.attend_dense(q, k, v, scaling=0.3, bias=_bias(table), params=(table,))
+    out = dense.attend_dense(Call(q, k, v, scaling=0.3, bias=_bias(table), bias_params=(table,)))
     assert max(shapes) == 64 and len(shapes) == 3  # 160 queries: 64 + 64 + 32
     _check_grads(out, _reference(q, k, v, 0.3, table), (q, k, v, table))
 

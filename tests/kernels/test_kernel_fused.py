@@ -389,7 +389,7 @@ def test_fp32_error_at_8k_is_within_the_stated_bound():
     slopes = torch.tensor(alibi_slopes(H))
     q, k, v = _qkv(1, H, T, T, D)
     with torch.no_grad():
-        out = fused.attend_alibi(q, k, v, scaling=D**-0.5, slopes=slopes)[:, :, -R:]
+        out = fused.attend_alibi(Call(q, k, v, scaling=D**-0.5, slopes=slopes))[:, :, -R:]
     ref = _reference(q[:, :, -R:], k, v, D**-0.5, slopes, q_start=T - R)
     err = float((out.double() - ref).abs().max())
     assert err < 2e-4, err
@@ -411,7 +411,7 @@ def test_steep_heads_read_only_their_reach_and_lose_nothing(monkeypatch):
     assert max(cut) < T // 4  # the steep heads read a fraction of the keys
     backs = []
     block = fused._block
-    monkeypatch.setattr(fused, "_block", lambda *a: backs.append(a[-1]) or block(*a))
+    monkeypatch.setattr(fused, "_block", lambda *a: backs.append(a[-1].keys_back) or block(*a))
     out, _ = kernels.attend(Call(*leaves, scaling=D**-0.5, slopes=slopes), "sdpa-alibi-dims")
     assert set(backs) - {None} == set(cut)
     grads = torch.autograd.grad(out.square().sum(), leaves)
@@ -444,9 +444,9 @@ def test_the_reach_holds_with_a_cached_prefix_and_padding(monkeypatch, q_start, 
         pad[1, :100] = False
     backs = []
     block = fused._block
-    monkeypatch.setattr(fused, "_block", lambda *a: backs.append(a[-1]) or block(*a))
+    monkeypatch.setattr(fused, "_block", lambda *a: backs.append(a[-1].keys_back) or block(*a))
     with torch.no_grad():
-        out = fused.attend_alibi(q, k, v, scaling=D**-0.5, slopes=slopes, key_padding=pad, q_start=q_start)
+        out = fused.attend_alibi(Call(q, k, v, scaling=D**-0.5, slopes=slopes, key_padding=pad, q_start=q_start))
     assert any(b is not None and b < T // 4 for b in backs)  # the steep heads were cut
     ref = _reference(q, k, v, D**-0.5, slopes, pad=pad, q_start=q_start)
     assert float((out.double() - ref).abs().max()) < 2e-5

@@ -37,8 +37,12 @@ class RetrofitFalconAttention(StandInAttention):
         self.alibi = bool(config.alibi)
 
     def forward(self, hidden_states, alibi=None, attention_mask=None, position_ids=None, layer_past=None,
-                use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):  # fmt: skip
+                use_cache=False, output_attentions=False, **kwargs):  # fmt: skip
+        """``FalconAttention.forward``'s call: ``FalconDecoderLayer`` passes everything past ``hidden_states`` by
+        keyword, ``position_embeddings`` (the last of them) among ``kwargs``; the positions before it keep theirs."""
         from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+
+        position_embeddings = kwargs.get("position_embeddings")
 
         self.calls += 1
         if self.alibi:

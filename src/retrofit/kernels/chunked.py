@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .call import Call, chunk_rows
-from .cpu_flash_mask import block_bias
+from .cpu_flash_mask import Seen, Span, block_bias
 
 
 def serves(c: Call) -> str | None:
@@ -100,10 +100,10 @@ def _mask(c: Call, p: Piece, dtype) -> torch.Tensor:
     """The piece's positional term and mask: a float (1 or B, H, C, Tc) bias or relative logits with -inf where
     masked, or a bool visibility mask (no positional term)."""
     C, Tc, device = p.q.shape[-2], p.k.shape[-2], p.q.device
-    visible = dict(key_padding=c.key_padding, window=c.window, causal=c.causal)
+    span, visible = Span(p.q0, C, p.k0, Tc), Seen(c.key_padding, c.window, c.causal)
     if c.bias is not None:
-        return block_bias(c.bias, p.q.shape[1], p.q0, C, p.k0, Tc, device, dtype, row_scale=p.row_scale, **visible)
-    seen = block_bias(None, 1, p.q0, C, p.k0, Tc, device, **visible)
+        return block_bias(c.bias, p.q.shape[1], span, device, dtype, visible, row_scale=p.row_scale)
+    seen = block_bias(None, 1, span, device, seen=visible)
     if p.rel_q is None:
         return seen
     rel = c.relative

@@ -141,7 +141,7 @@ class _Band(torch.autograd.Function):
         lay = Layout(N, g.shape[-1], q.device, B * H * D)
         bias = lay.bias(g)
         dq, dk, dv, blocks = band_backward(
-            dout, q, k, v, out, lse, ctx.scaling, lay, lambda piece: bias[..., piece[1] or 0 :].contiguous()
+            dout, (q, k, v), out, lse, ctx.scaling, lay, lambda piece: bias[..., piece[1] or 0 :].contiguous()
         )
         dg = None
         if ctx.needs_input_grad[3]:  # d loss / d g (H, K): dS summed per distance
@@ -174,9 +174,10 @@ def band_forward(q, k, v, scaling, lay: Layout, mask_of):
     return out.to(q.dtype), lse.contiguous()
 
 
-def band_backward(dout, q, k, v, out, lse, scaling, lay: Layout, mask_of):
-    """(dq, dk, dv) fp32 of ``band_forward``'s attention, given its output and log-sum-exp, and the blocks
-    (qb, kw, vw, db, ob, lb) that ``band_score_grads`` reads."""
+def band_backward(dout, qkv, out, lse, scaling, lay: Layout, mask_of):
+    """(dq, dk, dv) fp32 of ``band_forward``'s attention of ``qkv`` (q, k, v (B, H, N, D)), given its output and
+    log-sum-exp, and the blocks (qb, kw, vw, db, ob, lb) that ``band_score_grads`` reads."""
+    q, k, v = qkv
     B, H, N, D = q.shape
     K = lay.K
     dout = dout.contiguous()

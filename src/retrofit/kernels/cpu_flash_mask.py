@@ -18,7 +18,7 @@ CPU only (``cpu_flash.available``), no dropout; any cache offset, padding or win
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -47,51 +47,46 @@ def op_serves(c: Call) -> str | None:
 
 
 def run(c: Call) -> torch.Tensor:
-    rows = chunk_rows(c.q.shape[0] * c.q.shape[1], c.Tq, c.Tk)
-    return attend_dense(
-        c.q,
-        c.k,
-        c.v,
-        scaling=c.scaling,
-        bias=c.bias,
-        params=c.bias_params,
-        key_padding=c.key_padding,
-        window=c.window,
-        q_start=c.q_start,
-        row_scale=c.row_scale,
-        max_rows=rows,
-    )
+    return attend_dense(c, max_rows=chunk_rows(c.q.shape[0] * c.q.shape[1], c.Tq, c.Tk))
+
+
+@dataclass(frozen=True)
+class Span:
+    """One block of ``block_bias``: the queries at slots q0 .. q0 + C - 1 over the keys at k0 .. k0 + Tc - 1."""
+
+    q0: int
+    C: int
+    k0: int
+    Tc: int
+
+
+@dataclass(frozen=True)
+class Seen:
+    """Which keys a query sees: those up to its own slot (``causal``; else every key), fewer than ``window`` back
+    (``causal`` False: |i - j| < window), and the real ones of ``key_padding`` (B, Tk) bool (True = real token)."""
+
+    key_padding: torch.Tensor | None = None
+    window: int | None = None
+    causal: bool = True
 
 
 def block_bias(
-    bias: BiasFn | None,
-    H: int,
-    q0: int,
-    C: int,
-    k0: int,
-    Tc: int,
-    device,
-    dtype=torch.float32,
-    key_padding=None,
-    window=None,
-    row_scale=None,
-    causal: bool = True,
+    bias: BiasFn | None, H: int, span: Span, device, dtype=torch.float32, seen: Seen = Seen(), row_scale=None
 ) -> torch.Tensor:
-    """The float mask of queries at slots q0..q0+C-1 over keys k0..k0+Tc-1: (1 or B, H, C, Tc) in ``dtype``,
-    the bias (times ``row_scale`` (B, C)) where the key is visible, -inf elsewhere (future keys, keys a
-    ``window`` or more back, padding (B, Tk) in the cache's slots; a query always sees itself). ``causal``
-    False: keys after the query are visible too, and a window spans both sides (|i - j| < window; the adapter
-    gives the module's own width, e.g. ModernBERT's local_attention / 2 + 1).
-    ``bias`` None: a (1 or B, 1, C, Tc) bool mask (True = visible)."""
-    q_pos = torch.arange(q0, q0 + C, device=device)
-    k_pos = torch.arange(k0, k0 + Tc, device=device)
+    """The float mask of the ``span``'s queries over its keys: (1 or B, H, C, Tc) in ``dtype``, the bias (times
+    ``row_scale`` (B, C)) where the key is visible, -inf elsewhere (future keys, keys a window or more back,
+    padding in the cache's slots: as ``seen`` says; a query always sees itself). Not causal: keys after the query
+    are visible too, and a window spans both sides (the adapter gives the module's own width, e.g. ModernBERT's
+    local_attention / 2 + 1). ``bias`` None: a (1 or B, 1, C, Tc) bool mask (True = visible)."""
+    q_pos = torch.arange(span.q0, span.q0 + span.C, device=device)
+    k_pos = torch.arange(span.k0, span.k0 + span.Tc, device=device)
     rel = q_pos[:, None] - k_pos[None, :]  # (C, Tc)
-    allowed = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
-    if window:
-        allowed = allowed & ((rel if causal else rel.abs()) < window)
+    allowed = rel >= 0 if seen.causal else torch.ones_like(rel, dtype=torch.bool)
+    if seen.window:
+        allowed = allowed & ((rel if seen.causal else rel.abs()) < seen.window)
     allowed = allowed[None, None]  # (1, 1, C, Tc)
-    if key_padding is not None:
-        pad = key_padding[:, k0 : k0 + Tc].bool()[:, None, None, :]  # (B, 1, 1, Tc)
+    if seen.key_padding is not None:
+        pad = seen.key_padding[:, span.k0 : span.k0 + span.Tc].bool()[:, None, None, :]  # (B, 1, 1, Tc)
         allowed = (allowed & pad) | (rel == 0)  # a padded query still sees itself: no all-masked (NaN) rows
     if bias is None:
         return allowed
@@ -102,27 +97,17 @@ def block_bias(
     return mask.masked_fill(~allowed, float("-inf"))
 
 
-def attend_dense(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    scaling: float,
-    bias: BiasFn,
-    params: Sequence[torch.Tensor] = (),
-    key_padding=None,
-    window=None,
-    q_start: int = 0,
-    row_scale=None,
-    max_rows: int = ROWS,
-) -> torch.Tensor:
-    """Causal attention of q (B, H, Tq, D) over k, v (B, H, Tk, D) with ``bias(h, i, j)`` added to the scores;
-    query r sits at slot q_start + r. ``params``: the tensors the bias is computed from (their gradients
-    are returned through the bias). ``max_rows``: fewer queries per block when a block's (B, H, C, Tc) scores
-    would be too large. Half inputs are scored in fp32. Returns (B, H, Tq, D) in q's dtype."""
+def attend_dense(c: Call, max_rows: int = ROWS) -> torch.Tensor:
+    """Causal attention of ``c.q`` (B, H, Tq, D) over ``c.k``, ``c.v`` (B, H, Tk, D) with ``c.bias(h, i, j)`` added
+    to the scores; query r sits at slot q_start + r; its key padding, window and per-row scale as ``Call`` says.
+    ``c.bias_params``: the tensors the bias is computed from (their gradients are returned through the bias).
+    ``max_rows``: fewer queries per block when a block's (B, H, C, Tc) scores would be too large. Half inputs are
+    scored in fp32. Returns (B, H, Tq, D) in q's dtype."""
+    q, k = c.q, c.k
     rows = max(1, min(ROWS, max_rows, block_rows(q.shape[0] * q.shape[1], k.shape[-2])))
-    spec = (bias, key_padding, window, q_start, None if row_scale is None else row_scale.detach(), scaling, rows)
-    return _Dense.apply(spec, q, k, v, *params)
+    row_scale = None if c.row_scale is None else c.row_scale.detach()
+    spec = (c.bias, c.key_padding, c.window, c.q_start, row_scale, c.scaling, rows)
+    return _Dense.apply(spec, q, k, c.v, *c.bias_params)
 
 
 def block_rows(BH: int, Tk: int) -> int:
@@ -145,9 +130,8 @@ def _blocks(spec, Tq: int):
 def _mask(spec, H, s, e, lo, hi, device):
     bias, key_padding, window, q_start, row_scale = spec[:5]
     rows = None if row_scale is None else row_scale[:, s:e]
-    return block_bias(
-        bias, H, q_start + s, e - s, lo, hi - lo, device, key_padding=key_padding, window=window, row_scale=rows
-    )
+    span, seen = Span(q_start + s, e - s, lo, hi - lo), Seen(key_padding, window)
+    return block_bias(bias, H, span, device, seen=seen, row_scale=rows)
 
 
 class _Dense(torch.autograd.Function):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from .call import Call
-from .cpu_flash_mask import block_bias
+from .cpu_flash_mask import Seen, Span, block_bias
 
 DECODE_ROWS = 16  # at most this many queries over a longer cache, no gradient: a decoding step
 
@@ -40,4 +40,4 @@ def block_mask(i0, i1, lo, hi, key_padding, window, device):
     or None when the block is the plain causal square (or a single query that sees every key)."""
     if key_padding is None and not window and lo == 0 and (i1 - i0 == hi or i1 - i0 == 1):
         return None
-    return block_bias(None, 1, i0, i1 - i0, lo, hi - lo, device, key_padding=key_padding, window=window)
+    return block_bias(None, 1, Span(i0, i1 - i0, lo, hi - lo), device, seen=Seen(key_padding, window))

@@ -50,7 +50,7 @@ def worth(c: Call) -> bool:
 def run(c: Call) -> torch.Tensor:
     fns = compiled()
     try:
-        return attend_flex(fns, c.q, c.k, c.v, c.scaling, c.bias, c.key_padding, c.window, c.q_start, c.row_scale)
+        return attend_flex(fns, c)
     except Exception as e:  # a compiler failure: say so, stop using flex in this process
         disable(e)
         raise Unavailable("flex failed", f"flex_attention failed: {e}") from e
@@ -82,12 +82,14 @@ def disable(error: Exception) -> None:
     log.warning("flex_attention failed (%s); this process uses the chunked SDPA path from now on", _error)
 
 
-def attend_flex(fns, q, k, v, scaling, bias, key_padding, window, q_start, row_scale=None):
-    """q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D) through ``fns`` (``compiled()``)."""
+def attend_flex(fns, c: Call):
+    """The call's causal attention (q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D)) with its bias, per-row
+    scale, window and key padding, through ``fns`` (``compiled()``)."""
     flex_attention, create_block_mask = fns
+    bias, key_padding, window, q_start, row_scale = c.bias, c.key_padding, c.window, c.q_start, c.row_scale
     # one memory layout whatever made q, k, v (a fused projection's views, a cache's concatenation): the
     # compiled function guards on strides, and a new layout would compile it again (seconds on CPU)
-    q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, D)
+    q, k, v = (t.contiguous() for t in (c.q, c.k, c.v))  # (B, H, T, D)
     B, H, Tq, D = q.shape
     Tk = k.shape[-2]
 
@@ -110,4 +112,4 @@ def attend_flex(fns, q, k, v, scaling, bias, key_padding, window, q_start, row_s
         return m
 
     block_mask = create_block_mask(mask_mod, B if key_padding is not None else None, None, Tq, Tk, device=q.device)
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=c.scaling)

@@ -31,6 +31,7 @@ On CUDA with FlashAttention 2 installed, auto takes ``flash-attn-alibi`` for hal
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -54,19 +55,20 @@ def serves(c: Call) -> str | None:
 def run(c: Call) -> torch.Tensor:
     # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
     cap = chunk_rows(c.q.shape[1], c.Tq, c.Tk) if c.dropout > 0 and not c.q.is_cuda else None
-    return attend_alibi(
-        c.q,
-        c.k,
-        c.v,
-        scaling=c.scaling,
-        slopes=c.slopes,
-        key_padding=c.key_padding,
-        window=c.window,
-        q_start=c.q_start,
-        dropout=c.dropout,
-        max_rows=cap,
-        row_scale=c.row_scale,
-    )
+    return attend_alibi(c, max_rows=cap)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What every query block of one head group shares (``_block``'s arguments besides its own rows)."""
+
+    slopes: torch.Tensor  # (H,) the group's ALiBi slopes
+    scaling: float
+    key_padding: torch.Tensor | None  # (B, Tk) bool, True = real token
+    window: int | None  # as in ``Call``
+    dropout: float
+    width: int  # the fused head width of q and k with the bias dims, and of the padded v
+    keys_back: int | None = None  # a ``reach``: each block reads the keys from that many before its first query on
 
 
 def parts_for(dtype: torch.dtype) -> int:
@@ -127,56 +129,41 @@ def _heads(x: torch.Tensor, idx: list[int]) -> torch.Tensor:
     return x[:, idx]
 
 
-def attend_alibi(
-    q,
-    k,
-    v,
-    *,
-    scaling,
-    slopes,
-    key_padding=None,
-    window=None,
-    q_start=0,
-    dropout=0.0,
-    max_rows: int | None = None,
-    row_scale: torch.Tensor | None = None,
-    keys_back: int | None = None,
-):
-    """Causal attention with bias ``-slopes[h] * (i - j)``: q (B, H, Tq, D), k/v (B, H, Tk, D), query r at
-    position q_start + r. key_padding (B, Tk) bool, True = real token; window as in ``Call``.
+def attend_alibi(c: Call, max_rows: int | None = None) -> torch.Tensor:
+    """Causal attention with bias ``-c.slopes[h] * (i - j)``: ``c.q`` (B, H, Tq, D), ``c.k``/``c.v`` (B, H, Tk, D),
+    query r at position q_start + r; key padding, window, dropout and a per-row scale as in ``Call``.
 
     ``max_rows`` caps the rows per block where the kernel falls back to materialising the scores
     (CPU SDPA with dropout runs the math path): then each block's scores are at most (H, max_rows, Tk)
     and, under grad, each block is checkpointed so backward never holds them all (linear memory).
 
-    ``row_scale`` (B, Tq) fp32 multiplies query r's bias (a temperature): the q side of the extra dims
+    ``c.row_scale`` (B, Tq) fp32 multiplies query r's bias (a temperature): the q side of the extra dims
     carries ``2^p * tau_r`` instead of ``2^p``, so inputs of at least fp32 only (``Call``).
 
-    ``keys_back`` (a ``reach``): each block of queries reads the keys from that many before its first query
-    on (a superset of what every row can see; no mask), in blocks of about that many rows."""
+    Heads are grouped by the blocks they need (``head_groups``); a blocked group reads only its ``reach``."""
+    groups = head_groups(c.slopes, c.Tq)
+    if len(groups) == 1:
+        return _attend_group((c.q, c.k, c.v), c.slopes, c, max_rows)
+    outs = []  # steep heads in blocks (or through their reach), the rest as one causal square
+    for n, g in enumerate(groups):
+        qg, kg, vg = _heads(c.q, g), _heads(c.k, g), _heads(c.v, g)
+        far = None
+        if n and c.row_scale is None and not c.dropout:  # a blocked group: keys past its reach hold nothing
+            far = reach(qg, kg, c.slopes[g], c.scaling)
+            far = None if far >= c.q_start + c.Tq else far
+        outs.append(_attend_group((qg, kg, vg), c.slopes[g], c, max_rows, keys_back=far))
+    order = torch.tensor([h for g in groups for h in g]).argsort().to(c.q.device)
+    return torch.cat(outs, dim=1)[:, order]  # (B, H, Tq, D) in the heads' own order
+
+
+def _attend_group(qkv, slopes, c: Call, max_rows: int | None, keys_back: int | None = None) -> torch.Tensor:
+    """The call's attention for the heads of ``qkv`` (q (B, h, Tq, D), k/v (B, h, Tk, D)) and their ``slopes``
+    (h,), in blocks of queries. ``keys_back`` (a ``reach``): each block of queries reads the keys from that many
+    before its first query on (a superset of what every row can see; no mask), in blocks of about that many rows."""
+    q, k, v = qkv
     B, H, Tq, D = q.shape
-    groups = head_groups(slopes, Tq)
-    if len(groups) > 1:  # steep heads in blocks (or through their reach), the rest as one causal square
-        kw = dict(
-            scaling=scaling,
-            key_padding=key_padding,
-            q_start=q_start,
-            dropout=dropout,
-            max_rows=max_rows,
-            row_scale=row_scale,
-        )
-        outs = []
-        for n, g in enumerate(groups):
-            qg, kg, vg = _heads(q, g), _heads(k, g), _heads(v, g)
-            far = None
-            if n and row_scale is None and not dropout:  # a blocked group: keys past its reach hold nothing
-                far = reach(qg, kg, slopes[g], scaling)
-                far = None if far >= q_start + Tq else far
-            outs.append(attend_alibi(qg, kg, vg, slopes=slopes[g], window=window, keys_back=far, **kw))
-        order = torch.tensor([h for g in groups for h in g]).argsort().to(q.device)
-        return torch.cat(outs, dim=1)[:, order]  # (B, H, Tq, D) in the heads' own order
-    parts = parts_for(q.dtype)
-    width = fused_width(D + parts, q)
+    width = fused_width(D + parts_for(q.dtype), q)
+    spec = Spec(slopes, c.scaling, c.key_padding, c.window, c.dropout, width, keys_back)
     v_wide = pad_to(v, width)  # (B, H, Tk, W): one padded copy, blocks take views of it
     rows = block_rows(slopes, Tq)
     if keys_back:
@@ -188,53 +175,41 @@ def attend_alibi(
     outs = []
     for s in range(0, Tq, rows):
         e = min(Tq, s + rows)
-        scale = None if row_scale is None else row_scale[:, s:e]
-        args = (
-            q[:, :, s:e],
-            k,
-            v_wide,
-            q_start + s,
-            slopes,
-            scaling,
-            key_padding,
-            window,
-            dropout,
-            width,
-            scale,
-            keys_back,
-        )
+        scale = None if c.row_scale is None else c.row_scale[:, s:e]
+        args = (q[:, :, s:e], k, v_wide, c.q_start + s, scale, spec)
         outs.append(checkpoint(_block, *args, use_reentrant=False) if use_ckpt else _block(*args))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
-def _block(qb, k, v_wide, i0, slopes, scaling, key_padding, window, dropout, width, row_scale=None, keys_back=None):
+def _block(qb, k, v_wide, i0, row_scale, spec: Spec):
     """One block of queries at absolute positions [i0, i0 + C) over the keys they can see (from ``keys_back``
-    keys before the block on, when given)."""
+    keys before the block on, when given); ``row_scale`` (B, C) or None."""
     B, H, C, D = qb.shape
     parts = parts_for(qb.dtype)
+    key_padding, window, dropout, keys_back = spec.key_padding, spec.window, spec.dropout, spec.keys_back
     i1 = i0 + C
     lo = max(0, i0 - window + 1 if window else 0, i0 - keys_back if keys_back else 0)
     hi = i1  # causal: keys up to the block's last query
     centre = (i0 + i1 - 1) // 2
     pos = torch.arange(lo, hi, device=qb.device)
-    dims, p2 = _bias_dims(slopes, pos, centre, scaling, qb.dtype, parts)  # (H, Tc, P)
+    dims, p2 = _bias_dims(spec.slopes, pos, centre, spec.scaling, qb.dtype, parts)  # (H, Tc, P)
     if row_scale is None:
         q_side = qb.new_full((B, H, C, parts), p2)
     else:  # tau_r * m_h * (j - c): the row's constant tau_r * m_h * (c - i) still cancels in the softmax
         q_side = (row_scale.to(qb.dtype) * p2)[:, None, :, None].expand(B, H, C, parts)
     qx = torch.cat([qb, q_side], dim=-1)  # (B, H, C, D+P)
     kx = torch.cat([k[:, :, lo:hi], dims.unsqueeze(0).expand(B, H, hi - lo, parts)], dim=-1)  # (B, H, Tc, D+P)
-    qx, kx = pad_to(qx, width), pad_to(kx, width)
+    qx, kx = pad_to(qx, spec.width), pad_to(kx, spec.width)
     if i0 > lo and C > 1 and key_padding is None and not window and not dropout and cpu_flash.available(qx):
         # keys before the block, then its own causal square: no (C, Tc) mask is built or kept
         r = i0 - lo  # keys before the block, in kx
         out = cpu_flash.rectangle_then_square(
-            qx, kx[:, :, :r], v_wide[:, :, lo:i0], kx[:, :, r:], v_wide[:, :, i0:hi], scaling
+            qx, kx[:, :, :r], v_wide[:, :, lo:i0], kx[:, :, r:], v_wide[:, :, i0:hi], spec.scaling
         )
         return out[..., :D]
     mask = block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
     square = mask is None and i0 == 0  # the whole causal square: the fastest call
     out = F.scaled_dot_product_attention(
-        qx, kx, v_wide[:, :, lo:hi], attn_mask=mask, dropout_p=dropout, is_causal=square and C > 1, scale=scaling
+        qx, kx, v_wide[:, :, lo:hi], attn_mask=mask, dropout_p=dropout, is_causal=square and C > 1, scale=spec.scaling
     )
     return out[..., :D]

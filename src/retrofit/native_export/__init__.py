@@ -122,6 +122,9 @@ def _reload_class(model):
     return getattr(transformers, task.auto_class)
 
 
+CHECK_OPTIONS = {"ppl_text": "stdlib", "tolerance": TOLERANCE}  # export's keywords for its check, and defaults
+
+
 def export(
     model_or_run_dir,
     path: str | os.PathLike,
@@ -131,8 +134,7 @@ def export(
     max_length: int | None = None,
     check_length: int | None = None,
     approximate: bool = False,
-    ppl_text: str = "stdlib",
-    tolerance: float = TOLERANCE,
+    **check,
 ) -> ExportResult:
     """Write ``model_or_run_dir`` (a converted model, a retrofit checkpoint folder, or a run folder with
     ``final/``) to ``path``. ``native=True``: a native transformers architecture (see the module doc);
@@ -143,11 +145,13 @@ def export(
     ``check_length``: tokens of the random-id equivalence check (default min(4 x native, native + 1024)).
     ``approximate=True``: also write the closest architecture where none is exact (gpt2 + alibi with
     scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
-    is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.models.data`` spec) at ``check_length``.
-    An export that should be exact but differs by more than ``tolerance`` raises and writes nothing."""
+    is known, the perplexity of both models on ``ppl_text`` (a keyword: a ``retrofit.models.data`` spec, default
+    "stdlib") at ``check_length``. An export that should be exact but differs by more than ``tolerance`` (a
+    keyword, default ``TOLERANCE``) raises and writes nothing."""
     from ..models.io import save
     from ..patch.core import UNBOUNDED, reach
 
+    check = _check_options(check)
     model, tok, source = _resolve_source(model_or_run_dir)
     tokenizer = tokenizer if tokenizer is not None else tok
     info = _info(model)
@@ -164,24 +168,7 @@ def export(
             notes=["load with retrofit.load(path)"],
         )
     pair = (info["architecture"], info["scheme"])
-    if f"{pair[0]}+{pair[1]}" not in MAPPINGS:
-        raise RetrofitError(
-            f"no native architecture expresses {pair[0]} + {pair[1]}; supported: {'; '.join(supported_pairs())}. "
-            "Export without --native (retrofit format) and load it with retrofit.load(path)"
-        )
-    if info["options"].get("temperature"):
-        raise RetrofitError(
-            f"no native architecture expresses the length-aware temperature (temperature="
-            f"{info['options']['temperature']}): {'; '.join(supported_pairs())} have no per-position logit scale "
-            "(Llama 4's attn_temperature_tuning uses another, floored formula). Export without --native "
-            "(retrofit format) and load it with retrofit.load(path)"
-        )
-    if info["options"].get("extension", "none") != "none":
-        raise RetrofitError(
-            f"no native architecture expresses rope extension {info['options']['extension']!r} (a second rotary "
-            "view for the far keys, merged per query-key pair): transformers' rope_parameters rotate each "
-            "position one way. Export without --native (retrofit format) and load it with retrofit.load(path)"
-        )
+    _refuse_inexpressible(pair, info["options"])
     fn = MAPPINGS.get(f"{pair[0]}+{pair[1]}").build
     native_len = int(info["native"]["length"])
     limit = reach(model) if reach(model) < UNBOUNDED else None  # a finite scheme (extend: its table's rows)
@@ -198,10 +185,41 @@ def export(
     try:
         built = fn(model, info, opts)
         check_len = min(check_len, built.limit or check_len)  # a baked table is the exported model's limit
-        check = {"length": check_len, "tolerance": tolerance, "ppl_text": ppl_text}
+        check = {"length": check_len, **check}
         return _write(model, built, tokenizer, path, pair, info, source, check)
     finally:
         model.train(was_training)
+
+
+def _check_options(given: dict) -> dict:
+    """``CHECK_OPTIONS`` with export's keywords ``given`` set; any other keyword is the TypeError of a call."""
+    for name in given:
+        if name not in CHECK_OPTIONS:
+            raise TypeError(f"export() got an unexpected keyword argument {name!r}")
+    return {**CHECK_OPTIONS, **given}
+
+
+def _refuse_inexpressible(pair: tuple[str, str], options: dict) -> None:
+    """RetrofitError when no native architecture expresses the conversion (no mapping for the pair, a length-aware
+    temperature, a rope extension)."""
+    if f"{pair[0]}+{pair[1]}" not in MAPPINGS:
+        raise RetrofitError(
+            f"no native architecture expresses {pair[0]} + {pair[1]}; supported: {'; '.join(supported_pairs())}. "
+            "Export without --native (retrofit format) and load it with retrofit.load(path)"
+        )
+    if options.get("temperature"):
+        raise RetrofitError(
+            f"no native architecture expresses the length-aware temperature (temperature="
+            f"{options['temperature']}): {'; '.join(supported_pairs())} have no per-position logit scale "
+            "(Llama 4's attn_temperature_tuning uses another, floored formula). Export without --native "
+            "(retrofit format) and load it with retrofit.load(path)"
+        )
+    if options.get("extension", "none") != "none":
+        raise RetrofitError(
+            f"no native architecture expresses rope extension {options['extension']!r} (a second rotary "
+            "view for the far keys, merged per query-key pair): transformers' rope_parameters rotate each "
+            "position one way. Export without --native (retrofit format) and load it with retrofit.load(path)"
+        )
 
 
 def _positive(name: str, value, default: int) -> int:

@@ -18,10 +18,12 @@ not the original; reverting and converting again every step would rebuild the sc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -133,51 +135,111 @@ def zero_shot(
     return {"ppl": ppl, "original": orig, "ratio": ppl / orig["ppl"]}
 
 
-def calibrate(
-    model,
-    teacher,
-    data,
-    *,
-    tokenizer,
-    steps: int = STEPS,
-    learning_rate: float = LEARNING_RATE,
-    batch_size: int = BATCH_SIZE,
-    heldout=HELDOUT,
-    budget: int = BUDGET,
-    seed: int = SEED,
-    progress: bool | None = None,
-) -> dict:
+OPTIONS = tuple(f.name for f in dataclasses.fields(CalibrateConfig) if f.name != "data")  # calibrate's keywords
+
+
+def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bool | None = None, **options) -> dict:
     """Train ``model``'s position parameters (only them) for ``steps`` Adam steps on KL(teacher || model) over
     native-length blocks of ``data``; returns the record (also what ``retrofit convert --calibrate`` saves as
     ``calibrate.json``): the ratio to the original at 1x on ``heldout`` before and after, the KL per step,
     seconds. ``teacher``: the unconverted original (frozen here). ``data``/``heldout``: data specs or lists of
     ``Document``; they must share no document. Documents are tokenized in order until there are
-    ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate."""
+    ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate.
+    ``options``: the keywords ``steps``, ``learning_rate``, ``batch_size``, ``heldout`` and ``budget`` (``OPTIONS``:
+    the recipe's ``convert.calibrate`` section less its data, ``CalibrateConfig``, whose defaults they take)."""
     from ..foundation.quiet import progress_bars
     from ..patch.core import describe, set_position_controls
 
+    o = _options(options)
     check_calibratable(model)
-    for key, v in (("steps", steps), ("batch_size", batch_size), ("budget", budget)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise OptionError(f"calibrate: {key} must be a positive integer, got {v!r}")
-    if not learning_rate > 0:
-        raise OptionError(f"calibrate: learning_rate must be > 0, got {learning_rate!r}")
+    _check_values(o)
     progress = progress_bars() if progress is None else progress
     info = describe(model)
     length = info["native"]["length"]
     if info["max_length"]:
         length = min(length, info["max_length"])
-    train_docs, held_docs = _documents(data, heldout, steps * batch_size * length, budget)
-    blocks = _blocks(tokenizer, train_docs, length, steps * batch_size)
+    train_docs, held_docs = _documents(data, o.heldout, o.steps * o.batch_size * length, o.budget)
+    blocks = _blocks(tokenizer, train_docs, length, o.steps * o.batch_size)
     device = next(model.parameters()).device
     teacher.to(device).eval().requires_grad_(False)
     set_position_controls(model)  # no offset, fade or override: the model as it will be used
 
     t0 = time.perf_counter()
-    before = zero_shot(model, teacher, tokenizer, held_docs, length, budget, progress)
+    before = zero_shot(model, teacher, tokenizer, held_docs, length, o.budget, progress)
     eval_seconds = time.perf_counter() - t0
     log.info("calibrate: ratio to the original at 1x before: %.4f", before["ratio"])
 
+    was_training = model.training
+    fit = _fit(model, teacher, blocks, o, seed, tokenizer, device, progress)
+
+    t2 = time.perf_counter()
+    after = zero_shot(model, teacher, tokenizer, held_docs, length, o.budget, progress, original=before["original"])
+    model.train(was_training)  # the evaluation leaves it in eval mode: the caller's mode back
+    eval_seconds += time.perf_counter() - t2
+    record = {
+        "data": _label(data),
+        "heldout": _label(o.heldout),
+        "native_length": length,
+        "blocks": len(blocks),
+        "steps": o.steps,
+        "batch_size": o.batch_size,
+        "learning_rate": o.learning_rate,
+        "seed": seed,
+        "schedule": f"Adam, linear warmup {fit.warmup} steps, cosine to 10%",
+        "parameters": fit.parameters,
+        **_kl_fields(fit.losses),
+        **_ppl_fields(before, after),
+        "train_seconds": round(fit.seconds, 2),
+        "train_cpu_seconds": round(fit.cpu_seconds, 2),
+        "eval_seconds": round(eval_seconds, 2),
+        "threads": torch.get_num_threads(),
+    }
+    log.info(
+        "calibrate: %d steps in %.1f s, KL %.4f -> %.4f; ratio to the original at 1x %.4f -> %.4f",
+        o.steps,
+        fit.seconds,
+        record["kl_first10"],
+        record["kl_last10"],
+        before["ratio"],
+        after["ratio"],
+    )
+    return record
+
+
+def _options(given: dict) -> CalibrateConfig:
+    """The recipe's defaults with calibrate's keywords ``given`` set; any other keyword is the TypeError of a call."""
+    for name in given:
+        if name not in OPTIONS:
+            raise TypeError(f"calibrate() got an unexpected keyword argument {name!r}")
+    return dataclasses.replace(_DEFAULTS, **given)
+
+
+def _check_values(o: CalibrateConfig) -> None:
+    for key, v in (("steps", o.steps), ("batch_size", o.batch_size), ("budget", o.budget)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise OptionError(f"calibrate: {key} must be a positive integer, got {v!r}")
+    if not o.learning_rate > 0:
+        raise OptionError(f"calibrate: learning_rate must be > 0, got {o.learning_rate!r}")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What calibrating's optimizer steps leave: the trained parameters' sizes by name, the KL per step, the warmup,
+    wall and CPU seconds."""
+
+    parameters: dict[str, int]
+    losses: list[float]
+    warmup: int
+    seconds: float
+    cpu_seconds: float
+
+
+def _fit(model, teacher, blocks, o: CalibrateConfig, seed: int, tokenizer, device, progress: bool) -> Fit:
+    """``o.steps`` Adam steps of the position parameters alone (every other parameter frozen, the model in eval
+    mode) on KL(teacher || model) over ``blocks`` in seeded orders; requires_grad flags and mode put back."""
+    from tqdm.auto import tqdm
+
+    steps, batch_size = o.steps, o.batch_size
     named = position_parameters(model)
     params = [p for _, p in named]
     trains = {id(p) for p in params}
@@ -186,7 +248,7 @@ def calibrate(
     for p in model.parameters():
         p.requires_grad_(id(p) in trains)
     model.eval()  # no dropout: the converted model's distribution as it is used, against the original's
-    optimizer = torch.optim.Adam(params, lr=learning_rate)
+    optimizer = torch.optim.Adam(params, lr=o.learning_rate)
     warmup = max(1, min(10, steps // 10))
     schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warmup, then cosine to 10% of the peak
         optimizer,
@@ -199,8 +261,6 @@ def calibrate(
     order = _order(len(blocks), steps * batch_size, seed)
     masker = masker_for(model, tokenizer)  # a masked LM: its seeded draws; None for a causal LM
     losses: list[float] = []
-    from tqdm.auto import tqdm
-
     t1, c1 = time.perf_counter(), time.process_time()
     try:
         with tqdm(total=steps, disable=not progress, desc="calibrate", unit="step", dynamic_ncols=True) as bar:
@@ -218,28 +278,25 @@ def calibrate(
         for p, flag in flags:
             p.requires_grad_(flag)
         model.train(was_training)
-    train_seconds, train_cpu = time.perf_counter() - t1, time.process_time() - c1
+    seconds, cpu_seconds = time.perf_counter() - t1, time.process_time() - c1
+    return Fit({name: p.numel() for name, p in named}, losses, warmup, seconds, cpu_seconds)
 
-    t2 = time.perf_counter()
-    after = zero_shot(model, teacher, tokenizer, held_docs, length, budget, progress, original=before["original"])
-    model.train(was_training)  # the evaluation leaves it in eval mode: the caller's mode back
-    eval_seconds += time.perf_counter() - t2
+
+def _kl_fields(losses: list[float]) -> dict:
+    """The record's KL: the mean of the first and of the last ten steps, and every step's (rounded)."""
     head = losses[: min(10, len(losses))]
     tail = losses[-min(10, len(losses)) :]
-    record = {
-        "data": _label(data),
-        "heldout": _label(heldout),
-        "native_length": length,
-        "blocks": len(blocks),
-        "steps": steps,
-        "batch_size": batch_size,
-        "learning_rate": learning_rate,
-        "seed": seed,
-        "schedule": f"Adam, linear warmup {warmup} steps, cosine to 10%",
-        "parameters": {name: p.numel() for name, p in named},
+    return {
         "kl_first10": sum(head) / len(head),
         "kl_last10": sum(tail) / len(tail),
         "kl": [round(x, 6) for x in losses],
+    }
+
+
+def _ppl_fields(before: dict, after: dict) -> dict:
+    """The record's held-out measure: its tokens, the original's perplexity, the converted model's and the ratio
+    before and after."""
+    return {
         "heldout_tokens": before["original"]["tokens"],
         "heldout_fingerprint": before["original"]["fingerprint"],
         "ppl_original": before["original"]["ppl"],
@@ -247,21 +304,7 @@ def calibrate(
         "ppl_after": after["ppl"],
         "ratio_before": before["ratio"],
         "ratio_after": after["ratio"],
-        "train_seconds": round(train_seconds, 2),
-        "train_cpu_seconds": round(train_cpu, 2),
-        "eval_seconds": round(eval_seconds, 2),
-        "threads": torch.get_num_threads(),
     }
-    log.info(
-        "calibrate: %d steps in %.1f s, KL %.4f -> %.4f; ratio to the original at 1x %.4f -> %.4f",
-        steps,
-        train_seconds,
-        record["kl_first10"],
-        record["kl_last10"],
-        before["ratio"],
-        after["ratio"],
-    )
-    return record
 
 
 def _kl_step(model, teacher, batch: torch.Tensor, masker, draw: int) -> torch.Tensor:

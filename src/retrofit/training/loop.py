@@ -20,7 +20,9 @@ import logging
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,10 +119,11 @@ def _finetune(r: Recipe) -> Path:
         train_set, val_set = source, _stream_validation(r, tok, source)
     if acc.is_main_process:
         _write_run_info(r, out, model, train_set, val_set, acc.num_processes)
-    out = _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap, masker)
+    handed = Handed(model, tok, teacher, view, fade_offset_cap, masker)
+    out = _train(r, acc, handed, train_set, val_set)
     # Every tensor of the run goes before the process group does: gloo's threads must not hold any when
     # the interpreter finalises (a rank aborted at exit, "terminate called without an active exception").
-    del model, teacher, train_set, val_set
+    del model, teacher, handed, train_set, val_set
     acc.free_memory()  # the accelerator's references (prepared model, optimizer, loaders), then gc
     acc.wait_for_everyone()
     acc.end_training()
@@ -351,9 +354,41 @@ def _write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> 
 
 
 # ---- training ------------------------------------------------------------------------------
-def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_cap, masker=None) -> Path:
+@dataclass(frozen=True)
+class Handed:
+    """What ``_finetune`` hands the loop besides the recipe, the accelerator and the data: the model (converted,
+    made trainable) and its tokenizer, the distillation teacher (or None) and how it reads a block, the cap on the
+    random offset while the native mechanism fades in, and what the loss reads (a masker, a task's objective)."""
+
+    model: Any
+    tok: Any
+    teacher: Any
+    view: TeacherView
+    fade_offset_cap: int | None
+    masker: Any = None
+
+
+@dataclass
+class Steps:
+    """What a training step's bookkeeping and the finish read: the recipe, the accelerator, the prepared model, the
+    validation loader, the base model (its position controls), the loop state, the meter, the stream's place (or
+    None) and what the loss reads."""
+
+    r: Recipe
+    acc: Any
+    model: Any
+    val_loader: Any
+    base: Any
+    progress: Progress
+    meter: Meter
+    where: StreamPlace | None = None
+    masker: Any = None
+
+
+def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
     t, out = r.train, Path(r.output_dir)
-    model, optimizer, train_loader, val_loader, scheduler, sampler = _prepare(r, acc, model, train_set, val_set)
+    teacher, view, masker = handed.teacher, handed.view, handed.masker
+    model, optimizer, train_loader, val_loader, scheduler, sampler = _prepare(r, acc, handed.model, train_set, val_set)
     if teacher is not None:
         teacher.to(acc.device)
     shards = sharding.sharded_parameters(model) if sharding.route(acc).startswith("fsdp2") else None
@@ -380,10 +415,11 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
     # .grad stays None, and the clip norm would leave them out (measured: docs/finetune.md, "Sharded fine-tunes").
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
     meter = Meter(r, acc, progress.step, clock, view)
-    batches = block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, tok)
+    steps = Steps(r, acc, model, val_loader, base, progress, meter, where, masker)
+    batches = block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, handed.tok)
     with Interrupts() as stop:  # Ctrl-C: a checkpoint at the step reached, then KeyboardInterrupt
         for batch in batches if progress.step < t.steps else ():
-            drawn = _position_controls(base, r, progress.step, fade_offset_cap)
+            drawn = _position_controls(base, r, progress.step, handed.fade_offset_cap)
             batch = _with_copies(r, acc, batch, drawn)
             with acc.accumulate(model):
                 loss, parts = _loss(acc, model, teacher, batch, r, view, clock, masker)
@@ -398,7 +434,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
             if not acc.sync_gradients:
                 continue
             progress.step += 1
-            _after_step(r, acc, out, model, val_loader, base, progress, meter, where, masker)
+            _after_step(steps)
             if stop.agreed(acc):
                 _save_interrupted(r, acc, out, progress.step, where, meter)
             if progress.step >= t.steps:
@@ -407,7 +443,7 @@ def _train(r, acc, model, tok, teacher, train_set, val_set, view, fade_offset_ca
         optimizer.zero_grad()  # a partial accumulation at the stream's end is not stepped
         where.say_short(progress.step, meter.tokens_per_step)
     meter.close()
-    return _finish(r, acc, model, tok, val_loader, base, progress, meter, shards, where, masker)
+    return _finish(steps, handed.tok, shards)
 
 
 def _save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
@@ -478,15 +514,16 @@ def _prepare(r, acc, model, train_set, val_set):
     return (*prepared, sampler)
 
 
-def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=None, masker=None):
-    t, step = r.train, progress.step
+def _after_step(s: Steps) -> None:
+    r, acc, meter, where = s.r, s.acc, s.meter, s.where
+    out, t, step = Path(r.output_dir), r.train, s.progress.step
     if step % t.log_every == 0 or step == t.steps:
         outputs.log_record(acc, out, meter.record(acc, step))
         meter.reset()
     meter.bar.update(meter.tokens_per_step)
     t0 = time.perf_counter()
     if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-        val = _evaluate(acc, model, val_loader, base, r, masker)
+        val = _evaluate(acc, s.model, s.val_loader, s.base, r, s.masker)
         outputs.log_record(acc, out, {"step": step, "val_loss": val})
     if r.checkpoint.every and step % r.checkpoint.every == 0:
         if where is not None:
@@ -495,8 +532,10 @@ def _after_step(r, acc, out, model, val_loader, base, progress, meter, where=Non
     meter.skip(time.perf_counter() - t0)
 
 
-def _finish(r, acc, model, tok, val_loader, base, progress, meter, shards=None, where=None, masker=None) -> Path:
+def _finish(s: Steps, tok, shards=None) -> Path:
     """Validation after training, rank checksums, final/ + adapter/, summary.json."""
+    r, acc, model, val_loader, base = s.r, s.acc, s.model, s.val_loader, s.base
+    progress, meter, where, masker = s.progress, s.meter, s.where, s.masker
     out = Path(r.output_dir)
     _position_controls(base, r, None)
     val_after = _evaluate(acc, model, val_loader, base, r, masker)
