@@ -102,7 +102,13 @@ def test_the_held_out_records_are_those_the_fine_tune_held_out(tmp_path):
     assert heldout_split(list(range(40)), 3, 0.25, 4)[1] == held[:4]  # at most max_validation_blocks
     run = tmp_path / "run"
     (run / "final").mkdir(parents=True)
-    data = {"files": "r.jsonl", "dataset": None, "validation_fraction": 0.25, "max_validation_blocks": 64}
+    data = {
+        "files": "r.jsonl",
+        "dataset": None,
+        "validation_fraction": 0.25,
+        "max_validation_blocks": 64,
+        "split": "train",
+    }
     (run / "recipe.yaml").write_text(json.dumps({"data": data, "train": {"seed": 3}}))
     src = records.source_for("stdlib", run / "final", given=False)
     assert src.heldout == (3, 0.25, 64) and src.data.files == "r.jsonl"

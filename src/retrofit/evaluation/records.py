@@ -52,10 +52,12 @@ def source_for(data, model_path, given: bool):
         return run[0]["dataset"]
     if run is not None:
         d, train = run
+        what = f"the held-out records of {d['files'] or d['dataset']}"
+        if d.get("streaming"):  # a streamed fine-tune held out the first records (of validation_split, if named)
+            split = d["validation_split"] or d["split"]
+            return Records(SimpleNamespace(**{**d, "split": split, "max_documents": d["max_validation_blocks"]}), what)
         return Records(
-            SimpleNamespace(**d),
-            f"the held-out records of {d.get('files') or d.get('dataset')}",
-            (train.get("seed", 0), d.get("validation_fraction", 0.05), d.get("max_validation_blocks", 64)),
+            SimpleNamespace(**d), what, (train["seed"], d["validation_fraction"], d["max_validation_blocks"])
         )
     raise OptionError(
         "a classifier or an embedding model is evaluated on a long-document task or on records: pass --data with one "

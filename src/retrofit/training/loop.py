@@ -86,13 +86,13 @@ def _finetune(r: Recipe) -> Path:
     from accelerate.utils import set_seed
 
     set_seed(r.train.seed)
-    source = stream.StreamSource.of(r.data) if r.task is None and rdata.streams(r.data) else None  # probed here
+    source = tasks.stream_of(r)  # opened and probed here: a missing dataset, file or field fails now
     train_docs, val_docs = _documents(r) if source is None and r.task is None else (None, None)
     _budget(r, acc, source)
     sharding.mark_baseline()
     with sharding.whole_models():
         with acc.main_process_first():
-            model, tok = mdl.load(r.model, tasks.model_task(r))
+            model, tok = mdl.load(r.model, tasks.model_task(r, source))
         model.train()
         native = describe(model)["native"].get("length")
         view = TeacherView.of(r.train, r.data.block_length, native)  # a stride past native fails here
@@ -112,7 +112,7 @@ def _finetune(r: Recipe) -> Path:
             mdl.enable_checkpointing(model)
         model = mdl.make_trainable(model, r.train)
     if r.task is not None:
-        train_set, val_set = tasks.datasets(r, tok, acc.num_processes)
+        train_set, val_set = tasks.datasets(r, tok, acc.num_processes, source)
     elif source is None:
         train_set, val_set = _datasets(r, tok, train_docs, val_docs, acc)
     else:
@@ -337,7 +337,9 @@ def _write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> 
         "validation_blocks": len(val),
     }
     if r.task is not None:
-        info.update(task=r.task, train_examples=len(train))
+        info["task"] = r.task
+    if r.task is not None and not isinstance(train, stream.StreamSource):
+        info["train_examples"] = len(train)
     elif isinstance(train, stream.StreamSource):
         info.update(
             train_stream=train.what,

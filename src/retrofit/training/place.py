@@ -11,6 +11,7 @@ import torch
 from ..models import data as rdata
 from . import blocks as blk
 from . import stream
+from .task_stream import batch_rows, to_device
 
 log = logging.getLogger("retrofit.training.loop")  # the loop's messages, under the loop's name
 
@@ -59,8 +60,8 @@ class StreamPlace:
                 return
             self.now = after
             if self.r.train.rank_checksums:
-                self.seen += [rdata.fingerprint(row.tolist()) for row in batch]
-            yield batch.to(self.acc.device)
+                self.seen += [rdata.fingerprint(row.tolist()) for row in batch_rows(batch)]
+            yield to_device(batch, self.acc.device)
         self._all_have(False)
 
     def _all_have(self, mine: bool) -> bool:

@@ -108,6 +108,11 @@ class DataConfig:
     label_field: str = _help("task: classification: the column holding each text's label.", "label")
     query_field: str = _help("task: embedding: the column holding the query (the anchor).", "query")
     document_field: str = _help("task: embedding: the column holding the document the query must find.", "document")
+    labels: Optional[list] = _help(
+        "task: classification: the class names, in the order of the model's classes (default: the records' labels, "
+        "sorted; a stream reads them from its class-label column, else needs this).",
+        None,
+    )
     files: Optional[Union[str, list]] = _help(
         "Local files, directories or globs (a string or a list), relative to the working directory: json, jsonl and "
         "parquet records (text in text_field) stream; UTF-8 text files are read whole, one document per file (a file "
@@ -432,7 +437,14 @@ def _check_task(r: "Recipe") -> None:
             "'train.positions'",
         ),
         (d.copies.spans > 0, "'data.copies'"),
-        (d.streaming is True, "'data.streaming: true' (a task reads its records whole)"),
+        (
+            d.streaming is True and isinstance(d.dataset, str) and d.dataset.startswith("longdoc:"),
+            "'data.streaming: true' with a longdoc: task (its examples are made on the fly, never read)",
+        ),
+        (
+            d.streaming is True and d.max_documents is not None,
+            "'data.max_documents' on a stream (train.steps bound it)",
+        ),
         (r.convert.calibrate.data is not None, "'convert.calibrate'"),
     ]
     for bad, what in why:

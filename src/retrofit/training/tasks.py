@@ -53,21 +53,43 @@ class Generated(Dataset):
         return Row(ex.ids, ex.label, ex.query or None)
 
 
-def label_names(r) -> tuple[str, ...]:
-    """The recipe's classes in label order: the task's (longdoc), else the labels its records hold (sorted)."""
+def label_names(r, source=None) -> tuple[str, ...]:
+    """The recipe's classes in label order: the task's (longdoc), ``data.labels``, a stream's class-label column, else
+    the labels its records hold (sorted)."""
     if longdoc.is_spec(r.data.dataset):
         return longdoc.task_of(r.data.dataset).labels
+    if source is not None:
+        return source.class_names(r.data.labels)
+    if r.data.labels:
+        return tuple(str(x) for x in r.data.labels)
     return tuple(str(x) for x in _label_names(_records(r), r.data.label_field))
 
 
-def model_task(r) -> tuple:
+def model_task(r, source=None) -> tuple:
     """(the recipe's task, its class names or None) as ``model.load`` takes them."""
-    return (r.task, label_names(r) if r.task == "classification" else None)
+    return (r.task, label_names(r, source) if r.task == "classification" else None)
 
 
-def datasets(r, tok, processes: int) -> tuple[Dataset, Dataset]:
-    """(training examples, validation examples) for ``r.task``."""
+def stream_of(r):
+    """The recipe's stream, opened and probed: an LM's documents (``stream.StreamSource``) when its data streams, a
+    task's records (``task_stream.TaskStream``) with ``data.streaming: true``; None when the data is read whole."""
+    from ..models.data import streams
+    from .stream import StreamSource
+    from .task_stream import TaskStream
+
+    if r.task is None:
+        return StreamSource.of(r.data) if streams(r.data) else None
+    return TaskStream.of_task(r) if r.data.streaming else None
+
+
+def datasets(r, tok, processes: int, source=None) -> tuple[Dataset, Dataset]:
+    """(training examples, validation examples) for ``r.task``; with a ``source`` (a TaskStream), the stream itself
+    and its held-out examples."""
     d = r.data
+    if source is not None:
+        names = list(label_names(r, source)) if r.task == "classification" else []
+        source.row = lambda rec: _row(r, tok, rec, names)
+        return _with_collate(tok, source, source.validation(tok, d.block_length, d.packing, d.max_validation_blocks))
     if longdoc.is_spec(d.dataset):
         info = longdoc.task_of(d.dataset)
         if info.kind != r.task:
@@ -126,7 +148,10 @@ def _row(r, tok, rec: dict, names: list[str]) -> Row:
         raise DataError(f"a record has no field {missing[0]!r} (fields: {', '.join(rec)}); set data.*_field")
     cut = lambda text: tok(str(text), truncation=True, max_length=d.block_length).input_ids  # noqa: E731
     if r.task == "classification":
-        return Row(cut(rec[d.text_field]), names.index(str(rec[d.label_field])))
+        label = str(rec[d.label_field])
+        if label not in names:
+            raise DataError(f"a record's label {label!r} is not one of the classes ({', '.join(names)}; data.labels)")
+        return Row(cut(rec[d.text_field]), names.index(label))
     return Row(cut(rec[d.document_field]), query=cut(rec[d.query_field]))
 
 
