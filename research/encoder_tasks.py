@@ -125,17 +125,29 @@ def ship(task: str) -> Path:
     return dest
 
 
+LR = 3e-4
+HP = {"batch": BATCH, "lr": LR}  # the cells' fine-tune; --batch / --lr make a variant (its own runs and name)
+
+
+def variant(scheme: str) -> str:
+    """A cell's name: the scheme, and the fine-tune's batch and learning rate when they are not the study's."""
+    if (HP["batch"], HP["lr"]) == (BATCH, LR):
+        return scheme
+    return f"{scheme} (batch {HP['batch']}, lr {HP['lr']:g})"
+
+
 def cell(task: str, scheme: str, base: Path) -> dict:
-    out = RUNS / f"{task}-{scheme}"
-    steps = BUDGET // (BATCH * LONGEST)
+    name = variant(scheme)
+    out = RUNS / f"{task}-{name.replace(' ', '').replace('(', '-').replace(')', '').replace(',', '-')}"
+    steps = BUDGET // (HP["batch"] * LONGEST)
     t0 = time.time()
     if not (out / "summary.json").is_file():
-        retrofit.finetune(recipe(task, str(base), out, (256, LONGEST), steps, BATCH, 3e-4, scheme))
+        retrofit.finetune(recipe(task, str(base), out, (256, LONGEST), steps, HP["batch"], HP["lr"], scheme))
     summary = json.loads((out / "summary.json").read_text())
     report = retrofit.evaluate(str(out), data=f"longdoc:{task}", baselines=[str(base)], progress=False)
     return {
         "task": task,
-        "scheme": scheme,
+        "scheme": name,
         "options": SCHEMES[scheme],
         "steps": steps,
         "tokens": summary["tokens"],
@@ -172,7 +184,10 @@ def main(argv=None) -> None:
     p.add_argument("--table", help="print the markdown tables of this record and exit")
     p.add_argument("--readme", action="store_true", help="with --table: print the README's row instead")
     p.add_argument("--ship", action="store_true", help="copy each task's trained stand-in into standins/ and exit")
+    p.add_argument("--batch", type=int, default=BATCH, help="a variant's batch size (the budget stays: fewer steps)")
+    p.add_argument("--lr", type=float, default=LR, help="a variant's learning rate")
     args = p.parse_args(argv)
+    HP.update(batch=args.batch, lr=args.lr)
     if args.ship:
         for task in (t for t in args.tasks.split(",") if t in SHIPPED):
             print(ship(task))
@@ -185,7 +200,7 @@ def main(argv=None) -> None:
     for task in args.tasks.split(","):
         base = native(task)
         for scheme in args.schemes.split(","):
-            for name, measure in ((scheme, cell), (f"{scheme} (no fine-tune)", untrained)):
+            for name, measure in ((variant(scheme), cell), (f"{scheme} (no fine-tune)", untrained)):
                 if name.endswith("(no fine-tune)") and not args.untrained:
                     continue
                 if any(r["task"] == task and r["scheme"] == name for r in record["rows"]):
