@@ -119,7 +119,7 @@ def test_the_encoder_task_tables_and_the_readme_row_are_what_the_json_gives():
     import json
 
     data = json.loads((ROOT / "benchmarks" / "encoder_tasks.json").read_text())
-    assert {r["task"] for r in data["rows"]} == {"mention", "both", "needle"}
+    assert {r["task"] for r in data["rows"]} == {"mention", "both", "needle", "passkey"}
     assert all(r["budget_share"] <= 0.02 for r in data["rows"] if r["steps"])
     script = [sys.executable, str(ROOT / "research" / "encoder_tasks.py"), "--table", "benchmarks/encoder_tasks.json"]
     tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
