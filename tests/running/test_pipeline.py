@@ -312,3 +312,35 @@ def test_a_classifier_recipe_runs_every_stage_against_its_original(tmp_path, sta
     manifest = _manifest(tmp_path / "run")
     assert manifest["stages"]["export"]["status"] == "done"  # extend -> plain BERT with a longer table
     assert "Long-document evaluation" in (tmp_path / "run" / "README.md").read_text()
+
+
+def test_an_embedding_recipe_runs_from_the_python_api_exports_and_pushes(tmp_path):
+    """``retrofit.run(dict)`` of a ``task: embedding`` recipe: the long-document evaluation against the original
+    encoder, the native export (a plain BERT that sentence-transformers loads reading past the old table), and
+    what ``push`` would upload (a dry run: the sentence-transformers module files with the model)."""
+    st = pytest.importorskip("sentence_transformers")
+    from retrofit.running.hub import push
+
+    from ..training.test_masked_lm import bert_folder
+
+    recipe = {
+        "task": "embedding",
+        "model": {"name_or_path": str(bert_folder(tmp_path / "mlm"))},
+        "convert": {"scheme": "extend", "options": {"length": "2x"}},
+        "data": {"dataset": "longdoc:passkey", "block_length": 128, "min_block_length": 64},
+        "train": {"method": "full", "steps": 2, "batch_size": 4},
+        "output_dir": str(tmp_path / "run"),
+    }
+    run = retrofit.run(recipe)
+    report = json.loads((run / "eval" / "report.json").read_text())
+    assert report["task"] == "longdoc:passkey" and report["task_kind"] == "embedding"
+    assert {r["read"] for r in report["rows"] if r["role"] == "baseline"} == {
+        "whole",
+        "truncated",
+        "chunk-mean",
+        "best-chunk",
+    }
+    model = st.SentenceTransformer(str(run / "export"), device="cpu")  # plain BERT, 128 positions
+    assert model.max_seq_length == 128 and model.encode(["word " * 100]).shape == (1, 64)  # past the native 64
+    uploaded = {path for path, _ in push(run, "user/emb", dry_run=True)["files"]}
+    assert {"modules.json", "1_Pooling/config.json", "model.safetensors", "README.md"} <= uploaded
