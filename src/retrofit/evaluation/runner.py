@@ -15,6 +15,11 @@ from tqdm.auto import tqdm
 from ..foundation import run_folder as rf
 from ..foundation import task
 from ..foundation.errors import LengthError, OptionError
+from ..scoring.copying import Probe
+from ..scoring.losses import nonoverlapping_nll, sliding_nll
+from ..scoring.masked import RATE as MASK_RATE
+from ..scoring.tokens import build_stream, first_tokens, resolve_documents
+from ..scoring.windows import sliding_window_count
 from . import cost, longdoc, masked, records, retrieval
 from . import passkey as pk
 from . import recall as rc
@@ -24,9 +29,8 @@ from .lengths import parse_item
 from .lengths import resolve as resolve_lengths
 from .models import EvalModel, check_tokenizers, describe_model, resolve
 from .options import DEFAULTS, ORIGINAL, QUICK, EvalOptions, eval_options, fitted_budget
-from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
+from .perplexity import loss_by_position, summarize
 from .report import SCHEMA_VERSION, Report, environment
-from .tokens import build_stream, first_tokens, resolve_documents
 from .verdict import verdict
 
 log = logging.getLogger(__name__)
@@ -513,7 +517,7 @@ def _measure(plan: Plan, progress: bool) -> dict:
         if o.recall:
             out["recall"] = run_recall(models, plan.recall_text, plan.recall_lengths, plan.asked.recall_depths, o, bar)
         if plan.copy_distances:
-            probe = retrieval.Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(plan.copy_prefix))
+            probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(plan.copy_prefix))
             out["copy"] = retrieval.run(models, plan.copy_text, plan.copy_distances, o.copy_trials, probe, bar)
     return out
 
@@ -677,10 +681,10 @@ def _masked(models, data: tuple, lengths, o, cp_items, progress, out) -> masked.
         work += [(d + o.copy_span, len(models) * o.copy_trials) for d in distances]
     _say_cost(models[0], ids, work)
     with tqdm(total=sum(c for _, c in work), disable=not progress, unit="window") as bar:
-        scores = masked.run(models, ids, lengths, native, data_label, masked.RATE, bar)
+        scores = masked.run(models, ids, lengths, native, data_label, MASK_RATE, bar)
         if cp is not None:
             distances, text, prefix = cp
-            probe = retrieval.Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
+            probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
             scores["copy"] = retrieval.run(models, text, distances, o.copy_trials, probe, bar, mask_id)
             scores["copy_settings"] = {
                 "trials": o.copy_trials,
