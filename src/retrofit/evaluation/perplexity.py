@@ -16,8 +16,15 @@ Here: a 95% interval over blocks of targets (``summarize``) and the loss by posi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+
+from ..foundation.errors import OptionError
+from ..scoring.losses import nonoverlapping_nll, sliding_nll
+from ..scoring.windows import sliding_window_count
+from .cost import Meter
+from .models import EvalModel, describe_model
 
 # ----------------------------------------------------------------------------- statistics
 
@@ -100,3 +107,124 @@ def loss_by_position(nll: np.ndarray, length: int, buckets: int) -> dict:
             ends.append(int(b))
             losses.append(float(per_pos[a:b].mean()))
     return {"bucket_start": starts, "bucket_end": ends, "loss": losses, "windows": int(nll.size // length)}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One perplexity measurement: a model, a length and a method."""
+
+    model: int  # index into the run's models
+    length: int
+    method: str  # "non-overlapping" | "sliding" | "native-window" (a sliding window of the native length)
+    window: int
+    stride: int | None
+    note: str | None = None
+
+
+def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int | None, sliding: bool) -> list[Job]:
+    """Every (model, length, method) to score. Past a model's limit: a labelled sliding row, never a silent swap.
+    ``stride`` None: each sliding window advances by half its width."""
+    jobs = []
+    given = stride
+    for i, m in enumerate(models):
+        limit, native = m.max_length, (m.info.get("native") or {}).get("length")
+        for L in lengths:
+            if limit is not None and L > limit:
+                stride = given or max(1, limit // 2)
+                if stride >= limit:
+                    raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {limit}")
+                # the same words for every length past the limit: a table's footnote says it once
+                note = (
+                    f"{m.name} accepts at most {limit} tokens, so longer inputs are not run plainly: these rows "
+                    f"are sliding-window evaluations (window {limit}, stride {stride})"
+                )
+                jobs.append(Job(i, L, "sliding", limit, stride, note))
+                continue
+            past = f"past the native length {native}" if native and L > native else None
+            jobs.append(Job(i, L, "non-overlapping", L, None, past))
+            stride = given or max(1, L // 2)
+            if sliding and stride < L:
+                jobs.append(Job(i, L, "sliding", L, stride, past))
+            if past and m.role != "baseline":  # the far-context gain's other side (farcontext.py): one pass
+                jobs.append(Job(i, L, "native-window", native, max(1, native // 2), None))
+    return jobs
+
+
+def windows(job: Job, n: int) -> int:
+    """Windows (model inputs) a job scores over ``n`` targets."""
+    if job.method == "non-overlapping":
+        return n // job.length
+    return sliding_window_count(n, job.window, job.stride)
+
+
+def _attention_path(model) -> str | None:
+    d = describe_model(model)
+    return d.get("attention_path") or getattr(model.config, "_attn_implementation", None)
+
+
+def _device_of(model):
+    return next(model.parameters()).device
+
+
+def run(models, jobs, stream, batch_size, buckets, bar) -> tuple[list, list, list, dict]:
+    """Score every job; (rows, loss_by_position entries, cost entries, per-target NLL by (model index,
+    method, length)). Same-window jobs share one pass."""
+    cache: dict[tuple, tuple] = {}
+    rows, positions, costs, scored = [], [], [], {}
+    for job in jobs:
+        m = models[job.model]
+        key = (job.model, job.method, job.window, job.stride)
+        reused = key in cache
+        if not reused:
+            bar.set_description(f"{m.name[-24:]} L={job.length} {job.method}")
+            with Meter(_device_of(m.model)) as meter:
+                if job.method == "non-overlapping":
+                    nll = nonoverlapping_nll(
+                        m.model, stream.ids, job.window, batch_size=batch_size, on_window=bar.update
+                    )
+                else:
+                    nll = sliding_nll(m.model, stream.ids, job.window, job.stride, on_window=bar.update)
+            cache[key] = (nll, meter.result(stream.targets), _attention_path(m.model), job.length)
+        nll, cost, path, first_length = cache[key]
+        scored[(job.model, job.method, job.length)] = nll
+        rows.append(
+            {
+                "model": m.name,
+                "role": m.role,
+                "length": job.length,
+                "method": job.method,
+                "window": job.window,
+                "stride": job.stride,
+                **summarize(nll, job.length),
+                "windows": windows(job, stream.targets),
+                "attention_path": path,
+                "note": job.note,
+            }
+        )
+        costs.append(
+            {
+                "model": m.name,
+                "length": job.length,
+                "method": job.method,
+                "window": job.window,
+                "stride": job.stride,
+                "batch_size": batch_size if job.method == "non-overlapping" else 1,
+                "same_pass_as_length": first_length if reused else None,
+                **cost,
+            }
+        )
+        if job.method == "non-overlapping":
+            positions.append(
+                {"model": m.name, "role": m.role, "length": job.length, **loss_by_position(nll, job.length, buckets)}
+            )
+    return rows, positions, costs, scored
+
+
+def unique(jobs: list[Job]) -> list[Job]:
+    seen, out = set(), []
+    for j in jobs:
+        key = (j.model, j.method, j.window, j.stride)
+        if key not in seen:
+            seen.add(key)
+            out.append(j)
+    return out

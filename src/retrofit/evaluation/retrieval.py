@@ -33,7 +33,10 @@ given length (the rest is filler before the target).
 
 from __future__ import annotations
 
+from ..foundation.errors import LengthError, OptionError
 from ..scoring.copying import Probe, build, score, score_masked, summarize
+from .lengths import resolve as resolve_lengths
+from .options import DEFAULTS, QUICK, eval_options
 
 
 def effective_reach(cells: list[dict], native: int) -> dict:
@@ -106,3 +109,44 @@ def run(models, text_ids: list[int], distances: list[int], trials: int, probe: P
         if mine and native:
             reaches.append({"model": m.name, "role": m.role, **effective_reach(mine, native)})
     return {"cells": cells, "reach": reaches}
+
+
+def sizes(o, native: int | None):
+    """The options with the copy span and cue resolved (defaults: min(32, native / 4) and a quarter of it),
+    checked."""
+    span = o.copy_span or min(32, max(4, (native or 128) // 4))
+    cue = o.copy_cue or max(1, span // 4)
+    for name, v in (("copy_trials", o.copy_trials), ("copy_span", span), ("copy_cue", cue), ("copy_keys", o.copy_keys)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise OptionError(f"{name} must be a positive integer, got {v!r}")
+    if not cue < span:
+        raise OptionError(f"copy_cue ({cue}) must be smaller than copy_span ({span})")
+    return eval_options(o, copy_span=span, copy_cue=cue)
+
+
+def distances(items, native: int | None, lengths: list[int], o) -> list[int]:
+    """The copy distances in tokens: as given, or (the defaults, --quick's too) those up to the longest length."""
+    distances = resolve_lengths(items, native, "copy distances")
+    if o.copy_distances in (DEFAULTS.copy_distances, QUICK["copy_distances"]):
+        distances = [d for d in distances if d <= max(lengths)]
+    small = [d for d in distances if d < o.copy_keys * o.copy_span]
+    if small:
+        raise LengthError(f"copy distance {small[0]} cannot hold {o.copy_keys} span(s) of {o.copy_span} tokens")
+    return distances
+
+
+def work(distances: list[int], models: int, o) -> list[tuple[int, int]]:
+    """(sequence length, forward passes) of the copy cells: the cost line's and the progress bar's."""
+    return [(d + o.copy_span, models * o.copy_trials) for d in distances]
+
+
+def settings(distances: list[int], o) -> dict:
+    """The report's ``settings.copy``: what the measure ran with (``o``: the options, span and cue resolved)."""
+    return {
+        "distances": distances,
+        "trials": o.copy_trials,
+        "span": o.copy_span,
+        "cue": o.copy_cue,
+        "keys": o.copy_keys,
+        "text": "the eval text (natural)",
+    }
