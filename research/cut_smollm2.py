@@ -16,9 +16,9 @@ import time
 import torch
 
 from harness import BENCHMARKS, command, stamp, write_record
-from retrofit.evaluation import retrieval
 from retrofit.models import assets
 from retrofit.models.io import load_model
+from retrofit.scoring import copying
 from retrofit.training.standin import pack_blocks
 
 NATIVE = 256
@@ -30,7 +30,7 @@ def probe(model, held: torch.Tensor, text: list[int]) -> dict:
     with torch.no_grad():
         out = {"heldout_loss": round(model(input_ids=held[:8], labels=held[:8]).loss.item(), 3)}
     for d in (NATIVE // 4, NATIVE // 2):
-        c = retrieval.copy_cell(model, text, d, 16)
+        c = copying.copy_cell(model, text, d, 16)
         out[f"copy_at_{d}"] = {"second_over_first": round(c["second_over_first"], 3), "exact_rate": c["exact_rate"]}
     return out
 

@@ -14,7 +14,7 @@
     OMP_NUM_THREADS=1 python research/induction_pilot.py check --init runs/induction-pilots/llama-continued
 
 Every 100 steps (toy) it prints the loss on the toy rows' repeats, the natural rows' loss and the copy probe
-(``retrofit.evaluation.retrieval``: a 32-token held-out span at distance 128, repeat NLL / first NLL, exact).
+(``retrofit.scoring.copying``, the trial of ``retrofit.evaluation.retrieval``: a 32-token held-out span at distance 128, repeat NLL / first NLL, exact).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from retrofit.evaluation import retrieval
 from retrofit.models.baseline import BaselineConfig, build_model
+from retrofit.scoring import copying
 from retrofit.training.standin import induction_rows, pack_blocks, pretrain, train_tokenizer, training_plays
 
 
@@ -97,7 +97,7 @@ def toy(a) -> None:
             with torch.no_grad():
                 nll = -out.logits[:, :-1].log_softmax(-1).gather(2, x[:, 1:, None])[..., 0]  # [B, L-1]
             model.eval()
-            c = retrieval.copy_cell(model, text, L // 2, 8)
+            c = copying.copy_cell(model, text, L // 2, 8)
             model.train()
             print(
                 step,
@@ -159,7 +159,7 @@ def cont(a) -> None:
 
     def report(step):
         model.eval()
-        cells = {d: retrieval.copy_cell(model, text, d, 16) for d in (L // 8, L // 4, L // 2)}
+        cells = {d: copying.copy_cell(model, text, d, 16) for d in (L // 8, L // 4, L // 2)}
         with torch.no_grad():
             plain = model(input_ids=held[:16], labels=held[:16]).loss.item()
         model.train()
@@ -226,7 +226,7 @@ def check(a) -> None:
     with torch.no_grad():
         out["heldout_loss"] = round(model(input_ids=held[:32], labels=held[:32]).loss.item(), 4)
     for d in (L // 4, L // 2):
-        c = retrieval.copy_cell(model, text, d, 32)
+        c = copying.copy_cell(model, text, d, 32)
         out[f"copy_at_{d}"] = {k: c[k] for k in ("second_over_first", "exact_rate")}
     pool = recall.token_pool(text, tok)
     spans = recall.make_spans(0, 32, 16, pool)

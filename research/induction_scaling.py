@@ -9,7 +9,7 @@ vocab 2,048) at native ``--native`` (128), ``--batch`` (8) rows a step, for ``--
 training plays where every row, with probability ``--copy-fraction``, repeats spans of itself at uniform random
 distances (the stand-in trainer's ``add_repeats``: no fixed offset; half of the spans random tokens).
 
-The probe (``retrofit.evaluation.retrieval``, held-out plays): second/first NLL of a 32-token natural span
+The probe (``retrofit.scoring.copying``, the trial of ``retrofit.evaluation.retrieval``; held-out plays): second/first NLL of a 32-token natural span
 (16 at native 128) repeated at native/8 and native/2 (16 paired trials each; the bar is <= 0.3), random-token
 recall at native (the share of a repeated random span's tokens predicted greedy-right, distance native - span;
 the bar is >= 80%), and the held-out loss (the bar: no worse than 1.1x the shipped quickstart stand-in's).
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from harness import stamp, write_record
-from retrofit.evaluation import retrieval
 from retrofit.models import assets
 from retrofit.models.baseline import BaselineConfig, build_model
+from retrofit.scoring import copying
 from retrofit.training.standin import add_repeats, heldout_loss, pack_blocks, train_tokenizer
 
 QUICKSTART_HELDOUT_LOSS = 4.571087454247662  # standins/quickstart-*/pretrain_stats.json, read again in main()
@@ -53,14 +53,14 @@ def probe(model, held: list[int], vocab: int, native: int, seed: int = 0) -> dic
     cue = max(1, span // 4)
     out = {}
     for d in (native // 8, native // 2):
-        cell = retrieval.copy_cell(model, held, d, 16, retrieval.Probe(span, cue, seed=seed))
+        cell = copying.copy_cell(model, held, d, 16, copying.Probe(span, cue, seed=seed))
         out[f"second_over_first_d{d}"] = cell["second_over_first"]
     rng = random.Random(seed)
     rand = [rng.randrange(3, vocab) for _ in range(20000)]
     right = total = 0
     for j in range(16):
-        trial = retrieval.build(rand, native - span, retrieval.Probe(span, cue, seed=seed), j, length=native)
-        s = retrieval.score(model, trial)
+        trial = copying.build(rand, native - span, copying.Probe(span, cue, seed=seed), j, length=native)
+        s = copying.score(model, trial)
         right, total = right + s["tokens_right"], total + s["tokens"]
     out["random_recall_at_native"] = round(right / total, 4)
     model.train()

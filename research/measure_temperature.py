@@ -37,10 +37,10 @@ def variants(betas, schemes, original=True, loaded="original"):
 
 def main(argv=None) -> int:
     import retrofit
-    from retrofit.evaluation.perplexity import token_nll
     from retrofit.models import assets
     from retrofit.models.data import tokenize_documents
     from retrofit.models.io import load_model
+    from retrofit.scoring.losses import token_nll
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="8192,16384")

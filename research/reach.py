@@ -58,7 +58,7 @@ def score(model, ids) -> tuple[np.ndarray, np.ndarray]:
     logits taken 1,024 positions at a time through ``perplexity``'s own split of the model."""
     import torch
 
-    from retrofit.evaluation.perplexity import hidden_and_head
+    from retrofit.scoring.losses import hidden_and_head
 
     with torch.no_grad():
         hidden, head = hidden_and_head(model, ids[:, :-1])
@@ -131,6 +131,7 @@ def measure(model, setup: dict, args, original_window=None) -> tuple[dict, np.nd
     window), effective reach, far-context gain against its own window and the original's, ppl, seconds."""
     import retrofit
     from retrofit.evaluation import farcontext, retrieval
+    from retrofit.scoring import copying
 
     ids, native, distances = setup["ids"], setup["native"], setup["distances"]
     t0 = time.perf_counter()
@@ -140,8 +141,8 @@ def measure(model, setup: dict, args, original_window=None) -> tuple[dict, np.nd
     t_window = time.perf_counter() - t0 - t_full
     full_rows = probe_rows(setup, args, full, full, pred, True)
     window_rows = probe_rows(setup, args, full, window, pred, False)  # the window's: NLL only
-    cells = [{"distance": d, **retrieval.summarize(full_rows[d], args.seed)} for d in distances]
-    floor = [{"distance": d, **retrieval.summarize(window_rows[d], args.seed)} for d in distances]
+    cells = [{"distance": d, **copying.summarize(full_rows[d], args.seed)} for d in distances]
+    floor = [{"distance": d, **copying.summarize(window_rows[d], args.seed)} for d in distances]
     idx = setup["targets"] - 1
     gains = {"own native window": farcontext.paired_gain(window[idx], full[idx], args.block, args.seed)}
     if original_window is not None:

@@ -1,6 +1,7 @@
 """The import direction of docs/ARCHITECTURE.md: the folder a module sits in says its layer (``LAYERS``), a
 module imports only from its own layer or below, nothing inside the package imports the ``retrofit`` facade,
-and no import circle of any length exists among the package's modules (imports inside functions included)."""
+no import circle of any length exists among the package's modules, and no two of its top-level folders import
+each other, directly or round a longer loop (imports inside functions included)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ LAYERS = {
     "patch": 2,
     "adapters": 2,
     "models": 3,
+    "scoring": 3,
     "training": 4,
     "evaluation": 4,
     "native_export": 5,
@@ -167,6 +169,32 @@ def test_no_import_circle():
     assert "retrofit.models.hf_classes" in graph["retrofit.foundation.auto"]
     circles = cycles(graph)
     assert not circles, "import circles (each a set of modules that import each other, directly or not):\n" + "\n".join(
+        f"{c}: " + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) for c in circles
+    )
+
+
+def folder_graph() -> dict[str, set[str]]:
+    """{top-level folder: the other folders it imports from} (every import, those inside functions too); the
+    facade, ``__main__`` and the one allowed upward import (``ALLOWED_UP``, by design) left out."""
+    graph: dict[str, set[str]] = {}
+    for me, target, _ in imports():
+        if target == FACADE or (me, target) in ALLOWED_UP or "." not in me:
+            continue
+        a, b = me.split(".")[0], target.split(".")[0]
+        graph.setdefault(a, set())
+        graph.setdefault(b, set())
+        if a != b:
+            graph[a].add(b)
+    return graph
+
+
+def test_no_two_folders_import_each_other():
+    """A folder is a unit: two folders that import each other (training/ and evaluation/ did, both layer 4) are
+    one tangle, whatever their modules' circles; what both need goes a layer down (``scoring/``)."""
+    graph = folder_graph()
+    assert {"training", "evaluation", "scoring"} <= set(graph) and "scoring" in graph["training"]  # it sees
+    circles = cycles(graph)
+    assert not circles, "folders that import each other:\n" + "\n".join(
         f"{c}: " + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) for c in circles
     )
 

@@ -10,19 +10,9 @@ import pytest
 import torch
 
 from retrofit.evaluation import masked
+from retrofit.scoring import masked as scoring_masked
 
 from ..training.test_masked_lm import bert_folder, bert_recipe
-
-
-@pytest.mark.parametrize("n,window,stride", [(100, 16, 8), (64, 16, 8), (37, 16, 4), (10, 16, 8), (50, 12, 12)])
-def test_centred_spans_score_every_position_once_from_the_middle_of_its_window(n, window, stride):
-    seen = []
-    for start, end, a, b in masked.centred_spans(n, window, stride):
-        assert start <= a <= b <= end and end - start <= window
-        seen += range(a, b)
-        if 0 < start and end < n:  # an inner window: at least (window - stride) / 2 either side
-            assert a - start >= (window - stride) // 2 and end - b >= (window - stride) // 2
-    assert seen == list(range(n))
 
 
 def test_the_gain_is_paired_over_windows_and_reads_only_above_noise():
@@ -62,11 +52,11 @@ def test_a_model_that_reads_40_back_gains_from_full_windows_over_a_window_of_32(
         def decode(self, ids):
             return "x" * len(ids)
 
-    s = masked.masked_stream(ids, Tok(), 50)
+    s = scoring_masked.masked_stream(ids, Tok(), 50)
     s.labels[:40] = -100  # the first period has nothing 40 back
     s.inputs[:] = torch.where(s.labels != -100, s.inputs, ids)
     m = _Lookup(50)
-    full, slide = masked.full_nll(m, s, 128), masked.sliding_nll(m, s, 32)
+    full, slide = scoring_masked.full_nll(m, s, 128), scoring_masked.sliding_nll(m, s, 32)
     g = masked.gain(slide, full, 128)
     assert g["reads"] and g["gain_nats"] > 1.0, g
 

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from retrofit.evaluation import passkey as pk
 from retrofit.evaluation.models import EvalModel
-from retrofit.evaluation.runner import run_passkey
+from retrofit.evaluation.passkey import run as run_passkey
 
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, tiny_llama

@@ -8,16 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from retrofit.evaluation import evaluate, perplexity
-from retrofit.evaluation.perplexity import (
-    loss_by_position,
-    nonoverlapping_nll,
-    sliding_nll,
-    sliding_spans,
-    summarize,
-    t_quantile_975,
-)
-from retrofit.evaluation.tokens import first_tokens
+from retrofit.evaluation import evaluate
+from retrofit.evaluation.perplexity import loss_by_position, summarize, t_quantile_975
+from retrofit.scoring import losses
+from retrofit.scoring.losses import nonoverlapping_nll, sliding_nll
+from retrofit.scoring.tokens import first_tokens
+from retrofit.scoring.windows import sliding_spans
 
 try:  # tests/ is a package in this repo; also runnable as plain files
     from .test_eval_common import byte_tokenizer, docs, tiny_gpt2, tiny_llama
@@ -84,18 +80,6 @@ def test_documents_joined_with_eos_or_a_separator():
     assert first_tokens(tok, docs(), 50)[0] == first_tokens(tok, docs(), 10_000)[0][:50]
 
 
-def test_sliding_spans_cover_each_target_once():
-    for n, w, s in [(100, 32, 8), (64, 64, 16), (10, 32, 8), (97, 20, 7)]:
-        spans = sliding_spans(n, w, s)
-        covered = [t for start, end, k in spans for t in range(end - k, end)]
-        assert covered == list(range(n))
-        assert all(end - start <= w for start, end, _ in spans)
-        assert all(k == s for _, _, k in spans[1:-1])
-        assert perplexity.sliding_window_count(n, w, s) == len(spans)
-    with pytest.raises(ValueError):
-        sliding_spans(10, 8, 9)
-
-
 @pytest.mark.parametrize("make", [tiny_gpt2, tiny_llama])
 def test_sliding_equals_naive_reference(make):
     """Each target scored alone, on exactly the context its window gives it."""
@@ -116,9 +100,9 @@ def test_chunked_logits_match_full_logits(make, monkeypatch):
     x, y = ids[:-1].view(2, 32), ids[1:].view(2, 32)
     with torch.no_grad():
         full = torch.nn.functional.cross_entropy(model(x).logits.transpose(1, 2).float(), y, reduction="none")
-    monkeypatch.setattr(perplexity, "LOGIT_CHUNK", 7)
+    monkeypatch.setattr(losses, "LOGIT_CHUNK", 7)
     with torch.inference_mode():
-        got = perplexity.token_nll(model, x, y)
+        got = losses.token_nll(model, x, y)
     torch.testing.assert_close(got.float(), full, rtol=1e-5, atol=1e-5)
 
 

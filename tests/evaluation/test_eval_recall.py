@@ -17,7 +17,7 @@ from retrofit.evaluation import passkey as pk
 from retrofit.evaluation import recall as rc
 from retrofit.evaluation.models import EvalModel
 from retrofit.evaluation.options import eval_options
-from retrofit.evaluation.runner import run_recall
+from retrofit.evaluation.recall import run as run_recall
 from retrofit.foundation.errors import OptionError
 
 

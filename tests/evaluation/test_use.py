@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from retrofit.evaluation import farcontext, retrieval, verdict
+from retrofit.scoring import copying
 
 from .oracles import Copier, MaskedCopier
 
@@ -24,7 +25,7 @@ def text() -> list[int]:
 
 
 def _reach(model, text, limit=None) -> dict:
-    cells = [retrieval.copy_cell(model, text, d, 6, retrieval.Probe(16, 4), limit=limit) for d in DISTANCES]
+    cells = [copying.copy_cell(model, text, d, 6, copying.Probe(16, 4), limit=limit) for d in DISTANCES]
     return retrieval.effective_reach(cells, NATIVE), cells
 
 
@@ -50,10 +51,10 @@ def test_a_model_that_copies_nothing_has_no_reach(text):
 
 
 def test_trials_are_paired_across_models(text):
-    a = retrieval.build(text, 128, retrieval.Probe(16, 4, seed=3), trial=1)
-    b = retrieval.build(text, 128, retrieval.Probe(16, 4, seed=3), trial=1)
+    a = copying.build(text, 128, copying.Probe(16, 4, seed=3), trial=1)
+    b = copying.build(text, 128, copying.Probe(16, 4, seed=3), trial=1)
     assert a == b and a.second - a.first == 128 and a.ids[a.first : a.first + 16] == a.ids[a.second :]
-    multi = retrieval.build(text, 128, retrieval.Probe(16, 4, n_keys=4, seed=3), trial=1)
+    multi = copying.build(text, 128, copying.Probe(16, 4, n_keys=4, seed=3), trial=1)
     starts = {tuple(multi.ids[i : i + 4]) for i in range(multi.first, multi.second, 1)}
     assert tuple(multi.ids[multi.second : multi.second + 4]) in starts  # the cue's span is inside, with others
 
@@ -144,10 +145,10 @@ def _masked_reach(model, text, limit=None) -> dict:
     cells = []
     for d in DISTANCES:
         rows = [
-            retrieval.score_masked(model, retrieval.build(text, d, retrieval.Probe(16, 4), trial=j), MASK, limit)
+            copying.score_masked(model, copying.build(text, d, copying.Probe(16, 4), trial=j), MASK, limit)
             for j in range(6)
         ]
-        cells.append({"distance": d, **retrieval.summarize(rows)})
+        cells.append({"distance": d, **copying.summarize(rows)})
     return retrieval.effective_reach(cells, NATIVE), cells
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from retrofit.foundation.errors import UnsupportedArchitectureError
 from retrofit.models.builtin import byte_tokenizer
-from retrofit.training.masking import IGNORE, Masker, seed_of
+from retrofit.scoring.masking import IGNORE, Masker, seed_of
 
 from .test_finetune import FILES
 
@@ -135,8 +135,8 @@ def test_masked_distillation_reads_each_masked_token_from_the_teachers_most_cent
     tokens, a 16-token teacher); and zero against itself within its native length."""
     import torch.nn.functional as F
 
-    from retrofit.evaluation.masked import centred_spans
     from retrofit.patch.core import convert
+    from retrofit.scoring.windows import centred_spans
     from retrofit.training.teacher import TeacherView, masked_distill_kl
 
     teacher = _bert(tmp_path / "t")

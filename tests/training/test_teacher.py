@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import retrofit
-from retrofit.evaluation.perplexity import sliding_window_logits
 from retrofit.foundation.errors import LengthError, RecipeError
+from retrofit.scoring.losses import sliding_window_logits
 from retrofit.training import finetune
 from retrofit.training.loop import _check_lengths, _loss
 from retrofit.training.recipe import Recipe

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..adapters.calls import cache_kwarg, output_cache
+from ..foundation.errors import LengthError
+from .models import EvalModel
 
 INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -127,3 +129,86 @@ def run_trial(model, tokenizer, prompt: PasskeyPrompt, max_new_tokens: int = 8) 
     new = greedy_decode(model, prompt.ids, max_new_tokens, getattr(tokenizer, "eos_token_id", None))
     text = tokenizer.decode(new, skip_special_tokens=True)
     return {"key": prompt.key, "answer": text, "correct": grade(text, prompt.key)}
+
+
+NEW_TOKENS = 8
+
+
+def not_run(m: EvalModel, L: int, d: float, bar, trials: int) -> dict | None:
+    """The cell of a length past the model's limit (recorded as not run), else None."""
+    if m.max_length is None or L <= m.max_length:
+        return None
+    bar.update(trials)
+    return {
+        "model": m.name,
+        "role": m.role,
+        "length": L,
+        "depth": d,
+        "trials": 0,
+        "correct": 0,
+        "accuracy": None,
+        "note": f"not run: {m.name} accepts at most {m.max_length} tokens",
+    }
+
+
+def cell(m: EvalModel, L: int, d: float, correct: int, trials: int) -> dict:
+    """A retrieval cell's accuracy with its 95% Wilson interval."""
+    low, high = wilson(correct, trials)
+    return {
+        "model": m.name,
+        "role": m.role,
+        "length": L,
+        "depth": d,
+        "trials": trials,
+        "correct": correct,
+        "accuracy": correct / trials,
+        "note": None,
+        "ci_low": round(low, 4),
+        "ci_high": round(high, 4),
+    }
+
+
+def run(models, lengths, depths, trials, seed, bar) -> list[dict]:
+    """Accuracy per (model, length, depth); lengths past a model's limit are recorded as not run."""
+    results = []
+    keys = make_keys(seed, len(lengths) * len(depths) * trials)
+    for m in models:
+        builder = PromptBuilder(m.tokenizer)
+        k = 0
+        for L in lengths:
+            for d in depths:
+                cell_keys, k = keys[k : k + trials], k + trials
+                skipped = not_run(m, L, d, bar, trials)
+                if skipped:
+                    results.append(skipped)
+                    continue
+                answers = []
+                bar.set_description(f"{m.name[-24:]} passkey L={L} depth={d:g}")
+                for key in cell_keys:
+                    prompt = builder.build(L - NEW_TOKENS, d, key)
+                    answers.append(run_trial(m.model, m.tokenizer, prompt, NEW_TOKENS))
+                    bar.update(1)
+                correct = sum(a["correct"] for a in answers)
+                results.append(
+                    {
+                        **cell(m, L, d, correct, trials),
+                        "answers": [{"key": a["key"], "answer": a["answer"]} for a in answers],
+                    }
+                )
+    return results
+
+
+def check_room(m: EvalModel, length: int) -> None:
+    need = PromptBuilder(m.tokenizer).fixed_tokens() + NEW_TOKENS
+    if length < need:
+        raise LengthError(f"passkey length {length} is too short: the prompt alone takes {need} tokens")
+
+
+def work(lengths: list[int], models: int, depths: list, trials: int) -> list[tuple[int, int]]:
+    """(sequence length, forward passes counted) of the passkey cells: the cost line's and the progress bar's."""
+    return [(L, models * len(depths) * trials) for L in lengths]
+
+
+def settings(lengths: list[int], depths: list, o) -> dict:
+    """The report's ``settings.passkey``: what the measure ran with (``o``: the options)."""
+    return {"lengths": lengths, "depths": depths, "trials": o.passkey_trials, "new_tokens": NEW_TOKENS}

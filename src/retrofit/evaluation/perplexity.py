@@ -1,4 +1,4 @@
-"""Per-token losses over a fixed token stream: non-overlapping windows and sliding windows.
+"""Perplexity against length: what the per-token losses (``scoring.losses``) are summarised into.
 
 Both methods score exactly the same *targets*: with a stream ``ids`` of ``n + 1`` tokens, the
 targets are ``ids[1:n + 1]`` (every token except the first, which only serves as context).
@@ -10,153 +10,21 @@ targets are ``ids[1:n + 1]`` (every token except the first, which only serves as
   scores only its last ``S`` targets (fewer for the last one), so every target is scored once and
   sees at least ``W - S`` tokens of context.
 
-Losses come back as a float64 array of length ``n`` (target order), so methods and models can be
-compared token by token.
+Here: a 95% interval over blocks of targets (``summarize``) and the loss by position in a window.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
-
-#: logits are materialised for at most this many positions at a time (per batch row)
-LOGIT_CHUNK = 1024
-
-
-def _uses_plain_head(model) -> bool:
-    """True when logits are exactly ``lm_head(last_hidden_state)`` (no soft-capping or scaling)."""
-    cfg = getattr(model, "config", None)
-    if cfg is None or hasattr(model, "peft_config") or not hasattr(model, "get_output_embeddings"):
-        return False  # PEFT wrappers and custom modules: use their full forward
-    if model.get_output_embeddings() is None:
-        return False
-    for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale", "logits_scaling"):
-        if getattr(cfg, attr, None) not in (None, 1, 1.0):
-            return False
-    base = getattr(model, "base_model", None)
-    return base is not None and base is not model
-
-
-def hidden_and_head(model, input_ids: torch.Tensor):
-    """``(hidden [B, T, D], head)`` when the chunked path applies, else ``(logits [B, T, V], None)``."""
-    if _uses_plain_head(model):
-        out = model.base_model(input_ids=input_ids, use_cache=False)
-        return out[0], model.get_output_embeddings()
-    out = model(input_ids=input_ids, use_cache=False)
-    return out.logits, None
-
-
-def token_nll(model, input_ids: torch.Tensor, targets: torch.Tensor, score_from: int = 0) -> torch.Tensor:
-    """NLL (float64, natural log) of ``targets[:, score_from:]`` given ``input_ids``.
-
-    ``input_ids``, ``targets``: [B, T] (targets are the inputs shifted left by one).
-    Returns [B, T - score_from]. Logits are computed ``LOGIT_CHUNK`` positions at a time, in
-    float32, so a long window never materialises a [T, vocab] float32 tensor at once.
-    """
-    hidden, head = hidden_and_head(model, input_ids)
-    hidden = hidden[:, score_from:]  # [B, T', D] or [B, T', V]
-    tgt = targets[:, score_from:].to(hidden.device)  # [B, T']
-    parts = []
-    for s in range(0, hidden.shape[1], LOGIT_CHUNK):
-        h = hidden[:, s : s + LOGIT_CHUNK]
-        logits = (head(h) if head is not None else h).float()  # [B, c, V]
-        nll = F.cross_entropy(logits.transpose(1, 2), tgt[:, s : s + LOGIT_CHUNK], reduction="none")  # [B, c]
-        parts.append(nll.double().cpu())
-    return torch.cat(parts, dim=1)
-
-
-def _device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
-def nonoverlapping_nll(
-    model, ids: torch.Tensor, length: int, *, batch_size: int = 1, on_window: Callable[[int], None] | None = None
-) -> np.ndarray:
-    """Per-target NLL [n] with non-overlapping windows of ``length``; ``ids``: [n + 1], n % length == 0."""
-    n = ids.numel() - 1
-    if n % length:
-        raise ValueError(f"{n} targets are not a multiple of length {length}")
-    dev = _device(model)
-    inputs = ids[:-1].view(-1, length)  # [n/L, L]
-    targets = ids[1:].view(-1, length)  # [n/L, L]
-    out = np.empty(n, dtype=np.float64)
-    with torch.inference_mode():
-        for b in range(0, inputs.shape[0], batch_size):
-            x, y = inputs[b : b + batch_size].to(dev), targets[b : b + batch_size]
-            nll = token_nll(model, x, y)  # [bs, L]
-            out[b * length : b * length + nll.numel()] = nll.reshape(-1).numpy()
-            if on_window:
-                on_window(x.shape[0])
-    return out
-
-
-def sliding_spans(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
-    """Windows ``(start, end, n_scored)`` over targets ``0..n-1`` (target ``t`` is ``ids[t + 1]``).
-
-    The window feeds ``ids[start:end]`` and scores its last ``n_scored`` targets. Together the
-    scored targets are exactly ``0..n-1``, each once.
-    """
-    if not 0 < stride <= window:
-        raise ValueError(f"stride must be in (0, window={window}], got {stride}")
-    spans, end = [], min(window, n)
-    spans.append((0, end, end))
-    while end < n:
-        new_end = min(end + stride, n)
-        spans.append((max(0, new_end - window), new_end, new_end - end))
-        end = new_end
-    return spans
-
-
-def sliding_nll(
-    model, ids: torch.Tensor, window: int, stride: int, *, on_window: Callable[[int], None] | None = None
-) -> np.ndarray:
-    """Per-target NLL [n] with sliding windows of ``window`` tokens advancing by ``stride``."""
-    n = ids.numel() - 1
-    dev = _device(model)
-    out = np.empty(n, dtype=np.float64)
-    with torch.inference_mode():
-        for start, end, k in sliding_spans(n, window, stride):
-            x = ids[start:end].unsqueeze(0).to(dev)  # [1, W]
-            y = ids[start + 1 : end + 1].unsqueeze(0)  # [1, W]
-            nll = token_nll(model, x, y, score_from=(end - start) - k)  # [1, k]
-            out[end - k : end] = nll[0].numpy()
-            if on_window:
-                on_window(1)
-    return out
-
-
-def last_logits(model, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
-    """Logits [B, keep, V] of the last ``keep`` positions of ``input_ids`` [B, T] (the head reads those alone
-    where the chunked path applies)."""
-    hidden, head = hidden_and_head(model, input_ids)
-    hidden = hidden[:, hidden.shape[1] - keep :]
-    return head(hidden) if head is not None else hidden
-
-
-def sliding_window_logits(model, input_ids: torch.Tensor, window: int, stride: int) -> torch.Tensor:
-    """Logits [B, T, V] of every position of ``input_ids`` [B, T] read through sliding windows
-    (``sliding_spans``): positions [0, window) come from the first window; each later window ends
-    ``stride`` tokens further and gives only its last ``stride`` positions (fewer for the last one), so
-    position p >= window is predicted from between window - stride and window tokens of context.
-    Materialises [B, T, V]: the fine-tune's teacher goes window by window instead (training/teacher.py)."""
-    spans = sliding_spans(input_ids.shape[1], window, stride)
-    return torch.cat([last_logits(model, input_ids[:, s:e], k) for s, e, k in spans], dim=1)
-
-
-def sliding_window_count(n: int, window: int, stride: int) -> int:
-    """Number of forward passes ``sliding_nll`` makes (for progress bars)."""
-    return 1 + max(0, math.ceil((n - min(window, n)) / stride))
-
+from ..foundation.errors import OptionError
+from ..scoring.losses import nonoverlapping_nll, sliding_nll
+from ..scoring.windows import sliding_window_count
+from .cost import Meter
+from .models import EvalModel, describe_model
 
 # ----------------------------------------------------------------------------- statistics
 
@@ -239,3 +107,124 @@ def loss_by_position(nll: np.ndarray, length: int, buckets: int) -> dict:
             ends.append(int(b))
             losses.append(float(per_pos[a:b].mean()))
     return {"bucket_start": starts, "bucket_end": ends, "loss": losses, "windows": int(nll.size // length)}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One perplexity measurement: a model, a length and a method."""
+
+    model: int  # index into the run's models
+    length: int
+    method: str  # "non-overlapping" | "sliding" | "native-window" (a sliding window of the native length)
+    window: int
+    stride: int | None
+    note: str | None = None
+
+
+def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int | None, sliding: bool) -> list[Job]:
+    """Every (model, length, method) to score. Past a model's limit: a labelled sliding row, never a silent swap.
+    ``stride`` None: each sliding window advances by half its width."""
+    jobs = []
+    given = stride
+    for i, m in enumerate(models):
+        limit, native = m.max_length, (m.info.get("native") or {}).get("length")
+        for L in lengths:
+            if limit is not None and L > limit:
+                stride = given or max(1, limit // 2)
+                if stride >= limit:
+                    raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {limit}")
+                # the same words for every length past the limit: a table's footnote says it once
+                note = (
+                    f"{m.name} accepts at most {limit} tokens, so longer inputs are not run plainly: these rows "
+                    f"are sliding-window evaluations (window {limit}, stride {stride})"
+                )
+                jobs.append(Job(i, L, "sliding", limit, stride, note))
+                continue
+            past = f"past the native length {native}" if native and L > native else None
+            jobs.append(Job(i, L, "non-overlapping", L, None, past))
+            stride = given or max(1, L // 2)
+            if sliding and stride < L:
+                jobs.append(Job(i, L, "sliding", L, stride, past))
+            if past and m.role != "baseline":  # the far-context gain's other side (farcontext.py): one pass
+                jobs.append(Job(i, L, "native-window", native, max(1, native // 2), None))
+    return jobs
+
+
+def windows(job: Job, n: int) -> int:
+    """Windows (model inputs) a job scores over ``n`` targets."""
+    if job.method == "non-overlapping":
+        return n // job.length
+    return sliding_window_count(n, job.window, job.stride)
+
+
+def _attention_path(model) -> str | None:
+    d = describe_model(model)
+    return d.get("attention_path") or getattr(model.config, "_attn_implementation", None)
+
+
+def _device_of(model):
+    return next(model.parameters()).device
+
+
+def run(models, jobs, stream, batch_size, buckets, bar) -> tuple[list, list, list, dict]:
+    """Score every job; (rows, loss_by_position entries, cost entries, per-target NLL by (model index,
+    method, length)). Same-window jobs share one pass."""
+    cache: dict[tuple, tuple] = {}
+    rows, positions, costs, scored = [], [], [], {}
+    for job in jobs:
+        m = models[job.model]
+        key = (job.model, job.method, job.window, job.stride)
+        reused = key in cache
+        if not reused:
+            bar.set_description(f"{m.name[-24:]} L={job.length} {job.method}")
+            with Meter(_device_of(m.model)) as meter:
+                if job.method == "non-overlapping":
+                    nll = nonoverlapping_nll(
+                        m.model, stream.ids, job.window, batch_size=batch_size, on_window=bar.update
+                    )
+                else:
+                    nll = sliding_nll(m.model, stream.ids, job.window, job.stride, on_window=bar.update)
+            cache[key] = (nll, meter.result(stream.targets), _attention_path(m.model), job.length)
+        nll, cost, path, first_length = cache[key]
+        scored[(job.model, job.method, job.length)] = nll
+        rows.append(
+            {
+                "model": m.name,
+                "role": m.role,
+                "length": job.length,
+                "method": job.method,
+                "window": job.window,
+                "stride": job.stride,
+                **summarize(nll, job.length),
+                "windows": windows(job, stream.targets),
+                "attention_path": path,
+                "note": job.note,
+            }
+        )
+        costs.append(
+            {
+                "model": m.name,
+                "length": job.length,
+                "method": job.method,
+                "window": job.window,
+                "stride": job.stride,
+                "batch_size": batch_size if job.method == "non-overlapping" else 1,
+                "same_pass_as_length": first_length if reused else None,
+                **cost,
+            }
+        )
+        if job.method == "non-overlapping":
+            positions.append(
+                {"model": m.name, "role": m.role, "length": job.length, **loss_by_position(nll, job.length, buckets)}
+            )
+    return rows, positions, costs, scored
+
+
+def unique(jobs: list[Job]) -> list[Job]:
+    seen, out = set(), []
+    for j in jobs:
+        key = (j.model, j.method, j.window, j.stride)
+        if key not in seen:
+            seen.add(key)
+            out.append(j)
+    return out

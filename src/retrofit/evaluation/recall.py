@@ -38,7 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .passkey import bos_prefix
+from ..foundation.errors import LengthError
+from ..scoring.tokens import first_tokens
+from .models import EvalModel
+from .passkey import bos_prefix, cell, not_run
 
 
 @dataclass(frozen=True)
@@ -129,4 +132,78 @@ def score(model, prompt: RecallPrompt) -> dict:
         "tokens_right": int(right.sum()),
         "tokens": n,
         "logprob": round(float(logprob.mean()), 4),
+    }
+
+
+def run(models, text_ids: list[int], lengths, depths, o, bar) -> list[dict]:
+    """Recall per (model, length, depth): exact-match accuracy (with its Wilson interval), per-token
+    accuracy and mean log-probability of the continuation; lengths past a model's limit are not run.
+    Every model sees the same sequences (``text_ids``: the eval text, in the shared tokenizer's ids).
+    ``o``: the options (``recall_trials``, ``recall_span``, ``recall_cue``, ``seed``)."""
+    trials, span, cue, seed = o.recall_trials, o.recall_span, o.recall_cue, o.seed
+    pool = token_pool(text_ids, models[0].tokenizer)
+    spans = make_spans(seed, trials, span, pool)
+    prefix = bos_prefix(models[0].tokenizer)
+    results = []
+    for m in models:
+        for L in lengths:
+            starts = offsets(seed, L, trials, L - len(prefix) - 2 * span, len(text_ids))
+            for d in depths:
+                skipped = not_run(m, L, d, bar, trials)
+                if skipped:
+                    results.append({**skipped, "token_accuracy": None, "mean_logprob": None})
+                    continue
+                bar.set_description(f"{m.name[-24:]} recall L={L} depth={d:g}")
+                scores = []
+                for s, at in zip(spans, starts):
+                    scores.append(score(m.model, build(text_ids, L, d, s, cue, at, prefix)))
+                    bar.update(1)
+                n_tokens = sum(x["tokens"] for x in scores)
+                results.append(
+                    {
+                        **cell(m, L, d, sum(x["exact"] for x in scores), trials),
+                        "token_accuracy": round(sum(x["tokens_right"] for x in scores) / n_tokens, 4),
+                        "mean_logprob": round(sum(x["logprob"] for x in scores) / trials, 4),
+                        "scores": [{k: x[k] for k in ("exact", "tokens_right", "logprob")} for x in scores],
+                    }
+                )
+    return results
+
+
+def check_room(m: EvalModel, length: int, span: int) -> None:
+    need = room(m.tokenizer, span)
+    if length < need:
+        raise LengthError(f"recall length {length} is too short: a {span}-token span and its repeat take {need} tokens")
+
+
+def eval_text(
+    m: EvalModel, docs, label: str, budget: int, longest: int, span: int, separator, what: str | None = None
+) -> list[int]:
+    """The eval text recall (and copy) draw fillers and spans from: the perplexity's tokens (the same
+    documents, joined the same way), as many as the budget or the longest sequence asks for."""
+    ids, _ = first_tokens(m.tokenizer, docs, max(budget, longest) + 1, separator)
+    need = longest - room(m.tokenizer, span)  # filler tokens of the longest sequence
+    if len(ids) < need:
+        raise LengthError(
+            f"{what or f'recall length {longest}'} is larger than the available text: {label!r} gives only "
+            f"{len(ids)} tokens and it needs {need}; use shorter lengths (or --copy-distances), or more data"
+        )
+    return ids
+
+
+def work(lengths: list[int], models: int, depths: list, trials: int) -> list[tuple[int, int]]:
+    """(sequence length, forward passes) of the recall cells: the cost line's and the progress bar's."""
+    return [(L, models * len(depths) * trials) for L in lengths]
+
+
+def settings(lengths: list[int], depths: list, o, text: list[int] | None) -> dict:
+    """The report's ``settings.recall``: what the measure ran with (``o``: the options; ``text``: its eval text)."""
+    return {
+        "lengths": lengths,
+        "depths": depths,
+        "trials": o.recall_trials,
+        "span": o.recall_span,
+        "cue": o.recall_cue,
+        "text_tokens": len(text or []),
+        "scoring": "teacher-forced argmax (one forward per trial)",
     }

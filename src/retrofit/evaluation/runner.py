@@ -15,36 +15,22 @@ from tqdm.auto import tqdm
 from ..foundation import run_folder as rf
 from ..foundation import task
 from ..foundation.errors import LengthError, OptionError
-from . import cost, longdoc, masked, records, retrieval
+from ..scoring.copying import Probe
+from ..scoring.masked import RATE as MASK_RATE
+from ..scoring.tokens import build_stream, resolve_documents
+from . import cost, longdoc, masked, perplexity, records, retrieval
 from . import passkey as pk
 from . import recall as rc
-from .cost import Meter
 from .farcontext import far_context
 from .lengths import parse_item
 from .lengths import resolve as resolve_lengths
-from .models import EvalModel, check_tokenizers, describe_model, resolve
-from .options import DEFAULTS, ORIGINAL, QUICK, EvalOptions, eval_options, fitted_budget
-from .perplexity import loss_by_position, nonoverlapping_nll, sliding_nll, sliding_window_count, summarize
+from .models import EvalModel, check_tokenizers, resolve
+from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget
 from .report import SCHEMA_VERSION, Report, environment
-from .tokens import build_stream, first_tokens, resolve_documents
 from .verdict import verdict
 
 log = logging.getLogger(__name__)
 READS_DOCUMENTS = ("sequence-classification", "embeddings")  # models evaluated on documents (evaluation.longdoc)
-
-PASSKEY_NEW_TOKENS = 8
-
-
-@dataclass(frozen=True)
-class Job:
-    """One perplexity measurement: a model, a length and a method."""
-
-    model: int  # index into the run's models
-    length: int
-    method: str  # "non-overlapping" | "sliding" | "native-window" (a sliding window of the native length)
-    window: int
-    stride: int | None
-    note: str | None = None
 
 
 def _check_lengths(lengths, what: str = "lengths") -> list:
@@ -120,204 +106,6 @@ def _check_supported(m: EvalModel, lengths: list[int], what: str) -> None:
         )
 
 
-def plan_jobs(models: list[EvalModel], lengths: list[int], stride: int | None, sliding: bool) -> list[Job]:
-    """Every (model, length, method) to score. Past a model's limit: a labelled sliding row, never a silent swap.
-    ``stride`` None: each sliding window advances by half its width."""
-    jobs = []
-    given = stride
-    for i, m in enumerate(models):
-        limit, native = m.max_length, (m.info.get("native") or {}).get("length")
-        for L in lengths:
-            if limit is not None and L > limit:
-                stride = given or max(1, limit // 2)
-                if stride >= limit:
-                    raise OptionError(f"stride {stride} must be smaller than {m.name!r}'s window {limit}")
-                # the same words for every length past the limit: a table's footnote says it once
-                note = (
-                    f"{m.name} accepts at most {limit} tokens, so longer inputs are not run plainly: these rows "
-                    f"are sliding-window evaluations (window {limit}, stride {stride})"
-                )
-                jobs.append(Job(i, L, "sliding", limit, stride, note))
-                continue
-            past = f"past the native length {native}" if native and L > native else None
-            jobs.append(Job(i, L, "non-overlapping", L, None, past))
-            stride = given or max(1, L // 2)
-            if sliding and stride < L:
-                jobs.append(Job(i, L, "sliding", L, stride, past))
-            if past and m.role != "baseline":  # the far-context gain's other side (farcontext.py): one pass
-                jobs.append(Job(i, L, "native-window", native, max(1, native // 2), None))
-    return jobs
-
-
-def _windows(job: Job, n: int) -> int:
-    """Windows (model inputs) a job scores over ``n`` targets."""
-    if job.method == "non-overlapping":
-        return n // job.length
-    return sliding_window_count(n, job.window, job.stride)
-
-
-def _attention_path(model) -> str | None:
-    d = describe_model(model)
-    return d.get("attention_path") or getattr(model.config, "_attn_implementation", None)
-
-
-def _device_of(model):
-    return next(model.parameters()).device
-
-
-def run_perplexity(models, jobs, stream, batch_size, buckets, bar) -> tuple[list, list, list, dict]:
-    """Score every job; (rows, loss_by_position entries, cost entries, per-target NLL by (model index,
-    method, length)). Same-window jobs share one pass."""
-    cache: dict[tuple, tuple] = {}
-    rows, positions, costs, scored = [], [], [], {}
-    for job in jobs:
-        m = models[job.model]
-        key = (job.model, job.method, job.window, job.stride)
-        reused = key in cache
-        if not reused:
-            bar.set_description(f"{m.name[-24:]} L={job.length} {job.method}")
-            with Meter(_device_of(m.model)) as meter:
-                if job.method == "non-overlapping":
-                    nll = nonoverlapping_nll(
-                        m.model, stream.ids, job.window, batch_size=batch_size, on_window=bar.update
-                    )
-                else:
-                    nll = sliding_nll(m.model, stream.ids, job.window, job.stride, on_window=bar.update)
-            cache[key] = (nll, meter.result(stream.targets), _attention_path(m.model), job.length)
-        nll, cost, path, first_length = cache[key]
-        scored[(job.model, job.method, job.length)] = nll
-        rows.append(
-            {
-                "model": m.name,
-                "role": m.role,
-                "length": job.length,
-                "method": job.method,
-                "window": job.window,
-                "stride": job.stride,
-                **summarize(nll, job.length),
-                "windows": _windows(job, stream.targets),
-                "attention_path": path,
-                "note": job.note,
-            }
-        )
-        costs.append(
-            {
-                "model": m.name,
-                "length": job.length,
-                "method": job.method,
-                "window": job.window,
-                "stride": job.stride,
-                "batch_size": batch_size if job.method == "non-overlapping" else 1,
-                "same_pass_as_length": first_length if reused else None,
-                **cost,
-            }
-        )
-        if job.method == "non-overlapping":
-            positions.append(
-                {"model": m.name, "role": m.role, "length": job.length, **loss_by_position(nll, job.length, buckets)}
-            )
-    return rows, positions, costs, scored
-
-
-def _not_run(m: EvalModel, L: int, d: float, bar, trials: int) -> dict | None:
-    """The cell of a length past the model's limit (recorded as not run), else None."""
-    if m.max_length is None or L <= m.max_length:
-        return None
-    bar.update(trials)
-    return {
-        "model": m.name,
-        "role": m.role,
-        "length": L,
-        "depth": d,
-        "trials": 0,
-        "correct": 0,
-        "accuracy": None,
-        "note": f"not run: {m.name} accepts at most {m.max_length} tokens",
-    }
-
-
-def _cell(m: EvalModel, L: int, d: float, correct: int, trials: int) -> dict:
-    """A retrieval cell's accuracy with its 95% Wilson interval."""
-    low, high = pk.wilson(correct, trials)
-    return {
-        "model": m.name,
-        "role": m.role,
-        "length": L,
-        "depth": d,
-        "trials": trials,
-        "correct": correct,
-        "accuracy": correct / trials,
-        "note": None,
-        "ci_low": round(low, 4),
-        "ci_high": round(high, 4),
-    }
-
-
-def run_passkey(models, lengths, depths, trials, seed, bar) -> list[dict]:
-    """Accuracy per (model, length, depth); lengths past a model's limit are recorded as not run."""
-    results = []
-    keys = pk.make_keys(seed, len(lengths) * len(depths) * trials)
-    for m in models:
-        builder = pk.PromptBuilder(m.tokenizer)
-        k = 0
-        for L in lengths:
-            for d in depths:
-                cell_keys, k = keys[k : k + trials], k + trials
-                skipped = _not_run(m, L, d, bar, trials)
-                if skipped:
-                    results.append(skipped)
-                    continue
-                answers = []
-                bar.set_description(f"{m.name[-24:]} passkey L={L} depth={d:g}")
-                for key in cell_keys:
-                    prompt = builder.build(L - PASSKEY_NEW_TOKENS, d, key)
-                    answers.append(pk.run_trial(m.model, m.tokenizer, prompt, PASSKEY_NEW_TOKENS))
-                    bar.update(1)
-                correct = sum(a["correct"] for a in answers)
-                results.append(
-                    {
-                        **_cell(m, L, d, correct, trials),
-                        "answers": [{"key": a["key"], "answer": a["answer"]} for a in answers],
-                    }
-                )
-    return results
-
-
-def run_recall(models, text_ids: list[int], lengths, depths, o, bar) -> list[dict]:
-    """Recall per (model, length, depth): exact-match accuracy (with its Wilson interval), per-token
-    accuracy and mean log-probability of the continuation; lengths past a model's limit are not run.
-    Every model sees the same sequences (``text_ids``: the eval text, in the shared tokenizer's ids).
-    ``o``: the options (``recall_trials``, ``recall_span``, ``recall_cue``, ``seed``)."""
-    trials, span, cue, seed = o.recall_trials, o.recall_span, o.recall_cue, o.seed
-    pool = rc.token_pool(text_ids, models[0].tokenizer)
-    spans = rc.make_spans(seed, trials, span, pool)
-    prefix = pk.bos_prefix(models[0].tokenizer)
-    results = []
-    for m in models:
-        for L in lengths:
-            starts = rc.offsets(seed, L, trials, L - len(prefix) - 2 * span, len(text_ids))
-            for d in depths:
-                skipped = _not_run(m, L, d, bar, trials)
-                if skipped:
-                    results.append({**skipped, "token_accuracy": None, "mean_logprob": None})
-                    continue
-                bar.set_description(f"{m.name[-24:]} recall L={L} depth={d:g}")
-                scores = []
-                for s, at in zip(spans, starts):
-                    scores.append(rc.score(m.model, rc.build(text_ids, L, d, s, cue, at, prefix)))
-                    bar.update(1)
-                n_tokens = sum(x["tokens"] for x in scores)
-                results.append(
-                    {
-                        **_cell(m, L, d, sum(x["exact"] for x in scores), trials),
-                        "token_accuracy": round(sum(x["tokens_right"] for x in scores) / n_tokens, 4),
-                        "mean_logprob": round(sum(x["logprob"] for x in scores) / trials, 4),
-                        "scores": [{k: x[k] for k in ("exact", "tokens_right", "logprob")} for x in scores],
-                    }
-                )
-    return results
-
-
 LOAD_KEYS = ("tokenizer", "gguf_file", "device", "dtype")  # evaluate()'s keywords that say how to load a model
 
 
@@ -340,7 +128,7 @@ class Plan:
     o: EvalOptions
     models: list[EvalModel]
     stream: object  # tokens.build_stream's: the perplexity's tokens
-    jobs: list[Job]
+    jobs: list[perplexity.Job]
     lengths: list[int]
     passkey_lengths: list[int]
     recall_lengths: list[int]
@@ -353,14 +141,10 @@ class Plan:
     def work(self) -> list[tuple[int, int]]:
         """(window length, forward passes) of every measure: what the cost line and the progress bar count."""
         o, n = self.o, len(self.models)
-        work = [(j.window, _windows(j, self.stream.targets)) for j in _unique(self.jobs)]
-        work += [
-            (L, n * len(self.asked.depths) * o.passkey_trials) for L in (self.passkey_lengths if o.passkey else [])
-        ]
-        work += [
-            (L, n * len(self.asked.recall_depths) * o.recall_trials) for L in (self.recall_lengths if o.recall else [])
-        ]
-        return work + [(d + o.copy_span, n * o.copy_trials) for d in self.copy_distances]
+        work = [(j.window, perplexity.windows(j, self.stream.targets)) for j in perplexity.unique(self.jobs)]
+        work += pk.work(self.passkey_lengths if o.passkey else [], n, self.asked.depths, o.passkey_trials)
+        work += rc.work(self.recall_lengths if o.recall else [], n, self.asked.recall_depths, o.recall_trials)
+        return work + retrieval.work(self.copy_distances, n, o)
 
 
 def evaluate(
@@ -468,23 +252,23 @@ def _plan(models: list[EvalModel], data: tuple, o: EvalOptions, asked: Asked, le
     docs, label = data
     m, native = models[0], (models[0].info.get("native") or {}).get("length")
     pk_lengths = resolve_lengths(asked.passkey, native, "passkey lengths") if asked.passkey else lengths
-    o = _copy_sizes(o, native) if o.copy else o
-    distances = _copy_distances(asked.copy, native, lengths, o) if o.copy else []
+    o = retrieval.sizes(o, native) if o.copy else o
+    distances = retrieval.distances(asked.copy, native, lengths, o) if o.copy else []
     rc_lengths = resolve_lengths(asked.recall, native, "recall lengths") if asked.recall else lengths
     _check_supported(m, lengths, "lengths")
     if o.passkey:
         _check_supported(m, pk_lengths, "passkey lengths")
-        _check_passkey_room(m, min(pk_lengths))
+        pk.check_room(m, min(pk_lengths))
     if o.recall:
         _check_supported(m, rc_lengths, "recall lengths")
-        _check_recall_room(m, min(rc_lengths), o.recall_span)
+        rc.check_room(m, min(rc_lengths), o.recall_span)
     check_tokenizers(models, docs[0].text[:4000])
     stream = build_stream(m.tokenizer, docs, label, o.budget, lengths, o.doc_separator)
     plan = Plan(
         o=o,
         models=models,
         stream=stream,
-        jobs=plan_jobs(models, lengths, o.stride, o.sliding),
+        jobs=perplexity.plan_jobs(models, lengths, o.stride, o.sliding),
         lengths=lengths,
         passkey_lengths=pk_lengths,
         recall_lengths=rc_lengths,
@@ -492,11 +276,11 @@ def _plan(models: list[EvalModel], data: tuple, o: EvalOptions, asked: Asked, le
         asked=asked,
     )
     if o.recall:
-        plan.recall_text = _recall_text(m, docs, label, o.budget, max(rc_lengths), o.recall_span, o.doc_separator)
+        plan.recall_text = rc.eval_text(m, docs, label, o.budget, max(rc_lengths), o.recall_span, o.doc_separator)
     if distances:
         longest = max(distances) + (o.copy_keys + 1) * o.copy_span
         what = f"copy distance {max(distances)}"
-        plan.copy_text = _recall_text(m, docs, label, o.budget, longest, 0, o.doc_separator, what=what)
+        plan.copy_text = rc.eval_text(m, docs, label, o.budget, longest, 0, o.doc_separator, what=what)
         plan.copy_prefix = pk.bos_prefix(m.tokenizer)
     return plan
 
@@ -506,14 +290,14 @@ def _measure(plan: Plan, progress: bool) -> dict:
     o, models = plan.o, plan.models
     out = {"passkey": None, "recall": None, "copy": None}
     with tqdm(total=sum(c for _, c in plan.work()), disable=not progress, unit="window", dynamic_ncols=True) as bar:
-        ppl = run_perplexity(models, plan.jobs, plan.stream, o.batch_size, o.position_buckets, bar)
+        ppl = perplexity.run(models, plan.jobs, plan.stream, o.batch_size, o.position_buckets, bar)
         out["rows"], out["loss_by_position"], out["cost"], out["scored"] = ppl
         if o.passkey:
-            out["passkey"] = run_passkey(models, plan.passkey_lengths, plan.asked.depths, o.passkey_trials, o.seed, bar)
+            out["passkey"] = pk.run(models, plan.passkey_lengths, plan.asked.depths, o.passkey_trials, o.seed, bar)
         if o.recall:
-            out["recall"] = run_recall(models, plan.recall_text, plan.recall_lengths, plan.asked.recall_depths, o, bar)
+            out["recall"] = rc.run(models, plan.recall_text, plan.recall_lengths, plan.asked.recall_depths, o, bar)
         if plan.copy_distances:
-            probe = retrieval.Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(plan.copy_prefix))
+            probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(plan.copy_prefix))
             out["copy"] = retrieval.run(models, plan.copy_text, plan.copy_distances, o.copy_trials, probe, bar)
     return out
 
@@ -550,29 +334,9 @@ def _report_data(plan: Plan, results: dict, started) -> dict:
 def _settings(plan: Plan) -> dict:
     """The report's ``settings``: what each measure ran with."""
     o = plan.o
-    passkey = {
-        "lengths": plan.passkey_lengths,
-        "depths": plan.asked.depths,
-        "trials": o.passkey_trials,
-        "new_tokens": PASSKEY_NEW_TOKENS,
-    }
-    recall = {
-        "lengths": plan.recall_lengths,
-        "depths": plan.asked.recall_depths,
-        "trials": o.recall_trials,
-        "span": o.recall_span,
-        "cue": o.recall_cue,
-        "text_tokens": len(plan.recall_text or []),
-        "scoring": "teacher-forced argmax (one forward per trial)",
-    }
-    copy = {
-        "distances": plan.copy_distances,
-        "trials": o.copy_trials,
-        "span": o.copy_span,
-        "cue": o.copy_cue,
-        "keys": o.copy_keys,
-        "text": "the eval text (natural)",
-    }
+    passkey = pk.settings(plan.passkey_lengths, plan.asked.depths, o)
+    recall = rc.settings(plan.recall_lengths, plan.asked.recall_depths, o, plan.recall_text)
+    copy = retrieval.settings(plan.copy_distances, o)
     return {
         "lengths": plan.lengths,
         "stride": o.stride,
@@ -664,23 +428,23 @@ def _masked(models, data: tuple, lengths, o, cp_items, progress, out) -> masked.
     cp = None
     work = masked.work(ids.numel(), lengths, native, models)
     if o.copy and mask_id is not None:
-        o = _copy_sizes(o, native)
-        distances = _copy_distances(cp_items, native, lengths, o)
+        o = retrieval.sizes(o, native)
+        distances = retrieval.distances(cp_items, native, lengths, o)
         longest = max(distances) + (o.copy_keys + 1) * o.copy_span
-        text = _recall_text(
+        text = rc.eval_text(
             models[0], docs, data_label, o.budget, longest, 0, o.doc_separator, f"copy distance {max(distances)}"
         )
         prefix = (
             [models[0].tokenizer.cls_token_id] if getattr(models[0].tokenizer, "cls_token_id", None) is not None else []
         )
         cp = (distances, text, prefix)
-        work += [(d + o.copy_span, len(models) * o.copy_trials) for d in distances]
+        work += retrieval.work(distances, len(models), o)
     _say_cost(models[0], ids, work)
     with tqdm(total=sum(c for _, c in work), disable=not progress, unit="window") as bar:
-        scores = masked.run(models, ids, lengths, native, data_label, masked.RATE, bar)
+        scores = masked.run(models, ids, lengths, native, data_label, MASK_RATE, bar)
         if cp is not None:
             distances, text, prefix = cp
-            probe = retrieval.Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
+            probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
             scores["copy"] = retrieval.run(models, text, distances, o.copy_trials, probe, bar, mask_id)
             scores["copy_settings"] = {
                 "trials": o.copy_trials,
@@ -748,16 +512,6 @@ def original_of(model_or_path, evaluated: EvalModel, *, device=None, dtype=None)
     )
 
 
-def _unique(jobs: list[Job]) -> list[Job]:
-    seen, out = set(), []
-    for j in jobs:
-        key = (j.model, j.method, j.window, j.stride)
-        if key not in seen:
-            seen.add(key)
-            out.append(j)
-    return out
-
-
 def _dedupe_names(models: list[EvalModel]) -> None:
     seen: dict[str, int] = {}
     for m in models:
@@ -766,18 +520,6 @@ def _dedupe_names(models: list[EvalModel]) -> None:
             m.name = f"{m.name} ({m.role} {seen[m.name]})"
         else:
             seen[m.name] = 1
-
-
-def _check_passkey_room(m: EvalModel, length: int) -> None:
-    need = pk.PromptBuilder(m.tokenizer).fixed_tokens() + PASSKEY_NEW_TOKENS
-    if length < need:
-        raise LengthError(f"passkey length {length} is too short: the prompt alone takes {need} tokens")
-
-
-def _check_recall_room(m: EvalModel, length: int, span: int) -> None:
-    need = rc.room(m.tokenizer, span)
-    if length < need:
-        raise LengthError(f"recall length {length} is too short: a {span}-token span and its repeat take {need} tokens")
 
 
 def _fit_budget(o, lengths: list[int]):
@@ -803,45 +545,6 @@ def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]]) -> None:
     if m.max_length is not None:
         target = min(target, m.max_length)
     log.info("%s", cost.time_line(m.name, work, cost.time_forwards(m.model, ids, target)))
-
-
-def _copy_sizes(o, native: int | None):
-    """The options with the copy span and cue resolved (defaults: min(32, native / 4) and a quarter of it),
-    checked."""
-    span = o.copy_span or min(32, max(4, (native or 128) // 4))
-    cue = o.copy_cue or max(1, span // 4)
-    for name, v in (("copy_trials", o.copy_trials), ("copy_span", span), ("copy_cue", cue), ("copy_keys", o.copy_keys)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise OptionError(f"{name} must be a positive integer, got {v!r}")
-    if not cue < span:
-        raise OptionError(f"copy_cue ({cue}) must be smaller than copy_span ({span})")
-    return eval_options(o, copy_span=span, copy_cue=cue)
-
-
-def _copy_distances(items, native: int | None, lengths: list[int], o) -> list[int]:
-    """The copy distances in tokens: as given, or (the defaults, --quick's too) those up to the longest length."""
-    distances = resolve_lengths(items, native, "copy distances")
-    if o.copy_distances in (DEFAULTS.copy_distances, QUICK["copy_distances"]):
-        distances = [d for d in distances if d <= max(lengths)]
-    small = [d for d in distances if d < o.copy_keys * o.copy_span]
-    if small:
-        raise LengthError(f"copy distance {small[0]} cannot hold {o.copy_keys} span(s) of {o.copy_span} tokens")
-    return distances
-
-
-def _recall_text(
-    m: EvalModel, docs, label: str, budget: int, longest: int, span: int, separator, what: str | None = None
-) -> list[int]:
-    """The eval text recall (and copy) draw fillers and spans from: the perplexity's tokens (the same
-    documents, joined the same way), as many as the budget or the longest sequence asks for."""
-    ids, _ = first_tokens(m.tokenizer, docs, max(budget, longest) + 1, separator)
-    need = longest - rc.room(m.tokenizer, span)  # filler tokens of the longest sequence
-    if len(ids) < need:
-        raise LengthError(
-            f"{what or f'recall length {longest}'} is larger than the available text: {label!r} gives only "
-            f"{len(ids)} tokens and it needs {need}; use shorter lengths (or --copy-distances), or more data"
-        )
-    return ids
 
 
 def _model_entry(m: EvalModel) -> dict:

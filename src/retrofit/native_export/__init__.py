@@ -299,12 +299,12 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
 
 def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, windows: int = 2) -> dict:
     """Perplexity of both models on the same ``windows`` non-overlapping windows of ``length`` tokens of
-    real text (``evaluation.perplexity``, the protocol of ``retrofit eval``)."""
+    real text (``scoring.losses``, the protocol of ``retrofit eval``)."""
     if tokenizer is None:
         return {"ppl": None, "ppl_note": "no tokenizer: the perplexity difference was not measured"}
-    from ..evaluation.perplexity import nonoverlapping_nll
-    from ..evaluation.tokens import first_tokens
     from ..models.data import load_documents
+    from ..scoring.losses import nonoverlapping_nll
+    from ..scoring.tokens import first_tokens
 
     tokens, _ = first_tokens(tokenizer, load_documents(spec), windows * length + 1)  # not the whole corpus
     n = min(windows, (len(tokens) - 1) // length)

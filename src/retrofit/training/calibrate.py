@@ -7,8 +7,8 @@ blocks of ``data`` (a ``retrofit.models.data`` spec). Only the parameters of the
 (``model.retrofit_positions``: T5/Shaw tables, FIRE's MLP, Transformer-XL's vectors, learned ALiBi slopes
 (``learn_slopes=true``), QK-norm gains, a stretched table's rows) are trained; every other tensor is left
 bit-identical. Before and after, the zero-shot ratio (perplexity of the converted model / perplexity of the
-original, both at 1x the native length, non-overlapping windows) is measured by ``retrofit.evaluate`` on
-held-out text that shares no document with ``data``.
+original, both at 1x the native length, non-overlapping windows) is measured as ``retrofit.evaluate`` measures
+it (``scoring``: the same tokens, windows and masked draw) on held-out text that shares no document with ``data``.
 
 The teacher is a frozen copy of the model taken before converting (``copy.deepcopy``): the one exact
 way to get the original's distributions that costs one forward per step and the weights once more in
@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 
 from ..foundation.errors import DataError, LengthError, OptionError
-from .masking import IGNORE, masker_for, seed_of
+from ..scoring.masking import IGNORE, masker_for, seed_of
 from .recipe import CalibrateConfig
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def _doc_hashes(docs) -> set[str]:
 def _documents(data, heldout, train_tokens: int, held_tokens: int):
     """The calibration and held-out documents (a Hub dataset streamed until it holds about twice the tokens
     each side reads), which must share none."""
-    from ..evaluation.tokens import resolve_documents
+    from ..scoring.tokens import resolve_documents
 
     train, _ = resolve_documents(data, max_tokens=2 * train_tokens)
     held, _ = resolve_documents(heldout, max_tokens=2 * held_tokens)
@@ -104,35 +104,51 @@ def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
 def zero_shot(
     model, teacher, tokenizer, heldout_docs, length: int, budget: int, progress: bool, original: dict | None = None
 ) -> dict:
-    """ppl of ``model`` and of the original (``teacher``) at ``length`` on the held-out documents, through
-    ``retrofit.evaluate`` (non-overlapping windows); ``original``: a previous call's original row (same tokens)."""
-    from ..evaluation import evaluate
+    """ppl of ``model`` and of the original (``teacher``) at ``length`` on the held-out documents, read as
+    ``retrofit eval`` reads them (its first ``budget`` tokens, non-overlapping windows; a masked LM: the masked
+    tokens of its seeded draw); ``original``: a previous call's original row (same tokens). Both models are left
+    in eval mode."""
+    from ..foundation import task
+    from ..scoring.tokens import build_stream, resolve_documents
 
-    baselines = [] if original else [("original", teacher, tokenizer)]
-    report = evaluate(
-        ("converted", model, tokenizer),
-        [length],
-        data=heldout_docs,
-        baselines=baselines,
-        budget=budget,
-        sliding=False,
-        copy=False,
-        progress=progress,
-    )
-    rows = {r["role"]: r for r in report.data["rows"] if r["method"] == "non-overlapping" and r["length"] == length}
-    data = report.data["data"]  # a masked LM's report names its text and draw instead of a fingerprint
-    fingerprint = (
-        data["fingerprint"] if isinstance(data, dict) else f"{data}:{report.data['tokens']}:{report.data['mask_seed']}"
-    )
-    orig = original or {
-        "ppl": rows["baseline"]["ppl"],
-        "tokens": rows["baseline"].get("tokens", rows["baseline"].get("masked_tokens")),
-        "fingerprint": fingerprint,
-    }
+    docs, label = resolve_documents(heldout_docs)
+    stream = build_stream(tokenizer, docs, label, budget, [length])
+    models = [model] if original else [model, teacher]
+    for m in models:
+        m.eval()
+    if task.of_model(model).name == "masked-lm":
+        ppls, tokens, fingerprint = _masked_ppl(models, tokenizer, stream.ids[:-1], length, progress)
+        fingerprint = f"{label}:{fingerprint}"
+    else:
+        ppls, tokens, fingerprint = _causal_ppl(models, stream, length, progress), stream.targets, stream.fingerprint
+    orig = original or {"ppl": ppls[1], "tokens": tokens, "fingerprint": fingerprint}
     if fingerprint != orig["fingerprint"]:
         raise RuntimeError("the held-out tokens changed between the two evaluations")
-    ppl = rows["converted"]["ppl"]
-    return {"ppl": ppl, "original": orig, "ratio": ppl / orig["ppl"]}
+    return {"ppl": ppls[0], "original": orig, "ratio": ppls[0] / orig["ppl"]}
+
+
+def _causal_ppl(models, stream, length: int, progress: bool) -> list[float]:
+    """Each model's perplexity over the stream's targets in non-overlapping windows of ``length``."""
+    from tqdm.auto import tqdm
+
+    from ..scoring.losses import nonoverlapping_nll
+
+    with tqdm(total=len(models) * (stream.targets // length), disable=not progress, unit="window") as bar:
+        return [math.exp(float(nonoverlapping_nll(m, stream.ids, length, on_window=bar.update).mean())) for m in models]
+
+
+def _masked_ppl(models, tokenizer, ids: torch.Tensor, length: int, progress: bool) -> tuple[list[float], int, str]:
+    """A masked LM's: each model's masked-token perplexity in windows of ``length`` on one seeded draw over
+    ``ids`` (n,); the masked tokens, and the stream's tokens and draw (the held-out fingerprint's tail)."""
+    from tqdm.auto import tqdm
+
+    from ..scoring import masked
+
+    vocab = models[0].get_input_embeddings().weight.shape[0]
+    s = masked.masked_stream(ids, tokenizer, vocab, masked.RATE)
+    with tqdm(total=len(models) * -(-ids.numel() // length), disable=not progress, unit="window") as bar:
+        rows = [masked.summary(masked.full_nll(m, s, length, bar.update), s.chars_per_token) for m in models]
+    return [r["ppl"] for r in rows], rows[0]["masked_tokens"], f"{ids.numel()}:{masked.SEED}"
 
 
 OPTIONS = tuple(f.name for f in dataclasses.fields(CalibrateConfig) if f.name != "data")  # calibrate's keywords

@@ -38,11 +38,12 @@ from ..models import data as rdata
 from ..models import sources
 from ..patch.core import describe, max_length, set_position_controls
 from ..patch.optim import param_groups
+from ..scoring import masking
+from ..scoring.masking import Masker, masker_for, seed_of
 from . import blocks as blk
-from . import copies, masking, outputs, positions, sharding, stream, tasks
+from . import copies, outputs, positions, sharding, stream, tasks
 from . import model as mdl
 from .interrupt import Interrupts
-from .masking import Masker, masker_for, seed_of
 from .meter import Meter
 from .place import StreamPlace, block_batches
 from .recipe import Recipe, budget, tokens_per_step

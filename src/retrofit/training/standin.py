@@ -47,7 +47,7 @@ from ..models.baseline import (
 )
 from ..models.data import Document
 from ..patch.optim import param_groups
-from .masking import Masker, seed_of
+from ..scoring.masking import Masker, seed_of
 
 log = logging.getLogger(__name__)
 
@@ -221,15 +221,15 @@ def induction_rows(
 
 def copy_probe(model, held: torch.Tensor, native: int) -> dict:
     """How well the model copies a held-out natural span 32 tokens long at distance native/2 (16 trials;
-    ``retrofit.evaluation.retrieval``): ``second_over_first`` (mean NLL of the span's repeat over its first
+    ``retrofit.scoring.copying``, the trial of ``retrofit.evaluation.retrieval``): ``second_over_first`` (mean NLL of the span's repeat over its first
     occurrence; 1 = no copying) and the exact-continuation rate."""
-    from ..evaluation import retrieval
+    from ..scoring import copying
 
     was = model.training
     model.eval()
     text = held.reshape(-1).tolist()
     span = min(32, max(4, native // 8))
-    cell = retrieval.copy_cell(model, text, native // 2, 16, retrieval.Probe(span, max(1, span // 4)))
+    cell = copying.copy_cell(model, text, native // 2, 16, copying.Probe(span, max(1, span // 4)))
     model.train(was)
     return {k: cell[k] for k in ("distance", "second_over_first", "exact_rate")}
 

@@ -2,7 +2,7 @@
 
 The teacher is the unconverted original (``model.make_teacher``); it reads positions only up to its
 native length W. ``train.teacher_window: sliding`` (the default) reads a block of T tokens the way the
-evaluation reads the original past native (``evaluation.perplexity.sliding_spans``): the first window
+evaluation reads the original past native (``scoring.windows.sliding_spans``): the first window
 gives positions [0, W); each next one ends ``stride`` tokens later and gives only its last ``stride``
 positions, so every position of the block has the original's prediction, from between W - stride and
 W tokens of context. ``first`` keeps the pre-issue-33 behaviour: the first window only (no teacher past
@@ -21,8 +21,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..evaluation.perplexity import last_logits, sliding_spans
 from ..foundation.errors import RecipeError
+from ..scoring.losses import last_logits
+from ..scoring.masking import IGNORE
+from ..scoring.windows import centred_spans, sliding_spans
 
 
 @dataclass(frozen=True)
@@ -127,11 +129,8 @@ def masked_distill_kl(
 ) -> torch.Tensor:
     """A masked LM's distillation: KL(teacher || student) at the block's masked tokens (``labels`` not
     IGNORE), averaged over them, x temperature^2. The teacher reads the same masked ``inputs`` [B, T] through
-    its native window the way the masked-LM evaluation reads the original (``evaluation.masked.centred_spans``:
+    its native window the way the masked-LM evaluation reads the original (``scoring.windows.centred_spans``:
     each token from the window where it is most central, stride ``view.stride``); ``student_logits``: [B, T, V]."""
-    from ..evaluation.masked import centred_spans
-    from .masking import IGNORE
-
     total, count = 0.0, 0
     n = inputs.shape[1]
     window = min(view.window, n)
