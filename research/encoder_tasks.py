@@ -64,6 +64,7 @@ def recipe(task: str, model: str, out: Path, lengths: tuple, steps: int, batch: 
             "batch_size": batch,
             "learning_rate": lr,
             "warmup_steps": max(1, steps // 10),
+            **({"seed": HP["seed"]} if HP["seed"] else {}),
             "weight_decay": 0.01,
         },
         "checkpoint": {"every": 50},
@@ -126,14 +127,14 @@ def ship(task: str) -> Path:
 
 
 LR = 3e-4
-HP = {"batch": BATCH, "lr": LR}  # the cells' fine-tune; --batch / --lr make a variant (its own runs and name)
+HP = {"batch": BATCH, "lr": LR, "seed": 0}  # the cells' fine-tune; --batch/--lr/--seed: a variant (own runs, name)
 
 
 def variant(scheme: str) -> str:
     """A cell's name: the scheme, and the fine-tune's batch and learning rate when they are not the study's."""
-    if (HP["batch"], HP["lr"]) == (BATCH, LR):
+    if (HP["batch"], HP["lr"], HP["seed"]) == (BATCH, LR, 0):
         return scheme
-    return f"{scheme} (batch {HP['batch']}, lr {HP['lr']:g})"
+    return f"{scheme} (batch {HP['batch']}, lr {HP['lr']:g}" + (f", seed {HP['seed']})" if HP["seed"] else ")")
 
 
 def cell(task: str, scheme: str, base: Path) -> dict:
@@ -186,8 +187,9 @@ def main(argv=None) -> None:
     p.add_argument("--ship", action="store_true", help="copy each task's trained stand-in into standins/ and exit")
     p.add_argument("--batch", type=int, default=BATCH, help="a variant's batch size (the budget stays: fewer steps)")
     p.add_argument("--lr", type=float, default=LR, help="a variant's learning rate")
+    p.add_argument("--seed", type=int, default=0, help="a variant's train.seed (its examples and its head)")
     args = p.parse_args(argv)
-    HP.update(batch=args.batch, lr=args.lr)
+    HP.update(batch=args.batch, lr=args.lr, seed=args.seed)
     if args.ship:
         for task in (t for t in args.tasks.split(",") if t in SHIPPED):
             print(ship(task))
