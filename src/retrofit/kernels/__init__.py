@@ -7,13 +7,14 @@ call (or why not) and runs it. ``patch/attention.py`` builds one ``Call`` per at
   (RoPE, absolute, no positions) takes the first row that serves it whatever the choice: the choice is about
   how the positional term runs.
 
-The path that ran is recorded per call (``describe(model)["attention_path"]``). A new path is one module
+A call with a positional term runs with denormals flushed on CPU (``denormal.py``). The path that ran is recorded per call (``describe(model)["attention_path"]``). A new path is one module
 here (``serves(call)``, ``run(call)``) and one row. ``RENAMED`` maps the names of earlier releases (saved in
 checkpoints and recipes) to these.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,6 +27,7 @@ from . import (
     cpu_flash_mask,
     cpu_flash_relative_band,
     cpu_flash_two_view,
+    denormal,
     flash_attn_alibi,
     flex,
     sdpa,
@@ -185,8 +187,24 @@ def choose(call: Call, kernel: str = "auto") -> Path:
 
 
 def attend(call: Call, kernel: str = "auto") -> tuple[torch.Tensor, str]:
-    """(output (B, H, Tq, D), the path that ran). Auto goes on to the last row (chunked) when the chosen one
-    cannot run in this process (``Unavailable``: flex without a compiler, or after it failed)."""
+    """(output (B, H, Tq, D), the path that ran). A call with a bias or a relative term runs with denormals
+    flushed, forward and backward (``denormal.attend``: on CPU, from ``denormal.MIN_SCORES`` scores on; a call
+    below that never enters it)."""
+    q, k = call.q, call.k
+    if (call.bias is None and call.relative is None) or q.device.type != "cpu":
+        return _attend(call, kernel)
+    if q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] < denormal.MIN_SCORES:
+        return _attend(call, kernel)
+
+    def run(q, k, v):
+        return _attend(dataclasses.replace(call, q=q, k=k, v=v), kernel)
+
+    return denormal.attend(run, call.q, call.k, call.v)
+
+
+def _attend(call: Call, kernel: str) -> tuple[torch.Tensor, str]:
+    """``attend`` without the flush. Auto goes on to the last row (chunked) when the chosen one cannot run in
+    this process (``Unavailable``: flex without a compiler, or after it failed)."""
     path = choose(call, kernel)
     if not path.grouped:
         call = call.full_heads()

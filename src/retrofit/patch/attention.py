@@ -4,27 +4,16 @@ and run the converted model's scheme: one ``kernels.Call`` per call, handed to t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from .. import kernels
 from ..adapters.calls import state_positions
-from ..foundation import denormal
 from ..foundation.errors import LengthError, PatchNotLiveError, RetrofitError
 from .state import LayerContext
 
 ATTN_NAME = "retrofit"
-
-
-def _attend(call: "kernels.Call", kernel: str):
-    """``kernels.attend``, with denormals flushed around a biased call, forward and backward (src/retrofit/foundation/denormal.py)."""
-
-    def run(q, k, v):
-        return kernels.attend(dataclasses.replace(call, q=q, k=k, v=v), kernel)
-
-    return denormal.attend(run, call.q, call.k, call.v, flush=call.bias is not None or call.relative is not None)
 
 
 @dataclass
@@ -216,13 +205,13 @@ def _run(site: Site, call, terms: BiasTerms) -> torch.Tensor:
     different positions); the path is recorded for ``describe``."""
     state = site.state
     if terms.rows is None:
-        out, path = _attend(call, state.kernel)
+        out, path = kernels.attend(call, state.kernel)
     else:
         out, path = torch.empty_like(call.q), None
         for moved in terms.rows.unique().tolist():
             idx = (terms.rows == moved).nonzero()[:, 0]
             bias = _bias_fn(site.scheme, terms.layer, None, moved, terms.scale)
-            out[idx], path = _attend(call.rows(idx, bias), state.kernel)
+            out[idx], path = kernels.attend(call.rows(idx, bias), state.kernel)
     state.record(site.ctx.layer, path)
     return out
 
