@@ -51,8 +51,7 @@ def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path(
         "call",
         "cpu_flash",
         "denormal",
-        "dims",
-    }  # the table, the call record, the CPU flash op, the denormal flush, the dims paths' shared parts
+    }  # the table, the call record, the CPU flash op, the denormal flush
     assert {f.stem for f in (ROOT / "src" / "retrofit" / "kernels").glob("*.py")} - helpers == set(rows)
     quoted = re.compile("[\"'](" + "|".join(re.escape(p.name) for p in kernels.PATHS) + ")[\"']")
     outside = [

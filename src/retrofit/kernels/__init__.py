@@ -53,9 +53,17 @@ class Path:
     scores: bool = False  # applies the model's own score terms (softcap, sinks): the others never serve such a call
     bidirectional: bool = False  # serves keys after the query (an encoder's attention): the others never do
     two_view: bool = False  # serves a second view for the far keys (SelfExtend, STRING): the others never do
+    plain: bool = False  # adds no positional term to the scores: serves only a call without one
+    cuda: bool = False  # runs on CUDA only
 
     def why_not(self, call: Call) -> str | None:
-        """None when this row serves ``call``; else why not."""
+        """None when this row serves ``call``; else why not. What the row says of itself (its kinds, its device,
+        the terms it applies) is read here, so a row that cannot serve a call is passed over without asking
+        its module."""
+        if call.positional and self.plain:
+            return "a positional term in the scores, which this path does not add"
+        if self.cuda and not call.q.is_cuda:
+            return "a call off CUDA, where this path does not run"
         if call.scored and not self.scores:
             return f"the model's {call.scored}, which this path does not apply"
         if not call.causal and not self.bidirectional:
@@ -74,6 +82,7 @@ PATHS = (
         "stock SDPA: no positional term in the scores",
         grouped=True,
         bidirectional=True,
+        plain=True,
     ),
     Path(
         "flash-attn-alibi",
@@ -81,6 +90,7 @@ PATHS = (
         flash_attn_alibi.run,
         BIAS,
         "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)",
+        cuda=True,
     ),
     Path(
         "sdpa-alibi-dims",
