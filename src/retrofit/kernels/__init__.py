@@ -60,16 +60,16 @@ class Path:
         """None when this row serves ``call``; else why not. What the row says of itself (its kinds, its device,
         the terms it applies) is read here, so a row that cannot serve a call is passed over without asking
         its module."""
-        if call.positional and self.plain:
-            return "a positional term in the scores, which this path does not add"
-        if self.cuda and not call.q.is_cuda:
-            return "a call off CUDA, where this path does not run"
         if call.scored and not self.scores:
             return f"the model's {call.scored}, which this path does not apply"
         if not call.causal and not self.bidirectional:
             return "bidirectional attention (keys after the query), which this path does not serve"
         if call.far is not None and not self.two_view:
             return "a second rotary view for the far keys (SelfExtend, STRING), which this path does not serve"
+        if call.positional and self.plain:
+            return "a positional term in the scores, which this path does not add"
+        if self.cuda and not call.q.is_cuda:
+            return "a call off CUDA, where this path does not run"
         return self.serves(call)
 
 
@@ -197,9 +197,20 @@ def choose(call: Call, kernel: str = "auto") -> Path:
 
 
 def attend(call: Call, kernel: str = "auto") -> tuple[torch.Tensor, str]:
-    """(output (B, H, Tq, D), the path that ran). A call with a bias or a relative term runs with denormals
-    flushed, forward and backward (``denormal.attend``: on CPU, from ``denormal.MIN_SCORES`` scores on; a call
-    below that never enters it)."""
+    """(output (B, H, Tq, D), the path that ran): one call per group of rows that share a shift where rows sit
+    at different positions (``Call.row_shifts``; the path is the last group's)."""
+    if call.row_shifts is None:
+        return _flushed(call, kernel)
+    out, path = torch.empty_like(call.q), ""
+    for moved in call.row_shifts.unique().tolist():
+        idx = (call.row_shifts == moved).nonzero()[:, 0]
+        out[idx], path = _flushed(call.rows(idx, call.bias_at(moved)), kernel)
+    return out, path
+
+
+def _flushed(call: Call, kernel: str) -> tuple[torch.Tensor, str]:
+    """A call with a bias or a relative term runs with denormals flushed, forward and backward
+    (``denormal.attend``: on CPU, from ``denormal.MIN_SCORES`` scores on; a call below that never enters it)."""
     q, k = call.q, call.k
     if (call.bias is None and call.relative is None) or q.device.type != "cpu":
         return _attend(call, kernel)
