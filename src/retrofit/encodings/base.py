@@ -223,8 +223,10 @@ class Scheme(nn.Module):
         name = catalog.name_of(cls.__module__)
         if name is not None:
             kind = catalog.CATALOG[name].kind
-            if getattr(cls, "kind", kind) != kind:
-                raise TypeError(f"{cls.__name__} subclasses the {cls.kind} kind's base; scheme {name!r} is {kind}")
+            if not issubclass(cls, KIND_BASES[kind]):
+                raise TypeError(
+                    f"{cls.__name__}: scheme {name!r} is of kind {kind}; subclass {KIND_BASES[kind].__name__}"
+                )
             cls.name, cls.kind = name, kind
 
     def __init__(self, spec: ModelSpec, options):
@@ -387,8 +389,6 @@ class BiasScheme(Scheme):
     """The ``"bias"`` kind: a per-head additive score bias ``bias(layer, h, q_pos, k_pos)``; ``prepare`` gives the
     kernels the bias function of slot indices and, where they are exact, what the fused paths read instead."""
 
-    kind = "bias"
-
     def bias(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"scheme {self.name!r} defines no bias")
 
@@ -446,8 +446,6 @@ class BiasScheme(Scheme):
 class RotaryScheme(Scheme):
     """The ``"rotary"`` kind: rotates q and k, ``rotate(layer, x, pos, seq_len, start)``; a two-view scheme
     (SelfExtend, STRING) scores far keys through a second rotation (``far_reach``, ``far_positions``)."""
-
-    kind = "rotary"
 
     def rotate(self, layer, x: torch.Tensor, pos: torch.Tensor, seq_len: int | None = None, start: int | None = None):
         raise NotImplementedError(f"scheme {self.name!r} defines no rotation")
@@ -523,8 +521,6 @@ class RelativeScheme(Scheme):
     gives the content and position queries, ``relative_keys`` one vector per distance; ``prepare`` gives the
     kernels the position side (``kernels.Relative``)."""
 
-    kind = "relative"
-
     def relative_queries(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError(f"scheme {self.name!r} defines no relative queries")
 
@@ -555,8 +551,6 @@ class RelativeScheme(Scheme):
 class AbsoluteScheme(Scheme):
     """The ``"absolute"`` kind: adds to the embeddings, ``embed(position_ids, dtype)``; no term in the scores."""
 
-    kind = "absolute"
-
     def embed(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError(f"scheme {self.name!r} defines no embedding")
 
@@ -564,7 +558,15 @@ class AbsoluteScheme(Scheme):
 class NoneScheme(Scheme):
     """The ``"none"`` kind: nothing (the causal mask alone carries order)."""
 
-    kind = "none"
+
+# the base a scheme of each kind subclasses (its kind is its catalog line's: foundation/catalog.py)
+KIND_BASES: dict[str, type[Scheme]] = {
+    "bias": BiasScheme,
+    "relative": RelativeScheme,
+    "rotary": RotaryScheme,
+    "absolute": AbsoluteScheme,
+    "none": NoneScheme,
+}
 
 
 def gather_per_head(table: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
