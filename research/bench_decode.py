@@ -36,7 +36,7 @@ def build(variant: str, args):
     import transformers as tf
 
     import retrofit
-    from retrofit.patch import attention
+    from retrofit.encodings import RotaryScheme
 
     torch.manual_seed(0)
     family = variant.split("+")[0]
@@ -61,19 +61,19 @@ def build(variant: str, args):
     if "+" in variant:
         retrofit.convert(model, variant.split("+")[1].split("(")[0])
     rerotate = "re-rotate" in variant
-    return model, rerotate or ("no-table" in variant and "no-table"), attention
+    return model, rerotate or ("no-table" in variant and "no-table"), RotaryScheme
 
 
-def run(model, rerotate, attention, ids, new) -> float:
+def run(model, rerotate, rotary, ids, new) -> float:
     """Seconds for ``new`` greedy decoding steps with the KV cache after an untimed prefill of ``ids``
     (what ``generate()`` does per token, without its bookkeeping)."""
     from retrofit.encodings import rope
 
-    real, table = attention._rotate_once, rope.TABLE_POSITIONS
+    real, table = rotary.rotate_once, rope.TABLE_POSITIONS
     if rerotate == "no-table":
         rope.TABLE_POSITIONS = 0
     elif rerotate:
-        attention._rotate_once = lambda *a: False
+        rotary.rotate_once = lambda *a: False
     try:
         with torch.no_grad():
             out = model(ids, use_cache=True)
@@ -84,7 +84,7 @@ def run(model, rerotate, attention, ids, new) -> float:
                 cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
             elapsed = time.perf_counter() - t0
     finally:
-        attention._rotate_once, rope.TABLE_POSITIONS = real, table
+        rotary.rotate_once, rope.TABLE_POSITIONS = real, table
     assert cache.get_seq_length() == ids.shape[1] + new
     return elapsed
 
@@ -107,8 +107,8 @@ def main(argv=None) -> int:
     ids = torch.randint(0, 49152, (1, args.context))
     times = {v: [] for v in variants}
     for r in range(args.rounds + 1):  # round 0 warms up
-        for v, (model, rerotate, attention) in models.items():
-            t = run(model, rerotate, attention, ids, args.new)
+        for v, (model, rerotate, rotary) in models.items():
+            t = run(model, rerotate, rotary, ids, args.new)
             if r:
                 times[v].append(t)
             print(f"[bench_decode] round {r} {v}: {args.new} steps in {t:.2f}s", file=sys.stderr, flush=True)

@@ -14,7 +14,7 @@ forward is the transformer body (no LM head: a 50k-vocab logits tensor would dom
 the attention's cost). Targets (issue 12): ALiBi train <= 1.10x, inference <= 1.05x at 1k/2k/8k,
 memory <= 1.1x; T5/Shaw/FIRE inference <= 1.5x, train <= 1.6x at 2k, memory at 8k <= 1.3x.
 ``--flush-denormal``: ``on`` (retrofit's default: denormals flushed around the biased kernels,
-``retrofit.foundation.denormal``), ``off`` (``RETROFIT_FLUSH_DENORMAL=0``), ``both`` (each variant twice, the second
+``retrofit.kernels.denormal``), ``off`` (``RETROFIT_FLUSH_DENORMAL=0``), ``both`` (each variant twice, the second
 named ``VARIANT/flush-off``). Stock is never flushed. The JSON records the CPU (``retrofit.foundation.versions.cpu_info``).
 """
 

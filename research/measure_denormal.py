@@ -1,7 +1,7 @@
 """Denormals in the biased kernels: do they carry weight, and what does flushing them cost or save?
 
 Per scheme and length, a GPT-2-small-shaped body (random weights, batch 1) converted to the scheme runs one
-train step (forward, loss, backward) three ways: retrofit's scoped flush (``retrofit.foundation.denormal``, the
+train step (forward, loss, backward) three ways: retrofit's scoped flush (``retrofit.kernels.denormal``, the
 default), no flush (``RETROFIT_FLUSH_DENORMAL=0``), and a step-wide ``torch.set_flush_denormal(True)``
 around the whole step (the calling thread only, as torch sets it). Recorded: max |difference| of the output
 and of every gradient between the flushed and unflushed runs (relative to the largest value), and the
@@ -70,7 +70,7 @@ def kernel_ab(rounds: int) -> dict:
     alternately: the median, min and max of the per-round ratio flushed / not (the first round untimed)."""
     from retrofit import kernel
     from retrofit.encodings.alibi import alibi_slopes
-    from retrofit.foundation import denormal
+    from retrofit.kernels import denormal
 
     torch.manual_seed(0)
     H, T, D = 12, 2048, 64

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from retrofit import kernels
-from retrofit.foundation import denormal
+from retrofit.kernels import denormal
 
 pytestmark = pytest.mark.skipif(not denormal.supported(), reason="this CPU cannot flush denormals")
 

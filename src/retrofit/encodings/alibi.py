@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import ModelSpec, Scheme, option
+from .base import BiasScheme, ModelSpec, option
 
 
 def alibi_slopes(num_heads: int) -> list[float]:
@@ -27,7 +27,7 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
-class ALiBi(Scheme):
+class ALiBi(BiasScheme):
     fixed_because = "its slopes are fixed; convert with --option learn_slopes=true to make them parameters"
     shift_invariant = True
 

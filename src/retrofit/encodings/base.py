@@ -2,20 +2,25 @@
 
 A scheme is an ``nn.Module`` attached to the converted model as ``model.retrofit_positions``
 (so its learned parameters are ordinary parameters: saved, optimised, visible to PEFT).
-It is one of five kinds:
+It subclasses the base of its kind (its catalog line says which, ``foundation/catalog.py``), and the kind's
+``prepare(site, q, k)`` turns one attention call's q and k into what the kernels read (a ``Term``: the
+``kernels.Call`` fields it fills), given the call's ``Site``:
 
-- ``"bias"``: a per-head additive score bias, ``bias(layer, h, q_pos, k_pos)``, written
+- ``"bias"`` (``BiasScheme``): a per-head additive score bias, ``bias(layer, h, q_pos, k_pos)``, written
   elementwise so the same definition serves the query-chunked kernel (``h`` (H, 1, 1),
   ``q_pos`` (1, C, 1), ``k_pos`` (1, 1, Tk) -> (H, C, Tk)) and FlexAttention's ``score_mod``
   (0-d tensors -> 0-d). A learned bias is a gather (``table[layer, h, bucket(q_pos - k_pos)]``),
-  never an H x N x N tensor.
-- ``"relative"``: a query-dependent positional term (Transformer-XL, NEZHA): ``relative_queries(layer, q)``
-  gives the content and position queries, ``relative_keys(layer, n, dtype, device, start)`` one vector per
-  distance start .. start + n - 1 (H or 1, n, D; an encoder's keys after the query have negative distances);
-  the kernel adds ``q_pos[i] . keys[i - j - start]`` per query chunk.
-- ``"rotary"``: rotates q and k, ``rotate(layer, x, pos)``.
-- ``"absolute"``: adds to the embeddings, ``embed(position_ids, dtype)``.
-- ``"none"``: nothing (the causal mask alone carries order).
+  never an H x N x N tensor. ``prepare``: the bias function, slopes or band, per-row shifts.
+- ``"relative"`` (``RelativeScheme``): a query-dependent positional term (Transformer-XL, NEZHA):
+  ``relative_queries(layer, q)`` gives the content and position queries, ``relative_keys(layer, n, dtype, device,
+  start)`` one vector per distance start .. start + n - 1 (H or 1, n, D; an encoder's keys after the query have
+  negative distances); the kernel adds ``q_pos[i] . keys[i - j - start]`` per query chunk.
+- ``"rotary"`` (``RotaryScheme``): rotates q and k, ``rotate(layer, x, pos)``; ``prepare`` also builds a two-view
+  scheme's far view.
+- ``"absolute"`` (``AbsoluteScheme``): adds to the embeddings, ``embed(position_ids, dtype)``.
+- ``"none"`` (``NoneScheme``): nothing (the causal mask alone carries order).
+
+Every kind's ``prepare`` applies the common options too (QK-norm, the length-aware temperature).
 
 Options are a dataclass (``Options``) whose fields carry ``metadata={"help": ...}`` (made by ``option``,
 through ``schema.field_help``) and are checked by the one type checker, ``schema.check``.
@@ -33,8 +38,9 @@ import torch
 from torch import nn
 
 from ..foundation import catalog
-from ..foundation.errors import OptionError
+from ..foundation.errors import OptionError, RetrofitError
 from ..foundation.schema import UNIONS, Mismatch, check, field_help, help_of
+from ..kernels.call import Far, Relative
 
 
 class Schemes:
@@ -140,6 +146,60 @@ def parse_common(spec: ModelSpec, given: dict[str, Any]) -> tuple[CommonOptions,
     return common, {k: v for k, v in given.items() if k not in fields}
 
 
+class Site(typing.Protocol):
+    """Where one attention call sits, as a kind's ``prepare`` reads it (``patch/attention.py`` builds it from the
+    layer's context: this layer reads nothing of the patch)."""
+
+    layer: int
+    window: int | None  # the layer's sliding window
+    causal: bool  # False: keys after the query count too (an encoder)
+    scaling: float  # of the scores
+    Tq: int
+    Tk: int
+    q_start: int  # earlier keys in the cache
+    shift: int  # a sliding-window cache's dropped keys
+    placed: bool  # a training block's own positions (PoSE, randomized): ``place`` reads them
+    offset: int  # added to every position
+    calibration: dict | None  # while QK-norm calibrates: {(layer, "q"|"k"): RMS per head}, filled here
+    position_inputs: bool  # the caller gave position ids or a 2D padding mask
+
+    def place(self, index: torch.Tensor) -> torch.Tensor:
+        """Absolute positions of token slots ``index``."""
+
+    def layer_index(self, device) -> torch.Tensor:
+        """The layer number as a 0-d tensor on ``device`` (for bias functions)."""
+
+    def token_positions(self, device) -> torch.Tensor:
+        """(B or 1, Tq) positions of the call's queries, from the caller's position ids or the padding mask."""
+
+    def row_shifts(self, device) -> torch.Tensor | None:
+        """(B,) position - slot of each batch row's tokens; None without position inputs."""
+
+    def in_place(self, key: torch.Tensor) -> bool:
+        """``key`` is the cache's own tensor and takes no gradient: new rows may be transformed in place, once."""
+
+
+@dataclass
+class Term:
+    """What a kind's ``prepare`` hands the kernels: q and k as the scores read them and the positional term, each
+    by the name of the ``kernels.Call`` field it fills."""
+
+    q: torch.Tensor  # (B, H, Tq, D)
+    k: torch.Tensor  # (B, H or Hkv, Tk, D)
+    bias: Any = None  # bias(h, i, j) of slot indices
+    bias_params: tuple = ()  # the tensors ``bias`` is computed from
+    slopes: torch.Tensor | None = None  # ALiBi's (H,), scaled
+    band: torch.Tensor | None = None  # T5's / Shaw's (H, K + 1), scaled
+    row_scale: torch.Tensor | None = None  # the temperature left to the row scale (None once folded into the bias)
+    relative: Relative | None = None  # a relative scheme's position side
+    far: Far | None = None  # a two-view rotary scheme's far view
+    row_shifts: torch.Tensor | None = None  # (B,) per-row shifts where rows sit at different positions
+    bias_at: Any = None  # bias_at(moved): the bias of rows moved by ``moved``
+
+    def fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
 class Scheme(nn.Module):
     name: ClassVar[str]  # both from the scheme's catalog line (foundation/catalog.py), set when its module loads
     kind: ClassVar[str]  # "bias" | "relative" | "rotary" | "absolute" | "none"
@@ -162,7 +222,12 @@ class Scheme(nn.Module):
         super().__init_subclass__(**kwargs)
         name = catalog.name_of(cls.__module__)
         if name is not None:
-            cls.name, cls.kind = name, catalog.CATALOG[name].kind
+            kind = catalog.CATALOG[name].kind
+            if not issubclass(cls, KIND_BASES[kind]):
+                raise TypeError(
+                    f"{cls.__name__}: scheme {name!r} is of kind {kind}; subclass {KIND_BASES[kind].__name__}"
+                )
+            cls.name, cls.kind = name, kind
 
     def __init__(self, spec: ModelSpec, options):
         super().__init__()
@@ -237,13 +302,18 @@ class Scheme(nn.Module):
         )
         return lambda q_pos: 1 + beta * torch.log(((q_pos.to(torch.float32) + 1) / length).clamp(min=1.0))
 
-    # ---- behaviour -----------------------------------------------------------------------
+    # ---- behaviour ---------------------------------------------------------------------
     def max_length(self) -> int | None:
         """Longest sequence this scheme supports (None: no limit)."""
         return None
 
-    def bias(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        raise TypeError(f"scheme {self.name!r} is not a bias scheme")
+    # ---- facts a path may exploit: every scheme answers them (None / False: no) ---------------
+    #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
+    bias_scaled_with_scores: bool = False
+    #: a rotary scheme whose rotation of a position changes with the sequence length (dynamic RoPE)
+    rotation_depends_on_length: bool = False
+    #: a rotary scheme that reads each key at a second position too (SelfExtend): the cache keeps keys unrotated
+    keys_reread: bool = False
 
     def linear_slopes(self, layer: int) -> torch.Tensor | None:
         """(H,) slopes m when ``bias(layer, h, i, j) == -m[h] * (i - j)`` exactly for every i >= j (the fused
@@ -255,16 +325,10 @@ class Scheme(nn.Module):
         distance bias flat from K on: the ``cpu-flash-band`` path serves it through the CPU flash op); None otherwise."""
         return None
 
-    def rotate(self, layer: int, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        raise TypeError(f"scheme {self.name!r} is not a rotary scheme")
-
-    def relative_queries(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise TypeError(f"scheme {self.name!r} is not a relative scheme")
-
-    def relative_keys(
-        self, layer: int, n: int, dtype: torch.dtype, device: torch.device, start: int = 0
-    ) -> torch.Tensor:
-        raise TypeError(f"scheme {self.name!r} is not a relative scheme")
+    def far_reach(self, layer: int) -> int | None:
+        """A two-view rotary scheme (SelfExtend, STRING): keys at distance >= this are scored with the rotations
+        of ``far_positions``; None: one view."""
+        return None
 
     def relative_sinusoid(self, layer: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(proj (H, D, dim), freqs (dim / 2,)) when ``relative_keys(layer, n)[h, d] == proj[h] @ R(d)`` exactly,
@@ -277,25 +341,232 @@ class Scheme(nn.Module):
         it); else None."""
         return None
 
-    def embed(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        raise TypeError(f"scheme {self.name!r} is not an absolute scheme")
+    # ---- the call ----------------------------------------------------------------------------
+    def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
+        """The call's q, k and positional term, as its kernels read them (the kind's base overrides it). This
+        one: no term in the scores (an absolute scheme's acts on the embeddings), the common options only."""
+        q, k = self.normed(site, q, k)
+        times, tau = self.tempered(site, q)
+        return Term(q if times is None else q * times, k, row_scale=tau)
 
-    #: a rotary scheme whose rotation of a position changes with the sequence length (dynamic RoPE)
-    rotation_depends_on_length: bool = False
+    def normed(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """QK-norm before the positions act (when on). Keys in a cache that were already normalised (and, for a
+        rotary scheme writing through the cache, rotated) are left as they are: only the new rows are normalised.
+        Calibrating (``site.calibration``): record each head's RMS, leave q and k as they are."""
+        if not self.common.qk_norm:
+            return q, k
+        if site.calibration is not None:
+            for which, x in (("q", q), ("k", k)):
+                site.calibration[(site.layer, which)] = x.float().pow(2).mean(dim=(0, 2, 3)).sqrt()
+            return q, k
+        q = self.qk_normed(site.layer, q, "q")
+        if site.in_place(k):
+            k[:, :, site.q_start :] = self.qk_normed(site.layer, k[:, :, site.q_start :], "k")  # the cache keeps them
+            return q, k
+        return q, self.qk_normed(site.layer, k, "k")
 
-    #: a rotary scheme that reads each key at a second position too (SelfExtend): the cache keeps keys unrotated
-    keys_reread: bool = False
+    def tempered(self, site: Site, q: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The length-aware temperature (when on): (times (B or 1, 1, Tq, 1) in q's dtype, to multiply every
+        logit of query i with, its positional terms' too; tau (B or 1, Tq)), read at the queries' own positions
+        (padding-aware); (None, None) when off."""
+        if not self.common.temperature:
+            return None, None
+        tau = self.temperature(site.place(site.token_positions(q.device)))
+        return tau.to(q.dtype)[:, None, :, None], tau
 
-    def far_reach(self, layer: int) -> int | None:
-        """A two-view rotary scheme (SelfExtend, STRING): keys at distance >= this are scored with the rotations
-        of ``far_positions``; None: one view."""
-        return None
-
-    #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
-    bias_scaled_with_scores: bool = False
+    def check_direction(self, site: Site) -> None:
+        """A term defined for keys before the query only refuses an attention that sees keys after it."""
+        if not site.causal and not self.bidirectional:
+            raise RetrofitError(
+                f"scheme {self.name!r} has no bidirectional form; this attention sees keys after the query"
+            )
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.options_dict().items())
+
+
+class BiasScheme(Scheme):
+    """The ``"bias"`` kind: a per-head additive score bias ``bias(layer, h, q_pos, k_pos)``; ``prepare`` gives the
+    kernels the bias function of slot indices and, where they are exact, what the fused paths read instead."""
+
+    def bias(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"scheme {self.name!r} defines no bias")
+
+    def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
+        """The bias function (at a block's own positions, or moved by a cache's shift), ALiBi's slopes or T5/Shaw's
+        band for the fused paths where they are exact, per-row shifts where left padding or position ids move rows
+        off their slots, and the temperature folded into the bias where it is the slots'."""
+        self.check_direction(site)
+        q, k = self.normed(site, q, k)
+        times, tau = self.tempered(site, q)
+        t = Term(q if times is None else q * times, k, row_scale=tau, bias_params=tuple(self.parameters()))
+        layer = site.layer_index(q.device)  # a 0-d tensor: compiled score_mods keep it
+        scale = site.scaling if self.bias_scaled_with_scores else None
+        moved = site.shift + site.offset  # a distance-only bias ignores it; FIRE's normaliser reads i
+        if not (self.shift_invariant or site.placed):  # left padding / position_ids move a row's tokens off their slots
+            rows = site.row_shifts(q.device)
+            t.row_shifts = None if rows is None or bool((rows == site.shift).all()) else rows + site.offset  # (B,)
+            t.bias_at = lambda moved: self._bias_fn(layer, None, moved, scale)  # noqa: E731
+        t.bias = self._bias_fn(layer, site.place if site.placed else None, moved, scale)
+        t.slopes = None if site.placed else self.linear_slopes(site.layer)  # ALiBi: the fused kernels' own
+        if t.slopes is not None and scale:
+            t.slopes = t.slopes * scale
+        # T5 / Shaw: a distance bias flat past a reach (not with a block's own positions or a temperature)
+        t.band = None if site.placed or tau is not None else self.distance_band(site.layer)
+        if t.band is not None and scale:
+            t.band = t.band * scale
+        plain = t.slopes is None and t.row_shifts is None and not (site.placed or moved)
+        if tau is not None and plain and self._tau_of_slots(tau, site.q_start, site.Tk):
+            # the temperature read from the query's own position inside the bias: a compiled flex score_mod
+            # that loads a per-row tensor fails inductor's CPU template (torch 2.13); this one compiles
+            tempered, temperature = t.bias, self.temperature_fn(q.device)
+            t.bias = lambda h, i, j: tempered(h, i, j) * temperature(i)  # noqa: E731
+            t.row_scale = None
+        return t
+
+    def _bias_fn(self, layer, place, moved: int, scale):
+        """The bias of slot indices i, j: at a block's own positions (``place``), else moved by ``moved``.
+        (The common unmoved case passes i, j as they are: a Python int added inside a compiled flex score_mod is
+        specialised per value and hits the same inductor C++ error as a per-layer int.)"""
+        if place is not None:
+            bias = lambda h, i, j: self.bias(layer, h, place(i), place(j))  # noqa: E731
+        elif moved:
+            bias = lambda h, i, j: self.bias(layer, h, i + moved, j + moved)  # noqa: E731
+        else:
+            bias = lambda h, i, j: self.bias(layer, h, i, j)  # noqa: E731
+        if scale:
+            return lambda h, i, j: bias(h, i, j) * scale  # noqa: E731
+        return bias
+
+    def _tau_of_slots(self, tau, q_start, Tk) -> bool:
+        """The rows' temperature is the one of their slot indices (no padding, no caller's position ids)."""
+        return bool((tau == self.temperature(torch.arange(q_start, Tk, device=tau.device))[None]).all())
+
+
+class RotaryScheme(Scheme):
+    """The ``"rotary"`` kind: rotates q and k, ``rotate(layer, x, pos, seq_len, start)``; a two-view scheme
+    (SelfExtend, STRING) scores far keys through a second rotation (``far_reach``, ``far_positions``)."""
+
+    def rotate(self, layer, x: torch.Tensor, pos: torch.Tensor, seq_len: int | None = None, start: int | None = None):
+        raise NotImplementedError(f"scheme {self.name!r} defines no rotation")
+
+    def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
+        """q and k rotated at their positions; SelfExtend / STRING's far view from q and k before the rotation
+        (a sliding-window layer whose window is within native never reads past it, so it keeps its exact
+        positions)."""
+        q, k = self.normed(site, q, k)
+        local = site.window is not None and site.window <= self.spec.native_length
+        reach = None if local else self.far_reach(site.layer)
+        far = None if reach is None else self._far_view(site, q, k, reach)
+        k_pos = site.place(torch.arange(site.Tk, device=q.device) + site.shift)
+        length = self._length(site, q.device)
+        first = None if site.placed else site.shift + site.offset  # consecutive positions: cos/sin from a table
+        new = None if first is None else first + site.q_start
+        q = self.rotate(site.layer, q, k_pos[site.q_start :], length, start=new)
+        if self.rotate_once(site, k):  # the cache keeps rotated keys, as a native RoPE model's: the new rows, in place
+            new_rows = k[:, :, site.q_start :]
+            k[:, :, site.q_start :] = self.rotate(site.layer, new_rows, k_pos[site.q_start :], length, start=new)
+        else:
+            k = self.rotate(site.layer, k, k_pos, length, start=first)
+        if far is not None and far.k is None:  # STRING: the far view's keys are where they are
+            far = Far(far.q, k, far.reach)
+        times, tau = self.tempered(site, q)
+        if times is not None:
+            q = q * times
+            far = None if far is None else Far(far.q * times, far.k, far.reach)
+        return Term(q, k, far=far, row_scale=tau)
+
+    def rotate_once(self, site: Site, k: torch.Tensor) -> bool:
+        """Rotate each key once, as it enters the cache: a plain DynamicCache holds this very tensor, no
+        gradient flows through it, and the scheme rotates a position the same way at every length (dynamic
+        RoPE rescales with the length: its whole cache is re-rotated every step, exactly)."""
+        return site.in_place(k) and not (self.rotation_depends_on_length or self.keys_reread)
+
+    def _length(self, site: Site, device) -> int:
+        """The sequence length a length-dependent rotation (dynamic RoPE) is sized on: as transformers'
+        ``dynamic_rope_update``, max(position_ids) + 1 over the batch, so left padding does not count (positions
+        from the caller or counted over the 2D mask's real tokens); the slots (keys + shift) without either."""
+        if not self.rotation_depends_on_length or site.placed or not site.position_inputs:
+            return site.Tk + site.shift
+        return int(site.token_positions(device).max()) + 1
+
+    def _far_view(self, site: Site, q, k, reach: int) -> Far:
+        """The second view of a two-view rotary scheme: q (and, for SelfExtend, k) rotated at ``far_positions`` of
+        each token's absolute position (per batch row where left padding moves a row's tokens off their slots:
+        SelfExtend's grouping is not shift-invariant). Keys in the cache are unrotated (``keys_reread``)."""
+        if site.placed:
+            raise RetrofitError(
+                f"rope extension {self.options.extension!r} is training-free: it takes no fine-tune's PoSE or "
+                "randomized positions"
+            )
+        if not site.causal:
+            raise RetrofitError(f"rope extension {self.options.extension!r} needs causal attention (a decoder)")
+        Tk, device = k.shape[-2], q.device
+        slots = site.place(torch.arange(Tk, device=device) + site.shift)  # (Tk,) positions without padding
+        moves = site.row_shifts(device) if self.keys_reread else None
+        far_q = torch.empty_like(q)
+        far_k = torch.empty_like(k) if self.keys_reread else None
+        for moved in [None] if moves is None else moves.unique().tolist():
+            rows = slice(None) if moved is None else (moves == moved).nonzero()[:, 0]
+            pos = slots if moved is None else torch.arange(Tk, device=device) + moved + site.offset
+            q_pos, k_pos = self.far_positions(pos[site.q_start :], pos)
+            far_q[rows] = self.rotate(None, q[rows], q_pos, Tk)
+            if far_k is not None:
+                far_k[rows] = self.rotate(None, k[rows], k_pos, Tk)
+        return Far(far_q, far_k, reach)
+
+
+class RelativeScheme(Scheme):
+    """The ``"relative"`` kind: a query-dependent positional term (Transformer-XL, NEZHA): ``relative_queries``
+    gives the content and position queries, ``relative_keys`` one vector per distance; ``prepare`` gives the
+    kernels the position side (``kernels.Relative``)."""
+
+    def relative_queries(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError(f"scheme {self.name!r} defines no relative queries")
+
+    def relative_keys(
+        self, layer: int, n: int, dtype: torch.dtype, device: torch.device, start: int = 0
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"scheme {self.name!r} defines no relative keys")
+
+    def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
+        """The content query (Transformer-XL: q + u) and the position side: the position query (q + v) with one key
+        vector per distance this call can meet (distances only, so a sliding-window cache's shift does not enter;
+        a block's own positions may span more), the negative ones too where keys after the query count."""
+        self.check_direction(site)
+        q, k = self.normed(site, q, k)
+        q, rel_q = self.relative_queries(site.layer, q)
+        times, tau = self.tempered(site, q)
+        if times is not None:
+            q, rel_q = q * times, rel_q * times
+        positions = site.place(torch.arange(site.Tk, device=q.device)) if site.placed else None
+        n = int(positions.max() - positions.min()) + 1 if site.placed else site.Tk
+        first = 0 if site.causal else -(n - 1)
+        keys = self.relative_keys(site.layer, n - first, rel_q.dtype, rel_q.device, start=first)  # (H or 1, ., D)
+        sinusoid = self.relative_sinusoid(site.layer, rel_q.device)
+        relative = Relative(rel_q, keys, positions, sinusoid=sinusoid, reach=self.relative_reach(), first=first)
+        return Term(q, k, relative=relative, row_scale=tau)
+
+
+class AbsoluteScheme(Scheme):
+    """The ``"absolute"`` kind: adds to the embeddings, ``embed(position_ids, dtype)``; no term in the scores."""
+
+    def embed(self, position_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError(f"scheme {self.name!r} defines no embedding")
+
+
+class NoneScheme(Scheme):
+    """The ``"none"`` kind: nothing (the causal mask alone carries order)."""
+
+
+# the base a scheme of each kind subclasses (its kind is its catalog line's: foundation/catalog.py)
+KIND_BASES: dict[str, type[Scheme]] = {
+    "bias": BiasScheme,
+    "relative": RelativeScheme,
+    "rotary": RotaryScheme,
+    "absolute": AbsoluteScheme,
+    "none": NoneScheme,
+}
 
 
 def gather_per_head(table: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..foundation.errors import LengthError, OptionError
-from .base import ModelSpec, Scheme, option
+from .base import AbsoluteScheme, ModelSpec, option
 
 INITS = ("copy", "interpolate")
 
@@ -59,7 +59,7 @@ def interpolated_rows(table: torch.Tensor, length: int) -> torch.Tensor:
     return ((1 - w) * table[lo].double() + w * table[hi].double()).to(table.dtype)
 
 
-class Extend(Scheme):
+class Extend(AbsoluteScheme):
     table_words = "the stretched"
     longer_table = "convert with a larger length="
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..foundation.errors import OptionError
 from .alibi import alibi_slopes
-from .base import ModelSpec, Scheme, gather_per_head, option
+from .base import BiasScheme, ModelSpec, gather_per_head, option
 
 INITS = ("alibi", "random")
 INIT_C = 0.1
@@ -57,7 +57,7 @@ def normalised_distance(c: torch.Tensor, threshold, q_pos: torch.Tensor, k_pos: 
     return torch.log(c * rel + 1) / (torch.log(c * q + 1) + 1e-6)
 
 
-class FIRE(Scheme):
+class FIRE(BiasScheme):
     bidirectional = False  # defined for keys before the query only (a decoder); refused on an encoder
 
     @dataclass

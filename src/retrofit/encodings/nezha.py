@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option
+from .base import ModelSpec, RelativeScheme, option
 from .sinusoidal import sinusoids
 
 
-class Nezha(Scheme):
+class Nezha(RelativeScheme):
     shift_invariant = True
 
     @dataclass

@@ -4,10 +4,10 @@ mechanism is removed and nothing replaces it: the causal mask alone carries orde
 
 from __future__ import annotations
 
-from .base import Scheme
+from .base import NoneScheme
 
 
-class NoPE(Scheme):
+class NoPE(NoneScheme):
     table_words = "an all-zero"
     fixed_because = "NoPE has no positional term at all"
     shift_invariant = True

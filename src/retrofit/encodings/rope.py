@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option
+from .base import ModelSpec, RotaryScheme, option
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def rotating_dims(spec: ModelSpec, fraction: float) -> int:
     return int(spec.head_dim * fraction)
 
 
-class RoPE(Scheme):
+class RoPE(RotaryScheme):
     fixed_because = "RoPE's rotation frequencies are fixed (no learned part)"
     shift_invariant = True
 

@@ -22,12 +22,12 @@ from torch import nn
 
 from ..foundation.errors import OptionError
 from .alibi import alibi_slopes
-from .base import ModelSpec, Scheme, gather_per_head, option
+from .base import BiasScheme, ModelSpec, gather_per_head, option
 
 INITS = ("alibi", "zero")
 
 
-class ShawClipped(Scheme):
+class ShawClipped(BiasScheme):
     shift_invariant = True
 
     @dataclass

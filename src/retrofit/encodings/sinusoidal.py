@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option
+from .base import AbsoluteScheme, ModelSpec, option
 
 
 def frequencies(dim: int, base: float, device=None) -> torch.Tensor:
@@ -33,7 +33,7 @@ def sinusoids(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch
     return out[..., :dim]
 
 
-class Sinusoidal(Scheme):
+class Sinusoidal(AbsoluteScheme):
     fixed_because = "the sinusoidal table is fixed"
 
     @dataclass

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..foundation.errors import OptionError
 from .alibi import alibi_slopes
-from .base import ModelSpec, Scheme, gather_per_head, option
+from .base import BiasScheme, ModelSpec, gather_per_head, option
 
 INITS = ("alibi", "zero")
 
@@ -63,7 +63,7 @@ def bucket_distances(bucket_of, num_buckets: int, horizon: int) -> torch.Tensor:
     return mean
 
 
-class T5Buckets(Scheme):
+class T5Buckets(BiasScheme):
     shift_invariant = True
 
     @dataclass

@@ -27,14 +27,14 @@ import torch
 from torch import nn
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, Scheme, option
+from .base import ModelSpec, RelativeScheme, option
 from .sinusoidal import frequencies, sinusoids
 
 INITS = ("zero", "random")
 INIT_STD = 0.02
 
 
-class TransformerXL(Scheme):
+class TransformerXL(RelativeScheme):
     shift_invariant = True
 
     @dataclass

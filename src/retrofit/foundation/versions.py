@@ -4,6 +4,7 @@ eval report, stand-in stats): one list, read in one place."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 from pathlib import Path
 
@@ -32,9 +33,7 @@ def cpu_info() -> dict:
     """The CPU a speed or precision figure was measured on: its model name and vendor, the flags that decide
     the kernels (AVX2/AVX-512/AMX, FMA), the thread count torch uses, and whether denormals are flushed
     (the calling thread's setting outside retrofit's kernels, and whether retrofit flushes around its biased
-    kernels: ``retrofit.foundation.denormal``). Every benchmark JSON records it: a figure holds for its CPU."""
-    import os
-
+    kernels: ``retrofit.kernels.denormal``). Every benchmark JSON records it: a figure holds for its CPU."""
     out = {"processor": platform.processor() or platform.machine(), "vendor": None, "flags": []}
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -63,13 +62,8 @@ def cpu_info() -> dict:
     try:
         import torch
 
-        from . import denormal
-
         out["torch_threads"] = torch.get_num_threads()
-        out["flush_denormal"] = {
-            "process": denormal.is_flushing(),
-            "retrofit_kernels": denormal.enabled() and denormal.supported(),
-        }
+        out["flush_denormal"] = {"process": is_flushing(), "retrofit_kernels": flush_enabled() and flush_supported()}
     except ImportError:
         pass
     return out
@@ -79,3 +73,36 @@ def bf16_native(flags: list[str]) -> bool | None:
     """Whether a CPU with these flags (``cpu_info``) computes bf16 matmuls natively (AVX-512 BF16 or AMX); None
     when the flags are unknown (not Linux)."""
     return any(f in flags for f in ("avx512_bf16", "amx_bf16")) if flags else None
+
+
+# ---- denormals: what the process does (the kernels flush around their biased calls: kernels/denormal.py) ----
+_TINY = None  # a (1,) fp32 tensor holding a denormal: x * 1 is 0 when this thread flushes
+_supported = None
+
+
+def flush_enabled() -> bool:
+    """Whether retrofit's kernels flush denormals (``RETROFIT_FLUSH_DENORMAL``: on unless 0, off or false)."""
+    return os.environ.get("RETROFIT_FLUSH_DENORMAL", "1") not in ("0", "off", "false")
+
+
+def is_flushing() -> bool:
+    """Whether the calling thread flushes denormals (read by computing one: torch has no getter)."""
+    import torch
+
+    global _TINY
+    if _TINY is None:
+        _TINY = torch.full((1,), 2.0**-140)
+    with torch.no_grad():
+        return bool((_TINY * 1.0).item() == 0.0)
+
+
+def flush_supported() -> bool:
+    """The CPU can flush (x86 with DAZ): ``torch.set_flush_denormal`` says so."""
+    import torch
+
+    global _supported
+    if _supported is None:
+        before = is_flushing()
+        _supported = bool(torch.set_flush_denormal(True))
+        torch.set_flush_denormal(before)
+    return _supported

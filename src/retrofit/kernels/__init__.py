@@ -7,13 +7,14 @@ call (or why not) and runs it. ``patch/attention.py`` builds one ``Call`` per at
   (RoPE, absolute, no positions) takes the first row that serves it whatever the choice: the choice is about
   how the positional term runs.
 
-The path that ran is recorded per call (``describe(model)["attention_path"]``). A new path is one module
+A call with a positional term runs with denormals flushed on CPU (``denormal.py``). The path that ran is recorded per call (``describe(model)["attention_path"]``). A new path is one module
 here (``serves(call)``, ``run(call)``) and one row. ``RENAMED`` maps the names of earlier releases (saved in
 checkpoints and recipes) to these.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,6 +27,7 @@ from . import (
     cpu_flash_mask,
     cpu_flash_relative_band,
     cpu_flash_two_view,
+    denormal,
     flash_attn_alibi,
     flex,
     sdpa,
@@ -51,15 +53,23 @@ class Path:
     scores: bool = False  # applies the model's own score terms (softcap, sinks): the others never serve such a call
     bidirectional: bool = False  # serves keys after the query (an encoder's attention): the others never do
     two_view: bool = False  # serves a second view for the far keys (SelfExtend, STRING): the others never do
+    plain: bool = False  # adds no positional term to the scores: serves only a call without one
+    cuda: bool = False  # runs on CUDA only
 
     def why_not(self, call: Call) -> str | None:
-        """None when this row serves ``call``; else why not."""
+        """None when this row serves ``call``; else why not. What the row says of itself (its kinds, its device,
+        the terms it applies) is read here, so a row that cannot serve a call is passed over without asking
+        its module."""
         if call.scored and not self.scores:
             return f"the model's {call.scored}, which this path does not apply"
         if not call.causal and not self.bidirectional:
             return "bidirectional attention (keys after the query), which this path does not serve"
         if call.far is not None and not self.two_view:
             return "a second rotary view for the far keys (SelfExtend, STRING), which this path does not serve"
+        if call.positional and self.plain:
+            return "a positional term in the scores, which this path does not add"
+        if self.cuda and not call.q.is_cuda:
+            return "a call off CUDA, where this path does not run"
         return self.serves(call)
 
 
@@ -72,6 +82,7 @@ PATHS = (
         "stock SDPA: no positional term in the scores",
         grouped=True,
         bidirectional=True,
+        plain=True,
     ),
     Path(
         "flash-attn-alibi",
@@ -79,6 +90,7 @@ PATHS = (
         flash_attn_alibi.run,
         BIAS,
         "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)",
+        cuda=True,
     ),
     Path(
         "sdpa-alibi-dims",
@@ -185,8 +197,35 @@ def choose(call: Call, kernel: str = "auto") -> Path:
 
 
 def attend(call: Call, kernel: str = "auto") -> tuple[torch.Tensor, str]:
-    """(output (B, H, Tq, D), the path that ran). Auto goes on to the last row (chunked) when the chosen one
-    cannot run in this process (``Unavailable``: flex without a compiler, or after it failed)."""
+    """(output (B, H, Tq, D), the path that ran): one call per group of rows that share a shift where rows sit
+    at different positions (``Call.row_shifts``; the path is the last group's)."""
+    if call.row_shifts is None:
+        return _flushed(call, kernel)
+    out, path = torch.empty_like(call.q), ""
+    for moved in call.row_shifts.unique().tolist():
+        idx = (call.row_shifts == moved).nonzero()[:, 0]
+        out[idx], path = _flushed(call.rows(idx, call.bias_at(moved)), kernel)
+    return out, path
+
+
+def _flushed(call: Call, kernel: str) -> tuple[torch.Tensor, str]:
+    """A call with a bias or a relative term runs with denormals flushed, forward and backward
+    (``denormal.attend``: on CPU, from ``denormal.MIN_SCORES`` scores on; a call below that never enters it)."""
+    q, k = call.q, call.k
+    if (call.bias is None and call.relative is None) or q.device.type != "cpu":
+        return _attend(call, kernel)
+    if q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] < denormal.MIN_SCORES:
+        return _attend(call, kernel)
+
+    def run(q, k, v):
+        return _attend(dataclasses.replace(call, q=q, k=k, v=v), kernel)
+
+    return denormal.attend(run, call.q, call.k, call.v)
+
+
+def _attend(call: Call, kernel: str) -> tuple[torch.Tensor, str]:
+    """``attend`` without the flush. Auto goes on to the last row (chunked) when the chosen one cannot run in
+    this process (``Unavailable``: flex without a compiler, or after it failed)."""
     path = choose(call, kernel)
     if not path.grouped:
         call = call.full_heads()

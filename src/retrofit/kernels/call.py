@@ -74,6 +74,10 @@ class Call:
     softcap: float | None = None  # content logits s -> softcap * tanh(s / softcap), before any positional term
     sinks: torch.Tensor | None = None  # (H,) one extra logit per head in every softmax, its value dropped
     far: Far | None = None  # a second view for the far keys (SelfExtend, STRING): only a path that ``two_view``s
+    # rows at different positions (left padding, position ids, under a bias that reads them): (B,) each row's shift,
+    # and bias_at(shift) the bias of rows moved by it; ``attend`` runs one call per group of rows that share one
+    row_shifts: torch.Tensor | None = None
+    bias_at: Callable[[int], BiasFn] | None = None
 
     @property
     def scored(self) -> str | None:
@@ -133,6 +137,8 @@ class Call:
             k=self.k[idx],
             v=self.v[idx],
             bias=bias,
+            row_shifts=None,
+            bias_at=None,
             key_padding=pick(self.key_padding),
             row_scale=pick(self.row_scale),
             far=None if self.far is None else Far(self.far.q[idx], self.far.k[idx], self.far.reach),

@@ -20,7 +20,7 @@ Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); 
 ``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square, a cached prefix
 on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
-inputs are scored in fp32. Auto passes a decoding step on (``dims.worth``: the dims would be
+inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
 appended to every cached key at every step).
 """
 
@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
 from .call import Call, chunk_rows
-from .dims import block_mask, fused_width, pad_to, wide, worth  # noqa: F401  (worth: the table's row)
+from .sdpa_alibi_dims import block_mask, fused_width, pad_to, wide, worth  # noqa: F401  (worth: the table's row)
 
 
 def serves(c: Call) -> str | None:

@@ -32,7 +32,14 @@ from ..foundation.errors import (
 )
 from ..foundation.versions import __version__
 from . import probe
-from .attention import ATTN_NAME, retrofit_attention, retrofit_mask  # noqa: F401  (registered on import)
+from .attention import (  # noqa: F401  (retrofit_attention, retrofit_mask: registered on import)
+    ATTN_NAME,
+    POSITIONS_MODULE,
+    LayerContext,
+    RetrofitState,
+    retrofit_attention,
+    retrofit_mask,
+)
 from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_saved_config: public here too)
     SAVED_MODEL_TYPE,
     UNBOUNDED,
@@ -41,7 +48,6 @@ from .saved_config import (  # noqa: F401  (SAVED_MODEL_TYPE, UNBOUNDED, mark_sa
     mark_saved_config,
     withdraw_reach,
 )
-from .state import POSITIONS_MODULE, LayerContext, RetrofitState
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ the output and gradients are the same with it flushed (``tests/kernels/test_deno
 ``torch.set_flush_denormal`` sets only the calling thread's MXCSR: the intra-op worker threads keep what
 they inherited when they were created. ``flushing()`` therefore sets the calling thread through torch and
 the OpenMP pool's threads through libgomp (one parallel region running ``fesetenv`` with the calling
-thread's environment), and on leaving sets every thread back to the calling thread's environment from
+thread's fenv), and on leaving sets every thread back to the calling thread's fenv from
 before. Where the user had already turned flushing on, it leaves every thread as it is.
 
 ``attend(fn, q, k, v, ...)`` runs an attention call inside ``flushing()`` and, under grad, brackets it with
@@ -24,44 +24,24 @@ Calls with fewer than ``MIN_SCORES`` scores (a decoding step: one query row) run
 denormals cost little, and waking the thread pool to set it costs more (per enter and exit, above all
 with the pool's threads asleep; measured: docs/results.md, "Denormals", ``benchmarks/measure_denormal.json``).
 
-``RETROFIT_FLUSH_DENORMAL=0`` turns all this off (``1``, the default: on).
+``RETROFIT_FLUSH_DENORMAL=0`` turns all this off (``1``, the default: on). The table (``kernels.attend``) runs
+a biased call on CPU through ``attend`` here.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 from contextlib import contextmanager
 
 import torch
 
-_TINY = None  # a (1,) fp32 tensor holding a denormal: x * 1 is 0 when this thread flushes
+# what the process does (also what every benchmark records: ``foundation.versions.cpu_info``)
+from ..foundation.versions import flush_enabled as enabled
+from ..foundation.versions import flush_supported as supported
+from ..foundation.versions import is_flushing
+
 _pool = None  # (libgomp, GOMP_parallel, fesetenv, fegetenv) or False when unavailable
-_supported = None
 MIN_SCORES = 1 << 22  # B x H x Tq x Tk below this: no flush (12 heads of 512 x 512 are 3.1M)
-
-
-def enabled() -> bool:
-    return os.environ.get("RETROFIT_FLUSH_DENORMAL", "1") not in ("0", "off", "false")
-
-
-def is_flushing() -> bool:
-    """Whether the calling thread flushes denormals (read by computing one: torch has no getter)."""
-    global _TINY
-    if _TINY is None:
-        _TINY = torch.full((1,), 2.0**-140)
-    with torch.no_grad():
-        return bool((_TINY * 1.0).item() == 0.0)
-
-
-def supported() -> bool:
-    """The CPU can flush (x86 with DAZ): ``torch.set_flush_denormal`` says so."""
-    global _supported
-    if _supported is None:
-        before = is_flushing()
-        _supported = bool(torch.set_flush_denormal(True))
-        torch.set_flush_denormal(before)
-    return _supported
 
 
 def _libgomp():
@@ -87,8 +67,8 @@ def _libgomp():
 
 
 def _set(on: bool, env: ctypes.Array | None = None) -> ctypes.Array | None:
-    """Set the calling thread's flushing; then every pool thread to the calling thread's environment
-    (``env``: that one instead). Returns the calling thread's environment from before."""
+    """Set the calling thread's flushing; then every pool thread to the calling thread's fenv
+    (``env``: that one instead). Returns the calling thread's fenv from before."""
     pool = _libgomp() if torch.get_num_threads() > 1 else None
     before = None
     if pool is not None:
