@@ -134,6 +134,24 @@ def test_the_encoder_task_tables_and_the_readme_row_are_what_the_json_gives():
     assert row.stdout.strip() in readme
 
 
+@pytest.mark.slow
+def test_the_encoder_task_variants_table_is_what_its_json_gives():
+    """docs/results.md's table of the study's variants (learning rate, batch, seed) is rendered from
+    benchmarks/encoder_tasks_variants.json; each variant stayed within 2% of the stand-in's pretraining tokens."""
+    import json
+
+    data = json.loads((ROOT / "benchmarks" / "encoder_tasks_variants.json").read_text())
+    assert all(r["budget_share"] <= 0.02 for r in data["rows"])
+    script = [sys.executable, str(ROOT / "research" / "encoder_tasks.py"), "--table"]
+    tables = subprocess.run(
+        [*script, "benchmarks/encoder_tasks_variants.json"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    between = results.split("<!-- encoder-variants:begin -->")[1].split("<!-- encoder-variants:end -->")[0]
+    assert tables.stdout.strip() == between.strip()
+
+
 def test_the_readme_encoder_row_states_what_the_encoder_studies_measured():
     """The README's encoder row and the recipes' reasons quote benchmarks/encoders_small_*/study.json (the
     ALiBi cell at 0.5%: its masked-token ppl at 1x over the control's and its 8x/1x), not typed figures."""
