@@ -208,8 +208,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import torch
 
-    from retrofit.encodings import SCHEMES
     from retrofit.foundation.versions import cpu_info
+    from retrofit.schemes import SCHEMES
 
     cuda = torch.cuda.is_available()
     if not cuda and not a.dry_run:

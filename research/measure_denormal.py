@@ -69,8 +69,8 @@ def kernel_ab(rounds: int) -> dict:
     """One attention call alone (12 heads of 64, 2,048 tokens, forward and backward), flushed and not,
     alternately: the median, min and max of the per-round ratio flushed / not (the first round untimed)."""
     from retrofit import kernel
-    from retrofit.encodings.alibi import alibi_slopes
     from retrofit.kernels import denormal
+    from retrofit.schemes.alibi import alibi_slopes
 
     torch.manual_seed(0)
     H, T, D = 12, 2048, 64

@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "retrofit"
 # {top-level folder of the package: its layer}; at the root only the facade (__init__) and __main__
 LAYERS = {
     "foundation": 0,
-    "encodings": 1,
+    "schemes": 1,
     "kernels": 1,
     "patch": 2,
     "adapters": 2,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from retrofit.encodings import SCHEMES, Scheme
 from retrofit.foundation import catalog
 from retrofit.foundation.errors import UnknownSchemeError
+from retrofit.schemes import SCHEMES, Scheme
 
-ENCODINGS = Path(__file__).resolve().parents[2] / "src" / "retrofit" / "encodings"
+SCHEMES_DIR = Path(__file__).resolve().parents[2] / "src" / "retrofit" / "schemes"
 
 
 @pytest.mark.parametrize("name", sorted(catalog.CATALOG))
@@ -26,9 +26,9 @@ def test_each_catalog_line_loads_one_scheme_with_its_name_and_kind(name):
 
 
 def test_every_scheme_module_has_its_line_and_declares_no_name():
-    modules = {p.stem for p in ENCODINGS.glob("*.py")} - {"__init__", "base"}
+    modules = {p.stem for p in SCHEMES_DIR.glob("*.py")} - {"__init__", "base"}
     assert modules == {catalog.module_of(n).rsplit(".", 1)[1] for n in catalog.CATALOG}
-    for p in ENCODINGS.glob("*.py"):
+    for p in SCHEMES_DIR.glob("*.py"):
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ClassDef):
                 declared = {t.id for b in node.body if isinstance(b, ast.Assign) for t in b.targets if hasattr(t, "id")}

@@ -151,7 +151,7 @@ def test_exports_advertise_the_same_reach_as_the_checkpoint(tmp_path):
 def test_falcon_slopes_match_for_non_power_of_two_heads():
     from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
-    from retrofit.encodings.alibi import alibi_slopes
+    from retrofit.schemes.alibi import alibi_slopes
 
     for heads in (4, 6, 12, 20):
         falcon = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), heads, torch.float32).view(heads, 2)[:, 1]

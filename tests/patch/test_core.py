@@ -312,7 +312,7 @@ def test_native_fade_interpolates_to_the_original():
 
 # ---------------------------------------------------------------- kernel -------------------
 def _alibi_bias(H):
-    from retrofit.encodings.alibi import alibi_slopes
+    from retrofit.schemes.alibi import alibi_slopes
 
     slopes = torch.tensor(alibi_slopes(H))
     return lambda h, i, j: -slopes[h] * (i - j).float()

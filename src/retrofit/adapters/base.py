@@ -19,10 +19,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..encodings.base import ModelSpec
 from ..foundation.errors import UnsupportedArchitectureError
 from ..foundation.native import native_length
 from ..foundation.registry import Registry
+from ..schemes.base import ModelSpec
 from . import quirks
 from .calls import state_positions
 

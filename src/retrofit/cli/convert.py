@@ -30,8 +30,8 @@ def scheme_help(only: str | None = None) -> str:
     """The schemes (``only``: that one) with their options, the attention paths, the architectures and the built-in
     names, from the registries (imports torch)."""
     from .. import kernels
-    from ..encodings import SCHEMES
-    from ..encodings.base import common_option_help
+    from ..schemes import SCHEMES
+    from ..schemes.base import common_option_help
 
     lines = ["schemes and their options (--option key=value):"]
     for name, cls in SCHEMES.items():

@@ -25,7 +25,7 @@ def run(args) -> int:
 
     if args.list:
         from ..adapters import ADAPTERS
-        from ..encodings import SCHEMES
+        from ..schemes import SCHEMES
 
         info = {
             "schemes": {n: {"kind": c.kind, "options": c.option_help()} for n, c in SCHEMES.items()},

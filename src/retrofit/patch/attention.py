@@ -2,7 +2,7 @@
 ``AttentionMaskInterface``, and what they read: the converted model's state (``RetrofitState``) and the context
 each converted layer carries (``LayerContext``). The attention function is the glue between transformers and the
 scheme: it reads the layer's context, builds the call's ``Site``, asks the scheme's kind to prepare its term
-(``Scheme.prepare``, encodings/base.py) and hands one ``kernels.Call`` to the path table (``kernels.attend``)."""
+(``Scheme.prepare``, schemes/base.py) and hands one ``kernels.Call`` to the path table (``kernels.attend``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from torch import nn
 from .. import kernels
 from ..adapters.base import Adapter, Swap
 from ..adapters.calls import state_positions
-from ..encodings import Scheme, Term
 from ..foundation.errors import LengthError, PatchNotLiveError, RetrofitError
+from ..schemes import Scheme, Term
 
 ATTN_NAME = "retrofit"
 log = logging.getLogger("retrofit.patch.core")
@@ -94,7 +94,7 @@ class LayerContext:
 
 @dataclass
 class Site:
-    """One call of a converted layer's attention, as the scheme's kind reads it (``encodings.base.Site``): its
+    """One call of a converted layer's attention, as the scheme's kind reads it (``schemes.base.Site``): its
     layer and scheme, its direction, and where its queries and keys sit (``q_start``: earlier keys in the cache;
     ``shift``: a sliding-window cache's dropped keys; ``placed``: a training block's own positions)."""
 

@@ -20,8 +20,6 @@ from torch import nn
 from .. import kernels
 from ..adapters import ADAPTERS, adapter_for
 from ..adapters.calls import track_inputs
-from ..encodings import SCHEMES, Scheme
-from ..encodings.base import parse_common
 from ..foundation.errors import (
     AlreadyConvertedError,
     LengthError,
@@ -31,6 +29,8 @@ from ..foundation.errors import (
     RetrofitError,
 )
 from ..foundation.versions import __version__
+from ..schemes import SCHEMES, Scheme
+from ..schemes.base import parse_common
 from . import probe
 from .attention import (  # noqa: F401  (retrofit_attention, retrofit_mask: registered on import)
     ATTN_NAME,

@@ -98,8 +98,8 @@ def set_attention_dropout(model, train_cfg) -> float | None:
 
 
 def _go_on(model, convert_cfg, current: dict):
-    from ..encodings.base import common_defaults
     from ..patch.core import set_kernel
+    from ..schemes.base import common_defaults
 
     scheme, options = current["scheme"], dict(convert_cfg.options)
     if convert_cfg.scheme not in (None, scheme):

@@ -12,12 +12,12 @@ from transformers.models.distilbert.modeling_distilbert import create_sinusoidal
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import retrofit
-from retrofit.encodings.alibi import alibi_slopes
-from retrofit.encodings.base import ModelSpec
-from retrofit.encodings.fire import FIRE
-from retrofit.encodings.shaw import ShawClipped
-from retrofit.encodings.sinusoidal import Sinusoidal
-from retrofit.encodings.t5 import T5Buckets
+from retrofit.schemes.alibi import alibi_slopes
+from retrofit.schemes.base import ModelSpec
+from retrofit.schemes.fire import FIRE
+from retrofit.schemes.shaw import ShawClipped
+from retrofit.schemes.sinusoidal import Sinusoidal
+from retrofit.schemes.t5 import T5Buckets
 
 from ..tiny import NATIVE, TINY, ids
 

@@ -11,10 +11,10 @@ import torch
 import retrofit
 from retrofit import kernels
 from retrofit.cli import main
-from retrofit.encodings.sinusoidal import frequencies, sinusoids
 from retrofit.foundation.errors import OptionError
 from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
 from retrofit.patch.core import set_kernel
+from retrofit.schemes.sinusoidal import frequencies, sinusoids
 
 from ..tiny import NATIVE, TINY, ids, train_step
 

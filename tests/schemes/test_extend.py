@@ -10,8 +10,8 @@ import torch
 import transformers as tf
 
 import retrofit
-from retrofit.encodings.extend import copied_rows, interpolated_rows
 from retrofit.foundation.errors import LengthError, OptionError
+from retrofit.schemes.extend import copied_rows, interpolated_rows
 
 from ..tiny import NATIVE, TINY, ids
 
