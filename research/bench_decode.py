@@ -36,7 +36,7 @@ def build(variant: str, args):
     import transformers as tf
 
     import retrofit
-    from retrofit.schemes import RotaryScheme
+    from retrofit.scheme import RotaryScheme
 
     torch.manual_seed(0)
     family = variant.split("+")[0]
@@ -67,7 +67,7 @@ def build(variant: str, args):
 def run(model, rerotate, rotary, ids, new) -> float:
     """Seconds for ``new`` greedy decoding steps with the KV cache after an untimed prefill of ``ids``
     (what ``generate()`` does per token, without its bookkeeping)."""
-    from retrofit.schemes import rope
+    from retrofit.scheme import rope
 
     real, table = rotary.rotate_once, rope.TABLE_POSITIONS
     if rerotate == "no-table":

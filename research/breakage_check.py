@@ -1,6 +1,6 @@
 """Does the suite notice a one-line break? Each case changes one line of the package on purpose (a scheme, a
 kernel path, an adapter's padding, a field the checkpoint saves) in a throw-away git worktree, runs the core
-tests there (tests/adapters, tests/schemes, tests/kernels, tests/patch/test_core.py, slow ones included) and
+tests there (tests/adapters, tests/scheme, tests/kernels, tests/patch/test_conversion.py, slow ones included) and
 records the tests that fail: none of these breaks may pass unnoticed.
 
     python research/breakage_check.py --out benchmarks/breakage.json     # about 10 min on 2 cores
@@ -19,18 +19,18 @@ from pathlib import Path
 from harness import ROOT, command, stamp, write_record
 
 CASES = {  # name: (file, the line's text, the broken text)
-    "scheme": ("src/retrofit/schemes/alibi.py", "(math.log2(n) - 3)", "(math.log2(n) - 2)"),
+    "scheme": ("src/retrofit/scheme/alibi.py", "(math.log2(n) - 3)", "(math.log2(n) - 2)"),
     "kernel": ("src/retrofit/kernels/cpu_flash_band.py", "(d >= 0) & (d < K)", "(d >= 0) & (d <= K)"),
     # the adapters' padding rule: positions counted over real tokens (OPT's own fallback rule in adapters/opt.py
     # is not live with transformers >= 5.2, whose OPTDecoder passes the position ids it counted itself)
     "padding": (
-        "src/retrofit/adapters/calls.py",
+        "src/retrofit/adapters/inputs.py",
         "(m.cumsum(-1) - 1).masked_fill(m == 0, 1)",
         "(m.cumsum(-1)).masked_fill(m == 0, 1)",
     ),
-    "save": ("src/retrofit/patch/core.py", '"kernel": kernel,', '"kernel": "auto",'),
+    "save": ("src/retrofit/patch/conversion.py", '"kernel": kernel,', '"kernel": "auto",'),
 }
-TESTS = ["tests/adapters", "tests/schemes", "tests/kernels", "tests/patch/test_core.py"]
+TESTS = ["tests/adapters", "tests/scheme", "tests/kernels", "tests/patch/test_conversion.py"]
 
 
 def run_case(name: str, file: str, line: str, broken: str) -> dict:

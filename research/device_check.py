@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     import torch
 
     from retrofit.foundation.versions import cpu_info
-    from retrofit.schemes import SCHEMES
+    from retrofit.scheme import SCHEMES
 
     cuda = torch.cuda.is_available()
     if not cuda and not a.dry_run:

@@ -70,7 +70,7 @@ def kernel_ab(rounds: int) -> dict:
     alternately: the median, min and max of the per-round ratio flushed / not (the first round untimed)."""
     from retrofit import kernel
     from retrofit.kernels import denormal
-    from retrofit.schemes.alibi import alibi_slopes
+    from retrofit.scheme.alibi import alibi_slopes
 
     torch.manual_seed(0)
     H, T, D = 12, 2048, 64

@@ -15,7 +15,7 @@ import torch
 
 from harness import command, stamp, write_record
 from retrofit.kernels import Call, attend, sdpa_alibi_dims
-from retrofit.schemes.alibi import alibi_slopes
+from retrofit.scheme.alibi import alibi_slopes
 
 
 def errors(T: int, heads: int, dim: int, rows: int, seed: int, dtype=torch.float32) -> dict[str, float]:

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 
 from retrofit.foundation.errors import DataError
 from retrofit.models import assets
-from retrofit.patch import core
+from retrofit.patch import conversion as core
 from retrofit.training import standin
 
 from .procs import TEST_KERNEL

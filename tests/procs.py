@@ -24,7 +24,7 @@ TEST_KERNEL = "chunked"
 
 def as_in_tests() -> None:
     """In a spawned child: convert as the test that spawned it does."""
-    from retrofit.patch import core
+    from retrofit.patch import conversion as core
 
     core.DEFAULT_KERNEL = TEST_KERNEL
 

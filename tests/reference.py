@@ -14,7 +14,7 @@ from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from retrofit.patch.core import retrofit_mask
+from retrofit.patch.conversion import retrofit_mask
 
 
 def alibi_oracle_slopes(num_heads):

@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "retrofit"
 # {top-level folder of the package: its layer}; at the root only the facade (__init__) and __main__
 LAYERS = {
     "foundation": 0,
-    "schemes": 1,
+    "scheme": 1,
     "kernels": 1,
     "patch": 2,
     "adapters": 2,
@@ -45,7 +45,7 @@ def _is_module(parts: list[str]) -> bool:
 
 def imports():
     """(importing module, imported module or package, file:line) for every import in the package, both as
-    dotted paths within it (``models.io``, ``patch.core``; a package's own file is ``kernels.__init__``, the
+    dotted paths within it (``models.io``, ``patch.conversion``; a package's own file is ``kernels.__init__``, the
     facade's ``__init__``); the facade imported is ``retrofit``."""
     for f in sorted(PKG.rglob("*.py")):
         parts = list(f.relative_to(PKG).with_suffix("").parts)
@@ -108,7 +108,7 @@ def test_imports_point_down():
 
 def module_graph() -> dict[str, set[str]]:
     """{module: the package's modules it imports} at module granularity (``retrofit.models.io`` ->
-    ``retrofit.patch.core``), every import statement counted, those inside functions too."""
+    ``retrofit.patch.conversion``), every import statement counted, those inside functions too."""
     mods = {}
     for f in sorted(PKG.rglob("*.py")):
         parts = ["retrofit", *f.relative_to(PKG).with_suffix("").parts]
@@ -165,7 +165,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle():
     graph = module_graph()
-    assert graph["retrofit.models.io"] >= {"retrofit.patch.core"}  # it sees
+    assert graph["retrofit.models.io"] >= {"retrofit.patch.conversion"}  # it sees
     assert "retrofit.models.hf_classes" in graph["retrofit.foundation.auto"]
     circles = cycles(graph)
     assert not circles, "import circles (each a set of modules that import each other, directly or not):\n" + "\n".join(

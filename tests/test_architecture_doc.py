@@ -15,7 +15,7 @@ ONE_LINE_EACH = ("training", "evaluation")  # folders whose modules get a line o
 CHECKLISTS = ("Add a scheme", "Add a model family (adapter)", "Add an evaluation measure", "Add an export")
 # a file path with a folder in it, optionally followed by ``::name`` (a function or class defined in it)
 PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|txt|json|md|yaml|j2))(?:::(\w+))?")
-PLACEHOLDER = "NAME"  # a checklist's path of the file one adds (schemes/NAME.py)
+PLACEHOLDER = "NAME"  # a checklist's path of the file one adds (scheme/NAME.py)
 
 
 def _text() -> str:

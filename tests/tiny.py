@@ -274,7 +274,7 @@ def ids(batch=1, length=16, seed=0):
 
 def train_step(model, kernel: str, x):
     """One loss and backward of converted ``model`` on ``kernel`` (``set_kernel``): (loss, {name: gradient})."""
-    from retrofit.patch.core import set_kernel
+    from retrofit.patch.conversion import set_kernel
 
     set_kernel(model, kernel)
     model.zero_grad()

@@ -17,12 +17,12 @@ _auto.install()  # plain AutoModelForCausalLM.from_pretrained(checkpoint) gives 
 # (Module names differ from the function names on purpose: importing a submodule
 # `retrofit.finetune` would shadow the function `retrofit.finetune`.)
 _LAZY = {
-    "convert": ("retrofit.patch.core", "convert"),
-    "revert": ("retrofit.patch.core", "revert"),
-    "describe": ("retrofit.patch.core", "describe"),
-    "schemes": ("retrofit.patch.core", "schemes"),
-    "architectures": ("retrofit.patch.core", "architectures"),
-    "set_position_controls": ("retrofit.patch.core", "set_position_controls"),
+    "convert": ("retrofit.patch.conversion", "convert"),
+    "revert": ("retrofit.patch.conversion", "revert"),
+    "describe": ("retrofit.patch.conversion", "describe"),
+    "schemes": ("retrofit.patch.conversion", "schemes"),
+    "architectures": ("retrofit.patch.conversion", "architectures"),
+    "set_position_controls": ("retrofit.patch.conversion", "set_position_controls"),
     "save": ("retrofit.models.io", "save"),
     "load": ("retrofit.models.io", "load"),
     "load_model": ("retrofit.models.io", "load_model"),

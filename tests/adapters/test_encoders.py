@@ -11,7 +11,7 @@ import transformers as tf
 import retrofit
 from retrofit.foundation.errors import OptionError, UnsupportedArchitectureError
 from retrofit.patch import probe
-from retrofit.patch.core import _set_attn
+from retrofit.patch.conversion import _set_attn
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
 from ..tiny import NATIVE, VOCAB
@@ -75,7 +75,7 @@ def test_an_encoder_converts_both_ways_and_matches_the_reference_past_native(nam
     with torch.no_grad():
         before = model(x[:, :NATIVE], attention_mask=mask[:, :NATIVE]).logits
         retrofit.convert(model, scheme, **BOTH_WAYS[scheme])
-        assert all(not s.module.is_causal for s in retrofit.patch.core._state(model).adapter.sites())
+        assert all(not s.module.is_causal for s in retrofit.patch.conversion._state(model).adapter.sites())
         out = model(x, attention_mask=mask).logits
         _set_attn(model, "retrofit_reference")
         ref = model(x, attention_mask=mask).logits
@@ -125,7 +125,7 @@ def test_bidirectional_shaw_starts_as_symmetric_alibi_and_clips_each_side_on_its
     retrofit.convert(alibi, "alibi")
     with torch.no_grad():
         torch.testing.assert_close(shaw(x, attention_mask=mask).logits, alibi(x, attention_mask=mask).logits)
-        scheme = retrofit.patch.core._state(shaw).scheme()
+        scheme = retrofit.patch.conversion._state(shaw).scheme()
         k = scheme.options.max_distance
         assert scheme.table.shape[-1] == 2 * k + 1
         scheme.table[:, :, k + 1 :] = 0.0  # keys before the query: flat; keys after keep -slope x d

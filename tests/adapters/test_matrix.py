@@ -16,7 +16,7 @@ import transformers
 import retrofit
 from retrofit.adapters import ADAPTERS
 from retrofit.adapters.base import adapter_class
-from retrofit.patch.core import _set_attn
+from retrofit.patch.conversion import _set_attn
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
 from ..tiny import MATRIX_OPTIONS, NATIVE, ONLY_LEARNED_ABSOLUTE, TINY, UNAVAILABLE, _llama_like, ids
@@ -155,7 +155,7 @@ def test_live_and_matches_reference(model_type, scheme):
         after = model(x).logits
         assert not torch.allclose(before, after, atol=1e-3), "patch is not live: logits unchanged"
         if scheme.endswith("@auto"):
-            paths = set(retrofit.patch.core._state(model).paths)
+            paths = set(retrofit.patch.conversion._state(model).paths)
             if scheme.startswith("alibi"):
                 assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
             elif scheme.startswith("xl"):  # any window or padding: the dims path, every layer
@@ -164,10 +164,10 @@ def test_live_and_matches_reference(model_type, scheme):
                 assert paths <= {"cpu-flash-relative-band", "chunked"}
                 assert "cpu-flash-relative-band" in paths or model_type in ("mistral", "starcoder2")
             elif "temperature" in scheme or scheme.startswith("fire"):  # no band: the dense path, every layer
-                assert set(retrofit.patch.core._state(model).paths) == {"cpu-flash-mask"}
+                assert set(retrofit.patch.conversion._state(model).paths) == {"cpu-flash-mask"}
             elif model_type not in ("mistral", "starcoder2"):  # the band path, in every layer without a window
                 # shorter than the input (GPT-Neo's local layers, the tiny Mistral's 8 keys go dense)
-                assert "cpu-flash-band" in retrofit.patch.core._state(model).paths
+                assert "cpu-flash-band" in retrofit.patch.conversion._state(model).paths
         _set_attn(model, "retrofit_reference")
         ref = model(x).logits
         _set_attn(model, "retrofit")

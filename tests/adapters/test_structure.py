@@ -14,7 +14,7 @@ from retrofit.adapters import quirks
 from retrofit.adapters.base import AttentionSite
 from retrofit.foundation.errors import UnsupportedArchitectureError
 from retrofit.patch import probe
-from retrofit.patch.core import _set_attn
+from retrofit.patch.conversion import _set_attn
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
 from ..tiny import NATIVE, _llama_like, bart_decoder, biogpt, ids
@@ -204,7 +204,12 @@ def test_a_layer_without_positions_stays_without_them(monkeypatch):
 
     model = tiny(*CLAIMED["smollm3"])
     retrofit.convert(model, "alibi")
-    assert [site.positions for site in retrofit.patch.core._state(model).adapter.sites()] == [True, True, True, False]
+    assert [site.positions for site in retrofit.patch.conversion._state(model).adapter.sites()] == [
+        True,
+        True,
+        True,
+        False,
+    ]
     monkeypatch.setattr(probe, "_PASSED", {})
     monkeypatch.setattr(
         LlamaAdapter,
@@ -275,7 +280,7 @@ def test_proportional_rope_keeps_its_unrotated_dims_unrotated_when_rescaled():
     )  # fmt: skip
     model = tf.Lfm3ForCausalLM(cfg).eval()
     retrofit.convert(model, "rope", scaling="yarn", factor=4.0)
-    inv_freq = retrofit.patch.core._state(model).scheme().inv_freq
+    inv_freq = retrofit.patch.conversion._state(model).scheme().inv_freq
     assert inv_freq[:4].gt(0).all() and inv_freq[4:].eq(0).all(), inv_freq
 
 
@@ -361,7 +366,7 @@ def test_a_decoder_beside_an_encoder_reads_its_own_heads():
     model = bart_decoder()
     x = ids(1, NATIVE + 8)
     retrofit.convert(model, "alibi")
-    spec = retrofit.patch.core._state(model).adapter.spec()
+    spec = retrofit.patch.conversion._state(model).adapter.spec()
     assert (spec.num_heads, spec.num_layers, spec.head_dim) == (4, 2, 16)
     with torch.no_grad():
         out = model(x).logits

@@ -499,7 +499,7 @@ def test_help_builds_without_torch():
 
 
 def test_help_lists_every_registered_scheme():
-    from retrofit.schemes import SCHEMES
+    from retrofit.scheme import SCHEMES
 
     r = subprocess.run([sys.executable, "-m", "retrofit", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0

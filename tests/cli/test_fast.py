@@ -49,7 +49,7 @@ def test_help_and_argument_errors_answer_at_once_without_torch(args, rc, says, t
 
 def test_convert_help_for_one_scheme_gives_its_options_from_the_scheme_itself(user_env):
     """``--help --to SCHEME``: that scheme's options as its class declares them (this one imports torch)."""
-    from retrofit.schemes import SCHEMES
+    from retrofit.scheme import SCHEMES
 
     r, _ = _run(["convert", "--help", "--to", "rope"], user_env)
     assert r.returncode == 0, r.stderr[-2000:]

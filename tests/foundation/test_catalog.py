@@ -13,9 +13,9 @@ import pytest
 
 from retrofit.foundation import catalog
 from retrofit.foundation.errors import UnknownSchemeError
-from retrofit.schemes import SCHEMES, Scheme
+from retrofit.scheme import SCHEMES, Scheme
 
-SCHEMES_DIR = Path(__file__).resolve().parents[2] / "src" / "retrofit" / "schemes"
+SCHEMES_DIR = Path(__file__).resolve().parents[2] / "src" / "retrofit" / "scheme"
 
 
 @pytest.mark.parametrize("name", sorted(catalog.CATALOG))

@@ -68,7 +68,7 @@ def test_band_keeps_half_inputs_at_their_own_rounding(dtype, atol):
 def test_t5_band_is_the_t5_bucket_bias_of_transformers():
     """The scheme's band, read at min(i - j, K), equals its own bias and T5's bucketed table everywhere."""
     model = retrofit.convert(TINY["gpt2"](), "t5")
-    scheme = retrofit.patch.core._state(model).scheme()
+    scheme = retrofit.patch.conversion._state(model).scheme()
     table = scheme.table[1]  # (H, num_buckets)
     values = scheme.distance_band(1)
     K = values.shape[-1] - 1
@@ -85,7 +85,7 @@ def test_t5_band_is_the_t5_bucket_bias_of_transformers():
 @pytest.mark.parametrize("scheme", ["t5", "shaw"])
 def test_every_band_scheme_declares_its_band_truthfully(scheme):
     model = retrofit.convert(TINY["llama"](), scheme, init="zero" if scheme == "shaw" else "alibi")
-    s = retrofit.patch.core._state(model).scheme()
+    s = retrofit.patch.conversion._state(model).scheme()
     with torch.no_grad():
         s.table.normal_()
     values = s.distance_band(0)

@@ -13,7 +13,7 @@ import retrofit
 from retrofit import kernels
 from retrofit.kernels import Call
 from retrofit.kernels import cpu_flash_mask as dense
-from retrofit.patch.core import set_kernel
+from retrofit.patch.conversion import set_kernel
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -160,8 +160,8 @@ def test_a_model_trains_on_dense_with_the_chunked_gradients(scheme, options, use
         loss.backward()
         grads[path] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         if path == "auto":
-            assert set(retrofit.patch.core._state(model).paths) == {"cpu-flash-mask"}
-            retrofit.patch.core._state(model).paths.clear()
+            assert set(retrofit.patch.conversion._state(model).paths) == {"cpu-flash-mask"}
+            retrofit.patch.conversion._state(model).paths.clear()
     (la, ga), (lc, gc) = grads["auto"], grads["chunked"]
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(la, lc, atol=tol, rtol=tol)

@@ -15,9 +15,9 @@ from retrofit import kernels
 from retrofit.kernels import Call, call, cpu_flash, flash_attn_alibi
 from retrofit.kernels import flex as flex_path
 from retrofit.kernels import sdpa_alibi_dims as fused
-from retrofit.patch.core import set_kernel
-from retrofit.schemes import SCHEMES
-from retrofit.schemes.alibi import alibi_slopes
+from retrofit.patch.conversion import set_kernel
+from retrofit.scheme import SCHEMES
+from retrofit.scheme.alibi import alibi_slopes
 
 from ..tiny import TINY
 
@@ -188,7 +188,7 @@ def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):
 
 def test_every_linear_scheme_declares_its_slopes_truthfully():
     """A scheme that hands the fused path slopes must have exactly that bias (else the path is wrong)."""
-    from retrofit.schemes.base import ModelSpec
+    from retrofit.scheme.base import ModelSpec
 
     spec = ModelSpec(
         num_layers=2,

@@ -16,7 +16,7 @@ import retrofit
 from retrofit import kernels
 from retrofit.cli import convert as cli_convert
 from retrofit.foundation.errors import OptionError
-from retrofit.patch.core import set_kernel
+from retrofit.patch.conversion import set_kernel
 
 from ..tiny import TINY, ids
 

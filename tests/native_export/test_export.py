@@ -144,14 +144,14 @@ def test_exports_advertise_the_same_reach_as_the_checkpoint(tmp_path):
     retrofit.export(model, tmp_path / "falcon", check_length=64)
     saved = json.loads((tmp_path / "ck" / "config.json").read_text())
     falcon = json.loads((tmp_path / "falcon" / "config.json").read_text())
-    assert saved["n_positions"] == falcon["max_position_embeddings"] == retrofit.patch.core.UNBOUNDED
+    assert saved["n_positions"] == falcon["max_position_embeddings"] == retrofit.patch.conversion.UNBOUNDED
     assert saved["retrofit"]["base_config"]["n_positions"] == NATIVE  # what load restores to build the table
 
 
 def test_falcon_slopes_match_for_non_power_of_two_heads():
     from transformers.models.falcon.modeling_falcon import build_alibi_tensor
 
-    from retrofit.schemes.alibi import alibi_slopes
+    from retrofit.scheme.alibi import alibi_slopes
 
     for heads in (4, 6, 12, 20):
         falcon = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), heads, torch.float32).view(heads, 2)[:, 1]

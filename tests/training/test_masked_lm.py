@@ -95,7 +95,7 @@ def test_calibration_fits_a_masked_lms_positions_to_its_originals_masked_predict
     import copy
 
     from retrofit.foundation.documents import Document
-    from retrofit.patch.core import convert
+    from retrofit.patch.conversion import convert
     from retrofit.training.calibrate import _kl_step, calibrate
 
     path = bert_folder(tmp_path / "bert")
@@ -135,7 +135,7 @@ def test_masked_distillation_reads_each_masked_token_from_the_teachers_most_cent
     tokens, a 16-token teacher); and zero against itself within its native length."""
     import torch.nn.functional as F
 
-    from retrofit.patch.core import convert
+    from retrofit.patch.conversion import convert
     from retrofit.scoring.windows import centred_spans
     from retrofit.training.teacher import TeacherView, masked_distill_kl
 

@@ -141,7 +141,7 @@ def test_recipe_teacher_keys():
 
 def test_block_past_a_finite_reach_names_the_scheme(monkeypatch):
     """Long blocks ask the scheme how far it reads (Scheme.max_length(); the stretched table's rows)."""
-    from retrofit.schemes import SCHEMES
+    from retrofit.scheme import SCHEMES
 
     student, _ = _student_and_teacher()
     r = Recipe.from_dict(recipe("/tmp/unused", data__block_length=4 * W))

@@ -5,7 +5,7 @@ mechanism. ``neutralise`` swaps the native mechanism for a stand-in that keeps t
 reachable (``.original``) so ``revert`` is exact; the new scheme itself runs inside the
 registered ``"retrofit"`` attention function, per model instance.
 
-The per-call input tracking lives in ``calls``, the stand-in modules in ``standins``.
+The per-call input tracking lives in ``inputs``, the neutralised modules in ``neutral``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from torch import nn
 from ..foundation.errors import UnsupportedArchitectureError
 from ..foundation.native import native_length
 from ..foundation.registry import Registry
-from ..schemes.base import ModelSpec
+from ..scheme.base import ModelSpec
 from . import quirks
-from .calls import state_positions
+from .inputs import state_positions
 
 ADAPTERS: Registry[type[Adapter]] = Registry("architecture", UnsupportedArchitectureError)
 

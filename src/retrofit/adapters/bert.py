@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .base import Adapter, AttentionSite, PositionTable, Swap, calls_attention_interface, register_adapter
-from .standins import NeutralisedPositionTable
+from .neutral import NeutralisedPositionTable
 
 LONG_BUFFERS = 1 << 16  # positions the embeddings' own buffers cover while converted (the native rows' 128x at 512)
 

@@ -13,12 +13,12 @@ from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
-from .standins import StandInAttention
+from .neutral import NeutralisedAttention
 
 TRAINED_LENGTH = 2048  # BLOOM's training sequence length (Scao et al., 2022); its config has no length key
 
 
-class RetrofitBloomAttention(StandInAttention):
+class RetrofitBloomAttention(NeutralisedAttention):
     """Stands in for ``BloomAttention``: its projections, attention through the configured function."""
 
     family = "BLOOM"

@@ -15,10 +15,10 @@ from torch import nn
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
 from .llama import native_rope
-from .standins import NeutralisedRotary, StandInAttention
+from .neutral import NeutralisedAttention, NeutralisedRotary
 
 
-class RetrofitFalconAttention(StandInAttention):
+class RetrofitFalconAttention(NeutralisedAttention):
     """Stands in for ``FalconAttention``: its projections, attention through the configured function."""
 
     family = "Falcon"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, PositionTable, register_adapter
-from .standins import NeutralisedPositionTable
+from .neutral import NeutralisedPositionTable
 
 
 @register_adapter("gpt2")

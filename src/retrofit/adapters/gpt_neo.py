@@ -15,7 +15,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, PositionTable, register_adapter
-from .standins import NeutralisedPositionTable
+from .neutral import NeutralisedPositionTable
 
 
 class RetrofitGPTNeoAttention(nn.Module):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
 from .llama import native_rope
-from .standins import NeutralisedRotary
+from .neutral import NeutralisedRotary
 
 
 @register_adapter("gpt_neox")

@@ -10,7 +10,7 @@ import torch
 from ..foundation.errors import UnsupportedArchitectureError
 from ..foundation.native import native_length
 from .base import Adapter, AttentionSite, register_adapter
-from .standins import NeutralisedSinCos
+from .neutral import NeutralisedSinCos
 
 
 def gptj_inv_freq(rotary_dim: int, theta: float = 10000.0) -> torch.Tensor:

@@ -15,7 +15,7 @@ from torch import nn
 from ..foundation.errors import UnsupportedArchitectureError
 from . import quirks
 from .base import Adapter, AttentionSite, calls_attention_interface, register_adapter
-from .standins import NeutralisedRotary
+from .neutral import NeutralisedRotary
 
 
 def native_rope(config, rotary, interleaved: bool = False, reversed_: bool = False) -> dict:

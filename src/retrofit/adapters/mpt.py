@@ -14,10 +14,10 @@ from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, register_adapter
-from .standins import StandInAttention
+from .neutral import NeutralisedAttention
 
 
-class RetrofitMptAttention(StandInAttention):
+class RetrofitMptAttention(NeutralisedAttention):
     """Stands in for ``MptAttention``: its projections, attention through the configured function."""
 
     family = "MPT"

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionSite, PositionTable, calls_attention_interface, register_adapter
-from .standins import NeutralisedPositionTable
+from .neutral import NeutralisedPositionTable
 
 
 def opt_positions(attention_mask: torch.Tensor, past_key_values_length: int = 0, position_ids=None) -> torch.Tensor:

@@ -30,8 +30,8 @@ def scheme_help(only: str | None = None) -> str:
     """The schemes (``only``: that one) with their options, the attention paths, the architectures and the built-in
     names, from the registries (imports torch)."""
     from .. import kernels
-    from ..schemes import SCHEMES
-    from ..schemes.base import common_option_help
+    from ..scheme import SCHEMES
+    from ..scheme.base import common_option_help
 
     lines = ["schemes and their options (--option key=value):"]
     for name, cls in SCHEMES.items():
@@ -159,7 +159,7 @@ def run(args) -> int:
     check_scheme(args.to)  # the cheap checks first: a wrong word is said before torch is imported
     precheck(args.model, args.gguf_file)
     from ..models import io
-    from ..patch import core
+    from ..patch import conversion as core
 
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
     _refuse_converted(model, args)
@@ -211,7 +211,7 @@ def _calibrate(model, teacher, tokenizer, args) -> dict:
 
 def _refuse_converted(model, args) -> None:
     from ..foundation.errors import AlreadyConvertedError
-    from ..patch.core import describe, is_converted
+    from ..patch.conversion import describe, is_converted
 
     if is_converted(model) and not args.force:
         raise AlreadyConvertedError(

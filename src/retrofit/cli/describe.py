@@ -21,11 +21,11 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..foundation.errors import RetrofitError
     from ..models import io
-    from ..patch import core
+    from ..patch import conversion as core
 
     if args.list:
         from ..adapters import ADAPTERS
-        from ..schemes import SCHEMES
+        from ..scheme import SCHEMES
 
         info = {
             "schemes": {n: {"kind": c.kind, "options": c.option_help()} for n, c in SCHEMES.items()},

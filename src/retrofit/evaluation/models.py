@@ -44,7 +44,7 @@ def _load(name_or_path: str, *, gguf_file=None, device=None, dtype=None):
 def describe_model(model) -> dict:
     """``retrofit.describe(model)``, or a minimal stand-in built from the config when that fails."""
     try:
-        from ..patch.core import describe
+        from ..patch.conversion import describe
 
         d = dict(describe(model))
         d.setdefault("source", "retrofit.describe")

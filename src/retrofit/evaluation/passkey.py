@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..adapters.calls import cache_kwarg, output_cache
+from ..adapters.inputs import cache_kwarg, output_cache
 from ..foundation.errors import LengthError
 from .models import EvalModel
 

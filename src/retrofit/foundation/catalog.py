@@ -1,9 +1,9 @@
 """The scheme catalog: every positional scheme by name, with its kind, its module and a one-line summary, readable
 without importing torch (``retrofit --help``, ``retrofit convert --help`` and argument errors answer at once).
 
-It is the registry and the one place a scheme's name is declared: the module ``retrofit.schemes.<module>``
+It is the registry and the one place a scheme's name is declared: the module ``retrofit.scheme.<module>``
 defines one ``Scheme`` subclass, which takes its name and kind from its line here when the module loads
-(``schemes.base.Scheme.__init_subclass__``); ``retrofit.schemes.SCHEMES`` imports a scheme's module the first
+(``scheme.base.Scheme.__init_subclass__``); ``retrofit.scheme.SCHEMES`` imports a scheme's module the first
 time the scheme is used. A new scheme is its module and one line here (docs/ARCHITECTURE.md, "Add a scheme")."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from .errors import UnknownSchemeError
 
-PACKAGE = "retrofit.schemes"  # where the schemes' modules live
-KINDS = ("bias", "relative", "rotary", "absolute", "none")  # what a kind's term acts on: schemes/base.py
+PACKAGE = "retrofit.scheme"  # where the schemes' modules live
+KINDS = ("bias", "relative", "rotary", "absolute", "none")  # what a kind's term acts on: scheme/base.py
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def module_of(name: str) -> str:
 
 
 def name_of(module: str) -> str | None:
-    """The scheme a module defines (``retrofit.schemes.alibi`` -> ``alibi``), None for any other module."""
+    """The scheme a module defines (``retrofit.scheme.alibi`` -> ``alibi``), None for any other module."""
     return next((n for n in CATALOG if module_of(n) == module), None)
 
 

@@ -12,7 +12,7 @@ import torch
 from ..foundation.atomic import write_dir, write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.quiet import hushed
-from ..patch.core import is_converted, reach
+from ..patch.conversion import is_converted, reach
 from ..patch.saved_config import marked
 from . import sources
 
@@ -93,7 +93,7 @@ def load(path: str | os.PathLike, **from_pretrained_kwargs):
     """Load a checkpoint written by ``save`` and re-apply its patch (scheme, options, learned
     position parameters, attention function). Safetensors only; no remote code unless asked."""
     from ..foundation.task import model_class
-    from ..patch.core import POSITIONS_MODULE, reapply, verify
+    from ..patch.conversion import POSITIONS_MODULE, reapply, verify
 
     path = Path(path)
     if (path / "adapter_config.json").is_file():
@@ -135,7 +135,7 @@ def load_adapter(path: Path, dtype: str | None = None):
     from peft import PeftModel
 
     from ..foundation.run_folder import ADAPTER_BASE
-    from ..patch.core import convert
+    from ..patch.conversion import convert
 
     spec_file = path / ADAPTER_BASE
     if not spec_file.is_file():
@@ -171,7 +171,7 @@ def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None,
     when it is itself a retrofit checkpoint (a recipe that starts from ``retrofit convert``'s output), reverted to
     the positions kept in its weights. Returns ``(name, model, tokenizer)``, named "<name> (original)" as in the
     report of ``retrofit run``; the model's ``_name_or_path`` is ``name_or_path``."""
-    from ..patch.core import revert
+    from ..patch.conversion import revert
 
     model, tok = load_model(name_or_path, gguf_file=gguf_file, dtype=dtype, device=device, task=task)  # built-ins too
     if is_converted(model):

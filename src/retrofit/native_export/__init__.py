@@ -79,7 +79,7 @@ def _resolve_source(model_or_dir):
 
 
 def _info(model) -> dict:
-    from ..patch.core import describe, position_controls
+    from ..patch.conversion import describe, position_controls
 
     info = describe(model)
     if not info["converted"]:
@@ -149,7 +149,7 @@ def export(
     "stdlib") at ``check_length``. An export that should be exact but differs by more than ``tolerance`` (a
     keyword, default ``TOLERANCE``) raises and writes nothing."""
     from ..models.io import save
-    from ..patch.core import UNBOUNDED, reach
+    from ..patch.conversion import UNBOUNDED, reach
 
     check = _check_options(check)
     model, tok, source = _resolve_source(model_or_run_dir)

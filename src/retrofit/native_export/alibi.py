@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..foundation.errors import RetrofitError
-from ..patch.core import scheme_of
+from ..patch.conversion import scheme_of
 from .base import Built, Surgery, mapping, plain_config
 from .gpt2 import FALCON_BF16_EXACT
 

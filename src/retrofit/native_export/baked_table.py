@@ -8,7 +8,7 @@ import torch
 
 from ..adapters import ADAPTERS
 from ..foundation.errors import RetrofitError
-from ..patch.core import scheme_of
+from ..patch.conversion import scheme_of
 from .base import Built, Surgery, mapping, plain_config
 
 

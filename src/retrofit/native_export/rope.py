@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..foundation.errors import RetrofitError
-from ..patch.core import scheme_of
+from ..patch.conversion import scheme_of
 from .base import Built, Surgery, mapping, plain_config
 
 

@@ -2,7 +2,7 @@
 ``AttentionMaskInterface``, and what they read: the converted model's state (``RetrofitState``) and the context
 each converted layer carries (``LayerContext``). The attention function is the glue between transformers and the
 scheme: it reads the layer's context, builds the call's ``Site``, asks the scheme's kind to prepare its term
-(``Scheme.prepare``, schemes/base.py) and hands one ``kernels.Call`` to the path table (``kernels.attend``)."""
+(``Scheme.prepare``, scheme/base.py) and hands one ``kernels.Call`` to the path table (``kernels.attend``)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from torch import nn
 
 from .. import kernels
 from ..adapters.base import Adapter, Swap
-from ..adapters.calls import state_positions
+from ..adapters.inputs import state_positions
 from ..foundation.errors import LengthError, PatchNotLiveError, RetrofitError
-from ..schemes import Scheme, Term
+from ..scheme import Scheme, Term
 
 ATTN_NAME = "retrofit"
-log = logging.getLogger("retrofit.patch.core")
+log = logging.getLogger("retrofit.patch.conversion")
 
 POSITIONS_MODULE = "retrofit_positions"  # the submodule holding the new position parameters
 
@@ -94,7 +94,7 @@ class LayerContext:
 
 @dataclass
 class Site:
-    """One call of a converted layer's attention, as the scheme's kind reads it (``schemes.base.Site``): its
+    """One call of a converted layer's attention, as the scheme's kind reads it (``scheme.base.Site``): its
     layer and scheme, its direction, and where its queries and keys sit (``q_start``: earlier keys in the cache;
     ``shift``: a sliding-window cache's dropped keys; ``placed``: a training block's own positions)."""
 
@@ -157,7 +157,7 @@ class Site:
         return torch.where(index >= 0, shift, torch.zeros_like(shift))
 
     def in_place(self, key) -> bool:
-        """``key`` is the cache's own tensor (a plain DynamicCache, see ``adapters.calls.track_inputs``) and no
+        """``key`` is the cache's own tensor (a plain DynamicCache, see ``adapters.inputs.track_inputs``) and no
         gradient flows through it: new rows may be transformed in place, once, as they enter the cache."""
         return bool((self.ctx.state.inputs or {}).get("cache_in_place")) and not key.requires_grad
 

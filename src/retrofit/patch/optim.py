@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .core import POSITIONS_MODULE
+from .conversion import POSITIONS_MODULE
 
 
 def decays(name: str, p: nn.Parameter) -> bool:

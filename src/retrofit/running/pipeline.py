@@ -159,7 +159,7 @@ def _named(model, tok, name: str, base: str):
 def eval_models(rr: RunRecipe):
     """(the fine-tuned model, [baselines]) as ``(name, model, tokenizer)`` triples."""
     from ..models.io import load_model
-    from ..patch.core import convert, is_converted, set_kernel
+    from ..patch.conversion import convert, is_converted, set_kernel
     from ..training.standin import ensure
 
     m = rr.finetune.model

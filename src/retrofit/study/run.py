@@ -142,7 +142,7 @@ def _zero_shot(rr):
 
 
 def _native(model) -> int:
-    from ..patch.core import describe
+    from ..patch.conversion import describe
 
     return describe(model)["native"]["length"]
 

@@ -42,14 +42,14 @@ SEED = 0
 
 def position_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     """(name, parameter) of the converted model's scheme module (``retrofit_positions``): what calibration trains."""
-    from ..patch.core import scheme_of
+    from ..patch.conversion import scheme_of
 
     return list(scheme_of(model).named_parameters())
 
 
 def check_calibratable(model) -> None:
     """OptionError (exit 2) when the model's scheme has no position parameters."""
-    from ..patch.core import scheme_of
+    from ..patch.conversion import scheme_of
 
     if position_parameters(model):
         return
@@ -164,7 +164,7 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     ``options``: the keywords ``steps``, ``learning_rate``, ``batch_size``, ``heldout`` and ``budget`` (``OPTIONS``:
     the recipe's ``convert.calibrate`` section less its data, ``CalibrateConfig``, whose defaults they take)."""
     from ..foundation.quiet import progress_bars
-    from ..patch.core import describe, set_position_controls
+    from ..patch.conversion import describe, set_position_controls
 
     o = _options(options)
     check_calibratable(model)

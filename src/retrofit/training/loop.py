@@ -35,9 +35,9 @@ from ..foundation.quiet import hushed, progress_bars
 from ..foundation.versions import library_versions
 from ..models import data as rdata
 from ..models import sources
-from ..patch.core import describe, max_length, set_position_controls
+from ..patch.conversion import describe, max_length, set_position_controls
 from ..patch.optim import param_groups
-from ..schemes import SCHEMES
+from ..scheme import SCHEMES
 from ..scoring import masking
 from ..scoring.masking import Masker, masker_for, seed_of
 from . import blocks as blk
@@ -227,7 +227,7 @@ def _documents(r: Recipe):
 def _warn_if_offset_is_a_no_op(r: Recipe) -> None:
     """A uniform shift of every position cannot change a scheme whose scores depend only on i - j
     (measured: docs/finetune.md, "Position augmentation")."""
-    from ..schemes.base import SCHEMES
+    from ..scheme.base import SCHEMES
 
     scheme = r.convert.scheme
     if r.train.positions.random_offset and scheme in SCHEMES and getattr(SCHEMES.get(scheme), "shift_invariant", False):

@@ -11,7 +11,7 @@ from torch import nn
 from ..adapters.base import claimant
 from ..foundation.errors import RecipeError
 from ..foundation.task import of_model
-from ..patch.core import POSITIONS_MODULE
+from ..patch.conversion import POSITIONS_MODULE
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,12 @@ TASK_CLASSES = {"classification": "sequence-classification", "embedding": "embed
 def make_teacher(model, model_cfg) -> nn.Module:
     """A frozen copy of the unconverted model (for the distill objective). A model that was loaded
     converted (a retrofit checkpoint) is loaded again and reverted: its original mechanism is kept."""
-    from ..patch.core import is_converted, revert
+    from ..patch.conversion import is_converted, revert
 
     if is_converted(model):
-        said = logging.getLogger("retrofit.patch.core")  # its "converted ..." lines were said for the student already
+        said = logging.getLogger(
+            "retrofit.patch.conversion"
+        )  # its "converted ..." lines were said for the student already
         level = said.level
         said.setLevel(logging.WARNING)
         try:
@@ -76,8 +78,8 @@ def make_teacher(model, model_cfg) -> nn.Module:
 def convert(model, convert_cfg):
     """Convert as the recipe says; a model loaded already converted (a retrofit checkpoint) goes on
     with its own scheme when the recipe names the same one (or none), and is an error otherwise."""
-    from ..patch.core import convert as convert_model
-    from ..patch.core import describe
+    from ..patch.conversion import convert as convert_model
+    from ..patch.conversion import describe
 
     current = describe(model)
     if current["converted"]:
@@ -98,8 +100,8 @@ def set_attention_dropout(model, train_cfg) -> float | None:
 
 
 def _go_on(model, convert_cfg, current: dict):
-    from ..patch.core import set_kernel
-    from ..schemes.base import common_defaults
+    from ..patch.conversion import set_kernel
+    from ..scheme.base import common_defaults
 
     scheme, options = current["scheme"], dict(convert_cfg.options)
     if convert_cfg.scheme not in (None, scheme):
@@ -194,7 +196,7 @@ PEFT_TASKS = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS"}
 def make_trainable(model, train_cfg):
     """Wrap with PEFT LoRA (method: lora) or unfreeze everything but what the core froze (full)."""
     if train_cfg.method == "full":
-        from ..patch.core import frozen_parameters
+        from ..patch.conversion import frozen_parameters
 
         keep_frozen = {id(p) for p in frozen_parameters(model)}  # the swapped-out native mechanism
         for p in model.parameters():

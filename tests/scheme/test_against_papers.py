@@ -12,12 +12,12 @@ from transformers.models.distilbert.modeling_distilbert import create_sinusoidal
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import retrofit
-from retrofit.schemes.alibi import alibi_slopes
-from retrofit.schemes.base import ModelSpec
-from retrofit.schemes.fire import FIRE
-from retrofit.schemes.shaw import ShawClipped
-from retrofit.schemes.sinusoidal import Sinusoidal
-from retrofit.schemes.t5 import T5Buckets
+from retrofit.scheme.alibi import alibi_slopes
+from retrofit.scheme.base import ModelSpec
+from retrofit.scheme.fire import FIRE
+from retrofit.scheme.shaw import ShawClipped
+from retrofit.scheme.sinusoidal import Sinusoidal
+from retrofit.scheme.t5 import T5Buckets
 
 from ..tiny import NATIVE, TINY, ids
 

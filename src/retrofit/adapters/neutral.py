@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..foundation.errors import LengthError, RetrofitError
-from .calls import state_positions
+from .inputs import state_positions
 
 
 class NeutralisedPositionTable(nn.Module):
@@ -116,7 +116,7 @@ class NeutralisedSinCos(nn.Module):
         return torch.zeros_like(angle, dtype=x.dtype), torch.ones_like(angle, dtype=x.dtype)
 
 
-class StandInAttention(nn.Module):
+class NeutralisedAttention(nn.Module):
     """Base of the stand-ins for attention modules that compute attention inline, with no attention-function
     dispatch (BLOOM, Falcon, MPT): the original kept reachable (``revert``), and q, k, v sent through
     ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (the registered ``"retrofit"``). A subclass keeps its

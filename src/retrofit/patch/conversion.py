@@ -19,7 +19,7 @@ from torch import nn
 
 from .. import kernels
 from ..adapters import ADAPTERS, adapter_for
-from ..adapters.calls import track_inputs
+from ..adapters.inputs import track_inputs
 from ..foundation.errors import (
     AlreadyConvertedError,
     LengthError,
@@ -29,8 +29,8 @@ from ..foundation.errors import (
     RetrofitError,
 )
 from ..foundation.versions import __version__
-from ..schemes import SCHEMES, Scheme
-from ..schemes.base import parse_common
+from ..scheme import SCHEMES, Scheme
+from ..scheme.base import parse_common
 from . import probe
 from .attention import (  # noqa: F401  (retrofit_attention, retrofit_mask: registered on import)
     ATTN_NAME,

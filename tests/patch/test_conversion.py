@@ -117,7 +117,7 @@ def test_without_retrofit_transformers_refuses_a_checkpoint_instead_of_loading_t
 def test_converted_config_advertises_its_reach_and_revert_restores_the_table_size():
     model = TINY["gpt2"]()
     retrofit.convert(model, "alibi")
-    assert model.config.n_positions == retrofit.patch.core.UNBOUNDED  # lm-eval, generate() read this
+    assert model.config.n_positions == retrofit.patch.conversion.UNBOUNDED  # lm-eval, generate() read this
     retrofit.revert(model)
     assert model.config.n_positions == NATIVE
 
@@ -312,7 +312,7 @@ def test_native_fade_interpolates_to_the_original():
 
 # ---------------------------------------------------------------- kernel -------------------
 def _alibi_bias(H):
-    from retrofit.schemes.alibi import alibi_slopes
+    from retrofit.scheme.alibi import alibi_slopes
 
     slopes = torch.tensor(alibi_slopes(H))
     return lambda h, i, j: -slopes[h] * (i - j).float()
@@ -424,7 +424,7 @@ def test_convert_leaves_the_callers_config_alone_and_revert_stays_exact():
     with torch.no_grad():
         before = model(x).logits
     retrofit.convert(model, "alibi")
-    assert model.config.n_positions == retrofit.patch.core.UNBOUNDED
+    assert model.config.n_positions == retrofit.patch.conversion.UNBOUNDED
     assert cfg.to_dict() == before_cfg and cfg.n_positions == NATIVE and not getattr(cfg, "retrofit", None)
     tf.GPT2LMHeadModel(cfg)  # a second model from the caller's config still builds
     retrofit.revert(model)
@@ -444,7 +444,7 @@ def test_auto_never_picks_a_path_that_refuses_float64(scheme, monkeypatch, user_
     model = retrofit.convert(TINY["gpt2"]().double(), scheme)
     with torch.no_grad():
         model(ids(1, 2 * NATIVE + 200))  # long enough for auto to consider flex
-    paths = set(retrofit.patch.core._state(model).paths)
+    paths = set(retrofit.patch.conversion._state(model).paths)
     assert paths == {"chunked"}, paths
     with pytest.raises(RuntimeError, match="float64"):
         q = torch.zeros(1, 1, 200, 8, dtype=torch.float64)

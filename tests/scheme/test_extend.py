@@ -11,7 +11,7 @@ import transformers as tf
 
 import retrofit
 from retrofit.foundation.errors import LengthError, OptionError
-from retrofit.schemes.extend import copied_rows, interpolated_rows
+from retrofit.scheme.extend import copied_rows, interpolated_rows
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -141,10 +141,10 @@ def test_pose_positions_inside_the_new_table():
     retrofit.convert(model, "extend", length="4x")
     x = ids(1, NATIVE)
     positions = torch.sort(torch.randperm(4 * NATIVE)[:NATIVE]).values
-    retrofit.patch.core.set_position_controls(model, positions=positions)
+    retrofit.patch.conversion.set_position_controls(model, positions=positions)
     with torch.no_grad():
         out = model(x).logits
-    retrofit.patch.core.set_position_controls(model)
+    retrofit.patch.conversion.set_position_controls(model)
     # the reference: the rows at those positions added by hand, through the unconverted model's embeddings
     rows = model.retrofit_positions.table[positions]
     with torch.no_grad():

@@ -10,8 +10,8 @@ from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb 
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
-from retrofit.schemes import SCHEMES, ModelSpec
-from retrofit.schemes.alibi import alibi_slopes
+from retrofit.scheme import SCHEMES, ModelSpec
+from retrofit.scheme.alibi import alibi_slopes
 
 
 def spec(heads=8, head_dim=16, native=64, rope=None):

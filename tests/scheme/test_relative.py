@@ -13,8 +13,8 @@ from retrofit import kernels
 from retrofit.cli import main
 from retrofit.foundation.errors import OptionError
 from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
-from retrofit.patch.core import set_kernel
-from retrofit.schemes.sinusoidal import frequencies, sinusoids
+from retrofit.patch.conversion import set_kernel
+from retrofit.scheme.sinusoidal import frequencies, sinusoids
 
 from ..tiny import NATIVE, TINY, ids, train_step
 
@@ -350,11 +350,11 @@ def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked
     x = ids(2, 70)
 
     def step(kernel_name):
-        return *train_step(model, kernel_name, x), set(retrofit.patch.core._state(model).paths)
+        return *train_step(model, kernel_name, x), set(retrofit.patch.conversion._state(model).paths)
 
     loss_f, grads_f, paths_f = step("auto")
     assert retrofit.describe(model)["attention_path"] == path
-    retrofit.patch.core._state(model).paths.clear()
+    retrofit.patch.conversion._state(model).paths.clear()
     loss_c, grads_c, paths_c = step("chunked")
     assert paths_f >= {path} and paths_c == {"chunked"}
     torch.testing.assert_close(loss_f, loss_c, atol=1e-6, rtol=1e-6)

@@ -10,7 +10,7 @@ import torch
 
 import retrofit
 from retrofit.foundation.errors import OptionError, RecipeError
-from retrofit.patch.core import set_position_controls
+from retrofit.patch.conversion import set_position_controls
 from retrofit.training import finetune, positions
 from retrofit.training.recipe import Recipe
 
