@@ -1,5 +1,5 @@
-"""One real tiny pipeline run (recipes/tiny-run.yaml), shared by tests/running/ (test_pipeline.py and
-test_cards_push.py).
+"""One real tiny pipeline run (recipes/tiny-run.yaml), shared by tests/pipeline/test_stages.py and
+tests/publishing/test_cards_push.py.
 
 The run is made once per test session (about 20 s) and cached here; tests that change a run folder
 work on a copy (``copy_run``)."""

@@ -251,7 +251,7 @@ def test_default_eval_lengths_stop_at_the_models_limit():
 
 
 def test_card_metadata_keeps_org_name_datasets():
-    from retrofit.running.card_facts import _hub_dataset
+    from retrofit.publishing.card_facts import _hub_dataset
 
     assert _hub_dataset("roneneldan/TinyStories") == "roneneldan/TinyStories"
     assert _hub_dataset("HuggingFaceFW/fineweb-edu:sample-10BT") == "HuggingFaceFW/fineweb-edu"

@@ -30,7 +30,7 @@ _LAZY = {
     "evaluate": ("retrofit.evaluation", "evaluate"),
     "calibrate": ("retrofit.training.calibrate", "calibrate"),
     "export": ("retrofit.native_export", "export"),
-    "run": ("retrofit.running.pipeline", "run"),
+    "run": ("retrofit.pipeline.stages", "run"),
 }
 
 

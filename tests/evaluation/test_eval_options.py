@@ -12,7 +12,7 @@ from retrofit.cli import build_parser
 from retrofit.cli import eval as cli_eval
 from retrofit.evaluation.options import DEFAULTS, NAMES, EvalOptions
 from retrofit.evaluation.runner import evaluate
-from retrofit.running.run_recipe import EvalSection, load_recipe
+from retrofit.pipeline.recipe import EvalSection, load_recipe
 
 NOT_OPTIONS = {
     "help",

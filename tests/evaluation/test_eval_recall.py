@@ -248,7 +248,7 @@ def test_cli_eval_with_recall_flags(tmp_path, capsys):
 def test_recipe_eval_section_takes_recall_with_the_cli_defaults():
     from retrofit.evaluation.options import DEFAULTS as D
     from retrofit.foundation.errors import RecipeError
-    from retrofit.running.run_recipe import load_recipe
+    from retrofit.pipeline.recipe import load_recipe
 
     rr = load_recipe("recipes/tiny-run.yaml", ["eval.recall=true", "eval.recall_lengths=1x,4x"])
     e = rr.eval

@@ -62,7 +62,7 @@ def test_auto_loading_honours_subfolder_and_refuses_what_it_cannot_honour(tmp_pa
 def test_an_older_checkpoint_is_pushed_marked(tmp_path):
     """Saved before configs were marked (model_type gpt2, no base_config): retrofit.load reads it, and push
     stages a marked config.json so the Hub copy never loads as the original; the folder is untouched."""
-    from retrofit.running.hub import stage
+    from retrofit.publishing.hub import stage
 
     retrofit.save(retrofit.convert(TINY["gpt2"](), "alibi"), tmp_path / "new")
     old = tmp_path / "old"

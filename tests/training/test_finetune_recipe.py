@@ -28,7 +28,7 @@ def test_shipped_recipes_exist():
     assert any(n.startswith("tiny-") for n in names)
 
 
-# `retrofit run` recipes add these sections (validated by retrofit.running.pipeline); the rest is a fine-tune recipe.
+# `retrofit run` recipes add these sections (validated by retrofit.pipeline.stages); the rest is a fine-tune recipe.
 PIPELINE_SECTIONS = {"eval", "export", "card", "push"}
 
 
@@ -181,7 +181,7 @@ def test_quickstart_and_tiny_recipes_leave_the_kernel_to_auto():
 def test_new_keys_at_their_defaults_leave_old_runs_hashes_alone():
     """A run made before train.teacher_* and convert.calibrate existed keeps its stage hash (retrofit run does
     not train it again); setting them changes it."""
-    from retrofit.running.run_recipe import _hash, load_recipe
+    from retrofit.pipeline.recipe import _hash, load_recipe
 
     r = load_recipe("recipes/tiny-run.yaml")
     old = r.finetune.to_dict()

@@ -66,7 +66,7 @@ def test_a_classifier_fine_tunes_past_its_table_reloads_and_is_measured(tmp_path
     assert ("baseline", "whole", 2 * NATIVE) not in reads  # the original past its table: truncated and chunked
     assert "longdoc:both" in capsys.readouterr().out
     assert main(["push", str(run), "--repo", "user/cls", "--dry-run"]) == 0  # the card quotes the task's table
-    from retrofit.running.cards import render_card
+    from retrofit.publishing.cards import render_card
 
     card = render_card(run, None, "user/cls")
     assert "Long-document evaluation" in card
@@ -101,7 +101,7 @@ def test_an_embedding_model_fine_tunes_from_records_and_loads_in_sentence_transf
     with torch.no_grad():
         hidden = tf.AutoModel.from_pretrained(final)(**ids).last_hidden_state[0]  # (T, E)
     torch.testing.assert_close(model.encode([text], convert_to_tensor=True)[0], hidden.mean(0), atol=1e-5, rtol=1e-4)
-    from retrofit.running.hub import upload_plan
+    from retrofit.publishing.hub import upload_plan
 
     pushed = {path for path, _ in upload_plan(tmp_path / "run", "user/emb")}  # what `retrofit push` uploads
     assert {"modules.json", "1_Pooling/config.json", "model.safetensors", "README.md"} <= pushed

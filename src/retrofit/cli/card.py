@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..running.cards import render_card, write_card
+    from ..publishing.cards import render_card, write_card
 
     if args.show:
         print(render_card(args.run_dir, args.template), end="")

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..running.hub import format_plan, push, token_source
+    from ..publishing.hub import format_plan, push, token_source
 
     if args.dry_run:
         result = push(args.run_dir, args.repo, private=args.private, revision=args.revision, dry_run=True)

@@ -6,7 +6,7 @@ import argparse
 
 
 def add_parser(sub) -> None:
-    from ..running.pipeline import STAGES
+    from ..pipeline.stages import STAGES
 
     p = sub.add_parser(
         "run",
@@ -48,8 +48,8 @@ def run(args) -> int:
 
     import yaml
 
-    from ..running.pipeline import load_recipe, where
-    from ..running.pipeline import run as run_pipeline
+    from ..pipeline.stages import load_recipe, where
+    from ..pipeline.stages import run as run_pipeline
 
     recipe = load_recipe(args.recipe, args.overrides)
     if args.check:

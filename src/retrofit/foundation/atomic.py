@@ -47,7 +47,7 @@ RAW_WRITERS = {
     "study/tables.py::plot": "savefig into the temporary path replacing() hands out",
     "evaluation/cost.py::_reset_rss_peak": "not a file: resets the kernel's peak-RSS counter (/proc/self/clear_refs)",
     "models/assets.py::smollm2_gguf": "into the temporary path replacing() hands out",
-    "running/hub.py::stage": "a temporary staging folder, uploaded and then deleted",
+    "publishing/hub.py::stage": "a temporary staging folder, uploaded and then deleted",
     "patch/saved_config.py::_save_pretrained": "the user's own save_pretrained call on a converted model, into the "
     "folder the user named (config.json is then rewritten through write_text)",
 }

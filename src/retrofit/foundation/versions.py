@@ -10,7 +10,7 @@ from pathlib import Path
 
 __version__ = "0.1.0"  # retrofit's own (pyproject.toml's [project] version must equal it)
 # The name to `pip install` (PyPI's "retrofit" is an unrelated project); the import name and the command
-# stay `retrofit`. pyproject.toml's [project] name must equal it (tests/running/test_cards_push.py checks).
+# stay `retrofit`. pyproject.toml's [project] name must equal it (tests/publishing/test_cards_push.py checks).
 DISTRIBUTION = "retrofit-positions"
 
 LIBRARIES = ("torch", "transformers", "accelerate", "peft", "huggingface_hub", "tokenizers", "safetensors")

@@ -1,6 +1,6 @@
 """Run a study grid on the pipeline's stages and write its reports.
 
-Each cell is a pipeline run (``retrofit.running.pipeline.run``) in ``OUT/cells/<name>/``: the recipe with the
+Each cell is a pipeline run (``retrofit.pipeline.stages.run``) in ``OUT/cells/<name>/``: the recipe with the
 cell's keys set, its fine-tune and its eval exactly as ``retrofit run`` does them (a cell killed midway
 resumes from its last checkpoint when the recipe checkpoints). A budget-0 cell is the model converted (and
 calibrated, when the recipe says so) by the fine-tune's own steps and scored by the pipeline's eval, with no
@@ -24,9 +24,9 @@ from ..foundation.atomic import write_text
 from ..foundation.errors import LengthError, OptionError, RecipeError, RetrofitError
 from ..foundation.versions import cpu_info, library_versions
 from ..models.io import load_original
-from ..running.pipeline import STAGES, evaluate_section
-from ..running.pipeline import run as run_pipeline
-from ..running.run_recipe import _hash, load_recipe
+from ..pipeline.recipe import _hash, load_recipe
+from ..pipeline.stages import STAGES, evaluate_section
+from ..pipeline.stages import run as run_pipeline
 from ..training.standin import ensure
 from . import tables as T
 from .cache import CellCache, read, write

@@ -1,10 +1,10 @@
 """Model cards: a Jinja template filled from a run folder (recipe, fine-tune summary, eval report).
 
-    from retrofit.running.cards import write_card
+    from retrofit.publishing.cards import write_card
     write_card("runs/quickstart")            # -> runs/quickstart/README.md
 
 The bundled template is ``src/retrofit/templates/model_card.md.j2`` (``model_cards/`` in the repo links
-to it). What the card states is read from the folder by ``retrofit.running.card_facts``; this module renders
+to it). What the card states is read from the folder by ``retrofit.publishing.card_facts``; this module renders
 it. The card's YAML front matter (Hub metadata, built there as data) is dumped with
 ``yaml.safe_dump``, so it is always valid YAML.
 """

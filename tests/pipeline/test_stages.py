@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import retrofit
 from retrofit.foundation.errors import OptionError, RecipeError, RetrofitError
-from retrofit.running import pipeline
+from retrofit.pipeline import stages as pipeline
 
 from ..pipeline_run import REPO, TINY_RECIPE, copy_run, shared_run
 from ..procs import crash_after_first_checkpoint
@@ -127,7 +127,7 @@ def test_export_result_recorded(run_dir):
 
 def test_rerun_skips_every_done_stage(run_dir, caplog):
     before = _manifest(run_dir)["stages"]
-    with caplog.at_level(logging.INFO, logger="retrofit.running.pipeline"):
+    with caplog.at_level(logging.INFO, logger="retrofit.pipeline.stages"):
         retrofit.run(TINY_RECIPE, overrides=[f"output_dir={run_dir}"])
     after = _manifest(run_dir)["stages"]
     for s in pipeline.STAGES:
@@ -319,7 +319,7 @@ def test_an_embedding_recipe_runs_from_the_python_api_exports_and_pushes(tmp_pat
     encoder, the native export (a plain BERT that sentence-transformers loads reading past the old table), and
     what ``push`` would upload (a dry run: the sentence-transformers module files with the model)."""
     st = pytest.importorskip("sentence_transformers")
-    from retrofit.running.hub import push
+    from retrofit.publishing.hub import push
 
     from ..training.test_masked_lm import bert_folder
 

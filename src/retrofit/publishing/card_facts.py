@@ -1,5 +1,5 @@
 """What a model card states, read from a run folder (recipe, fine-tune summary, eval report, export record):
-``card_context`` gathers it as the data the template sees (``retrofit.running.cards`` renders it). The card's YAML
+``card_context`` gathers it as the data the template sees (``retrofit.publishing.cards`` renders it). The card's YAML
 front matter is Hub metadata (``base_model``, ``library_name``, ``tags``, ``license``, ``datasets``,
 ``pipeline_tag``, ``model-index`` with the perplexity results), built here as data (``metadata``).
 """

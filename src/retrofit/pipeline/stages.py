@@ -37,7 +37,7 @@ from ..foundation.errors import RetrofitError
 from ..foundation.quiet import progress_bars
 from ..foundation.versions import library_versions
 from ..training.recipe import Recipe
-from .run_recipe import SECTIONS, RunRecipe, _hash, load_recipe  # noqa: F401  (public here too)
+from .recipe import SECTIONS, RunRecipe, _hash, load_recipe  # noqa: F401  (public here too)
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ def _plain(x):
 
 
 def stage_card(rr: RunRecipe, previous: dict):
-    from .cards import write_card
+    from ..publishing.cards import write_card
 
     path = write_card(rr.run_dir, template=rr.card.template)
     return "done", [path.name], {}
@@ -283,7 +283,7 @@ def stage_card(rr: RunRecipe, previous: dict):
 def stage_push(rr: RunRecipe, previous: dict):
     if not rr.push.repo:
         return "skipped", [], {"reason": "no push.repo in the recipe"}
-    from .hub import push
+    from ..publishing.hub import push
 
     result = push(rr.run_dir, rr.push.repo, private=rr.push.private, revision=rr.push.revision)
     return (

@@ -20,7 +20,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from retrofit.cli import main
 from retrofit.foundation.errors import HubError, OptionError
 from retrofit.foundation.run_folder import published_weights
-from retrofit.running import card_facts, cards, hub
+from retrofit.publishing import card_facts, cards, hub
 
 from ..pipeline_run import REPO, copy_run, shared_run
 

@@ -208,6 +208,6 @@ def _validate(rr: RunRecipe) -> None:
     if rr.card.template and not Path(rr.card.template).is_file():
         raise RecipeError(f"'card.template': {rr.card.template!r} is not a file")
     if rr.push.repo is not None:
-        from .hub import check_repo_id
+        from ..publishing.hub import check_repo_id
 
         check_repo_id(rr.push.repo, key="push.repo")
