@@ -57,7 +57,7 @@ def child(mode: str, corpus: str, block: int) -> dict:
     if mode == "whole":
         import datasets
 
-        from retrofit.models import data as rdata
+        from retrofit.data import specs as rdata
         from retrofit.training.blocks import make_blocks
 
         tok = _tok()

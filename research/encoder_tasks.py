@@ -1,5 +1,5 @@
 """Issue 60's study: which scheme lets a converted encoder *use* a long document, on the offline tasks of
-``retrofit.models.longdoc`` (mention: one piece of evidence anywhere; both: two pieces about 0.8 of the document
+``retrofit.data.longdoc`` (mention: one piece of evidence anywhere; both: two pieces about 0.8 of the document
 apart; needle: retrieval of the document that holds a passage; passkey: retrieval of the document that holds
 the key a query asks for).
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import retrofit
 from harness import BENCHMARKS, ROOT, command, stamp, write_record
+from retrofit.data.longdoc import task_of
 from retrofit.models.baseline import SUMS_FILE, check_shipped, file_sha256
-from retrofit.models.longdoc import task_of
 
 RUNS = ROOT / "runs" / "encoder-tasks"
 OUT = BENCHMARKS / "encoder_tasks.json"

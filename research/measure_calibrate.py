@@ -23,7 +23,7 @@ def main() -> int:
     import torch
 
     import retrofit
-    from retrofit.models.data import load_documents
+    from retrofit.data.specs import load_documents
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cells", nargs="+", default=["t5:1e-2", "alibi:1e-2"])

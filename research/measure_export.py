@@ -49,7 +49,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import retrofit
-    from retrofit.models.data import load_documents, tokenize_documents
+    from retrofit.data.specs import load_documents, tokenize_documents
     from retrofit.training.standin import pretrain
 
     path = pretrain(args.preset)

@@ -37,8 +37,8 @@ def variants(betas, schemes, original=True, loaded="original"):
 
 def main(argv=None) -> int:
     import retrofit
+    from retrofit.data.specs import tokenize_documents
     from retrofit.models import assets
-    from retrofit.models.data import tokenize_documents
     from retrofit.models.io import load_model
     from retrofit.scoring.losses import token_nll
 

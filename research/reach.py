@@ -92,8 +92,8 @@ def prepare(args, tok, native: int) -> dict:
     second half (positions native .. length, no probe token among them)."""
     import torch
 
+    from retrofit.data.specs import tokenize_documents
     from retrofit.models import assets
-    from retrofit.models.data import tokenize_documents
 
     distances = [int(x) for x in args.distances.split(",")]
     docs = assets.shakespeare_documents("heldout")

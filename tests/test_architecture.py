@@ -17,6 +17,7 @@ LAYERS = {
     "patch": 2,
     "adapters": 2,
     "models": 3,
+    "data": 3,
     "scoring": 3,
     "training": 4,
     "evaluation": 4,

@@ -84,7 +84,7 @@ def test_a_hub_dataset_offline_fails_at_once_without_retries(online_looking, mon
 
     from huggingface_hub.utils import _http
 
-    from retrofit.models.data import hub_documents
+    from retrofit.data.specs import hub_documents
 
     monkeypatch.setattr(sources, "_unreachable", lambda endpoint: "ConnectError: no route")
     monkeypatch.setattr(_http.time, "sleep", _never("a retry's sleep"))
@@ -96,7 +96,7 @@ def test_a_hub_dataset_offline_fails_at_once_without_retries(online_looking, mon
 def test_with_hf_hub_offline_a_hub_dataset_fails_at_once(online_looking, monkeypatch):
     from huggingface_hub import constants
 
-    from retrofit.models.data import hub_documents
+    from retrofit.data.specs import hub_documents
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)

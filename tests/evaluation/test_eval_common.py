@@ -6,8 +6,8 @@ import functools
 
 import torch
 
+from retrofit.data.specs import Document
 from retrofit.models.builtin import TINY_LLAMA
-from retrofit.models.data import Document
 
 
 def _bytes_to_unicode() -> dict[int, str]:

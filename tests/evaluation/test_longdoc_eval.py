@@ -13,9 +13,9 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer
 
+from retrofit.data import longdoc
 from retrofit.evaluation import longdoc as measure
 from retrofit.evaluation.models import EvalModel
-from retrofit.models import longdoc
 
 STANDIN = next((Path(__file__).resolve().parents[2] / "standins").glob("small-bert-*"))
 NATIVE = 256

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer
 
+from retrofit.data import longdoc
 from retrofit.evaluation import longdoc as measure
 from retrofit.evaluation import records
 from retrofit.evaluation.models import EvalModel
 from retrofit.foundation.errors import DataError, OptionError
-from retrofit.models import longdoc
 
 STANDIN = next((Path(__file__).resolve().parents[2] / "standins").glob("small-bert-*"))
 NATIVE = 256
@@ -95,7 +95,7 @@ def test_a_records_label_the_classifier_lacks_and_a_missing_field_are_clear_erro
 
 def test_the_held_out_records_are_those_the_fine_tune_held_out(tmp_path):
     """The fine-tune and the evaluation of its run split the records in one place, with the recipe's seed."""
-    from retrofit.models.data import heldout_split
+    from retrofit.data.specs import heldout_split
 
     train, held = heldout_split(list(range(40)), 3, 0.25, 64)
     assert len(held) == 10 and sorted(train + held) == list(range(40)) and not set(train) & set(held)

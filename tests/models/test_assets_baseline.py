@@ -34,7 +34,7 @@ def test_split_is_by_play_disjoint_and_deterministic(cache):
 
 
 def test_data_spec_routes_to_assets(cache):
-    from retrofit.models.data import load_documents
+    from retrofit.data.specs import load_documents
 
     assert [d.name for d in load_documents("shakespeare:heldout")] == list(assets.HELDOUT_PLAYS_EXPECTED)
     with pytest.raises(DataError, match="split"):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import retrofit
+from retrofit.data.specs import Document
 from retrofit.foundation.errors import DataError, OptionError
-from retrofit.models.data import Document
 from retrofit.patch.conversion import scheme_of, set_kernel
 from retrofit.training.calibrate import calibrate, kl_to_original, position_parameters
 from tests.tiny import TINY

@@ -21,8 +21,8 @@ def _nll(model, ids) -> float:
 
 
 def test_the_shipped_adapter_loads_in_one_line_and_is_live():
+    from retrofit.data.specs import tokenize_documents
     from retrofit.models import assets
-    from retrofit.models.data import tokenize_documents
 
     model = retrofit.load(ADAPTER)  # the one line
     info = retrofit.describe(model)

@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
+from retrofit.data.specs import streams as rdata_streams
 from retrofit.foundation.errors import DataError, RecipeError
-from retrofit.models.data import streams as rdata_streams
 from retrofit.training import finetune, stream
 from retrofit.training.recipe import Recipe
 
@@ -216,7 +216,7 @@ def test_two_processes_train_on_every_block_once(tmp_path):
     seen = [(out / "rank_checksums" / f"rank{i}.blocks.txt").read_text().split() for i in (0, 1)]
     from transformers import AutoTokenizer
 
-    from retrofit.models.data import fingerprint
+    from retrofit.data.specs import fingerprint
 
     tok = AutoTokenizer.from_pretrained(out / "final")
     want = [fingerprint(tok(t)["input_ids"] + [tok.eos_token_id]) for t in texts[4:]]

@@ -1,5 +1,5 @@
 """Use of the whole document by a classifier or an embedding model (``retrofit eval`` of such a model): on the
-offline tasks of ``models.longdoc``, accuracy (classification) or retrieval top-1 (embedding) at each document length
+offline tasks of ``data.longdoc``, accuracy (classification) or retrieval top-1 (embedding) at each document length
 and by the depth of the evidence, for every model reading the whole document and, for the original (a baseline), also
 the ways it reads a long document today: **truncated** at its native length, and over **native-size chunks** (each
 chunk starts with the document's first token) joined by their mean (``chunk-mean``: a classifier's class probabilities,
@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..data import longdoc
 from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
-from ..models import longdoc
 from . import records
 from .models import EvalModel
 

@@ -30,7 +30,7 @@ class EvalOptions:
         factory=lambda: ["1x", "2x", "4x", "8x"],
     )
     data: str = _opt(
-        "Data spec (retrofit.models.data): 'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, "
+        "Data spec (retrofit.data.specs): 'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, "
         "or a datasets name[:config[:split[:field]]].",
         "stdlib",
     )

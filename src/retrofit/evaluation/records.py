@@ -1,6 +1,6 @@
 """A classifier's or an embedding model's own records as the documents of the long-document measure
 (``evaluation.longdoc``): the held-out part of the records its run fine-tuned on (the split the fine-tune made,
-``models.data.heldout_split``), or every record of ``--data`` (json/jsonl/csv/parquet files or a Hub dataset).
+``data.specs.heldout_split``), or every record of ``--data`` (json/jsonl/csv/parquet files or a Hub dataset).
 
 Records are not built at a length: each is read whole (cut at the longest evaluated length) and falls in the bin of
 the first length that holds it, so the report's columns are "documents up to 512 tokens", "up to 1,024", ..."""
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..data import longdoc
+from ..data.longdoc import Example
+from ..data.specs import heldout_split, records, source_kind
 from ..foundation import run_folder as rf
 from ..foundation.errors import DataError, OptionError
-from ..models import longdoc
-from ..models.data import heldout_split, records, source_kind
-from ..models.longdoc import Example
 
 # the fields a record is read by when no run's recipe names them (the recipe's own defaults)
 FIELDS = {"text_field": "text", "label_field": "label", "query_field": "query", "document_field": "document"}

@@ -168,7 +168,7 @@ def evaluate(
     The options (``retrofit.evaluation.options.EvalOptions``, their defaults and help in one place) are
     given as ``options=`` and/or as keywords (``budget=4096, passkey=True``); ``lengths`` and ``data`` may
     also be given by position. Left unset, ``lengths`` (1x-8x) stops at the model's limit.
-    ``data``: a ``retrofit.models.data`` spec or a list of ``Document``, joined with EOS (or with the text
+    ``data``: a ``retrofit.data.specs`` spec or a list of ``Document``, joined with EOS (or with the text
     ``doc_separator``, e.g. ``"\\n\\n"`` for wikitext's paragraph rows). Every model scores the same first
     ``budget`` tokens (cut to a multiple of the largest length) at every length, with
     non-overlapping windows and, when ``sliding``, sliding windows of stride ``stride``. A baseline

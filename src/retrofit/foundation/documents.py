@@ -1,4 +1,4 @@
-"""A document of text: what every data source yields (``retrofit.models.data``, ``retrofit.models.assets``)."""
+"""A document of text: what every data source yields (``retrofit.data.specs``, ``retrofit.models.assets``)."""
 
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ def export(
     ``check_length``: tokens of the random-id equivalence check (default min(4 x native, native + 1024)).
     ``approximate=True``: also write the closest architecture where none is exact (gpt2 + alibi with
     scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
-    is known, the perplexity of both models on ``ppl_text`` (a keyword: a ``retrofit.models.data`` spec, default
+    is known, the perplexity of both models on ``ppl_text`` (a keyword: a ``retrofit.data.specs`` spec, default
     "stdlib") at ``check_length``. An export that should be exact but differs by more than ``tolerance`` (a
     keyword, default ``TOLERANCE``) raises and writes nothing."""
     from ..models.io import save
@@ -302,7 +302,7 @@ def _ppl_difference(patched, exported, tokenizer, spec: str, length: int, window
     real text (``scoring.losses``, the protocol of ``retrofit eval``)."""
     if tokenizer is None:
         return {"ppl": None, "ppl_note": "no tokenizer: the perplexity difference was not measured"}
-    from ..models.data import load_documents
+    from ..data.specs import load_documents
     from ..scoring.losses import nonoverlapping_nll
     from ..scoring.tokens import first_tokens
 

@@ -82,8 +82,8 @@ def _front_matter(text: str) -> dict:
 
 
 def _hub_dataset(spec) -> str | None:
-    from ..models.data import source_kind
-    from ..models.longdoc import is_spec
+    from ..data.longdoc import is_spec
+    from ..data.specs import source_kind
 
     if not isinstance(spec, str) or not spec or is_spec(spec) or source_kind(spec) != "hub":
         return None  # a local or built-in source, or an offline long-document task: no Hub dataset

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..data.specs import Document, fingerprint, load_documents, separator_id
 from ..foundation.errors import LengthError
-from ..models.data import Document, fingerprint, load_documents, separator_id
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ def build_stream(
 
 
 def resolve_documents(data, max_tokens: int | None = None) -> tuple[list[Document], str]:
-    """A data spec (see ``retrofit.models.data``) or a list of ``Document`` -> documents and a label. ``max_tokens``:
-    a Hub dataset is streamed until it holds about that many tokens (``retrofit.models.data.load_documents``)."""
+    """A data spec (see ``retrofit.data.specs``) or a list of ``Document`` -> documents and a label. ``max_tokens``:
+    a Hub dataset is streamed until it holds about that many tokens (``retrofit.data.specs.load_documents``)."""
     if isinstance(data, (list, tuple)) and data and all(isinstance(d, Document) for d in data):
         return list(data), f"{len(data)} documents"
     return load_documents(data, max_tokens=max_tokens), data if isinstance(data, str) else ",".join(map(str, data))

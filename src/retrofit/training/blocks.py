@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from ..data import specs as rdata
 from ..foundation.errors import DataError, LengthError
-from ..models import data as rdata
 
 log = logging.getLogger(__name__)
 

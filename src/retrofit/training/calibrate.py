@@ -3,7 +3,7 @@
 ``calibrate(model, teacher, data, tokenizer=...)`` minimises KL(original || converted), the next-token
 distributions of the frozen unconverted model (``teacher``) against the converted one (a masked LM: their
 predictions at the masked tokens of a seeded draw, BERT's rule, both reading the same masked block), on native-length
-blocks of ``data`` (a ``retrofit.models.data`` spec). Only the parameters of the scheme module
+blocks of ``data`` (a ``retrofit.data.specs`` spec). Only the parameters of the scheme module
 (``model.retrofit_positions``: T5/Shaw tables, FIRE's MLP, Transformer-XL's vectors, learned ALiBi slopes
 (``learn_slopes=true``), QK-norm gains, a stretched table's rows) are trained; every other tensor is left
 bit-identical. Before and after, the zero-shot ratio (perplexity of the converted model / perplexity of the
@@ -84,7 +84,7 @@ def _documents(data, heldout, train_tokens: int, held_tokens: int):
 def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
     """Packed native-length blocks of the documents, tokenized in order until ``want`` blocks are there (a few
     hundred steps read a small part of a large corpus; the rest is not tokenized)."""
-    from ..models.data import tokenize_documents
+    from ..data.specs import tokenize_documents
     from .blocks import check_blocks, make_blocks
 
     ids, total = [], 0

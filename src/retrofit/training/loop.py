@@ -28,12 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from ..data import specs as rdata
 from ..foundation import run_folder as rf
 from ..foundation.atomic import check_creatable, write_text
 from ..foundation.errors import LengthError, RecipeError
 from ..foundation.quiet import hushed, progress_bars
 from ..foundation.versions import library_versions
-from ..models import data as rdata
 from ..models import sources
 from ..patch.conversion import describe, max_length, set_position_controls
 from ..patch.optim import param_groups

@@ -8,7 +8,7 @@ import logging
 
 import torch
 
-from ..models import data as rdata
+from ..data import specs as rdata
 from . import blocks as blk
 from . import stream
 from .task_stream import batch_rows, to_device

@@ -20,10 +20,10 @@ from typing import Literal, Optional, Union
 
 import yaml
 
+from ..data.specs import streams
 from ..foundation import schema
 from ..foundation.errors import RecipeError
 from ..foundation.schema import field_help as _help
-from ..models.data import streams
 
 
 @dataclass

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.specs import Document
 from ..foundation.atomic import publish
 from ..foundation.errors import OptionError
 from ..foundation.quiet import progress_bars
@@ -45,7 +46,6 @@ from ..models.baseline import (
     shipped_copy,
     weights_sha256,
 )
-from ..models.data import Document
 from ..patch.optim import param_groups
 from ..scoring.masking import Masker, seed_of
 

@@ -27,10 +27,10 @@ from typing import Iterator
 
 import torch
 
+from ..data import specs as rdata
+from ..data.specs import file_format, stream_files
 from ..foundation.errors import DataError, HubError
-from ..models import data as rdata
 from ..models import sources
-from ..models.data import file_format, stream_files
 
 log = logging.getLogger(__name__)
 

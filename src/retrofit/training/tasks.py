@@ -4,7 +4,7 @@ sentence-transformers itself, MultipleNegativesRankingLoss, over (query, documen
 
 Each task gives the loop what it reads: its examples as a Dataset, ``collate`` (padding to the batch's longest),
 ``loss(model, batch)`` and ``per_example(model, batch)`` for the validation loss. Data come from an offline
-``longdoc:<task>`` spec (``models.longdoc``: documents of ``data.min_block_length`` .. ``data.block_length`` tokens,
+``longdoc:<task>`` spec (``data.longdoc``: documents of ``data.min_block_length`` .. ``data.block_length`` tokens,
 a fresh example for every one trained on) or from records (``data.files`` json/jsonl/csv/parquet, or a Hub
 dataset): ``data.text_field`` and ``data.label_field`` for a classifier, ``data.query_field`` and
 ``data.document_field`` for an embedding model, each text cut at ``data.block_length`` tokens."""
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from ..data import longdoc
+from ..data.specs import heldout_split
 from ..foundation.errors import DataError, RecipeError
-from ..models import longdoc
-from ..models.data import heldout_split
 from .blocks import Blocks  # any indexable of examples
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def model_task(r, source=None) -> tuple:
 def stream_of(r):
     """The recipe's stream, opened and probed: an LM's documents (``stream.StreamSource``) when its data streams, a
     task's records (``task_stream.TaskStream``) with ``data.streaming: true``; None when the data is read whole."""
-    from ..models.data import streams
+    from ..data.specs import streams
     from .stream import StreamSource
     from .task_stream import TaskStream
 
@@ -126,7 +126,7 @@ def _records(r) -> list[dict]:
     cached = getattr(r, "_task_records", None)
     if cached is not None:
         return cached
-    from ..models.data import records as read_records
+    from ..data.specs import records as read_records
 
     records = read_records(r.data)
     if not records:

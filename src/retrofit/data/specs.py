@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 from ..foundation.documents import Document
 from ..foundation.errors import DataError, HubError
-from . import assets, sources
+from ..models import assets, sources
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from retrofit.data.specs import CHARS_PER_TOKEN, hub_documents
 from retrofit.foundation.errors import DataError
-from retrofit.models.data import CHARS_PER_TOKEN, hub_documents
 
 
 @pytest.fixture

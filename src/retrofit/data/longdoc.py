@@ -87,7 +87,7 @@ class Builder:
     it at drawn positions (the document keeps its drawn length exactly)."""
 
     def __init__(self, task: str, tokenizer, split: str = "train"):
-        from .assets import shakespeare_documents
+        from ..models.assets import shakespeare_documents
 
         self.task = task_of(task)
         self.tok = tokenizer

@@ -1,4 +1,4 @@
-"""The offline long-document tasks (``retrofit.models.longdoc``): each document has exactly its drawn length, its
+"""The offline long-document tasks (``retrofit.data.longdoc``): each document has exactly its drawn length, its
 evidence sits where the example says, and the label follows from the evidence alone."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from retrofit.data import longdoc
 from retrofit.foundation.errors import DataError
-from retrofit.models import longdoc
 
 STANDIN = next((Path(__file__).resolve().parents[2] / "standins").glob("small-bert-*"))
 
