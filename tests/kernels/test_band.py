@@ -166,7 +166,7 @@ def test_auto_takes_the_band_path_and_generate_with_cache_equals_recompute(user_
 
 
 def test_saved_band_model_reloads_with_the_same_logits(tmp_path):
-    model = retrofit.convert(TINY["gpt2"](), "t5", kernel="fused")  # an earlier name: auto (kernels.RENAMED)
+    model = retrofit.convert(TINY["gpt2"](), "t5", kernel="auto")
     x = ids(1, 60)
     with torch.no_grad():
         before = model(x).logits

@@ -34,7 +34,6 @@ def test_the_cli_offers_the_tables_choices_and_lists_every_path():
     kernel_opt = next(a for a in sub._actions if "--kernel" in a.option_strings)
     assert kernel_opt.choices is None  # no second list: the table validates
     assert [kernel_opt.type(name) for name in kernels.CHOICES] == list(kernels.CHOICES)
-    assert {old: kernel_opt.type(old) for old in kernels.RENAMED} == kernels.RENAMED
     with pytest.raises(argparse.ArgumentTypeError, match="kernel must be one of auto, sdpa, "):
         kernel_opt.type("fast")
     kernel_help = cli_convert.scheme_help().split("kernels (--kernel)")[1].split("architectures:")[0]
@@ -63,10 +62,9 @@ def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path(
     assert not outside, outside
 
 
-def test_earlier_names_map_once_onto_the_table():
-    assert set(kernels.RENAMED.values()) <= set(kernels.CHOICES)
-    assert not set(kernels.RENAMED) & set(kernels.CHOICES)
-    assert kernels.check("fused", "bias") == "auto"
+def test_a_name_the_table_does_not_hold_or_a_path_that_cannot_serve_the_kind_is_an_error():
+    with pytest.raises(OptionError, match="kernel must be one of auto, "):
+        kernels.check("fused", "bias")  # a 0.1 name: no alias kept
     with pytest.raises(OptionError, match="cannot serve a rotary scheme"):
         kernels.check("cpu-flash-mask", "rotary")
 
@@ -99,16 +97,13 @@ def test_set_kernel_is_saved_and_an_earlier_name_loads(tmp_path):
         loaded(ids(1, 20))
     assert retrofit.describe(loaded)["attention_path"] == "chunked"
     config = json.loads((tmp_path / "m" / "config.json").read_text())
-    config["retrofit"]["kernel"] = "fused"  # a checkpoint saved by an earlier release
-    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
-    old = retrofit.load(tmp_path / "m")
-    assert retrofit.describe(old)["kernel"] == "auto" and old.config.retrofit["kernel"] == "auto"
-    with torch.no_grad():
-        old(ids(1, 20))
-    assert retrofit.describe(old)["attention_path"] == "cpu-flash-band"
     with pytest.raises(OptionError, match="kernel must be one of"):
-        set_kernel(old, "fast")
-    assert retrofit.describe(old)["kernel"] == "auto"
+        set_kernel(loaded, "fast")
+    assert retrofit.describe(loaded)["kernel"] == "chunked"  # unchanged by the refused choice
+    config["retrofit"]["kernel"] = "fused"  # a 0.1 name in a saved config: no alias kept, a clear error
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OptionError, match="kernel must be one of auto, "):
+        retrofit.load(tmp_path / "m")
 
 
 @pytest.mark.parametrize("term", ["softcap", "sinks"])

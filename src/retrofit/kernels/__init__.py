@@ -8,8 +8,7 @@ call (or why not) and runs it. ``patch/attention.py`` builds one ``Call`` per at
   how the positional term runs.
 
 A call with a positional term runs with denormals flushed on CPU (``denormal.py``). The path that ran is recorded per call (``describe(model)["attention_path"]``). A new path is one module
-here (``serves(call)``, ``run(call)``) and one row. ``RENAMED`` maps the names of earlier releases (saved in
-checkpoints and recipes) to these.
+here (``serves(call)``, ``run(call)``) and one row.
 """
 
 from __future__ import annotations
@@ -163,26 +162,18 @@ PATHS = (
 )
 BY_NAME = {p.name: p for p in PATHS}
 CHOICES = ("auto", *BY_NAME)  # what a model's kernel may be
-RENAMED = {  # names of earlier releases -> these (kernel choices, and recorded paths in old benchmark files)
-    "fused": "auto",  # "the fused paths where they run, chunked elsewhere": on CPU, what auto picks for a bias
-    "fused-alibi": "sdpa-alibi-dims",
-    "fused-band": "cpu-flash-band",
-    "fused-dense": "cpu-flash-mask",
-    "sdpa-causal": "sdpa",
-}
 
 
 def check(kernel: str, kind: str | None = None) -> str:
     """A kernel choice, validated where it is set (convert, ``set_kernel``, the CLI): its current name, for a
     scheme of ``kind``. OptionError for an unknown name or a path that cannot serve such a scheme."""
-    name = RENAMED.get(kernel, kernel)
-    if name not in CHOICES:
+    if kernel not in CHOICES:
         raise OptionError(f"kernel must be one of {', '.join(CHOICES)}; got {kernel!r}")
-    if name != "auto" and kind is not None and kind not in BY_NAME[name].kinds:
+    if kernel != "auto" and kind is not None and kind not in BY_NAME[kernel].kinds:
         raise OptionError(
-            f"kernel {kernel!r} ({BY_NAME[name].doc}) cannot serve a {kind} scheme; use kernel auto or chunked"
+            f"kernel {kernel!r} ({BY_NAME[kernel].doc}) cannot serve a {kind} scheme; use kernel auto or chunked"
         )
-    return name
+    return kernel
 
 
 def choose(call: Call, kernel: str = "auto") -> Path:
