@@ -55,3 +55,11 @@ def test_convert_help_for_one_scheme_gives_its_options_from_the_scheme_itself(us
     assert r.returncode == 0, r.stderr[-2000:]
     assert all(f"      {key}: " in r.stdout for key in SCHEMES.get("rope").option_help())
     assert "  alibi (bias)" not in r.stdout and "kernels (--kernel)" in r.stdout
+
+
+def test_convert_help_reads_the_scheme_given_with_an_equals_sign(capsys):
+    from retrofit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["convert", "--help", "--to=t5"])
+    assert "  t5 (bias)" in capsys.readouterr().out

@@ -149,3 +149,40 @@ def test_a_classifier_fine_tuned_on_records_is_evaluated_on_its_held_out_records
         "best-chunk",
     }
     assert "test.jsonl" in capsys.readouterr().out
+
+
+def test_a_classifier_named_by_index_reads_integer_labels_by_index(tmp_path, tok):
+    """A classifier whose classes have no names (LABEL_0 ...) and records whose labels are the class indices."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"text": f"text {i}", "label": i % 2}) + "\n" for i in range(4)))
+    got = records.examples(records.source_for(str(path), None, given=True), tok, ("LABEL_0", "LABEL_1"), 64, NATIVE)
+    assert [e.label for e in got] == [0, 1, 0, 1]
+
+
+def test_records_of_a_folder_of_parquet_files_are_read(tmp_path, tok):
+    import datasets
+
+    (tmp_path / "recs").mkdir()
+    for part in range(2):
+        rows = {"text": [f"text {part} {i}" for i in range(3)], "label": ["lion", "horse", "lion"]}
+        datasets.Dataset.from_dict(rows).to_parquet(tmp_path / "recs" / f"part-{part}.parquet")
+    got = records.examples(records.source_for(str(tmp_path / "recs"), None, given=True), tok, longdoc.WORDS, 64, NATIVE)
+    assert [e.label for e in got] == [0, 1, 0, 0, 1, 0]
+
+
+def test_queries_that_share_a_document_each_find_it(tmp_path, tok):
+    """Retrieval over records: a query's hit is its own document by content, so two queries of one document both
+    count (an oracle embedding: a bag of hashed 4-grams)."""
+    from .test_longdoc_eval import Bag
+
+    doc = "the quick brown fox jumps over the lazy dog " * 4
+    rows = [{"query": "quick brown fox jumps", "document": doc}, {"query": "over the lazy dog", "document": doc}]
+    rows += [
+        {"query": f"entry {i} of the index", "document": f"entry {i} of the index, then more " * 3} for i in range(4)
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    info = {"native": {"length": NATIVE}, "max_length": None}
+    models = [EvalModel("bag", "converted", Bag(), tok, info)]
+    data = measure.run_records(models, records.source_for(str(path), None, given=True), [NATIVE], NATIVE)
+    assert data["rows"][0]["score"] == 1.0

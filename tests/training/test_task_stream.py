@@ -74,7 +74,7 @@ def test_a_class_label_column_gives_the_classes_and_plain_labels_need_data_label
     "change, match",
     [
         ({"dataset": "longdoc:mention", "files": None}, "with a longdoc: task"),
-        ({"max_documents": 10}, "'data.max_documents' on a stream"),
+        ({"max_documents": 10}, "'data.max_documents' bounds a source read whole"),
     ],
 )
 def test_what_a_task_stream_cannot_do_fails_before_loading(tmp_path, change, match):
@@ -110,3 +110,29 @@ def test_a_streamed_embedding_model_fine_tunes_from_pairs(tmp_path):
     raw.update(task="embedding", convert={"scheme": "t5"})
     assert main(["finetune", write(tmp_path, raw)]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["heldout"]["examples"] == 8
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"validation_split": "validation"}, "names a split of a Hub dataset"),
+        ({"validation_documents": 4}, "'data.validation_documents'"),
+    ],
+)
+def test_validation_keys_a_streamed_task_does_not_read_fail_before_loading(tmp_path, change, match):
+    raw = recipe("x", records(tmp_path / "r.jsonl"), tmp_path / "o", labels=["a", "b"])
+    raw["data"].update(change)
+    with pytest.raises(RecipeError, match=match):
+        Recipe.from_dict(raw)
+
+
+def test_a_stream_whose_records_are_all_held_out_is_an_error(tmp_path):
+    from retrofit.foundation.errors import DataError
+
+    raw = recipe("x", records(tmp_path / "r.jsonl", n=10), tmp_path / "o", labels=["a", "b"])
+    src = TaskStream.of_task(Recipe.from_dict(raw))
+    src.row = lambda rec: rec["text"]
+    src.validation(None, 0, True, 8)
+    with pytest.raises(DataError, match="2 record\\(s\\) left for training after the 8 held out; one step needs 4"):
+        src.check_room(4)
+    src.check_room(2)

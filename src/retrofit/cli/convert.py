@@ -21,6 +21,7 @@ def _help_text() -> str:
     from . import ARGV as argv
 
     asked = argv[argv.index("--to") + 1] if "--to" in argv[:-1] else None
+    asked = next((a.split("=", 1)[1] for a in argv if a.startswith("--to=")), asked)
     if asked in CATALOG:
         return scheme_help(asked)
     return f"{schemes_help()}\n{_builtin_help()}"

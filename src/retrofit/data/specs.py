@@ -290,6 +290,13 @@ def streams(d) -> bool:
     return any(file_format(f) in ("json", "parquet") for f in found)  # records to parse: a dataset format
 
 
+RECORD_FILES = "json, jsonl, parquet or csv files (optionally compressed)"
+
+
+def _is_records(f: Path) -> bool:
+    return f.name.lower().endswith(".csv") or file_format(f) in ("json", "parquet")
+
+
 def records(d) -> list[dict]:
     """The rows of a recipe's ``data.files`` (json, jsonl, parquet or csv) or of a Hub dataset (``data.dataset``,
     ``config``, ``split``; streamed, so only what is read is downloaded) through ``datasets.load_dataset``: what a
@@ -299,17 +306,17 @@ def records(d) -> list[dict]:
     try:
         import datasets
 
-        first = f"[:{d.max_documents}]" if d.max_documents else ""  # only the records used are read
-        with sources.cache_only():
+        with sources.cache_only():  # streamed: only the records used are read (or downloaded)
             if d.files is not None:
-                files = [str(f) for s in ([d.files] if isinstance(d.files, str) else d.files) for f in _expand_paths(s)]
+                listed = [d.files] if isinstance(d.files, str) else d.files
+                files = [str(f) for s in listed for f in _expand_paths(s, _is_records, RECORD_FILES)]
                 kinds = {"csv" if f.lower().endswith(".csv") else file_format(f) for f in files}
                 if len(kinds) != 1 or None in kinds or "text" in kinds:
-                    raise DataError(f"records are read from json, jsonl, parquet or csv files; got {', '.join(files)}")
-                ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train" + first)
-            else:  # streamed: only the records used are downloaded
+                    raise DataError(f"records are read from {RECORD_FILES}; got {', '.join(files)}")
+                ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train", streaming=True)
+            else:
                 ds = datasets.load_dataset(d.dataset, d.config, split=d.split, streaming=True)
-                ds = ds.take(d.max_documents) if d.max_documents else ds
+            ds = ds.take(d.max_documents) if d.max_documents else ds
             named = {c: f.int2str for c, f in (ds.features or {}).items() if isinstance(f, datasets.ClassLabel)}
             return [{**row, **{c: name(row[c]) for c, name in named.items()}} for row in ds]  # class labels by name
     except DataError:

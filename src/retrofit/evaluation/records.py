@@ -108,12 +108,18 @@ def examples(src: Records, tokenizer, names: tuple[str, ...], longest: int, nati
             raise DataError(f"a record has no field {missing[0]!r} (fields: {', '.join(rec)}); set data.*_field")
         ids = tokenizer(str(rec[fields[0]]), truncation=True, max_length=longest).input_ids
         if names:
-            label = str(rec[d.label_field])
-            if label not in names:
-                raise DataError(f"a record's label {label!r} is not one of the model's classes ({', '.join(names)})")
-            out.append(Example(ids, label=names.index(label)))
+            out.append(Example(ids, label=_class_index(rec[d.label_field], names)))
         else:
             out.append(
                 Example(ids, query=tokenizer(str(rec[d.query_field]), truncation=True, max_length=native).input_ids)
             )
     return out
+
+
+def _class_index(label, names: tuple[str, ...]) -> int:
+    """A record's class: by name, else (an integer label, and classes named only by index: LABEL_0 ...) by index."""
+    if str(label) in names:
+        return names.index(str(label))
+    if isinstance(label, int) and not isinstance(label, bool) and 0 <= label < len(names):
+        return label
+    raise DataError(f"a record's label {label!r} is not one of the model's classes ({', '.join(names)})")

@@ -186,16 +186,15 @@ def evaluate(
     load = {k: keywords.pop(k) for k in LOAD_KEYS if k in keywords}
     o, default_lengths = _gather_options(options, lengths, data, keywords)
     asked = _asked(o)
-    reads_records = records.is_source(o.data) or _task_of(model_or_path) in READS_DOCUMENTS
-    docs, data_label = (
-        (None, o.data)  # a classifier's or embedding model's documents: read once the tokenizer is known
-        if reads_records
-        else resolve_documents(o.data, max_tokens=2 * max(o.budget, 1 << 17))  # a Hub dataset: streamed
-    )
+    known = _task_of(model_or_path)  # None: only loading tells (a Hub id), so --data is read after it
+    lm = known is not None and known not in READS_DOCUMENTS
+    read_now = not records.is_source(o.data) and (lm or (known is None and o.data == DEFAULTS.data))
+    docs = _documents(o) if read_now else None  # bad data is said before a local model loads
     models = load_models(model_or_path, baselines, **load)
     if task.of_model(models[0].model).name in READS_DOCUMENTS:
         source = records.source_for(o.data, model_or_path, given=o.data != EvalOptions.data)
         return _long_documents(models, source, asked.lengths if not default_lengths else None, progress, out)
+    docs, data_label = docs or _documents(o)
     native = (models[0].info.get("native") or {}).get("length")
     lengths = resolve_lengths(asked.lengths, native)
     if default_lengths and models[0].max_length:
@@ -214,6 +213,13 @@ def evaluate(
     if out is not None:
         report.save(out)
     return report
+
+
+def _documents(o: EvalOptions) -> tuple:
+    """(documents, label) of a language model's evaluation: ``--data`` read (a Hub dataset streamed)."""
+    if records.is_source(o.data):
+        raise OptionError(f"--data {o.data}: a long-document task is for a classifier or an embedding model")
+    return resolve_documents(o.data, max_tokens=2 * max(o.budget, 1 << 17))
 
 
 def _gather_options(options, lengths, data, keywords) -> tuple[EvalOptions, bool]:

@@ -125,7 +125,8 @@ class DataConfig:
         "each process reads its own part; a checkpoint saves the document and token where it stands. null = "
         "true for Hub datasets and local json/jsonl/parquet files (and folders of them), false for the built-ins "
         "(stdlib, shakespeare) and plain text files, which are read whole and shuffled by block as before. "
-        "true on text files streams them too (one document per file).",
+        "true on text files streams them too (one document per file). A task (classification, embedding) reads "
+        "its records whole unless this is true.",
         None,
     )
     max_tokens: Optional[int] = _help(
@@ -355,7 +356,7 @@ class Recipe:
             raise RecipeError("'train.steps' is null: set it, or set 'data.max_tokens' to derive it from the budget")
         if t.steps is not None:
             _positive("train.steps", t.steps)
-        if self.task is None:  # a task reads its records whole (_check_task)
+        if self.task is None or d.streaming:  # a task's records stream with data.streaming: true only
             _check_streaming(d)
         _positive("train.batch_size", t.batch_size)
         _positive("train.gradient_accumulation_steps", t.gradient_accumulation_steps)
@@ -442,8 +443,14 @@ def _check_task(r: "Recipe") -> None:
             "'data.streaming: true' with a longdoc: task (its examples are made on the fly, never read)",
         ),
         (
-            d.streaming is True and d.max_documents is not None,
-            "'data.max_documents' on a stream (train.steps bound it)",
+            d.validation_documents is not None,
+            "'data.validation_documents' (a task holds out data.validation_fraction of its records, at most "
+            "data.max_validation_blocks; a streamed one its first data.max_validation_blocks)",
+        ),
+        (
+            d.validation_split is not None and not d.streaming,
+            "'data.validation_split' without 'data.streaming: true' (records read whole hold out "
+            "data.validation_fraction of their own split)",
         ),
         (r.convert.calibrate.data is not None, "'convert.calibrate'"),
     ]

@@ -92,6 +92,16 @@ class TaskStream(StreamSource):
         log.info("validation: the first %d record(s) of %s of %s", len(recs), where, self.what)
         return Blocks([self.row(rec) for rec in recs])
 
+    def check_room(self, needed: int) -> None:
+        """A DataError when the stream, less its held-out records, cannot fill one step's batches."""
+        have = sum(1 for _ in itertools.islice(self.documents(0, 1, 0, 0), needed))
+        if have < needed:
+            raise DataError(
+                f"{self.what}: {have} record(s) left for training after the {self.validation_documents} held out; "
+                f"one step needs {needed} (train.batch_size x processes): add records or lower "
+                "data.max_validation_blocks"
+            )
+
     def documents(self, rank: int, world: int, seed: int, epoch: int) -> Iterator[dict]:
         """This process's records for an epoch: shuffled (seeded, the same on every process), split by node, the
         held-out ones skipped."""

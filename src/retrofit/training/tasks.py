@@ -89,7 +89,9 @@ def datasets(r, tok, processes: int, source=None) -> tuple[Dataset, Dataset]:
     if source is not None:
         names = list(label_names(r, source)) if r.task == "classification" else []
         source.row = lambda rec: _row(r, tok, rec, names)
-        return _with_collate(tok, source, source.validation(tok, d.block_length, d.packing, d.max_validation_blocks))
+        val = source.validation(tok, d.block_length, d.packing, d.max_validation_blocks)
+        source.check_room(r.train.batch_size * processes)
+        return _with_collate(tok, source, val)
     if longdoc.is_spec(d.dataset):
         info = longdoc.task_of(d.dataset)
         if info.kind != r.task:
