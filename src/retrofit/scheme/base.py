@@ -49,14 +49,13 @@ class Schemes:
 
     def get(self, name: str) -> type["Scheme"]:
         module = importlib.import_module(catalog.module_of(name))  # an unknown name: UnknownSchemeError
-        found = [
-            c
-            for c in vars(module).values()
-            if isinstance(c, type) and issubclass(c, Scheme) and getattr(c, "name", None) == name
-        ]
-        if len(found) != 1:
-            raise TypeError(f"{module.__name__} defines {len(found)} Scheme subclasses named {name!r}; it needs one")
-        return found[0]
+        found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Scheme)]
+        found = [c for c in found if c.__module__ == module.__name__]  # its own, not one it imports
+        leaves = [c for c in found if not any(o is not c and issubclass(o, c) for o in found)]  # not a helper base
+        if len(leaves) != 1:
+            names = ", ".join(c.__name__ for c in leaves) or "none"
+            raise TypeError(f"{module.__name__} must define one scheme class for {name!r}; it defines {names}")
+        return leaves[0]
 
     def names(self) -> list[str]:
         return sorted(catalog.CATALOG)
