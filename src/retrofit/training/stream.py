@@ -185,9 +185,17 @@ class StreamSource:
             ds.set_epoch(epoch)
         if world > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world)
-        for text in self.texts(ds):
-            if not self.held or _digest(text) not in self.held:
-                yield text
+        for item in self.items(ds):
+            if not self.held or self.key(item) not in self.held:
+                yield item
+
+    def items(self, ds) -> Iterator:
+        """What a stream trains on, in the dataset's order: its texts (a task's stream: its records)."""
+        return self.texts(ds)
+
+    def key(self, item) -> bytes:
+        """An item's digest: what the held-out set remembers it by."""
+        return _digest(item)
 
     def batches(
         self,

@@ -86,7 +86,7 @@ class TaskStream(StreamSource):
         from_split = d.validation_split is not None
         recs = list(itertools.islice(self.records(self.open(d.validation_split if from_split else None)), max_blocks))
         if not from_split:
-            self.held = {_digest(rec, self.fields) for rec in recs}
+            self.held = {self.key(rec) for rec in recs}
         self.validation_documents = len(recs)
         where = f"split {d.validation_split!r}" if from_split else "the stream (held out of training)"
         log.info("validation: the first %d record(s) of %s of %s", len(recs), where, self.what)
@@ -102,20 +102,11 @@ class TaskStream(StreamSource):
                 "data.max_validation_blocks"
             )
 
-    def documents(self, rank: int, world: int, seed: int, epoch: int) -> Iterator[dict]:
-        """This process's records for an epoch: shuffled (seeded, the same on every process), split by node, the
-        held-out ones skipped."""
-        from datasets.distributed import split_dataset_by_node
+    def items(self, ds) -> Iterator[dict]:
+        return self.records(ds)
 
-        ds = self.open()
-        if self.d.shuffle_buffer:
-            ds = ds.shuffle(seed=seed, buffer_size=self.d.shuffle_buffer)
-            ds.set_epoch(epoch)
-        if world > 1:
-            ds = split_dataset_by_node(ds, rank=rank, world_size=world)
-        for rec in self.records(ds):
-            if not self.held or _digest(rec, self.fields) not in self.held:
-                yield rec
+    def key(self, rec: dict) -> bytes:
+        return _digest(rec, self.fields)
 
     def batches(
         self, tokenizer, batch_size: int, block_length: int, packing: bool, *, rank=0, world=1, seed=0, start=None
