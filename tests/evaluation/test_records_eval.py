@@ -186,3 +186,18 @@ def test_queries_that_share_a_document_each_find_it(tmp_path, tok):
     models = [EvalModel("bag", "converted", Bag(), tok, info)]
     data = measure.run_records(models, records.source_for(str(path), None, given=True), [NATIVE], NATIVE)
     assert data["rows"][0]["score"] == 1.0
+
+
+def test_what_data_may_hold_records_is_read_only_once_the_model_is_known(tmp_path):
+    """``retrofit eval`` reads text data before loading a model (bad data said at once), but records only after: a
+    classifier's parquet is not text. Built-in names are known without loading them."""
+    from retrofit.evaluation.runner import _task_of
+    from retrofit.models import builtin
+
+    (tmp_path / "t.txt").write_text("words")
+    (tmp_path / "r.parquet").write_bytes(b"PAR1")
+    assert not records.may_hold_records(str(tmp_path / "t.txt")) and not records.may_hold_records("stdlib")
+    assert records.may_hold_records(str(tmp_path / "r.parquet")) and records.may_hold_records(str(tmp_path))
+    assert records.may_hold_records("org/some-dataset")
+    assert _task_of("tiny-gpt2") == "causal-lm" and _task_of("baseline:small-bert") == "masked-lm"
+    assert builtin.task_of("org/model") is None and _task_of("org/model") is None

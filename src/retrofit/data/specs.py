@@ -52,7 +52,7 @@ def load_documents(
         which = spec.split(":", 1)[1] if ":" in spec else "all"
         return assets.shakespeare_documents(which)
     if kind == "files":
-        return [Document(str(p), _read_text(p)) for p in _expand_paths(spec)]
+        return [Document(str(p), _read_text(p)) for p in expand_paths(spec)]
     return hub_documents(
         spec, field=field, split=split, max_chars=None if max_tokens is None else max_tokens * CHARS_PER_TOKEN
     )
@@ -77,7 +77,7 @@ def _looks_like_path(spec: str) -> bool:
     return any(c in spec for c in "*?[") or spec.startswith((".", os.sep, "~")) or Path(spec).suffix in TEXT_SUFFIXES
 
 
-def _expand_paths(
+def expand_paths(
     spec: str, keep=lambda f: f.suffix in TEXT_SUFFIXES, kinds: str = f"text files ({', '.join(sorted(TEXT_SUFFIXES))})"
 ) -> list[Path]:
     """The files a spec names: a file, a folder (its files that ``keep`` accepts, recursively) or a glob."""
@@ -265,7 +265,7 @@ def stream_files(spec: str | list) -> list[str]:
     out = [
         str(f)
         for s in ([spec] if isinstance(spec, str) else spec)
-        for f in _expand_paths(s, keep=file_format, kinds="json, jsonl, parquet or txt files")
+        for f in expand_paths(s, keep=file_format, kinds="json, jsonl, parquet or txt files")
     ]
     bad = [f for f in out if not file_format(f)]
     if bad:
@@ -293,7 +293,7 @@ def streams(d) -> bool:
 RECORD_FILES = "json, jsonl, parquet or csv files (optionally compressed)"
 
 
-def _is_records(f: Path) -> bool:
+def is_record_file(f: Path) -> bool:
     return f.name.lower().endswith(".csv") or file_format(f) in ("json", "parquet")
 
 
@@ -309,7 +309,7 @@ def records(d) -> list[dict]:
         with sources.cache_only():  # streamed: only the records used are read (or downloaded)
             if d.files is not None:
                 listed = [d.files] if isinstance(d.files, str) else d.files
-                files = [str(f) for s in listed for f in _expand_paths(s, _is_records, RECORD_FILES)]
+                files = [str(f) for s in listed for f in expand_paths(s, is_record_file, RECORD_FILES)]
                 kinds = {"csv" if f.lower().endswith(".csv") else file_format(f) for f in files}
                 if len(kinds) != 1 or None in kinds or "text" in kinds:
                     raise DataError(f"records are read from {RECORD_FILES}; got {', '.join(files)}")

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from ..data import longdoc
 from ..data.longdoc import Example
-from ..data.specs import heldout_split, records, source_kind
+from ..data.specs import expand_paths, heldout_split, is_record_file, records, source_kind
 from ..foundation import run_folder as rf
 from ..foundation.errors import DataError, OptionError
 
@@ -35,6 +35,20 @@ class Records:
 def is_source(data) -> bool:
     """Whether an eval's ``data`` names what a classifier or an embedding model is evaluated on."""
     return longdoc.is_spec(data) or isinstance(data, Records)
+
+
+def may_hold_records(spec) -> bool:
+    """Whether ``--data`` may name records (a Hub dataset, record files): read only once the model says it is a
+    classifier or an embedding model. Text files and the built-in corpora are never records."""
+    if not isinstance(spec, str):
+        return False
+    kind = source_kind(spec)
+    if kind != "files":
+        return kind == "hub"
+    try:
+        return any(is_record_file(f) for f in expand_paths(spec, lambda f: True, "files"))
+    except DataError:
+        return False  # a missing path: reading it says so
 
 
 def source_for(data, model_path, given: bool):

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from ..foundation import run_folder as rf
 from ..foundation import task
 from ..foundation.errors import LengthError, OptionError
+from ..models import builtin
 from ..scoring.copying import Probe
 from ..scoring.masked import RATE as MASK_RATE
 from ..scoring.tokens import build_stream, resolve_documents
@@ -188,7 +189,8 @@ def evaluate(
     asked = _asked(o)
     known = _task_of(model_or_path)  # None: only loading tells (a Hub id), so --data is read after it
     lm = known is not None and known not in READS_DOCUMENTS
-    read_now = not records.is_source(o.data) and (lm or (known is None and o.data == DEFAULTS.data))
+    text = o.data == DEFAULTS.data or not records.may_hold_records(o.data)  # never a classifier's records
+    read_now = not records.is_source(o.data) and (lm or (known is None and text))
     docs = _documents(o) if read_now else None  # bad data is said before a local model loads
     models = load_models(model_or_path, baselines, **load)
     if task.of_model(models[0].model).name in READS_DOCUMENTS:
@@ -396,6 +398,8 @@ def _task_of(model_or_path) -> str | None:
     m = model_or_path[0] if isinstance(model_or_path, tuple) else model_or_path
     if isinstance(m, nn.Module):
         return task.of_model(m).name
+    if isinstance(m, str) and builtin.task_of(m):  # tiny-gpt2, smollm2, baseline:<preset>
+        return builtin.task_of(m)
     folder = Path(str(m)).expanduser() if isinstance(m, (str, Path)) else None
     cfg = (
         next((f for f in (folder / "config.json", folder / rf.FINAL / "config.json") if f.is_file()), None)

@@ -40,6 +40,20 @@ def names() -> list[str]:
     return [*HUB_IDS, *(f"{BASELINE}{p}" for p in PRESETS)]
 
 
+def task_of(name: str) -> str | None:
+    """The task of a built-in name without building it (``masked-lm`` for an encoder preset, else ``causal-lm``),
+    None for any other name."""
+    if name in HUB_IDS:
+        return "causal-lm"
+    preset = baseline_preset(name)
+    if preset is None:
+        return None
+    from .baseline import ENCODERS, PRESETS
+
+    cfg = PRESETS.get(preset)
+    return None if cfg is None else "masked-lm" if cfg.arch in ENCODERS else "causal-lm"
+
+
 def baseline_preset(name: str) -> str | None:
     """The preset a ``baseline:<preset>`` name names; None for any other name."""
     return name.split(":", 1)[1] if name.startswith(BASELINE) else None
