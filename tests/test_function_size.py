@@ -1,8 +1,8 @@
 """The house rule for the package's functions: at most 80 lines and at most 8 parameters (pass one record).
 ``KNOWN`` lists the functions that still break it, with their size today: a ratchet. A function not listed
 must keep the rule; a listed one may shrink (then lower or drop its entry), never grow. Parameters count
-``self``/``cls`` out and ``*args``/``**kwargs`` in; an autograd ``backward`` (one gradient per output, its
-signature set by torch) is exempt."""
+``self``/``cls`` out and ``*args``/``**kwargs`` in; an autograd ``backward`` (``ctx`` first: one gradient per
+output, its signature set by torch) is exempt."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ def sizes() -> dict[str, tuple[int, int]]:
     out = {}
     for f in sorted(PKG.rglob("*.py")):
         for n in ast.walk(ast.parse(f.read_text())):
-            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) or n.name == "backward":
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             a = n.args
+            if n.name == "backward" and a.args and a.args[0].arg == "ctx":  # autograd's: one gradient per output
+                continue
             params = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
             params -= bool(a.args) and a.args[0].arg in ("self", "cls")
             lines = n.end_lineno - n.lineno + 1

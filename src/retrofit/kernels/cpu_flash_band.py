@@ -188,9 +188,7 @@ def band_backward(dout, qkv, out, lse, scaling, lay: Layout, mask_of):
         lo = piece[1] or 0
         grads = cpu_flash.backward(
             lay.take(db, piece),
-            lay.take(qb, piece),
-            lay.take(kw, piece, lo),
-            lay.take(vw, piece, lo),
+            (lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo)),
             lay.take(ob, piece),
             lay.take(lb, piece).contiguous(),
             scaling,
@@ -203,9 +201,7 @@ def band_backward(dout, qkv, out, lse, scaling, lay: Layout, mask_of):
     if N > K:  # the far square's exact gradients, from the merged output and log-sum-exp
         far = cpu_flash.backward(
             dout[:, :, K:],
-            q[:, :, K:],
-            k[:, :, : N - K],
-            v[:, :, : N - K],
+            (q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K]),
             out[:, :, K:].contiguous(),
             lse[:, :, K:].contiguous(),
             scaling,

@@ -176,7 +176,7 @@ class _Dense(torch.autograd.Function):
             fixed = mask.detach()
             if not (wanted and mask.requires_grad):  # q, k, v only: the flash kernel's own backward
                 g = cpu_flash.backward(
-                    dc, qc, kc, vc, oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False
+                    dc, (qc, kc, vc), oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False
                 )
                 dq[:, :, s:e] += g[0]
                 dk[:, :, lo:hi] += g[1]
