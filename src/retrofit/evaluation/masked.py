@@ -28,11 +28,13 @@ import torch
 
 from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
-from ..scoring.masked import SEED, full_nll, masked_stream, sliding_nll, summary
+from ..foundation.errors import OptionError
+from ..scoring.masked import RATE, SEED, full_nll, masked_stream, sliding_nll, summary
 from ..scoring.masking import IGNORE
 from ..scoring.windows import centred_spans
 from .farcontext import reads
 from .markdown import copy_table
+from .measure import Measure, Planned, Setup
 from .perplexity import t_quantile_975
 
 log = logging.getLogger(__name__)
@@ -183,3 +185,29 @@ def work(n: int, lengths: list[int], native: int, models) -> list[tuple[int, int
 def windows(n: int, lengths: list[int], native: int, models) -> int:
     """Forward passes ``run`` makes (for the progress bar)."""
     return sum(c for _, c in work(n, lengths, native, models))
+
+
+class MaskedLM(Measure):
+    """A masked LM's reading (``run``): masked-token NLL, perplexity and BPC at each length against its own native
+    sliding window and the original's, on one draw of masked tokens. Its keys are the masked report's."""
+
+    name = "masked-lm"
+
+    def asked(self, o) -> bool:
+        return True
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        native = setup.native
+        if not native:
+            raise OptionError(
+                f"{setup.models[0].name}: its native length is unknown (no adapter describes it and its config "
+                "names none); a masked-LM evaluation needs it for the sliding window"
+            )
+        ids = setup.stream.ids[:-1]  # (n,) a multiple of the longest length
+        return Planned(work=work(ids.numel(), setup.lengths, native, setup.models), state=ids)
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        return run(setup.models, planned.state, setup.lengths, setup.native, setup.label, RATE, bar)
+
+
+MEASURE = MaskedLM()

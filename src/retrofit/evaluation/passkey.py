@@ -19,6 +19,8 @@ import torch
 
 from ..adapters.inputs import cache_kwarg, output_cache
 from ..foundation.errors import LengthError
+from .lengths import resolve as resolve_lengths
+from .measure import Measure, Planned, Setup, check_depths, check_lengths, check_positive, check_supported
 from .models import EvalModel
 
 INTRO = (
@@ -212,3 +214,36 @@ def work(lengths: list[int], models: int, depths: list, trials: int) -> list[tup
 def settings(lengths: list[int], depths: list, o) -> dict:
     """The report's ``settings.passkey``: what the measure ran with (``o``: the options)."""
     return {"lengths": lengths, "depths": depths, "trials": o.passkey_trials, "new_tokens": NEW_TOKENS}
+
+
+class Passkey(Measure):
+    """Passkey retrieval at ``passkey_lengths`` (default: the lengths) x ``passkey_depths``: a five-digit key in
+    filler, asked for at the end, greedy decoding graded (``retrofit eval --passkey``)."""
+
+    name = "passkey"
+
+    def asked(self, o) -> tuple | None:
+        check_positive(passkey_trials=o.passkey_trials)
+        depths = check_depths(o.passkey_depths, "passkey")  # checked even when not asked
+        if not o.passkey:
+            return None
+        return check_lengths(o.passkey_lengths, "passkey lengths") if o.passkey_lengths else None, depths
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        seeds = {"passkey": setup.o.seed}  # always said (the report's schema requires it)
+        if asked is None:
+            return Planned(settings={"passkey": None}, seeds=seeds)
+        items, depths = asked
+        lengths = resolve_lengths(items, setup.native, "passkey lengths") if items else setup.lengths
+        check_supported(setup.models[0], lengths, "passkey lengths")
+        check_room(setup.models[0], min(lengths))
+        o = setup.o
+        work_ = work(lengths, len(setup.models), depths, o.passkey_trials)
+        return Planned(work_, {"passkey": settings(lengths, depths, o)}, seeds, state=(lengths, depths))
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        (lengths, depths), o = planned.state, setup.o
+        return {"passkey": run(setup.models, lengths, depths, o.passkey_trials, o.seed, bar)}
+
+
+MEASURE = Passkey()

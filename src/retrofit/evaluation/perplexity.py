@@ -24,6 +24,8 @@ from ..foundation.errors import OptionError
 from ..scoring.losses import nonoverlapping_nll, sliding_nll
 from ..scoring.windows import sliding_window_count
 from .cost import Meter
+from .farcontext import far_context
+from .measure import Measure, Planned, Setup, check_positive, check_supported
 from .models import EvalModel, describe_model
 
 # ----------------------------------------------------------------------------- statistics
@@ -228,3 +230,33 @@ def unique(jobs: list[Job]) -> list[Job]:
             seen.add(key)
             out.append(j)
     return out
+
+
+class Perplexity(Measure):
+    """Perplexity at each length (non-overlapping windows, and sliding ones), loss by position, the far-context
+    gain (the same scores against a native window: ``farcontext``) and the cost of each pass. Always run."""
+
+    name = "perplexity"
+
+    def asked(self, o) -> bool:
+        stride = 1 if o.stride is None else o.stride
+        check_positive(stride=stride, batch_size=o.batch_size, position_buckets=o.position_buckets)
+        return True
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        o = setup.o
+        check_supported(setup.models[0], setup.lengths, "lengths")
+        jobs = plan_jobs(setup.models, setup.lengths, o.stride, o.sliding)
+        settings = {"lengths": setup.lengths, "stride": o.stride, "sliding": o.sliding, "batch_size": o.batch_size}
+        settings["position_buckets"] = o.position_buckets
+        work = [(j.window, windows(j, setup.stream.targets)) for j in unique(jobs)]
+        return Planned(work=work, settings=settings, state=jobs)
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        o, jobs = setup.o, planned.state
+        rows, positions, costs, scored = run(setup.models, jobs, setup.stream, o.batch_size, o.position_buckets, bar)
+        far = far_context(setup.models, jobs, scored)
+        return {"rows": rows, "far_context": far, "loss_by_position": positions, "cost": costs}
+
+
+MEASURE = Perplexity()

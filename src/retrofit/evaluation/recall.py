@@ -38,8 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..foundation.errors import LengthError
+from ..foundation.errors import LengthError, OptionError
 from ..scoring.tokens import first_tokens
+from .lengths import resolve as resolve_lengths
+from .measure import Measure, Planned, Setup, check_depths, check_lengths, check_positive, check_supported
 from .models import EvalModel
 from .passkey import bos_prefix, cell, not_run
 
@@ -207,3 +209,44 @@ def settings(lengths: list[int], depths: list, o, text: list[int] | None) -> dic
         "text_tokens": len(text or []),
         "scoring": "teacher-forced argmax (one forward per trial)",
     }
+
+
+class Recall(Measure):
+    """Recall at ``recall_lengths`` (default: the lengths) x ``recall_depths``: a random span of the eval text
+    continued from its first ``recall_cue`` tokens repeated at the end, teacher-forced (``retrofit eval --recall``)."""
+
+    name = "recall"
+
+    def asked(self, o) -> tuple | None:
+        if not o.recall:
+            return None
+        check_positive(recall_trials=o.recall_trials, recall_span=o.recall_span, recall_cue=o.recall_cue)
+        depths = check_depths(o.recall_depths, "recall")
+        if not o.recall_cue < o.recall_span:
+            raise OptionError(
+                f"recall_cue ({o.recall_cue}) must be smaller than recall_span ({o.recall_span}): "
+                "the model continues with the span's other tokens"
+            )
+        return check_lengths(o.recall_lengths, "recall lengths") if o.recall_lengths else None, depths
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        if asked is None:
+            return Planned(settings={"recall": None})
+        (items, depths), o, m = asked, setup.o, setup.models[0]
+        lengths = resolve_lengths(items, setup.native, "recall lengths") if items else setup.lengths
+        check_supported(m, lengths, "recall lengths")
+        check_room(m, min(lengths), o.recall_span)
+        text = eval_text(m, setup.docs, setup.label, o.budget, max(lengths), o.recall_span, o.doc_separator)
+        return Planned(
+            work=work(lengths, len(setup.models), depths, o.recall_trials),
+            settings={"recall": settings(lengths, depths, o, text)},
+            seeds={"recall": o.seed},
+            state=(lengths, depths, text),
+        )
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        lengths, depths, text = planned.state
+        return {"recall": run(setup.models, text, lengths, depths, setup.o, bar)}
+
+
+MEASURE = Recall()

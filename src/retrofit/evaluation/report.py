@@ -20,6 +20,8 @@ SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 #: wall-clock sections (and the list of files written); everything else is identical across reruns
 VOLATILE = ("cost", "timing", "plots")
+# the measures' keys of a report, in its order (``measure.Measure.run`` writes them)
+SECTIONS = ("rows", "far_context", "loss_by_position", "passkey", "recall", "copy", "cost")
 
 
 def schema() -> dict:

@@ -33,10 +33,17 @@ given length (the rest is filler before the target).
 
 from __future__ import annotations
 
+import logging
+
 from ..foundation.errors import LengthError, OptionError
 from ..scoring.copying import Probe, build, score, score_masked, summarize
 from .lengths import resolve as resolve_lengths
+from .measure import Measure, Planned, Setup, check_lengths
 from .options import DEFAULTS, QUICK, eval_options
+from .passkey import bos_prefix
+from .recall import eval_text
+
+log = logging.getLogger(__name__)
 
 
 def effective_reach(cells: list[dict], native: int) -> dict:
@@ -150,3 +157,65 @@ def settings(distances: list[int], o) -> dict:
         "keys": o.copy_keys,
         "text": "the eval text (natural)",
     }
+
+
+class Copy(Measure):
+    """Retrieval at distance (``copy``): the copy gain at each distance and the effective reach, a causal LM's
+    continuation scored."""
+
+    name = "copy"
+
+    def asked(self, o) -> list | None:
+        return check_lengths(o.copy_distances, "copy distances") if o.copy else None
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        if asked is None:
+            return Planned(settings={"copy": None})
+        o = sizes(setup.o, setup.native)
+        found = distances(asked, setup.native, setup.lengths, o)
+        if not found:
+            return Planned(settings={"copy": None})
+        longest = max(found) + (o.copy_keys + 1) * o.copy_span
+        what = f"copy distance {max(found)}"
+        m = setup.models[0]
+        text = eval_text(m, setup.docs, setup.label, o.budget, longest, 0, o.doc_separator, what=what)
+        state = (o, found, text, self.prefix(m.tokenizer))
+        return Planned(work(found, len(setup.models), o), {"copy": settings(found, o)}, {"copy": o.seed}, state)
+
+    def prefix(self, tokenizer) -> list[int]:
+        """What every trial starts with: the tokenizer's BOS."""
+        return bos_prefix(tokenizer)
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        o, found, text, prefix = planned.state
+        probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
+        return {"copy": run(setup.models, text, found, o.copy_trials, probe, bar)}
+
+
+class MaskedCopy(Copy):
+    """Retrieval at distance for a masked LM: the span's tokens masked at the end and scored
+    (``scoring.copying.score_masked``); the report's ``copy`` and ``copy_settings``."""
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        if asked is not None and getattr(setup.models[0].tokenizer, "mask_token_id", None) is None:
+            log.warning("masked LM: its tokenizer has no mask token, so retrieval at distance is not run")
+            return Planned()
+        return super().plan(setup, asked)
+
+    def prefix(self, tokenizer) -> list[int]:
+        cls = getattr(tokenizer, "cls_token_id", None)
+        return [cls] if cls is not None else []
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        o, found, text, prefix = planned.state
+        probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
+        mask_id = setup.models[0].tokenizer.mask_token_id
+        cells = run(setup.models, text, found, o.copy_trials, probe, bar, mask_id)
+        keep = {"trials": o.copy_trials, "span": o.copy_span, "cue": o.copy_cue, "keys": o.copy_keys}
+        return {"copy": cells, "copy_settings": keep}
+
+    def absent(self) -> dict:
+        return {}
+
+
+MEASURE, MASKED = Copy(), MaskedCopy()

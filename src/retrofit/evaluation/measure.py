@@ -1,0 +1,108 @@
+"""What every measure of an evaluation is: its options checked, its plan (the forward passes it will make, what
+the report's settings and seeds say of it), its run and its report section. ``runner.evaluate`` lists the
+measures of a task (``runner.MEASURES``) and drives them the same way; a new measure is one class here's
+shape in its own module and one entry in that table.
+
+    asked = measure.asked(options)          # before anything is read: bad input raises a RetrofitError
+    planned = measure.plan(setup, asked)    # the model loaded, the lengths resolved: work, settings, seeds
+    section = measure.run(setup, planned, bar)  # its keys of the report
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..foundation.errors import LengthError, OptionError
+from .lengths import parse_item
+from .models import EvalModel
+from .options import EvalOptions
+
+
+@dataclass
+class Setup:
+    """What every measure's plan and run read: the options, the models (the evaluated first), the evaluation's
+    documents, its lengths resolved against the model, and the tokens every model scores."""
+
+    o: EvalOptions
+    models: list[EvalModel]
+    docs: list  # the Documents read from --data
+    label: str  # what they are, for messages
+    lengths: list[int]
+    stream: object  # scoring.tokens.build_stream's: the first budget tokens, a multiple of the longest length
+
+    @property
+    def native(self) -> int | None:
+        return (self.models[0].info.get("native") or {}).get("length")
+
+
+@dataclass
+class Planned:
+    """A measure ready to run. ``state`` None: it does not run (not asked, or not for this model)."""
+
+    work: list[tuple[int, int]] = field(default_factory=list)  # (window length, forward passes): cost line, bar
+    settings: dict = field(default_factory=dict)  # its keys of the report's ``settings``
+    seeds: dict = field(default_factory=dict)  # its keys of the report's ``seeds``
+    state: object = None  # what its run reads
+
+
+class Measure:
+    """One measure. ``name``: its key in the report (its section, its settings, its seed)."""
+
+    name: str = ""
+
+    def asked(self, o: EvalOptions):
+        """What was asked of it, checked before anything is read; None when it is not asked."""
+        raise NotImplementedError
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        """Its lengths checked against the model, its text drawn, its cost counted."""
+        raise NotImplementedError
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        """Its keys of the report (``bar``: the progress bar over every measure's forward passes)."""
+        raise NotImplementedError
+
+    def absent(self) -> dict:
+        """Its keys of the report when it does not run."""
+        return {self.name: None}
+
+
+def check_lengths(lengths, what: str = "lengths") -> list:
+    """Validated length items (token counts or ``"4x"`` multiples), before anything is loaded."""
+    if isinstance(lengths, (int, str)):
+        lengths = [lengths]
+    if not lengths:
+        raise OptionError(f"{what}: give at least one length")
+    return [parse_item(x, what) for x in lengths]
+
+
+def check_positive(**values) -> None:
+    """Each value a positive integer (a bool is not one), else an OptionError naming it."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise OptionError(f"{name} must be a positive integer, got {v!r}")
+
+
+def check_depths(depths, what: str) -> list[float]:
+    """Depths as floats in [0, 1], else an OptionError."""
+    for d in depths:
+        if not isinstance(d, (int, float)) or not 0.0 <= float(d) <= 1.0:
+            raise OptionError(f"{what} depths must lie in [0, 1], got {d!r}")
+    return [float(d) for d in depths]
+
+
+def mechanism(m: EvalModel) -> str:
+    """What sets a model's limit, for messages."""
+    return m.info.get("scheme") or (m.info.get("native") or {}).get("kind") or "its positional mechanism"
+
+
+def check_supported(m: EvalModel, lengths: list[int], what: str) -> None:
+    """The converted model must run every length plainly: a clear LengthError otherwise."""
+    limit = m.max_length
+    too_long = [L for L in lengths if limit is not None and L > limit]
+    if too_long:
+        raise LengthError(
+            f"{what} {', '.join(map(str, too_long))} exceed what {m.name!r} supports ({mechanism(m)}: at most {limit} "
+            "tokens). Drop those lengths, convert to a scheme without a limit, or evaluate this model as a "
+            "baseline (it then gets a sliding-window figure)."
+        )

@@ -1,0 +1,74 @@
+"""Every measure of an evaluation has one interface (``evaluation/measure.py``): the runner drives them alike, a
+measure not asked writes its keys as absent, and every key a causal LM's measures write is a section of the report,
+in the report's order."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+from retrofit.evaluation import measure, report, runner
+from retrofit.evaluation.options import EvalOptions, eval_options
+from retrofit.foundation.errors import OptionError
+
+
+def _measures():
+    return [m for ms in runner.MEASURES.values() for m in ms]
+
+
+def test_every_measure_class_in_the_package_is_in_the_table():
+    """A measure written but not listed would never run: each Measure subclass in evaluation/ is in MEASURES."""
+    import retrofit.evaluation as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"retrofit.evaluation.{info.name}")
+    classes = set()
+    todo = [measure.Measure]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            classes.add(sub)
+            todo.append(sub)
+    assert {type(m) for m in _measures()} == classes
+
+
+@pytest.mark.parametrize("m", _measures(), ids=lambda m: f"{type(m).__name__}")
+def test_each_measure_overrides_the_interface(m):
+    assert m.name, "its report key"
+    for hook in ("asked", "plan", "run"):
+        assert getattr(type(m), hook) is not getattr(measure.Measure, hook), f"{type(m).__name__}.{hook}"
+
+
+def test_the_causal_measures_write_the_report_sections_in_order():
+    """Their names (and the perplexity's keys) are the report's sections; the runner orders them by SECTIONS."""
+    names = [m.name for m in runner.MEASURES["causal-lm"]]
+    assert names[0] == "perplexity" and set(names[1:]) <= set(report.SECTIONS)
+    assert [n for n in report.SECTIONS if n in names[1:]] == names[1:]
+    assert set(report.SECTIONS) <= set(report.schema()["properties"])
+
+
+def test_a_measure_not_asked_says_so_before_anything_is_read():
+    o = EvalOptions()
+    asked = {m.name: m.asked(o) for m in runner.MEASURES["causal-lm"]}
+    assert asked["passkey"] is None and asked["recall"] is None and asked["copy"]
+    for m in runner.MEASURES["causal-lm"][1:]:
+        assert m.absent() == {m.name: None}
+
+
+@pytest.mark.parametrize(
+    "given, word",
+    [
+        ({"passkey": True, "passkey_trials": 0}, "passkey_trials"),
+        ({"passkey_depths": [1.5]}, "passkey depths"),
+        ({"recall": True, "recall_cue": 12, "recall_span": 12}, "recall_cue"),
+        ({"recall": True, "recall_depths": [-0.1]}, "recall depths"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"copy_distances": []}, "copy distances"),
+    ],
+)
+def test_each_measure_checks_its_own_options(given, word):
+    o = eval_options(**given)
+    with pytest.raises(OptionError, match=word):
+        for m in runner.MEASURES["causal-lm"]:
+            m.asked(o)
