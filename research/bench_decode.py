@@ -5,7 +5,7 @@ Variants (random weights; the speed does not depend on them), alternated round a
 
 - ``llama``: a LLaMA-style body (SmolLM2-135M's width, heads and GQA; fewer layers), native RoPE;
 - ``llama+rope``: the same weights converted by retrofit to ``rope`` with the same frequencies
-  (the cost of retrofit's attention path alone);
+  (the cost of retrofit's attention kernel alone);
 - ``llama+rope(re-rotate)``: the same, with each step re-rotating the whole cache (the behaviour
   before keys were rotated once on entering the cache), for comparison;
 - ``llama+rope(no-table)``: the same, computing cos/sin for each step's positions as before they were read
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
             "variant": v,
             "decode_tokens_per_s": round(tps[v], 2),
             "seconds_all": times[v],
-            "attention_path": retrofit.describe(models[v][0])["attention_path"] if "+" in v else "stock",
+            "kernel": retrofit.describe(models[v][0])["last_kernel"] if "+" in v else "stock",
         }
         for v in variants
     ]

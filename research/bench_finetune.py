@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         type=float,
         default=None,
         help="train.attention_dropout of the converted variants (default: the fine-tune's, 0; "
-        "0.1 keeps GPT-2's, under which the bias paths other than ALiBi's run chunked on CPU)",
+        "0.1 keeps GPT-2's, under which the bias kernels other than ALiBi's run chunked on CPU)",
     )
     ap.add_argument("--out", default="benchmarks/bench_finetune.json")
     args = ap.parse_args(argv)
@@ -112,9 +112,9 @@ def main(argv=None) -> int:
     rows = {}
     for n in names:
         tps = args.length / statistics.median(times[n])
-        paths = None
+        ran = None
         if n not in UNCONVERTED:
-            paths = retrofit.describe(models[n][0].get_base_model()).get("attention_paths")
+            ran = retrofit.describe(models[n][0].get_base_model()).get("kernels")
         rows[n] = {
             "tokens_per_s": round(tps, 1),
             "seconds_per_step": round(statistics.median(times[n]), 3),
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
             "ratio_to_unconverted": round(tps / base["none"], 3) if "none" in base else None,
             "ratio_to_unconverted_nodrop": round(tps / base["none-nodrop"], 3) if "none-nodrop" in base else None,
             "per_round_tokens_per_s": [round(args.length / t, 1) for t in times[n]],
-            "attention_path": paths,
+            "kernels": ran,
         }
     result = {
         "benchmark": "LoRA fine-tune step (forward + backward + AdamW), batch 1",
@@ -141,13 +141,13 @@ def main(argv=None) -> int:
     result["hardware"]["cuda"] = torch.cuda.is_available()
     out = write_record(args.out, result)
     print(
-        "\n| scheme | attention dropout | tokens/s | x unconverted | x unconverted, no dropout | attention path |\n"
+        "\n| scheme | attention dropout | tokens/s | x unconverted | x unconverted, no dropout | kernel |\n"
         "|---|---:|---:|---:|---:|---|"
     )
     for n, row in rows.items():
         print(
             f"| {n} | {row['attention_dropout']} | {row['tokens_per_s']} | {row['ratio_to_unconverted']} | "
-            f"{row['ratio_to_unconverted_nodrop']} | {', '.join(row['attention_path'] or ['stock'])} |"
+            f"{row['ratio_to_unconverted_nodrop']} | {', '.join(row['kernels'] or ['stock'])} |"
         )
     print(f"wrote {out}")
     return 0

@@ -149,10 +149,10 @@ def saved_bytes(step) -> int:
     return sum(storages.values())
 
 
-def path_of(model, variant):
+def kernel_of(model, variant):
     import retrofit
 
-    return retrofit.describe(model)["attention_path"] if variant != "stock" else "sdpa (stock)"
+    return retrofit.describe(model)["last_kernel"] if variant != "stock" else "sdpa (stock)"
 
 
 def worker(args) -> dict:
@@ -191,7 +191,7 @@ def worker(args) -> dict:
                     "variant": v,
                     "mode": mode,
                     "length": length,
-                    "attention_path": path_of(m, v),
+                    "kernel": kernel_of(m, v),
                     "flush_denormal": v != "stock" and not v.endswith("/flush-off") and args.flush_denormal != "off",
                 }
                 if args.memory:
@@ -336,7 +336,7 @@ def write(args, rows) -> dict:
 
 def markdown(result) -> str:
     lines = [
-        "| variant | mode | length | seconds | x stock | peak MiB | x stock | path |",
+        "| variant | mode | length | seconds | x stock | peak MiB | x stock | kernel |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
@@ -346,12 +346,12 @@ def markdown(result) -> str:
             saved = f" (saved for backward x{r['saved_vs_stock']})" if "saved_vs_stock" in r else ""
             lines.append(
                 f"| {r['variant']} | {r['mode']} | {r['length']} | | | {r['peak_bytes'] / 2**20:.0f} "
-                f"| {r.get('memory_vs_stock', '')}{saved} | {r['attention_path']} |"
+                f"| {r.get('memory_vs_stock', '')}{saved} | {r['kernel']} |"
             )
         else:
             lines.append(
                 f"| {r['variant']} | {r['mode']} | {r['length']} | {r['seconds']:.3f} "
-                f"| {r.get('time_vs_stock', 1.0)} | | | {r['attention_path']} |"
+                f"| {r.get('time_vs_stock', 1.0)} | | | {r['kernel']} |"
             )
     return "\n".join(lines)
 

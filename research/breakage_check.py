@@ -1,5 +1,5 @@
 """Does the suite notice a one-line break? Each case changes one line of the package on purpose (a scheme, a
-kernel path, an adapter's padding, a field the checkpoint saves) in a throw-away git worktree, runs the core
+kernel, an adapter's padding, a field the checkpoint saves) in a throw-away git worktree, runs the core
 tests there (tests/adapters, tests/scheme, tests/kernels, tests/patch/test_conversion.py, slow ones included) and
 records the tests that fail: none of these breaks may pass unnoticed.
 

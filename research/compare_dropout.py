@@ -1,7 +1,7 @@
 """What does fine-tuning without attention dropout cost? (the recipe default ``train.attention_dropout: 0``)
 
-The CPU flash kernel the fused bias paths run on has no dropout, so with GPT-2's ``attn_pdrop = 0.1`` a
-T5/Shaw/FIRE fine-tune falls to the chunked path. The recipe default turns the attention dropout off for the
+The CPU flash kernel the fused bias kernels run on has no dropout, so with GPT-2's ``attn_pdrop = 0.1`` a
+T5/Shaw/FIRE fine-tune falls to the chunked kernel. The recipe default turns the attention dropout off for the
 fine-tune. This runs the same LoRA fine-tune of the GPT-2 stand-in (``baseline:quickstart``, native 128,
 pretrained without dropout) converted to each scheme, once with GPT-2's attention dropout 0.1 and once with
 0 (``--dropouts``), same data, seed, steps and learning rate, and records

@@ -1,5 +1,5 @@
 """The GPU check, prepared to run once on a lent CUDA machine (no network there): every scheme in bf16 through
-the path the table picks against the fp32 CPU reference (the chunked path), forward and training-step time
+the kernel the table picks against the fp32 CPU reference (the chunked kernel), forward and training-step time
 against stock SDPA at 4k, 16k and 32k tokens (2 layers of GPT-2-small width), and a LoRA fine-tune of a
 GPT-2-small-shaped model at 4k for a few dozen steps with its peak memory. Writes ``device_check.json`` and
 ``device_check.md`` into --out.
@@ -58,7 +58,7 @@ OPTIONS = {"extend": {"length": "4x"}}  # a scheme that needs an option to conve
 
 
 def correctness(schemes, device, dtype, length, width, heads) -> list[dict]:
-    """Each scheme's logits on ``device`` in ``dtype`` (the auto path) against fp32 on the CPU (chunked)."""
+    """Each scheme's logits on ``device`` in ``dtype`` (the auto kernel) against fp32 on the CPU (chunked)."""
     import torch
 
     import retrofit
@@ -82,7 +82,7 @@ def correctness(schemes, device, dtype, length, width, heads) -> list[dict]:
             {
                 "scheme": scheme,
                 "length": length,
-                "path": retrofit.describe(fast).get("attention_path"),
+                "kernel": retrofit.describe(fast).get("last_kernel"),
                 "max_abs_diff": (got - want).abs().max().item(),
                 "relative": (got - want).abs().max().item() / scale,
             }
@@ -115,7 +115,7 @@ def speed(schemes, device, dtype, lengths, width, heads, repeats) -> list[dict]:
                         "seconds": t,
                         "stock_seconds": base_t,
                         "x_stock": t / base_t,
-                        "path": retrofit.describe(m).get("attention_path"),
+                        "kernel": retrofit.describe(m).get("last_kernel"),
                     }
                 )
             if device == "cuda":
@@ -170,7 +170,7 @@ def finetune(device, dtype, length, layers, width, heads, steps) -> dict:
         "peak_memory_mib": peak / 2**20 if peak else None,
         "loss_first": losses[0],
         "loss_last": losses[-1],
-        "path": retrofit.describe(model.get_base_model()).get("attention_path"),
+        "kernel": retrofit.describe(model.get_base_model()).get("last_kernel"),
     }
 
 
@@ -178,23 +178,23 @@ def markdown(record: dict) -> str:
     lines = [
         f"Device: {record['device']} ({record['dtype']}), torch {record['torch']}",
         "",
-        "| scheme | path | max abs diff vs fp32 CPU | relative |",
+        "| scheme | kernel | max abs diff vs fp32 CPU | relative |",
         "|---|---|---:|---:|",
     ]
     lines += [
-        f"| {r['scheme']} | {r['path']} | {r['max_abs_diff']:.3g} | {r['relative']:.3g} |"
+        f"| {r['scheme']} | {r['kernel']} | {r['max_abs_diff']:.3g} | {r['relative']:.3g} |"
         for r in record["correctness"]
     ]
-    lines += ["", "| scheme | mode | length | x stock SDPA | seconds | path |", "|---|---|---:|---:|---:|---|"]
+    lines += ["", "| scheme | mode | length | x stock SDPA | seconds | kernel |", "|---|---|---:|---:|---:|---|"]
     lines += [
-        f"| {r['scheme']} | {r['mode']} | {r['length']:,} | {r['x_stock']:.2f} | {r['seconds']:.4f} | {r['path']} |"
+        f"| {r['scheme']} | {r['mode']} | {r['length']:,} | {r['x_stock']:.2f} | {r['seconds']:.4f} | {r['kernel']} |"
         for r in record["speed"]
     ]
     f = record["finetune"]
     mem = f"{f['peak_memory_mib']:,.0f} MiB" if f["peak_memory_mib"] else "–"
     lines += [
         "",
-        f"LoRA fine-tune ({f['layers']} layers, {f['length']:,} tokens, {f['steps']} steps, {f['path']}): "
+        f"LoRA fine-tune ({f['layers']} layers, {f['length']:,} tokens, {f['steps']} steps, {f['kernel']}): "
         f"{f['tokens_per_s']:,.0f} tokens/s, peak {mem}, loss {f['loss_first']:.3f} -> {f['loss_last']:.3f}.",
     ]
     return "\n".join(lines) + "\n"

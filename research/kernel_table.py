@@ -35,7 +35,7 @@ def table(results: list[dict]) -> str:
     every = [r for res in results for r in res["rows"] if r.get("variant") not in (None, "stock")]
     lengths = sorted({r["length"] for r in every if "time_vs_stock" in r})
     mem = sorted({r["length"] for r in every if "memory_vs_stock" in r})
-    head = ["variant", "mode", *(f"{L:,}" for L in lengths), "path"]
+    head = ["variant", "mode", *(f"{L:,}" for L in lengths), "kernel"]
     if mem:
         head += [f"peak RSS at {mem[-1]:,} x stock", f"saved for backward at {mem[-1]:,} x stock"]
     lines = [
@@ -50,7 +50,7 @@ def table(results: list[dict]) -> str:
             if not timed:
                 continue
             cells = [f"{timed[L]['time_vs_stock']:.2f}" if L in timed else "—" for L in lengths]
-            line = [v, label, *cells, ", ".join(sorted({r["attention_path"] for r in timed.values()}))]
+            line = [v, label, *cells, ", ".join(sorted({r["kernel"] for r in timed.values()}))]
             if mem:
                 m = next((r for r in rows if r.get("length") == mem[-1] and "memory_vs_stock" in r), {})
                 line += [

@@ -76,7 +76,7 @@ def kernel_ab(rounds: int) -> dict:
     H, T, D = 12, 2048, 64
     slopes = torch.tensor(alibi_slopes(H))
     band = torch.zeros(H, 129)
-    band[:, :128] = torch.linspace(0, -40, 128)  # a steep distance table flat past 128 (the band path)
+    band[:, :128] = torch.linspace(0, -40, 128)  # a steep distance table flat past 128 (the band kernel)
     q, k, v = (torch.randn(1, H, T, D, requires_grad=True) for _ in range(3))
     calls = {
         "alibi (fused-alibi)": dict(slopes=slopes, bias=lambda h, i, j: -slopes[h] * (i - j)),
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             row = {
                 "scheme": scheme,
                 "length": length,
-                "attention_path": retrofit.describe(model)["attention_path"],
+                "kernel": retrofit.describe(model)["last_kernel"],
                 "output_max_rel_diff_flush_vs_not": rel_diff(on[0], off[0]),
                 "grad_max_rel_diff_flush_vs_not": max(rel_diff(on[1][n], off[1][n]) for n in off[1]),
                 "layers": args.layers,

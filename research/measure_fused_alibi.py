@@ -1,7 +1,7 @@
-"""Precision of ALiBi's fused path (``sdpa-alibi-dims``, ``src/retrofit/kernels/sdpa_alibi_dims.py``) against an
+"""Precision of ALiBi's fused kernel (``sdpa-alibi-dims``, ``src/retrofit/kernels/sdpa_alibi_dims.py``) against an
 fp64 reference of the paper's equation, per length: max |output - reference| of one attention call over random q, k, v (12 heads of 64,
 GPT-2 small's ALiBi slopes), the last ``--rows`` query rows of each length (where the keys are most), a few
-seeds; the chunked path beside it. The bound stated in the README and ``sdpa_alibi_dims.py`` comes from this run.
+seeds; the chunked kernel beside it. The bound stated in the README and ``sdpa_alibi_dims.py`` comes from this run.
 
     python research/measure_fused_alibi.py --out benchmarks/fused_alibi_precision.json
 """

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
                 "nll_last_quarter": round(float(nll[-n // 4 :].mean()), 4),
                 "forward_seconds": seconds,
                 "forward_length": longest,
-                "attention_path": retrofit.describe(model).get("attention_path") or "native",
+                "kernel": retrofit.describe(model).get("last_kernel") or "native",
             }
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)

@@ -152,7 +152,7 @@ def measure(model, setup: dict, args, original_window=None) -> tuple[dict, np.nd
     for g in gains.values():
         g["reads"] = farcontext.reads(g)
     row = {
-        "attention_path": retrofit.describe(model).get("attention_path") or "native (transformers' own)",
+        "kernel": retrofit.describe(model).get("last_kernel") or "native (transformers' own)",
         "ppl_full_second_half": round(float(np.exp(full[idx].mean())), 3),
         "ppl_own_window_second_half": round(float(np.exp(window[idx].mean())), 3),
         "ppl_first_half": round(float(np.exp(full[: native - 1].mean())), 3),

@@ -53,7 +53,7 @@ def _processes_only_in_slow_tests(request, monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def _test_kernel():
-    """``convert`` without a kernel takes the chunked reference path (``procs.TEST_KERNEL``), in every test
+    """``convert`` without a kernel takes the chunked reference kernel (``procs.TEST_KERNEL``), in every test
     and in the module and session fixtures (set up after this one)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(core, "DEFAULT_KERNEL", TEST_KERNEL)

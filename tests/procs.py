@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-# The suite converts onto the chunked path (the reference) unless a test names a kernel or asks for the
-# user's default (conftest's ``user_kernel``); the kernel tests check the other paths. A spawned child
+# The suite converts onto the chunked kernel (the reference) unless a test names a kernel or asks for the
+# user's default (conftest's ``user_kernel``); the kernel tests check the other kernels. A spawned child
 # takes it with ``as_in_tests()``.
 TEST_KERNEL = "chunked"
 

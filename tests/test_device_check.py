@@ -39,7 +39,7 @@ def test_device_check_without_a_gpu_and_its_dry_run(tmp_path, user_env):
     assert r.returncode == 0, r.stderr[-3000:]
     record = json.loads((tmp_path / "dry" / "device_check.json").read_text())
     assert {c["scheme"] for c in record["correctness"]} == {"alibi", "t5"}
-    assert all(c["relative"] < 1e-4 for c in record["correctness"])  # fp32 on the CPU: the paths agree
+    assert all(c["relative"] < 1e-4 for c in record["correctness"])  # fp32 on the CPU: the kernels agree
     assert {(s["mode"], s["length"]) for s in record["speed"]} == {
         (m, L) for m in ("forward", "train") for L in (128, 256)
     }

@@ -155,19 +155,19 @@ def test_live_and_matches_reference(model_type, scheme):
         after = model(x).logits
         assert not torch.allclose(before, after, atol=1e-3), "patch is not live: logits unchanged"
         if scheme.endswith("@auto"):
-            paths = set(retrofit.patch.conversion._state(model).paths)
+            ran = set(retrofit.patch.conversion._state(model).kernels)
             if scheme.startswith("alibi"):
-                assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
-            elif scheme.startswith("xl"):  # any window or padding: the dims path, every layer
-                assert paths == {"sdpa-relative-dims"}
-            elif scheme.startswith("nezha"):  # the band path in every layer without a window, chunked in the rest
-                assert paths <= {"cpu-flash-relative-band", "chunked"}
-                assert "cpu-flash-relative-band" in paths or model_type in ("mistral", "starcoder2")
-            elif "temperature" in scheme or scheme.startswith("fire"):  # no band: the dense path, every layer
-                assert set(retrofit.patch.conversion._state(model).paths) == {"cpu-flash-mask"}
-            elif model_type not in ("mistral", "starcoder2"):  # the band path, in every layer without a window
+                assert retrofit.describe(model)["last_kernel"] == "sdpa-alibi-dims"
+            elif scheme.startswith("xl"):  # any window or padding: the dims kernel, every layer
+                assert ran == {"sdpa-relative-dims"}
+            elif scheme.startswith("nezha"):  # the band kernel in every layer without a window, chunked in the rest
+                assert ran <= {"cpu-flash-relative-band", "chunked"}
+                assert "cpu-flash-relative-band" in ran or model_type in ("mistral", "starcoder2")
+            elif "temperature" in scheme or scheme.startswith("fire"):  # no band: the dense kernel, every layer
+                assert set(retrofit.patch.conversion._state(model).kernels) == {"cpu-flash-mask"}
+            elif model_type not in ("mistral", "starcoder2"):  # the band kernel, in every layer without a window
                 # shorter than the input (GPT-Neo's local layers, the tiny Mistral's 8 keys go dense)
-                assert "cpu-flash-band" in retrofit.patch.conversion._state(model).paths
+                assert "cpu-flash-band" in retrofit.patch.conversion._state(model).kernels
         _set_attn(model, "retrofit_reference")
         ref = model(x).logits
         _set_attn(model, "retrofit")
@@ -349,7 +349,7 @@ def test_trains_through_the_patch(model_type, scheme):
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-QUICK_CASES = ("alibi@auto", "rope")  # the user's default path; rescaled rotary (forward only)
+QUICK_CASES = ("alibi@auto", "rope")  # the user's default kernel; rescaled rotary (forward only)
 
 
 @pytest.mark.parametrize("model_type", sorted(TINY))

@@ -302,7 +302,7 @@ def test_converted_model_runs_past_native_length_against_its_base():
     assert "not run plainly" in notes[("gpt2", 64)]
     m = report["models"][0]
     assert m["scheme"] == "alibi" and m["converted"] and m["max_length"] is None
-    assert report.rows[0]["attention_path"] not in (None, "sdpa", "eager")  # retrofit's kernel ran
+    assert report.rows[0]["kernel"] not in (None, "sdpa", "eager")  # retrofit's kernel ran
 
 
 def test_cli_eval(tmp_path, capsys):

@@ -1,8 +1,8 @@
-"""T5 and Shaw through the band path (``cpu-flash-band``, ``src/retrofit/kernels/cpu_flash_band.py``): the far keys
+"""T5 and Shaw through the band kernel (``cpu-flash-band``, ``src/retrofit/kernels/cpu_flash_band.py``): the far keys
 through the stock CPU flash kernel, the last K keys as an explicit band, merged by log-sum-exp. Exact against a plain fp64
 softmax with the bias from the papers' equations (T5's buckets from transformers' own
 ``T5Attention._relative_position_bucket``), forward and backward including the bias table's gradient,
-in each dtype; path selection; and a converted model trains, decodes and reloads on it."""
+in each dtype; kernel selection; and a converted model trains, decodes and reloads on it."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def test_every_band_scheme_declares_its_band_truthfully(scheme):
     torch.testing.assert_close(full[:, causal], values[:, (i - j).clamp(0, K)][:, causal], atol=0, rtol=0)
 
 
-def test_path_selection():
+def test_kernel_selection():
     q = torch.randn(1, 2, 64, 8)
     table = torch.zeros(2, 5)
     bias = lambda h, i, j: table[h, (i - j).clamp(0, 4)]  # noqa: E731
@@ -109,7 +109,7 @@ def test_path_selection():
     padding[0, 3] = False
     assert choose(band=table) == "cpu-flash-band"
     assert choose("cpu-flash-band", band=table) == "cpu-flash-band"
-    # a decoding step, padding: the mask path (the band's far square needs the whole causal square)
+    # a decoding step, padding: the mask kernel (the band's far square needs the whole causal square)
     assert choose(q=q[:, :, -1:], band=table, q_start=63) == "cpu-flash-mask"
     assert choose(band=table, key_padding=padding) == "cpu-flash-mask"
     assert choose(band=table, row_scale=torch.ones(1, 64)) == "cpu-flash-mask"
@@ -120,7 +120,7 @@ def test_path_selection():
     assert choose() == "cpu-flash-mask"  # FIRE: no band
 
 
-def test_a_path_is_refused_at_convert_where_it_cannot_serve_the_scheme():
+def test_a_kernel_is_refused_at_convert_where_it_cannot_serve_the_scheme():
     with pytest.raises(
         retrofit.foundation.errors.OptionError, match="kernel 'cpu-flash-band' .* cannot serve a rotary scheme"
     ):
@@ -129,18 +129,18 @@ def test_a_path_is_refused_at_convert_where_it_cannot_serve_the_scheme():
         model = retrofit.convert(TINY["gpt2"](), scheme, kernel="cpu-flash-mask", **options)
         with torch.no_grad():
             model(ids(1, 20))
-        assert retrofit.describe(model)["attention_path"] == "cpu-flash-mask"
+        assert retrofit.describe(model)["last_kernel"] == "cpu-flash-mask"
 
 
 @pytest.mark.parametrize("scheme", ["t5", "shaw"])
-def test_a_converted_model_trains_on_the_band_path_and_matches_chunked(scheme):
+def test_a_converted_model_trains_on_the_band_kernel_and_matches_chunked(scheme):
     torch.manual_seed(0)
     options = dict(num_buckets=16) if scheme == "t5" else {}
     model = retrofit.convert(TINY["gpt2"](), scheme, max_distance=16, **options)
     x = ids(2, 70)
 
     def step(kernel_name):
-        return *train_step(model, kernel_name, x), retrofit.describe(model)["attention_path"]
+        return *train_step(model, kernel_name, x), retrofit.describe(model)["last_kernel"]
 
     loss_b, grads_b, path_b = step("cpu-flash-band")
     loss_c, grads_c, path_c = step("chunked")
@@ -152,12 +152,12 @@ def test_a_converted_model_trains_on_the_band_path_and_matches_chunked(scheme):
         torch.testing.assert_close(grads_b[n], grads_c[n], atol=2e-6, rtol=1e-4, msg=n)
 
 
-def test_auto_takes_the_band_path_and_generate_with_cache_equals_recompute(user_kernel):
+def test_auto_takes_the_band_kernel_and_generate_with_cache_equals_recompute(user_kernel):
     model = retrofit.convert(TINY["llama"](), "t5", num_buckets=16, max_distance=16)
     x = ids(1, 50)
     with torch.no_grad():
         model(x)
-        assert retrofit.describe(model)["attention_path"] == "cpu-flash-band"
+        assert retrofit.describe(model)["last_kernel"] == "cpu-flash-band"
         kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
         a = model.generate(x, use_cache=True, **kw)
         b = model.generate(x, use_cache=False, **kw)
@@ -174,17 +174,17 @@ def test_saved_band_model_reloads_with_the_same_logits(tmp_path):
     loaded = retrofit.load(tmp_path / "m")
     with torch.no_grad():
         after = loaded(x).logits
-    assert retrofit.describe(loaded)["attention_path"] == "cpu-flash-band"
+    assert retrofit.describe(loaded)["last_kernel"] == "cpu-flash-band"
     torch.testing.assert_close(after, before, atol=0, rtol=0)
 
 
 def test_a_window_that_reaches_every_key_is_no_window():
-    """Mistral's 4k window over a 2k input masks nothing: the call keeps the band path and its result."""
+    """Mistral's 4k window over a 2k input masks nothing: the call keeps the band kernel and its result."""
     q, k, v, table = _inputs(1, 2, 40, 8, 16)
     bias = lambda h, i, j: table[h, (i - j).clamp(0, 16)]  # noqa: E731
-    plain, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table))
-    windowed, wpath = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table, window=40))
-    assert path == wpath == "cpu-flash-band"
+    plain, ran = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table))
+    windowed, windowed_ran = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table, window=40))
+    assert ran == windowed_ran == "cpu-flash-band"
     torch.testing.assert_close(windowed, plain, atol=0, rtol=0)
-    short, spath = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table, window=39))
-    assert spath == "cpu-flash-mask" and not torch.allclose(short, plain)
+    short, short_ran = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias, band=table, window=39))
+    assert short_ran == "cpu-flash-mask" and not torch.allclose(short, plain)

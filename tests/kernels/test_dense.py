@@ -1,7 +1,7 @@
-"""Any bias through the CPU flash kernel block by block (path ``cpu-flash-mask``,
+"""Any bias through the CPU flash kernel block by block (kernel ``cpu-flash-mask``,
 ``src/retrofit/kernels/cpu_flash_mask.py``): exact against a plain fp64 softmax with an arbitrary per-(head, query, key) bias table, forward and backward
 (q, k, v and the table the bias is read from), with a cache offset, a window, padding, a per-row
-temperature and half inputs; FIRE models train on it with the chunked path's gradients; blocks stay
+temperature and half inputs; FIRE models train on it with the chunked kernel's gradients; blocks stay
 bounded; a frozen bias costs no score recompute."""
 
 from __future__ import annotations
@@ -130,11 +130,11 @@ def test_long_key_spans_take_fewer_rows_per_block(monkeypatch):
 
 def test_kernel_attend_picks_dense_on_cpu_for_a_bias_without_structure():
     q, k, v, table = _inputs(1, 2, 64, 64, 8)
-    out, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=_bias(table), bias_params=(table,)))
-    assert path == "cpu-flash-mask"
+    out, kernel = kernels.attend(Call(q, k, v, scaling=0.3, bias=_bias(table), bias_params=(table,)))
+    assert kernel == "cpu-flash-mask"
     torch.testing.assert_close(out.double(), _reference(q, k, v, 0.3, table), atol=2e-6, rtol=1e-5)
-    _, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=_bias(table), dropout=0.1))
-    assert path == "chunked"  # dropout: the chunked path (CPU SDPA's dropout)
+    _, kernel = kernels.attend(Call(q, k, v, scaling=0.3, bias=_bias(table), dropout=0.1))
+    assert kernel == "chunked"  # dropout: the chunked kernel (CPU SDPA's dropout)
 
 
 @pytest.mark.parametrize(
@@ -148,20 +148,20 @@ def test_kernel_attend_picks_dense_on_cpu_for_a_bias_without_structure():
 def test_a_model_trains_on_dense_with_the_chunked_gradients(scheme, options, user_kernel):
     """FIRE (its bias reads the query's position), T5 with a temperature, ALiBi in bf16 with a temperature:
     the model's loss and every trainable parameter's gradient (the position module's included) equal the
-    chunked path's."""
+    chunked kernel's."""
     dtype = torch.bfloat16 if scheme == "alibi" else torch.float32  # bf16 ALiBi + temperature: no fused q side
     model = retrofit.convert(TINY["gpt2"]().to(dtype), scheme, **options)
     x = ids(2, 3 * NATIVE)
     grads = {}
-    for path in ("auto", "chunked"):
-        set_kernel(model, path)
+    for kernel in ("auto", "chunked"):
+        set_kernel(model, kernel)
         model.zero_grad()
         loss = model(x, labels=x).loss
         loss.backward()
-        grads[path] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-        if path == "auto":
-            assert set(retrofit.patch.conversion._state(model).paths) == {"cpu-flash-mask"}
-            retrofit.patch.conversion._state(model).paths.clear()
+        grads[kernel] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        if kernel == "auto":
+            assert set(retrofit.patch.conversion._state(model).kernels) == {"cpu-flash-mask"}
+            retrofit.patch.conversion._state(model).kernels.clear()
     (la, ga), (lc, gc) = grads["auto"], grads["chunked"]
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(la, lc, atol=tol, rtol=tol)
@@ -177,5 +177,5 @@ def test_fire_decodes_and_generates_on_dense():
     with torch.no_grad():
         out = model.generate(x, max_new_tokens=NATIVE, do_sample=False, use_cache=True)
         full = model(out[:, :-1]).logits
-    assert retrofit.describe(model)["attention_path"] == "cpu-flash-mask"
+    assert retrofit.describe(model)["last_kernel"] == "cpu-flash-mask"
     assert torch.equal(full[0, 2 * NATIVE - 1 :].argmax(-1), out[0, 2 * NATIVE :])

@@ -1,6 +1,6 @@
 """ALiBi through the fused SDPA kernel (extra q/k dimensions) and FlashAttention's alibi_slopes:
 exact against a plain fp64 reference from the paper's equation, in every dtype, with padding,
-windows, a cached prefix, dropout's memory cap, and the path selection (a CUDA device faked)."""
+windows, a cached prefix, dropout's memory cap, and the kernel selection (a CUDA device faked)."""
 
 from __future__ import annotations
 
@@ -56,11 +56,11 @@ def test_fused_alibi_matches_the_paper_with_padding_windows_and_a_cached_prefix(
         pad = torch.ones(B, Tk, dtype=torch.bool)
         pad[0, :6] = False
     assert fused.block_rows(slopes, Tq) < Tq
-    out, path = kernels.attend(
+    out, kernel = kernels.attend(
         Call(q, k, v, scaling=D**-0.5, bias=None, slopes=slopes, key_padding=pad, window=window, q_start=q_start),
         "sdpa-alibi-dims",
     )
-    assert path == "sdpa-alibi-dims"
+    assert kernel == "sdpa-alibi-dims"
     torch.testing.assert_close(
         out.double(), _reference(q, k, v, D**-0.5, slopes, pad, window, q_start), atol=2e-6, rtol=1e-5
     )
@@ -70,8 +70,8 @@ def test_fused_alibi_decoding_one_query_sees_every_key():
     H, D, Tk = 4, 8, 300
     q, k, v = _qkv(1, H, 1, Tk, D)
     slopes = torch.tensor(alibi_slopes(H))
-    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=Tk - 1), "sdpa-alibi-dims")
-    assert path == "sdpa-alibi-dims"
+    out, kernel = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=Tk - 1), "sdpa-alibi-dims")
+    assert kernel == "sdpa-alibi-dims"
     torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes, q_start=Tk - 1), atol=2e-6, rtol=1e-5)
 
 
@@ -100,14 +100,14 @@ def test_fused_alibi_is_exact_in_each_dtype_at_4k_positions(dtype, atol):
     H, D, T = 8, 16, 4096
     q, k, v = _qkv(1, H, 256, T, D, dtype)
     slopes = torch.tensor(alibi_slopes(H))  # steepest 0.5: the bias reaches -2048 over 4k
-    out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=T - 256), "sdpa-alibi-dims")
-    assert path == "sdpa-alibi-dims" and out.dtype == dtype
+    out, kernel = kernels.attend(Call(q, k, v, scaling=D**-0.5, slopes=slopes, q_start=T - 256), "sdpa-alibi-dims")
+    assert kernel == "sdpa-alibi-dims" and out.dtype == dtype
     ref = _reference(q, k, v, D**-0.5, slopes, q_start=T - 256)
     assert (out.double() - ref).abs().max() < atol
 
 
 def test_dropout_on_cpu_caps_the_block_rows_and_checkpoints(monkeypatch):
-    """CPU SDPA with dropout materialises its scores: the blocks are capped like the chunked path."""
+    """CPU SDPA with dropout materialises its scores: the blocks are capped like the chunked kernel."""
     monkeypatch.setattr(call, "CHUNK_ELEMENTS", 4 * 16 * 64)
     seen = []
     real = fused._block
@@ -119,12 +119,12 @@ def test_dropout_on_cpu_caps_the_block_rows_and_checkpoints(monkeypatch):
     monkeypatch.setattr(fused, "_block", spy)
     leaves = _qkv(1, 4, 64, 64, 8, grad=True)
     slopes = torch.tensor(alibi_slopes(4))
-    out, path = kernels.attend(Call(*leaves, scaling=0.3, slopes=slopes, dropout=0.5), "sdpa-alibi-dims")
+    out, kernel = kernels.attend(Call(*leaves, scaling=0.3, slopes=slopes, dropout=0.5), "sdpa-alibi-dims")
     out.sum().backward()
-    assert path == "sdpa-alibi-dims" and max(seen) <= 16 and len(seen) >= 2 * 4  # forward + checkpointed recompute
+    assert kernel == "sdpa-alibi-dims" and max(seen) <= 16 and len(seen) >= 2 * 4  # forward + checkpointed recompute
 
 
-def test_path_selection_with_a_faked_cuda_device(monkeypatch):
+def test_kernel_selection_with_a_faked_cuda_device(monkeypatch):
     def call(dtype, cuda=True, **hints):
         q = SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(1, 4, 512, 64), requires_grad=True)
         return Call(q, q, q, 0.125, **hints)
@@ -154,8 +154,8 @@ def test_path_selection_with_a_faked_cuda_device(monkeypatch):
     assert choose(call(f32, cuda=False, bias=bias)) == "cpu-flash-mask"
     assert choose(call(f32, cuda=False, bias=bias, band=torch.zeros(4, 5))) == "cpu-flash-band"
     assert choose(call(f32, cuda=False, bias=bias, dropout=0.1)) == "chunked"  # dropout: chunked
-    with pytest.raises(RuntimeError, match="cpu-flash-mask attention path cannot serve this call: the CPU flash op"):
-        choose(call(f32, bias=bias), "cpu-flash-mask")  # the mask path: CPU only
+    with pytest.raises(RuntimeError, match="cpu-flash-mask kernel cannot serve this call: the CPU flash op"):
+        choose(call(f32, bias=bias), "cpu-flash-mask")  # the mask kernel: CPU only
     assert choose(call(f32, cuda=False), "cpu-flash-mask") == "sdpa"  # no positional term: the choice does not apply
 
 
@@ -187,7 +187,7 @@ def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):
 
 
 def test_every_linear_scheme_declares_its_slopes_truthfully():
-    """A scheme that hands the fused path slopes must have exactly that bias (else the path is wrong)."""
+    """A scheme that hands the fused kernel slopes must have exactly that bias (else the kernel is wrong)."""
     from retrofit.scheme.base import ModelSpec
 
     spec = ModelSpec(
@@ -210,20 +210,20 @@ def test_every_linear_scheme_declares_its_slopes_truthfully():
         if slopes is None:
             continue
         linear.append(name)
-        before = (j <= i).expand(6, 40, 40)  # the fused paths serve causal calls: keys up to the query
+        before = (j <= i).expand(6, 40, 40)  # the fused kernels serve causal calls: keys up to the query
         torch.testing.assert_close(scheme.bias(0, h, i, j)[before], (-slopes[h] * (i - j).float())[before])
     assert linear == ["alibi"]
 
 
 @pytest.mark.parametrize("scale_bias", [False, True])
-def test_a_converted_model_trains_and_runs_on_the_fused_path_and_matches_chunked(scale_bias, user_kernel):
+def test_a_converted_model_trains_and_runs_on_the_fused_kernel_and_matches_chunked(scale_bias, user_kernel):
     model = retrofit.convert(TINY["gpt2"]().eval(), "alibi", scale_bias=scale_bias)
     ids = torch.randint(0, 100, (2, 200))
     mask = torch.ones_like(ids)
     mask[0, :11] = 0
     with torch.no_grad():
         fused_logits = model(ids, attention_mask=mask).logits
-        assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
+        assert retrofit.describe(model)["last_kernel"] == "sdpa-alibi-dims"
         set_kernel(model, "chunked")
         chunked_logits = model(ids, attention_mask=mask).logits
     torch.testing.assert_close(fused_logits[1], chunked_logits[1], atol=1e-5, rtol=1e-5)
@@ -231,7 +231,7 @@ def test_a_converted_model_trains_and_runs_on_the_fused_path_and_matches_chunked
     set_kernel(model, "auto")
     model.train()
     model(ids, labels=ids).loss.backward()
-    assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
+    assert retrofit.describe(model)["last_kernel"] == "sdpa-alibi-dims"
     assert math.isfinite(float(model.transformer.h[0].attn.c_attn.weight.grad.abs().sum()))
 
 
@@ -306,11 +306,11 @@ def test_dynamic_rope_re_rotates_the_cache_exactly(monkeypatch):
 
 @pytest.mark.slow
 def test_cpu_flex_compiles_a_learned_bias_in_every_layer_and_an_alibi_bias_over_blocks(monkeypatch):
-    """The compiled CPU flex path, in one test (one process pays inductor's ~15 s start-up once):
+    """The compiled CPU flex kernel, in one test (one process pays inductor's ~15 s start-up once):
 
     - a converted T5 with the temperature on. Regressions: a score_mod indexing a per-layer table with a Python
       int failed to compile (inductor C++ error) from the second layer on, so T5/Shaw/FIRE inference silently
-      fell to the chunked path (the layer now reaches bias functions as a 0-d tensor); a per-row temperature
+      fell to the chunked kernel (the layer now reaches bias functions as a 0-d tensor); a per-row temperature
       tensor in a score_mod fails CPU inductor's flex template (unpadded inference reads the temperature from
       the query position instead). Flex runs in every layer and matches chunked, and convert's probe compiled
       what the first call needs.
@@ -331,7 +331,7 @@ def test_cpu_flex_compiles_a_learned_bias_in_every_layer_and_an_alibi_bias_over_
         flex = model(x).logits
         # convert's probe compiled it: another length and memory layout (a cache's keys) compile nothing more
         assert counters["frames"]["ok"] == compiled
-        assert set(retrofit.describe(model)["attention_paths"]) == {"flex"}  # every layer, every call
+        assert set(retrofit.describe(model)["kernels"]) == {"flex"}  # every layer, every call
         set_kernel(model, "chunked")
         chunked = model(x).logits
     torch.testing.assert_close(flex, chunked, atol=2e-5, rtol=1e-4)
@@ -340,8 +340,8 @@ def test_cpu_flex_compiles_a_learned_bias_in_every_layer_and_an_alibi_bias_over_
     q, k, v = _qkv(1, H, T, T, D)
     slopes = torch.tensor(alibi_slopes(H))
     with torch.no_grad():
-        out, path = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=lambda h, i, j: -slopes[h] * (i - j)), "flex")
-    assert path == "flex"
+        out, kernel = kernels.attend(Call(q, k, v, scaling=D**-0.5, bias=lambda h, i, j: -slopes[h] * (i - j)), "flex")
+    assert kernel == "flex"
     torch.testing.assert_close(out.double(), _reference(q, k, v, D**-0.5, slopes), atol=1e-5, rtol=1e-4)
 
 

@@ -1,4 +1,4 @@
-"""The attention paths are one table (``retrofit.kernels.PATHS``) and the kernel choice lives in one place (the
+"""The attention kernels are one table (``retrofit.kernels.KERNELS``) and the kernel choice lives in one place (the
 model's state, saved with it): the CLI's choices and help come from the table, each row is one module, earlier
 names map in one place, nothing reads an environment variable, and ``set_kernel`` reaches the saved config."""
 
@@ -29,7 +29,7 @@ def _convert_parser():
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["convert"]
 
 
-def test_the_cli_offers_the_tables_choices_and_lists_every_path():
+def test_the_cli_offers_the_tables_choices_and_lists_every_kernel():
     sub = _convert_parser()
     kernel_opt = next(a for a in sub._actions if "--kernel" in a.option_strings)
     assert kernel_opt.choices is None  # no second list: the table validates
@@ -38,12 +38,12 @@ def test_the_cli_offers_the_tables_choices_and_lists_every_path():
         kernel_opt.type("fast")
     kernel_help = cli_convert.scheme_help().split("kernels (--kernel)")[1].split("architectures:")[0]
     listed = re.findall(r"^  ([\w-]+): ", kernel_help, re.MULTILINE)
-    assert listed == [p.name for p in kernels.PATHS]
+    assert listed == [p.name for p in kernels.KERNELS]
 
 
-def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path():
-    rows = {p.name.replace("-", "_"): p for p in kernels.PATHS}
-    assert {p.serves.__module__ for p in kernels.PATHS} == {p.run.__module__ for p in kernels.PATHS}
+def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_kernel():
+    rows = {p.name.replace("-", "_"): p for p in kernels.KERNELS}
+    assert {p.serves.__module__ for p in kernels.KERNELS} == {p.run.__module__ for p in kernels.KERNELS}
     assert all(p.run.__module__ == f"retrofit.kernels.{mod}" for mod, p in rows.items())
     helpers = {
         "__init__",
@@ -52,7 +52,7 @@ def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path(
         "denormal",
     }  # the table, the call record, the CPU flash op, the denormal flush
     assert {f.stem for f in (ROOT / "src" / "retrofit" / "kernels").glob("*.py")} - helpers == set(rows)
-    quoted = re.compile("[\"'](" + "|".join(re.escape(p.name) for p in kernels.PATHS) + ")[\"']")
+    quoted = re.compile("[\"'](" + "|".join(re.escape(p.name) for p in kernels.KERNELS) + ")[\"']")
     outside = [
         f"{f.relative_to(ROOT)}: {m.group(0)}"
         for f in sorted((ROOT / "src" / "retrofit").rglob("*.py"))
@@ -62,7 +62,7 @@ def test_each_row_is_one_module_named_after_it_and_no_other_module_names_a_path(
     assert not outside, outside
 
 
-def test_a_name_the_table_does_not_hold_or_a_path_that_cannot_serve_the_kind_is_an_error():
+def test_a_name_the_table_does_not_hold_or_a_kernel_that_cannot_serve_the_kind_is_an_error():
     with pytest.raises(OptionError, match="kernel must be one of auto, "):
         kernels.check("fused", "bias")  # a 0.1 name: no alias kept
     with pytest.raises(OptionError, match="cannot serve a rotary scheme"):
@@ -95,7 +95,7 @@ def test_set_kernel_is_saved_and_an_earlier_name_loads(tmp_path):
     assert retrofit.describe(loaded)["kernel"] == "chunked"
     with torch.no_grad():
         loaded(ids(1, 20))
-    assert retrofit.describe(loaded)["attention_path"] == "chunked"
+    assert retrofit.describe(loaded)["last_kernel"] == "chunked"
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     with pytest.raises(OptionError, match="kernel must be one of"):
         set_kernel(loaded, "fast")
@@ -107,7 +107,7 @@ def test_set_kernel_is_saved_and_an_earlier_name_loads(tmp_path):
 
 
 @pytest.mark.parametrize("term", ["softcap", "sinks"])
-def test_only_a_path_that_writes_the_scores_out_serves_a_models_own_score_terms(term):
+def test_only_a_kernel_that_writes_the_scores_out_serves_a_models_own_score_terms(term):
     """gemma2's softcap and gpt_oss's sinks: auto takes the one row that applies them (chunked), a named row
     that cannot says why, and the output equals the plain formula."""
     g = torch.Generator().manual_seed(0)
@@ -117,10 +117,10 @@ def test_only_a_path_that_writes_the_scores_out_serves_a_models_own_score_terms(
     call = kernels.Call(q, k, v, 8**-0.5, bias=lambda h, i, j: -slopes[h] * (i - j), slopes=slopes, **extra)
     assert call.scored
     assert kernels.choose(call).name == "chunked"
-    assert all(p.why_not(call) for p in kernels.PATHS if not p.scores)
+    assert all(p.why_not(call) for p in kernels.KERNELS if not p.scores)
     with pytest.raises(RuntimeError, match="does not apply"):
         kernels.choose(call, "sdpa-alibi-dims")
-    out, path = kernels.attend(call)
+    out, kernel = kernels.attend(call)
     i, j = torch.arange(12)[:, None], torch.arange(12)[None, :]
     content = q @ k.transpose(-1, -2) * 8**-0.5
     if term == "softcap":

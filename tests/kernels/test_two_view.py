@@ -1,4 +1,4 @@
-"""The two-view paths (SelfExtend, STRING: ``kernels.Far``): the CPU flash path and the chunked path against
+"""The two-view kernels (SelfExtend, STRING: ``kernels.Far``): the CPU flash kernel and the chunked kernel against
 attention written out densely, on calls with a cache, blocks smaller and larger than the reach, grouped keys."""
 
 from __future__ import annotations
@@ -27,21 +27,21 @@ CASES = [  # (B, H, Tq, Tk, reach, q_start)
 
 @pytest.mark.parametrize("kernel", ["auto", "chunked"])
 @pytest.mark.parametrize("B,H,Tq,Tk,reach,q_start", CASES)
-def test_two_view_paths_equal_dense_attention(B, H, Tq, Tk, reach, q_start, kernel):
+def test_two_view_kernels_equal_dense_attention(B, H, Tq, Tk, reach, q_start, kernel):
     g = torch.Generator().manual_seed(Tq + reach)
     q, fq = (torch.randn(B, H, Tq, 16, generator=g) for _ in range(2))
     k, v, fk = (torch.randn(B, H, Tk, 16, generator=g) for _ in range(3))
-    out, path = attend(Call(q, k, v, 0.25, q_start=q_start, far=Far(fq, fk, reach)), kernel)
-    assert path == ("cpu-flash-two-view" if kernel == "auto" else "chunked")
+    out, ran = attend(Call(q, k, v, 0.25, q_start=q_start, far=Far(fq, fk, reach)), kernel)
+    assert ran == ("cpu-flash-two-view" if kernel == "auto" else "chunked")
     torch.testing.assert_close(out, _dense(q, k, v, fq, fk, reach, q_start, 0.25), atol=2e-6, rtol=1e-5)
 
 
-def test_grouped_keys_padding_and_gradients_take_the_chunked_path():
+def test_grouped_keys_padding_and_gradients_take_the_chunked_kernel():
     q, fq = torch.randn(1, 4, 64, 8), torch.randn(1, 4, 64, 8)
     k, v, fk = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
     ref = _dense(q, *(x.repeat_interleave(2, 1) for x in (k, v)), fq, fk.repeat_interleave(2, 1), 20, 0, 0.3)
-    out, path = attend(Call(q, k, v, 0.3, far=Far(fq, fk, 20)))
-    assert path == "cpu-flash-two-view"
+    out, kernel = attend(Call(q, k, v, 0.3, far=Far(fq, fk, 20)))
+    assert kernel == "cpu-flash-two-view"
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
     pad = torch.ones(1, 64, dtype=torch.bool)
     pad[0, :3] = False

@@ -1,7 +1,7 @@
 """The attention function is the glue between transformers and the scheme: one call of a converted layer, from
 ``retrofit_attention``'s entry to its return, crosses few of the package's files (a structural count of the files
 whose functions run, not a timing): the glue, the scheme's kind base and the scheme, the table, the call record
-and the path that runs."""
+and the kernel that runs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from retrofit.patch import attention
 from ..tiny import TINY, ids
 
 SRC = str(Path(retrofit.__file__).parent)
-MOST_FILES = 6  # patch/attention, scheme/base, scheme/alibi, kernels/__init__, kernels/call, the path's module
+MOST_FILES = 6  # patch/attention, scheme/base, scheme/alibi, kernels/__init__, kernels/call, the kernel's module
 
 
 def files_entered(entry, run) -> list[str]:
@@ -52,6 +52,6 @@ def test_a_gpt2_converted_to_alibi_crosses_few_files_from_the_attention_function
             model(x)
 
         files = files_entered(attention.retrofit_attention, forward)
-    assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"  # CPU, fp32, kernel auto
+    assert retrofit.describe(model)["last_kernel"] == "sdpa-alibi-dims"  # CPU, fp32, kernel auto
     assert files[0] == "patch/attention.py" and "kernels/sdpa_alibi_dims.py" in files, files
     assert len(files) <= MOST_FILES, f"{len(files)} files from retrofit_attention to SDPA: {files}"

@@ -341,10 +341,10 @@ def test_chunked_kernel_matches_naive_across_chunk_boundaries(monkeypatch, windo
     pad = torch.ones(B, Tk, dtype=torch.bool)
     pad[0, :6] = False
     bias = _alibi_bias(H)
-    out, path = kernels.attend(
+    out, kernel = kernels.attend(
         Call(q, k, v, scaling=D**-0.5, bias=bias, key_padding=pad, window=window, q_start=q_start), "chunked"
     )
-    assert path == "chunked"
+    assert kernel == "chunked"
     torch.testing.assert_close(out, _naive(q, k, v, D**-0.5, bias, pad, window, q_start), atol=1e-5, rtol=1e-5)
 
 
@@ -392,11 +392,11 @@ def test_a_failing_flex_compile_is_reported_and_falls_back(monkeypatch, caplog):
     q, k, v = (torch.randn(1, 2, 200, 8) for _ in range(3))
     bias = _alibi_bias(2)
     with torch.no_grad():
-        out, path = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias), "auto")
+        out, kernel = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias), "auto")
         ref, _ = kernels.attend(Call(q, k, v, scaling=0.3, bias=bias), "chunked")
         with pytest.raises(RuntimeError, match="simulated"):
             kernels.attend(Call(q, k, v, scaling=0.3, bias=bias), "flex")  # explicit: never substituted
-    assert path == "chunked (flex failed)" and torch.equal(out, ref)
+    assert kernel == "chunked (flex failed)" and torch.equal(out, ref)
     assert "simulated compile failure" in caplog.text
 
 
@@ -434,7 +434,7 @@ def test_convert_leaves_the_callers_config_alone_and_revert_stays_exact():
 
 
 @pytest.mark.parametrize("scheme", ["t5", "shaw", "fire"])
-def test_auto_never_picks_a_path_that_refuses_float64(scheme, monkeypatch, user_kernel):
+def test_auto_never_picks_a_kernel_that_refuses_float64(scheme, monkeypatch, user_kernel):
     """CPU flex refuses float64: kernel auto must not try it (and lose a compile) before falling back."""
 
     def no_flex():
@@ -444,8 +444,8 @@ def test_auto_never_picks_a_path_that_refuses_float64(scheme, monkeypatch, user_
     model = retrofit.convert(TINY["gpt2"]().double(), scheme)
     with torch.no_grad():
         model(ids(1, 2 * NATIVE + 200))  # long enough for auto to consider flex
-    paths = set(retrofit.patch.conversion._state(model).paths)
-    assert paths == {"chunked"}, paths
+    ran = set(retrofit.patch.conversion._state(model).kernels)
+    assert ran == {"chunked"}, ran
     with pytest.raises(RuntimeError, match="float64"):
         q = torch.zeros(1, 1, 200, 8, dtype=torch.float64)
         kernels.choose(Call(q, q, q, 0.3, bias=_alibi_bias(1)), "flex")

@@ -50,8 +50,8 @@ def test_chunked_relative_logits_equal_the_plain_computation(monkeypatch, positi
         else torch.cat([torch.arange(10), torch.arange(60, 75), torch.arange(170, 185)])
     )
     rel = Relative(rel_q, rel_keys, None if positions == "slots" else pos)
-    out, path = kernels.attend(Call(q, k, v, scaling=0.35, relative=rel))
-    assert path == "chunked"
+    out, kernel = kernels.attend(Call(q, k, v, scaling=0.35, relative=rel))
+    assert kernel == "chunked"
     torch.testing.assert_close(out.double(), plain_relative(q, k, v, rel_q, rel_keys, pos, 0.35), atol=1e-5, rtol=1e-5)
 
 
@@ -118,7 +118,7 @@ def test_xl_starts_as_the_content_term_alone_and_its_terms_are_live():
             p.normal_(0, 0.5)
             assert not torch.allclose(model(x).logits, nope, atol=1e-3), f"{name} has no effect"
             p.zero_()
-    assert retrofit.describe(model)["attention_path"] == "chunked"
+    assert retrofit.describe(model)["last_kernel"] == "chunked"
 
 
 def test_xl_decode_table_is_rebuilt_when_the_projection_changes():
@@ -173,7 +173,7 @@ def test_cli_converts_to_xl_and_the_checkpoint_reloads(tmp_path):
         torch.testing.assert_close(model(x).logits, again(x).logits)
 
 
-# The fused relative paths (sdpa-relative-dims: Transformer-XL; cpu-flash-relative-band: NEZHA) against chunked.
+# The fused relative kernels (sdpa-relative-dims: Transformer-XL; cpu-flash-relative-band: NEZHA) against chunked.
 
 
 def _xl_leaves(B=2, H=3, T=40, D=8, dim=6, seed=0):
@@ -201,8 +201,8 @@ def _same_as_chunked(kernel_name, call_of, leaves, atol=1e-5):
     """The call on ``kernel_name`` and on chunked: the same output and gradients of every leaf."""
     results = []
     for name in (kernel_name, "chunked"):
-        out, path = kernels.attend(call_of(), name)
-        assert path == name
+        out, kernel = kernels.attend(call_of(), name)
+        assert kernel == name
         results.append((out, torch.autograd.grad(out.pow(2).sum(), leaves)))
     (out, grads), (ref, ref_grads) = results
     torch.testing.assert_close(out, ref, atol=atol, rtol=1e-4)
@@ -217,7 +217,7 @@ PADDING[1] = True
 @pytest.mark.parametrize(
     "case", ["full", "padding", "window", "prefix", "decode", "prefix+window+padding", "positions"]
 )
-def test_xl_dims_path_equals_chunked(monkeypatch, case):
+def test_xl_dims_kernel_equals_chunked(monkeypatch, case):
     """Forward and gradients of q, k, v, the position query and W_R; the window and padding cases in
     several blocks of queries (a small chunk budget)."""
     monkeypatch.setattr(call, "CHUNK_ELEMENTS", 3 * 40 * 9)
@@ -243,7 +243,7 @@ def test_xl_dims_path_equals_chunked(monkeypatch, case):
     _same_as_chunked("sdpa-relative-dims", call_of, leaves)
 
 
-def test_xl_dims_path_in_half_precision():
+def test_xl_dims_kernel_in_half_precision():
     q, k, v, rel_q, W = (t.detach().to(torch.bfloat16) for t in _xl_leaves())
     rel = _xl_relative(rel_q, W, 40)
     out, _ = kernels.attend(Call(q, k, v, scaling=0.35, relative=rel), "sdpa-relative-dims")
@@ -254,7 +254,7 @@ def test_xl_dims_path_in_half_precision():
 
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("rows,K,T", [(4, 5, 40), (128, 64, 300), (8, 10, 100), (8, 10, 11)])
-def test_nezha_band_path_equals_chunked(monkeypatch, shared, rows, K, T):
+def test_nezha_band_kernel_equals_chunked(monkeypatch, shared, rows, K, T):
     """Forward and gradients of q, k, v and the position query (as NEZHA: the query itself, and apart), with
     blocks of ``rows`` queries: the first blocks alone, the rest batched; a reach of a block or several."""
     monkeypatch.setattr(cpu_flash_band, "ROWS", rows)
@@ -267,7 +267,7 @@ def test_nezha_band_path_equals_chunked(monkeypatch, shared, rows, K, T):
         )
 
 
-def test_auto_takes_the_fused_relative_paths_where_they_serve():
+def test_auto_takes_the_fused_relative_kernels_where_they_serve():
     xl = _xl_leaves()
     q, k, v, rel_q, W = (t.detach() for t in xl)
     table = _nezha_table(1, 40, 5, 8, True)
@@ -313,8 +313,8 @@ def test_auto_takes_the_fused_relative_paths_where_they_serve():
         assert kernels.choose(nezha_call(keys=learned)).name == "chunked"
 
 
-def test_the_fused_relative_paths_hold_no_n_by_n_tensor(monkeypatch):
-    """Memory linear in N: the dims path runs one causal square with no mask; the band path's masks span a
+def test_the_fused_relative_kernels_hold_no_n_by_n_tensor(monkeypatch):
+    """Memory linear in N: the dims kernel runs one causal square with no mask; the band kernel's masks span a
     window of keys per block (never every key)."""
     N = 1024
     masks = []
@@ -327,22 +327,24 @@ def test_the_fused_relative_paths_hold_no_n_by_n_tensor(monkeypatch):
     monkeypatch.setattr(cpu_flash, "forward", spy)
     leaves = _xl_leaves(B=1, H=2, T=N, D=4, dim=4)
     q, k, v, rel_q, W = leaves
-    out, path = kernels.attend(Call(q, k, v, scaling=0.5, relative=_xl_relative(rel_q, W, N)))
+    out, kernel = kernels.attend(Call(q, k, v, scaling=0.5, relative=_xl_relative(rel_q, W, N)))
     out.sum().backward()
-    assert path == "sdpa-relative-dims" and not masks  # stock SDPA's fused square (no float mask)
+    assert kernel == "sdpa-relative-dims" and not masks  # stock SDPA's fused square (no float mask)
     kernels.attend(Call(q, k, v, scaling=0.5, relative=Relative(q, _nezha_table(1, N, 64, 4, True), reach=64)))
     assert masks and all(m is None or m[-1] * m[-2] <= 128 * 256 for m in masks)
 
 
 @pytest.mark.parametrize(
-    "scheme,options,path",
+    "scheme,options,kernel",
     [
         ("xl", {"init": "random", "dim": 6}, "sdpa-relative-dims"),
         ("nezha", {"max_distance": 8}, "cpu-flash-relative-band"),
     ],
 )
 @pytest.mark.slow
-def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked(user_kernel, scheme, options, path):
+def test_a_converted_model_trains_on_the_fused_relative_kernel_and_matches_chunked(
+    user_kernel, scheme, options, kernel
+):
     """Loss and every parameter's gradient (xl's u, v, W_R included) equal chunked's; generate with the
     cache equals recompute on auto."""
     torch.manual_seed(0)
@@ -350,13 +352,13 @@ def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked
     x = ids(2, 70)
 
     def step(kernel_name):
-        return *train_step(model, kernel_name, x), set(retrofit.patch.conversion._state(model).paths)
+        return *train_step(model, kernel_name, x), set(retrofit.patch.conversion._state(model).kernels)
 
-    loss_f, grads_f, paths_f = step("auto")
-    assert retrofit.describe(model)["attention_path"] == path
-    retrofit.patch.conversion._state(model).paths.clear()
-    loss_c, grads_c, paths_c = step("chunked")
-    assert paths_f >= {path} and paths_c == {"chunked"}
+    loss_f, grads_f, kernels_f = step("auto")
+    assert retrofit.describe(model)["last_kernel"] == kernel
+    retrofit.patch.conversion._state(model).kernels.clear()
+    loss_c, grads_c, kernels_c = step("chunked")
+    assert kernels_f >= {kernel} and kernels_c == {"chunked"}
     torch.testing.assert_close(loss_f, loss_c, atol=1e-6, rtol=1e-6)
     assert grads_f.keys() == grads_c.keys()
     if scheme == "xl":
@@ -368,5 +370,5 @@ def test_a_converted_model_trains_on_the_fused_relative_path_and_matches_chunked
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=NATIVE, do_sample=False, use_cache=True)
         full = model(out[:, :-1]).logits
-    assert retrofit.describe(model)["attention_path"] == path  # the recompute: full causal attention
+    assert retrofit.describe(model)["last_kernel"] == kernel  # the recompute: full causal attention
     assert torch.equal(full[0, NATIVE - 1 :].argmax(-1), out[0, NATIVE:])

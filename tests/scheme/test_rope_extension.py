@@ -83,7 +83,7 @@ def test_equals_attention_written_from_the_papers_position_matrix(extension, opt
         ref = ref_model(x).logits
         out = model(x).logits
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
-    assert retrofit.describe(model)["attention_path"] == ("cpu-flash-two-view" if kernel == "auto" else "chunked")
+    assert retrofit.describe(model)["last_kernel"] == ("cpu-flash-two-view" if kernel == "auto" else "chunked")
     retrofit.revert(model)
     with torch.no_grad():
         plain = model(x).logits
@@ -105,7 +105,7 @@ def test_cache_left_padding_and_save_reload(model_type, extension, tmp_path):
     """generate() with a cache equals recompute, a left-padded batch equals each prompt alone and save -> reload
     keeps the logits, past native, on a full rotation (llama), a partial one (gpt_neox), interleaved pairs (gptj)
     and a learned-absolute model given rope (gpt2)."""
-    # the user's default kernel: the CPU flash path where it serves (no padding), the chunked path elsewhere
+    # the user's default kernel: the CPU flash kernel where it serves (no padding), the chunked kernel elsewhere
     model = retrofit.convert(TINY[model_type](), "rope", extension=extension, factor=4.0, kernel="auto")
     o = model.retrofit_positions.options
     assert o.window and (o.group or o.shift)  # defaults filled from factor x native
@@ -173,7 +173,7 @@ def test_bad_options_are_refused_by_name(opts, words):
         retrofit.convert(TINY["llama"](), "rope", **opts)
 
 
-def test_a_forced_single_view_path_is_refused_at_convert():
+def test_a_forced_single_view_kernel_is_refused_at_convert():
     with pytest.raises(RuntimeError, match="second rotary view"):
         retrofit.convert(TINY["llama"](), "rope", extension="string", factor=2.0, kernel="sdpa")
 
@@ -205,9 +205,9 @@ def test_the_native_export_refuses_by_name(tmp_path):
         export(model, tmp_path / "n", native=True)
 
 
-def test_mla_with_narrower_values_runs_through_the_chunked_path():
+def test_mla_with_narrower_values_runs_through_the_chunked_kernel():
     """DeepSeek's values are narrower than its queries and keys (v_head_dim < qk width): the CPU flash op takes
-    equal widths only, so the user's default kernel sends such calls to the chunked path."""
+    equal widths only, so the user's default kernel sends such calls to the chunked kernel."""
     import transformers as tf
 
     from ..adapters.test_structure import MLA, tiny
@@ -216,7 +216,7 @@ def test_mla_with_narrower_values_runs_through_the_chunked_path():
     retrofit.convert(model, "rope", extension="string", factor=4.0, kernel="auto")
     with torch.no_grad():
         out = model(ids(1, 3 * NATIVE)).logits
-    assert torch.isfinite(out).all() and retrofit.describe(model)["attention_path"] == "chunked"
+    assert torch.isfinite(out).all() and retrofit.describe(model)["last_kernel"] == "chunked"
 
 
 def test_a_sliding_window_layer_keeps_its_exact_positions():

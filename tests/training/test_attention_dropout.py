@@ -1,5 +1,5 @@
 """A fine-tune's ``train.attention_dropout`` replaces the attention module's own dropout while training: at 0
-a GPT-2 (attn_pdrop 0.1) converted to T5 trains on the fused band path, not the chunked one."""
+a GPT-2 (attn_pdrop 0.1) converted to T5 trains on the fused band kernel, not the chunked one."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ def test_attention_dropout_override(user_kernel):
     model.train()
     x = torch.randint(0, model.config.vocab_size, (1, 32))
     model(x).logits.sum().backward()
-    assert retrofit.describe(model)["attention_path"] == "chunked"  # dropout: the fused kernels have none
+    assert retrofit.describe(model)["last_kernel"] == "chunked"  # dropout: the fused kernels have none
     assert mdl.set_attention_dropout(model, TrainConfig()) == 0.0  # the fine-tune's default, as the loop sets it
     model(x).logits.sum().backward()
-    assert retrofit.describe(model)["attention_path"] == "cpu-flash-band"
+    assert retrofit.describe(model)["last_kernel"] == "cpu-flash-band"
 
 
 def test_attention_dropout_null_or_unconverted_keeps_the_models_own():

@@ -97,9 +97,9 @@ def test_alibi_learn_slopes_round_trip_and_gradient(tiny, tmp_path):
         set_kernel(model, kernel)
         scheme.slopes.grad = None
         model(input_ids=x).logits.pow(2).mean().backward()
-        path = retrofit.describe(model)["attention_path"]
-        assert scheme.slopes.grad is not None and scheme.slopes.grad.abs().sum() > 0, path
-    assert {"sdpa-alibi-dims", "chunked"} <= set(retrofit.describe(model)["attention_paths"])
+        ran = retrofit.describe(model)["last_kernel"]
+        assert scheme.slopes.grad is not None and scheme.slopes.grad.abs().sum() > 0, ran
+    assert {"sdpa-alibi-dims", "chunked"} <= set(retrofit.describe(model)["kernels"])
     with torch.no_grad():
         scheme.slopes.mul_(torch.linspace(0.5, 1.5, scheme.slopes.numel()))
     retrofit.save(model, tmp_path / "m", tokenizer=tok)
@@ -121,7 +121,7 @@ def test_alibi_fused_slope_gradient_matches_finite_differences():
         return model(input_ids=x).logits.pow(2).mean()
 
     loss().backward()
-    assert retrofit.describe(model)["attention_path"] == "sdpa-alibi-dims"
+    assert retrofit.describe(model)["last_kernel"] == "sdpa-alibi-dims"
     eps = 1e-6
     for h in range(slopes.numel()):
         with torch.no_grad():

@@ -125,10 +125,10 @@ def test_docs_list_every_key():
     assert not missing, f"docs/finetune.md does not list {missing}"
 
 
-def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code():
-    """The fine-tune throughput table (docs/results.md) names the path each scheme trained on, which must be
+def test_docs_finetune_benchmark_kernels_match_the_benchmark_and_the_code():
+    """The fine-tune throughput table (docs/results.md) names the kernel each scheme trained on, which must be
     the one benchmarks/bench_finetune.json recorded (the most used; the unconverted model: stock) and the one
-    the path table picks for such a step with the dropout as shipped (a converted model trains without it)."""
+    the kernel table picks for such a step with the dropout as shipped (a converted model trains without it)."""
     import json
     import re
 
@@ -144,7 +144,7 @@ def test_docs_finetune_benchmark_paths_match_the_benchmark_and_the_code():
     bench = json.loads((root / "benchmarks" / "bench_finetune.json").read_text())["results"]
     assert set(doc) == set(bench), (set(doc), set(bench))
     for scheme, result in bench.items():
-        recorded = result["attention_path"]
+        recorded = result["kernels"]
         main = max(recorded, key=recorded.get) if recorded else "stock"
         assert doc[scheme].split(" ")[0] == main, (scheme, doc[scheme], recorded)
         assert f"| {scheme} | {result['attention_dropout']:g} | {result['tokens_per_s']} |" in section, scheme

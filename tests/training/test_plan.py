@@ -70,7 +70,7 @@ MODELS = {
 @pytest.mark.parametrize("name", [*MODELS, "llama-yarn"])
 def test_activation_term_matches_what_autograd_keeps(name):
     """Stock models, and a converted one whose attention stays on SDPA (RoPE rescaling). Bias schemes on
-    the CPU's chunked path keep more (docs/finetune.md gives the measured excess); not counted."""
+    the CPU's chunked kernel keep more (docs/finetune.md gives the measured excess); not counted."""
     import retrofit
 
     torch.manual_seed(0)

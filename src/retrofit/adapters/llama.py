@@ -137,7 +137,7 @@ class LlamaAdapter(Adapter):
     # the rope scheme rotates interleaved pairs (other schemes remove the rotary); layers without positions
     # (smollm3's no_rope_layers) stay without them; per-layer-type rope (gemma3): the rope scheme keeps the
     # local layers' own rotation and applies its options to the global layers; softcapped logits (gemma2) and
-    # attention sinks (gpt_oss) go through the one path that writes the scores out (kernels: ``Path.scores``)
+    # attention sinks (gpt_oss) go through the one kernel that writes the scores out (kernels: ``Kernel.scores``)
     # MLA (deepseek_v3 and kin): the rotary part is split off and concatenated after the rest of each head
     # (x2, -x1) (nanochat) rotates the other way
     handles = (

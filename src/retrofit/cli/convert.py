@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def _help_text() -> str:
     """The epilog of ``retrofit convert --help``: the catalog and the built-in names, without importing torch; with
-    ``--to SCHEME`` also that scheme's options, the attention paths and the architectures (``scheme_help``)."""
+    ``--to SCHEME`` also that scheme's options, the attention kernels and the architectures (``scheme_help``)."""
     from ..foundation.catalog import CATALOG, schemes_help
     from . import ARGV as argv
 
@@ -28,7 +28,7 @@ def _help_text() -> str:
 
 
 def scheme_help(only: str | None = None) -> str:
-    """The schemes (``only``: that one) with their options, the attention paths, the architectures and the built-in
+    """The schemes (``only``: that one) with their options, the attention kernels, the architectures and the built-in
     names, from the registries (imports torch)."""
     from .. import kernels
     from ..scheme import SCHEMES
@@ -55,7 +55,7 @@ def scheme_help(only: str | None = None) -> str:
 
 
 def _kernel(name: str) -> str:
-    """--kernel: a choice of the path table (``retrofit.kernels``), by its current name ("auto", the default,
+    """--kernel: a choice of the kernel table (``retrofit.kernels``), by its current name ("auto", the default,
     is checked without importing the table: argparse checks the default too)."""
     if name == "auto":
         return name
@@ -102,8 +102,8 @@ def add_parser(sub) -> None:
         "--kernel",
         default="auto",
         type=_kernel,
-        metavar="PATH",
-        help="attention path: auto picks per call (recorded in describe), or one of the kernels "
+        metavar="KERNEL",
+        help="attention kernel: auto picks per call (recorded in describe), or one of the kernels "
         "listed below (saved with the checkpoint)",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty --out")

@@ -66,7 +66,7 @@ def cost_table(report) -> str:
             _fmt(c["tokens_per_s"], 0),
             _mb(c["peak_memory_bytes"]),
             *([_mb(c["peak_memory_delta_bytes"])] if delta else []),
-            str(r.get("attention_path") or "–"),
+            str(r.get("kernel") or "–"),
             "–" if c.get("same_pass_as_length") is None else f"same pass as {c['same_pass_as_length']}",
         ]
         for c, r in zip(report["cost"], report.rows)

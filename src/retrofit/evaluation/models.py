@@ -62,7 +62,7 @@ def describe_model(model) -> dict:
         "model_type": getattr(cfg, "model_type", None),
         "native": {"kind": None, "length": length},
         "max_length": length,
-        "attention_path": None,
+        "last_kernel": None,
         "source": "config",
     }
 

@@ -159,9 +159,9 @@ def windows(job: Job, n: int) -> int:
     return sliding_window_count(n, job.window, job.stride)
 
 
-def _attention_path(model) -> str | None:
+def _kernel(model) -> str | None:
     d = describe_model(model)
-    return d.get("attention_path") or getattr(model.config, "_attn_implementation", None)
+    return d.get("last_kernel") or getattr(model.config, "_attn_implementation", None)
 
 
 def _device_of(model):
@@ -186,8 +186,8 @@ def run(models, jobs, stream, batch_size, buckets, bar) -> tuple[list, list, lis
                     )
                 else:
                     nll = sliding_nll(m.model, stream.ids, job.window, job.stride, on_window=bar.update)
-            cache[key] = (nll, meter.result(stream.targets), _attention_path(m.model), job.length)
-        nll, cost, path, first_length = cache[key]
+            cache[key] = (nll, meter.result(stream.targets), _kernel(m.model), job.length)
+        nll, cost, kernel, first_length = cache[key]
         scored[(job.model, job.method, job.length)] = nll
         rows.append(
             {
@@ -199,7 +199,7 @@ def run(models, jobs, stream, batch_size, buckets, bar) -> tuple[list, list, lis
                 "stride": job.stride,
                 **summarize(nll, job.length),
                 "windows": windows(job, stream.targets),
-                "attention_path": path,
+                "kernel": kernel,
                 "note": job.note,
             }
         )

@@ -1,4 +1,4 @@
-"""The attention paths as one ordered table (``PATHS``): each row names what runs, says whether it serves a
+"""The attention kernels as one ordered table (``KERNELS``): each row names what runs, says whether it serves a
 call (or why not) and runs it. ``patch/attention.py`` builds one ``Call`` per attention call and hands it to
 ``attend`` with the model's kernel choice (``RetrofitState.kernel``, saved with the checkpoint):
 
@@ -7,8 +7,9 @@ call (or why not) and runs it. ``patch/attention.py`` builds one ``Call`` per at
   (RoPE, absolute, no positions) takes the first row that serves it whatever the choice: the choice is about
   how the positional term runs.
 
-A call with a positional term runs with denormals flushed on CPU (``denormal.py``). The path that ran is recorded per call (``describe(model)["attention_path"]``). A new path is one module
-here (``serves(call)``, ``run(call)``) and one row.
+A call with a positional term runs with denormals flushed on CPU (``denormal.py``). The kernel that ran is
+recorded per call (``describe(model)["last_kernel"]``). A new kernel is one module here (``serves(call)``,
+``run(call)``) and one row.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ RELATIVE = ("relative",)
 
 
 @dataclass(frozen=True)
-class Path:
+class Kernel:
     name: str
     serves: Callable[[Call], str | None]  # None: it serves the call; else why not
     run: Callable[[Call], torch.Tensor]  # the call's output (B, H, Tq, D)
@@ -60,20 +61,20 @@ class Path:
         the terms it applies) is read here, so a row that cannot serve a call is passed over without asking
         its module."""
         if call.scored and not self.scores:
-            return f"the model's {call.scored}, which this path does not apply"
+            return f"the model's {call.scored}, which this kernel does not apply"
         if not call.causal and not self.bidirectional:
-            return "bidirectional attention (keys after the query), which this path does not serve"
+            return "bidirectional attention (keys after the query), which this kernel does not serve"
         if call.far is not None and not self.two_view:
-            return "a second rotary view for the far keys (SelfExtend, STRING), which this path does not serve"
+            return "a second rotary view for the far keys (SelfExtend, STRING), which this kernel does not serve"
         if call.positional and self.plain:
-            return "a positional term in the scores, which this path does not add"
+            return "a positional term in the scores, which this kernel does not add"
         if self.cuda and not call.q.is_cuda:
-            return "a call off CUDA, where this path does not run"
+            return "a call off CUDA, where this kernel does not run"
         return self.serves(call)
 
 
-PATHS = (
-    Path(
+KERNELS = (
+    Kernel(
         "sdpa",
         sdpa.serves,
         sdpa.run,
@@ -83,7 +84,7 @@ PATHS = (
         bidirectional=True,
         plain=True,
     ),
-    Path(
+    Kernel(
         "flash-attn-alibi",
         flash_attn_alibi.serves,
         flash_attn_alibi.run,
@@ -91,7 +92,7 @@ PATHS = (
         "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)",
         cuda=True,
     ),
-    Path(
+    Kernel(
         "sdpa-alibi-dims",
         sdpa_alibi_dims.serves,
         sdpa_alibi_dims.run,
@@ -100,21 +101,21 @@ PATHS = (
         "a decoding step)",
         worth=sdpa_alibi_dims.worth,
     ),
-    Path(
+    Kernel(
         "cpu-flash-band",
         cpu_flash_band.serves,
         cpu_flash_band.run,
         BIAS,
         "T5/Shaw: the far keys as a causal square plus a band of the last K keys, CPU flash op (CPU, no dropout)",
     ),
-    Path(
+    Kernel(
         "cpu-flash-mask",
         cpu_flash_mask.serves,
         cpu_flash_mask.run,
         BIAS,
         "any bias as the CPU flash op's float mask, block by block (CPU, no dropout)",
     ),
-    Path(
+    Kernel(
         "flex",
         flex.serves,
         flex.run,
@@ -122,7 +123,7 @@ PATHS = (
         "compiled flex_attention, the bias as a score_mod (CUDA; CPU inference)",
         worth=flex.worth,
     ),
-    Path(
+    Kernel(
         "sdpa-relative-dims",
         sdpa_relative_dims.serves,
         sdpa_relative_dims.run,
@@ -131,7 +132,7 @@ PATHS = (
         "(auto: not for a decoding step)",
         worth=sdpa_relative_dims.worth,
     ),
-    Path(
+    Kernel(
         "cpu-flash-relative-band",
         cpu_flash_relative_band.serves,
         cpu_flash_relative_band.run,
@@ -139,7 +140,7 @@ PATHS = (
         "NEZHA: a relative table flat past a reach as cpu-flash-band's far square plus a band whose "
         "query-dependent term is the CPU flash op's mask (CPU, no dropout)",
     ),
-    Path(
+    Kernel(
         "cpu-flash-two-view",
         cpu_flash_two_view.serves,
         cpu_flash_two_view.run,
@@ -148,7 +149,7 @@ PATHS = (
         "CPU flash op, merged by log-sum-exp (CPU, inference, no padding)",
         two_view=True,
     ),
-    Path(
+    Kernel(
         "chunked",
         chunked.serves,
         chunked.run,
@@ -160,13 +161,13 @@ PATHS = (
         two_view=True,
     ),
 )
-BY_NAME = {p.name: p for p in PATHS}
+BY_NAME = {p.name: p for p in KERNELS}
 CHOICES = ("auto", *BY_NAME)  # what a model's kernel may be
 
 
 def check(kernel: str, kind: str | None = None) -> str:
     """A kernel choice, validated where it is set (convert, ``set_kernel``, the CLI): its current name, for a
-    scheme of ``kind``. OptionError for an unknown name or a path that cannot serve such a scheme."""
+    scheme of ``kind``. OptionError for an unknown name or a kernel that cannot serve such a scheme."""
     if kernel not in CHOICES:
         raise OptionError(f"kernel must be one of {', '.join(CHOICES)}; got {kernel!r}")
     if kernel != "auto" and kind is not None and kind not in BY_NAME[kernel].kinds:
@@ -176,27 +177,27 @@ def check(kernel: str, kind: str | None = None) -> str:
     return kernel
 
 
-def choose(call: Call, kernel: str = "auto") -> Path:
+def choose(call: Call, kernel: str = "auto") -> Kernel:
     """The row that runs ``call`` for a model whose kernel choice is ``kernel`` (already ``check``ed)."""
     if kernel == "auto" or not call.positional:
-        return next(p for p in PATHS if p.why_not(call) is None and p.worth(call))
-    path = BY_NAME[kernel]
-    why = path.why_not(call)
+        return next(p for p in KERNELS if p.why_not(call) is None and p.worth(call))
+    row = BY_NAME[kernel]
+    why = row.why_not(call)
     if why is not None:
-        raise RuntimeError(f"the {kernel} attention path cannot serve this call: {why}; use kernel auto or chunked")
-    return path
+        raise RuntimeError(f"the {kernel} kernel cannot serve this call: {why}; use kernel auto or chunked")
+    return row
 
 
 def attend(call: Call, kernel: str = "auto") -> tuple[torch.Tensor, str]:
-    """(output (B, H, Tq, D), the path that ran): one call per group of rows that share a shift where rows sit
-    at different positions (``Call.row_shifts``; the path is the last group's)."""
+    """(output (B, H, Tq, D), the kernel that ran): one call per group of rows that share a shift where rows sit
+    at different positions (``Call.row_shifts``; the kernel is the last group's)."""
     if call.row_shifts is None:
         return _flushed(call, kernel)
-    out, path = torch.empty_like(call.q), ""
+    out, ran = torch.empty_like(call.q), ""
     for moved in call.row_shifts.unique().tolist():
         idx = (call.row_shifts == moved).nonzero()[:, 0]
-        out[idx], path = _flushed(call.rows(idx, call.bias_at(moved)), kernel)
-    return out, path
+        out[idx], ran = _flushed(call.rows(idx, call.bias_at(moved)), kernel)
+    return out, ran
 
 
 def _flushed(call: Call, kernel: str) -> tuple[torch.Tensor, str]:
@@ -217,19 +218,19 @@ def _flushed(call: Call, kernel: str) -> tuple[torch.Tensor, str]:
 def _attend(call: Call, kernel: str) -> tuple[torch.Tensor, str]:
     """``attend`` without the flush. Auto goes on to the last row (chunked) when the chosen one cannot run in
     this process (``Unavailable``: flex without a compiler, or after it failed)."""
-    path = choose(call, kernel)
-    if not path.grouped:
+    row = choose(call, kernel)
+    if not row.grouped:
         call = call.full_heads()
     try:
-        return path.run(call), path.name
+        return row.run(call), row.name
     except Unavailable as e:
         if kernel != "auto":
             raise
-        return PATHS[-1].run(call), f"{PATHS[-1].name} ({e.label})"
+        return KERNELS[-1].run(call), f"{KERNELS[-1].name} ({e.label})"
 
 
 def help_text() -> str:
     """The kernel choices for ``--help``, from the table."""
-    lines = ["kernels (--kernel): auto takes the first of these that serves each call; a name forces that path"]
-    lines += [f"  {p.name}: {p.doc}" for p in PATHS]
+    lines = ["kernels (--kernel): auto takes the first of these that serves each call; a name forces that kernel"]
+    lines += [f"  {p.name}: {p.doc}" for p in KERNELS]
     return "\n".join(lines)

@@ -1,5 +1,6 @@
-"""One attention call as one record: q, k, v and every hint a path may use (``Call``). ``patch/attention.py``
-builds it once per call; the table (``src/retrofit/kernels/__init__.py``) hands it to the first path that serves it."""
+"""One attention call as one record: q, k, v and every hint a kernel may use (``Call``).
+``patch/attention.py`` builds it once per call; the table (``src/retrofit/kernels/__init__.py``) hands it to the
+first kernel that serves it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ CHUNK_ELEMENTS = 1 << 25  # max elements of one chunk's (H, C, Tk) score tensor 
 
 
 class Unavailable(RuntimeError):
-    """A path that cannot run in this process (flex: no compiler, or it failed); ``label`` says which."""
+    """A kernel that cannot run in this process (flex: no compiler, or it failed); ``label`` says which."""
 
     def __init__(self, label: str, message: str):
         super().__init__(message)
@@ -53,7 +54,7 @@ class Call:
     """Attention of q over k, v; query i sits at key slot ``q_start + i``; ``causal``: keys up to the query's
     slot (a decoder), else every key (an encoder's bidirectional attention). Normalised on creation:
     an all-real padding mask, a window every key of the call is within, and a row scale without a bias
-    are dropped; half-precision q with a row scale drops the slopes (the dims path would round tau)."""
+    are dropped; half-precision q with a row scale drops the slopes (the dims kernel would round tau)."""
 
     q: torch.Tensor  # (B, H, Tq, D)
     k: torch.Tensor  # (B, H or Hkv, Tk, D): grouped-query keys (Hkv < H) as they are
@@ -70,10 +71,10 @@ class Call:
     q_start: int = 0
     dropout: float = 0.0
     causal: bool = True  # False: keys after the query too (bidirectional); a window then spans |i - j| < window
-    # the model's own score terms (gemma2's softcap, gpt_oss's sinks): only a path that ``scores`` applies them
+    # the model's own score terms (gemma2's softcap, gpt_oss's sinks): only a kernel that ``scores`` applies them
     softcap: float | None = None  # content logits s -> softcap * tanh(s / softcap), before any positional term
     sinks: torch.Tensor | None = None  # (H,) one extra logit per head in every softmax, its value dropped
-    far: Far | None = None  # a second view for the far keys (SelfExtend, STRING): only a path that ``two_view``s
+    far: Far | None = None  # a second view for the far keys (SelfExtend, STRING): only a kernel that ``two_view``s
     # rows at different positions (left padding, position ids, under a bias that reads them): (B,) each row's shift,
     # and bias_at(shift) the bias of rows moved by it; ``attend`` runs one call per group of rows that share one
     row_shifts: torch.Tensor | None = None
@@ -92,7 +93,7 @@ class Call:
     def __post_init__(self):
         if self.row_scale is not None and self.bias is not None:
             if self.q.dtype not in (torch.float32, torch.float64):
-                self.slopes = None  # the dims path's q side would round tau in half precision
+                self.slopes = None  # the dims kernel's q side would round tau in half precision
             self.row_scale = self.row_scale.to(torch.float32).expand(self.q.shape[0], self.Tq)  # (B, Tq)
         else:
             self.row_scale = None

@@ -1,4 +1,4 @@
-"""``chunked``: query-chunked SDPA, the path that serves every call. Each chunk builds its own (H, C, Tk) bias
+"""``chunked``: query-chunked SDPA, the kernel that serves every call. Each chunk builds its own (H, C, Tk) bias
 (or relative logits), so memory is O(H * C * N), linear in N. Exact in any dtype (half inputs are scored in
 fp32 when there is a positional term). Under grad each chunk is checkpointed, so backward never holds every
 chunk's bias."""

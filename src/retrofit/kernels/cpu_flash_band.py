@@ -18,7 +18,7 @@ is read off the band's K entries per query, block by block. Saved for backward: 
 the log-sum-exp (O(N)).
 
 CPU only (``cpu_flash.available``): CUDA takes flex for these biases. Full causal self-attention only (no cache
-offset, padding, window, dropout or per-row scale); the caller picks another path otherwise.
+offset, padding, window, dropout or per-row scale); the caller picks another kernel otherwise.
 """
 
 from __future__ import annotations

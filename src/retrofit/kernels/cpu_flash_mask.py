@@ -38,9 +38,9 @@ def serves(c: Call) -> str | None:
 
 
 def op_serves(c: Call) -> str | None:
-    """Why the CPU flash op's mask path cannot run this call (dropout, no op for this device or dtype), or None."""
+    """Why the CPU flash op's mask kernel cannot run this call (dropout, no op for this device or dtype), or None."""
     if c.dropout > 0:
-        return "attention dropout (the CPU flash op's mask path takes none)"
+        return "attention dropout (the CPU flash op's mask kernel takes none)"
     if not cpu_flash.available(c.q):
         return "the CPU flash op is missing for this device or dtype (CUDA, float64, an old torch)"
     return None
@@ -113,7 +113,7 @@ def attend_dense(c: Call, max_rows: int = ROWS) -> torch.Tensor:
 def block_rows(BH: int, Tk: int) -> int:
     """Queries per block for B x H heads over Tk keys: a multiple of MIN_ROWS whose mask stays near
     BLOCK_ELEMENTS: fewer rows of long keys run faster and hold less transient memory than more (measured:
-    docs/ARCHITECTURE.md, "The attention paths")."""
+    docs/ARCHITECTURE.md, "The attention kernels")."""
     fit = BLOCK_ELEMENTS // max(1, BH * Tk) // MIN_ROWS * MIN_ROWS
     return max(MIN_ROWS, min(ROWS, fit))
 

@@ -1,8 +1,8 @@
 """``flex``: compiled ``flex_attention`` with the bias as a ``score_mod`` and causality, window and padding
-as a block mask. The bias path on CUDA; on CPU it has no backward and (torch 2.13) miscompiles padded/windowed
-block masks, and the CPU flash paths are faster, so there auto takes it only for unpadded, unwindowed
+as a block mask. The bias kernel on CUDA; on CPU it has no backward and (torch 2.13) miscompiles padded/windowed
+block masks, and the CPU flash kernels are faster, so there auto takes it only for unpadded, unwindowed
 inference when the CPU flash op is missing, after a compile per process and scheme (measured:
-docs/ARCHITECTURE.md, "The attention paths"; ``dynamic=True``
+docs/ARCHITECTURE.md, "The attention kernels"; ``dynamic=True``
 and contiguous inputs: compiled once for one 128-token block and once for more, not per length or memory
 layout). If compiling or running fails, the failure is logged, auto reports the call as
 ``"chunked (flex failed)"`` and flex is not tried again in this process.
@@ -68,7 +68,7 @@ def compiled():
             _block_mask_fn = torch.compile(create_block_mask, dynamic=True)
         except Exception as e:  # no compiler, old torch, ...
             _error = f"{type(e).__name__}: {e}"
-            log.warning("flex_attention unavailable (%s); bias schemes use the chunked SDPA path", _error)
+            log.warning("flex_attention unavailable (%s); bias schemes use the chunked SDPA kernel", _error)
     if _fn is None:
         raise Unavailable("flex failed" if _failed else "flex unavailable", f"flex attention is unavailable: {_error}")
     return _fn, _block_mask_fn
@@ -79,7 +79,7 @@ def disable(error: Exception) -> None:
     _failed = True
     _error = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     _fn = _block_mask_fn = None
-    log.warning("flex_attention failed (%s); this process uses the chunked SDPA path from now on", _error)
+    log.warning("flex_attention failed (%s); this process uses the chunked SDPA kernel from now on", _error)
 
 
 def attend_flex(fns, c: Call):

@@ -17,7 +17,7 @@ boolean (C, Tk) mask per block, which SDPA keeps for backward). Heads are groupe
 steepest one or two heads of a 12-head model are blocked, the others run as one causal square.
 ``MAX_SPAN`` = 2048 bounds the error once a block is that wide (from ~2k tokens on): in fp32 the output
 stays within 2e-4 of an fp64 reference at any length (tested at 8k; measured per length, and for the
-chunked path, by ``research/measure_fused_alibi.py`` into ``benchmarks/fused_alibi_precision.json``). bf16/fp16 stay at their own rounding.
+chunked kernel, by ``research/measure_fused_alibi.py`` into ``benchmarks/fused_alibi_precision.json``). bf16/fp16 stay at their own rounding.
 
 Steep heads read only as far as they can see (``reach``): a key whose bias puts it more than ``MARGIN`` below
 the row's own diagonal score, whatever q and k hold (bounded by their norms), carries less than e^-MARGIN of the
@@ -53,7 +53,7 @@ def serves(c: Call) -> str | None:
 
 
 def run(c: Call) -> torch.Tensor:
-    # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked path
+    # CPU SDPA with dropout materialises the scores: cap the block's rows like the chunked kernel
     cap = chunk_rows(c.q.shape[1], c.Tq, c.Tk) if c.dropout > 0 and not c.q.is_cuda else None
     return attend_alibi(c, max_rows=cap)
 
@@ -215,7 +215,7 @@ def _block(qb, k, v_wide, i0, row_scale, spec: Spec):
     return out[..., :D]
 
 
-# ---- what the extra-dimension paths share (sdpa-relative-dims imports these): the positional term rides as
+# ---- what the extra-dimension kernels share (sdpa-relative-dims imports these): the positional term rides as
 # extra q/k dimensions through stock SDPA, so q, k and v are padded to one width, blocks of queries take a boolean
 # mask, and a decoding step is passed on
 DECODE_ROWS = 16  # at most this many queries over a longer cache, no gradient: a decoding step
@@ -223,8 +223,8 @@ DECODE_ROWS = 16  # at most this many queries over a longer cache, no gradient: 
 
 def worth(c: Call) -> bool:
     """Auto passes a decoding step on: the dims would be appended to every cached key at every step (a copy of
-    the cache per layer), where the next path adds the step's term directly (ALiBi decodes slower than stock on
-    its dims path, faster on cpu-flash-mask; measured: docs/results.md, "Decoding with the KV cache")."""
+    the cache per layer), where the next kernel adds the step's term directly (ALiBi decodes slower than stock on
+    its dims kernel, faster on cpu-flash-mask; measured: docs/results.md, "Decoding with the KV cache")."""
     return not (c.Tq <= DECODE_ROWS < c.Tk and not c.grad)
 
 

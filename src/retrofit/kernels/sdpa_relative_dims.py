@@ -11,10 +11,10 @@ Transformer-XL's position vectors are r_d = W_h R(d), R(d) interleaving sin and 
 (each pair of p rotated by w_f i, as RoPE does), so q' = [q + u, a, b] and k' = [k, cos(w j), sin(w j)] give
 ``scaling * q'.k'`` = the score, exactly, at any positions (a cache offset, a block's own positions). The
 fused kernel then runs forward and backward with O(N) memory, and autograd carries the gradients of q, u, v
-and W_R through a, b. The sines and cosines of the positions are taken in float64 (the chunked path's table
+and W_R through a, b. The sines and cosines of the positions are taken in float64 (the chunked kernel's table
 rounds ``d * w_f`` in fp32 first: the two agree to that rounding). v is zero-padded to q's width: the CPU
 flash kernel runs only with equal widths (through SDPA unequal widths ran several times slower than v padded;
-measured: docs/ARCHITECTURE.md, "The attention paths").
+measured: docs/ARCHITECTURE.md, "The attention kernels").
 
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
 ``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square, a cached prefix

@@ -2,7 +2,7 @@
 ``AttentionMaskInterface``, and what they read: the converted model's state (``RetrofitState``) and the context
 each converted layer carries (``LayerContext``). The attention function is the glue between transformers and the
 scheme: it reads the layer's context, builds the call's ``Site``, asks the scheme's kind to prepare its term
-(``Scheme.prepare``, scheme/base.py) and hands one ``kernels.Call`` to the path table (``kernels.attend``)."""
+(``Scheme.prepare``, scheme/base.py) and hands one ``kernels.Call`` to the kernel table (``kernels.attend``)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ class RetrofitState:
     native_fade: float = 0.0
     attention_dropout: float | None = None  # set: the attention probabilities' dropout while training (a fine-tune's)
     calls: dict[int, int] = field(default_factory=dict)
-    paths: dict[str, int] = field(default_factory=dict)
-    last_path: str | None = None
+    kernels: dict[str, int] = field(default_factory=dict)
+    last_kernel: str | None = None
 
     def scheme(self) -> Scheme:
         """The live scheme module; resolves PEFT's ModulesToSaveWrapper to its active copy."""
@@ -66,12 +66,12 @@ class RetrofitState:
             return index + self.offset
         return self.positions.to(index.device)[index]
 
-    def record(self, layer: int, path: str):
+    def record(self, layer: int, kernel: str):
         self.calls[layer] = self.calls.get(layer, 0) + 1
-        if path not in self.paths:
-            log.info("retrofit attention path: %s (scheme %s)", path, self.scheme_name)
-        self.paths[path] = self.paths.get(path, 0) + 1
-        self.last_path = path
+        if kernel not in self.kernels:
+            log.info("retrofit attention kernel: %s (scheme %s)", kernel, self.scheme_name)
+        self.kernels[kernel] = self.kernels.get(kernel, 0) + 1
+        self.last_kernel = kernel
 
 
 @dataclass
@@ -164,7 +164,7 @@ class Site:
 
 def retrofit_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query (B, H, Tq, D), key/value (B, Hkv, Tk, D) -> ((B, Tq, H, D), None): the scheme's kind prepares its
-    term, then one ``kernels.Call`` goes to the path table."""
+    term, then one ``kernels.Call`` goes to the kernel table."""
     site = _site(module, query, key, scaling, kwargs)
     state = site.ctx.state
     if state.attention_dropout is not None:  # a fine-tune's train.attention_dropout, in place of the module's
@@ -185,8 +185,8 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),  # gpt_oss's attention sinks
         **term.fields(),
     )
-    out, path = kernels.attend(call, state.kernel)
-    state.record(site.layer, path)  # for ``describe``
+    out, ran = kernels.attend(call, state.kernel)
+    state.record(site.layer, ran)  # for ``describe``
     return out.transpose(1, 2).contiguous(), None
 
 

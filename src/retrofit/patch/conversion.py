@@ -85,7 +85,7 @@ def convert(
     """Replace ``model``'s positional mechanism with scheme ``to``, in place; returns the model.
 
     ``options`` are the scheme's (see ``retrofit convert --help``). ``kernel``: auto (``DEFAULT_KERNEL``) or a
-    path of ``retrofit.kernels.PATHS`` (saved with the checkpoint; ``set_kernel`` changes it).
+    kernel of ``retrofit.kernels.KERNELS`` (saved with the checkpoint; ``set_kernel`` changes it).
     ``force=True`` converts a model that was already converted (it is reverted first).
     Raises UnknownSchemeError, UnsupportedArchitectureError, OptionError, AlreadyConvertedError,
     PatchNotLiveError (nothing is left half-patched: a failed conversion is reverted)."""
@@ -370,7 +370,7 @@ def frozen_parameters(model) -> list[nn.Parameter]:
 
 
 def set_kernel(model, kernel: str) -> None:
-    """Choose the attention path of a converted model: auto or a path of ``retrofit.kernels.PATHS``
+    """Choose the attention kernel of a converted model: auto or a kernel of ``retrofit.kernels.KERNELS``
     (earlier names such as ``fused`` are mapped). Saved with the model (its config's ``retrofit`` block)."""
     state = _state(model)
     if state is None:
@@ -434,8 +434,8 @@ def describe(model) -> dict[str, Any]:
             "max_length": adapter.native_max_length() if adapter else getattr(model.config, "n_positions", None),
             "positions_module": None,
             "trainable_position_parameters": 0,
-            "attention_path": None,
             "kernel": None,
+            "last_kernel": None,
             "retrofit_version": __version__,
         }
     scheme = state.scheme()
@@ -451,8 +451,8 @@ def describe(model) -> dict[str, Any]:
         "max_length": limit,
         "positions_module": POSITIONS_MODULE,
         "trainable_position_parameters": sum(p.numel() for p in scheme.parameters()),
-        "attention_path": state.last_path,
-        "attention_paths": dict(state.paths),
         "kernel": state.kernel,
+        "last_kernel": state.last_kernel,
+        "kernels": dict(state.kernels),
         "retrofit_version": __version__,
     }

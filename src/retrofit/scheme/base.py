@@ -306,7 +306,7 @@ class Scheme(nn.Module):
         """Longest sequence this scheme supports (None: no limit)."""
         return None
 
-    # ---- facts a path may exploit: every scheme answers them (None / False: no) ---------------
+    # ---- facts a kernel may exploit: every scheme answers them (None / False: no) -------------
     #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
     bias_scaled_with_scores: bool = False
     #: a rotary scheme whose rotation of a position changes with the sequence length (dynamic RoPE)
@@ -321,7 +321,8 @@ class Scheme(nn.Module):
 
     def distance_band(self, layer: int) -> torch.Tensor | None:
         """(H, K + 1) values b when ``bias(layer, h, i, j) == b[h, min(i - j, K)]`` for every i >= j exactly (a
-        distance bias flat from K on: the ``cpu-flash-band`` path serves it through the CPU flash op); None otherwise."""
+        distance bias flat from K on: the ``cpu-flash-band`` kernel serves it through the CPU flash op); None
+        otherwise."""
         return None
 
     def far_reach(self, layer: int) -> int | None:
@@ -331,12 +332,12 @@ class Scheme(nn.Module):
 
     def relative_sinusoid(self, layer: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(proj (H, D, dim), freqs (dim / 2,)) when ``relative_keys(layer, n)[h, d] == proj[h] @ R(d)`` exactly,
-        R(d) interleaving sin and cos of ``d * freqs`` (the ``sdpa-relative-dims`` path serves it), on ``device``;
+        R(d) interleaving sin and cos of ``d * freqs`` (the ``sdpa-relative-dims`` kernel serves it), on ``device``;
         else None."""
         return None
 
     def relative_reach(self) -> int | None:
-        """K when ``relative_keys`` is flat from distance K on (the ``cpu-flash-relative-band`` path serves
+        """K when ``relative_keys`` is flat from distance K on (the ``cpu-flash-relative-band`` kernel serves
         it); else None."""
         return None
 
@@ -386,14 +387,14 @@ class Scheme(nn.Module):
 
 class BiasScheme(Scheme):
     """The ``"bias"`` kind: a per-head additive score bias ``bias(layer, h, q_pos, k_pos)``; ``prepare`` gives the
-    kernels the bias function of slot indices and, where they are exact, what the fused paths read instead."""
+    kernels the bias function of slot indices and, where they are exact, what the fused kernels read instead."""
 
     def bias(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"scheme {self.name!r} defines no bias")
 
     def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
         """The bias function (at a block's own positions, or moved by a cache's shift), ALiBi's slopes or T5/Shaw's
-        band for the fused paths where they are exact, per-row shifts where left padding or position ids move rows
+        band for the fused kernels where they are exact, per-row shifts where left padding or position ids move rows
         off their slots, and the temperature folded into the bias where it is the slots'."""
         self.check_direction(site)
         q, k = self.normed(site, q, k)

@@ -56,7 +56,7 @@ class ShawClipped(BiasScheme):
         self.table = nn.Parameter(table)  # (L or 1, H, k + 1) or (L or 1, H, 2k + 1)
 
     def distance_band(self, layer):
-        """(H, k + 1): the values for keys at distance 0..k before the query (the causal paths' band)."""
+        """(H, k + 1): the values for keys at distance 0..k before the query (the causal kernels' band)."""
         table = self.table[layer if self.options.per_layer else 0]
         return table[:, self.options.max_distance :] if self.both else table
 

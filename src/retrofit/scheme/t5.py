@@ -114,7 +114,7 @@ class T5Buckets(BiasScheme):
         return t5_bucket(distance, o.num_buckets, o.max_distance)
 
     def distance_band(self, layer):
-        if self.both:  # the band path serves causal calls; an encoder's offsets run both ways
+        if self.both:  # the band kernel serves causal calls; an encoder's offsets run both ways
             return None
         return self.table[layer if self.options.per_layer else 0][:, self.lut]  # (H, max_distance + 1)
 

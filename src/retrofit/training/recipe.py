@@ -261,7 +261,7 @@ class TrainConfig:
     attention_dropout: Optional[float] = _help(
         "Dropout on the attention probabilities while fine-tuning (null = the model's own, e.g. GPT-2's 0.1). "
         "0 keeps every bias scheme on its fused CPU kernel (they have no dropout; with it T5/Shaw/FIRE train on "
-        "the chunked path); on the GPT-2 stand-in 0 cost nothing (`benchmarks/compare_dropout.json`).",
+        "the chunked kernel); on the GPT-2 stand-in 0 cost nothing (`benchmarks/compare_dropout.json`).",
         0.0,
     )
     seed: int = _help("Seed for initialization, data order, dropout and position offsets.", 0)

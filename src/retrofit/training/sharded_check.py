@@ -16,13 +16,13 @@ from pathlib import Path
 
 from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
-from ..kernels import PATHS
+from ..kernels import KERNELS
 from ..models.builtin import TINY_LLAMA
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py")]
 STEPS, EVERY = 8, 2
-CHUNKED = PATHS[-1].name  # the table's last row: the path that serves every call (its name said once, in kernels/)
+CHUNKED = KERNELS[-1].name  # the table's last row: the kernel that serves every call (its name said once, in kernels/)
 CASES = {  # id: (model, scheme, options, method, accelerate config under recipes/accelerate/)
     "gpt2-alibi-lora": ("gpt2", "alibi", {"kernel": CHUNKED}, "lora", "fsdp.yaml"),
     "gpt2-alibi-full": ("gpt2", "alibi", {"kernel": CHUNKED}, "full", "fsdp.yaml"),
