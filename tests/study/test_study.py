@@ -1,31 +1,13 @@
 """The study tables (retrofit.study.tables) and cell cache (retrofit.study.cache) that `retrofit study` and the
 committed study reports share. The rebuild of the committed reports is research (research/study_rounds.py, the
-grids of research/study.py): its checks (research/test_study_rounds.py) run here in a process of their own, as
-nothing under tests/ imports from research/."""
+grids of research/study.py): its checks are research's own (research/test_study_rounds.py, run by CI with
+``python -m pytest research``)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from retrofit.study import tables as T
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.slow
-def test_the_research_checks_of_the_committed_reports_pass():
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "research/test_study_rounds.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
 def _rows(ppls: dict[int, float], role="converted"):
