@@ -410,3 +410,8 @@ def test_seed_methods_limit_the_extra_seeds_to_those_methods():
     assert full == ["alibi-full-0.1-seed1", "control-full-0.1-seed1"]
     with pytest.raises(RecipeError, match="seed_methods"):
         _round(schemes=["alibi"], methods=["full"], seed_methods=["lora"])
+
+
+def test_a_budget_reads_as_a_share_of_the_pretraining_tokens():
+    assert R.budget_words(None, 1_000_000) == "not reached" and R.budget_words(0, 1_000_000) == "0 (no fine-tune)"
+    assert R.budget_words(0.1, 1_000_000) == "10.0% (100,000 tokens)"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrofit.training.plan import PRESETS, Run, estimate, from_model
+from retrofit.training.plan import Run, estimate, from_model, llama_shape
 
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
@@ -92,7 +92,7 @@ def test_public_shapes_and_routes():
     """Llama-2-7B as published (6.74B parameters), and the per-parameter bytes the formula implies:
     full fine-tune under DDP holds fp32 weights 4 + gradients 4 + DDP's bucket 4 + AdamW 8 = 20 bytes per
     parameter on every device; FSDP divides the parameter-sized parts by the process count."""
-    shape = PRESETS["llama-7b"]
+    shape = llama_shape("Llama-2-7B", 32, 4096, 11008, 32, 32, 32000)  # its config.json
     assert shape.params == pytest.approx(6.74e9, rel=0.005)
     run = Run(method="full", block_length=16, batch_size=1)
     ddp = estimate(shape, run, "ddp", 8)
