@@ -1,6 +1,6 @@
 """Does a stand-in body form induction heads? The pilots of docs/results.md ("Stand-ins that copy").
 
-    # the copy mix through the stand-in trainer (its copy curve lands in pretrain_stats.json)
+    # the copy mix through the stand-in trainer (induction_mix.py; its copy curve lands in pretrain_stats.json)
     OMP_NUM_THREADS=1 python research/induction_pilot.py mix --arch gpt2 --steps 800 --copy-fraction 0.75 --batch 8
     # the induction toy on rows of the body, with natural rows beside (--toy-rows of --batch), own loop
     OMP_NUM_THREADS=1 python research/induction_pilot.py toy --arch gpt2 --layers 4 --toy-rows 16 --steps 800 --native 128
@@ -28,13 +28,14 @@ from pathlib import Path
 
 import torch
 
+from induction_mix import InductionConfig, induction_rows
 from retrofit.models.baseline import BaselineConfig, build_model
 from retrofit.scoring import copying
-from retrofit.training.standin import induction_rows, pack_blocks, pretrain, train_tokenizer, training_plays
+from retrofit.training.standin import pack_blocks, pretrain, train_tokenizer, training_plays
 
 
 def mix(a) -> None:
-    cfg = BaselineConfig(
+    cfg = InductionConfig(
         name=f"pilot-{a.arch}",
         arch=a.arch,
         n_positions=a.native,
@@ -62,7 +63,7 @@ def mix(a) -> None:
         json.dumps(
             {
                 "config": dataclasses.asdict(cfg),
-                "copy_curve": stats["copy_curve"],
+                "copy_curve": stats["curve"],
                 "copying": stats["copying"],
                 "heldout_ppl": stats["heldout_ppl"],
             },
@@ -141,7 +142,7 @@ def cont(a) -> None:
 
     torch.manual_seed(0)
     stats = json.loads((Path(a.init) / "pretrain_stats.json").read_text())
-    cfg = BaselineConfig(**stats["config"])
+    cfg = InductionConfig(**stats["config"])  # a stand-in of before the split records the mix's fields
     tok = AutoTokenizer.from_pretrained(a.init)
     model = AutoModelForCausalLM.from_pretrained(a.init, dtype=torch.float32)
     blocks = pack_blocks(tok, training_plays(cfg), cfg.n_positions)  # [n, L]

@@ -7,7 +7,7 @@ arXiv 2505.17863). Every earlier CPU round (docs/results.md, "Stand-ins that cop
 third of that. This run follows the fit instead: the quickstart's body (GPT-2, 4 layers, 128 wide, 4 heads,
 vocab 2,048) at native ``--native`` (128), ``--batch`` (8) rows a step, for ``--steps`` steps, on Shakespeare's
 training plays where every row, with probability ``--copy-fraction``, repeats spans of itself at uniform random
-distances (the stand-in trainer's ``add_repeats``: no fixed offset; half of the spans random tokens).
+distances (``induction_mix.add_repeats``, the stand-in trainer's copy mix: no fixed offset; half of the spans random tokens).
 
 The probe (``retrofit.scoring.copying``, the trial of ``retrofit.evaluation.retrieval``; held-out plays): second/first NLL of a 32-token natural span
 (16 at native 128) repeated at native/8 and native/2 (16 paired trials each; the bar is <= 0.3), random-token
@@ -33,10 +33,11 @@ from pathlib import Path
 import torch
 
 from harness import stamp, write_record
+from induction_mix import InductionConfig, add_repeats
 from retrofit.models import assets
-from retrofit.models.baseline import BaselineConfig, build_model
+from retrofit.models.baseline import build_model
 from retrofit.scoring import copying
-from retrofit.training.standin import add_repeats, heldout_loss, pack_blocks, train_tokenizer
+from retrofit.training.standin import heldout_loss, pack_blocks, train_tokenizer
 
 QUICKSTART_HELDOUT_LOSS = 4.571087454247662  # standins/quickstart-*/pretrain_stats.json, read again in main()
 
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
 
         print(table(json.loads(Path(a.table).read_text())))
         return 0
-    cfg = BaselineConfig(
+    cfg = InductionConfig(
         name="induction-scaling",
         n_positions=a.native,
         n_layer=4,

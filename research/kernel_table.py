@@ -10,7 +10,7 @@ One scheme (or a few) per JSON, so that each is a cache of its own (a scheme re-
 alone); a folder means every JSON in it. Rows in ``ORDER``, then any other variant by name.
 Time: x stock, the median of per-repeat ratios against stock run alternately in the same process; memory at
 the longest memory length: peak RSS and bytes saved for backward, x stock, one process per variant. Prints
-Markdown: the CPU line, then the table (``tests/test_docs.py`` checks ``docs/results.md`` holds it verbatim).
+Markdown: the CPU line, then the table (``research/test_records.py`` checks ``docs/results.md`` holds it verbatim).
 """
 
 from __future__ import annotations

@@ -117,6 +117,13 @@ class Round:
         return {k: getattr(self, k) for k in SETTINGS} | {"stride": self.stride or native // 2}
 
 
+def budget_words(budget, pretrain_tokens: int) -> str:
+    """A committed report's budget in words: a share of the stand-in's pretraining tokens, and the tokens."""
+    if budget is None:
+        return "not reached"
+    return "0 (no fine-tune)" if budget == 0 else f"{budget:.1%} ({round(budget * pretrain_tokens):,} tokens)"
+
+
 def parse_scheme(spec: str) -> dict:
     """One scheme entry -> {"label", "scheme", "options", and its TRAIN_KEYS}; values read as YAML
     (``retrofit run --set``'s)."""
@@ -516,7 +523,7 @@ def markdown(study: dict) -> str:
         ]
         lines += T.cells_markdown(g["table"])
         tokens = g["stand_in"]["pretrain_tokens"]
-        lines += T.cheapest_markdown(g.get("cheapest") or [], lambda b: T.budget_words(b, tokens))
+        lines += T.cheapest_markdown(g.get("cheapest") or [], lambda b: budget_words(b, tokens))
         lines += T.seeds_markdown(g.get("seeds") or [])
         lines += T.passkey_markdown(g.get("passkey") or {}, g["lengths"], g["stand_in"]["native_length"])
         if g.get("seconds"):

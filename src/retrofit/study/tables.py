@@ -256,12 +256,6 @@ def ratio(a, b):
     return round(a / b, 4) if a is not None and b else None
 
 
-def budget_words(budget, pretrain_tokens: int) -> str:
-    if budget is None:
-        return "not reached"
-    return "0 (no fine-tune)" if budget == 0 else f"{budget:.1%} ({round(budget * pretrain_tokens):,} tokens)"
-
-
 def cheapest_markdown(rows: list[dict], words, target: Target = TARGET) -> list[str]:
     """``words(budget)``: how a budget reads in the table (None: not reached)."""
     if not rows:

@@ -95,13 +95,6 @@ def llama_shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, tied
     )
 
 
-PRESETS = {  # public config numbers
-    "llama-1b": llama_shape("Llama-3.2-1B", 16, 2048, 8192, 32, 8, 128256, tied=True),
-    "llama-7b": llama_shape("Llama-2-7B", 32, 4096, 11008, 32, 32, 32000),
-    "llama-70b": llama_shape("Llama-2-70B", 80, 8192, 28672, 64, 8, 32000),
-}
-
-
 @dataclass(frozen=True)
 class Run:
     """What the formula needs of a recipe."""

@@ -176,49 +176,6 @@ def _batches(n_blocks: int, cfg: BaselineConfig):
         pos += cfg.batch_size
 
 
-def add_repeats(x: torch.Tensor, cfg: BaselineConfig, gen: torch.Generator, pool: torch.Tensor) -> torch.Tensor:
-    """The copy mix: a copy of ``x`` [B, L] where each row, with probability ``cfg.copy_fraction``, repeats
-    spans of its own later in the row, until about a quarter of the row is second occurrences. A span of
-    ``s`` tokens (8 <= s <= min(copy_max_span, L/4)) at ``a`` is written again at ``b`` (a + s <= b <= L - s,
-    so the distance b - a is spread over the whole block). With probability ``cfg.copy_random`` the span is
-    first replaced by random tokens of ``pool`` (no language knowledge predicts those; only copying does)."""
-    x = x.clone()
-    B, L = x.shape
-    top = max(8, min(cfg.copy_max_span, L // 4))
-    for r in range(B):
-        if torch.rand((), generator=gen) >= cfg.copy_fraction:
-            continue
-        copied = 0
-        while copied < L // 4:
-            s = int(torch.randint(8, top + 1, (), generator=gen))
-            b = int(torch.randint(s, L - s + 1, (), generator=gen))  # second occurrence
-            a = int(torch.randint(0, b - s + 1, (), generator=gen))  # first occurrence, ends before b
-            if torch.rand((), generator=gen) < cfg.copy_random:
-                x[r, a : a + s] = pool[torch.randint(0, len(pool), (s,), generator=gen)]
-            x[r, b : b + s] = x[r, a : a + s]
-            copied += s
-    return x
-
-
-def induction_rows(
-    shape: tuple[int, int], gen: torch.Generator, pool: torch.Tensor, min_period: int = 0
-) -> torch.Tensor:
-    """[B, L] rows of the induction toy (Olsson et al.'s repeated random tokens): random tokens of ``pool``
-    repeated, so every token after the first period is predictable by copying alone. ``min_period`` 0: the
-    second half repeats the first; else each row tiles a random sequence of min_period <= p <= L/2 tokens
-    (many repeats at many distances: an easier signal for a body whose positions start random)."""
-    B, L = shape
-    if not min_period:
-        half = pool[torch.randint(0, len(pool), (B, L // 2), generator=gen)]  # [B, L/2]
-        return torch.cat([half, half, half[:, : L % 2]], 1)  # [B, L]
-    rows = []
-    for _ in range(B):
-        p = int(torch.randint(min(min_period, L // 2), L // 2 + 1, (), generator=gen))
-        seq = pool[torch.randint(0, len(pool), (p,), generator=gen)]  # [p]
-        rows.append(seq.repeat(L // p + 1)[:L])
-    return torch.stack(rows)  # [B, L]
-
-
 def copy_probe(model, held: torch.Tensor, native: int) -> dict:
     """How well the model copies a held-out natural span 32 tokens long at distance native/2 (16 trials;
     ``retrofit.scoring.copying``, the trial of ``retrofit.evaluation.retrieval``): ``second_over_first`` (mean NLL of the span's repeat over its first
@@ -238,15 +195,13 @@ def train(
     model, blocks: torch.Tensor, cfg: BaselineConfig, held: torch.Tensor | None = None, curve: list | None = None
 ) -> list[float]:
     """Run ``cfg.steps`` AdamW steps on ``blocks`` [n, n_positions]; returns the per-step train losses.
-    With the copy mix (``cfg.copy_fraction``) rows get repeated spans; every ``cfg.copy_eval_every`` steps
-    the copy probe on ``held`` is appended to ``curve``."""
+    The config's extension points (``BaselineConfig.mixer``, ``probe``; the presets use neither): each batch
+    goes through its mixer, and after each step what its probe measures on ``held`` is appended to ``curve``."""
     from tqdm.auto import tqdm
-
-    gen = torch.Generator().manual_seed(cfg.seed + 3)
-    pool = torch.unique(blocks)  # [P]: the tokens the training text holds
 
     if blocks.shape[0] < cfg.batch_size:
         raise OptionError(f"{blocks.shape[0]} training blocks < batch_size {cfg.batch_size}")
+    mixer = cfg.mixer(blocks)
     opt, sched = _optimizer(model, cfg)
     masker = _masker(model, cfg)
     model.train()
@@ -261,16 +216,8 @@ def train(
     )
     for step, idx in enumerate(bar):
         x = blocks[idx]  # [batch, n_positions]
-        if step < cfg.copy_warmup:
-            x = induction_rows(x.shape, gen, pool, cfg.copy_toy_min_period)
-        else:
-            if cfg.copy_fraction:
-                x = add_repeats(x, cfg, gen, pool)
-            k = round(cfg.copy_toy_share * x.shape[0])
-            if k:
-                x = torch.cat(
-                    [induction_rows((k, x.shape[1]), gen, pool, cfg.copy_toy_min_period), x[k:]]
-                )  # [batch, n_positions]
+        if mixer is not None:
+            x = mixer(x, step)  # [batch, n_positions]
         inputs, labels = masker(x, seed_of(cfg.seed, step)) if masker else (x, x)  # masked LM: 15% of x
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             loss = model(input_ids=inputs, labels=labels).loss
@@ -284,17 +231,11 @@ def train(
             bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{sched.get_last_lr()[0]:.2e}")
         if step % max(1, cfg.steps // 10) == 0 or step == cfg.steps - 1:
             log.info("step %d/%d loss %.4f", step + 1, cfg.steps, losses[-1])
-        every = cfg.copy_eval_every
-        if curve is not None and held is not None and every and masker is None and ((step + 1) % every == 0):
-            curve.append(
-                {
-                    "step": step + 1,
-                    "tokens": (step + 1) * cfg.batch_size * cfg.n_positions,
-                    "train_loss": round(losses[-1], 4),
-                    **copy_probe(model, held, cfg.n_positions),
-                }
-            )
-            log.info("step %d: copy %s", step + 1, curve[-1])
+        figures = cfg.probe(model, held, step + 1) if curve is not None and held is not None else None
+        if figures is not None:
+            tokens = (step + 1) * cfg.batch_size * cfg.n_positions
+            curve.append({"step": step + 1, "tokens": tokens, "train_loss": round(losses[-1], 4), **figures})
+            log.info("step %d: %s", step + 1, curve[-1])
     return losses
 
 
@@ -480,7 +421,7 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
         "heldout_objective": "masked LM (one seeded draw)" if masker is not None else "next token",
         "heldout_ppl": math.exp(held),
         "copying": copying,
-        "copy_curve": curve,
+        "curve": curve,
         "heldout_tokens_scored": held_blocks[:, 1:].numel(),
         "wall_time_s": time.perf_counter() - t0,
         "train_time_s": t_train,

@@ -1,0 +1,144 @@
+"""The committed records' renderings and the research scripts' own runs, each started as a process as documented
+(``python research/NAME.py``): docs/results.md's and the README's tables are what the scripts print from the
+committed JSONs (not typed), the memory table is what the formula prints, and the prepared GPU check runs (without
+a GPU it says so and exits 0; its dry run executes the same code on the CPU and writes the JSON and the table).
+Moved here from tests/ (#59): the package's tests start no research script."""
+
+import json
+import subprocess
+import sys
+
+from harness import ROOT
+
+
+def test_the_kernel_table_in_results_is_what_the_benchmark_jsons_give():
+    """docs/results.md's kernel table is rendered from the JSONs (research/kernel_table.py, run as documented), not
+    typed."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "research" / "kernel_table.py"),
+            "benchmarks/kernel_table",
+            "benchmarks/bench_kernel_relative.json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = r.stdout.rstrip("\n")
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]) for line in table.splitlines()[4:]}
+    schemes = ["alibi", "t5", "shaw", "fire", "xl", "nezha", "rope", "nope", "sinusoidal"]
+    assert rows >= {(s, m) for s in schemes for m in ("inference", "train step")}, rows  # every scheme, both modes
+    assert table in (ROOT / "docs" / "results.md").read_text()
+
+
+def test_the_smollm2_reach_tables_and_the_readme_figures_are_what_the_json_gives():
+    """docs/results.md's SmolLM2 reach tables and the README's SelfExtend figures are rendered from
+    benchmarks/smollm2_reach.json by research/smollm2_reach.py (as its docstring says), not typed."""
+    script = [sys.executable, str(ROOT / "research" / "smollm2_reach.py"), "--table", "benchmarks/smollm2_reach.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    cell = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and cell.returncode == 0, tables.stderr[-2000:] + cell.stderr[-2000:]
+    assert "self_extend" in tables.stdout and "| as is |" in tables.stdout
+    assert tables.stdout.rstrip("\n") in (ROOT / "docs" / "results.md").read_text()
+    assert cell.stdout.strip() in (ROOT / "README.md").read_text()
+
+
+def test_the_smollm2_fine_tune_tables_and_the_readme_sentence_are_what_the_json_gives():
+    """docs/results.md's short-fine-tune tables and the README's sentence for the best fine-tuned cell are rendered
+    from benchmarks/smollm2_use.json by research/smollm2_use.py, not typed; every cell has its effective reach."""
+    data = json.loads((ROOT / "benchmarks" / "smollm2_use.json").read_text())
+    assert all("effective_reach" in r and r["effective_reach"]["native"] == 8192 for r in data["rows"])
+    assert {"as is", "self_extend", "yarn x2 + pose", "yarn x2 + pose + copies"} <= {r["method"] for r in data["rows"]}
+    script = [sys.executable, str(ROOT / "research" / "smollm2_use.py"), "--table", "benchmarks/smollm2_use.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    cell = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and cell.returncode == 0, tables.stderr[-2000:] + cell.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    assert (
+        tables.stdout.rstrip("\n")
+        in results.split("<!-- smollm2-use:begin -->")[1].split("<!-- smollm2-use:end -->")[0]
+    )
+    assert cell.stdout.strip() in (ROOT / "README.md").read_text()
+
+
+def test_the_encoder_task_tables_and_the_readme_row_are_what_the_json_gives():
+    """docs/results.md's long-document tables and the README's classifier/embedding row are rendered from
+    benchmarks/encoder_tasks.json by research/encoder_tasks.py, not typed; every cell stayed within 2% of the
+    stand-in's pretraining tokens."""
+    data = json.loads((ROOT / "benchmarks" / "encoder_tasks.json").read_text())
+    assert {r["task"] for r in data["rows"]} == {"mention", "both", "needle", "passkey"}
+    assert all(r["budget_share"] <= 0.02 for r in data["rows"] if r["steps"])
+    script = [sys.executable, str(ROOT / "research" / "encoder_tasks.py"), "--table", "benchmarks/encoder_tasks.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    row = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and row.returncode == 0, tables.stderr[-2000:] + row.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    between = results.split("<!-- encoder-tasks:begin -->")[1].split("<!-- encoder-tasks:end -->")[0]
+    assert tables.stdout.strip() == between.strip()
+    readme = next(
+        line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| encoders, a classifier")
+    )
+    assert row.stdout.strip() in readme
+
+
+def test_the_encoder_task_variants_table_is_what_its_json_gives():
+    """docs/results.md's table of the study's variants (learning rate, batch, seed) is rendered from
+    benchmarks/encoder_tasks_variants.json; each variant stayed within 2% of the stand-in's pretraining tokens."""
+    data = json.loads((ROOT / "benchmarks" / "encoder_tasks_variants.json").read_text())
+    assert all(r["budget_share"] <= 0.02 for r in data["rows"])
+    script = [sys.executable, str(ROOT / "research" / "encoder_tasks.py"), "--table"]
+    tables = subprocess.run(
+        [*script, "benchmarks/encoder_tasks_variants.json"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    between = results.split("<!-- encoder-variants:begin -->")[1].split("<!-- encoder-variants:end -->")[0]
+    assert tables.stdout.strip() == between.strip()
+
+
+def test_docs_memory_table_is_what_the_formula_prints():
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "research" / "memory_table.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_device_check_without_a_gpu_and_its_dry_run(tmp_path, user_env):
+    r = subprocess.run(
+        ["bash", str(ROOT / "research" / "device_check.sh")],
+        env={**user_env, "OUT": str(tmp_path / "x")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "no CUDA GPU" in r.stdout, r.stderr[-2000:]
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "research" / "device_check.py"),
+            "--dry-run",
+            "--schemes",
+            "alibi,t5",
+            "--out",
+            str(tmp_path / "dry"),
+        ],
+        env=user_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    record = json.loads((tmp_path / "dry" / "device_check.json").read_text())
+    assert {c["scheme"] for c in record["correctness"]} == {"alibi", "t5"}
+    assert all(c["relative"] < 1e-4 for c in record["correctness"])  # fp32 on the CPU: the kernels agree
+    assert {(s["mode"], s["length"]) for s in record["speed"]} == {
+        (m, L) for m in ("forward", "train") for L in (128, 256)
+    }
+    assert record["finetune"]["tokens_per_s"] > 0 and "cpu" in record["device"]
+    assert "| alibi |" in (tmp_path / "dry" / "device_check.md").read_text()
