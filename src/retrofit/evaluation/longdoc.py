@@ -23,6 +23,7 @@ from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
 from . import records
+from .measure import Measure, Planned, Setup
 from .models import EvalModel
 
 log = logging.getLogger(__name__)
@@ -261,3 +262,36 @@ class LongDocReport:
 
     def table(self) -> str:
         return table(self.data)
+
+
+class LongDocuments(Measure):
+    """A classifier's or an embedding model's reading of long documents: accuracy (top-1) at each length against
+    the original truncated at native and over native-size chunks, on a task's documents (a ``longdoc:`` spec,
+    ``EXAMPLES`` a length) or on records (``records.Records``, each read once, binned by length)."""
+
+    name = "long-document"
+    unit = "doc"
+
+    def asked(self, o) -> bool:
+        return True
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        readings = len(reads_of(setup.models, setup.native))
+        on_records = isinstance(setup.source, records.Records)
+        what = "its records" if on_records else f"{EXAMPLES} documents"
+        log.info("%s: %s at the lengths %s, %d readings (models x ways of reading)", setup.label, what,
+                 setup.lengths, readings)  # fmt: skip
+        if on_records:  # how many is known once they are read
+            return Planned(state="records")
+        return Planned(work=[(L, EXAMPLES * readings) for L in setup.lengths], state="documents")
+
+    def run(self, setup: Setup, planned: Planned, bar) -> dict:
+        models, lengths, native = setup.models, setup.lengths, setup.native
+        if planned.state == "records":
+            data = run_records(models, setup.source, lengths, native, bar)
+        else:
+            data = run(models, setup.source, lengths, native, EXAMPLES, bar)
+        return {**data, "verdict": verdict(data)}
+
+
+MEASURE = LongDocuments()

@@ -21,14 +21,16 @@ from .options import EvalOptions
 @dataclass
 class Setup:
     """What every measure's plan and run read: the options, the models (the evaluated first), the evaluation's
-    documents, its lengths resolved against the model, and the tokens every model scores."""
+    documents, its lengths resolved against the model, and the tokens every model scores (a language model's) or
+    the documents' source (a classifier's or an embedding model's)."""
 
     o: EvalOptions
     models: list[EvalModel]
     docs: list  # the Documents read from --data
     label: str  # what they are, for messages
     lengths: list[int]
-    stream: object  # scoring.tokens.build_stream's: the first budget tokens, a multiple of the longest length
+    stream: object = None  # scoring.tokens.build_stream's: the first budget tokens, a multiple of the longest length
+    source: object = None  # a classifier's or embedding model's: a longdoc: spec or records.Records
 
     @property
     def native(self) -> int | None:
@@ -49,6 +51,7 @@ class Measure:
     """One measure. ``name``: its key in the report (its section, its settings, its seed)."""
 
     name: str = ""
+    unit: str = "window"  # what its work counts (the progress bar's unit)
 
     def asked(self, o: EvalOptions):
         """What was asked of it, checked before anything is read; None when it is not asked."""

@@ -58,6 +58,7 @@ LOAD_KEYS = ("tokenizer", "gguf_file", "device", "dtype")  # evaluate()'s keywor
 MEASURES = {
     "causal-lm": (perplexity.MEASURE, pk.MEASURE, rc.MEASURE, retrieval.MEASURE),
     "masked-lm": (masked.MEASURE, retrieval.MASKED),
+    **{kind: (longdoc.MEASURE,) for kind in READS_DOCUMENTS},
 }
 
 
@@ -109,21 +110,31 @@ def evaluate(
     kind = task.of_model(models[0].model).name
     if kind in READS_DOCUMENTS:
         source = records.source_for(o.data, model_or_path, given=o.data != EvalOptions.data)
-        return _long_documents(models, source, items if not default_lengths else None, progress, out)
-    docs, data_label = docs or _documents(o)
-    native = (models[0].info.get("native") or {}).get("length")
-    lengths = resolve_lengths(items, native)
-    if default_lengths and models[0].max_length:
-        lengths = _within_limit(models[0], lengths)
-    setup = _setup(models, (docs, data_label), _fit_budget(o, lengths), lengths)
+        setup = Setup(o, models, None, getattr(source, "label", source), _lengths(models[0], items, default_lengths))
+        setup.source = source
+    else:
+        docs, data_label = docs or _documents(o)
+        lengths = _lengths(models[0], items, default_lengths)
+        setup = _setup(models, (docs, data_label), _fit_budget(o, lengths), lengths)
     measures = _measures_of(kind, asked)
     planned = [(m, m.plan(setup, asked.get(m.name))) for m in measures]
-    _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work])
+    if setup.stream is not None:
+        _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work])
     sections = _run(setup, planned, progress)
     report = _report(kind, setup, planned, sections, started)
     if out is not None:
         report.save(out)
     return report
+
+
+def _lengths(m: EvalModel, items: list, default: bool) -> list[int]:
+    """The evaluation's lengths in tokens (multiples of ``m``'s native resolved); the defaults stop at its limit.
+    A classifier's or embedding model's baselines read in native-size pieces, so it needs its native length."""
+    native = (m.info.get("native") or {}).get("length")
+    if not native and task.of_model(m.model).name in READS_DOCUMENTS:
+        raise OptionError(f"{m.name}: its native length is unknown; the baselines' readings need it")
+    lengths = resolve_lengths(items, native)
+    return _within_limit(m, lengths) if default and m.max_length else lengths
 
 
 def _documents(o: EvalOptions) -> tuple:
@@ -155,13 +166,12 @@ def _asked(o: EvalOptions) -> tuple[list, dict]:
 
 
 def _measures_of(kind: str, asked: dict) -> tuple[Measure, ...]:
-    """The measures of a model's task; those asked that it has none of are said not to run."""
+    """The measures of a model's task; those asked beyond the defaults that it has none of are said not to run."""
     measures = MEASURES.get(kind, MEASURES["causal-lm"])
-    names = {m.name for m in measures}
-    skipped = [name for name, a in asked.items() if a not in (None, False) and name not in names]
-    skipped = [name for name in skipped if name != "perplexity"]  # a masked LM's own reading stands for it
+    names, default = {m.name for m in measures}, _asked(DEFAULTS)[1]
+    skipped = [name for name, a in asked.items() if a not in (None, default[name]) and name not in names]
     if skipped:
-        log.info("%s: %s not run (generation)", kind, ", ".join(skipped))
+        log.info("%s: %s not run (a measure of causal LMs)", kind, ", ".join(skipped))
     return measures
 
 
@@ -176,18 +186,21 @@ def _setup(models: list[EvalModel], data: tuple, o: EvalOptions, lengths: list[i
 
 def _run(setup: Setup, planned: list, progress: bool) -> dict:
     """Every planned measure, one progress bar over all their forward passes; their report keys merged."""
-    total = sum(c for _, p in planned for _, c in p.work)
+    total = sum(c for _, p in planned for _, c in p.work) or None  # None: known only as it runs (records)
     sections = {}
-    with tqdm(total=total, disable=not progress, unit="window", dynamic_ncols=True) as bar:
+    with tqdm(total=total, disable=not progress, unit=planned[0][0].unit, dynamic_ncols=True) as bar:
         for m, p in planned:
             sections.update(m.run(setup, p, bar) if p.state is not None else m.absent())
     return sections
 
 
 def _report(kind: str, setup: Setup, planned: list, sections: dict, started):
-    """A masked LM's report (``masked.MaskedReport``: its measures' keys) or a causal LM's (``report.Report``)."""
+    """A masked LM's report (``masked.MaskedReport``), a classifier's or embedding model's
+    (``longdoc.LongDocReport``), both their measures' keys, or a causal LM's (``report.Report``)."""
     if kind == "masked-lm":
         return masked.MaskedReport({**sections, "environment": environment(setup.models[0].model)})
+    if kind in READS_DOCUMENTS:
+        return longdoc.LongDocReport({**sections, "environment": environment(setup.models[0].model)})
     finished = _dt.datetime.now(_dt.timezone.utc)
     o = setup.o
     data = {
@@ -203,39 +216,6 @@ def _report(kind: str, setup: Setup, planned: list, sections: dict, started):
     data["timing"]["seconds"] = (finished - started).total_seconds()
     report = Report(data)
     report.data["verdict"] = verdict(report.data)
-    return report
-
-
-def _long_documents(models, source, asked_lengths, progress: bool, out) -> longdoc.LongDocReport:
-    """A classifier's or an embedding model's evaluation (``evaluation.longdoc``): accuracy or top-1 at each length
-    (default 1x, 2x, 4x, 8x of native, up to the model's limit) against the original truncated and chunked, on a
-    task's documents (``longdoc:`` spec) or on records (``records.Records``)."""
-    native = (models[0].info.get("native") or {}).get("length")
-    if not native:
-        raise OptionError(f"{models[0].name}: its native length is unknown; the baselines' readings need it")
-    lengths = resolve_lengths(asked_lengths or ["1x", "2x", "4x", "8x"], native)
-    if asked_lengths is None and models[0].max_length:
-        lengths = _within_limit(models[0], lengths)
-    readings = len(longdoc.reads_of(models, native))
-    on_records = isinstance(source, records.Records)
-    n = None if on_records else longdoc.EXAMPLES
-    log.info(
-        "%s: %s at the lengths %s, %d readings (models x ways of reading)",
-        getattr(source, "label", source),
-        "its records" if on_records else f"{n} documents",
-        lengths,
-        readings,
-    )
-    with tqdm(total=None if on_records else n * readings * len(lengths), disable=not progress, unit="doc") as bar:
-        if on_records:
-            data = longdoc.run_records(models, source, lengths, native, bar)
-        else:
-            data = longdoc.run(models, source, lengths, native, n, bar)
-    data["verdict"] = longdoc.verdict(data)
-    data["environment"] = environment(models[0].model)
-    report = longdoc.LongDocReport(data)
-    if out is not None:
-        report.save(out)
     return report
 
 
