@@ -209,11 +209,17 @@ def adapter_for(model: nn.Module) -> Adapter:
 @functools.cache
 def calls_attention_interface(cls: type, *also: str) -> bool:
     """Does the attention class ``cls`` run its scores through transformers' attention interface (its ``forward``
-    looks its function up in ``ALL_ATTENTION_FUNCTIONS``), and name each of ``also`` (e.g. ``position_embeddings``,
-    the rotary layout's argument)? The structural claims' one test of an attention module: transformers marks
-    models (``_supports_attention_backend``), not their attention classes, so the source is read."""
+    looks its function up in ``ALL_ATTENTION_FUNCTIONS``), and take each of ``also`` as an argument of its
+    ``forward`` (e.g. ``position_embeddings``: the rotary layout's cos/sin, computed outside it)? The structural
+    claims' one test of an attention module. The arguments are read from the signature; the interface call from
+    the source, because transformers has no mark that says it: ``_supports_attention_backend`` is a model's flag,
+    not its attention classes' (a flagged MiniMax runs its lightning-attention layers without the interface),
+    and it is unset on models whose attention does call it (BART, BioGPT, Blenderbot-Small, Marian, mBART,
+    Pegasus, StableLM, Falcon-H1, OLMo-Hybrid, Lara-Mini: in every supported transformers that has them),
+    which the flag alone would stop claiming."""
     try:
+        params = inspect.signature(cls.forward).parameters
         src = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
+    except (OSError, TypeError, ValueError):
         return False
-    return "ALL_ATTENTION_FUNCTIONS" in src and all(word in src for word in also)
+    return "ALL_ATTENTION_FUNCTIONS" in src and all(word in params for word in also)
