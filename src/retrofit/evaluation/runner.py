@@ -1,5 +1,7 @@
-"""``evaluate()``: perplexity vs length, loss by position, passkey, recall and cost, for a
-converted model and its baselines on exactly the same tokens."""
+"""``evaluate()``: a (converted) model and its baselines measured on exactly the same tokens (or documents) by
+the measures of its task (``MEASURES``: perplexity, passkey, recall and copy for a causal LM; masked-token
+perplexity and copy for a masked LM; the long-document reading for a classifier or an embedding model), each
+asked, planned, costed and run alike (``measure.Measure``)."""
 
 from __future__ import annotations
 
