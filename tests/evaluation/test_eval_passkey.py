@@ -109,3 +109,24 @@ def test_greedy_decode_with_cache_matches_without(monkeypatch):
             plain.append(nxt)
             x = torch.cat([x, torch.tensor([[nxt]])], 1)
     assert cached == plain
+
+
+def test_cli_eval_passkey_flags_turn_passkey_on(tmp_path):
+    """`retrofit eval CHECKPOINT --passkey-lengths ...` without --passkey runs passkey (as any --recall-* runs
+    recall): a flag of a measure is never silently ignored."""
+    import json
+
+    import retrofit
+    from retrofit.cli import main
+    from retrofit.models.builtin import tiny_gpt2
+
+    model_dir = tmp_path / "model"
+    model = retrofit.convert(retrofit.load_model(str(tiny_gpt2()))[0], "alibi")
+    retrofit.save(model, model_dir, tokenizer=byte_tokenizer())
+    args = ["eval", str(model_dir), "--lengths", "32", "--budget", "64", "--no-sliding", "--no-copy", "--no-progress"]
+    assert main([*args, "--passkey-lengths", "512", "--passkey-depths", "0.5", "--passkey-trials", "1"]) == 0
+    report = json.loads((model_dir / "eval" / "report.json").read_text())
+    assert report["settings"]["passkey"]["lengths"] == [512]
+    assert [(c["length"], c["depth"], c["trials"]) for c in report["passkey"]] == [(512, 0.5, 1)]
+    assert main(args) == 0  # without a passkey flag: not run
+    assert json.loads((model_dir / "eval" / "report.json").read_text())["passkey"] is None

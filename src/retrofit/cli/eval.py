@@ -128,13 +128,14 @@ def _baselines(args) -> list:
 
 def _options(args) -> dict:
     """``evaluate``'s option keywords: the flags given (the rest keep ``EvalOptions``' defaults); any
-    ``--recall-*`` option turns recall on."""
+    ``--recall-*`` option turns recall on, any ``--passkey-*`` option passkey."""
     given = {
         **(QUICK if getattr(args, "quick", False) else {}),
         **{k: getattr(args, k) for k in NAMES if hasattr(args, k)},
     }
-    if any(k.startswith("recall_") for k in given):
-        given["recall"] = True
+    for measure in ("recall", "passkey"):
+        if any(k.startswith(f"{measure}_") for k in given):
+            given[measure] = True
     if given.get("doc_separator"):
         given["doc_separator"] = codecs.decode(given["doc_separator"], "unicode_escape")
     return given

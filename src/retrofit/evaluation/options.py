@@ -54,7 +54,7 @@ class EvalOptions:
     )
     batch_size: int = _opt("Windows per forward pass.", 1)
     position_buckets: int = _opt("Log-spaced position buckets for loss by position.", 32, flag="--buckets")
-    passkey: bool = _opt("Also run passkey retrieval.", False)
+    passkey: bool = _opt("Also run passkey retrieval (any passkey option turns it on in retrofit eval).", False)
     passkey_lengths: Optional[list] = _opt("Passkey lengths, same units as lengths (null = lengths).", None)
     passkey_depths: list = _opt("Passkey depths in [0, 1].", factory=lambda: list(DEPTHS))
     passkey_trials: int = _opt("Passkey trials per (length, depth).", 5)
