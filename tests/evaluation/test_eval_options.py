@@ -51,6 +51,7 @@ def test_every_option_is_a_flag_with_the_dataclass_default_and_help():
         "recall_span": 20,
         "recall": True,
         "passkey_depths": [0.0, 1.0],
+        "passkey": True,  # a measure's flag turns it on
     }
 
 
