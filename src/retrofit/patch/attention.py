@@ -181,8 +181,10 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
         q_start=site.q_start,
         dropout=dropout,
         causal=site.causal,
-        softcap=kwargs.get("softcap"),  # gemma2's attention-logit softcapping
-        sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),  # gpt_oss's attention sinks
+        # the attention interface's own keywords (transformers' flash_attention_forward takes both): gemma2's
+        # attention-logit softcapping, gpt_oss's sinks (its eager path reads the module's)
+        softcap=kwargs.get("softcap"),
+        sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),
         **term.fields(),
     )
     out, ran = kernels.attend(call, state.kernel)
