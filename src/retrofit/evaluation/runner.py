@@ -22,7 +22,7 @@ from . import cost, longdoc, masked, perplexity, records, retrieval
 from . import passkey as pk
 from . import recall as rc
 from .lengths import resolve as resolve_lengths
-from .measure import Measure, Setup, check_lengths, check_positive, mechanism
+from .measure import Measure, Setup, check_lengths, check_positive, check_supported, mechanism
 from .models import EvalModel, check_tokenizers, resolve
 from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget
 from .report import SCHEMA_VERSION, SECTIONS, Report, environment
@@ -55,8 +55,8 @@ def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
 LOAD_KEYS = ("tokenizer", "gguf_file", "device", "dtype")  # evaluate()'s keywords that say how to load a model
 
 
-# The measures of each task, in the report's order (``measure.Measure``); those of the causal LM are asked (their
-# options checked) before anything is loaded, as only loading may tell the task.
+# The measures of each task, in the report's order (``measure.Measure``); every task's are asked (their options
+# checked) before anything is loaded, as only loading may tell the task.
 MEASURES = {
     "causal-lm": (perplexity.MEASURE, pk.MEASURE, rc.MEASURE, retrieval.MEASURE),
     "masked-lm": (masked.MEASURE, retrieval.MASKED),
@@ -117,10 +117,14 @@ def evaluate(
     else:
         docs, data_label = docs or _documents(o)
         lengths = _lengths(models[0], items, default_lengths)
+        if kind != "masked-lm":  # a causal LM runs every length plainly: said before its tokens are read
+            check_supported(models[0], lengths, "lengths")
         setup = _setup(models, (docs, data_label), _fit_budget(o, lengths), lengths)
     measures = _measures_of(kind, asked)
     planned = [(m, m.plan(setup, asked.get(m.name))) for m in measures]
-    if setup.stream is not None:
+    if setup.stream is not None and kind != "masked-lm":  # a causal LM's (a masked LM's never said it)
+        log.info("evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), setup.stream.targets,
+                 setup.label, setup.lengths)  # fmt: skip
         _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work])
     sections = _run(setup, planned, progress)
     report = _report(kind, setup, planned, sections, started)
@@ -164,7 +168,7 @@ def _asked(o: EvalOptions) -> tuple[list, dict]:
     items = check_lengths(o.lengths)
     check_positive(budget=o.budget)
     fitted_budget(o, 1)  # a bad budget_windows too
-    return items, {m.name: m.asked(o) for m in MEASURES["causal-lm"]}
+    return items, {m.name: m.asked(o) for ms in MEASURES.values() for m in ms}
 
 
 def _measures_of(kind: str, asked: dict) -> tuple[Measure, ...]:
@@ -182,7 +186,6 @@ def _setup(models: list[EvalModel], data: tuple, o: EvalOptions, lengths: list[i
     docs, label = data
     check_tokenizers(models, docs[0].text[:4000])
     stream = build_stream(models[0].tokenizer, docs, label, o.budget, lengths, o.doc_separator)
-    log.info("evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), stream.targets, label, lengths)
     return Setup(o, models, docs, label, lengths, stream)
 
 
