@@ -72,3 +72,24 @@ def test_each_measure_checks_its_own_options(given, word):
     with pytest.raises(OptionError, match=word):
         for m in runner.MEASURES["causal-lm"]:
             m.asked(o)
+
+
+@pytest.mark.parametrize(
+    "given, error",
+    [
+        ({"lengths": [128]}, "exceed what"),  # tiny-gpt2's table holds 64 positions
+        ({"lengths": [32], "passkey": True}, "passkey length 32 is too short"),
+        ({"lengths": [32], "recall": True, "recall_lengths": [16], "recall_span": 12}, "recall length 16"),
+        ({"lengths": [64], "copy_distances": [2]}, "copy distance 2 cannot hold"),
+    ],
+)
+def test_what_the_model_rules_out_is_said_before_any_tokens_are_read(monkeypatch, given, error):
+    """Each measure's check runs once the model is loaded and before the documents are tokenized."""
+    from retrofit.foundation.errors import LengthError
+
+    def tokenize(setup):
+        raise AssertionError("tokens read before the measures' checks")
+
+    monkeypatch.setattr(runner, "_stream", tokenize)
+    with pytest.raises(LengthError, match=error):
+        runner.evaluate("tiny-gpt2", progress=False, **given)

@@ -196,13 +196,15 @@ class MaskedLM(Measure):
     def asked(self, o) -> bool:
         return True
 
-    def plan(self, setup: Setup, asked) -> Planned:
-        native = setup.native
-        if not native:
+    def check(self, setup: Setup, asked) -> None:
+        if not setup.native:
             raise OptionError(
                 f"{setup.models[0].name}: its native length is unknown (no adapter describes it and its config "
                 "names none); a masked-LM evaluation needs it for the sliding window"
             )
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        native = setup.native
         ids = setup.stream.ids[:-1]  # (n,) a multiple of the longest length
         return Planned(work=work(ids.numel(), setup.lengths, native, setup.models), state=ids)
 

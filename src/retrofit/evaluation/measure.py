@@ -4,7 +4,8 @@ measures of a task (``runner.MEASURES``) and drives them the same way; a new mea
 shape in its own module and one entry in that table.
 
     asked = measure.asked(options)          # before anything is read: bad input raises a RetrofitError
-    planned = measure.plan(setup, asked)    # the model loaded, the lengths resolved: work, settings, seeds
+    measure.check(setup, asked)             # the model loaded, the lengths resolved, before any tokens are read
+    planned = measure.plan(setup, asked)    # its text drawn: work, settings, seeds
     section = measure.run(setup, planned, bar)  # its keys of the report
 """
 
@@ -57,8 +58,12 @@ class Measure:
         """What was asked of it, checked before anything is read; None when it is not asked."""
         raise NotImplementedError
 
+    def check(self, setup: Setup, asked) -> None:
+        """What can be said against the loaded model before any text is tokenized (``setup.stream`` is not built
+        yet): its lengths past the model's limit, or too short for its prompt. Nothing by default."""
+
     def plan(self, setup: Setup, asked) -> Planned:
-        """Its lengths checked against the model, its text drawn, its cost counted."""
+        """Its text drawn, its cost counted (``setup.stream`` built)."""
         raise NotImplementedError
 
     def run(self, setup: Setup, planned: Planned, bar) -> dict:

@@ -229,15 +229,21 @@ class Passkey(Measure):
             return None
         return check_lengths(o.passkey_lengths, "passkey lengths") if o.passkey_lengths else None, depths
 
+    def lengths(self, setup: Setup, asked) -> list[int]:
+        items = asked[0]
+        return resolve_lengths(items, setup.native, "passkey lengths") if items else setup.lengths
+
+    def check(self, setup: Setup, asked) -> None:
+        if asked is not None:
+            lengths = self.lengths(setup, asked)
+            check_supported(setup.models[0], lengths, "passkey lengths")
+            check_room(setup.models[0], min(lengths))
+
     def plan(self, setup: Setup, asked) -> Planned:
         seeds = {"passkey": setup.o.seed}  # always said (the report's schema requires it)
         if asked is None:
             return Planned(settings={"passkey": None}, seeds=seeds)
-        items, depths = asked
-        lengths = resolve_lengths(items, setup.native, "passkey lengths") if items else setup.lengths
-        check_supported(setup.models[0], lengths, "passkey lengths")
-        check_room(setup.models[0], min(lengths))
-        o = setup.o
+        lengths, depths, o = self.lengths(setup, asked), asked[1], setup.o
         work_ = work(lengths, len(setup.models), depths, o.passkey_trials)
         return Planned(work_, {"passkey": settings(lengths, depths, o)}, seeds, state=(lengths, depths))
 

@@ -15,6 +15,7 @@ Here: a 95% interval over blocks of targets (``summarize``) and the loss by posi
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -63,6 +64,8 @@ _T975 = [
     2.045,
     2.042,
 ]
+
+log = logging.getLogger(__name__)
 
 
 def t_quantile_975(df: int) -> float:
@@ -243,9 +246,13 @@ class Perplexity(Measure):
         check_positive(stride=stride, batch_size=o.batch_size, position_buckets=o.position_buckets)
         return True
 
-    def plan(self, setup: Setup, asked) -> Planned:
-        o = setup.o
+    def check(self, setup: Setup, asked) -> None:
         check_supported(setup.models[0], setup.lengths, "lengths")
+
+    def plan(self, setup: Setup, asked) -> Planned:
+        o, n = setup.o, len(setup.models)
+        log.info("evaluating %d model(s) on %d tokens of %s at lengths %s", n, setup.stream.targets, setup.label,
+                 setup.lengths)  # fmt: skip
         jobs = plan_jobs(setup.models, setup.lengths, o.stride, o.sliding)
         settings = {"lengths": setup.lengths, "stride": o.stride, "sliding": o.sliding, "batch_size": o.batch_size}
         settings["position_buckets"] = o.position_buckets

@@ -229,13 +229,20 @@ class Recall(Measure):
             )
         return check_lengths(o.recall_lengths, "recall lengths") if o.recall_lengths else None, depths
 
+    def lengths(self, setup: Setup, asked) -> list[int]:
+        items = asked[0]
+        return resolve_lengths(items, setup.native, "recall lengths") if items else setup.lengths
+
+    def check(self, setup: Setup, asked) -> None:
+        if asked is not None:
+            lengths = self.lengths(setup, asked)
+            check_supported(setup.models[0], lengths, "recall lengths")
+            check_room(setup.models[0], min(lengths), setup.o.recall_span)
+
     def plan(self, setup: Setup, asked) -> Planned:
         if asked is None:
             return Planned(settings={"recall": None})
-        (items, depths), o, m = asked, setup.o, setup.models[0]
-        lengths = resolve_lengths(items, setup.native, "recall lengths") if items else setup.lengths
-        check_supported(m, lengths, "recall lengths")
-        check_room(m, min(lengths), o.recall_span)
+        lengths, depths, o, m = self.lengths(setup, asked), asked[1], setup.o, setup.models[0]
         text = eval_text(m, setup.docs, setup.label, o.budget, max(lengths), o.recall_span, o.doc_separator)
         return Planned(
             work=work(lengths, len(setup.models), depths, o.recall_trials),

@@ -168,11 +168,19 @@ class Copy(Measure):
     def asked(self, o) -> list | None:
         return check_lengths(o.copy_distances, "copy distances") if o.copy else None
 
+    def sized(self, setup: Setup, asked) -> tuple:
+        """(the options with the span and cue resolved, the distances in tokens), checked."""
+        o = sizes(setup.o, setup.native)
+        return o, distances(asked, setup.native, setup.lengths, o)
+
+    def check(self, setup: Setup, asked) -> None:
+        if asked is not None:
+            self.sized(setup, asked)
+
     def plan(self, setup: Setup, asked) -> Planned:
         if asked is None:
             return Planned(settings={"copy": None})
-        o = sizes(setup.o, setup.native)
-        found = distances(asked, setup.native, setup.lengths, o)
+        o, found = self.sized(setup, asked)
         if not found:
             return Planned(settings={"copy": None})
         longest = max(found) + (o.copy_keys + 1) * o.copy_span
@@ -195,6 +203,10 @@ class Copy(Measure):
 class MaskedCopy(Copy):
     """Retrieval at distance for a masked LM: the span's tokens masked at the end and scored
     (``scoring.copying.score_masked``); the report's ``copy`` and ``copy_settings``."""
+
+    def check(self, setup: Setup, asked) -> None:
+        if getattr(setup.models[0].tokenizer, "mask_token_id", None) is not None:
+            super().check(setup, asked)
 
     def plan(self, setup: Setup, asked) -> Planned:
         if asked is not None and getattr(setup.models[0].tokenizer, "mask_token_id", None) is None:

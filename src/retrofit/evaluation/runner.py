@@ -22,7 +22,7 @@ from . import cost, longdoc, masked, perplexity, records, retrieval
 from . import passkey as pk
 from . import recall as rc
 from .lengths import resolve as resolve_lengths
-from .measure import Measure, Setup, check_lengths, check_positive, check_supported, mechanism
+from .measure import Measure, Setup, check_lengths, check_positive, mechanism
 from .models import EvalModel, check_tokenizers, resolve
 from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget
 from .report import SCHEMA_VERSION, SECTIONS, Report, environment
@@ -112,19 +112,19 @@ def evaluate(
     kind = task.of_model(models[0].model).name
     if kind in READS_DOCUMENTS:
         source = records.source_for(o.data, model_or_path, given=o.data != EvalOptions.data)
-        setup = Setup(o, models, None, getattr(source, "label", source), _lengths(models[0], items, default_lengths))
-        setup.source = source
+        lengths = _lengths(models[0], items, default_lengths)
+        setup = Setup(o, models, None, getattr(source, "label", source), lengths, source=source)
     else:
         docs, data_label = docs or _documents(o)
         lengths = _lengths(models[0], items, default_lengths)
-        if kind != "masked-lm":  # a causal LM runs every length plainly: said before its tokens are read
-            check_supported(models[0], lengths, "lengths")
-        setup = _setup(models, (docs, data_label), _fit_budget(o, lengths), lengths)
+        setup = Setup(_fit_budget(o, lengths), models, docs, data_label, lengths)
     measures = _measures_of(kind, asked)
+    for m in measures:
+        m.check(setup, asked.get(m.name))  # against the model, before any tokens are read
+    if setup.docs is not None:
+        setup.stream = _stream(setup)
     planned = [(m, m.plan(setup, asked.get(m.name))) for m in measures]
-    if setup.stream is not None and kind != "masked-lm":  # a causal LM's (a masked LM's never said it)
-        log.info("evaluating %d model(s) on %d tokens of %s at lengths %s", len(models), setup.stream.targets,
-                 setup.label, setup.lengths)  # fmt: skip
+    if setup.stream is not None:
         _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work])
     sections = _run(setup, planned, progress)
     report = _report(kind, setup, planned, sections, started)
@@ -172,21 +172,21 @@ def _asked(o: EvalOptions) -> tuple[list, dict]:
 
 
 def _measures_of(kind: str, asked: dict) -> tuple[Measure, ...]:
-    """The measures of a model's task; those asked beyond the defaults that it has none of are said not to run."""
+    """The measures of a model's task; one that is off by default, asked, and not of this task is said not to run."""
     measures = MEASURES.get(kind, MEASURES["causal-lm"])
     names, default = {m.name for m in measures}, _asked(DEFAULTS)[1]
-    skipped = [name for name, a in asked.items() if a not in (None, default[name]) and name not in names]
+    skipped = [name for name, a in asked.items() if default[name] is None and a is not None and name not in names]
     if skipped:
-        log.info("%s: %s not run (a measure of causal LMs)", kind, ", ".join(skipped))
+        log.info("%s: %s not run (measures of causal LMs)", kind, ", ".join(skipped))
     return measures
 
 
-def _setup(models: list[EvalModel], data: tuple, o: EvalOptions, lengths: list[int]) -> Setup:
-    """What every measure reads: the models' tokenizers checked on the data, the first ``budget`` tokens."""
-    docs, label = data
-    check_tokenizers(models, docs[0].text[:4000])
-    stream = build_stream(models[0].tokenizer, docs, label, o.budget, lengths, o.doc_separator)
-    return Setup(o, models, docs, label, lengths, stream)
+def _stream(setup: Setup):
+    """The first ``budget`` tokens of the documents (``scoring.tokens.build_stream``), the models' tokenizers checked
+    on them first."""
+    check_tokenizers(setup.models, setup.docs[0].text[:4000])
+    o = setup.o
+    return build_stream(setup.models[0].tokenizer, setup.docs, setup.label, o.budget, setup.lengths, o.doc_separator)
 
 
 def _run(setup: Setup, planned: list, progress: bool) -> dict:
