@@ -11,6 +11,7 @@ shape in its own module and one entry in that table.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from ..foundation.errors import LengthError, OptionError
@@ -48,27 +49,27 @@ class Planned:
     state: object = None  # what its run reads
 
 
-class Measure:
+class Measure(ABC):
     """One measure. ``name``: its key in the report (its section, its settings, its seed)."""
 
     name: str = ""
     unit: str = "window"  # what its work counts (the progress bar's unit)
 
+    @abstractmethod
     def asked(self, o: EvalOptions):
         """What was asked of it, checked before anything is read; None when it is not asked."""
-        raise NotImplementedError
 
     def check(self, setup: Setup, asked) -> None:
         """What can be said against the loaded model before any text is tokenized (``setup.stream`` is not built
         yet): its lengths past the model's limit, or too short for its prompt. Nothing by default."""
 
+    @abstractmethod
     def plan(self, setup: Setup, asked) -> Planned:
         """Its text drawn, its cost counted (``setup.stream`` built)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def run(self, setup: Setup, planned: Planned, bar) -> dict:
         """Its keys of the report (``bar``: the progress bar over every measure's forward passes)."""
-        raise NotImplementedError
 
     def absent(self) -> dict:
         """Its keys of the report when it does not run."""
