@@ -109,9 +109,9 @@ def finetune(cell: str, args) -> tuple[Path, float]:
 
 def other_domains(tok) -> dict:
     """{name: ids (1, NATIVE)}: the first native-length stretch of two texts the fine-tune never saw."""
-    import torch
-
     from pydoc_data.topics import topics
+
+    import torch
 
     from retrofit.data.specs import stdlib_documents
 
