@@ -217,7 +217,7 @@ def test_retrofit_convert_takes_an_encoder_folder_as_typed_and_eval_asks_a_class
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "cls"), "--lengths", "1x"]) != 0
     assert (
-        "pass --data with one of longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey"
+        "pass --data with one of longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey, longdoc:context"
         in capsys.readouterr().err
     )
 

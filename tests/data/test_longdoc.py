@@ -73,7 +73,9 @@ def _windows(ids: list[int], n: int = 24) -> list[list[int]]:
 
 
 def test_bad_specs_and_short_documents_are_clear_errors(tok):
-    with pytest.raises(DataError, match="longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey"):
+    with pytest.raises(
+        DataError, match="longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey, longdoc:context"
+    ):
         longdoc.task_of("longdoc:summary")
     with pytest.raises(DataError, match="too short"):
         longdoc.Builder("longdoc:mention", tok, "heldout").example(0, 0, 4)
@@ -89,3 +91,32 @@ def test_a_passkey_document_holds_the_key_its_query_asks_for(tok):
         assert tok.decode(ex.ids[ex.evidence[0] :]).startswith(f" The pass key is {key}.")
         keys.add(key)
     assert len(keys) == 10  # every document its own key
+
+
+def test_a_context_query_is_cut_out_of_its_document(tok):
+    """The query is a passage of the play; its document is the text around it, the passage removed, so the two
+    share no cut text and the document keeps its length."""
+    b = longdoc.Builder("longdoc:context", tok, "heldout")
+    for i in range(6):
+        ex = b.example(4, i, 200, depth=i / 5)
+        cut = ex.query[len(b.first) :]
+        assert len(ex.ids) == 200 and len(cut) == longdoc.CUT and ex.query[:1] == b.first
+        at = ex.evidence[0]
+        joined = ex.ids[len(b.first) : at] + cut + ex.ids[at:]  # put back, it is one stretch of a play
+        assert any(b.filler[j : j + len(joined)] == joined for j in _starts(b.filler, joined[:8]))
+        assert at - len(b.first) == round(i / 5 * (200 - len(b.first)))
+
+
+def _starts(ids: list[int], head: list[int]) -> list[int]:
+    return [j for j in range(len(ids) - len(head)) if ids[j : j + len(head)] == head]
+
+
+def test_shared_filler_documents_differ_only_in_their_evidence(tok):
+    """LongEmbed's setting: with ``shared`` every document of a length has the same filler, so a reading that never
+    sees the evidence (truncated before it) cannot tell them apart."""
+    b = longdoc.Builder("longdoc:passkey", tok, "heldout")
+    a, c = b.example(9, 0, 600, 0.9, shared=True), b.example(9, 1, 600, 0.9, shared=True)
+    assert a.ids[:500] == c.ids[:500] and a.ids != c.ids and a.query != c.query
+    assert b.example(9, 0, 600, 0.9).query == a.query  # the key is the example's own either way
+    own = b.example(9, 1, 600, 0.9)
+    assert own.ids[:500] != c.ids[:500]

@@ -16,6 +16,10 @@ A spec is ``longdoc:<task>`` (``data.dataset`` of a recipe, ``--data`` of ``retr
 - ``longdoc:passkey`` (embedding, pairs; LongEmbed's synthetic passkey): a document that says once, at a drawn
   depth, "The pass key is 48213. Remember it. 48213 is the pass key."; the query asks for that key ("What is the
   pass key? The pass key is 48213."). Retrieval as for ``needle``: the documents differ only in their key and filler.
+- ``longdoc:context`` (embedding, pairs; short text): a passage of ``CUT`` tokens cut out of a stretch of a play at a
+  drawn depth; the query is that passage, the document the text around it (the passage removed). Retrieval as for
+  ``needle``, but nothing of the query is in its document: it is found by what it is about (the speakers, the
+  scene), the quality a fine-tune for long documents must keep on short ones (documents of up to 256 tokens).
 
 Training documents come from the training plays, evaluation documents from the held-out ones
 (``assets.shakespeare_documents``); example ``i`` of a seed is the same on every machine (its own ``random.Random``).
@@ -33,6 +37,7 @@ PREFIX = "longdoc:"
 WORDS = ("lion", "horse", "crown", "sword")  # one token each in the stand-ins' tokenizer; any tokenizer works
 SPANS = {"start": (0.0, 0.1), "end": (0.9, 1.0)}  # longdoc:both: where its two pieces go (fractions)
 PASSAGE = 16  # tokens of a "needle" passage
+CUT = 32  # tokens of a "context" query, cut out of its document
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ TASKS = {
         TaskInfo("both", "classification", ("once", "both"), "whether the start and the end both say it"),
         TaskInfo("needle", "embedding", (), "find the document that holds a passage, at any depth"),
         TaskInfo("passkey", "embedding", (), "find the document that holds a pass key, at any depth"),
+        TaskInfo("context", "embedding", (), "find the text a passage was cut from (short text: what it is about)"),
     )
 }
 
@@ -109,18 +115,25 @@ class Builder:
         start = rng.randrange(0, len(self.filler) - n)
         return self.filler[start : start + n]
 
-    def example(self, seed: int, index: int, length: int, depth: float | None = None) -> Example:
+    def example(self, seed: int, index: int, length: int, depth: float | None = None, shared: bool = False) -> Example:
         """Example ``index`` of ``seed`` with ``length`` tokens (the first one included); ``depth`` in [0, 1]
-        places the evidence of ``mention``, ``needle`` and ``passkey`` (drawn when None)."""
+        places the evidence of ``mention``, ``needle`` and ``passkey`` (drawn when None). ``shared``: the filler is
+        the same for every example of the seed and length (LongEmbed's passkey and needle: the documents differ only
+        in their evidence and where it sits); else each example draws its own."""
         rng = random.Random(seed * 1_000_003 + index)
         depth = rng.random() if depth is None else depth
-        body = self._span(rng, length - len(self.first))
+        extra = CUT if self.task.name == "context" else 0  # context: the passage cut out leaves the length
+        body = self._span(rng, length - len(self.first) + extra)
+        if shared:  # the example's own draws stay as they are (its key, its passage); only the filler is common
+            body = self._span(random.Random(seed * 1_000_003 - 1), len(body))
         if self.task.name == "mention":
             return self._mention(rng, body, depth)
         if self.task.name == "both":
             return self._both(rng, body)
         if self.task.name == "passkey":
             return self._passkey(rng, body, depth)
+        if self.task.name == "context":
+            return self._context(rng, body, depth)
         return self._needle(rng, body, depth)
 
     def _place(self, body: list[int], piece: list[int], depth: float) -> int:
@@ -153,6 +166,12 @@ class Builder:
         passage = self._span(rng, PASSAGE)
         at = self._place(body, passage, depth)
         return Example(self.first + body, query=self.first + passage, evidence=(at,), depth=depth)
+
+    def _context(self, rng, body, depth) -> Example:
+        at = round(depth * (len(body) - CUT))
+        query = self.first + body[at : at + CUT]
+        del body[at : at + CUT]
+        return Example(self.first + body, query=query, evidence=(at + len(self.first),), depth=depth)
 
 
 def first_token(tokenizer) -> list[int]:

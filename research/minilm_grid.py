@@ -1,0 +1,483 @@
+"""Issue 67's grid: does a real learned-absolute embedding model (all-MiniLM-L6-v2, the ``minilm`` built-in: a BERT
+with a 512-row table, trained on pairs of up to 256 tokens) read past its table once converted, and what does it
+keep below it?
+
+Rows (cells), in the order they run (the most informative first):
+
+- ``original``: the model as it is, reading a long document truncated at 512, over 512-token chunks joined by the
+  mean of their vectors (``chunk-mean``) or by their best chunk (``best-chunk``), and (an option, said as one) its
+  best 256-token window inside the chunks (``best-window``: the chunks' token states pooled over windows of
+  ``WINDOW`` tokens, stride ``WINDOW // 2``, the query's nearest window);
+- each conversion (``extend`` copying the table to 8,192 rows, symmetric ``alibi``, ``t5``, ``rope`` with NTK x4),
+  untrained and after a short contrastive fine-tune (``task: embedding``: sentence-transformers' mean pooling and
+  MultipleNegativesRankingLoss, in-batch negatives) on pairs of ``longdoc:passkey`` and ``longdoc:needle``
+  (alternating; documents of ``TRAIN_LENGTHS`` tokens from the training plays, each its own filler; written once as
+  records, ``runs/minilm-grid/train-pairs.jsonl``, and read through ``data.files``), full or LoRA, ``STEPS`` steps
+  of ``BATCH`` pairs; each reads a document whole (``whole``:
+  the mean of its token states, what sentence-transformers does) and, the option, by its best window of the whole
+  document's token states (``best-window``).
+
+Measures (documents from the held-out plays, depths spread evenly over [0, 1]; ``retrofit.data.longdoc``):
+
+- ``passkey`` and ``needle`` top-1 at 512 ... 8,192 tokens (``DOCS`` documents a length: the query must find its
+  own document among them), overall, by depth (quarters) and for evidence past 512. As in LongEmbed, the documents of
+  a length share one filler (``shared``): they differ only in their key (passage) and where it sits;
+- ``short``: ``longdoc:context`` top-1 at 128 and 256 tokens (a 32-token passage finds the text it was cut from;
+  ``SHORT_DOCS`` documents) and the cosine of each document's and query's vector to the original's.
+
+Phase 1 measures every cell up to 2,048 tokens (and the short set), phase 2 at 4,096 and 8,192. Resumable: a measure
+already in the record is not run again; a stopped fine-tune resumes from its checkpoint (``runs/minilm-grid/``).
+Each measure records its CPU minutes (this process's CPU time), each fine-tune its tokens and CPU minutes, the
+record the CPU (``harness.stamp``). One thread: run with OMP_NUM_THREADS=1.
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python research/minilm_grid.py            # every cell, resumable
+    python research/minilm_grid.py --table benchmarks/minilm_grid.json         # docs/results.md's tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import retrofit
+from harness import BENCHMARKS, ROOT, command, stamp, write_record
+from retrofit.data import longdoc
+
+RUNS = ROOT / "runs" / "minilm-grid"
+OUT = BENCHMARKS / "minilm_grid.json"
+NATIVE = 512
+PHASES = ((512, 1024, 2048), (4096, 8192))
+DOCS = {512: 32, 1024: 32, 2048: 32, 4096: 16, 8192: 16}
+SHORT = (128, 256)
+SHORT_DOCS = 64
+WINDOW = 256
+SEED = 1_234  # the evaluation documents (retrofit.evaluation.longdoc's seed)
+TRAIN_TASKS, TRAIN_LENGTHS, BATCH, STEPS = ("passkey", "needle"), (256, 1536), 4, 80
+TRAIN_RECORDS = STEPS * BATCH * 21 // 20  # one pass, and 5% held out
+EXTEND = {"length": "16x", "init": "copy"}
+CELLS = [
+    {"name": "original", "scheme": None},
+    {"name": "extend (copy)", "scheme": "extend", "options": EXTEND},
+    {"name": "extend (copy) + full", "scheme": "extend", "options": EXTEND, "method": "full", "lr": 2e-5},
+    {"name": "alibi + full", "scheme": "alibi", "method": "full", "lr": 1e-4},
+    {"name": "t5 + full", "scheme": "t5", "method": "full", "lr": 1e-4},
+    {
+        "name": "rope-ntk + full",
+        "scheme": "rope",
+        "options": {"scaling": "ntk", "factor": 4},
+        "method": "full",
+        "lr": 1e-4,
+    },  # fmt: skip
+    {"name": "alibi", "scheme": "alibi"},
+    {"name": "t5", "scheme": "t5"},
+    {"name": "rope-ntk", "scheme": "rope", "options": {"scaling": "ntk", "factor": 4}},
+    {"name": "extend (interpolate)", "scheme": "extend", "options": {"length": "16x", "init": "interpolate"}},
+    {"name": "extend (copy) + lora", "scheme": "extend", "options": EXTEND, "method": "lora", "lr": 2e-4},
+    {"name": "alibi + lora", "scheme": "alibi", "method": "lora", "lr": 5e-4},
+]
+log = logging.getLogger("minilm_grid")
+
+
+def cpu_minutes(t0: float) -> float:
+    return round((time.process_time() - t0) / 60, 2)
+
+
+def recipe(cell: dict) -> dict:
+    """The fine-tune of a cell: ``task: embedding`` on the built-in, converted, ``STEPS`` steps of ``BATCH``."""
+    train = {"method": cell["method"], "steps": STEPS, "batch_size": BATCH, "learning_rate": cell["lr"]}
+    train.update(warmup_steps=STEPS // 10, weight_decay=0.01, seed=0)
+    if cell["method"] == "lora":
+        train.update(lora={"r": 16, "alpha": 32, "dropout": 0.0}, train_norms=True)
+    return {
+        "task": "embedding",
+        "model": {"name_or_path": "minilm"},
+        "convert": {"scheme": cell["scheme"], "options": cell.get("options", {})},
+        "data": {
+            "files": str(train_records()),
+            "query_field": "query",
+            "document_field": "document",
+            "block_length": TRAIN_LENGTHS[1],
+            "validation_fraction": 0.05,
+            "max_validation_blocks": 16,
+        },
+        "train": train,
+        "checkpoint": {"every": 10},
+        "output_dir": str(RUNS / slug(cell["name"])),
+    }
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-").replace("--", "-")
+
+
+def fine_tune(cell: dict, entry: dict) -> Path:
+    """The cell's fine-tuned model (final/), trained once (a stopped run resumes); its tokens and CPU minutes go
+    into ``entry``. The CPU minutes of a resumed run add up over its runs."""
+    out = RUNS / slug(cell["name"])
+    if not (out / "summary.json").is_file():
+        t0 = time.process_time()
+        retrofit.finetune(recipe(cell))
+        entry.setdefault("fine_tune", {})
+        entry["fine_tune"]["cpu_minutes"] = entry["fine_tune"].get("cpu_minutes", 0) + cpu_minutes(t0)
+    summary = json.loads((out / "summary.json").read_text())
+    r = recipe(cell)
+    entry.setdefault("fine_tune", {}).update(
+        tasks=list(TRAIN_TASKS),
+        lengths=list(TRAIN_LENGTHS),
+        method=cell["method"],
+        steps=STEPS,
+        batch_size=BATCH,
+        learning_rate=cell["lr"],
+        tokens=summary.get("tokens"),  # the budget: steps x batch x the longest length
+        document_tokens=document_tokens(),  # the documents' own tokens (a batch is padded to its longest)
+        heldout=summary.get("heldout"),
+        recipe=r,
+    )
+    return out / "final"
+
+
+def train_records() -> Path:
+    """The fine-tunes' pairs, written once: passkey and needle in turn, documents of ``TRAIN_LENGTHS`` tokens drawn
+    uniformly from the training plays (MiniLM's tokens, decoded to text: the fine-tune reads text records)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from retrofit.models import assets
+
+    path = RUNS / "train-pairs.jsonl"
+    if path.is_file():
+        return path
+    tok = AutoTokenizer.from_pretrained(assets.minilm_dir())
+    RUNS.mkdir(parents=True, exist_ok=True)
+    builders = [longdoc.Builder(f"longdoc:{t}", tok, "train") for t in TRAIN_TASKS]
+    lines = []
+    for i in range(TRAIN_RECORDS):
+        ex = builders[i % len(builders)].example(0, i, random.Random(i).randint(*TRAIN_LENGTHS))
+        rec = {"query": tok.decode(ex.query[1:]), "document": tok.decode(ex.ids[1:]), "task": TRAIN_TASKS[i % 2]}
+        lines.append(json.dumps(rec))
+    from retrofit.foundation.atomic import write_text
+
+    return write_text(path, "\n".join(lines) + "\n")
+
+
+def document_tokens() -> int:
+    """The tokens of the fine-tune's documents (one pass over the records, cut at the longest length), queries not
+    counted."""
+    from transformers import AutoTokenizer
+
+    from retrofit.models import assets
+
+    tok = AutoTokenizer.from_pretrained(assets.minilm_dir())
+    docs = [json.loads(x)["document"] for x in train_records().read_text().splitlines()]
+    return sum(min(len(tok(d).input_ids), TRAIN_LENGTHS[1]) for d in docs)
+
+
+def load(cell: dict, entry: dict):
+    """(model, tokenizer) of a cell: the original, converted untrained, or fine-tuned."""
+    if cell.get("method"):
+        model, tok = retrofit.load_model(str(fine_tune(cell, entry)))
+    else:
+        model, tok = retrofit.load_model("minilm")
+        if cell["scheme"]:
+            retrofit.convert(model, cell["scheme"], **cell.get("options", {}))
+    return model.eval(), tok
+
+
+class Encoder:
+    """A model's token states and pooled vectors for one document: ``whole`` (native and past it, when it reads
+    past), or the original's 512-token chunks."""
+
+    def __init__(self, model, chunked: bool):
+        self.model, self.chunked = model, chunked
+
+    @torch.no_grad()
+    def states(self, ids: list[int]) -> torch.Tensor:
+        return self.model(input_ids=torch.tensor([ids])).last_hidden_state[0].float()  # (T, E)
+
+    def views(self, ids: list[int], first: list[int]) -> list[torch.Tensor]:
+        """The token states of each view: the whole document, or the original's chunks (each starts with CLS)."""
+        if not self.chunked or len(ids) <= NATIVE:
+            return [self.states(ids)]
+        body, step = ids[len(first) :], NATIVE - len(first)
+        return [self.states(first + body[i : i + step]) for i in range(0, len(body), step)]
+
+    def vector(self, ids: list[int]) -> torch.Tensor:
+        return F.normalize(self.states(ids).mean(0), dim=-1)
+
+
+def windows(h: torch.Tensor) -> torch.Tensor:
+    """Normalised means of ``WINDOW``-token windows of token states ``h`` (stride ``WINDOW // 2``; one window when
+    shorter)."""
+    if len(h) <= WINDOW:
+        return F.normalize(h.mean(0, keepdim=True), dim=-1)
+    c = torch.cat([torch.zeros(1, h.shape[1]), h.cumsum(0)])
+    starts = list(range(0, len(h) - WINDOW + 1, WINDOW // 2))
+    if starts[-1] != len(h) - WINDOW:
+        starts.append(len(h) - WINDOW)
+    s = torch.tensor(starts)
+    return F.normalize((c[s + WINDOW] - c[s]) / WINDOW, dim=-1)
+
+
+def readings(views: list[torch.Tensor], chunked: bool) -> dict:
+    """A document's representations under each reading: a vector (n, E) for a mean, several rows for a best-of."""
+    means = torch.stack([F.normalize(v.mean(0), dim=-1) for v in views])
+    wins = torch.cat([windows(v) for v in views])
+    if not chunked:
+        return {"whole": means, "best-window": wins}
+    return {
+        "truncated": means[:1],
+        "chunk-mean": F.normalize(means.mean(0, keepdim=True), dim=-1),
+        "best-chunk": means,
+        "best-window": wins,
+    }
+
+
+def retrieval(model, tok, task: str, L: int, n: int, chunked: bool) -> dict:
+    """Top-1 of each reading on ``n`` documents of ``L`` tokens of ``task`` (depths spread evenly): overall, by depth
+    quarter and for evidence past ``NATIVE``."""
+    builder = longdoc.Builder(f"longdoc:{task}", tok, "heldout")
+    docs = [builder.example(SEED, i, L, (i + 0.5) / n, shared=True) for i in range(n)]  # LongEmbed: one filler
+    enc = Encoder(model, chunked)
+    reps = [readings(enc.views(d.ids, builder.first), chunked) for d in docs]
+    queries = torch.stack([enc.vector(d.query) for d in docs])  # (n, E)
+    out = {}
+    for how in reps[0]:
+        sims = torch.stack([(queries @ r[how].T).max(-1).values for r in reps], dim=1)  # (queries, docs)
+        hits = (sims.argmax(-1) == torch.arange(n)).tolist()
+        quarter = [[h for d, h in zip(docs, hits) if min(int(d.depth * 4), 3) == q] for q in range(4)]
+        past = [h for d, h in zip(docs, hits) if d.evidence[-1] >= NATIVE]
+        out[how] = {
+            "top1": sum(hits) / n,
+            "by_depth": [sum(q) / len(q) if q else None for q in quarter],
+            "past_native": sum(past) / len(past) if past else None,
+        }
+    return {"task": task, "length": L, "documents": n, "readings": out}
+
+
+_ORIGINAL_SHORT: dict = {}  # length -> (document vectors, query vectors) of the original, once a process
+
+
+def short_text(model, tok, original) -> dict:
+    """``longdoc:context`` top-1 at each ``SHORT`` length (the model reading whole) and the cosine of its vectors
+    (documents and queries) to the original's."""
+    builder = longdoc.Builder("longdoc:context", tok, "heldout")
+    out = {}
+    for L in SHORT:
+        docs = [builder.example(SEED, i, L, (i + 0.5) / SHORT_DOCS) for i in range(SHORT_DOCS)]
+        enc = Encoder(model, chunked=False)
+        d = torch.stack([enc.vector(x.ids) for x in docs])
+        q = torch.stack([enc.vector(x.query) for x in docs])
+        if L not in _ORIGINAL_SHORT:
+            base = Encoder(original(), chunked=False)
+            _ORIGINAL_SHORT[L] = (
+                torch.stack([base.vector(x.ids) for x in docs]),
+                torch.stack([base.vector(x.query) for x in docs]),
+            )
+        od, oq = _ORIGINAL_SHORT[L]
+        cos = torch.cat([(d * od).sum(-1), (q * oq).sum(-1)])
+        hits = ((q @ d.T).argmax(-1) == torch.arange(SHORT_DOCS)).float()
+        out[str(L)] = {"top1": hits.mean().item(), "cosine_mean": cos.mean().item(), "cosine_min": cos.min().item()}
+    return {"task": "context", "documents": SHORT_DOCS, "lengths": out}
+
+
+def todo(phase: int) -> list[str]:
+    """The measures of a phase, in order: the short set first, then passkey and needle by length."""
+    keys = ["short"] if phase == 0 else []
+    return keys + [f"{task}@{L}" for L in PHASES[phase] for task in ("passkey", "needle")]
+
+
+def run_cell(cell: dict, entry: dict, phase: int, save) -> None:
+    """The measures of ``phase`` the cell's entry lacks, each saved as it ends."""
+    missing = [k for k in todo(phase) if k not in entry["measures"]]
+    if not missing:
+        return
+    model, tok = load(cell, entry)
+    save()
+    chunked = cell["scheme"] is None
+    original = _original_loader()
+    for key in missing:
+        t0 = time.process_time()
+        if key == "short":
+            got = short_text(model, tok, original)
+        else:
+            task, L = key.split("@")
+            got = retrieval(model, tok, task, int(L), DOCS[int(L)], chunked)
+        entry["measures"][key] = {**got, "cpu_minutes": cpu_minutes(t0)}
+        save()
+        print(f"{cell['name']} {key}: {_brief(got)} ({entry['measures'][key]['cpu_minutes']} CPU-min)", flush=True)
+
+
+def _original_loader():
+    cache = {}
+
+    def original():
+        if "m" not in cache:
+            cache["m"] = retrofit.load_model("minilm")[0].eval()
+        return cache["m"]
+
+    return original
+
+
+def _brief(got: dict) -> str:
+    if "readings" in got:
+        return ", ".join(f"{how} {100 * r['top1']:.0f}%" for how, r in got["readings"].items())
+    return ", ".join(f"{L}: top-1 {100 * r['top1']:.0f}% cos {r['cosine_mean']:.3f}" for L, r in got["lengths"].items())
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--cells", help="comma-separated cell names (default: every cell, in order)")
+    p.add_argument("--table", help="print docs/results.md's tables of this record and exit")
+    args = p.parse_args(argv)
+    if args.table:
+        print(tables(json.loads(Path(args.table).read_text())))
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(1)
+    cells = [c for c in CELLS if args.cells is None or c["name"] in args.cells.split(",")]
+    record = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {"cells": []}
+    record.update(benchmark="minilm_grid", command=command(__file__, argv), model=_model_facts(), settings=_settings())
+
+    def save():
+        record.update(stamp())
+        write_record(args.out, record)
+
+    for phase in range(len(PHASES)):
+        for cell in cells:
+            entry = next((e for e in record["cells"] if e["name"] == cell["name"]), None)
+            if entry is None:
+                entry = {"name": cell["name"], "scheme": cell["scheme"], "options": cell.get("options", {})}
+                entry.update(method=cell.get("method"), cpu=stamp()["hardware"].get("processor"), measures={})
+                record["cells"].append(entry)
+            run_cell(cell, entry, phase, save)
+
+
+def _model_facts() -> dict:
+    from retrofit.models import assets
+
+    return {"built_in": "minilm", "wheel": assets.MINILM_REQUIREMENT, "wheel_sha256": assets.MINILM_WHEEL_SHA256,
+            "native": NATIVE}  # fmt: skip
+
+
+def _settings() -> dict:
+    return {
+        "docs": DOCS,
+        "short_docs": SHORT_DOCS,
+        "short_lengths": list(SHORT),
+        "window": WINDOW,
+        "shared_filler": True,
+        "seed": SEED,
+        "train": {"tasks": list(TRAIN_TASKS), "lengths": list(TRAIN_LENGTHS), "batch_size": BATCH, "steps": STEPS},
+    }
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def tables(record: dict) -> str:
+    """docs/results.md's tables: passkey and needle top-1 by length (a row per cell and reading), the depth at
+    2,048, the short-text set and the fine-tunes' cost, and the issue's targets."""
+    out = []
+    lengths = [L for phase in PHASES for L in phase]
+    for task in ("passkey", "needle"):
+        out += [f"**{task}** (top-1, %; {', '.join(f'{DOCS[L]} at {L:,}' for L in lengths)} documents)", ""]
+        out += ["| cell | reading | " + " | ".join(f"{L:,}" for L in lengths) + " |"]
+        out += ["|---|---|" + "---:|" * len(lengths)]
+        for e in record["cells"]:
+            for how in _hows(e, task):
+                cells = [_pct(_top1(e, task, L, how)) for L in lengths]
+                out.append(f"| {e['name']} | {how} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += _depth_table(record, 2048) + _short_table(record) + _targets(record)
+    return "\n".join(out)
+
+
+def _hows(e: dict, task: str) -> list[str]:
+    seen = [m for k, m in e["measures"].items() if k.startswith(task + "@")]
+    return list(dict.fromkeys(how for m in seen for how in m["readings"]))
+
+
+def _top1(e: dict, task: str, L: int, how: str, field: str = "top1"):
+    m = e["measures"].get(f"{task}@{L}")
+    r = None if m is None else m["readings"].get(how)
+    if r is None and m is not None and how != "whole" and L <= NATIVE:  # the original up to 512 reads whole
+        r = m["readings"].get("whole")
+    return None if r is None else r[field]
+
+
+def _pct(v) -> str:
+    return "—" if v is None else f"{100 * v:.0f}"
+
+
+def _depth_table(record: dict, L: int) -> list[str]:
+    out = [f"**By depth at {L:,} tokens** (top-1, %, by quarter of the document where the evidence sits)", ""]
+    out += ["| cell | reading | passkey | needle |", "|---|---|---|---|"]
+    for e in record["cells"]:
+        for how in _hows(e, "passkey"):
+            parts = []
+            for task in ("passkey", "needle"):
+                d = _top1(e, task, L, how, "by_depth")
+                parts.append("—" if d is None else " / ".join(_pct(x) for x in d))
+            out.append(f"| {e['name']} | {how} | {parts[0]} | {parts[1]} |")
+    return out + [""]
+
+
+def _short_table(record: dict) -> list[str]:
+    out = ["**Short text** (`longdoc:context`, 64 documents: top-1 %, cosine of the vectors to the original's) and the "
+           "fine-tune", ""]  # fmt: skip
+    out += ["| cell | top-1 at 128 | top-1 at 256 | cosine at 128 | cosine at 256 (min) | fine-tune tokens | "
+            "fine-tune CPU-min | measures CPU-min |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for e in record["cells"]:
+        s = e["measures"].get("short", {}).get("lengths", {})
+        f = e.get("fine_tune") or {}
+        cost = sum(m.get("cpu_minutes", 0) for m in e["measures"].values())
+        a, b = s.get("128"), s.get("256")
+        cos = lambda r: "—" if r is None else f"{r['cosine_mean']:.3f}"  # noqa: E731
+        low = "" if b is None else f" ({b['cosine_min']:.3f})"
+        out.append(
+            f"| {e['name']} | {_pct(a and a['top1'])} | {_pct(b and b['top1'])} | {cos(a)} | {cos(b)}{low} | "
+            f"{f.get('document_tokens') or '—'} | {f.get('cpu_minutes', '—')} | {cost:.1f} |"
+        )
+    return out + [""]
+
+
+def _targets(record: dict) -> list[str]:
+    """The issue's targets at 2,048 and at 256 for each fine-tuned cell, met or not, with the figures."""
+    orig = next((e for e in record["cells"] if e["name"] == "original"), None)
+    if orig is None:
+        return []
+    trunc, best = _top1(orig, "needle", 2048, "truncated"), _top1(orig, "needle", 2048, "best-chunk")
+    short0 = orig["measures"].get("short", {}).get("lengths", {}).get("256", {}).get("top1")
+    out = ["**The issue's targets** (fine-tuned cells, reading whole)", ""]
+    out += ["| cell | passkey@2048 ≥ 90 | needle@2048 ≥ best chunk and ≥ truncated + 20 | short@256 within 1 point "
+            "| cosine ≥ 0.98 |", "|---|---|---|---|---|"]  # fmt: skip
+    for e in record["cells"]:
+        if not e.get("method"):
+            continue
+        pk, nd = _top1(e, "passkey", 2048, "whole"), _top1(e, "needle", 2048, "whole")
+        s = e["measures"].get("short", {}).get("lengths", {}).get("256")
+        yes = lambda ok: "met" if ok else "not met"  # noqa: E731
+        c1 = "—" if pk is None else f"{_pct(pk)}: {yes(pk >= 0.9)}"
+        c2 = (
+            "—"
+            if None in (nd, trunc, best)
+            else f"{_pct(nd)} vs {_pct(best)} / {_pct(trunc)}: " + yes(nd >= best and nd >= trunc + 0.2)
+        )
+        c3 = (
+            "—"
+            if s is None or short0 is None
+            else f"{_pct(s['top1'])} vs {_pct(short0)}: " + yes(s["top1"] >= short0 - 0.01)
+        )
+        c4 = "—" if s is None else f"{s['cosine_mean']:.3f}: {yes(s['cosine_mean'] >= 0.98)}"
+        out.append(f"| {e['name']} | {c1} | {c2} | {c3} | {c4} |")
+    return out + [""]
+
+
+if __name__ == "__main__":
+    main()
