@@ -257,7 +257,9 @@ def test_the_offline_twin_is_the_hub_recipe_on_the_built_in():
     assert (twin.task, twin.convert.scheme, twin.train.method) == (hub.task, hub.convert.scheme, hub.train.method)
     assert twin.data.dataset.startswith("longdoc:")
     per = tokens_per_step(twin, 1)
-    assert f"{twin.train.steps} steps x {per:,} tokens" in (RECIPES / "minilm-embedding-extend-offline.yaml").read_text()
+    assert (
+        f"{twin.train.steps} steps x {per:,} tokens" in (RECIPES / "minilm-embedding-extend-offline.yaml").read_text()
+    )
 
 
 @pytest.mark.slow  # a fine-tune of the real all-MiniLM-L6-v2 (two short steps)

