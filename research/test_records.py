@@ -142,3 +142,20 @@ def test_device_check_without_a_gpu_and_its_dry_run(tmp_path, user_env):
     }
     assert record["finetune"]["tokens_per_s"] > 0 and "cpu" in record["device"]
     assert "| alibi |" in (tmp_path / "dry" / "device_check.md").read_text()
+
+
+def test_the_minilm_grid_tables_and_the_readme_figures_are_what_the_json_gives():
+    """docs/results.md's all-MiniLM-L6-v2 tables and the README's real-model figures are rendered from
+    benchmarks/minilm_grid.json by research/minilm_grid.py, not typed; every fine-tune stayed within 30 CPU-minutes
+    and every cell says its CPU."""
+    data = json.loads((ROOT / "benchmarks" / "minilm_grid.json").read_text())
+    assert all((e.get("fine_tune") or {}).get("cpu_minutes", 0) <= 30 for e in data["cells"])
+    assert all(e["cpu"] for e in data["cells"]) and data["hardware"]["processor"]
+    script = [sys.executable, str(ROOT / "research" / "minilm_grid.py"), "--table", "benchmarks/minilm_grid.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    row = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and row.returncode == 0, tables.stderr[-2000:] + row.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    between = results.split("<!-- minilm-grid:begin -->")[1].split("<!-- minilm-grid:end -->")[0]
+    assert tables.stdout.strip() == between.strip()
+    assert row.stdout.strip() in (ROOT / "README.md").read_text()
