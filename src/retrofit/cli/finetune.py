@@ -132,6 +132,9 @@ def run(args) -> int:
     from ..models.sources import precheck
 
     precheck(recipe.model.name_or_path, recipe.model.gguf_file)  # a missing model is said before torch is imported
+    from ..training.preflight import check
+
+    check(recipe)  # so is what the model's config and the first records rule out (the loop checks again, for the API)
     from ..foundation.run_folder import FINAL
     from ..training import finetune
 
