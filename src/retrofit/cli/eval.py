@@ -72,7 +72,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
-    p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
+    p.add_argument(
+        "--out",
+        help="output folder (default: MODEL/eval for a local folder of yours, else eval-NAME here: a Hub id, a "
+        ".gguf file, a shipped folder with a SHA256SUMS or a read-only one)",
+    )
     p.add_argument("--no-plots", action="store_true", help="write report.json and report.md only")
     p.add_argument(
         "--no-progress",
