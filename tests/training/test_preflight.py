@@ -185,3 +185,22 @@ def test_a_hub_model_and_dataset_not_cached_are_noted_not_refused(tmp_path, caps
     raw = recipe(tmp_path, model={"name_or_path": "someone/not-cached-model"}, data={"dataset": "someone/not-cached"})
     rc, out = check_cli(tmp_path, raw, capsys)
     assert rc == 0 and "# not checked: model 'someone/not-cached-model'" in out, out
+
+
+def test_a_classifiers_unnamed_classes_take_the_records_labels_of_their_count(tmp_path):
+    """transformers writes no id2label for its default 2 classes (LABEL_0, LABEL_1): named by the records' 2 labels;
+    3 labels would replace its head."""
+    folder = tmp_path / "cls"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "bert", "architectures": ["BertForSequenceClassification"]})
+    )
+    r = Recipe.from_dict(
+        recipe(tmp_path, model={"name_or_path": str(folder)}, data={"files": records(tmp_path, ["y", "x"])})
+    )
+    assert preflight.check(r) == [] and tasks.label_names(r) == ("x", "y")
+    r = Recipe.from_dict(
+        recipe(tmp_path, model={"name_or_path": str(folder)}, data={"files": records(tmp_path, "xyz")})
+    )
+    with pytest.raises(RecipeError, match=r"classifier of 2 classes \(LABEL_0, LABEL_1\)"):
+        preflight.check(r)

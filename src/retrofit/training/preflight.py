@@ -92,7 +92,8 @@ def model_facts(name: str, gguf_file: str | None = None) -> ModelFacts | None:
     arch = (d.get("architectures") or [None])[0]
     cfg = SimpleNamespace(**{k: d.get(k) for k in ("model_type", "is_decoder", "is_encoder_decoder")})
     task = of_class(arch).name
-    id2label = d.get("id2label") or {}
+    # transformers leaves its default out of config.json: 2 classes named LABEL_0, LABEL_1 (nobody named them)
+    id2label = d.get("id2label") or {str(i): f"LABEL_{i}" for i in range(d.get("num_labels") or 2)}
     names = tuple(str(id2label[k]) for k in sorted(id2label, key=int)) if task == "sequence-classification" else ()
     return ModelFacts(name, task, is_encoder(cfg), arch or str(d.get("model_type")), names, converted)
 
