@@ -46,11 +46,11 @@ def check(r) -> list[str]:
     the first thing that cannot work; returns what could not be read here (a Hub model or dataset offline)."""
     notes = []
     _check_files(r.data)
+    if r.task is None:  # a language model's fine-tune: its model is read when it loads
+        return notes
     facts = model_facts(r.model.name_or_path, r.model.gguf_file)
     if facts is None:
         notes.append(f"model {r.model.name_or_path!r}: its config is not in the local cache; not read")
-    if r.task is None:
-        return notes
     if facts is not None:
         check_task_model(r, facts)
     if longdoc.is_spec(r.data.dataset):
