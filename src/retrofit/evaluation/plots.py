@@ -40,6 +40,7 @@ def __getattr__(name: str):
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 NOT_RUN_COLOR = "lightgrey"
 # One colour per model (tab10, then tab20 for more), one line style and marker per method / model.
 _SHADES = ("Blues", "Oranges", "Greens", "Purples", "Reds", "Greys", "YlOrBr", "PuRd")
