@@ -335,7 +335,7 @@ def load_info(run_dir: Path, repo: str | None) -> dict:
             "native_where": "`native/`",
             "checkpoint": None,
         }
-    export = run_dir / rf.EXPORT
+    export = rf.export_dir(run_dir)
     return {
         "hub": False,
         "root": str(root),
@@ -351,7 +351,7 @@ def export_info(run_dir: Path, manifest: dict) -> dict:
     record = rf.export_record(run_dir) or {}
     root = rf.published_weights(run_dir)
     return {
-        "status": e.get("status", "not run"),
+        "status": e.get("status") or ("done" if record else "not run"),
         "reason": e.get("reason") or e.get("error"),
         "native": root == "native",
         "subfolder": bool(record) and root != "native",
