@@ -77,7 +77,8 @@ def test_records_are_read_whole_by_length_and_a_reading_past_native_is_told_apar
     assert ("original", "whole", NATIVE) not in s  # on what its table holds, its truncated reading
     assert "documents a column: 8 / 8 / 8" in measure.table(data)
     cut = [EvalModel("long", "converted", Finder(b, NATIVE), tok, info), models[1]]  # ignores text past native
-    assert "does not use its reach" in measure.verdict(measure.run_records(cut, src, LENGTHS, NATIVE))
+    said = measure.verdict(measure.run_records(cut, src, LENGTHS, NATIVE))  # the first class past native: chance
+    assert said.startswith("at chance past native at 512, 1,024 tokens") and "beats no reading" in said, said
 
 
 def test_a_records_label_the_classifier_lacks_and_a_missing_field_are_clear_errors(tmp_path, tok):
