@@ -191,6 +191,8 @@ def test_a_reading_at_chance_beats_nothing():
     assert "| m | whole | 3.1* |" in measure.table(data)
     data["rows"][0] = _reading("m", "converted", "whole", 60)
     assert measure.verdict(data).startswith("uses its reach")
+    alone = {**data, "lengths": [NATIVE], "rows": [_reading("m", "converted", "whole", 2, length=NATIVE)]}
+    assert measure.verdict(alone).startswith("at chance at 256 tokens")  # the shipped stand-in at its native length
 
 
 def test_the_paired_interval_of_a_difference():

@@ -262,6 +262,7 @@ def verdict(data: dict) -> str:
     chance = [L for L in past if own[L]["at_chance"]]
     said = _at_chance(own, chance)
     if not past or not any(r["role"] == "baseline" for r in rows):
+        said = said or _at_chance(own, [L for L in own if own[L]["at_chance"]]).replace(" past native", "")
         return said or (
             "no verdict: it needs a length past native and a baseline to compare with (--baseline, or eval.baselines)"
         )
@@ -310,7 +311,7 @@ def table(data: dict) -> str:
         title = f"{data['task']}: {metric} (%) of the documents up to each length in tokens (native {data['native']:,}); documents a column: {counts}"
     else:
         title = f"{data['task']}: {metric} (%) by document length in tokens (native {data['native']:,}), {data['examples']} documents a length"
-    chance = next((r["chance"] for r in data["rows"] if "chance" in r), None)
+    chance = next((r["chance"] for r in data["rows"] if r.get("at_chance")), None)
     note = (
         f"\n\n\\* at chance: the score's Wilson 95% interval holds chance ({100 * chance:.1f}%)."
         if chance is not None
