@@ -33,6 +33,12 @@ TASKS = (
 )
 
 
+def retrofit_class_name(name: str) -> str:
+    """The class a saved retrofit checkpoint of task ``name`` names in its config.json's ``architectures``
+    (``models.hf_classes.for_task`` defines it): RetrofitForCausalLM, RetrofitForSequenceClassification, ..."""
+    return "RetrofitForCausalLM" if name == "causal-lm" else "RetrofitFor" + "".join(w.title() for w in name.split("-"))
+
+
 def by_name(name: str) -> Task:
     return next(t for t in TASKS if t.name == name)
 
