@@ -112,6 +112,12 @@ QUICK = {
 }
 
 
+def is_quick(o: EvalOptions) -> bool:
+    """``o`` is as light as ``QUICK`` makes it (its lengths and the budget the model fits aside): --quick was
+    given, or the same settings."""
+    return all(getattr(o, k) == v for k, v in QUICK.items() if k not in ("lengths", "budget"))
+
+
 def fitted_budget(o: EvalOptions, longest: int) -> EvalOptions:
     """``o`` with its budget raised to ``budget_windows`` windows of the ``longest`` length, when that is more."""
     n = o.budget_windows
