@@ -150,6 +150,8 @@ def test_a_classifier_of_another_task_is_refused(tok):
     ms[0].model.config.num_labels = 11  # e.g. an arXiv classifier asked about the secret word
     with pytest.raises(OptionError, match="has 11 classes; this task has 4"):
         measure.run(ms, "longdoc:mention", [NATIVE], NATIVE, 4)
+    with pytest.raises(OptionError, match="is a sequence-classification model; this task needs an embeddings model"):
+        measure.run(ms, "longdoc:passkey", [NATIVE], NATIVE, 4)
 
 
 @pytest.mark.parametrize("reach", [None, NATIVE])

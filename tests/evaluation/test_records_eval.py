@@ -88,7 +88,7 @@ def test_a_records_label_the_classifier_lacks_and_a_missing_field_are_clear_erro
     with pytest.raises(DataError, match="'zebra' is not one of the model's classes"):
         records.examples(src, tok, longdoc.WORDS, 512, NATIVE)
     path.write_text(json.dumps({"body": "a b c", "label": "lion"}) + "\n")
-    with pytest.raises(DataError, match="no field 'text'"):
+    with pytest.raises(DataError, match=r"no field 'text' \(fields: body, label\); set data.text_field to the field"):
         records.examples(records.source_for(str(path), None, given=True), tok, longdoc.WORDS, 512, NATIVE)
     with pytest.raises(OptionError, match="long-document task or on records"):
         records.source_for("stdlib", None, given=False)

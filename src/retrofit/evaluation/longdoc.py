@@ -24,6 +24,7 @@ from ..data import longdoc
 from ..foundation import run_folder as rf
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
+from ..foundation.task import with_article
 from ..scoring.copying import wilson
 from . import records
 from .measure import Measure, Planned, Setup
@@ -88,7 +89,9 @@ def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: t
     want = "sequence-classification" if kind == "classification" else "embeddings"
     for m in models:
         if task_kind(m) != want:
-            raise OptionError(f"{m.name} is a {task_kind(m)} model; this task needs a {want} model")
+            raise OptionError(
+                f"{m.name} is {with_article(task_kind(m))} model; this task needs {with_article(want)} model"
+            )
         classes = getattr(m.model.config, "num_labels", None) if kind == "classification" else None
         if classes is not None and classes != len(labels):
             raise OptionError(
