@@ -9,7 +9,8 @@ x8, dynamic NTK x4); the 2x round's adapter (``benchmarks/smollm2_use_adapter``,
 fine-tuned cells, each a ``retrofit finetune`` of a recipe this script writes (``runs/smollm2_far/CELL.yaml``,
 the command a user types): LoRA r 16, ``--steps`` (150) steps of one 2,048-token block of Shakespeare's training
 plays, positions spread over [0, 32,768): YaRN x8 + PoSE (with and without ``data.copies``), RoPE -> ALiBi +
-PoSE, RoPE -> NoPE with temperature 0.1 and QK-norm + PoSE.
+PoSE, RoPE -> NoPE with temperature 0.1 and QK-norm + PoSE, YaRN x8 with EndPrompt's placement (the block's last
+quarter ending near 32k).
 
 Resumable: a stopped fine-tune goes on from its last checkpoint (every 10 steps), and a cell already in
 ``--out`` is not measured again. One thread a job:
@@ -59,9 +60,15 @@ CELLS = {
         POSE,
     ),
     "yarn x8 + pose + copies": ({"scheme": "rope", "options": {"scaling": "yarn", "factor": 8.0}}, COPIES, POSE),
+    "yarn x8 + endprompt": (
+        {"scheme": "rope", "options": {"scaling": "yarn", "factor": 8.0}},
+        {},
+        {"method": "endprompt", "target_length": TARGET},
+    ),
 }
 ORDER = ["as is", "yarn x4 + pose (2x round)", "self_extend x4", "yarn x8 + pose", "string x4", "yarn x8"]
-ORDER += ["yarn x4", "dynamic x4", "alibi + pose", "nope + temperature + qk_norm + pose", "yarn x8 + pose + copies"]
+ORDER += ["yarn x4", "dynamic x4", "alibi + pose", "nope + temperature + qk_norm + pose", "yarn x8 + endprompt"]
+ORDER += ["yarn x8 + pose + copies"]
 
 
 def recipe(cell: str, args) -> dict:

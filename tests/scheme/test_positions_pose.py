@@ -20,7 +20,7 @@ from ..training.test_finetune import recipe
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 
-@pytest.mark.parametrize("method", ["pose", "randomized"])
+@pytest.mark.parametrize("method", ["pose", "randomized", "endprompt"])
 def test_a_block_spans_the_target_and_stays_strictly_increasing(method):
     L, target = 128, 4096
     drawn = [positions.draw(method, L, target, 2, seed=3, step=s) for s in range(200)]
@@ -32,6 +32,14 @@ def test_a_block_spans_the_target_and_stays_strictly_increasing(method):
     assert sum(int(p[-1]) - int(p[0]) for p in drawn) / len(drawn) > 0.3 * target  # a block itself spans far
     assert torch.equal(drawn[5], positions.draw(method, L, target, 2, seed=3, step=5))  # reproducible
     assert not torch.equal(drawn[5], drawn[6])
+
+
+def test_endprompt_keeps_the_body_at_the_start_and_ends_near_the_target():
+    for step in range(50):
+        p = positions.endprompt(100, 1000, random.Random(step))
+        assert torch.equal(p[:75], torch.arange(75))  # the body: its own positions
+        assert torch.equal(p[75:] - p[75], torch.arange(25))  # the final quarter: one contiguous piece
+        assert 1000 - 1 - 25 <= int(p[-1]) <= 1000 - 1  # ending within a quarter-block of the target
 
 
 def test_pose_keeps_each_chunk_contiguous():
@@ -108,7 +116,7 @@ def test_recipe_checks_the_positions_method(tmp_path):
 
 def test_finetune_with_pose_and_randomized_positions_runs_and_resets(tmp_path, caplog):
     caplog.set_level("INFO", logger="retrofit.training.loop")
-    for method in ("pose", "randomized"):
+    for method in ("pose", "randomized", "endprompt"):
         out = finetune(
             recipe(
                 tmp_path / method,

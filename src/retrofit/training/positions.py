@@ -6,6 +6,9 @@
   each piece keeps its local order.
 - **randomized** (Ruoss et al., 2023, "Randomized Positional Encodings"): a sorted uniform random
   subset of L distinct positions of [0, target).
+- **endprompt** (EndPrompt, arXiv 2605.14589: short sequences whose final segment sits near the target): the
+  block's first ``L - s`` tokens keep positions 0 .. L - s - 1, its last ``s = L // 4`` tokens end within ``s``
+  positions of the target, so every step holds distances close to the target length itself.
 
 Both are drawn from a seeded ``random.Random`` per step: the same recipe gives the same positions,
 on every process and after a resume.
@@ -19,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-METHODS = ("none", "pose", "randomized")
+METHODS = ("none", "pose", "randomized", "endprompt")
 
 
 def pose(length: int, target: int, chunks: int, rng: random.Random) -> torch.Tensor:
@@ -40,6 +43,17 @@ def randomized(length: int, target: int, rng: random.Random) -> torch.Tensor:
     return torch.tensor(sorted(rng.sample(range(target), length)), dtype=torch.long)
 
 
+def endprompt(length: int, target: int, rng: random.Random) -> torch.Tensor:
+    """(length,) strictly increasing positions: the body at 0 .. length - s - 1, the last s = length // 4 tokens as
+    one piece ending at target - 1 - j, j drawn uniformly from [0, s]."""
+    import torch
+
+    s = max(1, length // 4)
+    end = target - 1 - rng.randint(0, min(s, target - length))  # the final segment's last position
+    body = torch.arange(length - s)  # (L - s,)
+    return torch.cat([body, torch.arange(end - s + 1, end + 1)])  # (L,)
+
+
 def draw(method: str, length: int, target: int, chunks: int, seed: int, step: int) -> torch.Tensor | None:
     """This step's positions (None for method "none"); the same (seed, step) always gives the same ones."""
     if method == "none":
@@ -49,4 +63,6 @@ def draw(method: str, length: int, target: int, chunks: int, seed: int, step: in
         return pose(length, target, chunks, rng)
     if method == "randomized":
         return randomized(length, target, rng)
+    if method == "endprompt":
+        return endprompt(length, target, rng)
     raise ValueError(f"positions method must be one of {METHODS}; got {method!r}")

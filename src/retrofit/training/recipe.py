@@ -202,8 +202,9 @@ class PositionsConfig:
         0,
     )
     method: str = _help(
-        "Teach positions beyond the block: 'pose' (PoSE: the block's chunks shifted by sorted random skips) or "
-        "'randomized' (a sorted random subset of [0, target_length)); both span target_length. 'none' = off.",
+        "Teach positions beyond the block: 'pose' (PoSE: the block's chunks shifted by sorted random skips), "
+        "'randomized' (a sorted random subset of [0, target_length)) or 'endprompt' (the block's last quarter "
+        "placed to end near target_length, the rest at 0..: EndPrompt); all span target_length. 'none' = off.",
         "none",
     )
     target_length: int = _help("The length 'method' prepares for (positions are drawn from [0, target_length)).", 0)
@@ -469,7 +470,7 @@ def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
     if pos.method == "none":
         if pos.target_length:
             raise RecipeError(
-                "'train.positions.target_length' is read by 'train.positions.method' (pose or randomized), "
+                "'train.positions.target_length' is read by 'train.positions.method' (pose, randomized or endprompt), "
                 "which is 'none'"
             )
         return
