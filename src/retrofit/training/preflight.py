@@ -173,7 +173,10 @@ def _check_files(d) -> None:
 
     listed = [d.files] if isinstance(d.files, str) else d.files or []
     for spec in listed:
-        expand_paths(spec, lambda f: True, "files")  # DataError: no such file, an empty folder, no match
+        try:
+            expand_paths(spec, lambda f: True, "files")
+        except DataError as e:  # no such file, an empty folder, a glob that matches nothing
+            raise DataError(f"data.files: {e} (relative paths are read from {Path.cwd()})") from None
 
 
 def _first_records(r, notes: list[str]) -> list[dict]:
