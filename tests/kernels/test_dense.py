@@ -186,10 +186,12 @@ def _distance_inputs(B, Tk, Tq, seed=0):
      (2, 30, 30, 8, 11)],
 )  # fmt: skip
 def test_a_distance_bias_runs_as_one_table_exactly(monkeypatch, B, Tq, Tk, rows, window):
-    """Several blocks, a ragged last one, a cached prefix, one decoding query, a window: the table route's output
-    and gradients (q, k, v and the per-distance values, summed along each block's diagonals) against the plain
+    """Several blocks (each a rectangle before it and its causal square), a ragged last one, a cached prefix, one
+    decoding query, a window: the table route's output and gradients (q, k, v and the per-distance values, summed along each block's diagonals) against the plain
     fp64 softmax; with a frozen bias its backward is the flash kernel's and gives the same q, k, v gradients."""
     monkeypatch.setattr(dense, "ROWS", rows)
+    monkeypatch.setattr(dense, "MIN_ROWS", rows)  # the table route's blocks too (square_rows: MIN_ROWS)
+    monkeypatch.setattr(dense, "SQUARE_ELEMENTS", 0)
     q, k, v, per_distance = _distance_inputs(B, Tk, Tq)
     i, j = torch.arange(Tk)[:, None], torch.arange(Tk)[None, :]
     for learned in (True, False):
