@@ -45,10 +45,15 @@ def _lengths(what: str):
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "eval",
-        help="evaluate a model past its native length (perplexity, passkey, recall, cost) against baselines",
+        help="evaluate a model past its native length (perplexity, passkey, recall, cost; a classifier's or "
+        "embedding model's long-document task) against baselines",
         description="Score MODEL and every --baseline on exactly the same tokens at each length: non-overlapping "
         "windows and sliding windows (stride --stride). A baseline past its own limit gets only the sliding row, "
-        "labelled as such. Writes report.json, report.md and plots to --out.",
+        "labelled as such. Writes report.json, report.md and plots to --out. A classifier or an embedding model "
+        "(a run with task: classification or embedding, or such a checkpoint) is scored on its task instead: "
+        "accuracy or retrieval top-1 on long documents (--data longdoc:mention, longdoc:both, longdoc:needle, "
+        "longdoc:passkey, or records), reading whole against --baseline original truncated at its native length "
+        "and over native-size chunks (docs/encoders.md).",
     )
     p.add_argument(
         "model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file"
@@ -101,7 +106,7 @@ def add_option_flags(p) -> None:
         shown = (
             "off" if default is False else "on" if default is True else "none" if default is None else _show(default)
         )
-        text = f.metadata["help"] + f" (default: {shown})"
+        text = f.metadata["help"] + ("" if f.name == "data" else f" (default: {shown})")  # data: its help says
         if tp is bool:
             kw["action"] = "store_false" if name.startswith("--no-") else "store_true"
             text = (

@@ -24,7 +24,7 @@ from . import recall as rc
 from .lengths import resolve as resolve_lengths
 from .measure import Measure, Setup, check_lengths, check_positive, mechanism
 from .models import EvalModel, check_tokenizers, resolve
-from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget
+from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget, is_quick
 from .report import SCHEMA_VERSION, SECTIONS, Report, environment
 from .verdict import verdict
 
@@ -125,7 +125,7 @@ def evaluate(
         setup.stream = _stream(setup)
     planned = [(m, m.plan(setup, asked.get(m.name))) for m in measures]
     if setup.stream is not None:
-        _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work])
+        _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work], is_quick(setup.o))
     sections = _run(setup, planned, progress)
     report = _report(kind, setup, planned, sections, started)
     if out is not None:
@@ -327,7 +327,7 @@ def _fit_budget(o, lengths: list[int]):
     return fitted
 
 
-def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]]) -> None:
+def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]], quick: bool) -> None:
     """What the evaluation will cost, said before it starts: at once the tokens and forward passes of ``work``
     ((window length, passes) pairs), then a time from forwards of the evaluated model timed now on the eval's
     tokens, up to its longest window (``cost.time_forwards``: a few seconds at most)."""
@@ -335,7 +335,7 @@ def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]]) -> None:
     target = max(n for n, c in work if c)
     if m.max_length is not None:
         target = min(target, m.max_length)
-    log.info("%s", cost.time_line(m.name, work, cost.time_forwards(m.model, ids, target)))
+    log.info("%s", cost.time_line(m.name, work, cost.time_forwards(m.model, ids, target), quick))
 
 
 def _model_entry(m: EvalModel) -> dict:

@@ -287,6 +287,8 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
 
     out = write_dir(path, write)
     result["out"] = str(out)
+    if source:  # where it went, in the run folder's manifest: push and the card find it wherever it is
+        rf.record_export(source, out)
     log.info(
         "exported %s to %s (%s, max |dlogit| %.3g)",
         result["mapping"],

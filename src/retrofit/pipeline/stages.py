@@ -84,6 +84,9 @@ class Manifest:
         self.save()
 
     def save(self) -> None:
+        on_disk = rf.manifest(self.path.parent) or {}
+        if rf.EXPORT in on_disk:  # where an export went (run_folder.record_export), written beside the stages
+            self.data[rf.EXPORT] = on_disk[rf.EXPORT]
         write_text(self.path, json.dumps(self.data, indent=2) + "\n")
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..adapters.base import claimant
 from ..foundation.errors import RecipeError
-from ..foundation.task import of_model
+from ..foundation.task import of_model, with_article
 from ..patch.conversion import POSITIONS_MODULE
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def load(model_cfg, task: tuple = (None, None)):
         require_language_model(model, "retrofit finetune")
     elif of_model(model).name != want:
         raise RecipeError(
-            f"'task: {task[0]}' needs a {want} model; {model_cfg.name_or_path!r} is a converted "
+            f"'task: {task[0]}' needs {with_article(want)} model; {model_cfg.name_or_path!r} is a converted "
             f"{type(model).__name__}, which keeps its class: start from the original checkpoint with "
             "'convert.scheme' in the recipe (it loads as the task's class, then converts)"
         )

@@ -31,8 +31,9 @@ class ModelConfig:
     name_or_path: Optional[str] = _help(
         "Model to fine-tune: a Hub id, a local directory, a retrofit checkpoint, or a built-in name: "
         "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI), "
-        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets) or 'baseline:<preset>' (the small GPT-2 "
-        "pretrained offline on Shakespeare, retrofit.models.baseline). Required.",
+        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets) or 'baseline:<preset>' (the pretrained "
+        "stand-ins: small GPT-2, LLaMA, BERT and RoBERTa models pretrained offline on Shakespeare, "
+        "retrofit.models.baseline; e.g. baseline:quickstart, baseline:small-bert). Required.",
         None,
     )
     gguf_file: Optional[str] = _help("GGUF file name inside name_or_path (a GGUF checkpoint is dequantized).", None)
@@ -98,8 +99,9 @@ class CopiesConfig:
 class DataConfig:
     dataset: Optional[str] = _help(
         "A datasets Hub name (with config/split/text_field below), or a built-in source: "
-        "'stdlib' (this Python's standard-library sources) or 'shakespeare[:train|:heldout]'. "
-        "Exactly one of dataset and files.",
+        "'stdlib' (this Python's standard-library sources), 'shakespeare[:train|:heldout]', or with 'task' a "
+        "'longdoc:' task (longdoc:mention, longdoc:both: classification; longdoc:needle, longdoc:passkey: "
+        "embedding; docs/encoders.md). Exactly one of dataset and files.",
         None,
     )
     config: Optional[str] = _help("Hub dataset config name.", None)

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from ..data import longdoc
 from ..data.specs import heldout_split
 from ..foundation.errors import DataError, RecipeError
+from ..foundation.task import with_article
 from .blocks import Blocks  # any indexable of examples
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,9 @@ def datasets(r, tok, processes: int, source=None) -> tuple[Dataset, Dataset]:
     if longdoc.is_spec(d.dataset):
         info = longdoc.task_of(d.dataset)
         if info.kind != r.task:
-            raise RecipeError(f"'data.dataset: {d.dataset}' is a {info.kind} task; the recipe's 'task' is {r.task}")
+            raise RecipeError(
+                f"'data.dataset: {d.dataset}' is {with_article(info.kind)} task; the recipe's 'task' is {r.task}"
+            )
         lengths = (d.min_block_length or d.block_length, d.block_length)
         n = r.train.steps * r.train.batch_size * r.train.gradient_accumulation_steps * processes
         train = Generated(longdoc.Builder(d.dataset, tok, "train"), r.train.seed, n, lengths)
