@@ -77,7 +77,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
-    p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
+    p.add_argument(
+        "--out",
+        help="output folder (default: MODEL/eval for a local folder of yours, else eval-NAME here: a Hub id, a "
+        ".gguf file, a shipped folder with a SHA256SUMS or a read-only one)",
+    )
     p.add_argument("--no-plots", action="store_true", help="write report.json and report.md only")
     p.add_argument(
         "--no-progress",
@@ -157,6 +161,15 @@ def precheck(args) -> None:
         check(str(model_dir(name)) if Path(name).is_dir() and not gguf else name, gguf)  # "./x" stays a path
 
 
+def _say_out(args, out: Path) -> None:
+    """A model folder not written into (``run_folder.kept_as_is``): where the report goes instead, said first."""
+    from ..foundation.run_folder import kept_as_is
+
+    why = None if args.out or not Path(args.model).is_dir() else kept_as_is(Path(args.model))
+    if why:
+        print(f"{args.model}: {why}, so the report goes to {out}/ (--out chooses another folder)", flush=True)
+
+
 def run(args) -> int:
     precheck(args)  # the cheap checks first: a missing model is said at once
     from ..evaluation import evaluate
@@ -169,6 +182,7 @@ def run(args) -> int:
         overwrite=True,  # reports in it are replaced
         flag="--out" if args.out else "the default --out",
     )
+    _say_out(args, out)
     report = evaluate(
         args.model,
         gguf_file=args.gguf_file,

@@ -104,6 +104,8 @@ def evaluate(
     o, default_lengths = _gather_options(options, lengths, data, keywords)
     items, asked = _asked(o)
     known = _task_of(model_or_path)  # None: only loading tells (a Hub id), so --data is read after it
+    if known is not None:
+        _measures_of(known, asked)  # a measure asked that this task has not: said before anything loads
     lm = known is not None and known not in READS_DOCUMENTS
     text = o.data == DEFAULTS.data or not records.may_hold_records(o.data)  # never a classifier's records
     read_now = not records.is_source(o.data) and (lm or (known is None and text))
@@ -172,12 +174,18 @@ def _asked(o: EvalOptions) -> tuple[list, dict]:
 
 
 def _measures_of(kind: str, asked: dict) -> tuple[Measure, ...]:
-    """The measures of a model's task; one that is off by default, asked, and not of this task is said not to run."""
+    """The measures of a model's task. One that is off by default, asked, and not of this task is an OptionError
+    (the user asked for it by name); one on by default that the task has not is left out without a word."""
     measures = MEASURES.get(kind, MEASURES["causal-lm"])
     names, default = {m.name for m in measures}, _asked(DEFAULTS)[1]
-    skipped = [name for name, a in asked.items() if default[name] is None and a is not None and name not in names]
-    if skipped:
-        log.info("%s: %s not run (measures of causal LMs)", kind, ", ".join(skipped))
+    refused = [name for name, a in asked.items() if default[name] is None and a is not None and name not in names]
+    if refused:
+        runs = [name for name, ms in MEASURES.items() if set(refused) <= {m.name for m in ms}]
+        raise OptionError(
+            f"{', '.join(refused)} asked, but the model is a {kind} model, whose evaluation is "
+            f"{', '.join(m.name for m in measures)}; {', '.join(refused)} {'is' if len(refused) == 1 else 'are'} "
+            f"measured on {' and '.join(runs) or 'other'} models: drop the option"
+        )
     return measures
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import yaml
@@ -35,6 +36,7 @@ ADAPTER = "adapter"
 ADAPTER_BASE = "retrofit_base.json"  # in adapter/: the base model and the conversion the adapter goes on
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
+SUMS = "SHA256SUMS"  # a shipped folder's checksums of its files (models.baseline's stand-ins)
 EXPORT = "export"
 RECIPE = "recipe.yaml"  # the fine-tune's resolved recipe
 RUN_RECIPE = "run.yaml"  # the pipeline's resolved recipe
@@ -222,8 +224,19 @@ def native_length(model_folder: Path) -> int:
 
 
 def eval_dir(model: str) -> Path:
-    """Where ``retrofit eval MODEL`` writes by default: MODEL/eval for a folder, else eval-NAME."""
+    """Where ``retrofit eval MODEL`` writes by default: MODEL/eval for a folder of the user's, else eval-NAME in the
+    working directory (a Hub id, a .gguf file, a folder that stays as it is: ``kept_as_is``)."""
     p = Path(model)
-    if p.is_dir():
+    if p.is_dir() and not kept_as_is(p):
         return p / EVAL
-    return Path("eval-" + p.name.replace(".gguf", "").replace("/", "-"))
+    return Path("eval-" + (p.resolve().name if p.is_dir() else p.name).replace(".gguf", "").replace("/", "-"))
+
+
+def kept_as_is(folder: Path) -> str | None:
+    """Why a model folder is not written into (None: it may be): its files are checksummed (a ``SHA256SUMS``: a
+    shipped stand-in, whose check fails on any file added), or it is read-only."""
+    if (Path(folder) / SUMS).is_file():
+        return f"its files are checksummed ({SUMS}: a shipped folder)"
+    if not os.access(folder, os.W_OK):
+        return "it is read-only"
+    return None

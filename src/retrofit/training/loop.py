@@ -41,7 +41,7 @@ from ..scheme import SCHEMES
 from ..scoring import masking
 from ..scoring.masking import Masker, masker_for, seed_of
 from . import blocks as blk
-from . import copies, outputs, positions, sharding, stream, tasks
+from . import copies, outputs, positions, preflight, sharding, stream, tasks
 from . import model as mdl
 from .interrupt import Interrupts
 from .meter import Meter
@@ -83,6 +83,7 @@ def _finetune(r: Recipe) -> Path:
     out = Path(r.output_dir)
     check_creatable(out, "output_dir")  # before anything is loaded or trained
     sources.precheck(r.model.name_or_path, r.model.gguf_file)  # a missing or uncached model: before the data
+    preflight.check(r)  # the model's config and the first records against the recipe: before any weights load
     acc = _accelerator(r)
     from accelerate.utils import set_seed
 

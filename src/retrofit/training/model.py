@@ -35,6 +35,8 @@ def load(model_cfg, task: tuple = (None, None)):
         num_labels=None if labels is None else len(labels),
     )
     if labels is not None:  # the classes by name: the saved config, its card and pipelines say them
+        if model_cfg.new_head:
+            new_head(model)
         model.config.id2label = dict(enumerate(labels))
         model.config.label2id = {n: i for i, n in enumerate(labels)}
     if want is None:
@@ -51,6 +53,23 @@ def load(model_cfg, task: tuple = (None, None)):
 
 
 TASK_CLASSES = {"classification": "sequence-classification", "embedding": "embeddings"}  # recipe task: its class
+
+
+def new_head(model) -> None:
+    """``model.new_head: true``: the classification head drawn afresh as transformers draws a new one (its linear
+    weights normal(0, initializer_range), zero biases); the encoder (BERT's pooler with it) is kept."""
+    base = getattr(model, model.base_model_prefix, None)
+    std = getattr(model.config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for child in model.children():
+            for m in child.modules() if child is not base else ():
+                if isinstance(m, nn.Linear):
+                    m.weight.normal_(0.0, std)
+                    if m.bias is not None:
+                        m.bias.zero_()
+    log.info(
+        "model.new_head: a new classification head (%s), the checkpoint's trained one dropped", type(model).__name__
+    )
 
 
 def make_teacher(model, model_cfg) -> nn.Module:

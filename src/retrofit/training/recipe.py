@@ -20,10 +20,12 @@ from typing import Literal, Optional, Union
 
 import yaml
 
+from ..data import longdoc
 from ..data.specs import streams
 from ..foundation import schema
 from ..foundation.errors import RecipeError
 from ..foundation.schema import field_help as _help
+from ..foundation.task import with_article
 
 
 @dataclass
@@ -39,6 +41,13 @@ class ModelConfig:
     gguf_file: Optional[str] = _help("GGUF file name inside name_or_path (a GGUF checkpoint is dequantized).", None)
     dtype: Optional[Literal["float32", "bfloat16", "float16", "auto"]] = _help(
         "Weight dtype when loading (null = the library default, float32).", None
+    )
+    new_head: bool = _help(
+        "task: classification from a trained classifier whose classes are not the data's labels (other names, "
+        "another count or another order of data.labels): true starts a new classification head of the data's "
+        "labels (the checkpoint's head and its classes dropped); false (the default) refuses before loading, "
+        "naming both.",
+        False,
     )
 
 
@@ -430,6 +439,9 @@ def _check_task(r: "Recipe") -> None:
     d, t = r.data, r.train
     if d.min_block_length is not None and not 1 <= d.min_block_length <= d.block_length:
         raise RecipeError(f"'data.min_block_length' must be in [1, data.block_length]; got {d.min_block_length}")
+    if r.model.new_head and r.task != "classification":
+        raise RecipeError("'model.new_head' starts a new classification head: it needs 'task: classification'")
+    _check_task_data(r)
     if r.task is None:
         if isinstance(d.dataset, str) and d.dataset.startswith("longdoc:"):
             raise RecipeError(f"'data.dataset: {d.dataset}' is a task's data: set 'task' (classification or embedding)")
@@ -460,6 +472,19 @@ def _check_task(r: "Recipe") -> None:
     for bad, what in why:
         if bad:
             raise RecipeError(f"{what} is not built for 'task: {r.task}'; remove it")
+
+
+def _check_task_data(r: "Recipe") -> None:
+    """A ``longdoc:`` task's kind is the recipe's task (a classifier's task for a classifier)."""
+    if r.task is None or not longdoc.is_spec(r.data.dataset):
+        return
+    info = longdoc.task_of(r.data.dataset)  # an unknown task: a DataError naming the tasks
+    if info.kind != r.task:
+        raise RecipeError(
+            f"'data.dataset: {r.data.dataset}' is {with_article(info.kind)} task; the "
+            f"recipe's 'task' is {r.task}: "
+            f"give a {r.task} task ({', '.join(longdoc.PREFIX + n for n, t in longdoc.TASKS.items() if t.kind == r.task)})"
+        )
 
 
 def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
