@@ -4,6 +4,12 @@ stock SDPA against each converted scheme, inference and training step, at severa
     python research/bench_kernel.py --out benchmarks/bench_kernel.json
     python research/bench_kernel.py --lengths 1024 --modes train --schemes alibi,alibi+scale_bias --memory-lengths ''
     python research/bench_kernel.py --schemes alibi,t5 --lengths 2048 --memory-lengths '' --flush-denormal both
+    python research/bench_kernel.py --body llama --schemes self_extend,string --lengths 8192 --modes infer \
+        --memory-lengths '' --out benchmarks/kernel_table/two_view.json   # against the plain RoPE forward
+
+``--body llama``: a LLaMA body of SmolLM2-135M's width (576 wide, 9 heads, 3 KV heads, native 4,096), its
+variants SelfExtend or STRING read at twice native (``rope`` with ``extension`` and ``factor 2``), stock the
+unconverted model (the plain RoPE forward).
 
 Time: stock and every variant run alternately in one process (median of per-repeat ratios).
 Memory: each variant in its own process so peak-memory readings don't leak between runs. Memory is
@@ -81,6 +87,8 @@ def build(variant: str, args):
 
     torch.manual_seed(0)
     variant = variant.split("/")[0]  # VARIANT/flush-off: the same model, timed without the flush
+    if args.body == "llama":
+        return build_llama(variant, args)
     drop = args.dropout
     cfg = tf.GPT2Config(
         n_layer=args.layers,
@@ -99,10 +107,27 @@ def build(variant: str, args):
     return model
 
 
+LLAMA = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
+
+
+def build_llama(variant: str, args):
+    """The LLaMA body (``LLAMA``, native 4,096, random weights); ``variant`` stock or a two-view extension
+    (self_extend, string) read at twice native."""
+    import transformers as tf
+
+    import retrofit
+
+    cfg = tf.LlamaConfig(**LLAMA, num_hidden_layers=args.layers, max_position_embeddings=4096, vocab_size=49152)
+    model = tf.LlamaForCausalLM(cfg)
+    if variant != "stock":
+        retrofit.convert(model, "rope", extension=variant, factor=2.0)
+    return model
+
+
 def make_step(model, mode, x, flush=True):
     import torch
 
-    body = model.transformer
+    body = model.base_model
     model.train(mode == "train")
 
     def step():
@@ -170,13 +195,14 @@ def worker(args) -> dict:
     rows = []
     for mode in args.modes:
         for length in args.lengths:
-            x = torch.randint(0, 50257, (1, length), device=device)
+            vocab = models["stock"].config.vocab_size if "stock" in models else 49152
+            x = torch.randint(0, vocab, (1, length), device=device)
             steps = {}
             for v, m in models.items():
                 flush = not v.endswith("/flush-off")
                 steps[v] = make_step(m, mode, x, flush)
                 for n in (256, 320):  # warm-up: flex compiles once static, then once dynamic
-                    make_step(m, mode, torch.randint(0, 50257, (1, n), device=device), flush)()
+                    make_step(m, mode, torch.randint(0, vocab, (1, n), device=device), flush)()
                 steps[v]()
             repeats = 1 if args.memory else (args.repeats if length <= 2048 else max(2, args.repeats // 2))
             times = {v: [] for v in models}
@@ -234,6 +260,7 @@ def main():
         default="on",
         help="denormals flushed around the biased kernels (retrofit's default), not, or each variant both ways",
     )
+    p.add_argument("--body", choices=("gpt2", "llama"), default="gpt2", help="the model body (see above)")
     p.add_argument("--out", default="benchmarks/bench_kernel.json")
     p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -245,6 +272,8 @@ def main():
         print(json.dumps(worker(args)))
         return
     common = ["--schemes", args.schemes, "--dropout", str(args.dropout), "--flush-denormal", args.flush_denormal]
+    common += ["--body", args.body]
+    args.load = {"before": [round(x, 2) for x in os.getloadavg()]}
     rows = []
     for mode in args.modes:
         for length in args.lengths:  # one process per (mode, length): an OOM kills only that row
@@ -312,11 +341,17 @@ def write(args, rows) -> dict:
         s = saved_stock.get((r.get("mode"), r.get("length")))
         if "saved_for_backward_bytes" in r and s:
             r["saved_vs_stock"] = round(r["saved_for_backward_bytes"] / s, 3)
+    gpt2 = (
+        f"GPT-2-small shape ({args.layers} layers for time, {args.memory_layers or args.layers} for memory; 768 wide, "
+    )
+    llama = f"LLaMA shape ({args.layers} layers; 576 wide, 9 heads, 3 KV heads, native 4,096; SmolLM2-135M's width, "
     result = {
         "benchmark": "bench_kernel",
         "command": command(__file__),
-        "model": f"GPT-2-small shape ({args.layers} layers for time, {args.memory_layers or args.layers} for memory; "
-        f"768 wide, 12 heads), random weights, batch 1, body only, dropout {args.dropout}",
+        "model": (llama if args.body == "llama" else gpt2 + "12 heads), ")
+        + f"random weights, batch 1, body only, dropout {args.dropout}",
+        # 1, 5 and 15 minute load averages when the run started and as this record was written: a shared machine
+        "load_average": {**getattr(args, "load", {}), "now": [round(x, 2) for x in os.getloadavg()]},
         "method": "time: stock and each variant alternately in one process, ratio = median of per-repeat ratios; "
         "memory: one variant per process, peak over one step minus the memory before it",
         **stamp(),

@@ -5,9 +5,13 @@
             --modes infer,train --memory-lengths 8192 --out benchmarks/kernel_table/$s.json
     done
     python research/kernel_table.py benchmarks/kernel_table benchmarks/bench_kernel_relative.json
+    python research/kernel_table.py benchmarks/kernel_round5   # issue #71's kernels (docs/results.md says why apart)
 
 One scheme (or a few) per JSON, so that each is a cache of its own (a scheme re-measured after a change reruns
-alone); a folder means every JSON in it. Rows in ``ORDER``, then any other variant by name.
+alone); a folder means every JSON in it. A later file's figure replaces an earlier one's for the same variant, mode
+and length (a re-measured cell). A LLaMA body's variants
+(``bench_kernel.py --body llama``: SelfExtend, STRING against the plain RoPE forward) are named "(LLaMA body)".
+Rows in ``ORDER``, then any other variant by name.
 Time: x stock, the median of per-repeat ratios against stock run alternately in the same process; memory at
 the longest memory length: peak RSS and bytes saved for backward, x stock, one process per variant. Prints
 Markdown: the CPU line, then the table (``research/test_records.py`` checks ``docs/results.md`` holds it verbatim).
@@ -32,7 +36,12 @@ def cpu_line(results: list[dict]) -> str:
 
 
 def table(results: list[dict]) -> str:
-    every = [r for res in results for r in res["rows"] if r.get("variant") not in (None, "stock")]
+    every = [
+        {**r, "variant": r["variant"] + (" (LLaMA body)" if res.get("model", "").startswith("LLaMA") else "")}
+        for res in results
+        for r in res["rows"]
+        if r.get("variant") not in (None, "stock")
+    ]
     lengths = sorted({r["length"] for r in every if "time_vs_stock" in r})
     mem = sorted({r["length"] for r in every if "memory_vs_stock" in r})
     head = ["variant", "mode", *(f"{L:,}" for L in lengths), "kernel"]

@@ -2,7 +2,8 @@
 ``src/retrofit/kernels/cpu_flash_mask.py``): exact against a plain fp64 softmax with an arbitrary per-(head, query, key) bias table, forward and backward
 (q, k, v and the table the bias is read from), with a cache offset, a window, padding, a per-row
 temperature and half inputs; FIRE models train on it with the chunked kernel's gradients; blocks stay
-bounded; a frozen bias costs no score recompute."""
+bounded; a frozen bias costs no score recompute. A bias of the distance alone (``Call.distance_only``) runs as one
+table read through strided views, exact with its gradients; FIRE takes that route only before its threshold."""
 
 from __future__ import annotations
 
@@ -169,6 +170,68 @@ def test_a_model_trains_on_dense_with_the_chunked_gradients(scheme, options, use
     for n in ga:
         scale = max(1.0, float(gc[n].abs().max()))
         assert float((ga[n].float() - gc[n].float()).abs().max()) <= tol * scale, n
+
+
+def _distance_inputs(B, Tk, Tq, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, 3, Tq, 8, generator=g).requires_grad_()
+    k, v = (torch.randn(B, 3, Tk, 8, generator=g).requires_grad_() for _ in range(2))
+    per_distance = (torch.randn(3, Tk, generator=g) * 2).requires_grad_()  # bias[h, i - j]
+    return q, k, v, per_distance
+
+
+@pytest.mark.parametrize(
+    "B,Tq,Tk,rows,window",
+    [(2, 40, 40, 8, None), (1, 37, 37, 8, None), (2, 5, 45, 8, None), (1, 1, 30, 8, None), (2, 300, 300, 128, None),
+     (2, 30, 30, 8, 11)],
+)  # fmt: skip
+def test_a_distance_bias_runs_as_one_table_exactly(monkeypatch, B, Tq, Tk, rows, window):
+    """Several blocks (each a rectangle before it and its causal square), a ragged last one, a cached prefix, one
+    decoding query, a window: the table route's output and gradients (q, k, v and the per-distance values, summed along each block's diagonals) against the plain
+    fp64 softmax; with a frozen bias its backward is the flash kernel's and gives the same q, k, v gradients."""
+    monkeypatch.setattr(dense, "ROWS", rows)
+    monkeypatch.setattr(dense, "MIN_ROWS", rows)  # the table route's blocks too (square_rows: MIN_ROWS)
+    monkeypatch.setattr(dense, "SQUARE_ELEMENTS", 0)
+    q, k, v, per_distance = _distance_inputs(B, Tk, Tq)
+    i, j = torch.arange(Tk)[:, None], torch.arange(Tk)[None, :]
+    for learned in (True, False):
+        full = per_distance[:, (i - j).clamp(min=0)]  # (H, Tk, Tk)
+        ref = _reference(q, k, v, 0.35, full, q_start=Tk - Tq, window=window)
+        table = per_distance if learned else per_distance.detach()
+        kw = dict(bias=lambda h, i, j: table[h, (i - j).clamp(min=0)], bias_params=(table,), distance_only=True)
+        call = Call(q, k, v, scaling=0.35, q_start=Tk - Tq, window=window, **kw)
+        assert dense.by_distance(call)
+        out = dense.attend_distance(call)
+        torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+        _check_grads(out, ref, (q, k, v, per_distance) if learned else (q, k, v))
+
+
+def test_fire_reads_its_bias_per_distance_before_its_threshold_only(monkeypatch):
+    """Within the threshold FIRE's calls take the table route (its normaliser is psi(L) for every query) and the
+    model's loss and gradients equal the chunked kernel's; past it, the block-by-block mask."""
+    routes = []
+    real = dense.attend_distance
+    monkeypatch.setattr(dense, "attend_distance", lambda *a, **kw: routes.append(1) or real(*a, **kw))
+    model = retrofit.convert(TINY["gpt2"](), "fire")
+    grads = {}
+    for kernel in ("auto", "chunked"):
+        set_kernel(model, kernel)
+        model.zero_grad()
+        x = ids(2, NATIVE)
+        loss = model(x, labels=x).loss
+        loss.backward()
+        grads[kernel] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert routes and retrofit.describe(model)["last_kernel"] == "chunked"
+    (la, ga), (lc, gc) = grads["auto"], grads["chunked"]
+    torch.testing.assert_close(la, lc, atol=1e-5, rtol=1e-5)
+    assert any(n.startswith("retrofit_positions") for n in ga)
+    for n in gc:
+        assert float((ga[n] - gc[n]).abs().max()) <= 1e-4 * max(1.0, float(gc[n].abs().max())), n
+    routes.clear()
+    set_kernel(model, "auto")
+    with torch.no_grad():
+        model(ids(1, NATIVE + 8))
+    assert not routes and retrofit.describe(model)["last_kernel"] == "cpu-flash-mask"
 
 
 def test_fire_decodes_and_generates_on_dense():

@@ -1,4 +1,4 @@
-"""The two-view kernels (SelfExtend, STRING: ``kernels.Far``): the CPU flash kernel and the chunked kernel against
+"""The two-view kernels (SelfExtend, STRING: ``kernels.Far``): the CPU flash kernel (in blocks of several sizes) and the chunked kernel against
 attention written out densely, on calls with a cache, blocks smaller and larger than the reach, grouped keys."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from retrofit.kernels import Call, Far, attend
+from retrofit.kernels import cpu_flash_two_view as two_view
 
 
 def _dense(q, k, v, fq, fk, reach, q_start, scaling):
@@ -25,9 +26,13 @@ CASES = [  # (B, H, Tq, Tk, reach, q_start)
 ]
 
 
-@pytest.mark.parametrize("kernel", ["auto", "chunked"])
+@pytest.mark.parametrize("kernel,block", [("auto", 1024), ("auto", 64), ("auto", 7), ("chunked", None)])
 @pytest.mark.parametrize("B,H,Tq,Tk,reach,q_start", CASES)
-def test_two_view_kernels_equal_dense_attention(B, H, Tq, Tk, reach, q_start, kernel):
+def test_two_view_kernels_equal_dense_attention(monkeypatch, B, H, Tq, Tk, reach, q_start, kernel, block):
+    """Blocks of the reach (the strip reaches the block's own keys), smaller ones (a near rectangle between the
+    strip and the block; the first strip cut at key 0, scored written out) and tiny ones."""
+    if block:
+        monkeypatch.setattr(two_view, "BLOCK", block)
     g = torch.Generator().manual_seed(Tq + reach)
     q, fq = (torch.randn(B, H, Tq, 16, generator=g) for _ in range(2))
     k, v, fk = (torch.randn(B, H, Tk, 16, generator=g) for _ in range(3))

@@ -107,7 +107,7 @@ KERNELS = (
         cpu_flash_band.serves,
         cpu_flash_band.run,
         BIAS,
-        "T5/Shaw: the far keys as a causal square plus a band of the last K keys, CPU flash op (CPU, no dropout)",
+        "T5/Shaw: the band's bias by distance as a strided mask of the CPU flash op (CPU, no dropout)",
     ),
     Kernel(
         "cpu-flash-mask",
@@ -146,8 +146,8 @@ KERNELS = (
         cpu_flash_two_view.serves,
         cpu_flash_two_view.run,
         ("rotary",),
-        "SelfExtend/STRING: the far keys' rectangle through the far view and the near ones through the near view, "
-        "CPU flash op, merged by log-sum-exp (CPU, inference, no padding)",
+        "SelfExtend/STRING: each key once through the view its distance picks, CPU flash op pieces merged by "
+        "log-sum-exp (CPU, inference, no padding)",
         two_view=True,
     ),
     Kernel(

@@ -64,6 +64,8 @@ class Call:
     bias_params: tuple[torch.Tensor, ...] = ()  # the tensors ``bias`` is computed from (for their gradients)
     slopes: torch.Tensor | None = None  # (H,) when bias(h, i, j) == -slopes[h] * (i - j) exactly (ALiBi)
     band: torch.Tensor | None = None  # (H, K + 1) when bias(h, i, j) == band[h, min(i - j, K)] exactly (T5, Shaw)
+    # bias(h, i, j) depends on i - j alone for every query of the call (i >= j): one value per distance
+    distance_only: bool = False
     row_scale: torch.Tensor | None = None  # (B or 1, Tq) multiplies query row i's bias (a temperature) -> (B, Tq)
     relative: Relative | None = None  # a query-dependent term added to the logits
     key_padding: torch.Tensor | None = None  # (B, Tk) bool, True = real token

@@ -3,19 +3,21 @@ through the stock fused causal kernel.
 
 Such a bias is ``b_h(i - j) = c_h + g_h(i - j)`` with ``c_h = b_h(K)`` and ``g_h(d) = 0`` for ``d >= K``.
 Under the softmax the per-row constant ``c_h`` cancels, so only the band of the last K keys of each
-query carries a bias. The split (the one FlashAttention uses across key blocks):
+query carries a bias: ``g`` by distance, zero from K on. T5 and Shaw (``_Band``) run it as
+``cpu_flash_mask``'s table route: each block of queries reads the keys before it and its own causal square
+through the CPU flash op, the table as a strided float mask (no copy, O(N) memory), merged by log-sum-exp;
+backward, the flash op's own backward per piece, and the bias's gradient per distance read off the band's K
+scores per query (``band_score_grads``). Saved for backward: q, k, v, the output and the log-sum-exp (O(N)).
+
+The band as its own pieces (``Layout``, ``band_forward``, ``band_backward``; NEZHA's relative band uses them):
 
 - **far keys** (``i - j >= K``): queries ``K..N-1`` over keys ``0..N-K-1`` form a causal square shifted
   by K, which the stock CPU flash kernel computes as it is (``is_causal``), returning its log-sum-exp;
 - **the band** (``0 <= i - j < K``): each block of C queries over the window of keys ending with its
-  own last one, through the same kernel with ``g`` by distance as a float mask; every window has the same
+  own last one, through the same kernel with a float mask; every window has the same
   distance pattern, so one (H, C, W) mask serves all blocks, batched as one call (O(N (C + K)) memory);
-- the two merge through their log-sum-exps.
-
-Backward: the flash kernel's own backward for the far square and for the band (``cpu_flash``: given the
-merged output and log-sum-exp it returns each piece's exact gradients); the bias's gradient per distance
-is read off the band's K entries per query, block by block. Saved for backward: q, k, v, the output and
-the log-sum-exp (O(N)).
+- the two merge through their log-sum-exps; backward, the flash kernel's own backward for each (given the
+  merged output and log-sum-exp it returns each piece's exact gradients).
 
 CPU only (``cpu_flash.available``): CUDA takes flex for these biases. Full causal self-attention only (no cache
 offset, padding, window, dropout or per-row scale); the caller picks another kernel otherwise.
@@ -124,12 +126,15 @@ class Layout:
 
 
 class _Band(torch.autograd.Function):
+    """T5 / Shaw: the band's bias over the far one as a table by distance (zero from K on) through
+    ``cpu_flash_mask``'s table route (each block's keys before it and its causal square, one pass over the keys);
+    the bias's gradient per distance read off the band's K scores per query (``band_score_grads``)."""
+
     @staticmethod
     def forward(ctx, q, k, v, g, scaling):
-        B, H, N, D = q.shape
-        lay = Layout(N, g.shape[-1], q.device, B * H * D)
-        bias = lay.bias(g)
-        out, lse = band_forward(q, k, v, scaling, lay, lambda piece: bias[..., piece[1] or 0 :].contiguous())
+        N = q.shape[-2]
+        out, lse = cpu_flash_mask.table_forward(*(x.float() for x in (q, k, v)), scaling, _table(g, N))
+        out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, g, out, lse)
         ctx.scaling = scaling
         return out
@@ -138,17 +143,25 @@ class _Band(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, g, out, lse = ctx.saved_tensors
         B, H, N, D = q.shape
-        lay = Layout(N, g.shape[-1], q.device, B * H * D)
-        bias = lay.bias(g)
-        dq, dk, dv, blocks = band_backward(
-            dout, (q, k, v), out, lse, ctx.scaling, lay, lambda piece: bias[..., piece[1] or 0 :].contiguous()
-        )
+        qf, kf, vf, of, df = (x.float() for x in (q, k, v, out, dout.contiguous()))
+        dq, dk, dv = cpu_flash_mask.table_backward(df, (qf, kf, vf), of, lse, ctx.scaling, _table(g, N))
         dg = None
-        if ctx.needs_input_grad[3]:  # d loss / d g (H, K): dS summed per distance
+        if ctx.needs_input_grad[3]:  # d loss / d g (H, K): dS summed per distance, over the band's windows
+            lay = Layout(N, g.shape[-1], q.device, B * H * D)
+            blocks = (lay.blocks(qf), lay.windows(kf), lay.windows(vf), lay.blocks(df), lay.blocks(of))
+            blocks += (lay.blocks(lse[..., None])[..., 0],)
             dg = torch.zeros_like(g)
             for _, _, ds in band_score_grads(lay, blocks, ctx.scaling, lambda b0, b1: g[None, :, None, None, :]):
                 dg += ds.sum((0, 2, 3))
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, None
+
+
+def _table(g: torch.Tensor, N: int) -> cpu_flash_mask.Table:
+    """The masks of g (H, K) as a bias by distance over N keys: g[d] below K, 0 from K on."""
+    H, K = g.shape
+    table = torch.zeros(H, N, dtype=torch.float32, device=g.device)
+    table[:, : min(K, N)] = g[:, :N]
+    return cpu_flash_mask.Table(table, 0, cpu_flash_mask.square_rows(H))
 
 
 def band_forward(q, k, v, scaling, lay: Layout, mask_of):

@@ -47,7 +47,16 @@ def op_serves(c: Call) -> str | None:
 
 
 def run(c: Call) -> torch.Tensor:
-    return attend_dense(c, max_rows=chunk_rows(c.q.shape[0] * c.q.shape[1], c.Tq, c.Tk))
+    max_rows = chunk_rows(c.q.shape[0] * c.q.shape[1], c.Tq, c.Tk)
+    if by_distance(c):
+        return attend_distance(c, max_rows=max_rows)
+    return attend_dense(c, max_rows=max_rows)
+
+
+def by_distance(c: Call) -> bool:
+    """The bias is one value per distance for every query (``Call.distance_only``) and nothing else shapes the
+    mask but causality and a window: the distance table's route."""
+    return c.distance_only and c.causal and c.key_padding is None and c.row_scale is None and c.Tk == c.q_start + c.Tq
 
 
 @dataclass(frozen=True)
@@ -194,6 +203,182 @@ class _Dense(torch.autograd.Function):
                 if grad is not None:
                     dparams[i] = grad if dparams[i] is None else dparams[i] + grad
         return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *dparams
+
+
+def attend_distance(c: Call, max_rows: int = ROWS) -> torch.Tensor:
+    """``attend_dense`` for a bias of the distance alone (``by_distance``): the bias is evaluated once per distance
+    (an (H, Tk) table, FIRE's MLP on Tk values instead of on every score) and each block of queries reads it as a
+    strided view, its rows in reverse order (row r' of the view starts one table entry after row r' - 1's, a view
+    with no copy; the CPU flash op reads such a mask as it is). Backward: each block's P and dS once, giving dq, dk,
+    dv and the table's gradient, dS summed along the block's diagonals (one value per distance), then pushed
+    through the table to the bias's parameters once per call."""
+    q, k = c.q, c.k
+    rows = max(1, min(ROWS, max_rows, block_rows(q.shape[0] * q.shape[1], k.shape[-2])))
+    spec = (c.bias, None, c.window, c.q_start, None, c.scaling, rows)
+    return _Distance.apply(spec, q, k, c.v, *c.bias_params)
+
+
+def distance_table(spec, H: int, Tk: int, device) -> torch.Tensor:
+    """(H, Tk) fp32: the bias at distances 0 .. Tk - 1 (read at the last query's slot), -inf from a window on."""
+    bias, window = spec[0], spec[2]
+    last = Tk - 1
+    d = torch.arange(Tk, device=device)
+    h = torch.arange(H, device=device)[:, None, None]
+    table = bias(h, torch.full((1, 1, 1), last, device=device), (last - d)[None, None]).to(torch.float32)[:, 0]
+    if window:
+        table = table.masked_fill(d >= window, float("-inf"))
+    return table
+
+
+def _reversed(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """(H, M): the table extended by rows - 1 future distances (-inf) and read backwards: entry m holds distance
+    Tk - 1 - m (M = Tk + rows - 1)."""
+    future = table.new_full((table.shape[0], rows - 1), float("-inf"))
+    return torch.cat([future, table], dim=-1).flip(-1).contiguous()
+
+
+def _view(rev: torch.Tensor, Tk: int, block) -> torch.Tensor:
+    """(1, H, C, Tc) the block's mask with its rows in reverse order: row r' is query e - 1 - r' (a strided view)."""
+    s, e, lo, hi = block
+    base = Tk - e + lo  # row r' = rev[base + r' : base + r' + Tc]: distance e - 1 - r' - (lo + c)
+    return rev.unfold(-1, hi - lo, 1)[:, base : base + e - s][None]
+
+
+SQUARE_ELEMENTS = 1 << 24  # the table route's (H, C, C) square mask, built once per call, stays under this
+
+
+def square_rows(H: int) -> int:
+    """Query rows per block on the table route: 1024 (the CPU flash op tiles 768 queries or more by 256 rows, fewer
+    by 64) or fewer, so that the block's (H, C, C) square mask stays under ``SQUARE_ELEMENTS``."""
+    return next((r for r in (1024, 512, 256, 128) if H * r * r <= SQUARE_ELEMENTS), MIN_ROWS)
+
+
+class Table:
+    """The masks of the table route for queries at slots [q_start, q_start + Tq) over keys [0, Tk), from the (H, Tk)
+    table of a bias by distance: per block of ``rows`` queries, the keys before the block as a strided view with its
+    rows reversed (``rectangle``) and the block's own causal square, one (1, H, C, C) tensor for every block."""
+
+    def __init__(self, table: torch.Tensor, q_start: int, rows: int, window: int | None = None):
+        self.Tk, self.q_start, self.rows, self.window = table.shape[-1], q_start, rows, window
+        self.rev = _reversed(table, rows)
+        n = min(rows, self.Tk)
+        self.square = _view(self.rev, self.Tk, (self.Tk - n, self.Tk, self.Tk - n, self.Tk)).flip(-2).contiguous()
+
+    def blocks(self, Tq: int):
+        """(s, e, lo): query rows [s, e) and the first key any of them sees (a window's)."""
+        for s in range(0, Tq, self.rows):
+            e = min(Tq, s + self.rows)
+            yield s, e, max(0, self.q_start + s - self.window + 1) if self.window else 0
+
+    def rectangle(self, s: int, e: int, lo: int) -> torch.Tensor:
+        """(1, H, C, qs - lo) the keys [lo, qs) before the block (qs = q_start + s), rows reversed (a view)."""
+        qs = self.q_start + s
+        return _view(self.rev, self.Tk, (qs, qs + e - s, lo, qs))
+
+
+def table_forward(q, k, v, scaling, masks: Table):
+    """(out fp32, lse fp32) of q (B, H, Tq, D) over k, v with the table's bias: per block, the rectangle (queries
+    reversed) and the causal square through the CPU flash op, merged by log-sum-exp."""
+    B, H, Tq, D = q.shape
+    out = torch.empty(B, H, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    for s, e, lo in masks.blocks(Tq):
+        qs, C = masks.q_start + s, e - s
+        square = masks.square[..., :C, :C].expand(B, -1, -1, -1)
+        o, m = cpu_flash.forward(q[:, :, s:e], k[:, :, qs : qs + C], v[:, :, qs : qs + C], scaling, square, True)
+        if qs > lo:
+            rect = masks.rectangle(s, e, lo).expand(B, -1, -1, -1)
+            ro, rm = cpu_flash.forward(q[:, :, s:e].flip(-2), k[:, :, lo:qs], v[:, :, lo:qs], scaling, rect, False)
+            o, m = cpu_flash.merge(o, m, ro.flip(-2), rm.flip(-1))
+        out[:, :, s:e], lse[:, :, s:e] = o, m
+    return out, lse
+
+
+def table_backward(dout, qkv: tuple, out, lse, scaling, masks: Table):
+    """(dq, dk, dv) fp32 of ``table_forward``'s attention, given its output and log-sum-exp: the flash op's own
+    backward for each piece."""
+    q, k, v = qkv
+    B, Tq = q.shape[0], q.shape[-2]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for s, e, lo in masks.blocks(Tq):
+        qs, C = masks.q_start + s, e - s
+        rows = (x[:, :, s:e] for x in (dout, q, out, lse))
+        d, qc, o, m = (x.contiguous() for x in rows)
+        square = masks.square[..., :C, :C].expand(B, -1, -1, -1)
+        g = cpu_flash.backward(d, (qc, k[:, :, qs : qs + C], v[:, :, qs : qs + C]), o, m, scaling, square, True)
+        dq[:, :, s:e] += g[0]
+        dk[:, :, qs : qs + C] += g[1]
+        dv[:, :, qs : qs + C] += g[2]
+        if qs > lo:
+            rect = masks.rectangle(s, e, lo).expand(B, -1, -1, -1)
+            flipped = (d.flip(-2), (qc.flip(-2), k[:, :, lo:qs], v[:, :, lo:qs]), o.flip(-2), m.flip(-1))
+            g = cpu_flash.backward(*flipped, scaling, rect, False)
+            dq[:, :, s:e] += g[0].flip(-2)
+            dk[:, :, lo:qs] += g[1]
+            dv[:, :, lo:qs] += g[2]
+    return dq, dk, dv
+
+
+class _Distance(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, spec, q, k, v, *params):
+        H, Tk, scaling = q.shape[1], k.shape[-2], spec[5]
+        masks = Table(distance_table(spec, H, Tk, q.device), spec[3], square_rows(H), spec[2])
+        out, lse = table_forward(*(x.float() for x in (q, k, v)), scaling, masks)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, *params)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, *params = ctx.saved_tensors
+        spec = ctx.spec
+        B, H, Tq, _ = q.shape
+        Tk = k.shape[-2]
+        wanted = [i for i, p in enumerate(params) if ctx.needs_input_grad[4 + i]]
+        with torch.enable_grad():
+            table = distance_table(spec, H, Tk, q.device)
+        qf, kf, vf, of, df = (x.float() for x in (q, k, v, out, dout.contiguous()))
+        dparams = [None] * len(params)
+        if not (wanted and table.requires_grad):  # q, k, v only: the flash op's own backward
+            masks = Table(table.detach(), spec[3], square_rows(H), spec[2])
+            dq, dk, dv = table_backward(df, (qf, kf, vf), of, lse, spec[5], masks)
+            return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *dparams
+        rev = _reversed(table.detach(), spec[6])
+        dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+        dtable = torch.zeros(H, Tk, dtype=torch.float32, device=q.device)
+        for s, e, lo, hi in _blocks(spec, Tq):  # P and dS once per block, for q, k, v and the table alike
+            mask = _view(rev, Tk, (spec[3] + s, spec[3] + e, lo, hi))
+            qc, dc, oc = (x[:, :, s:e].flip(-2) for x in (qf, df, of))
+            kc, vc, lc = kf[:, :, lo:hi], vf[:, :, lo:hi], lse[:, :, s:e].flip(-1)
+            ds = _block_grads((qc, kc, vc, oc, dc, lc), mask, spec[5], (dq, dk, dv), (s, e, lo, hi))
+            dtable[:, : hi - lo] += ds.sum(0)[:, : hi - lo].flip(-1)  # by distance 0 .. Tc - 1
+        got = torch.autograd.grad(table, [params[i] for i in wanted], dtable, allow_unused=True)
+        for i, grad in zip(wanted, got):
+            dparams[i] = grad
+        return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *dparams
+
+
+def _block_grads(block: tuple, mask, scaling, grads: tuple, span) -> torch.Tensor:
+    """One block's dq, dk, dv added to ``grads`` (rows of ``block`` in reverse order, as ``mask``'s) and its dS summed
+    along the anti-diagonals, (B, H, Tc + C - 1): entry t holds the keys at distance Tc - 1 - t."""
+    qc, kc, vc, oc, dc, lc = block
+    dq, dk, dv = grads
+    s, e, lo, hi = span
+    B, H, C, Tc = qc.shape[0], qc.shape[1], e - s, hi - lo
+    p = _probabilities(qc, kc, lc, mask, scaling)  # (B, H, C, Tc)
+    dv[:, :, lo:hi] += p.transpose(-1, -2) @ dc
+    padded = p.new_empty(B, H, C, Tc + 2 * (C - 1))  # dS with C - 1 zero columns either side
+    padded[..., : C - 1].zero_()
+    padded[..., C - 1 + Tc :].zero_()
+    ds = padded[..., C - 1 : C - 1 + Tc]
+    torch.mul(p, (dc @ vc.transpose(-1, -2)).sub_((dc * oc).sum(-1, keepdim=True)), out=ds)  # P (dP - delta)
+    dq[:, :, s:e] += (ds @ kc).mul_(scaling).flip(-2)
+    dk[:, :, lo:hi] += (ds.transpose(-1, -2) @ qc).mul_(scaling)
+    L = padded.shape[-1]  # element (r', t) of the view below: row r', column C - 1 + t - r' (r' + c = t)
+    anti = padded.as_strided((B, H, C, Tc + C - 1), (H * C * L, C * L, L - 1, 1), padded.storage_offset() + C - 1)
+    return anti.sum(-2)
 
 
 def _probabilities(qc, kc, lse, mask, scaling):

@@ -189,6 +189,7 @@ class Term:
     bias_params: tuple = ()  # the tensors ``bias`` is computed from
     slopes: torch.Tensor | None = None  # ALiBi's (H,), scaled
     band: torch.Tensor | None = None  # T5's / Shaw's (H, K + 1), scaled
+    distance_only: bool = False  # the bias reads i - j alone for every query of the call
     row_scale: torch.Tensor | None = None  # the temperature left to the row scale (None once folded into the bias)
     relative: Relative | None = None  # a relative scheme's position side
     far: Far | None = None  # a two-view rotary scheme's far view
@@ -325,6 +326,11 @@ class Scheme(nn.Module):
         otherwise."""
         return None
 
+    def distance_only(self, layer: int, last: int) -> bool:
+        """``bias(layer, h, i, j)`` depends on ``i - j`` alone for every query at a position up to ``last`` (i >= j):
+        a kernel may then read it as one value per distance (``cpu-flash-mask``'s distance table)."""
+        return self.shift_invariant
+
     def far_reach(self, layer: int) -> int | None:
         """A two-view rotary scheme (SelfExtend, STRING): keys at distance >= this are scored with the rotations
         of ``far_positions``; None: one view."""
@@ -415,6 +421,9 @@ class BiasScheme(Scheme):
         t.band = None if site.placed or tau is not None else self.distance_band(site.layer)
         if t.band is not None and scale:
             t.band = t.band * scale
+        t.distance_only = not (site.placed or t.row_shifts is not None or tau is not None) and self.distance_only(
+            site.layer, moved + site.q_start + site.Tq - 1
+        )
         plain = t.slopes is None and t.row_shifts is None and not (site.placed or moved)
         if tau is not None and plain and self._tau_of_slots(tau, site.q_start, site.Tk):
             # the temperature read from the query's own position inside the bias: a compiled flex score_mod

@@ -101,6 +101,11 @@ class FIRE(BiasScheme):
             return (self.threshold_scale[li] * self.options.threshold).abs()
         return float(self.options.threshold)
 
+    def distance_only(self, layer: int, last: int) -> bool:
+        """Queries before the threshold share the normaliser psi(L): their bias is a function of i - j alone."""
+        with torch.no_grad():
+            return last < float(self.threshold(layer if self.options.per_layer else 0))
+
     def normalised_distance(self, li: int, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """psi(i - j) / psi(max(L, i)), in [0, 1] for causal pairs (broadcast shape of q_pos, k_pos)."""
         return normalised_distance(self.c[li], self.threshold(li), q_pos, k_pos)
