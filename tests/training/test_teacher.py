@@ -14,7 +14,8 @@ import retrofit
 from retrofit.foundation.errors import LengthError, RecipeError
 from retrofit.scoring.losses import sliding_window_logits
 from retrofit.training import finetune
-from retrofit.training.loop import _check_lengths, _loss
+from retrofit.training.loop import _loss
+from retrofit.training.positions import Placer
 from retrofit.training.recipe import Recipe
 from retrofit.training.teacher import TeacherView, distill_kl
 
@@ -145,14 +146,16 @@ def test_block_past_a_finite_reach_names_the_scheme(monkeypatch):
 
     student, _ = _student_and_teacher()
     r = Recipe.from_dict(recipe("/tmp/unused", data__block_length=4 * W))
-    assert _check_lengths(r, student) is None  # alibi: no limit
+    placer = Placer(r.train.positions, r.data.block_length, r.train.seed)
+    placer.check(student, r.convert.scheme)  # alibi: no limit
+    assert placer.fade_offset_cap is None
     monkeypatch.setattr(SCHEMES.get("alibi"), "max_length", lambda self: 4 * W)
-    assert _check_lengths(r, student) is None  # a reach of exactly the block
+    placer.check(student, r.convert.scheme)  # a reach of exactly the block
     monkeypatch.setattr(SCHEMES.get("alibi"), "max_length", lambda self: 3 * W)
     with pytest.raises(
         LengthError, match=r"exceeds the 96 positions the model accepts \(the reach of scheme 'alibi'\)"
     ):
-        _check_lengths(r, student)
+        placer.check(student, r.convert.scheme)
 
 
 def test_tiny_long_block_distill_recipe_runs_and_logs_the_teacher_cost(tmp_path, caplog):

@@ -195,17 +195,15 @@ def _calibrate(model, teacher, tokenizer, args) -> dict:
         from ..foundation.errors import OptionError
 
         raise OptionError(f"--calibrate needs a tokenizer; {args.model} has none")
-    record = calibrate(
-        model,
-        teacher,
-        args.calibrate,
-        tokenizer=tokenizer,
+    section = CalibrateConfig(
+        data=args.calibrate,
         steps=args.calibrate_steps,
         learning_rate=args.calibrate_lr,
         batch_size=args.calibrate_batch_size,
         heldout=args.calibrate_heldout,
         budget=args.calibrate_budget,
     )
+    record = calibrate(model, teacher, section, tokenizer=tokenizer)
     log.info("%s", summary_line(record))
     return record
 

@@ -36,6 +36,7 @@ from .attention import (  # noqa: F401  (retrofit_attention, retrofit_mask: regi
     ATTN_NAME,
     POSITIONS_MODULE,
     LayerContext,
+    Placement,
     RetrofitState,
     retrofit_attention,
     retrofit_mask,
@@ -315,7 +316,7 @@ def max_length(model, *, fading: bool | None = None) -> int | None:
     if state is None:
         raise NotConvertedError("max_length needs a converted model (retrofit.describe covers both)")
     limit = state.scheme().max_length()
-    if (state.native_fade > 0 if fading is None else fading) and state.native_max:
+    if (state.placement.native_fade > 0 if fading is None else fading) and state.native_max:
         limit = min(limit or 1 << 62, state.native_max)
     return limit
 
@@ -356,7 +357,7 @@ def position_controls(model) -> tuple[int, float]:
     state = _state(model)
     if state is None:
         raise NotConvertedError("position_controls needs a converted model")
-    return state.offset, state.native_fade
+    return state.placement.offset, state.placement.native_fade
 
 
 def is_converted(model) -> bool:
@@ -385,9 +386,16 @@ def set_position_controls(model, offset: int = 0, native_fade: float = 0.0, posi
     0 = the new scheme alone). ``positions``: a 1-D strictly increasing tensor giving the absolute
     position of each token of the next blocks (PoSE, randomized positions; no cache while set).
     Calling it with no arguments resets all three."""
+    place(model, Placement(offset, native_fade, positions))
+
+
+def place(model, placement: Placement) -> None:
+    """Set a fine-tune's ``Placement`` of the next blocks on a converted model (checked; see
+    ``set_position_controls``); ``Placement()`` resets it."""
     state = _state(model)
     if state is None:
         raise NotConvertedError("set_position_controls needs a converted model")
+    offset, native_fade, positions = placement.offset, placement.native_fade, placement.positions
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise OptionError(f"offset must be a non-negative int; got {offset!r}")
     if not isinstance(native_fade, (int, float)) or not 0 <= native_fade <= 1:
@@ -396,7 +404,7 @@ def set_position_controls(model, offset: int = 0, native_fade: float = 0.0, posi
         positions = _check_positions(state, positions)
         if offset or native_fade:
             raise OptionError("positions cannot be combined with offset or native_fade")
-    state.offset, state.native_fade, state.positions = offset, float(native_fade), positions
+    state.placement = Placement(offset, float(native_fade), positions)
 
 
 def _check_positions(state, positions) -> torch.Tensor:

@@ -120,20 +120,7 @@ def _zero_shot(rr):
     teacher = mdl.make_teacher(model, r.model) if r.convert.calibrate.data else None
     mdl.convert(model, r.convert)
     if teacher is not None:
-        c = r.convert.calibrate
-        calibrate(
-            model,
-            teacher,
-            c.data,
-            tokenizer=tok,
-            steps=c.steps,
-            learning_rate=c.learning_rate,
-            batch_size=c.batch_size,
-            heldout=c.heldout,
-            budget=c.budget,
-            seed=r.train.seed,
-            progress=False,
-        )
+        calibrate(model, teacher, r.convert.calibrate, tokenizer=tok, seed=r.train.seed, progress=False)
     model.eval()
     native = _native(model)
     return evaluate_section(

@@ -30,6 +30,60 @@ def load_recipe_documents(cfg) -> list[rdata.Document]:
     return docs
 
 
+def documents(d, seed: int):
+    """The ``data`` section's documents, split into (training, validation) whole documents (seeded)."""
+    docs = load_recipe_documents(d)
+    return rdata.split_documents(docs, d.validation_fraction, seed=seed)
+
+
+def datasets(d, tok, docs: tuple, need: int):
+    """(training, validation) blocks of the ``data`` section from its (training, validation) documents; ``need``:
+    the blocks one step takes (train.batch_size x processes), fewer training blocks are a LengthError."""
+    train_docs, val_docs = docs
+    train_ids = rdata.tokenize_documents(tok, train_docs)
+    train = make_blocks(train_ids, d.block_length, d.packing)
+    check_blocks(train, train_ids, d.block_length, d.packing, "training")
+    val = torch.empty(0, d.block_length, dtype=torch.long)
+    if val_docs:
+        val_ids = rdata.tokenize_documents(tok, val_docs)
+        val = make_blocks(val_ids, d.block_length, d.packing)[: d.max_validation_blocks]
+    if not len(val):
+        _say_no_validation(d, val_docs)
+    if len(train) < need:
+        raise LengthError(
+            f"only {len(train)} training blocks of 'data.block_length' = {d.block_length}; "
+            f"train.batch_size x processes needs {need}"
+        )
+    log.info("data: %d training blocks, %d validation blocks of %d tokens", len(train), len(val), d.block_length)
+    return train, val
+
+
+def stream_validation(d, tok, source):
+    """A stream's validation blocks (said when there are none though documents were asked for)."""
+    val = source.validation(tok, d.block_length, d.packing, d.max_validation_blocks)
+    if not len(val) and d.validation_documents != 0:
+        log.warning("no validation loss: the validation documents give no block of %d tokens", d.block_length)
+    return val
+
+
+def _say_no_validation(d, val_docs) -> None:
+    """Why this fine-tune has no validation loss: chosen (a warning when it was not)."""
+    if d.validation_fraction == 0:
+        log.info("no validation loss: data.validation_fraction is 0")
+    elif not val_docs:
+        log.warning(
+            "no validation loss: too few documents to hold one out for validation (data.validation_fraction "
+            "= %g); add documents",
+            d.validation_fraction,
+        )
+    else:
+        log.warning(
+            "no validation loss: the validation documents give no block of %d tokens; raise "
+            "data.validation_fraction or lower data.block_length",
+            d.block_length,
+        )
+
+
 def make_blocks(token_docs: list[list[int]], block_length: int, packing: bool) -> torch.Tensor:
     """[n_blocks, block_length] int64. Packing concatenates documents; otherwise each is cut alone."""
     docs = [torch.tensor(doc, dtype=torch.long) for doc in token_docs if doc]

@@ -29,6 +29,7 @@ from typing import Sequence
 import torch
 
 from ..foundation.errors import DataError, LengthError, OptionError
+from ..foundation.schema import check_limits
 from ..scoring.masking import IGNORE, masker_for, seed_of
 from .recipe import CalibrateConfig
 
@@ -161,14 +162,17 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     seconds. ``teacher``: the unconverted original (frozen here). ``data``/``heldout``: data specs or lists of
     ``Document``; they must share no document. Documents are tokenized in order until there are
     ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate.
-    ``options``: the keywords ``steps``, ``learning_rate``, ``batch_size``, ``heldout`` and ``budget`` (``OPTIONS``:
-    the recipe's ``convert.calibrate`` section less its data, ``CalibrateConfig``, whose defaults they take)."""
+    ``data`` may be the whole section (a ``CalibrateConfig``, the recipe's ``convert.calibrate``: what the fine-tune,
+    the study and ``retrofit convert --calibrate`` pass); else ``options`` are its other keys as keywords
+    (``steps``, ``learning_rate``, ``batch_size``, ``heldout``, ``budget``: ``OPTIONS``; their defaults the
+    section's)."""
     from ..foundation.quiet import progress_bars
     from ..patch.conversion import describe, set_position_controls
 
-    o = _options(options)
+    o = data if isinstance(data, CalibrateConfig) and not options else _options(data, options)
+    data = o.data
     check_calibratable(model)
-    _check_values(o)
+    check_limits(o, error=OptionError, key="calibrate: {}")
     progress = progress_bars() if progress is None else progress
     info = describe(model)
     length = info["native"]["length"]
@@ -222,20 +226,26 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     return record
 
 
-def _options(given: dict) -> CalibrateConfig:
-    """The recipe's defaults with calibrate's keywords ``given`` set; any other keyword is the TypeError of a call."""
+def _options(data, given: dict) -> CalibrateConfig:
+    """The section: ``data`` and calibrate's keywords ``given`` over the recipe's defaults; any other keyword is the
+    TypeError of a call."""
     for name in given:
         if name not in OPTIONS:
             raise TypeError(f"calibrate() got an unexpected keyword argument {name!r}")
-    return dataclasses.replace(_DEFAULTS, **given)
+    return dataclasses.replace(_DEFAULTS, data=data, **given)
 
 
-def _check_values(o: CalibrateConfig) -> None:
-    for key, v in (("steps", o.steps), ("batch_size", o.batch_size), ("budget", o.budget)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise OptionError(f"calibrate: {key} must be a positive integer, got {v!r}")
-    if not o.learning_rate > 0:
-        raise OptionError(f"calibrate: learning_rate must be > 0, got {o.learning_rate!r}")
+def write_record(acc, out, record: dict) -> None:
+    """A fine-tune's calibration record: the main process writes ``calibrate.json`` and says the summary line."""
+    import json
+
+    from ..foundation import run_folder
+    from ..foundation.atomic import write_text
+
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / run_folder.CALIBRATE, json.dumps(record, indent=2) + "\n")
+        log.info("%s", summary_line(record))
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,15 @@ same recipe places the same copies after a resume, and other ones on each proces
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 
 import torch
+
+from ..foundation.errors import RecipeError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,3 +89,29 @@ def place(
             taken[i : i + cfg.span_length] = taken[j : j + cfg.span_length] = True
             placed.append(Copy(row, i, j, int(pos[j] - pos[i])))
     return out, placed
+
+
+def say(cfg, masker, reach: int) -> None:
+    """``data.copies`` (``cfg``): refused for a masked LM (``masker``), else said before training; distances drawn up
+    to ``reach`` by default."""
+    if not cfg.spans:
+        return
+    if masker is not None:
+        raise RecipeError("'data.copies' places retrieval targets for a causal LM; this model is a masked LM")
+    lo, hi = distance_range(cfg, reach)
+    log.info(
+        "data.copies: up to %d spans of %d tokens a block, copied %d-%d positions later (drawn uniformly)",
+        cfg.spans,
+        cfg.span_length,
+        lo,
+        hi,
+    )
+
+
+def added(cfg, batch: torch.Tensor, drawn, reach: int, seed: int) -> torch.Tensor:
+    """``batch`` (B, L) with ``data.copies`` (``cfg``) retrieval targets placed at distances up to ``reach`` in the
+    block's placement ``drawn`` (None: 0..L-1); as it was when the option is off."""
+    if not cfg.spans:
+        return batch
+    placed, _ = place(batch.cpu(), drawn, cfg, reach, seed)
+    return placed.to(batch.device)

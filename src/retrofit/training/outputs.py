@@ -8,22 +8,118 @@ import logging
 import shutil
 from pathlib import Path
 
+from ..data.specs import fingerprint
 from ..foundation import run_folder as rf
 from ..foundation.atomic import no_space, no_space_error, publish, write_dir, write_text
 from ..foundation.errors import RetrofitError
+from ..foundation.versions import library_versions
 from ..models.io import save
 from . import model as mdl
 from . import sharding
-from .recipe import Recipe
-from .tasks import model_task
+from .recipe import Recipe, tokens_per_step
+from .stream import StreamSource
+from .tasks import Objective, model_task
 
 log = logging.getLogger("retrofit.training.loop")
+
+
+# ---- the run's records ------------------------------------------------------------------------
+def write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / rf.RECIPE, r.to_yaml())  # resolved: train.steps as the budget sets it
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    info = {
+        "versions": library_versions(),
+        "trainable_parameters": trainable,
+        "total_parameters": sum(p.numel() for p in model.parameters()),
+        "validation_blocks": len(val),
+    }
+    if r.task is not None:
+        info["task"] = r.task
+    if r.task is not None and not isinstance(train, StreamSource):
+        info["train_examples"] = len(train)
+    elif isinstance(train, StreamSource):
+        info.update(
+            train_stream=train.what,
+            validation_documents=train.validation_documents,
+            budget_tokens=r.train.steps * tokens_per_step(r, processes),
+        )
+    else:
+        info.update(
+            train_blocks=len(train),
+            train_fingerprint=fingerprint(train.flatten().tolist()),
+            validation_fingerprint=fingerprint(val.flatten().tolist()),
+        )
+    write_text(out / rf.VERSIONS, json.dumps(info, indent=2) + "\n")
+
+
+def save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
+    """Ctrl-C: a checkpoint at ``step`` (unless one was just written there), then KeyboardInterrupt."""
+    meter.bar.close()
+    if not (r.checkpoint.every and step % r.checkpoint.every == 0):
+        if where is not None:
+            where.save()
+        save_checkpoint(acc, out, step, max(r.checkpoint.keep_last, 1))
+    resumes = (
+        "the same command resumes from it"
+        if r.checkpoint.resume != "never"
+        else (
+            "this recipe has checkpoint.resume: never, so a re-run starts again; pass --set checkpoint.resume=auto "
+            "to resume from it"
+        )
+    )
+    log.warning(
+        "interrupted after step %d of %d: saved %s; %s",
+        step,
+        r.train.steps,
+        out / rf.CHECKPOINTS / f"step_{step:08d}",
+        resumes,
+    )
+    raise KeyboardInterrupt
+
+
+def rank_checksums(r, acc, base, where) -> None:
+    """``train.rank_checksums``: a digest of this process's trainable weights (and of the stream blocks it read)."""
+    if not r.train.rank_checksums:
+        return
+    d = Path(r.output_dir) / rf.RANK_CHECKSUMS
+    d.mkdir(parents=True, exist_ok=True)
+    write_text(d / f"rank{acc.process_index}.txt", mdl.trainable_hash(base) + "\n")
+    if where is not None:  # the blocks this process read from the stream, one digest per line
+        write_text(d / f"rank{acc.process_index}.blocks.txt", "".join(x + "\n" for x in where.seen))
+
+
+def heldout(acc, model, val_loader, objective) -> dict | None:
+    """A classifier's accuracy and macro-F1, an embedding model's top-1, on the validation examples (said)."""
+    if not isinstance(objective, Objective):
+        return None
+    metrics = objective.metrics(model, val_loader, acc.gather_for_metrics)
+    log.info("held out: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+    return {"heldout": metrics}
+
+
+def val_change(before: float | None, after: float | None) -> str:
+    if before is None and after is None:
+        return "no validation loss (no validation blocks)"
+    show = lambda v: "none" if v is None else f"{v:.4f}"  # noqa: E731
+    return f"val loss {show(before)} -> {show(after)}"
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
 def checkpoints(out: Path) -> list[Path]:
     d = out / rf.CHECKPOINTS
     return sorted(p for p in d.glob("step_*") if p.is_dir()) if d.is_dir() else []
+
+
+def resuming(c, out: Path) -> bool:
+    """A run that will load a checkpoint (the ``checkpoint`` section ``c``; the scheme's parameters included):
+    calibrating again is wasted."""
+    if c.resume == "never":
+        return False
+    if c.resume != "auto" or checkpoints(out):
+        log.info("convert.calibrate: not calibrating again, the run resumes from a checkpoint")
+        return True
+    return False
 
 
 def save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
