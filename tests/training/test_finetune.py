@@ -386,7 +386,7 @@ def test_shift_invariant_flag_matches_the_model(scheme):
 
 
 def test_random_offset_on_a_shift_invariant_scheme_warns(tmp_path, caplog):
-    caplog.set_level("WARNING", logger="retrofit.training.positions")
+    caplog.set_level("WARNING", logger="retrofit.training")
     finetune(recipe(tmp_path / "w", train__steps=1, checkpoint__every=0, train__positions={"random_offset": 64}))
     assert "has no effect on 'alibi'" in caplog.text
     caplog.clear()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from ..foundation.documents import Document
 from ..foundation.errors import DataError
+from ..foundation.seeds import derive
 
 PREFIX = "longdoc:"
 WORDS = ("lion", "horse", "crown", "sword")  # one token each in the stand-ins' tokenizer; any tokenizer works
@@ -112,7 +113,7 @@ class Builder:
     def example(self, seed: int, index: int, length: int, depth: float | None = None) -> Example:
         """Example ``index`` of ``seed`` with ``length`` tokens (the first one included); ``depth`` in [0, 1]
         places the evidence of ``mention``, ``needle`` and ``passkey`` (drawn when None)."""
-        rng = random.Random(seed * 1_000_003 + index)
+        rng = random.Random(derive(seed, index))
         depth = rng.random() if depth is None else depth
         body = self._span(rng, length - len(self.first))
         if self.task.name == "mention":

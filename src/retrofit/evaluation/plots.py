@@ -19,7 +19,7 @@ from matplotlib import ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from ..foundation import run_folder as rf  # noqa: E402
+from ..foundation import run_folder  # noqa: E402
 from ..foundation.atomic import replacing  # noqa: E402
 
 NOT_RUN_COLOR = "lightgrey"
@@ -331,10 +331,10 @@ def plot_recall(report, path: Path) -> None:
 def write_plots(report, out: Path) -> dict[str, Path]:
     """Write every plot the report has data for; {file name: path}."""
     wanted = (
-        (rf.PLOT_PPL, report.rows, plot_ppl),
-        (rf.PLOT_POSITIONS, report["loss_by_position"], plot_positions),
-        (rf.PLOT_PASSKEY, report.data.get("passkey"), plot_passkey),
-        (rf.PLOT_RECALL, report.data.get("recall"), plot_recall),
+        (run_folder.PLOT_PPL, report.rows, plot_ppl),
+        (run_folder.PLOT_POSITIONS, report["loss_by_position"], plot_positions),
+        (run_folder.PLOT_PASSKEY, report.data.get("passkey"), plot_passkey),
+        (run_folder.PLOT_RECALL, report.data.get("recall"), plot_recall),
     )
     files = {}
     for name, has_data, plot in wanted:

@@ -20,7 +20,7 @@ from ..foundation.errors import LengthError, PatchNotLiveError, RetrofitError
 from ..scheme import Scheme, Term
 
 ATTN_NAME = "retrofit"
-log = logging.getLogger("retrofit.patch.conversion")
+log = logging.getLogger(__name__)
 
 POSITIONS_MODULE = "retrofit_positions"  # the submodule holding the new position parameters
 

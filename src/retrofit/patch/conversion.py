@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -90,10 +91,24 @@ def convert(
     ``force=True`` converts a model that was already converted (it is reverted first).
     Raises UnknownSchemeError, UnsupportedArchitectureError, OptionError, AlreadyConvertedError,
     PatchNotLiveError (nothing is left half-patched: a failed conversion is reverted)."""
-    return _convert(model, to, force=force, kernel=kernel or DEFAULT_KERNEL, verify=verify, options=options)
+    return _convert(model, to, options, Converting(force=force, kernel=kernel or DEFAULT_KERNEL, verify=verify))
 
 
-def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False, probing=False):
+@dataclass(frozen=True)
+class Converting:
+    """How ``_convert`` converts: over an earlier conversion (``force``), with which kernel, checked live
+    afterwards (``verify``), for a saved checkpoint's block (``from_checkpoint``: no probe, no QK-norm
+    calibration) or inside the probe itself (``probing``)."""
+
+    force: bool = False
+    kernel: str = DEFAULT_KERNEL
+    verify: bool = True
+    from_checkpoint: bool = False
+    probing: bool = False
+
+
+def _convert(model, to, options: dict, how: Converting):
+    force, kernel, from_checkpoint = how.force, how.kernel, how.from_checkpoint
     _check_model(model)
     scheme_cls = SCHEMES.get(to)
     kernel = kernels.check(kernel, scheme_cls.kind)
@@ -112,7 +127,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
         )
     adapter = adapter_for(model)
     _check_direction(adapter, scheme_cls, to)
-    if adapter.by_structure and not (from_checkpoint or probing):  # not a type this suite tests: own logits first
+    if adapter.by_structure and not (from_checkpoint or how.probing):  # not a type this suite tests: own logits first
         probe.lossless(model, adapter, _probe_convert, revert, _set_attn)
     if state is None:
         _own_config(model)
@@ -162,7 +177,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
         }
         if common.qk_norm and not from_checkpoint:
             _calibrate_qk_norm(model, state, spec.native_length)
-        if verify:
+        if how.verify:
             _verify_live(model, state)
         advertise_reach(model, state, reach(model))
     except BaseException:
@@ -246,7 +261,7 @@ def _check_direction(adapter, scheme_cls, to: str) -> None:
 
 
 def _probe_convert(model, scheme: str, options: dict) -> None:
-    _convert(model, scheme, force=False, kernel=DEFAULT_KERNEL, verify=True, options=options, probing=True)
+    _convert(model, scheme, options, Converting(probing=True))
 
 
 def _verify_live(model, state: RetrofitState, length: int = 8):
@@ -325,15 +340,8 @@ def reapply(model, block: dict) -> nn.Module:
     """Convert a freshly loaded base model as a saved checkpoint's ``retrofit`` block says (scheme,
     options, kernel), without the probe: the caller restores the learned position parameters, then
     calls ``verify``."""
-    return _convert(
-        model,
-        block["scheme"],
-        force=False,
-        kernel=block.get("kernel", "auto"),
-        verify=False,
-        options=block["options"],
-        from_checkpoint=True,
-    )
+    how = Converting(kernel=block.get("kernel", "auto"), verify=False, from_checkpoint=True)
+    return _convert(model, block["scheme"], block["options"], how)
 
 
 def verify(model) -> None:

@@ -8,21 +8,21 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from ..data import specs as rdata
+from ..data import specs
 from ..foundation.errors import DataError, LengthError
 
 log = logging.getLogger(__name__)
 
 
-def load_recipe_documents(cfg) -> list[rdata.Document]:
+def load_recipe_documents(cfg) -> list[specs.Document]:
     """The documents a recipe's ``data`` section names (DataError when missing)."""
     if cfg.files is not None:
-        docs = rdata.load_documents(cfg.files)
-    elif rdata.source_kind(cfg.dataset) in ("stdlib", "shakespeare"):  # else a `datasets` name or folder
-        docs = rdata.load_documents(cfg.dataset)
+        docs = specs.load_documents(cfg.files)
+    elif specs.source_kind(cfg.dataset) in ("stdlib", "shakespeare"):  # else a `datasets` name or folder
+        docs = specs.load_documents(cfg.dataset)
     else:
         name = cfg.dataset if cfg.config is None else f"{cfg.dataset}:{cfg.config}"
-        docs = rdata.hub_documents(name, field=cfg.text_field, split=cfg.split)
+        docs = specs.hub_documents(name, field=cfg.text_field, split=cfg.split)
     if cfg.max_documents is not None:
         docs = docs[: cfg.max_documents]
     if not docs:
@@ -33,19 +33,19 @@ def load_recipe_documents(cfg) -> list[rdata.Document]:
 def documents(d, seed: int):
     """The ``data`` section's documents, split into (training, validation) whole documents (seeded)."""
     docs = load_recipe_documents(d)
-    return rdata.split_documents(docs, d.validation_fraction, seed=seed)
+    return specs.split_documents(docs, d.validation_fraction, seed=seed)
 
 
 def datasets(d, tok, docs: tuple, need: int):
     """(training, validation) blocks of the ``data`` section from its (training, validation) documents; ``need``:
     the blocks one step takes (train.batch_size x processes), fewer training blocks are a LengthError."""
     train_docs, val_docs = docs
-    train_ids = rdata.tokenize_documents(tok, train_docs)
+    train_ids = specs.tokenize_documents(tok, train_docs)
     train = make_blocks(train_ids, d.block_length, d.packing)
     check_blocks(train, train_ids, d.block_length, d.packing, "training")
     val = torch.empty(0, d.block_length, dtype=torch.long)
     if val_docs:
-        val_ids = rdata.tokenize_documents(tok, val_docs)
+        val_ids = specs.tokenize_documents(tok, val_docs)
         val = make_blocks(val_ids, d.block_length, d.packing)[: d.max_validation_blocks]
     if not len(val):
         _say_no_validation(d, val_docs)

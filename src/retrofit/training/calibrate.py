@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -102,9 +102,18 @@ def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
     return blocks
 
 
-def zero_shot(
-    model, teacher, tokenizer, heldout_docs, length: int, budget: int, progress: bool, original: dict | None = None
-) -> dict:
+@dataclass(frozen=True)
+class Pair:
+    """The two models calibration reads: the converted ``model`` and the unconverted original (``teacher``), their
+    ``tokenizer``, and whether progress bars show."""
+
+    model: Any
+    teacher: Any
+    tokenizer: Any
+    progress: bool = False
+
+
+def zero_shot(pair: Pair, heldout_docs, length: int, budget: int, original: dict | None = None) -> dict:
     """ppl of ``model`` and of the original (``teacher``) at ``length`` on the held-out documents, read as
     ``retrofit eval`` reads them (its first ``budget`` tokens, non-overlapping windows; a masked LM: the masked
     tokens of its seeded draw); ``original``: a previous call's original row (same tokens). Both models are left
@@ -112,6 +121,7 @@ def zero_shot(
     from ..foundation import task
     from ..scoring.tokens import build_stream, resolve_documents
 
+    model, teacher, tokenizer, progress = pair.model, pair.teacher, pair.tokenizer, pair.progress
     docs, label = resolve_documents(heldout_docs)
     stream = build_stream(tokenizer, docs, label, budget, [length])
     models = [model] if original else [model, teacher]
@@ -185,15 +195,16 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     set_position_controls(model)  # no offset, fade or override: the model as it will be used
 
     t0 = time.perf_counter()
-    before = zero_shot(model, teacher, tokenizer, held_docs, length, o.budget, progress)
+    pair = Pair(model, teacher, tokenizer, progress)
+    before = zero_shot(pair, held_docs, length, o.budget)
     eval_seconds = time.perf_counter() - t0
     log.info("calibrate: ratio to the original at 1x before: %.4f", before["ratio"])
 
     was_training = model.training
-    fit = _fit(model, teacher, blocks, o, seed, tokenizer, device, progress)
+    fit = _fit(pair, blocks, o, seed, device)
 
     t2 = time.perf_counter()
-    after = zero_shot(model, teacher, tokenizer, held_docs, length, o.budget, progress, original=before["original"])
+    after = zero_shot(pair, held_docs, length, o.budget, original=before["original"])
     model.train(was_training)  # the evaluation leaves it in eval mode: the caller's mode back
     eval_seconds += time.perf_counter() - t2
     record = {
@@ -260,11 +271,12 @@ class Fit:
     cpu_seconds: float
 
 
-def _fit(model, teacher, blocks, o: CalibrateConfig, seed: int, tokenizer, device, progress: bool) -> Fit:
+def _fit(pair: Pair, blocks, o: CalibrateConfig, seed: int, device) -> Fit:
     """``o.steps`` Adam steps of the position parameters alone (every other parameter frozen, the model in eval
     mode) on KL(teacher || model) over ``blocks`` in seeded orders; requires_grad flags and mode put back."""
     from tqdm.auto import tqdm
 
+    model, teacher, tokenizer, progress = pair.model, pair.teacher, pair.tokenizer, pair.progress
     steps, batch_size = o.steps, o.batch_size
     named = position_parameters(model)
     params = [p for _, p in named]

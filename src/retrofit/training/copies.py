@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import RecipeError
+from ..foundation.seeds import derive
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def place(
     hi = min(hi, int(pos[L - cfg.span_length] - pos[0]))  # the farthest start to start the positions hold
     out, placed = batch.clone(), []
     for row in range(B):
-        rng = random.Random(seed * 1_000_003 + row)
+        rng = random.Random(derive(seed, row))
         taken, n = torch.zeros(L, dtype=torch.bool), 0
         for _ in range(4 * cfg.spans):  # a draw whose every place is taken is drawn again, 4 tries a copy
             if n == cfg.spans:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,24 +26,31 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import check_creatable, write_text
-from ..foundation.errors import LengthError
 from ..foundation.quiet import hushed, progress_bars
 from ..models import sources
 from ..patch.conversion import describe
 from ..patch.optim import param_groups
 from ..scoring import masking
 from ..scoring.masking import Masker, masker_for, seed_of
-from . import blocks as blk
-from . import copies, outputs, sharding, stream, tasks
-from . import model as mdl
+from . import blocks, copies, outputs, sharding, stream, tasks
 from .interrupt import Interrupts
 from .meter import Meter
+from .model import (
+    base_model,
+    convert,
+    enable_checkpointing,
+    load,
+    make_teacher,
+    make_trainable,
+    mixed_precision,
+    set_attention_dropout,
+)
 from .place import StreamPlace, block_batches
 from .positions import Placer
-from .recipe import Recipe, budget, tokens_per_step
-from .teacher import Clock, TeacherView, distill_kl, masked_distill_kl
+from .recipe import Recipe, resolve_steps
+from .teacher import Clock, Teacher, TeacherView, distill_kl, masked_distill_kl
 
 log = logging.getLogger(__name__)
 
@@ -85,20 +91,20 @@ def _finetune(r: Recipe) -> Path:
 
     set_seed(r.train.seed)
     source = tasks.stream_of(r)  # opened and probed here: a missing dataset, file or field fails now
-    train_docs, val_docs = blk.documents(r.data, r.train.seed) if source is None and r.task is None else (None, None)
-    _budget(r, acc, source)
+    train_docs, val_docs = blocks.documents(r.data, r.train.seed) if source is None and r.task is None else (None, None)
+    resolve_steps(r, acc.num_processes, None if source is None else source.what)
     sharding.mark_baseline()
     with sharding.whole_models():
         with acc.main_process_first():
-            model, tok = mdl.load(r.model, tasks.model_task(r, source))
+            model, tok = load(r.model, tasks.model_task(r, source))
         model.train()
         native = describe(model)["native"].get("length")
         view = TeacherView.of(r.train, r.data.block_length, native)  # a stride past native fails here
         calibrating = r.convert.calibrate.data is not None and not outputs.resuming(r.checkpoint, out)
         needs_teacher = r.train.objective != "lm" or calibrating
-        teacher = mdl.make_teacher(model, r.model) if needs_teacher else None
-        mdl.convert(model, r.convert)
-        mdl.set_attention_dropout(model, r.train)
+        teacher = make_teacher(model, r.model) if needs_teacher else None
+        convert(model, r.convert)
+        set_attention_dropout(model, r.train)
         placer = Placer.of(r.train, r.data.block_length)
         placer.check(model, r.convert.scheme)  # an impossible block fails before calibrating
         masker = tasks.objective(r, model) or _masker(r, model, tok, placer.reach)  # what the loss reads
@@ -114,14 +120,16 @@ def _finetune(r: Recipe) -> Path:
             teacher = None  # the calibration's teacher only
         if r.train.gradient_checkpointing:
             model.config.use_cache = False
-            mdl.enable_checkpointing(model)
-        model = mdl.make_trainable(model, r.train)
+            enable_checkpointing(model)
+        model = make_trainable(model, r.train)
     if r.task is not None:
         train_set, val_set = tasks.datasets(r, tok, acc.num_processes, source)
     elif source is None:
-        train_set, val_set = blk.datasets(r.data, tok, (train_docs, val_docs), r.train.batch_size * acc.num_processes)
+        train_set, val_set = blocks.datasets(
+            r.data, tok, (train_docs, val_docs), r.train.batch_size * acc.num_processes
+        )
     else:
-        train_set, val_set = source, blk.stream_validation(r.data, tok, source)
+        train_set, val_set = source, blocks.stream_validation(r.data, tok, source)
     if acc.is_main_process:
         outputs.write_run_info(r, out, model, train_set, val_set, acc.num_processes)
     handed = Handed(model, tok, teacher, view, placer, masker)
@@ -151,11 +159,11 @@ def _accelerator(r: Recipe):
     from accelerate import Accelerator
     from accelerate.utils import GradientAccumulationPlugin
 
-    precision, why = mdl.mixed_precision(r)
+    precision, why = mixed_precision(r)
     if why:
         log.warning(why)
     acc = Accelerator(
-        cpu=_cpu_processes(),
+        cpu=sharding.cpu_processes(),
         # "no" said explicitly when fp32 replaces an emulated bf16 (else a launch config's would come back)
         mixed_precision="no" if why else (None if precision == "no" else precision),
         gradient_accumulation_plugin=GradientAccumulationPlugin(
@@ -166,26 +174,6 @@ def _accelerator(r: Recipe):
     sharding.cpu_route(acc, precision)
     log.info("processes: %d (%s)", acc.num_processes, sharding.route(acc))
     return acc
-
-
-def _cpu_processes() -> bool:
-    """Several processes and no GPU: tell Accelerate to use CPU processes over gloo (it does not
-    infer that under torchrun / ``accelerate launch --multi_gpu`` on a CPU-only machine)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
-    return world > 1 and not torch.cuda.is_available() and not xpu
-
-
-def _budget(r: Recipe, acc, source) -> None:
-    """Resolve train.steps from data.max_tokens (the smaller bound wins) and say the arithmetic."""
-    steps, _, words = budget(r, acc.num_processes)
-    if steps < 1:
-        raise LengthError(
-            f"'data.max_tokens' = {r.data.max_tokens:,} is less than one step of "
-            f"{tokens_per_step(r, acc.num_processes):,} tokens"
-        )
-    r.train.steps = steps
-    log.info("budget: %s%s", words, f", streamed from {source.what}" if source is not None else "")
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -235,8 +223,9 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
     outputs.resume(r, acc, out)
     if acc.is_main_process and progress.step:
         outputs.truncate_log(out, progress.step)
-    base = mdl.base_model(acc.unwrap_model(model))
+    base = base_model(acc.unwrap_model(model))
     clock = Clock(acc.device) if teacher is not None else None
+    distill = Teacher(teacher, view, t.temperature, acc.autocast, clock) if teacher is not None else None
     if teacher is not None:
         log.info("distillation teacher: %s per block of %d", view.describe(r.data.block_length), r.data.block_length)
     if progress.val_loss_before is None:
@@ -260,7 +249,7 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
             seed = seed_of(t.seed + 2, acc.step, acc.process_index)
             batch = copies.added(r.data.copies, batch, drawn, handed.placer.reach, seed)
             with acc.accumulate(model):
-                loss, parts = _loss(acc, model, teacher, batch, r, view, clock, masker)
+                loss, parts = _loss(acc, model, batch, distill, t, masker)
                 acc.backward(loss)
                 meter.add(loss, parts)
                 if acc.sync_gradients:
@@ -291,7 +280,7 @@ def _prepare(r, acc, model, train_set, val_set):
 
     t = r.train
     streaming = isinstance(train_set, stream.StreamSource)
-    sampler = None if streaming else blk.EpochShuffle(len(train_set), t.seed)
+    sampler = None if streaming else blocks.EpochShuffle(len(train_set), t.seed)
     # Each loader gets its own generator: a new iterator draws a seed from it, and drawing from the
     # global RNG would shift dropout after a resume.
     collate = getattr(train_set, "collate", None)  # a task's examples pad themselves; blocks are one tensor
@@ -299,7 +288,7 @@ def _prepare(r, acc, model, train_set, val_set):
         None
         if streaming
         else DataLoader(
-            train_set if collate else blk.Blocks(train_set),
+            train_set if collate else blocks.Blocks(train_set),
             batch_size=t.batch_size,
             sampler=sampler,
             drop_last=True,
@@ -308,7 +297,7 @@ def _prepare(r, acc, model, train_set, val_set):
         )
     )
     val_loader = DataLoader(
-        val_set if collate else blk.Blocks(val_set),
+        val_set if collate else blocks.Blocks(val_set),
         batch_size=t.batch_size,
         generator=torch.Generator().manual_seed(t.seed),
         collate_fn=collate,
@@ -370,7 +359,7 @@ def _finish(s: Steps, tok, shards=None) -> Path:
             ),
             "num_processes": acc.num_processes,
             "route": sharding.route(acc),
-            "final": str(out / rf.FINAL),
+            "final": str(out / run_folder.FINAL),
             "tokens": progress.step * meter.tokens_per_step,
             "budget_tokens": r.train.steps * meter.tokens_per_step,
             **({"stream_ended_early": where.short} if getattr(where, "short", None) else {}),
@@ -388,15 +377,15 @@ def _finish(s: Steps, tok, shards=None) -> Path:
             )
         if shards is not None:
             summary["parameters"] = shards
-        write_text(out / rf.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
-        log.info("done: %s; %s", outputs.val_change(progress.val_loss_before, val_after), out / rf.FINAL)
+        write_text(out / run_folder.SUMMARY, json.dumps(summary, indent=2) + "\n")  # last: the fine-tune is complete
+        log.info("done: %s; %s", outputs.val_change(progress.val_loss_before, val_after), out / run_folder.FINAL)
     return out
 
 
-def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None = None, masker=None):
-    """(loss, {part: value}) for the recipe's objective; the teacher reads the block as ``view`` says. A masked
-    LM (``masker``) reads its block with a draw of tokens masked (seeded by the micro-batch) and predicts those."""
-    t = r.train
+def _loss(acc, model, batch, teacher: Teacher | None, t, masker=None):
+    """(loss, {part: value}) for the ``train`` section's objective (``t``); the teacher reads the block as its view
+    says. A masked LM (``masker``) reads its block with a draw of tokens masked (seeded by the micro-batch) and
+    predicts those."""
     if isinstance(masker, tasks.Objective):
         return masker.loss(model, batch), {}
     if masker is not None:
@@ -404,15 +393,15 @@ def _loss(acc, model, teacher, batch, r, view: TeacherView, clock: Clock | None 
         outputs = model(input_ids=inputs, labels=labels)
         if teacher is None:
             return outputs.loss, {}
-        kd = masked_distill_kl(outputs.logits, teacher, inputs, labels, view, t.temperature, acc.autocast, clock)
+        kd = masked_distill_kl(outputs.logits, inputs, labels, teacher)
         return _mix(t, outputs.loss, kd)
     if t.objective == "distill":
-        batch = batch[:, : view.student_length(batch.shape[1])]
+        batch = batch[:, : teacher.view.student_length(batch.shape[1])]
     labels = batch if t.objective != "distill" else None
     outputs = model(input_ids=batch, labels=labels)
     if teacher is None:
         return outputs.loss, {}
-    kd = distill_kl(outputs.logits, teacher, batch, view, t.temperature, acc.autocast, clock)
+    kd = distill_kl(outputs.logits, batch, teacher)
     return _mix(t, outputs.loss, kd)
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..foundation.errors import LengthError, RecipeError
 from ..foundation.schema import field_help as _help
+from ..foundation.seeds import derive
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +125,7 @@ def draw(method: str, length: int, target: int, chunks: int, seed: int, step: in
     """This step's positions (None for method "none"); the same (seed, step) always gives the same ones."""
     if method == "none":
         return None
-    rng = random.Random(seed * 1_000_003 + step * 7 + 1)
+    rng = random.Random(derive(seed, step * 7 + 1))
     if method == "pose":
         return pose(length, target, chunks, rng)
     if method == "randomized":
@@ -228,7 +229,7 @@ class Placer:
             return Placement(
                 positions=draw(pos.method, self.block_length, pos.target_length, pos.pose_chunks, self.seed, step)
             )
-        offset = random.Random(self.seed * 1_000_003 + step).randint(0, pos.random_offset) if pos.random_offset else 0
+        offset = random.Random(derive(self.seed, step)).randint(0, pos.random_offset) if pos.random_offset else 0
         fade = max(0.0, 1.0 - step / pos.native_fade_steps) if pos.native_fade_steps else 0.0
         if fade > 0 and self.fade_offset_cap is not None:
             offset = min(offset, self.fade_offset_cap)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -22,9 +23,11 @@ import yaml
 
 from ..data.specs import streams
 from ..foundation import schema
-from ..foundation.errors import RecipeError
+from ..foundation.errors import LengthError, RecipeError
 from ..foundation.schema import field_help as _help
 from .positions import PositionsConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -458,6 +461,19 @@ def budget(r: "Recipe", processes: int = 1) -> tuple[int, int, str]:
         f"{steps * per:,} tokens"
     )
     return steps, steps * per, words
+
+
+def resolve_steps(r: "Recipe", processes: int, stream: str | None) -> None:
+    """Resolve train.steps from data.max_tokens (the smaller bound wins) and say the arithmetic (``stream``: what a
+    streamed run reads, said with it)."""
+    steps, _, words = budget(r, processes)
+    if steps < 1:
+        raise LengthError(
+            f"'data.max_tokens' = {r.data.max_tokens:,} is less than one step of "
+            f"{tokens_per_step(r, processes):,} tokens"
+        )
+    r.train.steps = steps
+    log.info("budget: %s%s", words, f", streamed from {stream}" if stream is not None else "")
 
 
 MAX_DOCUMENTS_ON_A_STREAM = (
