@@ -28,14 +28,16 @@ LAYERS = {
     "cli": 7,
     "__main__": 7,
 }
-FACADE = "retrofit"  # the facade (src/retrofit/__init__.py) imported; the facade itself imports as layer 0
+FACADE = "retrofit"  # the facade (src/retrofit/__init__.py) imported; the facade itself imports as the top layer
 ALLOWED_UP: set[tuple[str, str]] = set()  # upward imports allowed by design: none
 
 
 def layer(module: str) -> int | None:
     """The layer of a module of the package (``models.io``: its top folder's), None for one outside LAYERS.
-    The facade (``__init__``) is 0: it stays light, importing the rest on first use."""
-    return 0 if module == "__init__" else LAYERS.get(module.split(".")[0])
+    The facade (``__init__``) is the top, as ``__main__``: it re-exports every layer (by name, imported on first
+    use: ``import retrofit`` stays light, tests/cli/test_fast.py) and installs the auto-class hook
+    (``models/auto.py``) when imported; nothing in the package imports it."""
+    return LAYERS["__main__"] if module == "__init__" else LAYERS.get(module.split(".")[0])
 
 
 def _is_module(parts: list[str]) -> bool:

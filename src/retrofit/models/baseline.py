@@ -35,7 +35,6 @@ from pathlib import Path
 from ..foundation.atomic import write_dir, write_text
 from ..foundation.errors import OptionError
 from . import assets
-from .builtin import BASELINE
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +361,7 @@ def cached(preset: str) -> Path:
         return path
     out, ready = output_dir(preset), shipped_copy(preset)
     if ready is not None:
-        log.warning("%s%s is not in the cache: copying the shipped one from %s", BASELINE, preset, ready.parent)
+        log.warning("stand-in %s is not in the cache: copying the shipped one from %s", preset, ready.parent)
         out.parent.mkdir(parents=True, exist_ok=True)
         return _unship(ready, out)
     raise OptionError(

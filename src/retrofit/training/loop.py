@@ -86,7 +86,7 @@ def _finetune(r: Recipe) -> Path:
     out = Path(r.output_dir)
     check_creatable(out, "output_dir")  # before anything is loaded or trained
     sources.precheck(r.model.name_or_path, r.model.gguf_file)  # a missing or uncached model: before the data
-    acc = _accelerator(r)
+    acc = _accelerator(r.train, r.output_dir)
     from accelerate.utils import set_seed
 
     set_seed(r.train.seed)
@@ -107,7 +107,9 @@ def _finetune(r: Recipe) -> Path:
         set_attention_dropout(model, r.train)
         placer = Placer.of(r.train, r.data.block_length)
         placer.check(model, r.convert.scheme)  # an impossible block fails before calibrating
-        masker = tasks.objective(r, model) or _masker(r, model, tok, placer.reach)  # what the loss reads
+        masker = tasks.objective(r, model) or _masker(
+            model, tok, r.train.mask_rate, r.data.copies, placer.reach
+        )  # what the loss reads
         if calibrating:
             from .calibrate import calibrate, write_record  # every process calibrates alike (same data, seed, order)
 
@@ -144,22 +146,24 @@ def _finetune(r: Recipe) -> Path:
 
 
 # ---- setup -------------------------------------------------------------------------------
-def _masker(r: Recipe, model, tok, reach: int) -> Masker | None:
-    """The masked-LM objective for a masked LM (its task decides), None for a causal LM. Its distillation reads
-    the original's masked predictions (``teacher.masked_distill_kl``), and so does its calibration."""
-    masker = masker_for(model, tok, r.train.mask_rate)
-    copies.say(r.data.copies, masker, reach)
+def _masker(model, tok, mask_rate: float, copied, reach: int) -> Masker | None:
+    """The masked-LM objective for a masked LM (its task decides), None for a causal LM; ``data.copies``
+    (``copied``) said or refused for it. Its distillation reads the original's masked predictions
+    (``teacher.masked_distill_kl``), and so does its calibration."""
+    masker = masker_for(model, tok, mask_rate)
+    copies.say(copied, masker, reach)
     if masker is None:
         return None
     log.info("objective: masked LM, %.0f%% of each block's tokens (80/10/10 mask/random/keep)", 100 * masker.rate)
     return masker
 
 
-def _accelerator(r: Recipe):
+def _accelerator(t, output_dir: str):
+    """The run's Accelerator for the ``train`` section ``t`` (precision, accumulation), its project ``output_dir``."""
     from accelerate import Accelerator
     from accelerate.utils import GradientAccumulationPlugin
 
-    precision, why = mixed_precision(r)
+    precision, why = mixed_precision(t)
     if why:
         log.warning(why)
     acc = Accelerator(
@@ -167,9 +171,9 @@ def _accelerator(r: Recipe):
         # "no" said explicitly when fp32 replaces an emulated bf16 (else a launch config's would come back)
         mixed_precision="no" if why else (None if precision == "no" else precision),
         gradient_accumulation_plugin=GradientAccumulationPlugin(
-            num_steps=r.train.gradient_accumulation_steps, sync_with_dataloader=False
+            num_steps=t.gradient_accumulation_steps, sync_with_dataloader=False
         ),
-        project_dir=r.output_dir,
+        project_dir=output_dir,
     )
     sharding.cpu_route(acc, precision)
     log.info("processes: %d (%s)", acc.num_processes, sharding.route(acc))
@@ -220,7 +224,7 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
         log.info("fsdp2: %d parameters sharded, unsharded: %s", shards["sharded"], shards["unsharded"] or "none")
     progress = Progress()
     acc.register_for_checkpointing(progress)
-    outputs.resume(r, acc, out)
+    outputs.resume(r.checkpoint, acc, out)
     if acc.is_main_process and progress.step:
         outputs.truncate_log(out, progress.step)
     base = base_model(acc.unwrap_model(model))
@@ -263,7 +267,7 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
             progress.step += 1
             _after_step(steps)
             if stop.agreed(acc):
-                outputs.save_interrupted(r, acc, out, progress.step, where, meter)
+                outputs.save_interrupted(r.checkpoint, acc, out, (progress.step, t.steps), where, meter)
             if progress.step >= t.steps:
                 break
     if progress.step < t.steps:
@@ -343,7 +347,8 @@ def _finish(s: Steps, tok, shards=None) -> Path:
     s.placer.apply(base, None)
     val_after = _evaluate(acc, model, val_loader, masker, r.train.seed)
     outputs.log_record(acc, out, {"step": progress.step, "val_loss": val_after})
-    outputs.rank_checksums(r, acc, base, where)
+    if r.train.rank_checksums:
+        outputs.rank_checksums(out, acc, base, where)
     heldout = outputs.heldout(acc, model, val_loader, masker)
     peak = sharding.peak_memory_mib(acc)  # training's peak, before final/ is gathered and written
     outputs.write_final(r, acc, model, tok)

@@ -53,16 +53,18 @@ def write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> N
     write_text(out / run_folder.VERSIONS, json.dumps(info, indent=2) + "\n")
 
 
-def save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
-    """Ctrl-C: a checkpoint at ``step`` (unless one was just written there), then KeyboardInterrupt."""
+def save_interrupted(c, acc, out: Path, at: tuple[int, int], where, meter) -> None:
+    """Ctrl-C at step ``at`` = (step, of steps): a checkpoint there (unless the ``checkpoint`` section ``c`` just
+    wrote one), then KeyboardInterrupt."""
+    step, steps = at
     meter.bar.close()
-    if not (r.checkpoint.every and step % r.checkpoint.every == 0):
+    if not (c.every and step % c.every == 0):
         if where is not None:
             where.save()
-        save_checkpoint(acc, out, step, max(r.checkpoint.keep_last, 1))
+        save_checkpoint(acc, out, step, max(c.keep_last, 1))
     resumes = (
         "the same command resumes from it"
-        if r.checkpoint.resume != "never"
+        if c.resume != "never"
         else (
             "this recipe has checkpoint.resume: never, so a re-run starts again; pass --set checkpoint.resume=auto "
             "to resume from it"
@@ -71,18 +73,17 @@ def save_interrupted(r, acc, out: Path, step: int, where, meter) -> None:
     log.warning(
         "interrupted after step %d of %d: saved %s; %s",
         step,
-        r.train.steps,
+        steps,
         out / run_folder.CHECKPOINTS / f"step_{step:08d}",
         resumes,
     )
     raise KeyboardInterrupt
 
 
-def rank_checksums(r, acc, base, where) -> None:
-    """``train.rank_checksums``: a digest of this process's trainable weights (and of the stream blocks it read)."""
-    if not r.train.rank_checksums:
-        return
-    d = Path(r.output_dir) / run_folder.RANK_CHECKSUMS
+def rank_checksums(out: Path, acc, base, where) -> None:
+    """``train.rank_checksums`` (the caller asks): a digest of this process's trainable weights (and of the stream
+    blocks it read), in ``out``'s rank_checksums/."""
+    d = out / run_folder.RANK_CHECKSUMS
     d.mkdir(parents=True, exist_ok=True)
     write_text(d / f"rank{acc.process_index}.txt", trainable_hash(base) + "\n")
     if where is not None:  # the blocks this process read from the stream, one digest per line
@@ -145,8 +146,9 @@ def save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
     acc.wait_for_everyone()
 
 
-def resume(r: Recipe, acc, out: Path) -> None:
-    mode = r.checkpoint.resume
+def resume(c, acc, out: Path) -> None:
+    """Where the run starts, as the ``checkpoint`` section ``c`` says (``resume``: auto, never or a folder)."""
+    mode = c.resume
     if acc.is_main_process:
         for tmp in (out / run_folder.CHECKPOINTS).glob(".tmp_step_*"):
             shutil.rmtree(tmp, ignore_errors=True)

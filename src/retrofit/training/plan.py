@@ -396,7 +396,7 @@ def plan_model(r, processes: int, tokens_per_s: float | None = None) -> list[str
     from .model import mixed_precision
 
     shape = shape_of_recipe(r)
-    precision, why = mixed_precision(r)
+    precision, why = mixed_precision(r.train)
     return [
         f"precision: {'fp32' if precision == 'no' else precision}" + (f" ({why})" if why else ""),
         *time_lines(r, shape, budget(r, processes)[1], processes, tokens_per_s),
