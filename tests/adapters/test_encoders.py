@@ -156,6 +156,27 @@ def test_save_and_load_give_back_the_same_class_and_logits(name, tmp_path):
         assert torch.equal(back(x, attention_mask=mask).logits, out)
 
 
+@pytest.mark.parametrize(
+    "name, saved",
+    [("bert-classifier", "RetrofitForSequenceClassification"), ("bert-mlm", "RetrofitForMaskedLm")],
+)
+def test_a_saved_encoder_names_its_task_and_its_encoder_says_it_is_converted(name, saved, tmp_path):
+    """config.json names the task's class (a classifier was saved as "RetrofitForCausalLM"), and the encoder that
+    ``AutoModel`` gives for it describes the conversion it runs (it said ``converted: False``)."""
+    import json
+
+    retrofit.save(retrofit.convert(encoder(*ENCODERS[name]), "extend", length="4x"), tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["architectures"] == [saved] and config["model_type"] == "retrofit"
+    bare = tf.AutoModel.from_pretrained(tmp_path / "m")
+    info = retrofit.describe(bare)
+    assert type(bare) is tf.BertModel and info["converted"] and info["scheme"] == "extend"
+    assert info["max_length"] == 4 * NATIVE
+    x, mask = batch(3 * NATIVE)  # past the old table: the encoder reads it
+    with torch.no_grad():
+        assert bare(x, attention_mask=mask).last_hidden_state.shape[1] == 3 * NATIVE
+
+
 def modernbert(rope_parameters=None):
     torch.manual_seed(0)
     cfg = tf.ModernBertConfig(

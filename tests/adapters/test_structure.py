@@ -398,3 +398,15 @@ def test_an_unclaimed_decoder_is_told_both_layouts():
     cfg = tf.XGLMConfig(vocab_size=128, d_model=64, num_layers=2, attention_heads=4, ffn_dim=128)
     with pytest.raises(UnsupportedArchitectureError, match="a learned embed_positions table"):
         retrofit.convert(tf.XGLMForCausalLM(cfg).eval(), "alibi")
+
+
+def test_a_converted_bart_decoder_called_with_encoder_states_says_cross_attention_is_not_converted():
+    """BART's kin: the decoder's cross-attention is not converted; the error says so (it said "not converted: use
+    retrofit.convert", although the model was)."""
+    from retrofit.foundation.errors import PatchNotLiveError
+
+    model = retrofit.convert(bart_decoder(), "alibi")
+    x = ids(1, NATIVE)
+    with pytest.raises(PatchNotLiveError, match="is a cross-attention .* call it without encoder_hidden_states"):
+        model(input_ids=x, encoder_hidden_states=torch.zeros(1, 8, 64))
+    assert model(input_ids=x).logits.shape[1] == NATIVE  # its own tokens: converted, it runs

@@ -63,3 +63,34 @@ def test_convert_help_reads_the_scheme_given_with_an_equals_sign(capsys):
     with pytest.raises(SystemExit):
         main(["convert", "--help", "--to=t5"])
     assert "  t5 (bias)" in capsys.readouterr().out
+
+
+def test_convert_help_lists_the_kernels_and_architectures_from_their_tables(capsys):
+    """``retrofit convert --help`` (no --to) lists the kernels its --kernel help points to and the architectures,
+    encoders included, from ``convert_help.txt``: the file is the tables' text (regenerate it with
+    ``python -c "from retrofit.cli.convert import write_help_file; write_help_file()"``)."""
+    from retrofit import kernels
+    from retrofit.cli import convert, main
+
+    assert convert.HELP_FILE.read_text() == convert.kernels_and_architectures() + "\n"
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    out = capsys.readouterr().out
+    assert all(f"\n  {k.name}: " in out for k in kernels.KERNELS) and "kernels listed below" in out
+    assert "architectures: bert (bert; by structure its kin: roberta" in out
+
+
+def test_eval_and_finetune_help_name_the_task_models_and_their_data(capsys):
+    from retrofit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "A classifier or an embedding model" in out and "--data longdoc:mention, longdoc:both" in out
+    assert "Default: stdlib for a causal or masked LM; for a task run" in out and "(default: stdlib)" not in out
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'baseline:<preset>' (the pretrained stand-ins:" in out and "the small GPT-2 pretrained" not in out
+    dataset = out[out.index("data.dataset") : out.index("data.config")]
+    assert "longdoc:mention" in dataset and "longdoc:passkey" in dataset

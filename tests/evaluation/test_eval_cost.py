@@ -147,3 +147,19 @@ def test_the_budget_grows_to_two_windows_of_the_longest_length():
     )
     assert report.data["data"]["budget"] == 256
     assert {r["windows"] for r in report.rows if r["length"] == 128 and r["method"] == "non-overlapping"} == {2}
+
+
+def test_the_cost_line_suggests_quick_only_when_the_evaluation_is_not_already_quick(clocked):
+    model, tok = tiny_gpt2(n_positions=64), byte_tokenizer()
+    said = clocked(model, per_pass=0.01, per_token=0.0)
+    evaluate(model, [16, 32], data=docs(), tokenizer=tok, budget=256, progress=False, copy=False)
+    assert "lighter: retrofit eval --quick" in said.lines[-1][0]
+    evaluate(
+        model,
+        [16, 32],
+        data=docs(),
+        tokenizer=tok,
+        progress=False,
+        **{k: v for k, v in QUICK.items() if k != "lengths"},
+    )
+    assert "cost: about" in said.lines[-1][0] and "--quick" not in said.lines[-1][0], said.lines[-1][0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,42 @@ def test_what_the_model_rules_out_is_said_before_any_tokens_are_read(monkeypatch
     monkeypatch.setattr(runner, "_stream", tokenize)
     with pytest.raises(LengthError, match=error):
         runner.evaluate("tiny-gpt2", progress=False, **given)
+
+
+CLASSIFIER = Path(__file__).resolve().parents[2] / "standins" / "small-bert-mention-classifier"
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the error")
+
+    monkeypatch.setattr(runner, "load_models", load)
+
+
+@pytest.mark.parametrize(
+    "model, given, words",
+    [
+        (CLASSIFIER, {"passkey": True}, "passkey asked, but the model is a sequence-classification model"),
+        (CLASSIFIER, {"recall": True, "passkey": True}, "passkey, recall asked"),
+        ("baseline:small-bert", {"recall": True}, "recall asked, but the model is a masked-lm model"),
+    ],
+)
+def test_a_measure_asked_that_the_models_task_has_not_is_an_error_before_loading(no_loading, model, given, words):
+    with pytest.raises(OptionError, match=words):
+        runner.evaluate(str(model), progress=False, **given)
+
+
+def test_the_cli_refuses_passkey_on_a_classifier_at_once(no_loading, tmp_path, monkeypatch, capsys):
+    from retrofit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", str(CLASSIFIER), "--passkey", "--data", "longdoc:mention"]) == 2
+    assert "passkey asked, but the model is a sequence-classification model" in capsys.readouterr().err
+    assert not (CLASSIFIER / "eval").exists()
+
+
+@pytest.mark.parametrize("kind", list(runner.MEASURES))
+def test_the_measures_on_by_default_that_a_task_has_not_are_left_out_without_an_error(kind):
+    measures = runner._measures_of(kind, runner._asked(EvalOptions())[1])  # perplexity, copy: on by default
+    assert measures == runner.MEASURES[kind]

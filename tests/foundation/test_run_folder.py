@@ -90,3 +90,16 @@ def test_every_raw_write_is_listed_in_atomic():
         "atomic.RAW_WRITERS with why:\n" + "\n".join(unlisted)
     )
     assert not set(RAW_WRITERS) - set(found), f"listed but no raw write there: {sorted(set(RAW_WRITERS) - set(found))}"
+
+
+def test_eval_writes_into_a_users_model_folder_but_not_into_a_shipped_or_read_only_one(tmp_path, monkeypatch):
+    mine, shipped = tmp_path / "mine", tmp_path / "shipped-model"
+    for folder in (mine, shipped):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    (shipped / rf.SUMS).write_text("")
+    assert rf.eval_dir(str(mine)) == mine / rf.EVAL and rf.kept_as_is(mine) is None
+    assert rf.eval_dir(str(shipped)) == Path("eval-shipped-model") and "checksummed" in rf.kept_as_is(shipped)
+    assert rf.eval_dir("org/name") == Path("eval-name")  # a Hub id, as before
+    monkeypatch.setattr(rf.os, "access", lambda path, mode: False)  # root writes anywhere: a read-only folder
+    assert rf.eval_dir(str(mine)) == Path("eval-mine") and rf.kept_as_is(mine) == "it is read-only"

@@ -67,3 +67,20 @@ def test_the_docs_line_that_tries_the_classifier_runs_as_typed(tmp_path, monkeyp
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert report["task"] == "longdoc:mention" and report["rows"][0]["score"] >= 0.9
     check_shipped(CLASSIFIER)  # nothing written into the shipped folder
+
+
+def test_eval_of_a_shipped_folder_writes_its_report_beside_it_not_into_it(tmp_path, monkeypatch, capsys):
+    """A folder with a SHA256SUMS stays as shipped: the default --out is eval-NAME in the working directory, said."""
+    import shutil
+
+    from retrofit.cli import main
+
+    copy = tmp_path / "small-bert-mention-classifier"
+    shutil.copytree(CLASSIFIER, copy)
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", str(copy), "--data", "longdoc:mention", "--lengths", "1x", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert f"{copy}: its files are checksummed (SHA256SUMS: a shipped folder), so the report goes to " in out, out
+    assert json.loads((tmp_path / "eval-small-bert-mention-classifier" / "report.json").read_text())["rows"]
+    assert not (copy / "eval").exists()
+    check_shipped(copy)

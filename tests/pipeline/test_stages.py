@@ -311,7 +311,12 @@ def test_a_classifier_recipe_runs_every_stage_against_its_original(tmp_path, sta
         assert baselines == set() and "not a classifier: no original reading" in caplog.text
     manifest = _manifest(tmp_path / "run")
     assert manifest["stages"]["export"]["status"] == "done"  # extend -> plain BERT with a longer table
-    assert "Long-document evaluation" in (tmp_path / "run" / "README.md").read_text()
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "Long-document evaluation" in card
+    assert (
+        "| method | full (classification objective: the classifier's cross-entropy" in card
+        and "lm objective" not in card
+    )
 
 
 def test_an_embedding_recipe_runs_from_the_python_api_exports_and_pushes(tmp_path):
@@ -344,3 +349,6 @@ def test_an_embedding_recipe_runs_from_the_python_api_exports_and_pushes(tmp_pat
     assert model.max_seq_length == 128 and model.encode(["word " * 100]).shape == (1, 64)  # past the native 64
     uploaded = {path for path, _ in push(run, "user/emb", dry_run=True)["files"]}
     assert {"modules.json", "1_Pooling/config.json", "model.safetensors", "README.md"} <= uploaded
+    card = (run / "README.md").read_text()  # its task's objective, and loaded with its pooling
+    assert "library_name: sentence-transformers" in card and f'SentenceTransformer("{run / "export"}")' in card
+    assert "(contrastive embedding objective" in card and "lm objective" not in card

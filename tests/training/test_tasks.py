@@ -172,7 +172,7 @@ def test_an_extended_classifier_and_embedding_model_export_to_plain_bert(tmp_pat
     data = {"dataset": "longdoc:mention"} if task == "classification" else {"dataset": "longdoc:needle"}
     recipe = {
         "task": task,
-        "model": {"name_or_path": str(src)},
+        "model": {"name_or_path": str(src), "new_head": task == "classification"},  # 2 classes -> the task's 4
         "convert": {"scheme": "extend", "options": {"length": "4x"}},
         "data": {**data, "block_length": 2 * NATIVE, "min_block_length": NATIVE, "max_validation_blocks": 4},
         "train": {"method": "full", "steps": 2, "batch_size": 2, "learning_rate": 1e-3, "warmup_steps": 1},

@@ -59,6 +59,7 @@ def bert_layout(base) -> bool:
 class BertAdapter(Adapter):
     name = "bert"
     model_types = ("bert",)
+    kin = ("roberta", "xlm-roberta", "electra", "distilbert", "albert")  # claimed by structure (tested: test_encoders)
     native_kind = "learned_absolute"
     attention_class_names = ("BertSelfAttention",)
     lora_targets = ("query", "key", "value", "dense")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 from ..foundation.errors import OptionError
 from ..foundation.run_folder import CALIBRATE
@@ -14,9 +15,14 @@ CAL = CalibrateConfig()  # the calibration defaults (one place: the recipe's con
 log = logging.getLogger(__name__)
 
 
+HELP_FILE = Path(__file__).with_name("convert_help.txt")  # kernels_and_architectures() as text: help without torch
+
+
 def _help_text() -> str:
-    """The epilog of ``retrofit convert --help``: the catalog and the built-in names, without importing torch; with
-    ``--to SCHEME`` also that scheme's options, the attention kernels and the architectures (``scheme_help``)."""
+    """The epilog of ``retrofit convert --help``: the catalog, the attention kernels, the architectures and the
+    built-in names, without importing torch (the kernels and architectures from ``HELP_FILE``, which
+    ``write_help_file`` writes from the tables and ``tests/cli/test_fast.py`` holds to them); with ``--to SCHEME``
+    also that scheme's options (``scheme_help``)."""
     from ..foundation.catalog import CATALOG, schemes_help
     from . import ARGV as argv
 
@@ -24,13 +30,32 @@ def _help_text() -> str:
     asked = next((a.split("=", 1)[1] for a in argv if a.startswith("--to=")), asked)
     if asked in CATALOG:
         return scheme_help(asked)
-    return f"{schemes_help()}\n{_builtin_help()}"
+    return f"{schemes_help()}\n{HELP_FILE.read_text().rstrip()}\n{_builtin_help()}"
+
+
+def kernels_and_architectures() -> str:
+    """The attention kernels (``kernels.KERNELS``) and the architectures (the adapters), from the tables (imports
+    torch)."""
+    from .. import kernels
+    from ..models.sources import supported_architectures
+
+    arch = (
+        "architectures: " + supported_architectures() + "; and by structure any decoder of the LLaMA layout that "
+        "passes the lossless probe (docs/support.md)"
+    )
+    return f"{kernels.help_text()}\n{arch}"
+
+
+def write_help_file() -> Path:
+    """Write ``HELP_FILE`` from the tables (after a kernel or an adapter is added)."""
+    from ..foundation.atomic import write_text
+
+    return write_text(HELP_FILE, kernels_and_architectures() + "\n")
 
 
 def scheme_help(only: str | None = None) -> str:
     """The schemes (``only``: that one) with their options, the attention kernels, the architectures and the built-in
     names, from the registries (imports torch)."""
-    from .. import kernels
     from ..scheme import SCHEMES
     from ..scheme.base import common_option_help
 
@@ -43,13 +68,7 @@ def scheme_help(only: str | None = None) -> str:
             lines.append(f"      {key}: {text}")
     lines.append("  every scheme also takes:")
     lines += [f"      {key}: {text}" for key, text in common_option_help().items()]
-    lines.append(kernels.help_text())
-    from ..models.sources import supported_architectures
-
-    lines.append(
-        "architectures: " + supported_architectures() + "; and by structure any decoder of the LLaMA layout that "
-        "passes the lossless probe (docs/support.md)"
-    )
+    lines.append(kernels_and_architectures())
     lines.append(_builtin_help())
     return "\n".join(lines)
 

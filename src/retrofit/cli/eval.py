@@ -45,10 +45,15 @@ def _lengths(what: str):
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "eval",
-        help="evaluate a model past its native length (perplexity, passkey, recall, cost) against baselines",
+        help="evaluate a model past its native length (perplexity, passkey, recall, cost; a classifier's or "
+        "embedding model's long-document task) against baselines",
         description="Score MODEL and every --baseline on exactly the same tokens at each length: non-overlapping "
         "windows and sliding windows (stride --stride). A baseline past its own limit gets only the sliding row, "
-        "labelled as such. Writes report.json, report.md and plots to --out.",
+        "labelled as such. Writes report.json, report.md and plots to --out. A classifier or an embedding model "
+        "(a run with task: classification or embedding, or such a checkpoint) is scored on its task instead: "
+        "accuracy or retrieval top-1 on long documents (--data longdoc:mention, longdoc:both, longdoc:needle, "
+        "longdoc:passkey, or records), reading whole against --baseline original truncated at its native length "
+        "and over native-size chunks (docs/encoders.md).",
     )
     p.add_argument(
         "model", help="retrofit checkpoint, run folder (its final/ model), local folder, hub id, or a .gguf file"
@@ -72,7 +77,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--dtype", help="float32, bfloat16, float16 or auto")
-    p.add_argument("--out", help="output folder (default: MODEL/eval for a local folder, else eval-NAME)")
+    p.add_argument(
+        "--out",
+        help="output folder (default: MODEL/eval for a local folder of yours, else eval-NAME here: a Hub id, a "
+        ".gguf file, a shipped folder with a SHA256SUMS or a read-only one)",
+    )
     p.add_argument("--no-plots", action="store_true", help="write report.json and report.md only")
     p.add_argument(
         "--no-progress",
@@ -101,7 +110,7 @@ def add_option_flags(p) -> None:
         shown = (
             "off" if default is False else "on" if default is True else "none" if default is None else _show(default)
         )
-        text = f.metadata["help"] + f" (default: {shown})"
+        text = f.metadata["help"] + ("" if f.name == "data" else f" (default: {shown})")  # data: its help says
         if tp is bool:
             kw["action"] = "store_false" if name.startswith("--no-") else "store_true"
             text = (
@@ -152,6 +161,15 @@ def precheck(args) -> None:
         check(str(model_dir(name)) if Path(name).is_dir() and not gguf else name, gguf)  # "./x" stays a path
 
 
+def _say_out(args, out: Path) -> None:
+    """A model folder not written into (``run_folder.kept_as_is``): where the report goes instead, said first."""
+    from ..foundation.run_folder import kept_as_is
+
+    why = None if args.out or not Path(args.model).is_dir() else kept_as_is(Path(args.model))
+    if why:
+        print(f"{args.model}: {why}, so the report goes to {out}/ (--out chooses another folder)", flush=True)
+
+
 def run(args) -> int:
     precheck(args)  # the cheap checks first: a missing model is said at once
     from ..evaluation import evaluate
@@ -164,6 +182,7 @@ def run(args) -> int:
         overwrite=True,  # reports in it are replaced
         flag="--out" if args.out else "the default --out",
     )
+    _say_out(args, out)
     report = evaluate(
         args.model,
         gguf_file=args.gguf_file,

@@ -58,7 +58,12 @@ def add_parser(sub) -> None:
         metavar="KEY=VALUE",
         help="override a recipe key, value parsed as YAML (repeatable): --set train.steps=200",
     )
-    p.add_argument("--check", action="store_true", help="validate the recipe, print it resolved, and exit")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the recipe against its data files, its model's config and its first records (no weights "
+        "read), print it resolved, and exit",
+    )
     p.add_argument(
         "--plan",
         action="store_true",
@@ -104,7 +109,12 @@ def run(args) -> int:
 
     recipe = Recipe.from_yaml(args.recipe, args.overrides)
     if args.check:
+        from ..training.preflight import check
+
+        notes = check(recipe)  # the data files, the model's config and the first records: no weights read
         print(recipe.to_yaml(), end="")
+        for note in notes:
+            print(f"# not checked: {note}")
         return 0
     if args.plan:
         from ..training.plan import default_processes, plan_budget, plan_model
@@ -122,6 +132,9 @@ def run(args) -> int:
     from ..models.sources import precheck
 
     precheck(recipe.model.name_or_path, recipe.model.gguf_file)  # a missing model is said before torch is imported
+    from ..training.preflight import check
+
+    check(recipe)  # so is what the model's config and the first records rule out (the loop checks again, for the API)
     from ..foundation.run_folder import FINAL
     from ..training import finetune
 

@@ -297,12 +297,12 @@ def is_record_file(f: Path) -> bool:
     return f.name.lower().endswith(".csv") or file_format(f) in ("json", "parquet")
 
 
-def records(d) -> list[dict]:
+def records(d, first: int | None = None) -> list[dict]:
     """The rows of a recipe's ``data.files`` (json, jsonl, parquet or csv) or of a Hub dataset (``data.dataset``,
     ``config``, ``split``; streamed, so only what is read is downloaded) through ``datasets.load_dataset``: what a
     classifier or embedding fine-tune reads (a text and its label, a query and its document), held in memory. The
     first ``data.max_documents`` only, when set; a column of class labels (``datasets.ClassLabel``) gives their
-    names."""
+    names. ``first``: only that many (the check before a fine-tune loads its model)."""
     try:
         import datasets
 
@@ -316,7 +316,8 @@ def records(d) -> list[dict]:
                 ds = datasets.load_dataset(kinds.pop(), data_files=files, split="train", streaming=True)
             else:
                 ds = datasets.load_dataset(d.dataset, d.config, split=d.split, streaming=True)
-            ds = ds.take(d.max_documents) if d.max_documents else ds
+            most = min(n for n in (d.max_documents, first) if n) if d.max_documents or first else None
+            ds = ds.take(most) if most else ds
             named = {c: f.int2str for c, f in (ds.features or {}).items() if isinstance(f, datasets.ClassLabel)}
             return [{**row, **{c: name(row[c]) for c, name in named.items()}} for row in ds]  # class labels by name
     except DataError:

@@ -161,8 +161,9 @@ def estimate(work: list[tuple[int, int]], timed: list[tuple[int, float]]) -> flo
     return sum(c * pass_seconds(n, timed) for n, c in work if c)
 
 
-def time_line(name: str, work: list[tuple[int, int]], timed: list[tuple[int, float]]) -> str:
-    """The time the forwards of ``work`` take here, and what it was measured on."""
+def time_line(name: str, work: list[tuple[int, int]], timed: list[tuple[int, float]], quick: bool = False) -> str:
+    """The time the forwards of ``work`` take here, and what it was measured on; ``quick``: the evaluation is
+    already as light as ``retrofit eval --quick`` (no lighter one to suggest)."""
     seconds = estimate(work, timed)
     (s, ts), (k, tk) = timed[0], timed[-1]
     measured = f"{k:,} tokens in {tk * 1e3:,.1f} ms, {k / max(tk, 1e-9):,.0f} tokens/s"
@@ -177,5 +178,5 @@ def time_line(name: str, work: list[tuple[int, int]], timed: list[tuple[int, flo
     )
     return (
         f"cost: about {when(seconds)} here for the forwards alone (timed now on {name}: {measured}); scoring adds "
-        f"to it{beyond}; lighter: retrofit eval --quick"
+        f"to it{beyond}" + ("" if quick else "; lighter: retrofit eval --quick")
     )

@@ -5,7 +5,9 @@ the ways it reads a long document today: **truncated** at its native length, and
 chunk starts with the document's first token) joined by their mean (``chunk-mean``: a classifier's class probabilities,
 an embedding model's chunk embeddings) or by their best chunk (``best-chunk``: the most confident chunk's class; a
 document's most similar chunk, as chunked retrieval does). A model uses its reach when, past native, it beats them
-all. The documents are a task's, built at each length, or records (``evaluation.records``: the held-out part of
+all, each comparison a paired 95% interval of the difference on the same documents (Newcombe's, from Wilson
+intervals), and a reading whose Wilson 95% interval holds chance (1 / the classes, or 1 / the documents a query is
+matched among) is said to be **at chance**. The documents are a task's, built at each length, or records (``evaluation.records``: the held-out part of
 what the run fine-tuned on, or ``--data``'s), each read whole and counted in the first length that holds it."""
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from ..data import longdoc
 from ..foundation import run_folder
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
+from ..foundation.task import with_article
+from ..scoring.copying import wilson
 from . import records
 from .measure import Measure, Planned, Setup
 from .models import EvalModel
@@ -85,7 +89,9 @@ def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: t
     want = "sequence-classification" if kind == "classification" else "embeddings"
     for m in models:
         if task_kind(m) != want:
-            raise OptionError(f"{m.name} is a {task_kind(m)} model; this task needs a {want} model")
+            raise OptionError(
+                f"{m.name} is {with_article(task_kind(m))} model; this task needs {with_article(want)} model"
+            )
         classes = getattr(m.model.config, "num_labels", None) if kind == "classification" else None
         if classes is not None and classes != len(labels):
             raise OptionError(
@@ -109,7 +115,7 @@ def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: 
             if read.how == "whole" and m.max_length is not None and L > m.max_length:
                 continue  # the original past its table: only its truncated and chunked readings
             hits = _hits(m, read, docs, builder.first, info.kind)
-            rows.append(_row(m, read, L, docs, hits))
+            rows.append(_row(m, read, L, docs, hits, _chance(info.kind, info.labels, n)))
             if bar is not None:
                 bar.update(n)
     return _data(spec, info.kind, native, n, lengths, rows)
@@ -133,7 +139,8 @@ def run_records(models: list[EvalModel], src: "records.Records", lengths: list[i
         for b, L in enumerate(lengths):
             held = [i for i, x in enumerate(bins) if x == b]
             if held:
-                rows.append(_row(m, read, L, [docs[i] for i in held], [hits[i] for i in held]))
+                chance = _chance(kind, names, len(docs))  # a query is matched among every record
+                rows.append(_row(m, read, L, [docs[i] for i in held], [hits[i] for i in held], chance))
         if bar is not None:
             bar.update(len(docs))
     data = _data(src.label, kind, native, len(docs), lengths, rows)
@@ -183,11 +190,18 @@ def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> 
     return [docs[j].ids == docs[i].ids for i, j in enumerate(sims.argmax(-1).tolist())]
 
 
-def _row(m: EvalModel, read: Read, L: int, docs: list, hits: list[bool]) -> dict:
-    """A row's score, and (documents built with their evidence placed) its score by depth and past native."""
+def _chance(kind: str, labels: tuple, candidates: int) -> float:
+    """A reading's score by chance: 1 / the classes, or (retrieval) 1 / the documents a query is matched among."""
+    return 1 / len(labels) if kind == "classification" else 1 / candidates
+
+
+def _row(m: EvalModel, read: Read, L: int, docs: list, hits: list[bool], chance: float) -> dict:
+    """A row's score with its Wilson 95% interval and whether that holds chance, each document's outcome (for the
+    paired comparisons), and (documents built with their evidence placed) its score by depth and past native."""
     placed = all(d.evidence for d in docs)
     bins = [[h for d, h in zip(docs, hits) if min(int(d.depth * DEPTH_BINS), DEPTH_BINS - 1) == b] for b in range(4)]
     past = [h for d, h in zip(docs, hits) if placed and d.evidence[-1] >= read.native]
+    low, high = wilson(sum(hits), len(hits))
     return {
         "model": m.name,
         "role": m.role,
@@ -195,39 +209,96 @@ def _row(m: EvalModel, read: Read, L: int, docs: list, hits: list[bool]) -> dict
         "length": L,
         "documents": len(docs),
         "score": sum(hits) / len(hits),
+        "ci_low": round(low, 4),
+        "ci_high": round(high, 4),
+        "chance": chance,
+        "at_chance": low <= chance <= high,
+        "correct": [int(h) for h in hits],
         "by_depth": [sum(b) / len(b) if b else None for b in bins] if placed else None,
         "past_native": sum(past) / len(past) if past else None,
     }
 
 
-def verdict(data: dict) -> str:
-    """Whether the evaluated model beats each of the original's readings (truncated, chunked, best chunk) past native,
-    in words."""
+def paired_difference(a: list[int], b: list[int], z: float = 1.96) -> tuple[float, float, float]:
+    """The difference of two proportions read on the same documents (``a``, ``b``: each document's 0/1) with its
+    95% interval, Newcombe's method 10 (1998): the two Wilson intervals joined through the pairs' correlation."""
+    n = len(a)
+    both, only_a = sum(x and y for x, y in zip(a, b)), sum(x and not y for x, y in zip(a, b))
+    only_b = sum(y and not x for x, y in zip(a, b))
+    neither = n - both - only_a - only_b
+    p1, p2 = (both + only_a) / n, (both + only_b) / n
+    (l1, u1), (l2, u2) = wilson(both + only_a, n, z), wilson(both + only_b, n, z)
+    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    phi = (both * neither - only_a * only_b) / margins**0.5 if margins else 0.0
+    d = p1 - p2
+    low = d - max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2) ** 0.5
+    high = d + max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2) ** 0.5
+    return d, max(-1.0, low), min(1.0, high)
+
+
+def comparisons(data: dict) -> list[dict]:
+    """Past native, the evaluated model's whole reading against each of a baseline's readings on the same documents:
+    the difference of their scores with its paired 95% interval; ``beats`` when the interval lies above 0."""
     native, rows = data["native"], data["rows"]
     model = rows[0]["model"] if rows else None
-    held = {r["length"] for r in rows if r["model"] == model}  # records: a length bin may hold none
-    past = [L for L in data["lengths"] if L > native and L in held]
+    out = []
+    for own in (r for r in rows if r["model"] == model and r["read"] == "whole" and r["length"] > native):
+        for base in (
+            r for r in rows if r["role"] == "baseline" and r["length"] == own["length"] and r["read"] != "whole"
+        ):
+            d, low, high = paired_difference(own["correct"], base["correct"])
+            out.append({"length": own["length"], "against": f"{base['model']} {base['read']}", "difference": round(d, 4),
+                        "ci_low": round(low, 4), "ci_high": round(high, 4), "beats": low > 0})  # fmt: skip
+    return out
+
+
+def verdict(data: dict) -> str:
+    """Whether the evaluated model beats each of the original's readings (truncated, chunked, best chunk) past native,
+    in words: a win is a paired 95% interval of the difference above 0, and a reading whose interval holds chance is
+    said to be at chance."""
+    native, rows = data["native"], data["rows"]
+    if any("correct" not in r for r in rows):
+        return "no verdict: this report predates the per-document outcomes its intervals need (evaluate it again)"
+    model = rows[0]["model"] if rows else None
+    own = {r["length"]: r for r in rows if r["model"] == model and r["read"] == "whole"}
+    past = [L for L in data["lengths"] if L > native and L in own]  # records: a length bin may hold none
+    chance = [L for L in past if own[L]["at_chance"]]
+    said = _at_chance(own, chance)
     if not past or not any(r["role"] == "baseline" for r in rows):
-        return (
+        said = said or _at_chance(own, [L for L in own if own[L]["at_chance"]]).replace(" past native", "")
+        return said or (
             "no verdict: it needs a length past native and a baseline to compare with (--baseline, or eval.baselines)"
         )
-    wins = []
-    for L in past:
-        own = next(r["score"] for r in rows if r["model"] == model and r["length"] == L and r["read"] == "whole")
-        base = [r["score"] for r in rows if r["role"] == "baseline" and r["length"] == L and r["read"] != "whole"]
-        wins.append(own > max(base))
+    cmp = comparisons(data)
+    wins = [all(c["beats"] for c in cmp if c["length"] == L) for L in past]
+    if len(chance) == len(past):
+        return said + "; it beats no reading of the original"
     if all(wins):
         return (
-            "uses its reach: past native it beats the original truncated and over chunks (mean, best) at every length"
+            "uses its reach: past native it beats the original truncated and over chunks (mean, best) at every length "
+            "(each paired 95% interval of the difference lies above 0)" + (f"; {said}" if said else "")
         )
     return (
-        f"does not use its reach everywhere: past native it beats every reading of the original at {sum(wins)} of "
-        f"{len(wins)} lengths"
+        f"does not use its reach everywhere: past native it beats every reading of the original (a paired 95% "
+        f"interval of the difference above 0) at {sum(wins)} of {len(wins)} lengths" + (f"; {said}" if said else "")
+    )
+
+
+def _at_chance(own: dict, lengths: list[int]) -> str:
+    """The lengths past native where the model's reading is at chance, in words ('' when none)."""
+    if not lengths:
+        return ""
+    r = own[lengths[0]]
+    where = ", ".join(f"{L:,}" for L in lengths)
+    return (
+        f"at chance past native at {where} tokens: its Wilson 95% interval holds chance ({100 * r['chance']:.1f}%, "
+        f"1 in {round(1 / r['chance'])})"
     )
 
 
 def table(data: dict) -> str:
-    """The markdown table: a row per model and reading, a column per length (score, and by depth)."""
+    """The markdown table: a row per model and reading, a column per length (score; ``*``: at chance), then the scores
+    by depth and past native where the documents place their evidence, and the verdict."""
     lengths, metric = data["lengths"], "accuracy" if data["task_kind"] == "classification" else "top-1"
     head = f"| model | reading | {' | '.join(f'{L:,}' for L in lengths)} |\n|---|---|{'---|' * len(lengths)}\n"
     keys = list(dict.fromkeys((r["model"], r["read"]) for r in data["rows"]))
@@ -236,14 +307,39 @@ def table(data: dict) -> str:
         cells = []
         for L in lengths:
             r = next((r for r in data["rows"] if (r["model"], r["read"], r["length"]) == (name, how, L)), None)
-            cells.append("—" if r is None else f"{100 * r['score']:.1f}")
+            cells.append("—" if r is None else f"{100 * r['score']:.1f}" + ("*" if r.get("at_chance") else ""))
         lines.append(f"| {name} | {how} | {' | '.join(cells)} |")
     if "bins" in data:  # records: a column per length bin
         counts = " / ".join(f"{c:,}" for c in data["bins"])
         title = f"{data['task']}: {metric} (%) of the documents up to each length in tokens (native {data['native']:,}); documents a column: {counts}"
     else:
         title = f"{data['task']}: {metric} (%) by document length in tokens (native {data['native']:,}), {data['examples']} documents a length"
-    return f"{title}\n\n{head}" + "\n".join(lines) + f"\n\nVerdict: {verdict(data)}.\n"
+    chance = next((r["chance"] for r in data["rows"] if r.get("at_chance")), None)
+    note = (
+        f"\n\n\\* at chance: the score's Wilson 95% interval holds chance ({100 * chance:.1f}%)."
+        if chance is not None
+        else ""
+    )
+    return f"{title}\n\n{head}" + "\n".join(lines) + note + _depth_table(data) + f"\n\nVerdict: {verdict(data)}.\n"
+
+
+def _depth_table(data: dict) -> str:
+    """By depth quarter of the evidence and on the documents whose evidence lies past native: a row per model,
+    reading and length ('' for records, which place no evidence)."""
+    rows = [r for r in data["rows"] if r.get("by_depth") is not None]
+    if not rows:
+        return ""
+
+    def pct(x):
+        return "—" if x is None else f"{100 * x:.1f}"
+
+    head = "| model | reading | length | depth 0-¼ | ¼-½ | ½-¾ | ¾-1 | evidence past native |\n|---|---|---|---|---|---|---|---|\n"
+    body = "\n".join(
+        f"| {r['model']} | {r['read']} | {r['length']:,} | {' | '.join(pct(x) for x in r['by_depth'])} | "
+        f"{pct(r.get('past_native'))} |"
+        for r in rows
+    )
+    return f"\n\nBy the depth of the evidence (quarters of the document) and past native (%):\n\n{head}{body}"
 
 
 @dataclass

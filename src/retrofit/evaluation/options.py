@@ -31,7 +31,11 @@ class EvalOptions:
     )
     data: str = _opt(
         "Data spec (retrofit.data.specs): 'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, "
-        "or a datasets name[:config[:split[:field]]].",
+        "or a datasets name[:config[:split[:field]]]; for a classifier or an embedding model, a 'longdoc:' task "
+        "(longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey) or records (json, jsonl, csv or parquet "
+        "files, or a Hub dataset, read by the run's field names). Default: stdlib for a causal or masked LM; for a "
+        "task run (a classifier or an embedding model), the data of its task: the 'longdoc:' task it was fine-tuned "
+        "on, or the records its fine-tune held out.",
         "stdlib",
     )
     doc_separator: Optional[str] = _opt(
@@ -106,6 +110,12 @@ QUICK = {
     "copy_trials": 4,
     "copy_distances": ["0.25x", "1x", "2x", "4x"],
 }
+
+
+def is_quick(o: EvalOptions) -> bool:
+    """``o`` is as light as ``QUICK`` makes it (its lengths and the budget the model fits aside): --quick was
+    given, or the same settings."""
+    return all(getattr(o, k) == v for k, v in QUICK.items() if k not in ("lengths", "budget"))
 
 
 def fitted_budget(o: EvalOptions, longest: int) -> EvalOptions:

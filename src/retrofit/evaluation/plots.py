@@ -10,17 +10,36 @@ import math
 import textwrap
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib import ticker  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from ..foundation import run_folder
+from ..foundation.atomic import replacing
 
-from ..foundation import run_folder  # noqa: E402
-from ..foundation.atomic import replacing  # noqa: E402
+_MATPLOTLIB = ("plt", "ticker", "Line2D", "Patch")  # bound by _load on the first figure
+
+
+def _load() -> None:
+    """matplotlib (its Agg backend), imported by the first figure, not by importing this module: its first import
+    on a machine builds a font cache by running ``fc-list``, which a report without plots has no need of."""
+    global plt, ticker, Line2D, Patch
+    if "plt" in globals():
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+
+def __getattr__(name: str):
+    """``plots.plt`` and the rest of ``_MATPLOTLIB`` read from outside: matplotlib imported then."""
+    if name in _MATPLOTLIB:
+        _load()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 NOT_RUN_COLOR = "lightgrey"
 # One colour per model (tab10, then tab20 for more), one line style and marker per method / model.
@@ -91,6 +110,7 @@ def _plain_log2_x(ax, values) -> None:
 
 
 def _save(fig, path: Path) -> None:
+    _load()
     try:
         with replacing(path) as tmp:
             fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", pad_inches=0.1)
@@ -103,6 +123,7 @@ def ppl_figure(report):
     (``METHOD_STYLES``: solid circles non-overlapping, dashed open squares sliding, dotted open triangles the
     native window), so no two series of one model look alike. A series of one point (the original at its native length)
     is a large diamond with its interval drawn on top of everything, so no other series hides it."""
+    _load()
     series: dict[tuple, list] = {}
     for r in report.rows:
         series.setdefault((r["model"], r["method"]), []).append(r)
@@ -182,6 +203,7 @@ def positions_figure(report):
     """Mean loss by position in the window, one line per (model, length): a shade per length within
     each model's colour family (darker = longer), a line style and marker per model; the legend is a
     column per model, below the axes."""
+    _load()
     entries = report["loss_by_position"]
     models = list(dict.fromkeys(e["model"] for e in entries))
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
@@ -256,6 +278,7 @@ def recall_figure(report):
 
 
 def _retrieval_figure(report, section: str, title: str, xlabel: str):
+    _load()
     s = report["settings"][section]
     models = list(dict.fromkeys(r["model"] for r in report[section]))
     fig, axes = plt.subplots(

@@ -116,10 +116,14 @@ def examples(src: Records, tokenizer, names: tuple[str, ...], longest: int, nati
         raise DataError(f"{src.label}: no records to evaluate")
     d, out = src.data, []
     for rec in recs:
-        fields = (d.text_field, d.label_field) if names else (d.document_field, d.query_field)
-        missing = [f for f in fields if f not in rec]
+        keys = ("text_field", "label_field") if names else ("document_field", "query_field")
+        fields = tuple(getattr(d, k) for k in keys)
+        missing = [(f, k) for f, k in zip(fields, keys) if f not in rec]
         if missing:
-            raise DataError(f"a record has no field {missing[0]!r} (fields: {', '.join(rec)}); set data.*_field")
+            raise DataError(
+                f"a record has no field {missing[0][0]!r} (fields: {', '.join(rec)}); set data.{missing[0][1]} "
+                "to the field that holds it"
+            )
         ids = tokenizer(str(rec[fields[0]]), truncation=True, max_length=longest).input_ids
         if names:
             out.append(Example(ids, label=_class_index(rec[d.label_field], names)))

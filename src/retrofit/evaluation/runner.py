@@ -21,7 +21,7 @@ from . import cost, longdoc, masked, passkey, perplexity, recall, records, retri
 from .lengths import resolve as resolve_lengths
 from .measure import Measure, Setup, check_lengths, check_positive, mechanism
 from .models import EvalModel, Loading, check_tokenizers, resolve
-from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget
+from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget, is_quick
 from .report import SCHEMA_VERSION, SECTIONS, Report, environment
 from .verdict import verdict
 
@@ -101,6 +101,8 @@ def evaluate(
     o, default_lengths = _gather_options(options, lengths, data, keywords)
     items, asked = _asked(o)
     known = _task_of(model_or_path)  # None: only loading tells (a Hub id), so --data is read after it
+    if known is not None:
+        _measures_of(known, asked)  # a measure asked that this task has not: said before anything loads
     lm = known is not None and known not in READS_DOCUMENTS
     text = o.data == DEFAULTS.data or not records.may_hold_records(o.data)  # never a classifier's records
     read_now = not records.is_source(o.data) and (lm or (known is None and text))
@@ -122,7 +124,7 @@ def evaluate(
         setup.stream = _stream(setup)
     planned = [(m, m.plan(setup, asked.get(m.name))) for m in measures]
     if setup.stream is not None:
-        _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work])
+        _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work], is_quick(setup.o))
     sections = _run(setup, planned, progress)
     report = _report(kind, setup, planned, sections, started)
     if out is not None:
@@ -169,12 +171,18 @@ def _asked(o: EvalOptions) -> tuple[list, dict]:
 
 
 def _measures_of(kind: str, asked: dict) -> tuple[Measure, ...]:
-    """The measures of a model's task; one that is off by default, asked, and not of this task is said not to run."""
+    """The measures of a model's task. One that is off by default, asked, and not of this task is an OptionError
+    (the user asked for it by name); one on by default that the task has not is left out without a word."""
     measures = MEASURES.get(kind, MEASURES["causal-lm"])
     names, default = {m.name for m in measures}, _asked(DEFAULTS)[1]
-    skipped = [name for name, a in asked.items() if default[name] is None and a is not None and name not in names]
-    if skipped:
-        log.info("%s: %s not run (measures of causal LMs)", kind, ", ".join(skipped))
+    refused = [name for name, a in asked.items() if default[name] is None and a is not None and name not in names]
+    if refused:
+        runs = [name for name, ms in MEASURES.items() if set(refused) <= {m.name for m in ms}]
+        raise OptionError(
+            f"{', '.join(refused)} asked, but the model is a {kind} model, whose evaluation is "
+            f"{', '.join(m.name for m in measures)}; {', '.join(refused)} {'is' if len(refused) == 1 else 'are'} "
+            f"measured on {' and '.join(runs) or 'other'} models: drop the option"
+        )
     return measures
 
 
@@ -312,7 +320,7 @@ def _fit_budget(o, lengths: list[int]):
     return fitted
 
 
-def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]]) -> None:
+def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]], quick: bool) -> None:
     """What the evaluation will cost, said before it starts: at once the tokens and forward passes of ``work``
     ((window length, passes) pairs), then a time from forwards of the evaluated model timed now on the eval's
     tokens, up to its longest window (``cost.time_forwards``: a few seconds at most)."""
@@ -320,7 +328,7 @@ def _say_cost(m: EvalModel, ids, work: list[tuple[int, int]]) -> None:
     target = max(n for n, c in work if c)
     if m.max_length is not None:
         target = min(target, m.max_length)
-    log.info("%s", cost.time_line(m.name, work, cost.time_forwards(m.model, ids, target)))
+    log.info("%s", cost.time_line(m.name, work, cost.time_forwards(m.model, ids, target), quick))
 
 
 def _model_entry(m: EvalModel) -> dict:

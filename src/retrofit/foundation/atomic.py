@@ -35,6 +35,7 @@ RAW_WRITERS = {
     "foundation/atomic.py::write_text": "writes the temporary file that replacing() renames into place",
     "training/sharded_check.py::build_models": "the check's tiny models, in the scratch folder it is given",
     "models/io.py::save.write": "inside write_dir's temporary folder",
+    "models/io.py::smollm2_folder.write": "inside write_dir's temporary folder",
     "models/builtin.py::tiny_gpt2.write": "inside write_dir's temporary folder",
     "native_export/__init__.py::_write.write": "inside write_dir's temporary folder",
     "training/outputs.py::write_outputs.adapter": "adapter/: inside write_dir's temporary folder",

@@ -9,7 +9,8 @@ named and read in this one place.
   (written last: a fine-tune is complete when it exists). A fine-tune may write into the folder its
   model came from, so DIR can hold a checkpoint and ``final/``.
 - ``retrofit run``: the above plus ``run.yaml``, ``manifest.json``, ``eval/`` (``report.json``,
-  ``report.md``, plots), ``export/`` (a native export, with ``retrofit_export.json``) and ``README.md``.
+  ``report.md``, plots), ``export/`` (a native export, with ``retrofit_export.json``) and ``README.md``. ``retrofit export RUN --native
+  --out DIR`` records DIR in ``manifest.json`` (``export``), so push and the card find an export written anywhere.
 
 The commands that consume a result (eval, export, card, push) read the newest model in it:
 ``final/`` when there is one, else DIR itself.
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import yaml
 
+from .atomic import write_text
 from .errors import RetrofitError
 from .native import native_length as read_native_length
 
@@ -33,6 +36,7 @@ ADAPTER = "adapter"
 ADAPTER_BASE = "retrofit_base.json"  # in adapter/: the base model and the conversion the adapter goes on
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
+SUMS = "SHA256SUMS"  # a shipped folder's checksums of its files (models.baseline's stand-ins)
 EXPORT = "export"
 RECIPE = "recipe.yaml"  # the fine-tune's resolved recipe
 RUN_RECIPE = "run.yaml"  # the pipeline's resolved recipe
@@ -106,9 +110,38 @@ def recipe(run_dir: Path) -> dict | None:
     return None
 
 
+def run_of(source) -> Path:
+    """The run folder a model folder belongs to: the folder holding ``final/``, else the folder itself."""
+    source = Path(source)
+    return source.parent if source.name == FINAL else source
+
+
+def record_export(source, out) -> Path | None:
+    """Write where a native export of ``source`` (a run folder, its ``final/``, or a checkpoint) went into the run
+    folder's ``manifest.json`` (``export``: the folder, relative to the run when inside it), so ``retrofit push`` and
+    the card find an export written anywhere (``export_dir``). A shipped stand-in (its ``SHA256SUMS``) is left
+    as it is: nothing is recorded there. Returns the manifest written, or None."""
+    run_dir, out = run_of(source).resolve(), Path(out).resolve()
+    if not run_dir.is_dir() or (run_dir / "SHA256SUMS").is_file():
+        return None
+    data = manifest(run_dir) or {"stages": {}}
+    data[EXPORT] = str(out.relative_to(run_dir)) if out.is_relative_to(run_dir) else str(out)
+    return write_text(run_dir / MANIFEST, json.dumps(data, indent=2) + "\n")
+
+
+def export_dir(run_dir: Path) -> Path:
+    """Where the run's native export is: the folder its manifest records (``record_export``) when it still holds
+    an export, else ``export/``."""
+    run_dir = Path(run_dir)
+    recorded = (manifest(run_dir) or {}).get(EXPORT)
+    if isinstance(recorded, str) and (run_dir / recorded / "config.json").is_file():
+        return run_dir / recorded  # an absolute path stays itself
+    return run_dir / EXPORT
+
+
 def export_record(run_dir: Path) -> dict | None:
     """The native export's own record, or None when the folder has no (complete) export."""
-    export = Path(run_dir) / EXPORT
+    export = export_dir(run_dir)
     if not (export / "config.json").is_file():
         return None
     return read_json(export / EXPORT_RECORD)
@@ -139,19 +172,19 @@ def published_layout(run_dir) -> dict[str, Path]:
     run_dir = Path(run_dir)
     record = export_record(run_dir)
     if record and record.get("exact"):
-        return {"": run_dir / EXPORT}
+        return {"": export_dir(run_dir)}
     folder = model_dir(run_dir)
     if not is_model_dir(folder):
         raise RetrofitError(
             f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/): "
             "push a folder written by `retrofit convert`, `retrofit finetune` or `retrofit run`"
         )
-    return {"": folder, **({"native/": run_dir / EXPORT} if record else {})}
+    return {"": folder, **({"native/": export_dir(run_dir)} if record else {})}
 
 
 def published_weights(run_dir) -> str:
     """'native' when the repo root holds a native transformers checkpoint, else 'retrofit'."""
-    return "native" if published_layout(run_dir)[""].name == EXPORT else "retrofit"
+    return "native" if published_layout(run_dir)[""] == export_dir(run_dir) else "retrofit"
 
 
 def retrofit_block(model_folder: Path) -> dict:
@@ -191,8 +224,19 @@ def native_length(model_folder: Path) -> int:
 
 
 def eval_dir(model: str) -> Path:
-    """Where ``retrofit eval MODEL`` writes by default: MODEL/eval for a folder, else eval-NAME."""
+    """Where ``retrofit eval MODEL`` writes by default: MODEL/eval for a folder of the user's, else eval-NAME in the
+    working directory (a Hub id, a .gguf file, a folder that stays as it is: ``kept_as_is``)."""
     p = Path(model)
-    if p.is_dir():
+    if p.is_dir() and not kept_as_is(p):
         return p / EVAL
-    return Path("eval-" + p.name.replace(".gguf", "").replace("/", "-"))
+    return Path("eval-" + (p.resolve().name if p.is_dir() else p.name).replace(".gguf", "").replace("/", "-"))
+
+
+def kept_as_is(folder: Path) -> str | None:
+    """Why a model folder is not written into (None: it may be): its files are checksummed (a ``SHA256SUMS``: a
+    shipped stand-in, whose check fails on any file added), or it is read-only."""
+    if (Path(folder) / SUMS).is_file():
+        return f"its files are checksummed ({SUMS}: a shipped folder)"
+    if not os.access(folder, os.W_OK):
+        return "it is read-only"
+    return None

@@ -33,6 +33,17 @@ TASKS = (
 )
 
 
+def retrofit_class_name(name: str) -> str:
+    """The class a saved retrofit checkpoint of task ``name`` names in its config.json's ``architectures``
+    (``models.hf_classes.for_task`` defines it): RetrofitForCausalLM, RetrofitForSequenceClassification, ..."""
+    return "RetrofitForCausalLM" if name == "causal-lm" else "RetrofitFor" + "".join(w.title() for w in name.split("-"))
+
+
+def with_article(word: str) -> str:
+    """``word`` with its indefinite article: "an embedding", "a causal-lm"."""
+    return f"{'an' if str(word)[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def by_name(name: str) -> Task:
     return next(t for t in TASKS if t.name == name)
 
@@ -58,7 +69,7 @@ def require_language_model(model, what: str) -> None:
     task = of_model(model)
     if task.name not in ("causal-lm", "masked-lm"):
         raise UnsupportedArchitectureError(
-            f"{what} serves causal and masked language models as such; {type(model).__name__} is a {task.name} model: "
+            f"{what} serves causal and masked language models as such; {type(model).__name__} is {with_article(task.name)} model: "
             "set 'task: classification' or 'task: embedding' in the recipe (docs/encoders.md)"
         )
 

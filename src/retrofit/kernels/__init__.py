@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from ..foundation.errors import OptionError
+from ..foundation.task import with_article
 from . import (
     chunked,
     cpu_flash_band,
@@ -172,7 +173,7 @@ def check(kernel: str, kind: str | None = None) -> str:
         raise OptionError(f"kernel must be one of {', '.join(CHOICES)}; got {kernel!r}")
     if kernel != "auto" and kind is not None and kind not in BY_NAME[kernel].kinds:
         raise OptionError(
-            f"kernel {kernel!r} ({BY_NAME[kernel].doc}) cannot serve a {kind} scheme; use kernel auto or chunked"
+            f"kernel {kernel!r} ({BY_NAME[kernel].doc}) cannot serve {with_article(kind)} scheme; use kernel auto or chunked"
         )
     return kernel
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..foundation.atomic import write_dir, write_text
 from ..foundation.errors import OptionError
+from ..foundation.run_folder import SUMS
 from . import assets
 
 log = logging.getLogger(__name__)
@@ -372,7 +373,7 @@ def cached(preset: str) -> Path:
 
 
 # ----------------------------------------------------------------------------- shipped stand-ins
-SUMS_FILE = "SHA256SUMS"
+SUMS_FILE = SUMS  # foundation.run_folder's: eval writes no report into such a folder
 
 
 def file_sha256(path: Path) -> str:

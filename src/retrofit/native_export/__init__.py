@@ -302,6 +302,8 @@ def _write(job: Job, built: Built, path, check: dict) -> ExportResult:
 
     out = write_dir(path, write)
     result["out"] = str(out)
+    if source:  # where it went, in the run folder's manifest: push and the card find it wherever it is
+        run_folder.record_export(source, out)
     log.info(
         "exported %s to %s (%s, max |dlogit| %.3g)",
         result["mapping"],

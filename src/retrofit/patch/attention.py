@@ -206,6 +206,12 @@ def _site(module, query, key, scaling, kwargs) -> Site:
     """The call's ``Site``, checked: a converted layer, a length its scheme reaches, and a block's own positions
     only on a call without a cache."""
     ctx: LayerContext | None = getattr(module, "_retrofit_layer", None)
+    if ctx is None and getattr(module, "is_decoder", False) and not getattr(module, "is_causal", True):
+        raise PatchNotLiveError(  # BART's kin: a decoder layer's cross-attention over encoder_hidden_states
+            f"{type(module).__name__} is a cross-attention (the model was called with encoder_hidden_states): "
+            "retrofit converts a decoder's self-attention only, and a converted causal LM reads its own tokens; "
+            "call it without encoder_hidden_states"
+        )
     if ctx is None:
         raise PatchNotLiveError(
             f"the retrofit attention function was called by {type(module).__name__}, which was not converted; "

@@ -69,6 +69,16 @@ def _state(model) -> RetrofitState | None:
     return getattr(model, "_retrofit_state", None)
 
 
+def encoder_of(model) -> nn.Module:
+    """A converted model's encoder (``model.base_model``: what ``AutoModel`` gives for a classifier's checkpoint),
+    carrying the conversion's state, so ``describe`` of the encoder says what it runs (its attention is the
+    converted model's own modules)."""
+    base = model.base_model
+    if base is not model and _state(model) is not None:
+        base._retrofit_state = _state(model)
+    return base
+
+
 def _check_model(model):
     from transformers import PreTrainedModel
 

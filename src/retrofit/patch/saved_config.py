@@ -12,6 +12,7 @@ from pathlib import Path
 from ..foundation.atomic import write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.native import LENGTH_KEYS
+from ..foundation.task import of_class, retrofit_class_name
 
 SAVED_MODEL_TYPE = "retrofit"  # config.json's model_type of a saved converted model (hf_classes registers it)
 
@@ -89,5 +90,6 @@ def marked(d: dict) -> dict:
             "architectures": d.get("architectures") or [],
             **({key: d[key]} if key else {}),
         }
-    d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, ["RetrofitForCausalLM"]
+    base = (block["base_config"].get("architectures") or [None])[0]
+    d["model_type"], d["architectures"] = SAVED_MODEL_TYPE, [retrofit_class_name(of_class(base).name)]  # its task's
     return d

@@ -84,6 +84,9 @@ class Manifest:
         self.save()
 
     def save(self) -> None:
+        on_disk = run_folder.manifest(self.path.parent) or {}
+        if run_folder.EXPORT in on_disk:  # where an export went (run_folder.record_export), written beside the stages
+            self.data[run_folder.EXPORT] = on_disk[run_folder.EXPORT]
         write_text(self.path, json.dumps(self.data, indent=2) + "\n")
 
 

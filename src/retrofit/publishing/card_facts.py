@@ -124,6 +124,9 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
             "native_note": native_note(block),
         },
         "budget": budget(recipe, summary, info, report or {}, manifest) if trained else None,
+        "sentence_transformers": bool(
+            run_folder.st_files(folder)
+        ),  # an embedding model with its modules (mean pooling)
         "eval": eval_summary(report, native) if report and not (masked or task_eval) else None,
         "masked_eval": _masked_table(report) if masked else None,
         "task_eval": _task_table(report) if task_eval else None,
@@ -187,6 +190,13 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
     return out
 
 
+# what a task run (a recipe's ``task``) trains on, as the card says it (training/tasks.py has the losses)
+TASK_OBJECTIVES = {
+    "classification": "classification objective: the classifier's cross-entropy over its classes",
+    "embedding": "contrastive embedding objective: mean pooling, MultipleNegativesRankingLoss over (query, document) pairs",
+}
+
+
 def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict) -> dict:
     t, d = recipe["train"], recipe["data"]
     steps = summary.get("steps") or t["steps"]
@@ -196,7 +206,7 @@ def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict
     stage = (manifest.get("stages") or {}).get("finetune") or {}
     return {
         "method": t["method"],
-        "objective": t["objective"],
+        "objective": TASK_OBJECTIVES.get(recipe.get("task"), f"{t['objective']} objective"),
         "steps": steps,
         "tokens": tokens,
         "block_length": d["block_length"],
@@ -335,7 +345,7 @@ def load_info(run_dir: Path, repo: str | None) -> dict:
             "native_where": "`native/`",
             "checkpoint": None,
         }
-    export = run_dir / run_folder.EXPORT
+    export = run_folder.export_dir(run_dir)
     return {
         "hub": False,
         "root": str(root),
@@ -351,7 +361,7 @@ def export_info(run_dir: Path, manifest: dict) -> dict:
     record = run_folder.export_record(run_dir) or {}
     root = run_folder.published_weights(run_dir)
     return {
-        "status": e.get("status", "not run"),
+        "status": e.get("status") or ("done" if record else "not run"),
         "reason": e.get("reason") or e.get("error"),
         "native": root == "native",
         "subfolder": bool(record) and root != "native",
@@ -495,8 +505,15 @@ def metadata(ctx: dict) -> dict:
     meta: dict = {}
     if base["hub_id"]:
         meta["base_model"] = base["hub_id"]
-    meta["library_name"] = "transformers" if ctx["export"]["native"] else "retrofit"
+    meta["library_name"] = (
+        "sentence-transformers"  # what loads it with its pooling (retrofit imported for a retrofit checkpoint)
+        if ctx["sentence_transformers"]
+        else "transformers"
+        if ctx["export"]["native"]
+        else "retrofit"
+    )
     tags = ["retrofit", "long-context", "position-encoding", ctx["task"].pipeline_tag]
+    tags += ["sentence-transformers"] if ctx["sentence_transformers"] else []
     tags += [t for t in (conv["scheme"], base["model_type"]) if t] + list(card.get("tags") or [])
     meta["tags"] = list(dict.fromkeys(tags))
     meta["license"] = base["card_license"] or "other"

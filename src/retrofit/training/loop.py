@@ -34,7 +34,7 @@ from ..patch.conversion import describe
 from ..patch.optim import param_groups
 from ..scoring import masking
 from ..scoring.masking import Masker, masker_for, seed_of
-from . import blocks, copies, outputs, sharding, stream, tasks
+from . import blocks, copies, outputs, preflight, sharding, stream, tasks
 from .interrupt import Interrupts
 from .meter import Meter
 from .model import (
@@ -86,6 +86,7 @@ def _finetune(r: Recipe) -> Path:
     out = Path(r.output_dir)
     check_creatable(out, "output_dir")  # before anything is loaded or trained
     sources.precheck(r.model.name_or_path, r.model.gguf_file)  # a missing or uncached model: before the data
+    preflight.check(r)  # the model's config and the first records against the recipe: before any weights load
     acc = _accelerator(r.train, r.output_dir)
     from accelerate.utils import set_seed
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..adapters.base import claimant
 from ..foundation.errors import RecipeError
-from ..foundation.task import of_model
+from ..foundation.task import of_model, with_article
 from ..patch.conversion import POSITIONS_MODULE
 
 log = logging.getLogger(__name__)
@@ -35,13 +35,15 @@ def load(model_cfg, task: tuple = (None, None)):
         num_labels=None if labels is None else len(labels),
     )
     if labels is not None:  # the classes by name: the saved config, its card and pipelines say them
+        if model_cfg.new_head:
+            new_head(model)
         model.config.id2label = dict(enumerate(labels))
         model.config.label2id = {n: i for i, n in enumerate(labels)}
     if want is None:
         require_language_model(model, "retrofit finetune")
     elif of_model(model).name != want:
         raise RecipeError(
-            f"'task: {task[0]}' needs a {want} model; {model_cfg.name_or_path!r} is a converted "
+            f"'task: {task[0]}' needs {with_article(want)} model; {model_cfg.name_or_path!r} is a converted "
             f"{type(model).__name__}, which keeps its class: start from the original checkpoint with "
             "'convert.scheme' in the recipe (it loads as the task's class, then converts)"
         )
@@ -51,6 +53,23 @@ def load(model_cfg, task: tuple = (None, None)):
 
 
 TASK_CLASSES = {"classification": "sequence-classification", "embedding": "embeddings"}  # recipe task: its class
+
+
+def new_head(model) -> None:
+    """``model.new_head: true``: the classification head drawn afresh as transformers draws a new one (its linear
+    weights normal(0, initializer_range), zero biases); the encoder (BERT's pooler with it) is kept."""
+    base = getattr(model, model.base_model_prefix, None)
+    std = getattr(model.config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for child in model.children():
+            for m in child.modules() if child is not base else ():
+                if isinstance(m, nn.Linear):
+                    m.weight.normal_(0.0, std)
+                    if m.bias is not None:
+                        m.bias.zero_()
+    log.info(
+        "model.new_head: a new classification head (%s), the checkpoint's trained one dropped", type(model).__name__
+    )
 
 
 def make_teacher(model, model_cfg) -> nn.Module:

@@ -368,7 +368,7 @@ def time_lines(r, shape: Shape, tokens: int, processes: int, tokens_per_s: float
             flops / fpt,
             (
                 f"on paper on {device}: {fpt / 1e9:.3g} GFLOP per token"
-                + (f", with the teacher reading {teacher:.2g} tokens per token" if teacher else "")
+                + (f", with the teacher reading {teacher:.2g} token{'s' * (teacher != 1)} per token" if teacher else "")
             ),
         )
     seconds = tokens / (rate * processes if not tokens_per_s else rate)

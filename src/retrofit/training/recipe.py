@@ -21,10 +21,12 @@ from typing import Literal, Optional, Union
 
 import yaml
 
+from ..data import longdoc
 from ..data.specs import streams
 from ..foundation import schema
 from ..foundation.errors import LengthError, RecipeError
 from ..foundation.schema import field_help as _help
+from ..foundation.task import with_article
 from .positions import PositionsConfig
 
 log = logging.getLogger(__name__)
@@ -35,13 +37,21 @@ class ModelConfig:
     name_or_path: Optional[str] = _help(
         "Model to fine-tune: a Hub id, a local directory, a retrofit checkpoint, or a built-in name: "
         "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI), "
-        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets) or 'baseline:<preset>' (the small GPT-2 "
-        "pretrained offline on Shakespeare, retrofit.models.baseline). Required.",
+        "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets) or 'baseline:<preset>' (the pretrained "
+        "stand-ins: small GPT-2, LLaMA, BERT and RoBERTa models pretrained offline on Shakespeare, "
+        "retrofit.models.baseline; e.g. baseline:quickstart, baseline:small-bert). Required.",
         None,
     )
     gguf_file: Optional[str] = _help("GGUF file name inside name_or_path (a GGUF checkpoint is dequantized).", None)
     dtype: Optional[Literal["float32", "bfloat16", "float16", "auto"]] = _help(
         "Weight dtype when loading (null = the library default, float32).", None
+    )
+    new_head: bool = _help(
+        "task: classification from a trained classifier whose classes are not the data's labels (other names, "
+        "another count or another order of data.labels): true starts a new classification head of the data's "
+        "labels (the checkpoint's head and its classes dropped); false (the default) refuses before loading, "
+        "naming both.",
+        False,
     )
 
 
@@ -103,8 +113,9 @@ class CopiesConfig:
 class DataConfig:
     dataset: Optional[str] = _help(
         "A datasets Hub name (with config/split/text_field below), or a built-in source: "
-        "'stdlib' (this Python's standard-library sources) or 'shakespeare[:train|:heldout]'. "
-        "Exactly one of dataset and files.",
+        "'stdlib' (this Python's standard-library sources), 'shakespeare[:train|:heldout]', or with 'task' a "
+        "'longdoc:' task (longdoc:mention, longdoc:both: classification; longdoc:needle, longdoc:passkey: "
+        "embedding; docs/encoders.md). Exactly one of dataset and files.",
         None,
     )
     config: Optional[str] = _help("Hub dataset config name.", None)
@@ -394,6 +405,9 @@ def _check_task(r: "Recipe") -> None:
     d, t = r.data, r.train
     if d.min_block_length is not None and not 1 <= d.min_block_length <= d.block_length:
         raise RecipeError(f"'data.min_block_length' must be in [1, data.block_length]; got {d.min_block_length}")
+    if r.model.new_head and r.task != "classification":
+        raise RecipeError("'model.new_head' starts a new classification head: it needs 'task: classification'")
+    _check_task_data(r)
     if r.task is None:
         if isinstance(d.dataset, str) and d.dataset.startswith("longdoc:"):
             raise RecipeError(f"'data.dataset: {d.dataset}' is a task's data: set 'task' (classification or embedding)")
@@ -421,6 +435,19 @@ def _check_task(r: "Recipe") -> None:
     for bad, what in why:
         if bad:
             raise RecipeError(f"{what} is not built for 'task: {r.task}'; remove it")
+
+
+def _check_task_data(r: "Recipe") -> None:
+    """A ``longdoc:`` task's kind is the recipe's task (a classifier's task for a classifier)."""
+    if r.task is None or not longdoc.is_spec(r.data.dataset):
+        return
+    info = longdoc.task_of(r.data.dataset)  # an unknown task: a DataError naming the tasks
+    if info.kind != r.task:
+        raise RecipeError(
+            f"'data.dataset: {r.data.dataset}' is {with_article(info.kind)} task; the "
+            f"recipe's 'task' is {r.task}: "
+            f"give a {r.task} task ({', '.join(longdoc.PREFIX + n for n, t in longdoc.TASKS.items() if t.kind == r.task)})"
+        )
 
 
 def _check_copies(d: DataConfig) -> None:

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from ..data import longdoc
 from ..data.specs import heldout_split
 from ..foundation.errors import DataError, RecipeError
+from . import preflight
 from .blocks import Blocks  # any indexable of examples
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,24 @@ class Generated(Dataset):
 
 
 def label_names(r, source=None) -> tuple[str, ...]:
-    """The recipe's classes in label order: the task's (longdoc), ``data.labels``, a stream's class-label column, else
-    the labels its records hold (sorted)."""
+    """The recipe's classes in head order (``preflight.classes``: a trained classifier's own when they are the
+    data's labels, refused when they differ): of the data, the task's (longdoc), ``data.labels``, a stream's
+    class-label column, else the labels its records hold (sorted)."""
+    cached = getattr(r, "_classes", None)
+    if cached is not None:
+        return cached
     if longdoc.is_spec(r.data.dataset):
-        return longdoc.task_of(r.data.dataset).labels
-    if source is not None:
-        return source.class_names(r.data.labels)
-    if r.data.labels:
-        return tuple(str(x) for x in r.data.labels)
-    return tuple(str(x) for x in _label_names(_records(r), r.data.label_field))
+        names = longdoc.task_of(r.data.dataset).labels
+    elif source is not None:
+        names = source.class_names(r.data.labels)
+    elif r.data.labels:
+        preflight.check_all_labels(r, _records(r))  # the records are read whole: all of them, before loading
+        names = tuple(str(x) for x in r.data.labels)
+    else:
+        names = tuple(str(x) for x in _label_names(_records(r), r.data.label_field))
+    names = preflight.classes(r, tuple(names), preflight.model_facts(r.model.name_or_path, r.model.gguf_file))
+    object.__setattr__(r, "_classes", names)
+    return names
 
 
 def model_task(r, source=None) -> tuple:
@@ -93,9 +103,6 @@ def datasets(r, tok, processes: int, source=None) -> tuple[Dataset, Dataset]:
         source.check_room(r.train.batch_size * processes)
         return _with_collate(tok, source, val)
     if longdoc.is_spec(d.dataset):
-        info = longdoc.task_of(d.dataset)
-        if info.kind != r.task:
-            raise RecipeError(f"'data.dataset: {d.dataset}' is a {info.kind} task; the recipe's 'task' is {r.task}")
         lengths = (d.min_block_length or d.block_length, d.block_length)
         n = r.train.steps * r.train.batch_size * r.train.gradient_accumulation_steps * processes
         train = Generated(longdoc.Builder(d.dataset, tok, "train"), r.train.seed, n, lengths)

