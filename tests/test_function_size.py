@@ -17,7 +17,7 @@ KNOWN: dict[str, tuple[int, int]] = {
     "adapters/falcon.py:forward": (22, 8),  # transformers' FalconAttention.forward, which it replaces
     "evaluation/recall.py:build": (20, 7),  # ratchet: to be passed a record (#69)
     "evaluation/retrieval.py:run": (34, 7),  # ratchet: to be passed a record (#69)
-    "evaluation/runner.py:evaluate": (67, 8),  # the public evaluate() (README, docs/CORE_API.md)
+    "evaluation/runner.py:evaluate": (69, 8),  # the public evaluate() (README, docs/CORE_API.md)
     "kernels/chunked.py:relative_logits": (14, 7),  # ratchet: to be passed a record (#69)
     "kernels/chunked.py:two_view_scores": (12, 7),  # ratchet: to be passed a record (#69)
     "kernels/cpu_flash.py:backward": (5, 7),  # ratchet: to be passed a record (#69)
