@@ -10,7 +10,35 @@ import argparse
 import sys
 
 from harness import DOCS
-from retrofit.training.plan import GiB, Run, estimate, llama_shape
+from retrofit.training.plan import GiB, Run, Shape, estimate
+
+
+def llama_shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, tied=False) -> Shape:
+    """A LLaMA-architecture model's shape from its config numbers (no weights needed)."""
+    hd = hidden // heads
+    attn = 2 * hidden * hidden + 2 * hidden * hd * kv_heads
+    block = attn + 3 * hidden * intermediate + 2 * hidden
+    emb = vocab * hidden
+    params = layers * block + emb * (1 if tied else 2) + hidden
+    lora = layers * (4 * hidden + 2 * (hidden + hd * kv_heads))  # q, k, v, o: in + out
+    return Shape(
+        name,
+        layers,
+        hidden,
+        intermediate,
+        heads,
+        kv_heads,
+        vocab,
+        params,
+        block,
+        True,
+        5.0,
+        0.0,
+        lora,
+        layers * 2 * hidden + hidden,
+        emb,
+    )
+
 
 DOC = DOCS / "finetune.md"
 BEGIN, END = "<!-- memory-table:begin -->", "<!-- memory-table:end -->"

@@ -28,15 +28,16 @@ LAYERS = {
     "cli": 7,
     "__main__": 7,
 }
-FACADE = "retrofit"  # the facade (src/retrofit/__init__.py) imported; the facade itself imports as layer 0
-# the import hook loads the classes when transformers' auto modules load
-ALLOWED_UP = {("foundation.auto", "models.hf_classes")}
+FACADE = "retrofit"  # the facade (src/retrofit/__init__.py) imported; the facade itself imports as the top layer
+ALLOWED_UP: set[tuple[str, str]] = set()  # upward imports allowed by design: none
 
 
 def layer(module: str) -> int | None:
     """The layer of a module of the package (``models.io``: its top folder's), None for one outside LAYERS.
-    The facade (``__init__``) is 0: it stays light, importing the rest on first use."""
-    return 0 if module == "__init__" else LAYERS.get(module.split(".")[0])
+    The facade (``__init__``) is the top, as ``__main__``: it re-exports every layer (by name, imported on first
+    use: ``import retrofit`` stays light, tests/cli/test_fast.py) and installs the auto-class hook
+    (``models/auto.py``) when imported; nothing in the package imports it."""
+    return LAYERS["__main__"] if module == "__init__" else LAYERS.get(module.split(".")[0])
 
 
 def _is_module(parts: list[str]) -> bool:
@@ -168,7 +169,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circle():
     graph = module_graph()
     assert graph["retrofit.models.io"] >= {"retrofit.patch.conversion"}  # it sees
-    assert "retrofit.models.hf_classes" in graph["retrofit.foundation.auto"]
+    assert "retrofit.models.hf_classes" in graph["retrofit.models.auto"]  # beside it, in its own layer
     circles = cycles(graph)
     assert not circles, "import circles (each a set of modules that import each other, directly or not):\n" + "\n".join(
         f"{c}: " + "; ".join(f"{a} -> {b}" for a in c for b in sorted(graph[a]) if b in c) for c in circles
@@ -177,7 +178,7 @@ def test_no_import_circle():
 
 def folder_graph() -> dict[str, set[str]]:
     """{top-level folder: the other folders it imports from} (every import, those inside functions too); the
-    facade, ``__main__`` and the one allowed upward import (``ALLOWED_UP``, by design) left out."""
+    facade, ``__main__`` and any allowed upward import (``ALLOWED_UP``: none) left out."""
     graph: dict[str, set[str]] = {}
     for me, target, _ in imports():
         if target == FACADE or (me, target) in ALLOWED_UP or "." not in me:
@@ -227,3 +228,29 @@ def test_a_name_taken_from_the_facade_is_seen_in_every_form(tmp_path):
         ("sub.b", "retrofit"),
         ("sub.b", "retrofit"),
     ]
+
+
+def test_loggers_are_named_by_their_module_and_package_modules_keep_their_names():
+    """``log = logging.getLogger(__name__)`` in every module (a message says where it comes from), and a module of the
+    package is imported under its own name (no ``rf``, ``mdl``: one name per thing)."""
+    import re
+
+    misnamed, aliased = [], []
+    for f in sorted(PKG.rglob("*.py")):
+        text = f.read_text()
+        rel = f.relative_to(PKG).as_posix()
+        if re.search(r"^log = logging\.getLogger\((?!__name__\))", text, re.M):
+            misnamed.append(rel)
+        here = f.parent
+        for n in ast.walk(ast.parse(text)):
+            if isinstance(n, ast.ImportFrom) and n.level:
+                base = here
+                for _ in range(n.level - 1):
+                    base = base.parent
+                base = base.joinpath(*(n.module or "").split(".")) if n.module else base
+                for a in n.names:
+                    is_module = (base / f"{a.name}.py").is_file() or (base / a.name / "__init__.py").is_file()
+                    if a.asname and is_module and not a.asname.lstrip("_") == a.name:
+                        aliased.append(f"{rel}: {a.name} as {a.asname}")
+    assert not misnamed, f"loggers not named by their module: {misnamed}"
+    assert not aliased, f"package modules imported under another name: {aliased}"

@@ -7,9 +7,9 @@
 Every entry point is imported on first use.
 """
 
-from .foundation import auto as _auto
 from .foundation.errors import RetrofitError
 from .foundation.versions import DISTRIBUTION, __version__
+from .models import auto as _auto
 
 _auto.install()  # plain AutoModelForCausalLM.from_pretrained(checkpoint) gives the converted model
 

@@ -326,3 +326,12 @@ def test_a_stand_in_neither_cached_nor_shipped_names_the_command_that_builds_it(
     with pytest.raises(OptionError, match="not built yet") as e:
         baseline.cached("micro")
     assert "from retrofit.training.standin import pretrain; pretrain('micro')" in str(e.value)
+
+
+def test_the_baseline_prefix_is_written_in_builtin_only():
+    """``"baseline:"`` (the stand-ins' name prefix) is ``models.builtin.BASELINE``; no other module types it."""
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[2] / "src" / "retrofit"
+    typed = sorted(f.relative_to(pkg).as_posix() for f in pkg.rglob("*.py") if '"baseline:' in f.read_text())
+    assert typed == ["models/builtin.py"], typed

@@ -115,7 +115,7 @@ def test_recipe_checks_the_positions_method(tmp_path):
 
 
 def test_finetune_with_pose_and_randomized_positions_runs_and_resets(tmp_path, caplog):
-    caplog.set_level("INFO", logger="retrofit.training.loop")
+    caplog.set_level("INFO", logger="retrofit.training")
     for method in ("pose", "randomized", "endprompt"):
         out = finetune(
             recipe(

@@ -13,6 +13,7 @@ from transformers import AttentionInterface
 import retrofit
 from retrofit.cli import main
 from retrofit.foundation.errors import OptionError, RetrofitError
+from retrofit.patch.attention import Placement
 
 from ..tiny import NATIVE, TINY, ids
 
@@ -192,7 +193,7 @@ def test_the_cli_converts_with_the_extension(tmp_path, capsys):
 def test_training_positions_are_refused():
     model = retrofit.convert(TINY["llama"](), "rope", extension="string", factor=2.0)
     state = model._retrofit_state
-    state.positions = torch.arange(3 * NATIVE) * 2
+    state.placement = Placement(positions=torch.arange(3 * NATIVE) * 2)
     with pytest.raises(RetrofitError, match="training-free"):
         model(ids(1, 3 * NATIVE))
 

@@ -284,16 +284,16 @@ def test_unconverted_block_past_native_length(tmp_path):
 
 def test_distill_offsets_and_fade(tmp_path, monkeypatch):
     """objective both + random offsets + native fade (the tiny-rope-distill recipe, shortened)."""
-    import retrofit.training.loop
+    import retrofit.patch.conversion
 
     calls = []
-    real = retrofit.training.loop.set_position_controls
+    real = retrofit.patch.conversion.place  # the placer's one hand-off to patch/
 
-    def spy(model, offset=0, native_fade=0.0):
-        calls.append((offset, native_fade))
-        return real(model, offset=offset, native_fade=native_fade)
+    def spy(model, placement):
+        calls.append((placement.offset, placement.native_fade))
+        return real(model, placement)
 
-    monkeypatch.setattr(retrofit.training.loop, "set_position_controls", spy)
+    monkeypatch.setattr(retrofit.patch.conversion, "place", spy)
     path = Path(__file__).resolve().parents[2] / "recipes" / "tiny-rope-distill.yaml"
     out = finetune(
         path,
@@ -386,7 +386,7 @@ def test_shift_invariant_flag_matches_the_model(scheme):
 
 
 def test_random_offset_on_a_shift_invariant_scheme_warns(tmp_path, caplog):
-    caplog.set_level("WARNING", logger="retrofit.training.loop")
+    caplog.set_level("WARNING", logger="retrofit.training")
     finetune(recipe(tmp_path / "w", train__steps=1, checkpoint__every=0, train__positions={"random_offset": 64}))
     assert "has no effect on 'alibi'" in caplog.text
     caplog.clear()

@@ -192,3 +192,29 @@ def test_new_keys_at_their_defaults_leave_old_runs_hashes_alone():
     calibrated = load_recipe("recipes/tiny-run.yaml", overrides=["convert.calibrate.data=stdlib"])
     distilled = load_recipe("recipes/tiny-run.yaml", overrides=["train.objective=both", "train.teacher_window=first"])
     assert calibrated.stage_hash("finetune") != r.stage_hash("finetune") != distilled.stage_hash("finetune")
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("train.steps=0", "'train.steps' must be > 0, got 0"),
+        ("train.batch_size=0", "'train.batch_size' must be > 0, got 0"),
+        ("train.learning_rate=0", "'train.learning_rate' must be > 0, got 0.0"),
+        ("train.warmup_steps=-1", "'train.warmup_steps' must be >= 0, got -1"),
+        ("train.mask_rate=1", "'train.mask_rate' must be in (0, 1), got 1.0"),
+        ("train.lora.dropout=1.0", "'train.lora.dropout' must be in [0, 1), got 1.0"),
+        ("data.block_length=1", "'data.block_length' must be >= 2, got 1"),
+        ("data.validation_fraction=1.0", "'data.validation_fraction' must be in [0, 1), got 1.0"),
+        ("data.max_documents=0", "'data.max_documents' must be > 0, got 0"),
+        ("data.copies.spans=-1", "'data.copies.spans' must be >= 0, got -1"),
+        ("checkpoint.keep_last=0", "'checkpoint.keep_last' must be > 0, got 0"),
+        ("train.positions.random_offset=-2", "'train.positions.random_offset' must be >= 0, got -2"),
+        ("train.positions.pose_chunks=0", "'train.positions.pose_chunks' must be >= 1, got 0"),
+        ("convert.calibrate.steps=0", "'convert.calibrate.steps' must be > 0, got 0"),
+    ],
+)
+def test_each_keys_range_is_its_fields_and_said_with_the_key(override, said):
+    """The ranges are declared on the fields (``minimum``/``above``/``below``), checked by schema.check_limits."""
+    with pytest.raises(RecipeError) as e:
+        Recipe.from_dict({**BASE, "convert": {"scheme": "alibi"}}, [override])
+    assert str(e.value) == said

@@ -137,7 +137,7 @@ def test_masked_distillation_reads_each_masked_token_from_the_teachers_most_cent
 
     from retrofit.patch.conversion import convert
     from retrofit.scoring.windows import centred_spans
-    from retrofit.training.teacher import TeacherView, masked_distill_kl
+    from retrofit.training.teacher import Teacher, TeacherView, masked_distill_kl
 
     teacher = _bert(tmp_path / "t")
     student = convert(_bert(tmp_path / "t"), "alibi")
@@ -146,7 +146,7 @@ def test_masked_distillation_reads_each_masked_token_from_the_teachers_most_cent
     view = TeacherView(window=16, stride=8)
     with torch.no_grad():
         s = student(input_ids=inputs).logits  # (2, 40, V)
-        got = masked_distill_kl(s, teacher, inputs, labels, view, temperature=2.0)
+        got = masked_distill_kl(s, inputs, labels, Teacher(teacher, view, temperature=2.0))
         want, n = 0.0, 0
         for b, p in (labels != IGNORE).nonzero().tolist():
             start, end, _, _ = next(sp for sp in centred_spans(40, 16, 8) if sp[2] <= p < sp[3])
@@ -155,7 +155,7 @@ def test_masked_distillation_reads_each_masked_token_from_the_teachers_most_cent
             want, n = want + (lp.exp() * (lp - lq)).sum(), n + 1
         torch.testing.assert_close(got, want / n * 4.0, atol=1e-5, rtol=1e-5)
         short, short_labels = inputs[:, :16], labels[:, :16]
-        same = masked_distill_kl(teacher(input_ids=short).logits, teacher, short, short_labels, view, 1.0)
+        same = masked_distill_kl(teacher(input_ids=short).logits, short, short_labels, Teacher(teacher, view))
     assert got > 0 and abs(float(same)) < 1e-6
 
 

@@ -12,11 +12,13 @@ import torch
 
 import retrofit
 from retrofit.foundation.errors import LengthError, RecipeError
-from retrofit.scoring.losses import sliding_window_logits
+from retrofit.scoring.losses import last_logits
+from retrofit.scoring.windows import sliding_spans
 from retrofit.training import finetune
-from retrofit.training.loop import _check_lengths, _loss
+from retrofit.training.loop import _loss
+from retrofit.training.positions import Placer
 from retrofit.training.recipe import Recipe
-from retrofit.training.teacher import TeacherView, distill_kl
+from retrofit.training.teacher import Teacher, TeacherView, distill_kl
 
 from .. import tiny
 from .test_finetune import FILES, recipe
@@ -24,6 +26,16 @@ from .test_finetune import FILES, recipe
 pytestmark = pytest.mark.slow  # processes, fine-tunes or pipeline runs: outside `pytest -m "not slow"`
 
 W = tiny.NATIVE  # 32
+
+
+def sliding_window_logits(model, input_ids: torch.Tensor, window: int, stride: int) -> torch.Tensor:
+    """Logits [B, T, V] of every position of ``input_ids`` [B, T] read through sliding windows
+    (``sliding_spans``): positions [0, window) come from the first window; each later window ends
+    ``stride`` tokens further and gives only its last ``stride`` positions (fewer for the last one), so
+    position p >= window is predicted from between window - stride and window tokens of context.
+    The reference the teacher's window-by-window KL is checked against (it materialises [B, T, V])."""
+    spans = sliding_spans(input_ids.shape[1], window, stride)
+    return torch.cat([last_logits(model, input_ids[:, s:e], k) for s, e, k in spans], dim=1)
 
 
 def _ids(t=4 * W, b=2, seed=0):
@@ -78,7 +90,7 @@ def test_windowed_kl_equals_the_kl_to_the_whole_sliding_teacher():
     ids = _ids()
     view = TeacherView(W, 12)
     logits = student(input_ids=ids).logits
-    got = distill_kl(logits, teacher, ids, view, 2.0)
+    got = distill_kl(logits, ids, Teacher(teacher, view, 2.0))
     with torch.no_grad():
         want = _kl_by_hand(logits, sliding_window_logits(teacher, ids, W, 12), 2.0)
     assert abs(got.item() - want.item()) < 1e-6 * max(1.0, want.item())
@@ -103,7 +115,7 @@ def _run_loss(student, teacher, ids, **train):
 
     hook = student.lm_head.register_forward_hook(keep)
     acc = SimpleNamespace(autocast=contextlib.nullcontext)
-    loss, parts = _loss(acc, student, teacher, ids, r, view)
+    loss, parts = _loss(acc, student, ids, Teacher(teacher, view, r.train.temperature, acc.autocast), r.train)
     hook.remove()
     loss.backward()
     return view, seen[0].grad.abs().sum(-1)  # [B, T]: how much each position's logits receive
@@ -145,20 +157,22 @@ def test_block_past_a_finite_reach_names_the_scheme(monkeypatch):
 
     student, _ = _student_and_teacher()
     r = Recipe.from_dict(recipe("/tmp/unused", data__block_length=4 * W))
-    assert _check_lengths(r, student) is None  # alibi: no limit
+    placer = Placer(r.train.positions, r.data.block_length, r.train.seed)
+    placer.check(student, r.convert.scheme)  # alibi: no limit
+    assert placer.fade_offset_cap is None
     monkeypatch.setattr(SCHEMES.get("alibi"), "max_length", lambda self: 4 * W)
-    assert _check_lengths(r, student) is None  # a reach of exactly the block
+    placer.check(student, r.convert.scheme)  # a reach of exactly the block
     monkeypatch.setattr(SCHEMES.get("alibi"), "max_length", lambda self: 3 * W)
     with pytest.raises(
         LengthError, match=r"exceeds the 96 positions the model accepts \(the reach of scheme 'alibi'\)"
     ):
-        _check_lengths(r, student)
+        placer.check(student, r.convert.scheme)
 
 
 def test_tiny_long_block_distill_recipe_runs_and_logs_the_teacher_cost(tmp_path, caplog):
     """recipes/tiny-long-distill.yaml: block 256 = 4 x tiny-gpt2's native 64, sliding teacher, stride 32."""
     path = Path(__file__).resolve().parents[2] / "recipes" / "tiny-long-distill.yaml"
-    with caplog.at_level(logging.INFO, logger="retrofit.training.loop"):
+    with caplog.at_level(logging.INFO, logger="retrofit.training"):
         out = finetune(
             path,
             [f"output_dir={tmp_path / 'run'}", "data.dataset=null", f"data.files={json.dumps(FILES)}", "train.steps=3"],

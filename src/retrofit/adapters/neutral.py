@@ -37,14 +37,14 @@ class NeutralisedPositionTable(nn.Module):
         pos = self.positions(*args, **kwargs).to(self.weight.device)  # (B, T)
         state = self.state
         out = torch.zeros(*pos.shape, self.weight.shape[-1], dtype=self.weight.dtype, device=self.weight.device)
-        if state.native_fade > 0:
-            idx = pos + state.offset + self.index_offset
+        if state.placement.native_fade > 0:
+            idx = pos + state.placement.offset + self.index_offset
             if int(idx.max()) >= self.weight.shape[0]:
                 raise LengthError(
                     f"native_fade needs the native position table, which has {self.weight.shape[0] - self.index_offset} rows;"
                     f" got position {int(idx.max()) - self.index_offset}"
                 )
-            out = out + state.native_fade * nn.functional.embedding(idx, self.weight)
+            out = out + state.placement.native_fade * nn.functional.embedding(idx, self.weight)
         scheme = state.scheme()
         if scheme.kind == "absolute":
             new = state_positions(state, pos.shape[-1], pos.device, native=pos)
@@ -84,9 +84,9 @@ class NeutralisedRotary(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, *args, **kwargs):
         self.calls += 1
-        fade = self.state.native_fade
+        fade = self.state.placement.native_fade
         if fade > 0:
-            return self.original(x, (position_ids + self.state.offset).float() * fade, *args, **kwargs)
+            return self.original(x, (position_ids + self.state.placement.offset).float() * fade, *args, **kwargs)
         out = self.original(x, position_ids, *args, **kwargs)
         if torch.is_tensor(out) and out.is_complex():  # DeepSeek-V2's freqs_cis: the unit rotation
             return torch.ones_like(out)
@@ -109,8 +109,8 @@ class NeutralisedSinCos(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
         self.calls += 1
-        fade = self.state.native_fade
-        angle = (position_ids + self.state.offset).float()[..., None] * fade * self.inv_freq.to(x.device)
+        fade = self.state.placement.native_fade
+        angle = (position_ids + self.state.placement.offset).float()[..., None] * fade * self.inv_freq.to(x.device)
         if fade > 0:  # (B, T, rot / 2): the original's angles, faded, in the input's dtype as GPT-J casts them
             return angle.sin().to(x.dtype), angle.cos().to(x.dtype)
         return torch.zeros_like(angle, dtype=x.dtype), torch.ones_like(angle, dtype=x.dtype)
@@ -134,7 +134,7 @@ class NeutralisedAttention(nn.Module):
 
     def native_alibi_not_faded(self) -> None:
         """A native ALiBi is not faded in: ``native_fade`` asks for what only a rotary or a table can give."""
-        if self.state.native_fade > 0:
+        if self.state.placement.native_fade > 0:
             raise RetrofitError(
                 f"native_fade: {self.family}'s ALiBi is not faded in (convert to alibi to keep it instead)"
             )

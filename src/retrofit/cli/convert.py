@@ -179,16 +179,16 @@ def run(args) -> int:
     check_scheme(args.to)  # the cheap checks first: a wrong word is said before torch is imported
     precheck(args.model, args.gguf_file)
     from ..models import io
-    from ..patch import conversion as core
+    from ..patch import conversion
 
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
     _refuse_converted(model, args)
     teacher = _teacher(model, args) if args.calibrate else None
-    core.convert(model, args.to, kernel=args.kernel, force=args.force, **options)
+    conversion.convert(model, args.to, kernel=args.kernel, force=args.force, **options)
     record = _calibrate(model, teacher, tokenizer, args) if args.calibrate else None
     del teacher
     io.save(model, out, tokenizer=tokenizer, source=_folder(args.model, args.gguf_file))
-    shown = {"out": str(out), **core.describe(model)}
+    shown = {"out": str(out), **conversion.describe(model)}
     if record is not None:
         from ..foundation.atomic import write_text
 
@@ -224,17 +224,15 @@ def _calibrate(model, teacher, tokenizer, args) -> dict:
         from ..foundation.errors import OptionError
 
         raise OptionError(f"--calibrate needs a tokenizer; {args.model} has none")
-    record = calibrate(
-        model,
-        teacher,
-        args.calibrate,
-        tokenizer=tokenizer,
+    section = CalibrateConfig(
+        data=args.calibrate,
         steps=args.calibrate_steps,
         learning_rate=args.calibrate_lr,
         batch_size=args.calibrate_batch_size,
         heldout=args.calibrate_heldout,
         budget=args.calibrate_budget,
     )
+    record = calibrate(model, teacher, section, tokenizer=tokenizer)
     log.info("%s", summary_line(record))
     return record
 

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..foundation.errors import RetrofitError
     from ..models import io
-    from ..patch import conversion as core
+    from ..patch import conversion
 
     if args.list:
         from ..adapters import ADAPTERS
@@ -36,5 +36,5 @@ def run(args) -> int:
     if not args.model:
         raise RetrofitError("give a MODEL, or --list")
     model, _ = io.load_model(args.model, gguf_file=args.gguf_file, tokenizer=False)
-    print(json.dumps(core.describe(model), indent=2, sort_keys=True, default=str))
+    print(json.dumps(conversion.describe(model), indent=2, sort_keys=True, default=str))
     return 0

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from ..foundation.documents import Document
 from ..foundation.errors import DataError
+from ..foundation.seeds import derive
 
 PREFIX = "longdoc:"
 WORDS = ("lion", "horse", "crown", "sword")  # one token each in the stand-ins' tokenizer; any tokenizer works
@@ -120,12 +121,12 @@ class Builder:
         places the evidence of ``mention``, ``needle`` and ``passkey`` (drawn when None). ``shared``: the filler is
         the same for every example of the seed and length (LongEmbed's passkey and needle: the documents differ only
         in their evidence and where it sits); else each example draws its own."""
-        rng = random.Random(seed * 1_000_003 + index)
+        rng = random.Random(derive(seed, index))
         depth = rng.random() if depth is None else depth
         extra = CUT if self.task.name == "context" else 0  # context: the passage cut out leaves the length
         body = self._span(rng, length - len(self.first) + extra)
         if shared:  # the example's own draws stay as they are (its key, its passage); only the filler is common
-            body = self._span(random.Random(seed * 1_000_003 - 1), len(body))
+            body = self._span(random.Random(derive(seed, -1)), len(body))
         if self.task.name == "mention":
             return self._mention(rng, body, depth)
         if self.task.name == "both":

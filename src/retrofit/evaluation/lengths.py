@@ -31,10 +31,6 @@ def parse_list(text: str, what: str = "--lengths") -> list:
     return [parse_item(int(t) if t.strip().isdigit() else t, what) for t in items]
 
 
-def has_multiples(items) -> bool:
-    return any(isinstance(x, str) and _MULTIPLE.match(x.strip()) for x in items)
-
-
 def resolve(items, native: int | None, what: str = "lengths") -> list[int]:
     """``['1x', '2x', 512]`` with native 128 -> ``[128, 256, 512]`` (sorted, unique)."""
     if isinstance(items, (int, str)):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import longdoc
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
 from ..foundation.task import with_article
@@ -352,8 +352,10 @@ class LongDocReport:
     def save(self, out, plots: bool = True) -> Path:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        write_text(out / rf.REPORT, json.dumps(self.data, indent=2, default=str) + "\n")
-        write_text(out / rf.REPORT_MD, f"# Long-document evaluation: {self.data['rows'][0]['model']}\n\n{self.table()}")
+        write_text(out / run_folder.REPORT, json.dumps(self.data, indent=2, default=str) + "\n")
+        write_text(
+            out / run_folder.REPORT_MD, f"# Long-document evaluation: {self.data['rows'][0]['model']}\n\n{self.table()}"
+        )
         return out
 
     def table(self) -> str:

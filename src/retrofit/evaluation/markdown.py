@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..foundation import run_folder as rf
-from . import verdict as vd
+from ..foundation import run_folder
+from . import verdict
 
 
 def _fmt(x, digits: int = 2) -> str:
@@ -189,7 +189,7 @@ def _head(report, plots: dict) -> list[str]:
         f"{data['budget']:,}).",
         "",
     ]
-    out += ["## Verdict", "", *vd.lines(d.get("verdict") or vd.verdict(d)), ""]
+    out += ["## Verdict", "", *verdict.lines(d.get("verdict") or verdict.verdict(d)), ""]
     return out
 
 
@@ -212,10 +212,10 @@ def _perplexity(report, plots: dict) -> list[str]:
     )  # the starred cells (the header has †)
     for note in notes:
         out += [f"\\* {note}.", ""]
-    if rf.PLOT_PPL in plots:
-        out += [f"![perplexity vs length]({rf.PLOT_PPL})", ""]
-    if rf.PLOT_POSITIONS in plots:
-        out += ["## Loss by position", "", f"![loss by position]({rf.PLOT_POSITIONS})", ""]
+    if run_folder.PLOT_PPL in plots:
+        out += [f"![perplexity vs length]({run_folder.PLOT_PPL})", ""]
+    if run_folder.PLOT_POSITIONS in plots:
+        out += ["## Loss by position", "", f"![loss by position]({run_folder.PLOT_POSITIONS})", ""]
     return out
 
 
@@ -233,8 +233,8 @@ def _passkey_section(report, plots: dict) -> list[str]:
         passkey_table(report),
         "",
     ]
-    if rf.PLOT_PASSKEY in plots:
-        out += [f"![passkey]({rf.PLOT_PASSKEY})", ""]
+    if run_folder.PLOT_PASSKEY in plots:
+        out += [f"![passkey]({run_folder.PLOT_PASSKEY})", ""]
     return out
 
 
@@ -256,8 +256,8 @@ def _recall_section(report, plots: dict) -> list[str]:
         recall_table(report),
         "",
     ]
-    if rf.PLOT_RECALL in plots:
-        out += [f"![recall]({rf.PLOT_RECALL})", ""]
+    if run_folder.PLOT_RECALL in plots:
+        out += [f"![recall]({run_folder.PLOT_RECALL})", ""]
     return out
 
 

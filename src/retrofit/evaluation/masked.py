@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
 from ..scoring.masked import RATE, SEED, full_nll, masked_stream, sliding_nll, summary
@@ -65,8 +65,8 @@ class MaskedReport:
     def save(self, out: str | os.PathLike, plots: bool = True) -> Path:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        write_text(out / rf.REPORT, json.dumps(self.data, indent=2, default=str) + "\n")
-        write_text(out / rf.REPORT_MD, markdown(self.data) + "\n")
+        write_text(out / run_folder.REPORT, json.dumps(self.data, indent=2, default=str) + "\n")
+        write_text(out / run_folder.REPORT_MD, markdown(self.data) + "\n")
         return out
 
     def table(self) -> str:
@@ -117,9 +117,10 @@ def markdown(data: dict, heading: bool = True) -> str:
     return "\n".join(lines)
 
 
-def run(models, stream_ids: torch.Tensor, lengths: list[int], native: int, data_label: str, rate: float, bar):
-    """Every model at every length it runs (full), and its native sliding window; gains for the evaluated
-    model past native. ``models``: EvalModel list (the evaluated first)."""
+def run(setup: Setup, stream_ids: torch.Tensor, rate: float, bar):
+    """Every model of ``setup`` at every length it runs (full), and its native sliding window; gains for the
+    evaluated model past native (``setup.models``: EvalModel list, the evaluated first)."""
+    models, lengths, native, data_label = setup.models, setup.lengths, setup.native, setup.label
     first = models[0]
     vocab = first.model.get_input_embeddings().weight.shape[0]
     s = masked_stream(stream_ids, first.tokenizer, vocab, rate)
@@ -209,7 +210,7 @@ class MaskedLM(Measure):
         return Planned(work=work(ids.numel(), setup.lengths, native, setup.models), state=ids)
 
     def run(self, setup: Setup, planned: Planned, bar) -> dict:
-        return run(setup.models, planned.state, setup.lengths, setup.native, setup.label, RATE, bar)
+        return run(setup, planned.state, RATE, bar)
 
 
 MEASURE = MaskedLM()

@@ -83,11 +83,22 @@ def base_model_name(model) -> str | None:
     return None
 
 
-def resolve(
-    spec, role: str | None, *, tokenizer=None, gguf_file=None, device=None, dtype=None, default_name: str
-) -> EvalModel:
-    """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel.
-    ``role`` None: the evaluated model's, "converted" or "original" as the model is."""
+@dataclass(frozen=True)
+class Loading:
+    """How ``resolve`` loads or places a model: the tokenizer for one given in memory, the GGUF file of a path, the
+    device and dtype (None: as it is, or the library default)."""
+
+    tokenizer: Any = None
+    gguf_file: str | None = None
+    device: Any = None
+    dtype: Any = None
+
+
+def resolve(spec, role: str | None, how: Loading = Loading(), *, default_name: str) -> EvalModel:
+    """A path / hub id, an ``nn.Module``, ``(model, tokenizer)`` or ``(name, model, tokenizer)`` -> EvalModel,
+    loaded or placed as ``how`` says. ``role`` None: the evaluated model's, "converted" or "original" as the model
+    is."""
+    tokenizer, gguf_file, device, dtype = how.tokenizer, how.gguf_file, how.device, how.dtype
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if isinstance(spec, str):

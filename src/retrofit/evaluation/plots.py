@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import replacing
 
 _MATPLOTLIB = ("plt", "ticker", "Line2D", "Patch")  # bound by _load on the first figure
@@ -354,10 +354,10 @@ def plot_recall(report, path: Path) -> None:
 def write_plots(report, out: Path) -> dict[str, Path]:
     """Write every plot the report has data for; {file name: path}."""
     wanted = (
-        (rf.PLOT_PPL, report.rows, plot_ppl),
-        (rf.PLOT_POSITIONS, report["loss_by_position"], plot_positions),
-        (rf.PLOT_PASSKEY, report.data.get("passkey"), plot_passkey),
-        (rf.PLOT_RECALL, report.data.get("recall"), plot_recall),
+        (run_folder.PLOT_PPL, report.rows, plot_ppl),
+        (run_folder.PLOT_POSITIONS, report["loss_by_position"], plot_positions),
+        (run_folder.PLOT_PASSKEY, report.data.get("passkey"), plot_passkey),
+        (run_folder.PLOT_RECALL, report.data.get("recall"), plot_recall),
     )
     files = {}
     for name, has_data, plot in wanted:

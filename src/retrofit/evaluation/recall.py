@@ -178,12 +178,11 @@ def check_room(m: EvalModel, length: int, span: int) -> None:
         raise LengthError(f"recall length {length} is too short: a {span}-token span and its repeat take {need} tokens")
 
 
-def eval_text(
-    m: EvalModel, docs, label: str, budget: int, longest: int, span: int, separator, what: str | None = None
-) -> list[int]:
-    """The eval text recall (and copy) draw fillers and spans from: the perplexity's tokens (the same
-    documents, joined the same way), as many as the budget or the longest sequence asks for."""
-    ids, _ = first_tokens(m.tokenizer, docs, max(budget, longest) + 1, separator)
+def eval_text(m: EvalModel, setup, o, longest: int, span: int, what: str | None = None) -> list[int]:
+    """The eval text recall (and copy) draw fillers and spans from: the perplexity's tokens (``setup``'s documents,
+    joined as the options ``o`` say), as many as the budget or the longest sequence asks for."""
+    label = setup.label
+    ids, _ = first_tokens(m.tokenizer, setup.docs, max(o.budget, longest) + 1, o.doc_separator)
     need = longest - room(m.tokenizer, span)  # filler tokens of the longest sequence
     if len(ids) < need:
         raise LengthError(
@@ -243,7 +242,7 @@ class Recall(Measure):
         if asked is None:
             return Planned(settings={"recall": None})
         lengths, depths, o, m = self.lengths(setup, asked), asked[1], setup.o, setup.models[0]
-        text = eval_text(m, setup.docs, setup.label, o.budget, max(lengths), o.recall_span, o.doc_separator)
+        text = eval_text(m, setup, o, max(lengths), o.recall_span)
         return Planned(
             work=work(lengths, len(setup.models), depths, o.recall_trials),
             settings={"recall": settings(lengths, depths, o, text)},

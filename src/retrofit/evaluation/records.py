@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from ..data import longdoc
 from ..data.longdoc import Example
 from ..data.specs import expand_paths, heldout_split, is_record_file, records, source_kind
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.errors import DataError, OptionError
 
 # the fields a record is read by when no run's recipe names them (the recipe's own defaults)
@@ -85,7 +85,7 @@ def _run_data(model_path) -> tuple[dict, dict] | None:
         return None
     p = Path(model_path)
     for d in (p, p.parent):
-        r = rf.recipe(d)
+        r = run_folder.recipe(d)
         if r and r.get("data"):
             return r["data"], r.get("train") or {}
     return None

@@ -10,7 +10,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import write_text
 from ..foundation.versions import library_versions
 
@@ -108,16 +108,16 @@ class Report:
 
             files = write_plots(self, out)
             self.data["plots"] = sorted(files)
-        write_text(out / rf.REPORT, self.to_json() + "\n")
-        write_text(out / rf.REPORT_MD, render_markdown(self, files))
-        log.info("wrote %s", out / rf.REPORT)
+        write_text(out / run_folder.REPORT, self.to_json() + "\n")
+        write_text(out / run_folder.REPORT_MD, render_markdown(self, files))
+        log.info("wrote %s", out / run_folder.REPORT)
         return out
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Report":
         p = Path(path)
         if p.is_dir():
-            p = p / rf.REPORT
+            p = p / run_folder.REPORT
         return cls(json.loads(p.read_text()))
 
     def __repr__(self):

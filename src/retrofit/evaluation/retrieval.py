@@ -186,7 +186,7 @@ class Copy(Measure):
         longest = max(found) + (o.copy_keys + 1) * o.copy_span
         what = f"copy distance {max(found)}"
         m = setup.models[0]
-        text = eval_text(m, setup.docs, setup.label, o.budget, longest, 0, o.doc_separator, what=what)
+        text = eval_text(m, setup, o, longest, 0, what=what)
         state = (o, found, text, self.prefix(m.tokenizer))
         return Planned(work(found, len(setup.models), o), {"copy": settings(found, o)}, {"copy": o.seed}, state)
 

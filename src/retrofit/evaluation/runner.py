@@ -13,17 +13,14 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from ..foundation import run_folder as rf
-from ..foundation import task
+from ..foundation import run_folder, task
 from ..foundation.errors import OptionError
 from ..models import builtin
 from ..scoring.tokens import build_stream, resolve_documents
-from . import cost, longdoc, masked, perplexity, records, retrieval
-from . import passkey as pk
-from . import recall as rc
+from . import cost, longdoc, masked, passkey, perplexity, recall, records, retrieval
 from .lengths import resolve as resolve_lengths
 from .measure import Measure, Setup, check_lengths, check_positive, mechanism
-from .models import EvalModel, check_tokenizers, resolve
+from .models import EvalModel, Loading, check_tokenizers, resolve
 from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget, is_quick
 from .report import SCHEMA_VERSION, SECTIONS, Report, environment
 from .verdict import verdict
@@ -58,7 +55,7 @@ LOAD_KEYS = ("tokenizer", "gguf_file", "device", "dtype")  # evaluate()'s keywor
 # The measures of each task, in the report's order (``measure.Measure``); every task's are asked (their options
 # checked) before anything is loaded, as only loading may tell the task.
 MEASURES = {
-    "causal-lm": (perplexity.MEASURE, pk.MEASURE, rc.MEASURE, retrieval.MEASURE),
+    "causal-lm": (perplexity.MEASURE, passkey.MEASURE, recall.MEASURE, retrieval.MEASURE),
     "masked-lm": (masked.MEASURE, retrieval.MASKED),
     **{kind: (longdoc.MEASURE,) for kind in READS_DOCUMENTS},
 }
@@ -244,7 +241,7 @@ def _task_of(model_or_path) -> str | None:
         return builtin.task_of(m)
     folder = Path(str(m)).expanduser() if isinstance(m, (str, Path)) else None
     cfg = (
-        next((f for f in (folder / "config.json", folder / rf.FINAL / "config.json") if f.is_file()), None)
+        next((f for f in (folder / "config.json", folder / run_folder.FINAL / "config.json") if f.is_file()), None)
         if folder
         else None
     )
@@ -267,24 +264,12 @@ def load_models(
         or (isinstance(baselines, tuple) and any(hasattr(b, "forward") for b in baselines))
     ):
         baselines = [baselines]  # one baseline given bare
-    models = [
-        resolve(
-            model_or_path,
-            None,
-            tokenizer=tokenizer,
-            gguf_file=gguf_file,
-            device=device,
-            dtype=dtype,
-            default_name="model",
-        )
-    ]
+    models = [resolve(model_or_path, None, Loading(tokenizer, gguf_file, device, dtype), default_name="model")]
     for j, b in enumerate(baselines):
         if isinstance(b, str) and b == ORIGINAL:
             b = original_of(model_or_path, models[0], device=device, dtype=dtype)
         models.append(
-            resolve(
-                b, "baseline", tokenizer=models[0].tokenizer, device=device, dtype=dtype, default_name=f"baseline{j}"
-            )
+            resolve(b, "baseline", Loading(models[0].tokenizer, None, device, dtype), default_name=f"baseline{j}")
         )
     _dedupe_names(models)
     return models

@@ -88,6 +88,52 @@ def type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+# ---- limits declared on the fields -----------------------------------------------------------
+LIMITS = ("minimum", "above", "below")  # a field's metadata: value >= minimum, value > above, value < below
+
+
+def check_limits(obj, prefix: str = "", error=RecipeError, key: str = "'{}'") -> None:
+    """The limits every field of dataclass ``obj`` declares in its metadata (``minimum``, ``above``, ``below``:
+    ``field_help(..., minimum=0)``), nested sections included; a value outside them raises ``error`` naming the
+    dotted key (``key`` words it: "'{}'" quotes it). A None (an optional key left unset) has no limit. The one
+    place a configuration's ranges are checked."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, name = getattr(obj, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            check_limits(value, name + ".", error, key)
+            continue
+        bounds = {k: f.metadata[k] for k in LIMITS if k in f.metadata}
+        if not bounds or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise error(f"{key.format(name)} must be a number, got {value!r}")
+        if int in _members(hints[f.name]) and float not in _members(hints[f.name]) and not isinstance(value, int):
+            raise error(f"{key.format(name)} must be an integer, got {value!r}")
+        if not _within(value, bounds):
+            raise error(f"{key.format(name)} must be {_range_words(bounds)}, got {value}")
+
+
+def _members(tp) -> tuple:
+    return typing.get_args(tp) if typing.get_origin(tp) in UNIONS else (tp,)
+
+
+def _within(value, bounds: dict) -> bool:
+    return (
+        value >= bounds.get("minimum", value)
+        and ("above" not in bounds or value > bounds["above"])
+        and ("below" not in bounds or value < bounds["below"])
+    )
+
+
+def _range_words(bounds: dict) -> str:
+    """'>= 0', '> 0', 'in [0, 1)', 'in (0, 1)'."""
+    low = f"[{bounds['minimum']}" if "minimum" in bounds else f"({bounds['above']}" if "above" in bounds else None
+    if "below" in bounds:
+        return f"in {low}, {bounds['below']})"
+    return f">= {bounds['minimum']}" if "minimum" in bounds else f"> {bounds['above']}"
+
+
 # ---- strict construction -------------------------------------------------------------------
 def build(cls, raw: Any, prefix: str = "", error=RecipeError):
     """An instance of dataclass ``cls`` from the mapping ``raw``, strictly (see the module doc)."""

@@ -61,20 +61,6 @@ def of_model(model) -> Task:
     return of_class(type(model).__name__)
 
 
-def require_causal_lm(model, what: str) -> None:
-    """``what`` (the fine-tune's next-token objective, the evaluation's perplexity and generation) serves causal
-    LMs only so far: any other task is refused with what does work for it."""
-    from .errors import UnsupportedArchitectureError
-
-    task = of_model(model)
-    if task.name != "causal-lm":
-        raise UnsupportedArchitectureError(
-            f"{what} is built for causal language models; {type(model).__name__} is {with_article(task.name)} model. "
-            "An encoder converts, saves, loads (its head kept) and exports with retrofit convert; its masked-LM "
-            "objective and evaluation are not built yet"
-        )
-
-
 def require_language_model(model, what: str) -> None:
     """``what`` (the fine-tune, the evaluation) serves a causal LM (next token) or a masked LM (masked tokens); a
     classifier or an embedding model is refused with what does work for it."""

@@ -136,11 +136,13 @@ def _blocks(spec, Tq: int):
         yield s, e, lo, q_start + e
 
 
-def _mask(spec, H, s, e, lo, hi, device):
+def _mask(spec, H, rows: tuple[int, int], keys: tuple[int, int], device):
+    """The float mask of query rows [s, e) over keys [lo, hi) (``rows``, ``keys``) as ``spec`` says."""
+    (s, e), (lo, hi) = rows, keys
     bias, key_padding, window, q_start, row_scale = spec[:5]
-    rows = None if row_scale is None else row_scale[:, s:e]
+    scales = None if row_scale is None else row_scale[:, s:e]
     span, seen = Span(q_start + s, e - s, lo, hi - lo), Seen(key_padding, window)
-    return block_bias(bias, H, span, device, seen=seen, row_scale=rows)
+    return block_bias(bias, H, span, device, seen=seen, row_scale=scales)
 
 
 class _Dense(torch.autograd.Function):
@@ -152,7 +154,7 @@ class _Dense(torch.autograd.Function):
         out = torch.empty(B, H, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
         lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
         for s, e, lo, hi in _blocks(spec, Tq):
-            mask = _mask(spec, H, s, e, lo, hi, q.device).expand(B, -1, -1, -1)
+            mask = _mask(spec, H, (s, e), (lo, hi), q.device).expand(B, -1, -1, -1)
             out[:, :, s:e], lse[:, :, s:e] = cpu_flash.forward(
                 qf[:, :, s:e], kf[:, :, lo:hi], vf[:, :, lo:hi], scaling, mask, causal=False
             )
@@ -181,7 +183,7 @@ class _Dense(torch.autograd.Function):
                 lse[:, :, s:e],
             )
             with torch.enable_grad():
-                mask = _mask(spec, H, s, e, lo, hi, q.device)
+                mask = _mask(spec, H, (s, e), (lo, hi), q.device)
             fixed = mask.detach()
             if not (wanted and mask.requires_grad):  # q, k, v only: the flash kernel's own backward
                 g = cpu_flash.backward(

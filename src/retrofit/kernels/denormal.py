@@ -145,16 +145,16 @@ class _Before(torch.autograd.Function):
         return None, *grads
 
 
-def attend(fn, q, k, v, *args, flush: bool = True, **kwargs):
-    """``fn(q, k, v, *args, **kwargs) -> (out, ...)`` with denormals flushed in its forward and backward
+def attend(fn, q, k, v, *, flush: bool = True, **kwargs):
+    """``fn(q, k, v, **kwargs) -> (out, ...)`` with denormals flushed in its forward and backward
     (``flush`` False, a CUDA tensor, or a CPU that cannot flush: ``fn`` as it is)."""
     small = q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] < MIN_SCORES
     if not flush or small or q.device.type != "cpu" or not enabled() or not supported():
-        return fn(q, k, v, *args, **kwargs)
+        return fn(q, k, v, **kwargs)
     with flushing():
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-            return fn(q, k, v, *args, **kwargs)
+            return fn(q, k, v, **kwargs)
         scope = _Scope()
         q, k, v = _Before.apply(scope, q, k, v)
-        out, *rest = fn(q, k, v, *args, **kwargs)
+        out, *rest = fn(q, k, v, **kwargs)
         return _After.apply(scope, out), *rest

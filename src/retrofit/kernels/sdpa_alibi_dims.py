@@ -207,7 +207,7 @@ def _block(qb, k, v_wide, i0, row_scale, spec: Spec):
             qx, kx[:, :, :r], v_wide[:, :, lo:i0], kx[:, :, r:], v_wide[:, :, i0:hi], spec.scaling
         )
         return out[..., :D]
-    mask = block_mask(i0, i1, lo, hi, key_padding, window, qb.device)
+    mask = block_mask(Span(i0, i1 - i0, lo, hi - lo), Seen(key_padding, window), qb.device)
     square = mask is None and i0 == 0  # the whole causal square: the fastest call
     out = F.scaled_dot_product_attention(
         qx, kx, v_wide[:, :, lo:hi], attn_mask=mask, dropout_p=dropout, is_causal=square and C > 1, scale=spec.scaling
@@ -243,9 +243,10 @@ def pad_to(x: torch.Tensor, dim: int) -> torch.Tensor:
     return F.pad(x, (0, dim - x.shape[-1])) if x.shape[-1] < dim else x
 
 
-def block_mask(i0, i1, lo, hi, key_padding, window, device):
-    """Bool mask (B|1, 1, C, Tc) for queries [i0, i1) over keys [lo, hi) (``cpu_flash_mask.block_bias``'s),
-    or None when the block is the plain causal square (or a single query that sees every key)."""
-    if key_padding is None and not window and lo == 0 and (i1 - i0 == hi or i1 - i0 == 1):
+def block_mask(span: Span, seen: Seen, device):
+    """Bool mask (B|1, 1, C, Tc) for the ``span``'s queries over its keys as ``seen`` says
+    (``cpu_flash_mask.block_bias``'s), or None when the block is the plain causal square (or a single query that
+    sees every key)."""
+    if seen.key_padding is None and not seen.window and span.k0 == 0 and span.C in (span.k0 + span.Tc, 1):
         return None
-    return block_bias(None, 1, Span(i0, i1 - i0, lo, hi - lo), device, seen=Seen(key_padding, window))
+    return block_bias(None, 1, span, device, seen=seen)

@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
 from .call import Call, chunk_rows
+from .cpu_flash_mask import Seen, Span
 from .sdpa_alibi_dims import block_mask, fused_width, pad_to, wide, worth  # noqa: F401  (worth: the table's row)
 
 
@@ -91,7 +92,7 @@ def _attend(c: Call, qx, kx, vx):
 def _block(qb, kx, vx, i0, c: Call):
     i1 = i0 + qb.shape[-2]
     lo = max(0, i0 - c.window + 1) if c.window else 0
-    mask = block_mask(i0, i1, lo, i1, c.key_padding, c.window, qb.device)
+    mask = block_mask(Span(i0, i1 - i0, lo, i1 - lo), Seen(c.key_padding, c.window), qb.device)
     causal = mask is None and i0 == 0 and i1 > 1
     return F.scaled_dot_product_attention(
         qb, kx[:, :, lo:i1], vx[:, :, lo:i1], attn_mask=mask, dropout_p=c.dropout, is_causal=causal, scale=c.scaling

@@ -362,7 +362,7 @@ def cached(preset: str) -> Path:
         return path
     out, ready = output_dir(preset), shipped_copy(preset)
     if ready is not None:
-        log.warning("baseline:%s is not in the cache: copying the shipped one from %s", preset, ready.parent)
+        log.warning("stand-in %s is not in the cache: copying the shipped one from %s", preset, ready.parent)
         out.parent.mkdir(parents=True, exist_ok=True)
         return _unship(ready, out)
     raise OptionError(

@@ -1,4 +1,4 @@
-"""The classes ``retrofit.foundation.auto.register`` gives transformers for ``model_type: retrofit``."""
+"""The classes ``retrofit.models.auto.register`` gives transformers for ``model_type: retrofit``."""
 
 from __future__ import annotations
 

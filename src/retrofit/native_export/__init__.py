@@ -30,12 +30,14 @@ import logging
 import math
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.errors import OptionError, RetrofitError
 from ..foundation.versions import library_versions
 from . import alibi, baked_table, gpt2, rope  # noqa: F401  (registration)
@@ -64,7 +66,7 @@ def _resolve_source(model_or_dir):
     """A converted model, a retrofit checkpoint folder, or a pipeline run folder holding ``final/``."""
     if isinstance(model_or_dir, nn.Module):
         return model_or_dir, None, None
-    path = rf.model_dir(model_or_dir)
+    path = run_folder.model_dir(model_or_dir)
     if not (path / "config.json").exists():
         raise RetrofitError(f"{model_or_dir} is neither a retrofit checkpoint nor a run folder with final/ in it")
     from ..models.io import load
@@ -186,7 +188,7 @@ def export(
         built = fn(model, info, opts)
         check_len = min(check_len, built.limit or check_len)  # a baked table is the exported model's limit
         check = {"length": check_len, **check}
-        return _write(model, built, tokenizer, path, pair, info, source, check)
+        return _write(Job(model, tokenizer, info, source), built, path, check)
     finally:
         model.train(was_training)
 
@@ -230,7 +232,20 @@ def _positive(name: str, value, default: int) -> int:
     return value
 
 
-def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict) -> ExportResult:
+@dataclass(frozen=True)
+class Job:
+    """What ``export`` writes natively: the converted ``model``, its ``tokenizer``, what ``describe`` says of it
+    (``info``: its architecture and scheme name the mapping) and the folder it came from (``source``, or None)."""
+
+    model: Any
+    tokenizer: Any
+    info: dict
+    source: Any = None
+
+
+def _write(job: Job, built: Built, path, check: dict) -> ExportResult:
+    model, tokenizer, info, source = job.model, job.tokenizer, job.info, job.source
+    pair = (info["architecture"], info["scheme"])
 
     from ..foundation.atomic import write_dir
     from ..models.io import tokenizer_reach
@@ -253,7 +268,7 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
             reach = built.reach or getattr(built.model.config, "max_position_embeddings", None)
             if reach:
                 tokenizer_reach(tmp / "tokenizer_config.json", reach)
-        for f in rf.st_files(source) if source else []:  # an embedding model's sentence-transformers modules
+        for f in run_folder.st_files(source) if source else []:  # an embedding model's sentence-transformers modules
             (tmp / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(source) / f, tmp / f)
         _check_config(tmp / "config.json")
@@ -283,12 +298,12 @@ def _write(model, built: Built, tokenizer, path, pair, info, source, check: dict
             "retrofit": {k: info[k] for k in ("scheme", "options", "architecture", "native")},
             "versions": library_versions(),
         }
-        (tmp / rf.EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+        (tmp / run_folder.EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
     out = write_dir(path, write)
     result["out"] = str(out)
     if source:  # where it went, in the run folder's manifest: push and the card find it wherever it is
-        rf.record_export(source, out)
+        run_folder.record_export(source, out)
     log.info(
         "exported %s to %s (%s, max |dlogit| %.3g)",
         result["mapping"],

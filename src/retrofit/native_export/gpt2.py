@@ -109,14 +109,16 @@ def _gpt2_body(model, dst, embed, layers, attention_of, final_ln):
     cut, src, n_head = Surgery(dst), model.transformer, model.config.n_head
     cut(embed.weight, src.wte.weight, "wte")
     for i, (s, d) in enumerate(zip(src.h, layers, strict=True)):
-        _gpt2_block(cut, s, d, attention_of(d), d.input_layernorm, d.post_attention_layernorm, n_head, f"h.{i}")
+        _gpt2_block(cut, s, d, attention_of(d), n_head, f"h.{i}")
     cut(final_ln.weight, src.ln_f.weight, "ln_f.weight")
     cut(final_ln.bias, src.ln_f.bias, "ln_f.bias")
     return cut.finish(model)
 
 
-def _gpt2_block(cut, s, d, attn, ln1, ln2, n_head: int, name: str) -> None:
-    """One GPT-2 block into a sequential-residual block with per-head fused QKV (Falcon, GPT-NeoX)."""
+def _gpt2_block(cut, s, d, attn, n_head: int, name: str) -> None:
+    """One GPT-2 block ``s`` into a sequential-residual block ``d`` (its attention ``attn``) with per-head fused QKV
+    (Falcon, GPT-NeoX)."""
+    ln1, ln2 = d.input_layernorm, d.post_attention_layernorm
     cut(ln1.weight, s.ln_1.weight, f"{name}.ln_1.weight")
     cut(ln1.bias, s.ln_1.bias, f"{name}.ln_1.bias")
     cut(attn.query_key_value.weight, per_head_qkv(s.attn.c_attn.weight, n_head), f"{name}.attn.c_attn.weight")

@@ -20,9 +20,21 @@ from ..foundation.errors import LengthError, PatchNotLiveError, RetrofitError
 from ..scheme import Scheme, Term
 
 ATTN_NAME = "retrofit"
-log = logging.getLogger("retrofit.patch.conversion")
+log = logging.getLogger(__name__)
 
 POSITIONS_MODULE = "retrofit_positions"  # the submodule holding the new position parameters
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a fine-tune places the next blocks' tokens (``set_position_controls``; training/positions.py hands one
+    per step): every position shifted by ``offset`` (random-offset augmentation), ``native_fade`` of the native
+    mechanism mixed back in (1 = fully native), or ``positions``, a (T,) long tensor giving each token's absolute
+    position (PoSE, randomized, EndPrompt; no cache while set). The default places tokens as the model reads them."""
+
+    offset: int = 0
+    native_fade: float = 0.0
+    positions: Any = None
 
 
 @dataclass
@@ -39,10 +51,8 @@ class RetrofitState:
     frozen: list[nn.Parameter] = field(default_factory=list)
     hooks: list = field(default_factory=list)  # removable hook handles installed by the adapter
     inputs: dict | None = None  # the current forward's position_ids, 2D mask and cache length (see track_inputs)
-    offset: int = 0
+    placement: Placement = field(default_factory=Placement)  # a fine-tune's placement of the next blocks
     calibration: dict | None = None  # while QK-norm calibrates: {(layer, "q"|"k"): mean RMS per head}
-    positions: Any = None  # (T,) long: the absolute position of each token of a training block (PoSE, randomized)
-    native_fade: float = 0.0
     attention_dropout: float | None = None  # set: the attention probabilities' dropout while training (a fine-tune's)
     calls: dict[int, int] = field(default_factory=dict)
     kernels: dict[str, int] = field(default_factory=dict)
@@ -62,9 +72,9 @@ class RetrofitState:
     def place(self, index):
         """Absolute positions of token indices ``index`` (any shape): the fine-tune's position override
         (``positions[index]``) when set, else ``index + offset``."""
-        if self.positions is None:
-            return index + self.offset
-        return self.positions.to(index.device)[index]
+        if self.placement.positions is None:
+            return index + self.placement.offset
+        return self.placement.positions.to(index.device)[index]
 
     def record(self, layer: int, kernel: str):
         self.calls[layer] = self.calls.get(layer, 0) + 1
@@ -118,7 +128,7 @@ class Site:
 
     @property
     def offset(self) -> int:
-        return self.ctx.state.offset
+        return self.ctx.state.placement.offset
 
     @property
     def calibration(self) -> dict | None:
@@ -218,10 +228,11 @@ def _site(module, query, key, scaling, kwargs) -> Site:
     # a sliding-window cache drops its oldest keys: shift slot indices to the tokens' true positions
     # (a scheme that reads absolute positions, e.g. FIRE's normaliser or dynamic RoPE, needs them)
     seen = (state.inputs or {}).get("past", 0)
-    placed = state.positions is not None  # a training block's own positions (PoSE, randomized)
-    if placed and (q_start or Tk > len(state.positions)):
+    given = state.placement.positions  # a training block's own positions (PoSE, randomized)
+    placed = given is not None
+    if placed and (q_start or Tk > len(given)):
         raise RetrofitError(
-            f"position override of {len(state.positions)} positions set (a fine-tune's PoSE/randomized "
+            f"position override of {len(given)} positions set (a fine-tune's PoSE/randomized "
             f"positions) but this call has {Tk} keys with a cache of {q_start}; reset it first"
         )
     shift = seen - q_start if seen > q_start else 0

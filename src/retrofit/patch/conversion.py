@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from .attention import (  # noqa: F401  (retrofit_attention, retrofit_mask: regi
     ATTN_NAME,
     POSITIONS_MODULE,
     LayerContext,
+    Placement,
     RetrofitState,
     retrofit_attention,
     retrofit_mask,
@@ -99,10 +101,24 @@ def convert(
     ``force=True`` converts a model that was already converted (it is reverted first).
     Raises UnknownSchemeError, UnsupportedArchitectureError, OptionError, AlreadyConvertedError,
     PatchNotLiveError (nothing is left half-patched: a failed conversion is reverted)."""
-    return _convert(model, to, force=force, kernel=kernel or DEFAULT_KERNEL, verify=verify, options=options)
+    return _convert(model, to, options, Converting(force=force, kernel=kernel or DEFAULT_KERNEL, verify=verify))
 
 
-def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False, probing=False):
+@dataclass(frozen=True)
+class Converting:
+    """How ``_convert`` converts: over an earlier conversion (``force``), with which kernel, checked live
+    afterwards (``verify``), for a saved checkpoint's block (``from_checkpoint``: no probe, no QK-norm
+    calibration) or inside the probe itself (``probing``)."""
+
+    force: bool = False
+    kernel: str = DEFAULT_KERNEL
+    verify: bool = True
+    from_checkpoint: bool = False
+    probing: bool = False
+
+
+def _convert(model, to, options: dict, how: Converting):
+    force, kernel, from_checkpoint = how.force, how.kernel, how.from_checkpoint
     _check_model(model)
     scheme_cls = SCHEMES.get(to)
     kernel = kernels.check(kernel, scheme_cls.kind)
@@ -121,7 +137,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
         )
     adapter = adapter_for(model)
     _check_direction(adapter, scheme_cls, to)
-    if adapter.by_structure and not (from_checkpoint or probing):  # not a type this suite tests: own logits first
+    if adapter.by_structure and not (from_checkpoint or how.probing):  # not a type this suite tests: own logits first
         probe.lossless(model, adapter, _probe_convert, revert, _set_attn)
     if state is None:
         _own_config(model)
@@ -171,7 +187,7 @@ def _convert(model, to, *, force, kernel, verify, options, from_checkpoint=False
         }
         if common.qk_norm and not from_checkpoint:
             _calibrate_qk_norm(model, state, spec.native_length)
-        if verify:
+        if how.verify:
             _verify_live(model, state)
         advertise_reach(model, state, reach(model))
     except BaseException:
@@ -255,7 +271,7 @@ def _check_direction(adapter, scheme_cls, to: str) -> None:
 
 
 def _probe_convert(model, scheme: str, options: dict) -> None:
-    _convert(model, scheme, force=False, kernel=DEFAULT_KERNEL, verify=True, options=options, probing=True)
+    _convert(model, scheme, options, Converting(probing=True))
 
 
 def _verify_live(model, state: RetrofitState, length: int = 8):
@@ -325,7 +341,7 @@ def max_length(model, *, fading: bool | None = None) -> int | None:
     if state is None:
         raise NotConvertedError("max_length needs a converted model (retrofit.describe covers both)")
     limit = state.scheme().max_length()
-    if (state.native_fade > 0 if fading is None else fading) and state.native_max:
+    if (state.placement.native_fade > 0 if fading is None else fading) and state.native_max:
         limit = min(limit or 1 << 62, state.native_max)
     return limit
 
@@ -334,15 +350,8 @@ def reapply(model, block: dict) -> nn.Module:
     """Convert a freshly loaded base model as a saved checkpoint's ``retrofit`` block says (scheme,
     options, kernel), without the probe: the caller restores the learned position parameters, then
     calls ``verify``."""
-    return _convert(
-        model,
-        block["scheme"],
-        force=False,
-        kernel=block.get("kernel", "auto"),
-        verify=False,
-        options=block["options"],
-        from_checkpoint=True,
-    )
+    how = Converting(kernel=block.get("kernel", "auto"), verify=False, from_checkpoint=True)
+    return _convert(model, block["scheme"], block["options"], how)
 
 
 def verify(model) -> None:
@@ -366,7 +375,7 @@ def position_controls(model) -> tuple[int, float]:
     state = _state(model)
     if state is None:
         raise NotConvertedError("position_controls needs a converted model")
-    return state.offset, state.native_fade
+    return state.placement.offset, state.placement.native_fade
 
 
 def is_converted(model) -> bool:
@@ -395,9 +404,16 @@ def set_position_controls(model, offset: int = 0, native_fade: float = 0.0, posi
     0 = the new scheme alone). ``positions``: a 1-D strictly increasing tensor giving the absolute
     position of each token of the next blocks (PoSE, randomized positions; no cache while set).
     Calling it with no arguments resets all three."""
+    place(model, Placement(offset, native_fade, positions))
+
+
+def place(model, placement: Placement) -> None:
+    """Set a fine-tune's ``Placement`` of the next blocks on a converted model (checked; see
+    ``set_position_controls``); ``Placement()`` resets it."""
     state = _state(model)
     if state is None:
         raise NotConvertedError("set_position_controls needs a converted model")
+    offset, native_fade, positions = placement.offset, placement.native_fade, placement.positions
     if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
         raise OptionError(f"offset must be a non-negative int; got {offset!r}")
     if not isinstance(native_fade, (int, float)) or not 0 <= native_fade <= 1:
@@ -406,7 +422,7 @@ def set_position_controls(model, offset: int = 0, native_fade: float = 0.0, posi
         positions = _check_positions(state, positions)
         if offset or native_fade:
             raise OptionError("positions cannot be combined with offset or native_fade")
-    state.offset, state.native_fade, state.positions = offset, float(native_fade), positions
+    state.placement = Placement(offset, float(native_fade), positions)
 
 
 def _check_positions(state, positions) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What a converted model's config says to the world, kept in one place: its reach (the config's length
 key and, when saved, the tokenizer's ``model_max_length``), and ``model_type: retrofit`` in every saved
 config.json, so that plain transformers refuses a checkpoint instead of loading the original model
-(``retrofit.foundation.auto`` maps the type back to the converted model). ``revert`` undoes the in-memory part."""
+(``retrofit.models.auto`` maps the type back to the converted model). ``revert`` undoes the in-memory part."""
 
 from __future__ import annotations
 

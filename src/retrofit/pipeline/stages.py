@@ -31,7 +31,7 @@ import yaml
 
 from ..evaluation.lengths import resolve as resolve_lengths
 from ..evaluation.options import EvalOptions
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import check_creatable, write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.quiet import progress_bars
@@ -54,7 +54,7 @@ class Manifest:
     """``manifest.json``: one entry per stage (status, started, finished, outputs, versions, inputs hash)."""
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / rf.MANIFEST
+        self.path = Path(run_dir) / run_folder.MANIFEST
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"stages": {}}
 
     def entry(self, stage: str) -> dict:
@@ -84,9 +84,9 @@ class Manifest:
         self.save()
 
     def save(self) -> None:
-        on_disk = rf.manifest(self.path.parent) or {}
-        if rf.EXPORT in on_disk:  # where an export went (run_folder.record_export), written beside the stages
-            self.data[rf.EXPORT] = on_disk[rf.EXPORT]
+        on_disk = run_folder.manifest(self.path.parent) or {}
+        if run_folder.EXPORT in on_disk:  # where an export went (run_folder.record_export), written beside the stages
+            self.data[run_folder.EXPORT] = on_disk[run_folder.EXPORT]
         write_text(self.path, json.dumps(self.data, indent=2) + "\n")
 
 
@@ -104,7 +104,7 @@ def run(recipe_or_path, overrides=None, *, force: tuple[str, ...] = ()) -> Path:
     manifest = Manifest(run_dir)
     manifest.data.update(recipe=rr.source, recipe_hash=_hash(rr.to_dict()), updated=_now())
     manifest.data.setdefault("created", _now())
-    write_text(run_dir / rf.RUN_RECIPE, yaml.safe_dump(rr.to_dict(), sort_keys=False))
+    write_text(run_dir / run_folder.RUN_RECIPE, yaml.safe_dump(rr.to_dict(), sort_keys=False))
     manifest.save()
     upstream_ran = False  # a stage that ran makes every later stage run again (they read its outputs)
     for i, stage in enumerate(STAGES):
@@ -141,15 +141,15 @@ def stage_finetune(rr: RunRecipe, previous: dict):
     if previous and previous.get("inputs") not in (None, rr.stage_hash("finetune")):
         log.warning("the fine-tune part of the recipe changed since the last run: starting it afresh")
         recipe = Recipe.from_dict(recipe.to_dict(), {"checkpoint.resume": "never"})
-        (run_dir / rf.SUMMARY).unlink(missing_ok=True)
-    elif rf.finetune_complete(run_dir):
-        log.info("finetune: %s is complete; not training again", run_dir / rf.FINAL)
-        return "done", [rf.FINAL, rf.SUMMARY], {"reused": True}
+        (run_dir / run_folder.SUMMARY).unlink(missing_ok=True)
+    elif run_folder.finetune_complete(run_dir):
+        log.info("finetune: %s is complete; not training again", run_dir / run_folder.FINAL)
+        return "done", [run_folder.FINAL, run_folder.SUMMARY], {"reused": True}
     finetune(recipe)
-    summary = rf.summary(run_dir)
+    summary = run_folder.summary(run_dir)
     return (
         "done",
-        [rf.FINAL, rf.SUMMARY],
+        [run_folder.FINAL, run_folder.SUMMARY],
         {"resumed_from_step": summary.get("resumed_from_step"), "steps": summary.get("steps")},
     )
 
@@ -169,7 +169,7 @@ def eval_models(rr: RunRecipe):
     base = m.name_or_path
     ensure(base)  # the run's stand-in, when it names one (the finetune stage built it; a cleared cache builds it again)
     scheme = rr.finetune.convert.scheme or "unconverted"
-    model, tok = load_model(str(rr.run_dir / rf.FINAL))
+    model, tok = load_model(str(rr.run_dir / run_folder.FINAL))
     main = _named(model, tok, f"{base} + {scheme} (fine-tuned)", base)
     baselines = []
     for b in rr.eval.baselines:
@@ -229,10 +229,10 @@ def evaluate_section(main, baselines, e, native: int, source=None):
 def stage_eval(rr: RunRecipe, previous: dict):
     from ..evaluation.models import describe_model
 
-    out = rr.run_dir / rf.EVAL
+    out = rr.run_dir / run_folder.EVAL
     main, baselines = eval_models(rr)
     # the model's own reading (its adapter's: RoBERTa's table holds native + padding offset rows), else its config's
-    native = describe_model(main[1])["native"]["length"] or rf.native_length(rr.run_dir / rf.FINAL)
+    native = describe_model(main[1])["native"]["length"] or run_folder.native_length(rr.run_dir / run_folder.FINAL)
     lengths = resolve_lengths(rr.eval.lengths, native)
     source = None
     if rr.finetune.task is not None:  # a classifier or an embedding model: the task, or the held-out records
@@ -241,7 +241,9 @@ def stage_eval(rr: RunRecipe, previous: dict):
         source = records.source_for(rr.eval.data, rr.run_dir, given=rr.eval.data != EvalOptions.data)
     report = evaluate_section(main, baselines, rr.eval, native, source)
     report.save(out)
-    outputs = [f"{rf.EVAL}/{name}" for name in (rf.REPORT, rf.REPORT_MD, *report.data.get("plots", []))]
+    outputs = [
+        f"{run_folder.EVAL}/{name}" for name in (run_folder.REPORT, run_folder.REPORT_MD, *report.data.get("plots", []))
+    ]
     return "done", outputs, {"lengths": lengths, "native_length": native}
 
 
@@ -252,10 +254,10 @@ def stage_export(rr: RunRecipe, previous: dict):
         from ..native_export import export
     except ImportError as e:
         return "not available", [], {"reason": f"retrofit.native_export cannot be imported ({e})"}
-    out = rr.run_dir / rf.EXPORT
+    out = rr.run_dir / run_folder.EXPORT
     shutil.rmtree(out, ignore_errors=True)  # a stale export must not outlive a re-run that cannot export
     try:
-        result = export(rr.run_dir / rf.FINAL, out, native=True)
+        result = export(rr.run_dir / run_folder.FINAL, out, native=True)
     except RetrofitError as e:
         log.warning("export: not available: %s", e)
         return "not available", [], {"reason": str(e)}
@@ -265,7 +267,7 @@ def stage_export(rr: RunRecipe, previous: dict):
     native = (out / "config.json").is_file() and "retrofit" not in json.loads((out / "config.json").read_text())
     if not native:
         return "not available", [], {"reason": "the export wrote no native checkpoint", "result": _plain(result)}
-    return "done", [rf.EXPORT], {"result": _plain(result)}
+    return "done", [run_folder.EXPORT], {"result": _plain(result)}
 
 
 def _plain(x):
@@ -313,16 +315,16 @@ STAGE_FUNCS = {
 def where(run_dir: Path) -> dict:
     """The files a user looks at after a run: {label: path} (those that exist)."""
     run_dir = Path(run_dir)
-    ev = run_dir / rf.EVAL
+    ev = run_dir / run_folder.EVAL
     items = {
-        "card": run_dir / rf.CARD,
-        "report": ev / rf.REPORT_MD,
-        "report (JSON)": ev / rf.REPORT,
-        "plot": ev / rf.PLOT_PPL,
-        "passkey grid": ev / rf.PLOT_PASSKEY,
-        "recall grid": ev / rf.PLOT_RECALL,
-        "model": run_dir / rf.FINAL,
-        "native export": run_dir / rf.EXPORT,
-        "manifest": run_dir / rf.MANIFEST,
+        "card": run_dir / run_folder.CARD,
+        "report": ev / run_folder.REPORT_MD,
+        "report (JSON)": ev / run_folder.REPORT,
+        "plot": ev / run_folder.PLOT_PPL,
+        "passkey grid": ev / run_folder.PLOT_PASSKEY,
+        "recall grid": ev / run_folder.PLOT_RECALL,
+        "model": run_dir / run_folder.FINAL,
+        "native export": run_dir / run_folder.EXPORT,
+        "manifest": run_dir / run_folder.MANIFEST,
     }
     return {k: v for k, v in items.items() if v.exists()}

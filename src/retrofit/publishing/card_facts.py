@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.errors import RetrofitError
 from ..foundation.versions import DISTRIBUTION
 from ..models import builtin
@@ -61,11 +61,11 @@ def base_license(name: str) -> tuple[str | None, str]:
 
 
 def _local_readmes(name: str) -> list[Path]:
-    out = [Path(name).expanduser() / rf.CARD]
+    out = [Path(name).expanduser() / run_folder.CARD]
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        hit = try_to_load_from_cache(name, rf.CARD)
+        hit = try_to_load_from_cache(name, run_folder.CARD)
         if isinstance(hit, str):
             out.append(Path(hit))
     except Exception:  # not a valid repo id, no cache: nothing to read
@@ -96,21 +96,21 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
     output (recipe, final/, summary) or a ``retrofit convert`` checkpoint; the fine-tune and
     evaluation parts are left out where the folder has none (``retrofit eval DIR`` adds eval/)."""
     run_dir = Path(run_dir)
-    folder = rf.model_dir(run_dir)
-    if not rf.is_model_dir(folder):
+    folder = run_folder.model_dir(run_dir)
+    if not run_folder.is_model_dir(folder):
         raise RetrofitError(f"{run_dir} holds no model (config.json and *.safetensors, in it or in its final/)")
-    block = rf.retrofit_block(folder)
-    recipe = rf.recipe(run_dir) or {}
-    report = rf.report(run_dir)
-    summary = rf.summary(run_dir) or {}
-    info = rf.versions(run_dir) or {}
-    manifest = rf.manifest(run_dir) or {"stages": {}}
+    block = run_folder.retrofit_block(folder)
+    recipe = run_folder.recipe(run_dir) or {}
+    report = run_folder.report(run_dir)
+    summary = run_folder.summary(run_dir) or {}
+    info = run_folder.versions(run_dir) or {}
+    manifest = run_folder.manifest(run_dir) or {"stages": {}}
     base = _base_name(recipe, block, folder)
-    native = rf.native_length(folder)
+    native = run_folder.native_length(folder)
     what = task_of(folder)
     masked = bool(report) and report.get("kind") == "masked-lm"  # evaluation.masked: its own table
     task_eval = bool(report) and report.get("kind") == longdoc_kind()  # a classifier's or embedding model's
-    trained = bool(recipe.get("train")) and folder.name == rf.FINAL
+    trained = bool(recipe.get("train")) and folder.name == run_folder.FINAL
     ctx = {
         "recipe": recipe,
         "report": report,
@@ -124,7 +124,9 @@ def card_context(run_dir: str | Path, repo: str | None = None) -> dict:
             "native_note": native_note(block),
         },
         "budget": budget(recipe, summary, info, report or {}, manifest) if trained else None,
-        "sentence_transformers": bool(rf.st_files(folder)),  # an embedding model with its modules (mean pooling)
+        "sentence_transformers": bool(
+            run_folder.st_files(folder)
+        ),  # an embedding model with its modules (mean pooling)
         "eval": eval_summary(report, native) if report and not (masked or task_eval) else None,
         "masked_eval": _masked_table(report) if masked else None,
         "task_eval": _task_table(report) if task_eval else None,
@@ -148,14 +150,14 @@ def _base_name(recipe: dict, block: dict, folder: Path) -> str:
     name = (recipe.get("model") or {}).get("name_or_path")
     if name and not (Path(name).expanduser() / "config.json").is_file():
         return name
-    earlier = rf.retrofit_block(Path(name).expanduser()) if name else {}
+    earlier = run_folder.retrofit_block(Path(name).expanduser()) if name else {}
     return earlier.get("base_model") or block.get("base_model") or name or str(folder)
 
 
 def base_info(name: str, recipe: dict, folder: Path) -> dict:
     lic, lic_source = base_license(name)
     override = (recipe.get("card") or {}).get("license")
-    config = rf.read_json(folder / "config.json") or {}
+    config = run_folder.read_json(folder / "config.json") or {}
     base_config = (config.get("retrofit") or {}).get("base_config") or {}
     out = {
         "name": name,
@@ -177,7 +179,7 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
         from ..models.baseline import STATS_FILE, output_dir
 
         try:  # where pretrain() caches it (never pretrains here)
-            stats = rf.read_json(output_dir(preset) / STATS_FILE)
+            stats = run_folder.read_json(output_dir(preset) / STATS_FILE)
         except OptionError:
             stats = None
         if stats:
@@ -279,8 +281,8 @@ def eval_summary(report: dict, native: int) -> dict:
         "by_model": by_model,
         "passkey_table": passkey_table(r) if report.get("passkey") else None,
         "passkey": _passkey_summary(report) if report.get("passkey") else None,
-        "plot": f"{rf.EVAL}/{rf.PLOT_PPL}" if rf.PLOT_PPL in plots else None,
-        "passkey_plot": f"{rf.EVAL}/{rf.PLOT_PASSKEY}" if rf.PLOT_PASSKEY in plots else None,
+        "plot": f"{run_folder.EVAL}/{run_folder.PLOT_PPL}" if run_folder.PLOT_PPL in plots else None,
+        "passkey_plot": f"{run_folder.EVAL}/{run_folder.PLOT_PASSKEY}" if run_folder.PLOT_PASSKEY in plots else None,
         "notes": list(dict.fromkeys(x["note"] for x in report["rows"] if x["note"] and x["method"] == "sliding")),
         "models": report["models"],
         "use": _use(report, main),
@@ -333,8 +335,8 @@ def load_info(run_dir: Path, repo: str | None) -> dict:
     """Where the card's loading code points: for a card made for ``repo``, the repo as ``retrofit push``
     lays it out (``run_folder.published_layout``); else the local folders that hold the weights."""
     run_dir = Path(run_dir)
-    root = rf.published_layout(run_dir)[""]
-    checkpoint = rf.model_dir(run_dir)
+    root = run_folder.published_layout(run_dir)[""]
+    checkpoint = run_folder.model_dir(run_dir)
     if repo:
         return {
             "hub": True,
@@ -343,21 +345,21 @@ def load_info(run_dir: Path, repo: str | None) -> dict:
             "native_where": "`native/`",
             "checkpoint": None,
         }
-    export = rf.export_dir(run_dir)
+    export = run_folder.export_dir(run_dir)
     return {
         "hub": False,
         "root": str(root),
         "native_args": f'"{export}"',
         "native_where": f"`{export}/`",
-        "checkpoint": str(checkpoint) if root == export and rf.is_model_dir(checkpoint) else None,
+        "checkpoint": str(checkpoint) if root == export and run_folder.is_model_dir(checkpoint) else None,
     }
 
 
 def export_info(run_dir: Path, manifest: dict) -> dict:
     """The native export: status, where the pushed weights come from, and the export's own record."""
     e = (manifest.get("stages") or {}).get("export") or {}
-    record = rf.export_record(run_dir) or {}
-    root = rf.published_weights(run_dir)
+    record = run_folder.export_record(run_dir) or {}
+    root = run_folder.published_weights(run_dir)
     return {
         "status": e.get("status") or ("done" if record else "not run"),
         "reason": e.get("reason") or e.get("error"),

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.errors import HubError, OptionError, RetrofitError
 from ..patch.saved_config import SAVED_MODEL_TYPE, marked
 
@@ -44,7 +44,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
-REPORT_FILES = (rf.REPORT, rf.REPORT_MD)
+REPORT_FILES = (run_folder.REPORT, run_folder.REPORT_MD)
 # Never uploaded, whatever folder they turn up in (checked on the staged list as a last guard).
 FORBIDDEN = re.compile(
     r"(optimizer|scheduler|rng_state|random_states|scaler|checkpoint|training_args|\.pt$|\.bin$"
@@ -67,7 +67,7 @@ def _weights(prefix: str, src: Path) -> dict[str, Path]:
     for name in MODEL_FILES + TOKENIZER_FILES:
         if (src / name).is_file():
             files[prefix + name] = src / name
-    files.update({prefix + p.as_posix(): src / p for p in rf.st_files(src)})  # an embedding model's modules
+    files.update({prefix + p.as_posix(): src / p for p in run_folder.st_files(src)})  # an embedding model's modules
     return files
 
 
@@ -77,25 +77,25 @@ def upload_plan(run_dir: str | os.PathLike, repo: str | None = None) -> list[tup
     retrofit generated (``cards.is_generated``); a card edited by hand is uploaded as it is."""
     run_dir = Path(run_dir)
     plan: dict[str, Path | bytes] = {}
-    for prefix, src in rf.published_layout(run_dir).items():
+    for prefix, src in run_folder.published_layout(run_dir).items():
         plan.update(_weights(prefix, src))
-    card = run_dir / rf.CARD
+    card = run_dir / run_folder.CARD
     from .cards import card_text, is_generated
 
     if not card.is_file() or is_generated(card.read_text()):
-        template = ((rf.recipe(run_dir) or {}).get("card") or {}).get("template")
-        plan[rf.CARD] = card_text(run_dir, template=template, repo=repo).encode()
+        template = ((run_folder.recipe(run_dir) or {}).get("card") or {}).get("template")
+        plan[run_folder.CARD] = card_text(run_dir, template=template, repo=repo).encode()
         log.info("model card rendered for %s from what %s holds", repo or "the Hub", run_dir)
     else:
-        plan[rf.CARD] = card
+        plan[run_folder.CARD] = card
         if repo and repo not in card.read_text():
             log.warning(
                 "%s was edited by hand (no retrofit mark) and does not name %s: it is uploaded as it is", card, repo
             )
-    ev = run_dir / rf.EVAL
+    ev = run_dir / run_folder.EVAL
     for p in [ev / n for n in REPORT_FILES] + sorted(ev.glob("*.png")):
         if p.is_file():
-            plan[f"{rf.EVAL}/{p.name}"] = p
+            plan[f"{run_folder.EVAL}/{p.name}"] = p
     bad = [name for name in plan if FORBIDDEN.search(name)]
     if bad:
         raise RetrofitError(f"refusing to upload {bad}: training state and logs are never pushed")
@@ -181,7 +181,7 @@ def push(
         "repo": repo,
         "revision": revision,
         "files": [(n, _size(p)) for n, p in plan],
-        "weights": rf.published_weights(run_dir),
+        "weights": run_folder.published_weights(run_dir),
         "commit_url": None,
     }
     if dry_run:

@@ -178,9 +178,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
-def copy_cell(
-    model, text_ids: list[int], distance: int, trials: int, probe: Probe = Probe(), length=None, limit=None
-) -> dict:
+def copy_cell(model, text_ids: list[int], distance: int, trials: int, probe: Probe = Probe(), limit=None) -> dict:
     """``trials`` paired trials at one distance, summarised (``summarize``)."""
-    rows = [score(model, build(text_ids, distance, probe, j, length), limit) for j in range(trials)]
+    rows = [score(model, build(text_ids, distance, probe, j), limit) for j in range(trials)]
     return {"distance": distance, "n_keys": probe.n_keys, **summarize(rows, probe.seed)}

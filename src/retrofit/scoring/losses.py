@@ -114,13 +114,3 @@ def last_logits(model, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
     hidden, head = hidden_and_head(model, input_ids)
     hidden = hidden[:, hidden.shape[1] - keep :]
     return head(hidden) if head is not None else hidden
-
-
-def sliding_window_logits(model, input_ids: torch.Tensor, window: int, stride: int) -> torch.Tensor:
-    """Logits [B, T, V] of every position of ``input_ids`` [B, T] read through sliding windows
-    (``sliding_spans``): positions [0, window) come from the first window; each later window ends
-    ``stride`` tokens further and gives only its last ``stride`` positions (fewer for the last one), so
-    position p >= window is predicted from between window - stride and window tokens of context.
-    Materialises [B, T, V]: the fine-tune's teacher goes window by window instead (training/teacher.py)."""
-    spans = sliding_spans(input_ids.shape[1], window, stride)
-    return torch.cat([last_logits(model, input_ids[:, s:e], k) for s, e, k in spans], dim=1)

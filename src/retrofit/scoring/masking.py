@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..foundation.seeds import derive
+
 IGNORE = -100  # transformers' label for "no loss here"
 
 
@@ -62,4 +64,4 @@ def masker_for(model, tok, rate: float = 0.15) -> Masker | None:
 
 def seed_of(seed: int, micro_batch: int, process: int = 0) -> int:
     """One seed per (run seed, micro-batch index, process): the same draws on resume."""
-    return (seed * 1_000_003 + micro_batch * 7_919 + process * 104_729) % (1 << 62)
+    return derive(seed, micro_batch * 7_919 + process * 104_729) % (1 << 62)

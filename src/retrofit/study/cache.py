@@ -13,7 +13,7 @@ import json
 import logging
 from pathlib import Path
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import write_text
 
 log = logging.getLogger(__name__)
@@ -46,23 +46,23 @@ class CellCache:
     def __init__(self, root: str | Path, rerun=()):
         self.root, self.rerun = Path(root), list(rerun)
 
-    def path(self, name: str, file: str = rf.STUDY_CELL) -> Path:
+    def path(self, name: str, file: str = run_folder.STUDY_CELL) -> Path:
         return self.root / name / file
 
     def recompute(self, name: str) -> bool:
         """Whether ``name`` is to run again though cached (it matches a ``rerun`` pattern)."""
         return any(fnmatch.fnmatchcase(name, p) for p in self.rerun)
 
-    def get(self, name: str, plan, plan_of=stored_plan, file: str = rf.STUDY_CELL) -> dict | None:
+    def get(self, name: str, plan, plan_of=stored_plan, file: str = run_folder.STUDY_CELL) -> dict | None:
         """The cell's cached record for ``plan``, else None (also when it is to run again)."""
         if self.recompute(name):
             return None
         return read(self.path(name, file), plan, plan_of, f"cell {name}")
 
-    def put(self, name: str, record: dict, file: str = rf.STUDY_CELL) -> None:
+    def put(self, name: str, record: dict, file: str = run_folder.STUDY_CELL) -> None:
         write(self.path(name, file), record)
 
-    def restore(self, name: str, record: dict, file: str = rf.STUDY_CELL) -> bool:
+    def restore(self, name: str, record: dict, file: str = run_folder.STUDY_CELL) -> bool:
         """``record`` into the cache where it has none for ``name``; whether it was written."""
         path = self.path(name, file)
         if path.exists():

@@ -18,8 +18,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..foundation import run_folder as rf
-from ..foundation import schema
+from ..foundation import run_folder, schema
 from ..foundation.atomic import write_text
 from ..foundation.errors import LengthError, OptionError, RecipeError, RetrofitError
 from ..foundation.versions import cpu_info, library_versions
@@ -28,13 +27,13 @@ from ..pipeline.recipe import _hash, load_recipe
 from ..pipeline.stages import STAGES, evaluate_section
 from ..pipeline.stages import run as run_pipeline
 from ..training.standin import ensure
-from . import tables as T
+from . import tables
 from .cache import CellCache, read, write
 from .grid import Grid, cells
 
 log = logging.getLogger(__name__)
-CELLS, CELL, ORIGINAL = rf.STUDY_CELLS, rf.STUDY_CELL, rf.STUDY_ORIGINAL
-REPORT, REPORT_MD, PLOT = rf.STUDY_REPORT, rf.STUDY_REPORT_MD, rf.STUDY_PLOT
+CELLS, CELL, ORIGINAL = run_folder.STUDY_CELLS, run_folder.STUDY_CELL, run_folder.STUDY_ORIGINAL
+REPORT, REPORT_MD, PLOT = run_folder.STUDY_REPORT, run_folder.STUDY_REPORT_MD, run_folder.STUDY_PLOT
 
 
 def base_recipe(grid: Grid) -> dict:
@@ -87,16 +86,16 @@ def run_cell(cell: dict, raw: dict, out: Path, rerun=()) -> dict:
     t0 = time.time()
     if cell["budget"]:
         run_pipeline(rr, force=STAGES if cache.recompute(cell["name"]) else ())
-        report = json.loads((rr.run_dir / rf.EVAL / rf.REPORT).read_text())
-        trainable = rf.versions(rr.run_dir).get("trainable_parameters")
+        report = json.loads((rr.run_dir / run_folder.EVAL / run_folder.REPORT).read_text())
+        trainable = run_folder.versions(rr.run_dir).get("trainable_parameters")
     else:
         report = _zero_shot(rr).data
         trainable = 0
     result = {
-        "rows": [{**r, "role": "converted"} for r in report["rows"] if r["role"] in T.EVALUATED],
-        "passkey": [r for r in report.get("passkey") or [] if r["role"] in T.EVALUATED],
-        "recall": [r for r in report.get("recall") or [] if r["role"] in T.EVALUATED],
-        "use": T.use_of(report),
+        "rows": [{**r, "role": "converted"} for r in report["rows"] if r["role"] in tables.EVALUATED],
+        "passkey": [r for r in report.get("passkey") or [] if r["role"] in tables.EVALUATED],
+        "recall": [r for r in report.get("recall") or [] if r["role"] in tables.EVALUATED],
+        "use": tables.use_of(report),
         "seconds": round(time.time() - t0, 1),
         "trainable_parameters": trainable,
     }
@@ -112,28 +111,15 @@ def _tokens(rr) -> int:
 
 def _zero_shot(rr):
     """The model converted (and calibrated) as the fine-tune would start, evaluated by the pipeline's eval."""
-    from ..training import model as mdl
     from ..training.calibrate import calibrate
+    from ..training.model import convert, load, make_teacher
 
     r = rr.finetune
-    model, tok = mdl.load(r.model)
-    teacher = mdl.make_teacher(model, r.model) if r.convert.calibrate.data else None
-    mdl.convert(model, r.convert)
+    model, tok = load(r.model)
+    teacher = make_teacher(model, r.model) if r.convert.calibrate.data else None
+    convert(model, r.convert)
     if teacher is not None:
-        c = r.convert.calibrate
-        calibrate(
-            model,
-            teacher,
-            c.data,
-            tokenizer=tok,
-            steps=c.steps,
-            learning_rate=c.learning_rate,
-            batch_size=c.batch_size,
-            heldout=c.heldout,
-            budget=c.budget,
-            seed=r.train.seed,
-            progress=False,
-        )
+        calibrate(model, teacher, r.convert.calibrate, tokenizer=tok, seed=r.train.seed, progress=False)
     model.eval()
     native = _native(model)
     return evaluate_section(
@@ -198,7 +184,7 @@ def run_original(raw: dict, out: Path) -> dict:
         "rows": rows,
         "passkey": report.get("passkey") or [],
         "recall": report.get("recall") or [],
-        "use": T.use_of(report),
+        "use": tables.use_of(report),
         "seconds": round(time.time() - t0, 1),
     }
     write(path, result)
@@ -247,11 +233,11 @@ def run_study(grid: Grid, out: str | Path | None = None, rerun=()) -> Path:
 
 def write_reports(grid: Grid, out: Path, original: dict, results: list[dict]) -> Path:
     native, lengths, target = original["native_length"], original["lengths"], grid.target
-    table = T.cell_table(original["rows"], results, lengths, native, target.long)
+    table = tables.cell_table(original["rows"], results, lengths, native, target.long)
     retrieval = {}
     for kind in ("passkey", "recall"):
         got = {"original": original.get(kind)} | {c["name"]: c.get(kind) for c in results if c.get("seed") is None}
-        retrieval[kind] = {name: {"by_length": T.pooled_passkey(rows)} for name, rows in got.items() if rows}
+        retrieval[kind] = {name: {"by_length": tables.pooled_passkey(rows)} for name, rows in got.items() if rows}
     study = {
         "grid": dataclasses.asdict(grid),
         "native_length": native,
@@ -259,8 +245,8 @@ def write_reports(grid: Grid, out: Path, original: dict, results: list[dict]) ->
         "original": original["rows"],
         "cells": results,
         "table": table,
-        "cheapest": T.cheapest_budgets(table, native, target),
-        "seeds": T.seed_table(table, lengths, native, grid.seeds[0], target),
+        "cheapest": tables.cheapest_budgets(table, native, target),
+        "seeds": tables.seed_table(table, lengths, native, grid.seeds[0], target),
         "retrieval": retrieval,
         "use": {"original": original.get("use")} | {c["name"]: c.get("use") for c in results if c.get("seed") is None},
         "seconds": {
@@ -270,7 +256,7 @@ def write_reports(grid: Grid, out: Path, original: dict, results: list[dict]) ->
         "environment": {"hardware": cpu_info(), "versions": library_versions()},  # where the reports were written
     }
     write_text(out / REPORT, json.dumps(study, indent=1, default=str))
-    T.plot(
+    tables.plot(
         {"table": table, "cells": results},
         native,
         lambda top: f"ppl vs length, fine-tune budget {top} steps",
@@ -298,13 +284,13 @@ def markdown(study: dict, target) -> str:
         "continued-training control's (the unconverted model fine-tuned on the same tokens).",
         "",
     ]
-    lines += T.cells_markdown(study["table"], target.long)
-    lines += T.bpc_markdown(study["table"], target.long)
-    lines += T.cheapest_markdown(study["cheapest"], _steps, target)
-    lines += T.seeds_markdown(study["seeds"], target)
-    lines += T.use_markdown(study.get("use") or {}, study["native_length"])
+    lines += tables.cells_markdown(study["table"], target.long)
+    lines += tables.bpc_markdown(study["table"], target.long)
+    lines += tables.cheapest_markdown(study["cheapest"], _steps, target)
+    lines += tables.seeds_markdown(study["seeds"], target)
+    lines += tables.use_markdown(study.get("use") or {}, study["native_length"])
     for kind, title in (("passkey", "Passkey retrieval"), ("recall", "Recall")):
-        lines += T.passkey_markdown(
+        lines += tables.passkey_markdown(
             study["retrieval"].get(kind) or {}, study["lengths"], study["native_length"], title, "depths"
         )
     lines.append(f"![ppl vs length]({PLOT})")

@@ -8,26 +8,80 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from ..data import specs as rdata
+from ..data import specs
 from ..foundation.errors import DataError, LengthError
 
 log = logging.getLogger(__name__)
 
 
-def load_recipe_documents(cfg) -> list[rdata.Document]:
+def load_recipe_documents(cfg) -> list[specs.Document]:
     """The documents a recipe's ``data`` section names (DataError when missing)."""
     if cfg.files is not None:
-        docs = rdata.load_documents(cfg.files)
-    elif rdata.source_kind(cfg.dataset) in ("stdlib", "shakespeare"):  # else a `datasets` name or folder
-        docs = rdata.load_documents(cfg.dataset)
+        docs = specs.load_documents(cfg.files)
+    elif specs.source_kind(cfg.dataset) in ("stdlib", "shakespeare"):  # else a `datasets` name or folder
+        docs = specs.load_documents(cfg.dataset)
     else:
         name = cfg.dataset if cfg.config is None else f"{cfg.dataset}:{cfg.config}"
-        docs = rdata.hub_documents(name, field=cfg.text_field, split=cfg.split)
+        docs = specs.hub_documents(name, field=cfg.text_field, split=cfg.split)
     if cfg.max_documents is not None:
         docs = docs[: cfg.max_documents]
     if not docs:
         raise DataError("the recipe's data section names no documents")
     return docs
+
+
+def documents(d, seed: int):
+    """The ``data`` section's documents, split into (training, validation) whole documents (seeded)."""
+    docs = load_recipe_documents(d)
+    return specs.split_documents(docs, d.validation_fraction, seed=seed)
+
+
+def datasets(d, tok, docs: tuple, need: int):
+    """(training, validation) blocks of the ``data`` section from its (training, validation) documents; ``need``:
+    the blocks one step takes (train.batch_size x processes), fewer training blocks are a LengthError."""
+    train_docs, val_docs = docs
+    train_ids = specs.tokenize_documents(tok, train_docs)
+    train = make_blocks(train_ids, d.block_length, d.packing)
+    check_blocks(train, train_ids, d.block_length, d.packing, "training")
+    val = torch.empty(0, d.block_length, dtype=torch.long)
+    if val_docs:
+        val_ids = specs.tokenize_documents(tok, val_docs)
+        val = make_blocks(val_ids, d.block_length, d.packing)[: d.max_validation_blocks]
+    if not len(val):
+        _say_no_validation(d, val_docs)
+    if len(train) < need:
+        raise LengthError(
+            f"only {len(train)} training blocks of 'data.block_length' = {d.block_length}; "
+            f"train.batch_size x processes needs {need}"
+        )
+    log.info("data: %d training blocks, %d validation blocks of %d tokens", len(train), len(val), d.block_length)
+    return train, val
+
+
+def stream_validation(d, tok, source):
+    """A stream's validation blocks (said when there are none though documents were asked for)."""
+    val = source.validation(tok, d.block_length, d.packing, d.max_validation_blocks)
+    if not len(val) and d.validation_documents != 0:
+        log.warning("no validation loss: the validation documents give no block of %d tokens", d.block_length)
+    return val
+
+
+def _say_no_validation(d, val_docs) -> None:
+    """Why this fine-tune has no validation loss: chosen (a warning when it was not)."""
+    if d.validation_fraction == 0:
+        log.info("no validation loss: data.validation_fraction is 0")
+    elif not val_docs:
+        log.warning(
+            "no validation loss: too few documents to hold one out for validation (data.validation_fraction "
+            "= %g); add documents",
+            d.validation_fraction,
+        )
+    else:
+        log.warning(
+            "no validation loss: the validation documents give no block of %d tokens; raise "
+            "data.validation_fraction or lower data.block_length",
+            d.block_length,
+        )
 
 
 def make_blocks(token_docs: list[list[int]], block_length: int, packing: bool) -> torch.Tensor:

@@ -24,11 +24,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from ..foundation.errors import DataError, LengthError, OptionError
+from ..foundation.schema import check_limits
 from ..scoring.masking import IGNORE, masker_for, seed_of
 from .recipe import CalibrateConfig
 
@@ -101,9 +102,18 @@ def _blocks(tokenizer, docs, length: int, want: int) -> torch.Tensor:
     return blocks
 
 
-def zero_shot(
-    model, teacher, tokenizer, heldout_docs, length: int, budget: int, progress: bool, original: dict | None = None
-) -> dict:
+@dataclass(frozen=True)
+class Pair:
+    """The two models calibration reads: the converted ``model`` and the unconverted original (``teacher``), their
+    ``tokenizer``, and whether progress bars show."""
+
+    model: Any
+    teacher: Any
+    tokenizer: Any
+    progress: bool = False
+
+
+def zero_shot(pair: Pair, heldout_docs, length: int, budget: int, original: dict | None = None) -> dict:
     """ppl of ``model`` and of the original (``teacher``) at ``length`` on the held-out documents, read as
     ``retrofit eval`` reads them (its first ``budget`` tokens, non-overlapping windows; a masked LM: the masked
     tokens of its seeded draw); ``original``: a previous call's original row (same tokens). Both models are left
@@ -111,6 +121,7 @@ def zero_shot(
     from ..foundation import task
     from ..scoring.tokens import build_stream, resolve_documents
 
+    model, teacher, tokenizer, progress = pair.model, pair.teacher, pair.tokenizer, pair.progress
     docs, label = resolve_documents(heldout_docs)
     stream = build_stream(tokenizer, docs, label, budget, [length])
     models = [model] if original else [model, teacher]
@@ -161,14 +172,17 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     seconds. ``teacher``: the unconverted original (frozen here). ``data``/``heldout``: data specs or lists of
     ``Document``; they must share no document. Documents are tokenized in order until there are
     ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate.
-    ``options``: the keywords ``steps``, ``learning_rate``, ``batch_size``, ``heldout`` and ``budget`` (``OPTIONS``:
-    the recipe's ``convert.calibrate`` section less its data, ``CalibrateConfig``, whose defaults they take)."""
+    ``data`` may be the whole section (a ``CalibrateConfig``, the recipe's ``convert.calibrate``: what the fine-tune,
+    the study and ``retrofit convert --calibrate`` pass); else ``options`` are its other keys as keywords
+    (``steps``, ``learning_rate``, ``batch_size``, ``heldout``, ``budget``: ``OPTIONS``; their defaults the
+    section's)."""
     from ..foundation.quiet import progress_bars
     from ..patch.conversion import describe, set_position_controls
 
-    o = _options(options)
+    o = data if isinstance(data, CalibrateConfig) and not options else _options(data, options)
+    data = o.data
     check_calibratable(model)
-    _check_values(o)
+    check_limits(o, error=OptionError, key="calibrate: {}")
     progress = progress_bars() if progress is None else progress
     info = describe(model)
     length = info["native"]["length"]
@@ -181,15 +195,16 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     set_position_controls(model)  # no offset, fade or override: the model as it will be used
 
     t0 = time.perf_counter()
-    before = zero_shot(model, teacher, tokenizer, held_docs, length, o.budget, progress)
+    pair = Pair(model, teacher, tokenizer, progress)
+    before = zero_shot(pair, held_docs, length, o.budget)
     eval_seconds = time.perf_counter() - t0
     log.info("calibrate: ratio to the original at 1x before: %.4f", before["ratio"])
 
     was_training = model.training
-    fit = _fit(model, teacher, blocks, o, seed, tokenizer, device, progress)
+    fit = _fit(pair, blocks, o, seed, device)
 
     t2 = time.perf_counter()
-    after = zero_shot(model, teacher, tokenizer, held_docs, length, o.budget, progress, original=before["original"])
+    after = zero_shot(pair, held_docs, length, o.budget, original=before["original"])
     model.train(was_training)  # the evaluation leaves it in eval mode: the caller's mode back
     eval_seconds += time.perf_counter() - t2
     record = {
@@ -222,20 +237,26 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     return record
 
 
-def _options(given: dict) -> CalibrateConfig:
-    """The recipe's defaults with calibrate's keywords ``given`` set; any other keyword is the TypeError of a call."""
+def _options(data, given: dict) -> CalibrateConfig:
+    """The section: ``data`` and calibrate's keywords ``given`` over the recipe's defaults; any other keyword is the
+    TypeError of a call."""
     for name in given:
         if name not in OPTIONS:
             raise TypeError(f"calibrate() got an unexpected keyword argument {name!r}")
-    return dataclasses.replace(_DEFAULTS, **given)
+    return dataclasses.replace(_DEFAULTS, data=data, **given)
 
 
-def _check_values(o: CalibrateConfig) -> None:
-    for key, v in (("steps", o.steps), ("batch_size", o.batch_size), ("budget", o.budget)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise OptionError(f"calibrate: {key} must be a positive integer, got {v!r}")
-    if not o.learning_rate > 0:
-        raise OptionError(f"calibrate: learning_rate must be > 0, got {o.learning_rate!r}")
+def write_record(acc, out, record: dict) -> None:
+    """A fine-tune's calibration record: the main process writes ``calibrate.json`` and says the summary line."""
+    import json
+
+    from ..foundation import run_folder
+    from ..foundation.atomic import write_text
+
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / run_folder.CALIBRATE, json.dumps(record, indent=2) + "\n")
+        log.info("%s", summary_line(record))
 
 
 @dataclass(frozen=True)
@@ -250,11 +271,12 @@ class Fit:
     cpu_seconds: float
 
 
-def _fit(model, teacher, blocks, o: CalibrateConfig, seed: int, tokenizer, device, progress: bool) -> Fit:
+def _fit(pair: Pair, blocks, o: CalibrateConfig, seed: int, device) -> Fit:
     """``o.steps`` Adam steps of the position parameters alone (every other parameter frozen, the model in eval
     mode) on KL(teacher || model) over ``blocks`` in seeded orders; requires_grad flags and mode put back."""
     from tqdm.auto import tqdm
 
+    model, teacher, tokenizer, progress = pair.model, pair.teacher, pair.tokenizer, pair.progress
     steps, batch_size = o.steps, o.batch_size
     named = position_parameters(model)
     params = [p for _, p in named]

@@ -25,7 +25,7 @@ import torch
 
 from ..foundation.errors import RetrofitError
 
-log = logging.getLogger("retrofit.training.loop")
+log = logging.getLogger(__name__)
 
 FSDP_DIR, ZERO_DIR, PLAIN = "pytorch_model_fsdp_0", "pytorch_model", "model.safetensors"
 

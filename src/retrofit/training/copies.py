@@ -14,10 +14,16 @@ same recipe places the same copies after a resume, and other ones on each proces
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 
 import torch
+
+from ..foundation.errors import RecipeError
+from ..foundation.seeds import derive
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ def place(
     hi = min(hi, int(pos[L - cfg.span_length] - pos[0]))  # the farthest start to start the positions hold
     out, placed = batch.clone(), []
     for row in range(B):
-        rng = random.Random(seed * 1_000_003 + row)
+        rng = random.Random(derive(seed, row))
         taken, n = torch.zeros(L, dtype=torch.bool), 0
         for _ in range(4 * cfg.spans):  # a draw whose every place is taken is drawn again, 4 tries a copy
             if n == cfg.spans:
@@ -84,3 +90,29 @@ def place(
             taken[i : i + cfg.span_length] = taken[j : j + cfg.span_length] = True
             placed.append(Copy(row, i, j, int(pos[j] - pos[i])))
     return out, placed
+
+
+def say(cfg, masker, reach: int) -> None:
+    """``data.copies`` (``cfg``): refused for a masked LM (``masker``), else said before training; distances drawn up
+    to ``reach`` by default."""
+    if not cfg.spans:
+        return
+    if masker is not None:
+        raise RecipeError("'data.copies' places retrieval targets for a causal LM; this model is a masked LM")
+    lo, hi = distance_range(cfg, reach)
+    log.info(
+        "data.copies: up to %d spans of %d tokens a block, copied %d-%d positions later (drawn uniformly)",
+        cfg.spans,
+        cfg.span_length,
+        lo,
+        hi,
+    )
+
+
+def added(cfg, batch: torch.Tensor, drawn, reach: int, seed: int) -> torch.Tensor:
+    """``batch`` (B, L) with ``data.copies`` (``cfg``) retrieval targets placed at distances up to ``reach`` in the
+    block's placement ``drawn`` (None: 0..L-1); as it was when the option is off."""
+    if not cfg.spans:
+        return batch
+    placed, _ = place(batch.cpu(), drawn, cfg, reach, seed)
+    return placed.to(batch.device)

@@ -13,7 +13,7 @@ import torch
 from ..foundation.quiet import progress_bars
 from .teacher import Clock, TeacherView
 
-log = logging.getLogger("retrofit.training.loop")  # the loop's messages, under the loop's name
+log = logging.getLogger(__name__)
 
 
 class Meter:

@@ -270,20 +270,20 @@ def enable_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def mixed_precision(r) -> tuple[str, str | None]:
+def mixed_precision(t) -> tuple[str, str | None]:
     """(the precision this run trains in, why it differs from the recipe's or None): the recipe's, except
     bf16/fp16 on a machine without a GPU whose CPU has no native bf16 (no AVX-512 BF16 or AMX), where autocast is
     emulated (far slower; measured: docs/finetune.md, "Details worth knowing"): fp32 then, unless
-    ``train.cpu_mixed_precision: keep`` insists."""
+    ``train.cpu_mixed_precision: keep`` insists (``t``: the recipe's ``train`` section)."""
     import os
 
     from ..foundation.versions import bf16_native, cpu_info
 
     # the recipe's, else an accelerate launch config's (Accelerate reads it from the environment)
-    asked = r.train.mixed_precision
+    asked = t.mixed_precision
     if asked == "no":
         asked = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-    if asked == "no" or torch.cuda.is_available() or r.train.cpu_mixed_precision == "keep":
+    if asked == "no" or torch.cuda.is_available() or t.cpu_mixed_precision == "keep":
         return asked, None
     if bf16_native(cpu_info()["flags"]) is not False:
         return asked, None

@@ -8,29 +8,126 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..foundation import run_folder as rf
+from ..data.specs import fingerprint
+from ..foundation import run_folder
 from ..foundation.atomic import no_space, no_space_error, publish, write_dir, write_text
 from ..foundation.errors import RetrofitError
+from ..foundation.versions import library_versions
 from ..models.io import save
-from . import model as mdl
 from . import sharding
-from .recipe import Recipe
-from .tasks import model_task
+from .model import convert, load, make_trainable, trainable_hash
+from .recipe import Recipe, tokens_per_step
+from .stream import StreamSource
+from .tasks import Objective, model_task
 
-log = logging.getLogger("retrofit.training.loop")
+log = logging.getLogger(__name__)
+
+
+# ---- the run's records ------------------------------------------------------------------------
+def write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / run_folder.RECIPE, r.to_yaml())  # resolved: train.steps as the budget sets it
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    info = {
+        "versions": library_versions(),
+        "trainable_parameters": trainable,
+        "total_parameters": sum(p.numel() for p in model.parameters()),
+        "validation_blocks": len(val),
+    }
+    if r.task is not None:
+        info["task"] = r.task
+    if r.task is not None and not isinstance(train, StreamSource):
+        info["train_examples"] = len(train)
+    elif isinstance(train, StreamSource):
+        info.update(
+            train_stream=train.what,
+            validation_documents=train.validation_documents,
+            budget_tokens=r.train.steps * tokens_per_step(r, processes),
+        )
+    else:
+        info.update(
+            train_blocks=len(train),
+            train_fingerprint=fingerprint(train.flatten().tolist()),
+            validation_fingerprint=fingerprint(val.flatten().tolist()),
+        )
+    write_text(out / run_folder.VERSIONS, json.dumps(info, indent=2) + "\n")
+
+
+def save_interrupted(c, acc, out: Path, at: tuple[int, int], where, meter) -> None:
+    """Ctrl-C at step ``at`` = (step, of steps): a checkpoint there (unless the ``checkpoint`` section ``c`` just
+    wrote one), then KeyboardInterrupt."""
+    step, steps = at
+    meter.bar.close()
+    if not (c.every and step % c.every == 0):
+        if where is not None:
+            where.save()
+        save_checkpoint(acc, out, step, max(c.keep_last, 1))
+    resumes = (
+        "the same command resumes from it"
+        if c.resume != "never"
+        else (
+            "this recipe has checkpoint.resume: never, so a re-run starts again; pass --set checkpoint.resume=auto "
+            "to resume from it"
+        )
+    )
+    log.warning(
+        "interrupted after step %d of %d: saved %s; %s",
+        step,
+        steps,
+        out / run_folder.CHECKPOINTS / f"step_{step:08d}",
+        resumes,
+    )
+    raise KeyboardInterrupt
+
+
+def rank_checksums(out: Path, acc, base, where) -> None:
+    """``train.rank_checksums`` (the caller asks): a digest of this process's trainable weights (and of the stream
+    blocks it read), in ``out``'s rank_checksums/."""
+    d = out / run_folder.RANK_CHECKSUMS
+    d.mkdir(parents=True, exist_ok=True)
+    write_text(d / f"rank{acc.process_index}.txt", trainable_hash(base) + "\n")
+    if where is not None:  # the blocks this process read from the stream, one digest per line
+        write_text(d / f"rank{acc.process_index}.blocks.txt", "".join(x + "\n" for x in where.seen))
+
+
+def heldout(acc, model, val_loader, objective) -> dict | None:
+    """A classifier's accuracy and macro-F1, an embedding model's top-1, on the validation examples (said)."""
+    if not isinstance(objective, Objective):
+        return None
+    metrics = objective.metrics(model, val_loader, acc.gather_for_metrics)
+    log.info("held out: %s", ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+    return {"heldout": metrics}
+
+
+def val_change(before: float | None, after: float | None) -> str:
+    if before is None and after is None:
+        return "no validation loss (no validation blocks)"
+    show = lambda v: "none" if v is None else f"{v:.4f}"  # noqa: E731
+    return f"val loss {show(before)} -> {show(after)}"
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
 def checkpoints(out: Path) -> list[Path]:
-    d = out / rf.CHECKPOINTS
+    d = out / run_folder.CHECKPOINTS
     return sorted(p for p in d.glob("step_*") if p.is_dir()) if d.is_dir() else []
+
+
+def resuming(c, out: Path) -> bool:
+    """A run that will load a checkpoint (the ``checkpoint`` section ``c``; the scheme's parameters included):
+    calibrating again is wasted."""
+    if c.resume == "never":
+        return False
+    if c.resume != "auto" or checkpoints(out):
+        log.info("convert.calibrate: not calibrating again, the run resumes from a checkpoint")
+        return True
+    return False
 
 
 def save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
     """save_state into a hidden folder, then rename: a kill mid-save never leaves a torn checkpoint, and
     a failed save (a full disk: an OutputError that says so) removes the hidden folder."""
-    final = out / rf.CHECKPOINTS / f"step_{step:08d}"
-    tmp = out / rf.CHECKPOINTS / f".tmp_step_{step:08d}"
+    final = out / run_folder.CHECKPOINTS / f"step_{step:08d}"
+    tmp = out / run_folder.CHECKPOINTS / f".tmp_step_{step:08d}"
     if acc.is_main_process:
         tmp.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
@@ -49,23 +146,24 @@ def save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
     acc.wait_for_everyone()
 
 
-def resume(r: Recipe, acc, out: Path) -> None:
-    mode = r.checkpoint.resume
+def resume(c, acc, out: Path) -> None:
+    """Where the run starts, as the ``checkpoint`` section ``c`` says (``resume``: auto, never or a folder)."""
+    mode = c.resume
     if acc.is_main_process:
-        for tmp in (out / rf.CHECKPOINTS).glob(".tmp_step_*"):
+        for tmp in (out / run_folder.CHECKPOINTS).glob(".tmp_step_*"):
             shutil.rmtree(tmp, ignore_errors=True)
     if mode == "never":
         if acc.is_main_process and checkpoints(out):
-            log.warning("checkpoint.resume is never: removing old checkpoints in %s", out / rf.CHECKPOINTS)
-            shutil.rmtree(out / rf.CHECKPOINTS, ignore_errors=True)
-            (out / rf.LOG).unlink(missing_ok=True)
+            log.warning("checkpoint.resume is never: removing old checkpoints in %s", out / run_folder.CHECKPOINTS)
+            shutil.rmtree(out / run_folder.CHECKPOINTS, ignore_errors=True)
+            (out / run_folder.LOG).unlink(missing_ok=True)
         acc.wait_for_everyone()
         return
     path = Path(mode) if mode != "auto" else (checkpoints(out) or [None])[-1]
     acc.wait_for_everyone()
     if path is None:
         if acc.is_main_process:
-            (out / rf.LOG).unlink(missing_ok=True)
+            (out / run_folder.LOG).unlink(missing_ok=True)
         return
     log.info("resuming from %s", path)
     acc.load_state(str(path))
@@ -73,7 +171,7 @@ def resume(r: Recipe, acc, out: Path) -> None:
 
 def truncate_log(out: Path, step: int) -> None:
     """Drop log records written after the checkpoint we resume from (the killed run's tail)."""
-    p = out / rf.LOG
+    p = out / run_folder.LOG
     if not p.is_file():
         return
     keep = [line for line in p.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
@@ -86,7 +184,7 @@ def log_record(acc, out: Path, record: dict) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     record = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in record.items()}
-    with open(out / rf.LOG, "a") as f:
+    with open(out / run_folder.LOG, "a") as f:
         f.write(json.dumps(record) + "\n")
     log.debug("%s", record)
 
@@ -109,18 +207,18 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
         def adapter(tmp: Path) -> None:
             unwrapped.save_pretrained(tmp, save_embedding_layers=False)  # trained embeddings: modules_to_save
             tok.save_pretrained(tmp)
-            write_text(tmp / rf.ADAPTER_BASE, json.dumps(adapter_base(r), indent=2) + "\n")
+            write_text(tmp / run_folder.ADAPTER_BASE, json.dumps(adapter_base(r), indent=2) + "\n")
 
-        write_dir(out / rf.ADAPTER, adapter)
+        write_dir(out / run_folder.ADAPTER, adapter)
         unwrapped = unwrapped.merge_and_unload()
-    save(unwrapped, out / rf.FINAL, tokenizer=tok)
+    save(unwrapped, out / run_folder.FINAL, tokenizer=tok)
     if r.task == "embedding":
-        sentence_transformers_files(out / rf.FINAL, r.data.block_length)
-    return out / rf.FINAL
+        sentence_transformers_files(out / run_folder.FINAL, r.data.block_length)
+    return out / run_folder.FINAL
 
 
 # the tokenizer config carries the length it reads (sentence-transformers 5+: model_max_length)
-ST_FILES = (*rf.ST_FILES, "tokenizer_config.json")
+ST_FILES = (*run_folder.ST_FILES, "tokenizer_config.json")
 
 
 def sentence_transformers_files(final: Path, max_length: int) -> None:
@@ -159,9 +257,9 @@ def rebuilt(r: Recipe, state: dict | None = None):
     """(model, tokenizer): a fresh model converted and wrapped as the recipe says, holding ``state``
     (the gathered weights of a sharded run, or a checkpoint's) when given."""
     with sharding.whole_models():
-        model, tok = mdl.load(r.model, model_task(r))
-        mdl.convert(model, r.convert)
-        model = mdl.make_trainable(model, r.train)
+        model, tok = load(r.model, model_task(r))
+        convert(model, r.convert)
+        model = make_trainable(model, r.train)
     if state is not None:
         _fit(model, state)
     return model, tok

@@ -8,18 +8,17 @@ import logging
 
 import torch
 
-from ..data import specs as rdata
-from . import blocks as blk
-from . import stream
+from ..data import specs
+from . import blocks, stream
 from .task_stream import batch_rows, to_device
 
-log = logging.getLogger("retrofit.training.loop")  # the loop's messages, under the loop's name
+log = logging.getLogger(__name__)
 
 
 def block_batches(acc, train_loader, sampler):
     """Micro-batches of the whole-read blocks, epoch after epoch, from where ``acc.step`` says."""
     while True:
-        where = blk.Position.of(acc.step, len(train_loader))
+        where = blocks.Position.of(acc.step, len(train_loader))
         sampler.epoch = where.epoch
         yield from acc.skip_first_batches(train_loader, where.skip) if where.skip else train_loader
 
@@ -50,17 +49,15 @@ class StreamPlace:
             t.batch_size,
             d.block_length,
             d.packing,
-            rank=self.acc.process_index,
-            world=self.acc.num_processes,
-            seed=t.seed,
-            start=self.now,
+            stream.Part(self.acc.process_index, self.acc.num_processes, t.seed),
+            self.now,
         )
         for batch, after in it:
             if not self._all_have(True):
                 return
             self.now = after
             if self.r.train.rank_checksums:
-                self.seen += [rdata.fingerprint(row.tolist()) for row in batch_rows(batch)]
+                self.seen += [specs.fingerprint(row.tolist()) for row in batch_rows(batch)]
             yield to_device(batch, self.acc.device)
         self._all_have(False)
 

@@ -68,33 +68,6 @@ class Shape:
         return self.hidden // self.heads * self.kv_heads
 
 
-def llama_shape(name, layers, hidden, intermediate, heads, kv_heads, vocab, tied=False) -> Shape:
-    """A LLaMA-architecture model's shape from its config numbers (no weights needed)."""
-    hd = hidden // heads
-    attn = 2 * hidden * hidden + 2 * hidden * hd * kv_heads
-    block = attn + 3 * hidden * intermediate + 2 * hidden
-    emb = vocab * hidden
-    params = layers * block + emb * (1 if tied else 2) + hidden
-    lora = layers * (4 * hidden + 2 * (hidden + hd * kv_heads))  # q, k, v, o: in + out
-    return Shape(
-        name,
-        layers,
-        hidden,
-        intermediate,
-        heads,
-        kv_heads,
-        vocab,
-        params,
-        block,
-        True,
-        5.0,
-        0.0,
-        lora,
-        layers * 2 * hidden + hidden,
-        emb,
-    )
-
-
 @dataclass(frozen=True)
 class Run:
     """What the formula needs of a recipe."""
@@ -249,13 +222,14 @@ def shape_of_recipe(r) -> Shape:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     from ..models.baseline import build_model, built, get_config
-    from ..models.builtin import resolve
+    from ..models.builtin import baseline_preset, resolve
     from ..models.io import base_config
     from ..models.sources import readable
 
     name = r.model.name_or_path
-    if name.startswith("baseline:") and not built(name.split(":", 1)[1]):  # its shape, without pretraining it
-        cfg = get_config(name.split(":", 1)[1])
+    preset = baseline_preset(name)
+    if preset is not None and not built(preset):  # its shape, without pretraining it
+        cfg = get_config(preset)
         with torch.device("meta"):
             model = build_model(cfg, cfg.vocab_size, eos_token_id=0)
         return _shape_of(model, r)
@@ -422,7 +396,7 @@ def plan_model(r, processes: int, tokens_per_s: float | None = None) -> list[str
     from .model import mixed_precision
 
     shape = shape_of_recipe(r)
-    precision, why = mixed_precision(r)
+    precision, why = mixed_precision(r.train)
     return [
         f"precision: {'fp32' if precision == 'no' else precision}" + (f" ({why})" if why else ""),
         *time_lines(r, shape, budget(r, processes)[1], processes, tokens_per_s),

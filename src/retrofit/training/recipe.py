@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -23,9 +24,12 @@ import yaml
 from ..data import longdoc
 from ..data.specs import streams
 from ..foundation import schema
-from ..foundation.errors import RecipeError
+from ..foundation.errors import LengthError, RecipeError
 from ..foundation.schema import field_help as _help
 from ..foundation.task import with_article
+from .positions import PositionsConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,13 +67,13 @@ class CalibrateConfig:
         None,
     )
     # learning rate: the larger step suits T5's table, ALiBi's slopes do the same (measured: docs/calibrate.md)
-    steps: int = _help("Calibration optimizer steps.", 200)
-    learning_rate: float = _help("Calibration Adam peak learning rate (warmup, then cosine to 10%).", 5e-2)
-    batch_size: int = _help("Calibration blocks (of the native length) per step.", 1)
+    steps: int = _help("Calibration optimizer steps.", 200, above=0)
+    learning_rate: float = _help("Calibration Adam peak learning rate (warmup, then cosine to 10%).", 5e-2, above=0)
+    batch_size: int = _help("Calibration blocks (of the native length) per step.", 1, above=0)
     heldout: str = _help(
         "Held-out data spec for the before/after ratio; must share no document with 'data'.", "shakespeare:heldout"
     )
-    budget: int = _help("Held-out tokens scored before and after calibrating.", 16384)
+    budget: int = _help("Held-out tokens scored before and after calibrating.", 16384, above=0)
 
 
 @dataclass
@@ -95,6 +99,7 @@ class CopiesConfig:
         "it, the two occurrences a drawn distance apart in *positions* (under train.positions' PoSE or "
         "randomized, past the block's own length). 0 = off.",
         0,
+        minimum=0,
     )
     span_length: int = _help("Tokens per copied span.", 32)
     min_distance: Optional[int] = _help("Shortest distance drawn, in positions (null = span_length).", None)
@@ -131,7 +136,7 @@ class DataConfig:
         "in another encoding or a binary one is an error).",
         None,
     )
-    max_documents: Optional[int] = _help("Use only the first N documents (null = all).", None)
+    max_documents: Optional[int] = _help("Use only the first N documents (null = all).", None, above=0)
     streaming: Optional[bool] = _help(
         "Read the documents as a stream (datasets' streaming=True): tokenized on the fly, packed, never held whole; "
         "each process reads its own part; a checkpoint saves the document and token where it stands. null = "
@@ -146,6 +151,7 @@ class DataConfig:
         "tokens per step = batch_size x gradient_accumulation_steps x block_length x processes (null = "
         "train.steps alone bounds it).",
         None,
+        above=0,
     )
     on_short: Literal["stop", "repeat"] = _help(
         "Streaming: what happens when the stream ends before the budget. stop: say how many tokens it gave, stop "
@@ -153,7 +159,9 @@ class DataConfig:
         "stop",
     )
     shuffle_buffer: int = _help(
-        "Streaming: documents in datasets' shuffle buffer (seeded by train.seed; 0 = the stream's own order).", 1000
+        "Streaming: documents in datasets' shuffle buffer (seeded by train.seed; 0 = the stream's own order).",
+        1000,
+        minimum=0,
     )
     validation_split: Optional[str] = _help(
         "Streaming: a separate split to validate on (e.g. 'validation'); null = hold out the first documents of "
@@ -164,11 +172,13 @@ class DataConfig:
         "Streaming: validate on the first N documents of validation_split or of the stream (held out of "
         "training). null = as many as fill max_validation_blocks; 0 = no validation.",
         None,
+        minimum=0,
     )
     block_length: int = _help(
         "Training block length in tokens (may exceed the model's native length); for a classifier or an embedding "
         "model, the longest document (records are cut there).",
         1024,
+        minimum=2,
     )
     min_block_length: Optional[int] = _help(
         "task: classification or embedding on a 'longdoc:' task: the shortest document; lengths are drawn uniformly "
@@ -180,8 +190,12 @@ class DataConfig:
         "false: cut each document into its own blocks (shorter remainders dropped).",
         True,
     )
-    validation_fraction: float = _help("Fraction of documents held out (whole documents) for validation loss.", 0.05)
-    max_validation_blocks: int = _help("At most this many validation blocks are scored at each evaluation.", 32)
+    validation_fraction: float = _help(
+        "Fraction of documents held out (whole documents) for validation loss.", 0.05, minimum=0, below=1
+    )
+    max_validation_blocks: int = _help(
+        "At most this many validation blocks are scored at each evaluation.", 32, above=0
+    )
     copies: CopiesConfig = _help(
         "Retrieval targets placed in training blocks (validation blocks are left as they are).", factory=CopiesConfig
     )
@@ -189,36 +203,14 @@ class DataConfig:
 
 @dataclass
 class LoraSettings:
-    r: int = _help("LoRA rank.", 8)
+    r: int = _help("LoRA rank.", 8, above=0)
     alpha: float = _help("LoRA alpha (scale = alpha / r).", 16.0)
-    dropout: float = _help("LoRA dropout.", 0.05)
+    dropout: float = _help("LoRA dropout.", 0.05, minimum=0, below=1)
     target_modules: Optional[Union[str, list]] = _help(
         "Module names to adapt (suffix match, a list), or 'all-linear'. null = the per-architecture default "
         "(gpt2: c_attn, c_proj, c_fc; llama-like: q/k/v/o_proj; opt, gpt_neo: q/k/v/out_proj, ...).",
         None,
     )
-
-
-@dataclass
-class PositionsConfig:
-    random_offset: int = _help(
-        "Random start offsets: each step draws k in [0, random_offset] and trains on positions k..k+L "
-        "(randomized positional encodings; no effect on distance-only schemes: alibi, rope, t5, shaw, nope). 0 = off.",
-        0,
-    )
-    native_fade_steps: int = _help(
-        "Fade the native positional mechanism out over the first N steps (mix 1 - step/N of it back in) "
-        "instead of dropping it at once. 0 = off.",
-        0,
-    )
-    method: str = _help(
-        "Teach positions beyond the block: 'pose' (PoSE: the block's chunks shifted by sorted random skips), "
-        "'randomized' (a sorted random subset of [0, target_length)) or 'endprompt' (the block's last quarter "
-        "placed to end near target_length, the rest at 0..: EndPrompt); all span target_length. 'none' = off.",
-        "none",
-    )
-    target_length: int = _help("The length 'method' prepares for (positions are drawn from [0, target_length)).", 0)
-    pose_chunks: int = _help("PoSE: chunks per block, each with its own skip (the paper uses 2).", 2)
 
 
 @dataclass
@@ -241,27 +233,32 @@ class TrainConfig:
         "Stride of the sliding teacher, at most the native length (null = half the native length). A smaller "
         "stride gives more context past native at more teacher forwards: 1 + ceil((block - W) / stride) per block.",
         None,
+        above=0,
     )
     mask_rate: float = _help(
         "A masked LM (its task, read from the checkpoint): the fraction of each block's tokens it predicts, "
         "of which 80% are masked, 10% replaced by a random token and 10% kept (BERT's rule).",
         0.15,
+        above=0,
+        below=1,
     )
-    distill_weight: float = _help("Weight of the distillation term when objective is both.", 1.0)
-    temperature: float = _help("Distillation softmax temperature.", 1.0)
+    distill_weight: float = _help("Weight of the distillation term when objective is both.", 1.0, minimum=0)
+    temperature: float = _help("Distillation softmax temperature.", 1.0, above=0)
     lora: LoraSettings = _help("LoRA settings (method: lora).", factory=LoraSettings)
     train_norms: bool = _help("Also train normalization layers (LongLoRA found this matters).", False)
     train_embeddings: bool = _help("Also train the input token embeddings.", False)
-    steps: Optional[int] = _help("Optimizer steps (null = from data.max_tokens, which is then required).", 100)
-    batch_size: int = _help("Blocks per process per micro-batch.", 1)
-    gradient_accumulation_steps: int = _help("Micro-batches per optimizer step.", 1)
-    learning_rate: float = _help("Peak learning rate.", 2e-4)
+    steps: Optional[int] = _help("Optimizer steps (null = from data.max_tokens, which is then required).", 100, above=0)
+    batch_size: int = _help("Blocks per process per micro-batch.", 1, above=0)
+    gradient_accumulation_steps: int = _help("Micro-batches per optimizer step.", 1, above=0)
+    learning_rate: float = _help("Peak learning rate.", 2e-4, above=0)
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = _help(
         "Learning-rate schedule after warmup.", "cosine"
     )
-    warmup_steps: int = _help("Linear warmup steps.", 10)
-    weight_decay: float = _help("AdamW weight decay (matrices only; not biases, norms or position tables).", 0.0)
-    max_grad_norm: float = _help("Gradient clipping norm (0 = no clipping; the norm is still logged).", 1.0)
+    warmup_steps: int = _help("Linear warmup steps.", 10, minimum=0)
+    weight_decay: float = _help(
+        "AdamW weight decay (matrices only; not biases, norms or position tables).", 0.0, minimum=0
+    )
+    max_grad_norm: float = _help("Gradient clipping norm (0 = no clipping; the norm is still logged).", 1.0, minimum=0)
     mixed_precision: Literal["no", "bf16", "fp16"] = _help(
         "Accelerate mixed precision (an accelerate launch config may also set it).", "no"
     )
@@ -278,8 +275,8 @@ class TrainConfig:
         0.0,
     )
     seed: int = _help("Seed for initialization, data order, dropout and position offsets.", 0)
-    eval_every: int = _help("Validation loss every N steps (0 = only before and after training).", 0)
-    log_every: int = _help("Write a log.jsonl record every N steps.", 1)
+    eval_every: int = _help("Validation loss every N steps (0 = only before and after training).", 0, minimum=0)
+    log_every: int = _help("Write a log.jsonl record every N steps.", 1, above=0)
     positions: PositionsConfig = _help("Position augmentation during fine-tuning.", factory=PositionsConfig)
     rank_checksums: bool = _help(
         "Debug: every process writes a hash of the trained weights it holds (FSDP: its shards) to "
@@ -291,8 +288,8 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = _help("Save a resumable checkpoint (accelerate save_state) every N steps (0 = never).", 0)
-    keep_last: int = _help("Keep only the last K checkpoints.", 2)
+    every: int = _help("Save a resumable checkpoint (accelerate save_state) every N steps (0 = never).", 0, minimum=0)
+    keep_last: int = _help("Keep only the last K checkpoints.", 2, above=0)
     resume: str = _help(
         "auto: resume from the latest checkpoint in output_dir/checkpoints if any; never: start fresh "
         "(stale checkpoints are removed); or a checkpoint directory.",
@@ -354,78 +351,18 @@ class Recipe:
 
     # ---- checks that involve more than one key ----------------------------------------------
     def validate(self) -> None:
-        m, d, t, c = self.model, self.data, self.train, self.checkpoint
-        if not m.name_or_path:
-            raise RecipeError("missing required key 'model.name_or_path'")
-        if not self.output_dir:
-            raise RecipeError("missing required key 'output_dir'")
-        if (d.dataset is None) == (d.files is None):
-            raise RecipeError("set exactly one of 'data.dataset' and 'data.files'")
-        if isinstance(d.files, list) and not all(isinstance(f, str) and f for f in d.files):
-            raise RecipeError("'data.files' must be a string or a list of non-empty strings")
-        if isinstance(t.lora.target_modules, list) and not all(isinstance(x, str) for x in t.lora.target_modules):
-            raise RecipeError("'train.lora.target_modules' must be a string or a list of strings")
-        if t.steps is None and d.max_tokens is None:
-            raise RecipeError("'train.steps' is null: set it, or set 'data.max_tokens' to derive it from the budget")
-        if t.steps is not None:
-            _positive("train.steps", t.steps)
+        """The rules that span keys or sections; each key's own range is declared on its field (``minimum``,
+        ``above``, ``below``) and checked by ``schema.check_limits``."""
+        d, t, c = self.data, self.train, self.checkpoint
+        for key, value in (("model.name_or_path", self.model.name_or_path), ("output_dir", self.output_dir)):
+            if not value:
+                raise RecipeError(f"missing required key '{key}'")
+        _check_sources(d, t)
+        schema.check_limits(self)
         if self.task is None or d.streaming:  # a task's records stream with data.streaming: true only
             _check_streaming(d)
-        _positive("train.batch_size", t.batch_size)
-        _positive("train.gradient_accumulation_steps", t.gradient_accumulation_steps)
-        _positive("train.lora.r", t.lora.r)
-        _positive("train.log_every", t.log_every)
-        _positive("checkpoint.keep_last", c.keep_last)
-        _positive("data.max_validation_blocks", d.max_validation_blocks)
-        if d.max_documents is not None:
-            _positive("data.max_documents", d.max_documents)
-        if d.block_length < 2:
-            raise RecipeError(f"'data.block_length' must be >= 2, got {d.block_length}")
-        for key, v in [
-            ("train.warmup_steps", t.warmup_steps),
-            ("train.eval_every", t.eval_every),
-            ("checkpoint.every", c.every),
-            ("train.positions.random_offset", t.positions.random_offset),
-            ("train.positions.native_fade_steps", t.positions.native_fade_steps),
-            ("train.weight_decay", t.weight_decay),
-            ("train.max_grad_norm", t.max_grad_norm),
-            ("train.distill_weight", t.distill_weight),
-        ]:
-            if v < 0:
-                raise RecipeError(f"'{key}' must be >= 0, got {v}")
-        if not 0 <= d.validation_fraction < 1:
-            raise RecipeError(f"'data.validation_fraction' must be in [0, 1), got {d.validation_fraction}")
-        if not 0 <= t.lora.dropout < 1:
-            raise RecipeError(f"'train.lora.dropout' must be in [0, 1), got {t.lora.dropout}")
-        if t.learning_rate <= 0:
-            raise RecipeError(f"'train.learning_rate' must be > 0, got {t.learning_rate}")
-        if t.temperature <= 0:
-            raise RecipeError(f"'train.temperature' must be > 0, got {t.temperature}")
-        cal = self.convert.calibrate
-        if cal.data is not None:
-            if self.convert.scheme is None:
-                raise RecipeError(
-                    "'convert.calibrate.data' needs 'convert.scheme' (it trains the new scheme's parameters)"
-                )
-            if not cal.data:
-                raise RecipeError("'convert.calibrate.data' must be a data spec or null")
-            _positive("convert.calibrate.steps", cal.steps)
-            _positive("convert.calibrate.batch_size", cal.batch_size)
-            _positive("convert.calibrate.budget", cal.budget)
-            if cal.learning_rate <= 0:
-                raise RecipeError(f"'convert.calibrate.learning_rate' must be > 0, got {cal.learning_rate}")
-        if self.convert.scheme is None:
-            if t.objective != "lm":
-                raise RecipeError(
-                    f"'train.objective: {t.objective}' needs 'convert.scheme' (the teacher is the unconverted model)"
-                )
-            if t.positions.random_offset or t.positions.native_fade_steps or t.positions.method != "none":
-                raise RecipeError(
-                    "'train.positions' needs 'convert.scheme' (position controls act on a converted model)"
-                )
-        if not 0 < t.mask_rate < 1:
-            raise RecipeError(f"'train.mask_rate' must be in (0, 1), got {t.mask_rate}")
-        _check_position_method(t.positions, d.block_length)
+        _check_conversion(self.convert, t)
+        t.positions.check(d.block_length)
         _check_task(self)
         _check_copies(d)
         _check_teacher(t)
@@ -433,6 +370,35 @@ class Recipe:
             raise RecipeError(
                 f"'checkpoint.resume' must be auto, never or a checkpoint directory; {c.resume!r} is none"
             )
+
+
+def _check_sources(d: DataConfig, t: "TrainConfig") -> None:
+    """Where the text comes from and how long the run is: exactly one source, lists of strings, a bound on steps."""
+    if (d.dataset is None) == (d.files is None):
+        raise RecipeError("set exactly one of 'data.dataset' and 'data.files'")
+    if isinstance(d.files, list) and not all(isinstance(f, str) and f for f in d.files):
+        raise RecipeError("'data.files' must be a string or a list of non-empty strings")
+    if isinstance(t.lora.target_modules, list) and not all(isinstance(x, str) for x in t.lora.target_modules):
+        raise RecipeError("'train.lora.target_modules' must be a string or a list of strings")
+    if t.steps is None and d.max_tokens is None:
+        raise RecipeError("'train.steps' is null: set it, or set 'data.max_tokens' to derive it from the budget")
+
+
+def _check_conversion(convert: ConvertConfig, t: "TrainConfig") -> None:
+    """What needs 'convert.scheme': calibration, a distillation objective, position controls."""
+    cal = convert.calibrate
+    if cal.data is not None:
+        if convert.scheme is None:
+            raise RecipeError("'convert.calibrate.data' needs 'convert.scheme' (it trains the new scheme's parameters)")
+        if not cal.data:
+            raise RecipeError("'convert.calibrate.data' must be a data spec or null")
+    if convert.scheme is None:
+        if t.objective != "lm":
+            raise RecipeError(
+                f"'train.objective: {t.objective}' needs 'convert.scheme' (the teacher is the unconverted model)"
+            )
+        if t.positions.active:
+            raise RecipeError("'train.positions' needs 'convert.scheme' (position controls act on a converted model)")
 
 
 def _check_task(r: "Recipe") -> None:
@@ -449,10 +415,7 @@ def _check_task(r: "Recipe") -> None:
         return
     why = [
         (t.objective != "lm", f"'train.objective: {t.objective}' (distillation serves language models)"),
-        (
-            t.positions.method != "none" or t.positions.random_offset or t.positions.native_fade_steps,
-            "'train.positions'",
-        ),
+        (t.positions.active, "'train.positions'"),
         (d.copies.spans > 0, "'data.copies'"),
         (
             d.streaming is True and isinstance(d.dataset, str) and d.dataset.startswith("longdoc:"),
@@ -488,35 +451,8 @@ def _check_task_data(r: "Recipe") -> None:
         )
 
 
-def _check_position_method(pos: PositionsConfig, block_length: int) -> None:
-    from .positions import METHODS
-
-    if pos.method not in METHODS:
-        raise RecipeError(f"'train.positions.method' must be one of {', '.join(METHODS)}; got {pos.method!r}")
-    if pos.method == "none":
-        if pos.target_length:
-            raise RecipeError(
-                "'train.positions.target_length' is read by 'train.positions.method' (pose, randomized or endprompt), "
-                "which is 'none'"
-            )
-        return
-    if pos.target_length <= block_length:
-        raise RecipeError(
-            f"'train.positions.method: {pos.method}' needs 'train.positions.target_length' greater than "
-            f"'data.block_length' ({block_length}); got {pos.target_length}"
-        )
-    if pos.random_offset or pos.native_fade_steps:
-        raise RecipeError(
-            f"'train.positions.method: {pos.method}' cannot be combined with random_offset or native_fade_steps"
-        )
-    if pos.pose_chunks < 1:
-        raise RecipeError(f"'train.positions.pose_chunks' must be >= 1, got {pos.pose_chunks}")
-
-
 def _check_copies(d: DataConfig) -> None:
     cp = d.copies
-    if cp.spans < 0:
-        raise RecipeError(f"'data.copies.spans' must be >= 0, got {cp.spans}")
     if not cp.spans:
         return
     if not 1 <= cp.span_length <= d.block_length // 2:
@@ -555,6 +491,19 @@ def budget(r: "Recipe", processes: int = 1) -> tuple[int, int, str]:
     return steps, steps * per, words
 
 
+def resolve_steps(r: "Recipe", processes: int, stream: str | None) -> None:
+    """Resolve train.steps from data.max_tokens (the smaller bound wins) and say the arithmetic (``stream``: what a
+    streamed run reads, said with it)."""
+    steps, _, words = budget(r, processes)
+    if steps < 1:
+        raise LengthError(
+            f"'data.max_tokens' = {r.data.max_tokens:,} is less than one step of "
+            f"{tokens_per_step(r, processes):,} tokens"
+        )
+    r.train.steps = steps
+    log.info("budget: %s%s", words, f", streamed from {stream}" if stream is not None else "")
+
+
 MAX_DOCUMENTS_ON_A_STREAM = (
     "'data.max_documents' bounds a source read whole; a stream is bounded by data.max_tokens: "
     "drop it (--set data.max_documents=null) or set data.streaming: false"
@@ -562,12 +511,6 @@ MAX_DOCUMENTS_ON_A_STREAM = (
 
 
 def _check_streaming(d: DataConfig) -> None:
-    if d.max_tokens is not None:
-        _positive("data.max_tokens", d.max_tokens)
-    if d.shuffle_buffer < 0:
-        raise RecipeError(f"'data.shuffle_buffer' must be >= 0, got {d.shuffle_buffer}")
-    if d.validation_documents is not None and d.validation_documents < 0:
-        raise RecipeError(f"'data.validation_documents' must be >= 0, got {d.validation_documents}")
     if d.max_documents is not None and streams(d):
         raise RecipeError(MAX_DOCUMENTS_ON_A_STREAM)
     if d.streaming is False:
@@ -584,7 +527,6 @@ def _check_streaming(d: DataConfig) -> None:
 def _check_teacher(t: TrainConfig) -> None:
     if t.teacher_stride is None:
         return
-    _positive("train.teacher_stride", t.teacher_stride)
     if t.objective == "lm":
         raise RecipeError(
             "'train.teacher_stride' is read by the distillation teacher (objective distill or both); "
@@ -594,11 +536,6 @@ def _check_teacher(t: TrainConfig) -> None:
         raise RecipeError(
             f"'train.teacher_stride' is read by 'train.teacher_window: sliding'; it is {t.teacher_window!r}"
         )
-
-
-def _positive(key: str, value: int) -> None:
-    if value <= 0:
-        raise RecipeError(f"'{key}' must be > 0, got {value}")
 
 
 def iter_keys(cls=Recipe, prefix: str = ""):

@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import write_text
 from ..kernels import KERNELS
 from ..models.builtin import TINY_LLAMA
@@ -62,8 +62,9 @@ def build_models(root: Path) -> Path:
     return root
 
 
-def recipe(model: Path, scheme: str, options: dict, method: str, out: Path, batch_size: int, **train) -> dict:
-    """The fine-tune of one case; the sharded run takes ``batch_size=1`` per process, one process 2."""
+def recipe(model: Path, scheme: str, options: dict, method: str, out: Path, **train) -> dict:
+    """The fine-tune of one case; ``train`` keys over the case's (the sharded run takes ``batch_size=1`` per process,
+    one process 2)."""
     return {
         "model": {"name_or_path": str(model)},
         "convert": {"scheme": scheme, "options": options},
@@ -73,7 +74,7 @@ def recipe(model: Path, scheme: str, options: dict, method: str, out: Path, batc
             "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
             "train_norms": True,
             "steps": STEPS,
-            "batch_size": batch_size,
+            "batch_size": 1,
             "learning_rate": 3e-3,
             "warmup_steps": 1,
             "seed": 3,
@@ -134,7 +135,7 @@ def launch(config: Path, r: dict, where: Path) -> subprocess.CompletedProcess:
 
 def losses(out: Path) -> list[float]:
     """The per-step training losses of a run folder's ``log.jsonl``."""
-    return [x["loss"] for x in map(json.loads, (out / rf.LOG).read_text().splitlines()) if "loss" in x]
+    return [x["loss"] for x in map(json.loads, (out / run_folder.LOG).read_text().splitlines()) if "loss" in x]
 
 
 def logits(folder: Path):

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from ..foundation.errors import RecipeError
 
-log = logging.getLogger("retrofit.training.loop")
+log = logging.getLogger(__name__)
 
 
 def fsdp_requested() -> bool:
@@ -173,3 +173,13 @@ def clip_grad_norm(acc, params, max_norm: float):
         for g in grads:
             g.mul_(coef)
     return norm
+
+
+def cpu_processes() -> bool:
+    """Several processes and no GPU: tell Accelerate to use CPU processes over gloo (it does not
+    infer that under torchrun / ``accelerate launch --multi_gpu`` on a CPU-only machine)."""
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
+    return world > 1 and not torch.cuda.is_available() and not xpu

@@ -73,17 +73,20 @@ def ensure(name_or_path: str) -> None:
     """For a recipe that fine-tunes ``baseline:<preset>`` (the user asking for it): when it is not cached,
     copy its shipped folder (``shipped_folder``, checked against its SHA256SUMS) or else pretrain it, saying
     which first. Any other name is left alone."""
-    if not isinstance(name_or_path, str) or not name_or_path.startswith("baseline:"):
+    from ..models.builtin import BASELINE, baseline_preset
+
+    preset = baseline_preset(name_or_path) if isinstance(name_or_path, str) else None
+    if preset is None:
         return
-    preset = name_or_path.split(":", 1)[1]
     if built(preset) is not None:
         return
     if shipped_copy(preset) is not None:
         cached(preset)  # copies the shipped folder into the cache, checked, and says so
         return
     log.warning(
-        "baseline:%s is not in the cache: pretraining it now from the Shakespeare training plays "
+        "%s%s is not in the cache: pretraining it now from the Shakespeare training plays "
         "(%s on 2 CPU cores; once, then cached at %s)",
+        BASELINE,
         preset,
         DURATION.get(preset, "minutes"),
         output_dir(preset),

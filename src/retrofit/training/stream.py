@@ -3,7 +3,7 @@ tokenized on the fly in batches, packed into blocks; nothing holds more than a b
 
     source = StreamSource.of(recipe.data)            # opens and probes the stream: bad input fails here
     val = source.validation(tokenizer, block_length) # the held-out documents as blocks (a small tensor)
-    for batch, where in source.batches(tokenizer, data, batch_size, rank, world, seed, start):
+    for batch, where in source.batches(tokenizer, batch_size, block_length, packing, Part(rank, world, seed), start):
         ...                                          # where: the Position just after this batch
 
 A :class:`Position` (epoch, document, token offset) is where a process stands in its own part of the
@@ -27,7 +27,7 @@ from typing import Iterator
 
 import torch
 
-from ..data import specs as rdata
+from ..data import specs
 from ..data.specs import file_format, stream_files
 from ..foundation.errors import DataError, HubError
 from ..models import sources
@@ -50,6 +50,16 @@ class Position:
         return [self.epoch, self.document, self.offset]
 
 
+@dataclass(frozen=True)
+class Part:
+    """Which part of the stream a process reads: its ``rank`` of ``world`` processes, and the ``seed`` that shuffles
+    each epoch."""
+
+    rank: int = 0
+    world: int = 1
+    seed: int = 0
+
+
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
@@ -66,7 +76,7 @@ class StreamSource:
     @classmethod
     def of(cls, d) -> "StreamSource":
         """Open the recipe's stream and read its first document: a missing dataset, file or field fails here."""
-        if d.files is None and rdata.source_kind(d.dataset) in ("stdlib", "shakespeare"):
+        if d.files is None and specs.source_kind(d.dataset) in ("stdlib", "shakespeare"):
             raise DataError(
                 f"data.dataset {d.dataset!r} is a built-in source, read whole; data.streaming: true "
                 "streams Hub datasets and local json/jsonl/parquet/txt files"
@@ -160,7 +170,7 @@ class StreamSource:
             if d.validation_documents is None and blocks >= max_blocks:
                 break
             docs.append(text)
-            ids.append(rdata.tokenize_documents(tokenizer, [rdata.Document("", text)])[0])
+            ids.append(specs.tokenize_documents(tokenizer, [specs.Document("", text)])[0])
             blocks = _count_blocks(ids, block_length, packing)
             if d.validation_documents is not None and len(docs) >= d.validation_documents:
                 break
@@ -203,18 +213,15 @@ class StreamSource:
         batch_size: int,
         block_length: int,
         packing: bool,
-        *,
-        rank: int = 0,
-        world: int = 1,
-        seed: int = 0,
+        part: Part = Part(),
         start: Position | None = None,
     ) -> Iterator[tuple[torch.Tensor, Position]]:
-        """([batch_size, block_length] ids, the Position after them), from ``start`` on; epochs follow one
-        another when data.on_short is repeat, else the iterator ends with the stream."""
+        """([batch_size, block_length] ids, the Position after them) of this process's ``part``, from ``start`` on;
+        epochs follow one another when data.on_short is repeat, else the iterator ends with the stream."""
         pos = start or Position()
         rows: list[torch.Tensor] = []
         while True:
-            docs = itertools.islice(self.documents(rank, world, seed, pos.epoch), pos.document, None)
+            docs = itertools.islice(self.documents(part.rank, part.world, part.seed, pos.epoch), pos.document, None)
             fresh = True
             for block, where in pack(docs, tokenizer, block_length, packing, pos):
                 fresh = False
@@ -241,7 +248,7 @@ def pack(
     """Blocks of ``block_length`` tokens from documents (EOS after each, as ``data.tokenize_documents``),
     tokenized ``TOKENIZE_BATCH`` at a time; each with the Position just after it. ``docs`` starts at
     ``start.document``; its first ``start.offset`` tokens were consumed before."""
-    eos = rdata.separator_id(tokenizer)
+    eos = specs.separator_id(tokenizer)
     buf: list[int] = []
     head = 0  # buf[head:] is not yet emitted
     lengths: list[int] = []  # token counts of the documents in buf, oldest first

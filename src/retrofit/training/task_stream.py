@@ -20,7 +20,7 @@ import torch
 
 from ..foundation.errors import DataError, RecipeError
 from .blocks import Blocks
-from .stream import Position, StreamSource
+from .stream import Part, Position, StreamSource
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +108,13 @@ class TaskStream(StreamSource):
     def key(self, rec: dict) -> bytes:
         return _digest(rec, self.fields)
 
-    def batches(
-        self, tokenizer, batch_size: int, block_length: int, packing: bool, *, rank=0, world=1, seed=0, start=None
-    ):
-        """(a collated batch of ``batch_size`` examples, the Position after it), from ``start`` on; epochs follow
-        one another when data.on_short is repeat, else the iterator ends with the stream."""
+    def batches(self, tokenizer, batch_size: int, block_length: int, packing: bool, part: Part = Part(), start=None):
+        """(a collated batch of ``batch_size`` examples, the Position after it) of this process's ``part``, from
+        ``start`` on; epochs follow one another when data.on_short is repeat, else the iterator ends with the
+        stream."""
         pos = start or Position()
         while True:
-            recs = itertools.islice(self.documents(rank, world, seed, pos.epoch), pos.document, None)
+            recs = itertools.islice(self.documents(part.rank, part.world, part.seed, pos.epoch), pos.document, None)
             done, fresh = pos.document, True
             for chunk in iter(lambda: list(itertools.islice(recs, batch_size)), []):
                 if len(chunk) < batch_size:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -97,49 +98,45 @@ class Clock:
         return seconds
 
 
-def distill_kl(
-    student_logits,
-    teacher,
-    input_ids,
-    view: TeacherView,
-    temperature: float,
-    autocast=nullcontext,
-    clock: Clock | None = None,
-) -> torch.Tensor:
+@dataclass(frozen=True)
+class Teacher:
+    """The distillation teacher as a loss reads it: the frozen original (``model``), how it reads a block
+    (``view``), the softmax ``temperature``, the autocast context its forwards run in and the clock that times them
+    (None: untimed)."""
+
+    model: Any
+    view: TeacherView
+    temperature: float = 1.0
+    autocast: Any = nullcontext
+    clock: Clock | None = None
+
+
+def distill_kl(student_logits, input_ids, teacher: Teacher) -> torch.Tensor:
     """KL(teacher || student) per position, summed over the vocabulary, averaged over the positions the
-    teacher predicts (``view``), x temperature^2. ``student_logits``: [B, T, V] for ``input_ids`` [B, T]."""
-    total, count = 0.0, 0
-    for start, end, k in view.spans(input_ids.shape[1]):
-        with clock or nullcontext(), torch.no_grad(), autocast():
-            teacher_logits = last_logits(teacher, input_ids[:, start:end], k)  # [B, k, V]
+    teacher predicts (``teacher.view``), x temperature^2. ``student_logits``: [B, T, V] for ``input_ids`` [B, T]."""
+    total, count, temperature = 0.0, 0, teacher.temperature
+    for start, end, k in teacher.view.spans(input_ids.shape[1]):
+        with teacher.clock or nullcontext(), torch.no_grad(), teacher.autocast():
+            teacher_logits = last_logits(teacher.model, input_ids[:, start:end], k)  # [B, k, V]
         total = total + kl_sum(student_logits[:, end - k : end], teacher_logits, temperature)
         count += teacher_logits.shape[0] * k
     return total / count * temperature**2
 
 
-def masked_distill_kl(
-    student_logits,
-    teacher,
-    inputs,
-    labels,
-    view: TeacherView,
-    temperature: float,
-    autocast=nullcontext,
-    clock: Clock | None = None,
-) -> torch.Tensor:
+def masked_distill_kl(student_logits, inputs, labels, teacher: Teacher) -> torch.Tensor:
     """A masked LM's distillation: KL(teacher || student) at the block's masked tokens (``labels`` not
     IGNORE), averaged over them, x temperature^2. The teacher reads the same masked ``inputs`` [B, T] through
     its native window the way the masked-LM evaluation reads the original (``scoring.windows.centred_spans``:
     each token from the window where it is most central, stride ``view.stride``); ``student_logits``: [B, T, V]."""
-    total, count = 0.0, 0
+    total, count, view, temperature = 0.0, 0, teacher.view, teacher.temperature
     n = inputs.shape[1]
     window = min(view.window, n)
     for start, end, a, b in centred_spans(n, window, min(view.stride or window, window)):
         chosen = labels[:, a:b] != IGNORE  # (B, b - a)
         if not chosen.any():
             continue
-        with clock or nullcontext(), torch.no_grad(), autocast():
-            teacher_logits = teacher(input_ids=inputs[:, start:end]).logits[:, a - start : b - start]  # (B, b-a, V)
+        with teacher.clock or nullcontext(), torch.no_grad(), teacher.autocast():
+            teacher_logits = teacher.model(input_ids=inputs[:, start:end]).logits[:, a - start : b - start]
         total = total + kl_sum(student_logits[:, a:b][chosen], teacher_logits[chosen], temperature)
         count += int(chosen.sum())
     return total / max(count, 1) * temperature**2

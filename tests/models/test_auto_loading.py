@@ -83,7 +83,7 @@ def test_an_older_checkpoint_is_pushed_marked(tmp_path):
 @pytest.mark.slow
 def test_a_failed_registration_leaves_transformers_working(tmp_path):
     code = (
-        "import retrofit.foundation.auto as a\n"
+        "import retrofit.models.auto as a\n"
         "def boom(m): raise RuntimeError('api changed')\n"
         "a._AFTER[a._CONFIG_AUTO] = boom\n"
         "from transformers import AutoConfig, AutoTokenizer\n"

@@ -27,7 +27,7 @@ _MODELING_AUTO = "transformers.models.auto.modeling_auto"
 
 
 def _register_config(configuration_auto) -> None:
-    from ..models.hf_classes import RetrofitConfig
+    from .hf_classes import RetrofitConfig
 
     configuration_auto.AutoConfig.register(RetrofitConfig.model_type, RetrofitConfig, exist_ok=True)
 
@@ -35,8 +35,8 @@ def _register_config(configuration_auto) -> None:
 def _register_model(modeling_auto) -> None:
     """Every task's Auto class (``task.TASKS``: causal LM, masked LM, classifiers, ``AutoModel``) maps
     ``model_type: retrofit`` to a class that loads the checkpoint with ``retrofit.load``."""
-    from ..models.hf_classes import RetrofitConfig, for_task
-    from .task import TASKS
+    from ..foundation.task import TASKS
+    from .hf_classes import RetrofitConfig, for_task
 
     for t in TASKS:
         getattr(modeling_auto, t.auto_class).register(RetrofitConfig, for_task(t.name), exist_ok=True)
