@@ -25,7 +25,6 @@ KNOWN: dict[str, tuple[int, int]] = {
     "kernels/cpu_flash_band.py:band_backward": (36, 7),  # ratchet: to be passed a record (#69)
     "kernels/cpu_flash_mask.py:block_bias": (25, 7),  # ratchet: to be passed a record (#69)
     "kernels/cpu_flash_relative_band.py:forward": (8, 8),  # torch.autograd.Function.forward (one input per tensor)
-    "kernels/cpu_flash_two_view.py:_both_views": (7, 7),  # ratchet: to be passed a record (#69)
     "kernels/flash_attn_alibi.py:flash_attn_alibi": (16, 7),  # ratchet: to be passed a record (#69)
     "models/io.py:load_model": (49, 7),  # the public load_model() (docs/CORE_API.md)
     "native_export/__init__.py:export": (64, 8),  # the public export() (docs/export.md)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ..foundation import run_folder as rf
+from ..foundation import run_folder
 from ..foundation.atomic import write_dir, write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.quiet import hushed
@@ -46,7 +46,7 @@ def save(model, path: str | os.PathLike, tokenizer=None, source: Path | None = N
             tokenizer.save_pretrained(tmp)
             if is_converted(model):
                 tokenizer_reach(tmp / "tokenizer_config.json", reach(model))
-        for f in rf.st_files(source) if source is not None else []:
+        for f in run_folder.st_files(source) if source is not None else []:
             (tmp / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(source) / f, tmp / f)
         if is_converted(model):
