@@ -159,3 +159,21 @@ def test_the_minilm_grid_tables_and_the_readme_figures_are_what_the_json_gives()
     between = results.split("<!-- minilm-grid:begin -->")[1].split("<!-- minilm-grid:end -->")[0]
     assert tables.stdout.strip() == between.strip()
     assert row.stdout.strip() in (ROOT / "README.md").read_text()
+
+
+def test_the_smollm2_far_tables_and_the_readme_words_are_what_the_json_gives():
+    """docs/results.md's 4x tables and the README's words for the 2x adapter read at 32k are rendered from
+    benchmarks/smollm2_far.json by research/smollm2_far.py, not typed; every row holds the out-of-domain ppl."""
+    data = json.loads((ROOT / "benchmarks" / "smollm2_far.json").read_text())
+    assert {"as is", "yarn x4 + pose (2x round)"} <= {r["method"] for r in data["rows"]}
+    assert all(set(r["ppl_1x_other_domains"]) == {"pydoc prose", "stdlib code"} for r in data["rows"])
+    script = [sys.executable, str(ROOT / "research" / "smollm2_far.py"), "--table", "benchmarks/smollm2_far.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    cell = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and cell.returncode == 0, tables.stderr[-2000:] + cell.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    assert (
+        tables.stdout.rstrip("\n")
+        in results.split("<!-- smollm2-far:begin -->")[1].split("<!-- smollm2-far:end -->")[0]
+    )
+    assert cell.stdout.strip() in (ROOT / "README.md").read_text()
