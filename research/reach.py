@@ -26,6 +26,23 @@ METHODS = {
 }
 
 
+def sequence_options(ap, **defaults) -> None:
+    """The held-out sequence's options every SmolLM2 reach script takes (``prepare`` reads them); ``defaults``
+    overrides a default by its dest name (length, distances, per_distance, seed, native, cache)."""
+    d = {"length": 16384, "distances": "2048,4096,6144,8192,10240,12288,14336", "per_distance": 8, "seed": 0}
+    d |= {"native": None, "cache": "runs/smollm2_use", **defaults}
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--length", type=int, default=d["length"])
+    ap.add_argument("--distances", default=d["distances"])
+    ap.add_argument("--per-distance", type=int, default=d["per_distance"])
+    ap.add_argument("--span", type=int, default=32)
+    ap.add_argument("--cue", type=int, default=8)
+    ap.add_argument("--block", type=int, default=512, help="far-context gain: bootstrap blocks of targets")
+    ap.add_argument("--seed", type=int, default=d["seed"])
+    ap.add_argument("--native", type=int, default=d["native"])
+    ap.add_argument("--cache", default=d["cache"])
+
+
 def build(stream: list[int], length: int, distances: list[int], per: int, span: int, seed: int):
     """(ids [length], probes [(first, second, distance)]): held-out text with ``len(distances) * per``
     passages from past ``length`` in the stream placed at their first occurrences and, as cues, at the end."""

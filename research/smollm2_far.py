@@ -243,16 +243,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/smollm2_far.json")
     ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a record and exit")
     ap.add_argument("--readme", action="store_true", help="with --table: the README's words for the 2x adapter")
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--length", type=int, default=TARGET)
-    ap.add_argument("--distances", default="2048,4096,8192,12288,16384,20480,24576,28672,30720")
-    ap.add_argument("--per-distance", type=int, default=8)
-    ap.add_argument("--span", type=int, default=32)
-    ap.add_argument("--cue", type=int, default=8)
-    ap.add_argument("--block", type=int, default=512, help="far-context gain: bootstrap blocks of targets")
-    ap.add_argument("--seed", type=int, default=2)
-    ap.add_argument("--native", type=int, default=NATIVE)
-    ap.add_argument("--cache", default="runs/smollm2_far")
+    reach.sequence_options(
+        ap,
+        length=TARGET,
+        distances="2048,4096,8192,12288,16384,20480,24576,28672,30720",
+        seed=2,
+        native=NATIVE,
+        cache="runs/smollm2_far",
+    )
     args = ap.parse_args(argv)
     args.command = "OMP_NUM_THREADS=1 python research/smollm2_far.py"
     if args.table:

@@ -227,17 +227,7 @@ def main(argv=None) -> int:
     ap.add_argument("--redo", action="store_true", help="measure a cell again though --out has it")
     ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a record and exit")
     ap.add_argument("--readme", action="store_true", help="with --table: the README's sentence for the best cell")
-    # the shared sequence: smollm2_reach's options, 8 probes a distance
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--length", type=int, default=TARGET)
-    ap.add_argument("--distances", default="2048,4096,6144,8192,10240,12288,14336")
-    ap.add_argument("--per-distance", type=int, default=8)
-    ap.add_argument("--span", type=int, default=32)
-    ap.add_argument("--cue", type=int, default=8)
-    ap.add_argument("--block", type=int, default=512, help="far-context gain: bootstrap blocks of targets")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--native", type=int, default=None)
-    ap.add_argument("--cache", default="runs/smollm2_use")
+    reach.sequence_options(ap, length=TARGET)  # the shared sequence: smollm2_reach's options, 8 probes a distance
     args = ap.parse_args(argv)
     args.command = "OMP_NUM_THREADS=1 python research/smollm2_use.py"
     if args.table:
