@@ -337,3 +337,21 @@ def test_a_hub_dataset_is_streamed_up_to_max_documents(tmp_path):
         ("review 1", "pos"),
         ("review 2", "neg"),
     ]
+
+
+@pytest.mark.parametrize(
+    "task, record, key",
+    [("classification", {"text": "x"}, "data.label_field"), ("embedding", {"document": "y"}, "data.query_field")],
+)
+def test_a_record_missing_a_field_names_the_recipe_key_that_sets_it(task, record, key):
+    """A later record without a field (the first ones are checked before loading) names the key to set, not
+    'data.*_field'."""
+    from types import SimpleNamespace
+
+    from retrofit.foundation.errors import DataError
+    from retrofit.training import tasks
+
+    fields = {"text_field": "text", "label_field": "label", "query_field": "query", "document_field": "document"}
+    r = SimpleNamespace(task=task, data=SimpleNamespace(block_length=8, **fields))
+    with pytest.raises(DataError, match=f"set {key}$"):
+        tasks._row(r, None, record, ["lion"])

@@ -30,6 +30,11 @@ def _digest(rec: dict, fields: tuple[str, str]) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+def field_keys(task: str) -> tuple[str, str]:
+    """The recipe keys naming a task's two record fields: a classifier's text and label, an embedding's pair."""
+    return ("text_field", "label_field") if task == "classification" else ("query_field", "document_field")
+
+
 class TaskStream(StreamSource):
     """The task's records as a stream: ``validation`` (the held-out rows) and ``batches`` (collated training
     batches, each with the Position after it), as the loop reads a stream."""
@@ -43,13 +48,13 @@ class TaskStream(StreamSource):
         if d.files is not None and any(str(f).endswith((".txt", ".txt.gz")) for f in _listed(d.files)):
             raise DataError("a task streams records (json, jsonl, parquet); text files hold no labels or pairs")
         src = cls.of(d)
-        src.fields = (d.text_field, d.label_field) if r.task == "classification" else (d.query_field, d.document_field)
+        keys = field_keys(r.task)
+        src.fields = tuple(getattr(d, k) for k in keys)
         first = next(iter(src._records(src.open())), {})
-        missing = [f for f in src.fields if f not in first]
+        missing = [(k, f) for k, f in zip(keys, src.fields) if f not in first]
         if missing:
-            raise DataError(
-                f"dataset {src.what!r} has no field {missing[0]!r}; fields: {', '.join(first)} (set data.*_field)"
-            )
+            key, name = missing[0]
+            raise DataError(f"dataset {src.what!r} has no field {name!r}; fields: {', '.join(first)} (set data.{key})")
         feature = (src.open().features or {}).get(src.fields[1])
         src.column_names = tuple(feature.names) if isinstance(feature, datasets.ClassLabel) else None
         src.row = src.collate = None  # set by tasks.datasets once the tokenizer is known

@@ -150,11 +150,13 @@ def _label_names(records: list[dict], field: str = "label") -> list:
 
 
 def _row(r, tok, rec: dict, names: list[str]) -> Row:
+    from .task_stream import field_keys
+
     d = r.data
-    fields = (d.text_field, d.label_field) if r.task == "classification" else (d.query_field, d.document_field)
-    missing = [f for f in fields if f not in rec]
+    missing = [(k, getattr(d, k)) for k in field_keys(r.task) if getattr(d, k) not in rec]
     if missing:
-        raise DataError(f"a record has no field {missing[0]!r} (fields: {', '.join(rec)}); set data.*_field")
+        key, name = missing[0]
+        raise DataError(f"a record has no field {name!r} (fields: {', '.join(rec)}); set data.{key}")
     cut = lambda text: tok(str(text), truncation=True, max_length=d.block_length).input_ids  # noqa: E731
     if r.task == "classification":
         label = str(rec[d.label_field])
