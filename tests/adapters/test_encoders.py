@@ -75,7 +75,7 @@ def test_an_encoder_converts_both_ways_and_matches_the_reference_past_native(nam
     with torch.no_grad():
         before = model(x[:, :NATIVE], attention_mask=mask[:, :NATIVE]).logits
         retrofit.convert(model, scheme, **BOTH_WAYS[scheme])
-        assert all(not s.module.is_causal for s in retrofit.patch.conversion._state(model).adapter.sites())
+        assert all(not s.module.is_causal for s in retrofit.patch.conversion._state(model).adapter.attention_layers())
         out = model(x, attention_mask=mask).logits
         _set_attn(model, "retrofit_reference")
         ref = model(x, attention_mask=mask).logits

@@ -11,7 +11,7 @@ import transformers as tf
 
 import retrofit
 from retrofit.adapters import quirks
-from retrofit.adapters.base import AttentionSite
+from retrofit.adapters.base import AttentionLayer
 from retrofit.foundation.errors import UnsupportedArchitectureError
 from retrofit.patch import probe
 from retrofit.patch.conversion import _set_attn
@@ -204,7 +204,7 @@ def test_a_layer_without_positions_stays_without_them(monkeypatch):
 
     model = tiny(*CLAIMED["smollm3"])
     retrofit.convert(model, "alibi")
-    assert [site.positions for site in retrofit.patch.conversion._state(model).adapter.sites()] == [
+    assert [site.positions for site in retrofit.patch.conversion._state(model).adapter.attention_layers()] == [
         True,
         True,
         True,
@@ -213,8 +213,8 @@ def test_a_layer_without_positions_stays_without_them(monkeypatch):
     monkeypatch.setattr(probe, "_PASSED", {})
     monkeypatch.setattr(
         LlamaAdapter,
-        "sites",
-        lambda self: [AttentionSite(i, layer.self_attn) for i, layer in enumerate(self.base().layers)],
+        "attention_layers",
+        lambda self: [AttentionLayer(i, layer.self_attn) for i, layer in enumerate(self.base().layers)],
     )
     with pytest.raises(UnsupportedArchitectureError, match="lossless probe failed"):
         retrofit.convert(tiny(*CLAIMED["smollm3"]), "alibi")

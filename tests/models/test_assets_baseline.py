@@ -233,7 +233,7 @@ def test_the_encoder_stand_in_pretrains_by_masked_lm_reloads_and_converts(cache,
     if arch == "roberta":  # positions from padding_idx + 1 = 3 on: the table holds native + 3 rows
         assert model.config.max_position_embeddings == cfg.n_positions + 3 and model.config.pad_token_id == 2
     converted = retrofit.convert(model, "alibi")
-    assert not retrofit.patch.conversion._state(converted).adapter.sites()[0].module.is_causal
+    assert not retrofit.patch.conversion._state(converted).adapter.attention_layers()[0].module.is_causal
     ids = torch.randint(3, stats["vocab_size"], (1, 4 * cfg.n_positions))
     with torch.no_grad():
         assert torch.isfinite(converted(input_ids=ids).logits).all()

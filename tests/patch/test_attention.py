@@ -16,7 +16,7 @@ from retrofit.patch import attention
 from ..tiny import TINY, ids
 
 SRC = str(Path(retrofit.__file__).parent)
-MOST_FILES = 6  # patch/attention, scheme/base, scheme/alibi, kernels/__init__, kernels/call, the kernel's module
+MOST_FILES = 6  # patch/attention, scheme/kinds, scheme/alibi, kernels/__init__, kernels/call, the kernel's module
 
 
 def files_entered(entry, run) -> list[str]:

@@ -12,8 +12,8 @@ from transformers.models.distilbert.modeling_distilbert import create_sinusoidal
 from transformers.models.t5.modeling_t5 import T5Attention
 
 import retrofit
+from retrofit.scheme import ModelSpec
 from retrofit.scheme.alibi import alibi_slopes
-from retrofit.scheme.base import ModelSpec
 from retrofit.scheme.fire import FIRE
 from retrofit.scheme.shaw import ShawClipped
 from retrofit.scheme.sinusoidal import Sinusoidal

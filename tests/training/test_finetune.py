@@ -369,7 +369,7 @@ def test_lora_with_trained_embeddings_merges(tmp_path):
 def test_shift_invariant_flag_matches_the_model(scheme):
     """A scheme flagged shift_invariant gives the same logits when every position is shifted; one
     that is not (absolute or query-normalised positions) gives different ones."""
-    from retrofit.scheme.base import SCHEMES
+    from retrofit.scheme import SCHEMES
 
     from ..tiny import gpt2
 

@@ -22,7 +22,7 @@ from torch import nn
 from ..foundation.errors import UnsupportedArchitectureError
 from ..foundation.native import native_length
 from ..foundation.registry import Registry
-from ..scheme.base import ModelSpec
+from ..scheme.spec import ModelSpec
 from . import quirks
 from .inputs import state_positions
 
@@ -34,7 +34,10 @@ def register_adapter(name: str):
 
 
 @dataclass
-class AttentionSite:
+class AttentionLayer:
+    """One attention module an adapter patches: its layer index, sliding window and whether it reads positions.
+    (Not a ``Site``: that is one call of a converted layer, ``scheme.site.Site``.)"""
+
     layer: int
     module: nn.Module
     window: int | None = None  # sliding-window size of this layer (None: global)
@@ -104,10 +107,10 @@ class Adapter(abc.ABC):
             )
         if self.by_structure:
             return
-        for site in self.sites():
-            if type(site.module).__name__ not in self.attention_class_names:
+        for at in self.attention_layers():
+            if type(at.module).__name__ not in self.attention_class_names:
                 raise UnsupportedArchitectureError(
-                    f"{self.config.model_type}: layer {site.layer} attention is {type(site.module).__name__}, "
+                    f"{self.config.model_type}: layer {at.layer} attention is {type(at.module).__name__}, "
                     f"expected one of {', '.join(self.attention_class_names)}"
                 )
 
@@ -115,7 +118,7 @@ class Adapter(abc.ABC):
         return self.model.base_model
 
     @abc.abstractmethod
-    def sites(self) -> list[AttentionSite]:
+    def attention_layers(self) -> list[AttentionLayer]:
         """Every attention module this adapter patches, with its layer index and sliding window."""
 
     def spec(self) -> ModelSpec:
@@ -131,7 +134,7 @@ class Adapter(abc.ABC):
             native_length=native_length(c),
             native_kind=self.native_kind,
             native_rope=self.native_rope(),
-            bidirectional=any(not getattr(s.module, "is_causal", True) for s in self.sites()),
+            bidirectional=any(not getattr(s.module, "is_causal", True) for s in self.attention_layers()),
         )
 
     def native_rope(self) -> dict | None:

@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from .base import Adapter, AttentionSite, PositionTable, Swap, calls_attention_interface, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable, Swap, calls_attention_interface, register_adapter
 from .neutral import NeutralisedPositionTable
 
 LONG_BUFFERS = 1 << 16  # positions the embeddings' own buffers cover while converted (the native rows' 128x at 512)
@@ -103,8 +103,8 @@ class BertAdapter(Adapter):
     def targets(self) -> tuple[str, ...]:
         return self.lora_targets
 
-    def sites(self):
-        return [AttentionSite(i, _self_attention(layer)) for i, layer in enumerate(_layers(self.base()))]
+    def attention_layers(self):
+        return [AttentionLayer(i, _self_attention(layer)) for i, layer in enumerate(_layers(self.base()))]
 
     def neutralise(self, state):
         emb = self.base().embeddings

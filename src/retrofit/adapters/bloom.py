@@ -12,7 +12,7 @@ import dataclasses
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, register_adapter
+from .base import Adapter, AttentionLayer, register_adapter
 from .neutral import NeutralisedAttention
 
 TRAINED_LENGTH = 2048  # BLOOM's training sequence length (Scao et al., 2022); its config has no length key
@@ -63,8 +63,8 @@ class BloomAdapter(Adapter):
             if name not in self.attention_class_names + ("RetrofitBloomAttention",):
                 raise UnsupportedArchitectureError(f"bloom: layer {i} attention is {name}")
 
-    def sites(self):
-        return [AttentionSite(i, block.self_attention) for i, block in enumerate(self.base().h)]
+    def attention_layers(self):
+        return [AttentionLayer(i, block.self_attention) for i, block in enumerate(self.base().h)]
 
     def spec(self):
         """The native length: the config's if it names one (a converted checkpoint's), else BLOOM's 2,048."""

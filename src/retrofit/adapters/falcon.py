@@ -13,7 +13,7 @@ import dataclasses
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, register_adapter
+from .base import Adapter, AttentionLayer, register_adapter
 from .llama import native_rope
 from .neutral import NeutralisedAttention, NeutralisedRotary
 
@@ -79,8 +79,8 @@ class FalconAdapter(Adapter):
             if name not in self.attention_class_names + ("RetrofitFalconAttention",):
                 raise UnsupportedArchitectureError(f"falcon: layer {i} attention is {name}")
 
-    def sites(self):
-        return [AttentionSite(i, block.self_attention) for i, block in enumerate(self.base().h)]
+    def attention_layers(self):
+        return [AttentionLayer(i, block.self_attention) for i, block in enumerate(self.base().h)]
 
     def spec(self):
         """Keys and values as Falcon's attention shapes them: one per query head in the new decoder architecture

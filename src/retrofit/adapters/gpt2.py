@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, PositionTable, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable, register_adapter
 from .neutral import NeutralisedPositionTable
 
 
@@ -24,8 +24,8 @@ class GPT2Adapter(Adapter):
             )
         super().check()
 
-    def sites(self):
-        return [AttentionSite(i, block.attn) for i, block in enumerate(self.base().h)]
+    def attention_layers(self):
+        return [AttentionLayer(i, block.attn) for i, block in enumerate(self.base().h)]
 
     def neutralise(self, state):
         base = self.base()

@@ -14,7 +14,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, PositionTable, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable, register_adapter
 from .neutral import NeutralisedPositionTable
 
 
@@ -84,10 +84,10 @@ class GPTNeoAdapter(Adapter):
                     "load with attn_implementation='eager')"
                 )
 
-    def sites(self):
+    def attention_layers(self):
         c = self.config
         return [
-            AttentionSite(i, block.attn.attention, c.window_size if c.attention_layers[i] == "local" else None)
+            AttentionLayer(i, block.attn.attention, c.window_size if c.attention_layers[i] == "local" else None)
             for i, block in enumerate(self.base().h)
         ]
 

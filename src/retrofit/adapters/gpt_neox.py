@@ -6,7 +6,7 @@ dims, so replacing the rotary removes it from the rotated part and leaves the re
 from __future__ import annotations
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, register_adapter
+from .base import Adapter, AttentionLayer, register_adapter
 from .llama import native_rope
 from .neutral import NeutralisedRotary
 
@@ -25,8 +25,8 @@ class GPTNeoXAdapter(Adapter):
             raise UnsupportedArchitectureError("gpt_neox: expected gpt_neox.rotary_emb and gpt_neox.layers")
         super().check()
 
-    def sites(self):
-        return [AttentionSite(i, layer.attention) for i, layer in enumerate(self.base().layers)]
+    def attention_layers(self):
+        return [AttentionLayer(i, layer.attention) for i, layer in enumerate(self.base().layers)]
 
     def native_rope(self):
         return native_rope(self.config, self.base().rotary_emb)

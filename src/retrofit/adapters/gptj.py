@@ -9,7 +9,7 @@ import torch
 
 from ..foundation.errors import UnsupportedArchitectureError
 from ..foundation.native import native_length
-from .base import Adapter, AttentionSite, register_adapter
+from .base import Adapter, AttentionLayer, register_adapter
 from .neutral import NeutralisedSinCos
 
 
@@ -42,8 +42,8 @@ class GPTJAdapter(Adapter):
         attn = self.base().h[0].attn
         return tuple(n for n, m in attn.named_children() if isinstance(m, torch.nn.Linear)) or self.lora_targets
 
-    def sites(self):
-        return [AttentionSite(i, block.attn) for i, block in enumerate(self.base().h)]
+    def attention_layers(self):
+        return [AttentionLayer(i, block.attn) for i, block in enumerate(self.base().h)]
 
     def native_rope(self):
         rot, head_dim = self.config.rotary_dim, self.config.n_embd // self.config.n_head

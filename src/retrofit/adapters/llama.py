@@ -14,7 +14,7 @@ from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from . import quirks
-from .base import Adapter, AttentionSite, calls_attention_interface, register_adapter
+from .base import Adapter, AttentionLayer, calls_attention_interface, register_adapter
 from .neutral import NeutralisedRotary
 
 
@@ -199,11 +199,11 @@ class LlamaAdapter(Adapter):
             return [f"rotary_embs.{i}" for i in range(len(embs))]
         return ["rotary_emb"]
 
-    def sites(self):
+    def attention_layers(self):
         rope = self._positions()
         attns = [(i, attention_of(layer)) for i, layer in enumerate(self.base().layers)]
         return [
-            AttentionSite(i, attn, self._window(i, attn), positions=bool(rope[i]) if rope is not None else True)
+            AttentionLayer(i, attn, self._window(i, attn), positions=bool(rope[i]) if rope is not None else True)
             for i, attn in attns
             if attn is not None
         ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, register_adapter
+from .base import Adapter, AttentionLayer, register_adapter
 from .neutral import NeutralisedAttention
 
 
@@ -60,8 +60,8 @@ class MptAdapter(Adapter):
             if name not in self.attention_class_names + ("RetrofitMptAttention",):
                 raise UnsupportedArchitectureError(f"mpt: layer {i} attention is {name}")
 
-    def sites(self):
-        return [AttentionSite(i, block.attn) for i, block in enumerate(self.base().blocks)]
+    def attention_layers(self):
+        return [AttentionLayer(i, block.attn) for i, block in enumerate(self.base().blocks)]
 
     def neutralise(self, state):
         swaps = []

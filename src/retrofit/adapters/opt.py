@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionSite, PositionTable, calls_attention_interface, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable, calls_attention_interface, register_adapter
 from .neutral import NeutralisedPositionTable
 
 
@@ -117,8 +117,8 @@ class OPTAdapter(Adapter):
         attn = self.base().layers[0].self_attn
         return tuple(n for n, m in attn.named_children() if isinstance(m, nn.Linear)) or self.lora_targets
 
-    def sites(self):
-        return [AttentionSite(i, layer.self_attn) for i, layer in enumerate(self.base().layers)]
+    def attention_layers(self):
+        return [AttentionLayer(i, layer.self_attn) for i, layer in enumerate(self.base().layers)]
 
     def spec(self):
         """Read off the decoder's own modules where they say it: a decoder beside an encoder (BART's kin) has its

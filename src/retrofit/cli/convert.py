@@ -57,7 +57,7 @@ def scheme_help(only: str | None = None) -> str:
     """The schemes (``only``: that one) with their options, the attention kernels, the architectures and the built-in
     names, from the registries (imports torch)."""
     from ..scheme import SCHEMES
-    from ..scheme.base import common_option_help
+    from ..scheme.options import common_option_help
 
     lines = ["schemes and their options (--option key=value):"]
     for name, cls in SCHEMES.items():

@@ -3,7 +3,7 @@ without importing torch (``retrofit --help``, ``retrofit convert --help`` and ar
 
 It is the registry and the one place a scheme's name is declared: the module ``retrofit.scheme.<module>``
 defines one ``Scheme`` subclass, which takes its name and kind from its line here when the module loads
-(``scheme.base.Scheme.__init_subclass__``); ``retrofit.scheme.SCHEMES`` imports a scheme's module the first
+(``scheme.root.Scheme.__init_subclass__``); ``retrofit.scheme.SCHEMES`` imports a scheme's module the first
 time the scheme is used. A new scheme is its module and one line here (docs/ARCHITECTURE.md, "Add a scheme")."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from .errors import UnknownSchemeError
 
 PACKAGE = "retrofit.scheme"  # where the schemes' modules live
-KINDS = ("bias", "relative", "rotary", "absolute", "none")  # what a kind's term acts on: scheme/base.py
+KINDS = ("bias", "relative", "rotary", "absolute", "none")  # what a kind's term acts on: scheme/kinds.py
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ maker of such fields: recipes, evaluation options, scheme options). Loading is s
 (with a "did you mean"), a missing mapping or a value of the wrong type raises the caller's error class
 (``RecipeError`` by default) naming the dotted key. YAML 1.1 quirks are handled (``2e-4`` read as a
 string, a bare ``no`` read as false). ``check`` is the one type checker, also of scheme options
-(``scheme.base``), which word a mismatch their own way.
+(``scheme.options``), which word a mismatch their own way.
 
     section = build(EvalSection, {"budget": 4096}, prefix="eval.")
     raw = read_yaml("recipes/x.yaml"); apply_overrides(raw, ["train.steps=200"])

@@ -1,12 +1,12 @@
 """One attention call as one record: q, k, v and every hint a kernel may use (``Call``).
-``patch/attention.py`` builds it once per call; the table (``src/retrofit/kernels/__init__.py``) hands it to the
-first kernel that serves it."""
+``patch/attention.py`` builds it once per call, from the ``Term`` a scheme kind's ``prepare`` gives; the table
+(``src/retrofit/kernels/__init__.py``) hands it to the first kernel that serves it."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -47,6 +47,28 @@ class Far:
     q: torch.Tensor  # (B, H, Tq, D)
     k: torch.Tensor  # (B, H or Hkv, Tk, D)
     reach: int
+
+
+@dataclass
+class Term:
+    """What a scheme kind's ``prepare`` hands the kernels: q and k as the scores read them and the positional term,
+    each by the name of the ``Call`` field it fills (``patch/attention.py`` builds the ``Call`` from it)."""
+
+    q: torch.Tensor  # (B, H, Tq, D)
+    k: torch.Tensor  # (B, H or Hkv, Tk, D)
+    bias: Any = None  # bias(h, i, j) of slot indices
+    bias_params: tuple = ()  # the tensors ``bias`` is computed from
+    slopes: torch.Tensor | None = None  # ALiBi's (H,), scaled
+    band: torch.Tensor | None = None  # T5's / Shaw's (H, K + 1), scaled
+    distance_only: bool = False  # the bias reads i - j alone for every query of the call
+    row_scale: torch.Tensor | None = None  # the temperature left to the row scale (None once folded into the bias)
+    relative: Relative | None = None  # a relative scheme's position side
+    far: Far | None = None  # a two-view rotary scheme's far view
+    row_shifts: torch.Tensor | None = None  # (B,) per-row shifts where rows sit at different positions
+    bias_at: Any = None  # bias_at(moved): the bias of rows moved by ``moved``
+
+    def fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass

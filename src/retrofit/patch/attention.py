@@ -1,8 +1,8 @@
 """The attention and mask functions registered as ``"retrofit"`` with transformers' ``AttentionInterface`` /
 ``AttentionMaskInterface``, and what they read: the converted model's state (``RetrofitState``) and the context
 each converted layer carries (``LayerContext``). The attention function is the glue between transformers and the
-scheme: it reads the layer's context, builds the call's ``Site``, asks the scheme's kind to prepare its term
-(``Scheme.prepare``, scheme/base.py) and hands one ``kernels.Call`` to the kernel table (``kernels.attend``)."""
+scheme: it reads the layer's context, builds the call's ``Site`` (a ``LayerCall``), asks the scheme's kind to prepare its term
+(``Scheme.prepare``, scheme/kinds.py) and hands one ``kernels.Call`` to the kernel table (``kernels.attend``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .. import kernels
 from ..adapters.base import Adapter, Swap
 from ..adapters.inputs import state_positions
 from ..foundation.errors import LengthError, PatchNotLiveError, RetrofitError
-from ..scheme import Scheme, Term
+from ..scheme import Scheme, Site, Term
 
 ATTN_NAME = "retrofit"
 log = logging.getLogger(__name__)
@@ -103,8 +103,8 @@ class LayerContext:
 
 
 @dataclass
-class Site:
-    """One call of a converted layer's attention, as the scheme's kind reads it (``scheme.base.Site``): its
+class LayerCall(Site):
+    """One call of a converted layer's attention: the ``Site`` a scheme's kind reads (``scheme.site.Site``), its
     layer and scheme, its direction, and where its queries and keys sit (``q_start``: earlier keys in the cache;
     ``shift``: a sliding-window cache's dropped keys; ``placed``: a training block's own positions)."""
 
@@ -202,7 +202,7 @@ def retrofit_attention(module, query, key, value, attention_mask, scaling=None, 
     return out.transpose(1, 2).contiguous(), None
 
 
-def _site(module, query, key, scaling, kwargs) -> Site:
+def _site(module, query, key, scaling, kwargs) -> LayerCall:
     """The call's ``Site``, checked: a converted layer, a length its scheme reaches, and a block's own positions
     only on a call without a cache."""
     ctx: LayerContext | None = getattr(module, "_retrofit_layer", None)
@@ -237,7 +237,7 @@ def _site(module, query, key, scaling, kwargs) -> Site:
         )
     shift = seen - q_start if seen > q_start else 0
     scaling = D**-0.5 if scaling is None else scaling
-    return Site(ctx, scheme, causal, scaling, Tq, Tk, q_start, shift, placed)
+    return LayerCall(ctx, scheme, causal, scaling, Tq, Tk, q_start, shift, placed)
 
 
 def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=None, config=None, **kwargs):

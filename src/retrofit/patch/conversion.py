@@ -31,7 +31,7 @@ from ..foundation.errors import (
 )
 from ..foundation.versions import __version__
 from ..scheme import SCHEMES, Scheme
-from ..scheme.base import parse_common
+from ..scheme.options import parse_common
 from . import probe
 from .attention import (  # noqa: F401  (retrofit_attention, retrofit_mask: registered on import)
     ATTN_NAME,
@@ -171,8 +171,8 @@ def _convert(model, to, options: dict, how: Converting):
                 if p.requires_grad:
                     p.requires_grad_(False)
                     state.frozen.append(p)
-        for site in adapter.sites():
-            site.module._retrofit_layer = LayerContext(state, site.layer, site.window, site.positions)
+        for at in adapter.attention_layers():
+            at.module._retrofit_layer = LayerContext(state, at.layer, at.window, at.positions)
         _set_attn(model, ATTN_NAME)
         previous = getattr(model.config, "retrofit", None) or {}
         model.config.retrofit = {
@@ -261,7 +261,7 @@ def _calibrate_qk_norm(model, state: RetrofitState, native_length: int, length: 
 
 def _check_direction(adapter, scheme_cls, to: str) -> None:
     """A model whose attention sees keys after the query (an encoder) takes only a scheme defined for them."""
-    both = [s.layer for s in adapter.sites() if not getattr(s.module, "is_causal", True)]
+    both = [s.layer for s in adapter.attention_layers() if not getattr(s.module, "is_causal", True)]
     if both and scheme_cls.kind in ("bias", "relative") and not scheme_cls.bidirectional:
         ok = sorted(n for n, c in SCHEMES.items() if c.bidirectional or c.kind not in ("bias", "relative"))
         raise OptionError(
@@ -277,7 +277,7 @@ def _probe_convert(model, scheme: str, options: dict) -> None:
 def _verify_live(model, state: RetrofitState, length: int = 8):
     """Run a short probe; raise PatchNotLiveError unless every layer ran the new attention
     and the native mechanism's stand-in was consulted."""
-    sites = state.adapter.sites()
+    layers = state.adapter.attention_layers()
     state.calls.clear()
     stand_ins = [getattr(sw.parent, sw.attr) for sw in state.swaps]  # stand-in modules count their calls
     stand_ins = [s for s in stand_ins if isinstance(s, nn.Module)]  # (a longer buffer swapped in counts nothing)
@@ -292,10 +292,10 @@ def _verify_live(model, state: RetrofitState, length: int = 8):
             model(input_ids=ids[None], use_cache=False)
     finally:
         model.train(was_training)
-    missing = [s.layer for s in sites if state.calls.get(s.layer, 0) == 0]
+    missing = [s.layer for s in layers if state.calls.get(s.layer, 0) == 0]
     if missing:
         raise PatchNotLiveError(
-            f"the new attention did not run in layers {missing} of {len(sites)}; this transformers version "
+            f"the new attention did not run in layers {missing} of {len(layers)}; this transformers version "
             f"may dispatch attention differently. Nothing was converted."
         )
     idle = [type(s).__name__ for s in stand_ins if s.calls == 0]
@@ -321,9 +321,9 @@ def revert(model) -> nn.Module:
         setattr(sw.parent, sw.attr, original)
     for p in state.frozen:
         p.requires_grad_(True)
-    for site in state.adapter.sites():
-        if hasattr(site.module, "_retrofit_layer"):
-            del site.module._retrofit_layer
+    for at in state.adapter.attention_layers():
+        if hasattr(at.module, "_retrofit_layer"):
+            del at.module._retrofit_layer
     _set_attn(model, state.original_attn)
     withdraw_reach(model, state)
     if POSITIONS_MODULE in model._modules:

@@ -95,7 +95,7 @@ def _lossless(model, adapter, convert, revert, set_attn, key) -> float:
     model.eval()
     spec = adapter.spec()
     device = next(model.parameters()).device
-    windows = [s.window for s in adapter.sites() if s.window and s.window <= WINDOW_REACH]
+    windows = [s.window for s in adapter.attention_layers() if s.window and s.window <= WINDOW_REACH]
     n = max(2, min(max([LENGTH] + [w + 8 for w in windows]), spec.native_length or LENGTH))  # past every window
     vocab = model.get_input_embeddings().weight.shape[0]
     x = torch.randint(3, max(4, vocab), (1, n), generator=torch.Generator().manual_seed(0)).to(device)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .base import BiasScheme, ModelSpec, option
+from .kinds import BiasScheme
+from .options import option
+from .spec import ModelSpec
 
 
 def alibi_slopes(num_heads: int) -> list[float]:

@@ -26,7 +26,9 @@ import torch
 from torch import nn
 
 from ..foundation.errors import LengthError, OptionError
-from .base import AbsoluteScheme, ModelSpec, option
+from .kinds import AbsoluteScheme
+from .options import option
+from .spec import ModelSpec
 
 INITS = ("copy", "interpolate")
 

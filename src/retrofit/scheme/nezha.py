@@ -20,8 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, RelativeScheme, option
+from .kinds import RelativeScheme
+from .options import option
 from .sinusoidal import sinusoids
+from .spec import ModelSpec
 
 
 class Nezha(RelativeScheme):

@@ -4,7 +4,7 @@ mechanism is removed and nothing replaces it: the causal mask alone carries orde
 
 from __future__ import annotations
 
-from .base import NoneScheme
+from .kinds import NoneScheme
 
 
 class NoPE(NoneScheme):

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, RotaryScheme, option
+from .kinds import RotaryScheme
+from .options import option
+from .spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from ..foundation.errors import OptionError
-from .base import AbsoluteScheme, ModelSpec, option
+from .kinds import AbsoluteScheme
+from .options import option
+from .spec import ModelSpec
 
 
 def frequencies(dim: int, base: float, device=None) -> torch.Tensor:

@@ -26,7 +26,9 @@ from torch import nn
 
 from ..foundation.errors import OptionError
 from .alibi import alibi_slopes
-from .base import BiasScheme, ModelSpec, gather_per_head, option
+from .kinds import BiasScheme, gather_per_head
+from .options import option
+from .spec import ModelSpec
 
 INITS = ("alibi", "zero")
 

@@ -27,8 +27,10 @@ import torch
 from torch import nn
 
 from ..foundation.errors import OptionError
-from .base import ModelSpec, RelativeScheme, option
+from .kinds import RelativeScheme
+from .options import option
 from .sinusoidal import frequencies, sinusoids
+from .spec import ModelSpec
 
 INITS = ("zero", "random")
 INIT_STD = 0.02

@@ -208,7 +208,7 @@ class Placer:
     def _warn_if_offset_is_a_no_op(self, scheme: str | None) -> None:
         """A uniform shift of every position cannot change a scheme whose scores depend only on i - j
         (measured: docs/finetune.md, "Position augmentation")."""
-        from ..scheme.base import SCHEMES
+        from ..scheme.registry import SCHEMES
 
         shift_invariant = scheme in SCHEMES and getattr(SCHEMES.get(scheme), "shift_invariant", False)
         if self.config.random_offset and shift_invariant:

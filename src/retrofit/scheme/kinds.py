@@ -1,16 +1,16 @@
-"""The scheme interface: one positional mechanism, one module.
+"""The root ``Scheme`` and the base of each kind (a scheme's catalog line names its kind, ``foundation/catalog.py``).
 
-A scheme is an ``nn.Module`` attached to the converted model as ``model.retrofit_positions``
-(so its learned parameters are ordinary parameters: saved, optimised, visible to PEFT).
-It subclasses the base of its kind (its catalog line says which, ``foundation/catalog.py``), and the kind's
-``prepare(site, q, k)`` turns one attention call's q and k into what the kernels read (a ``Term``: the
-``kernels.Call`` fields it fills), given the call's ``Site``:
+The root carries what every kind has: its catalog name and kind, its options and the common ones, QK-norm, the
+length-aware temperature, the direction check, a length limit. Each kind's base adds what its schemes define and
+how its ``prepare`` turns a call's ``Site``, q and k into the kernels' ``Term``; the facts a kernel may exploit live
+on the one kind they are about (``BiasScheme.linear_slopes``, ``RotaryScheme.far_reach``, ...). (One module: a
+call's ``prepare`` runs the root's steps and its kind's, and a converted layer's forward enters few files.)
 
 - ``"bias"`` (``BiasScheme``): a per-head additive score bias, ``bias(layer, h, q_pos, k_pos)``, written
   elementwise so the same definition serves the query-chunked kernel (``h`` (H, 1, 1),
   ``q_pos`` (1, C, 1), ``k_pos`` (1, 1, Tk) -> (H, C, Tk)) and FlexAttention's ``score_mod``
-  (0-d tensors -> 0-d). A learned bias is a gather (``table[layer, h, bucket(q_pos - k_pos)]``),
-  never an H x N x N tensor. ``prepare``: the bias function, slopes or band, per-row shifts.
+  (0-d tensors -> 0-d). A learned bias is a gather (``table[layer, h, bucket(q_pos - k_pos)]``,
+  ``gather_per_head``), never an H x N x N tensor. ``prepare``: the bias function, slopes or band, per-row shifts.
 - ``"relative"`` (``RelativeScheme``): a query-dependent positional term (Transformer-XL, NEZHA):
   ``relative_queries(layer, q)`` gives the content and position queries, ``relative_keys(layer, n, dtype, device,
   start)`` one vector per distance start .. start + n - 1 (H or 1, n, D; an encoder's keys after the query have
@@ -20,18 +20,14 @@ It subclasses the base of its kind (its catalog line says which, ``foundation/ca
 - ``"absolute"`` (``AbsoluteScheme``): adds to the embeddings, ``embed(position_ids, dtype)``.
 - ``"none"`` (``NoneScheme``): nothing (the causal mask alone carries order).
 
-Every kind's ``prepare`` applies the common options too (QK-norm, the length-aware temperature).
-
-Options are a dataclass (``Options``) whose fields carry ``metadata={"help": ...}`` (made by ``option``,
-through ``schema.field_help``) and are checked by the one type checker, ``schema.check``.
+Every kind's ``prepare`` applies the common options too (QK-norm, the length-aware temperature: ``Scheme``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -39,165 +35,11 @@ from torch import nn
 
 from ..foundation import catalog
 from ..foundation.errors import OptionError, RetrofitError
-from ..foundation.schema import UNIONS, Mismatch, check, field_help, help_of
-from ..kernels.call import Far, Relative
-
-
-class Schemes:
-    """The schemes by name (``foundation.catalog``), each class imported on first use: ``get(name)``, ``names()``,
-    ``items()`` (imports every one), ``name in SCHEMES``."""
-
-    def get(self, name: str) -> type["Scheme"]:
-        module = importlib.import_module(catalog.module_of(name))  # an unknown name: UnknownSchemeError
-        found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Scheme)]
-        found = [c for c in found if c.__module__ == module.__name__]  # its own, not one it imports
-        leaves = [c for c in found if not any(o is not c and issubclass(o, c) for o in found)]  # not a helper base
-        if len(leaves) != 1:
-            names = ", ".join(c.__name__ for c in leaves) or "none"
-            raise TypeError(f"{module.__name__} must define one scheme class for {name!r}; it defines {names}")
-        return leaves[0]
-
-    def names(self) -> list[str]:
-        return sorted(catalog.CATALOG)
-
-    def items(self) -> list[tuple[str, type["Scheme"]]]:
-        return [(n, self.get(n)) for n in self.names()]
-
-    def __contains__(self, name: object) -> bool:
-        return name in catalog.CATALOG
-
-
-SCHEMES = Schemes()
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What a scheme needs to know about the model it is installed in (filled by the adapter)."""
-
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    native_length: int  # positions the model was trained on
-    native_kind: str  # "learned_absolute" | "rope" | "alibi"
-    native_rope: dict | None = None  # {"theta", "fraction", "rope_type", "inv_freq" (tensor), "attention_scaling"}
-    embedding_rms: float | None = (
-        None  # RMS of the input token embeddings (filled by convert; absolute schemes scale to it)
-    )
-    # learned-absolute families: the native table's rows for positions 0 .. native - 1 (filled by convert)
-    native_table: Any = field(default=None, compare=False, repr=False)
-    # its attention sees the keys after the query (an encoder): a scheme with a learned table per offset keeps one
-    # for each side (T5's bidirectional buckets)
-    bidirectional: bool = False
-
-
-def option(default, help: str, choices: tuple | None = None):
-    """A dataclass field with help text (and allowed values) for a scheme option: ``schema.field_help``, in
-    the argument order docs/CORE_API.md gives scheme authors."""
-    return field_help(help, default, **({"choices": choices} if choices else {}))
-
-
-@dataclass
-class CommonOptions:
-    """Options every scheme takes: they act on the attention logits rather than on the positions."""
-
-    temperature: float = option(
-        0.0,
-        "length-aware softmax temperature beta (every scheme): the logits of the query at position i are "
-        "multiplied by 1 + beta * ln(max(1, (i + 1) / temperature_length)); 0 = off",
-    )
-    temperature_length: int | None = option(None, "where the temperature starts growing (default: the native length)")
-    qk_norm: bool = option(
-        False,
-        "RMSNorm on each head's q and k before the positions act (learned gains, started at the RMS of q and k "
-        "measured by a calibration pass at the native length, so the scores start close to the original's)",
-    )
-
-
-COMMON_OPTIONS = tuple(f.name for f in dataclasses.fields(CommonOptions))
-
-
-def common_option_help() -> dict[str, str]:
-    return help_of(CommonOptions)
-
-
-def common_defaults(spec: ModelSpec | None = None) -> dict[str, Any]:
-    """The common options' values when not given (temperature_length: the model's native length)."""
-    out = dataclasses.asdict(CommonOptions())
-    if spec is not None:
-        out["temperature_length"] = spec.native_length
-    return out
-
-
-def parse_common(spec: ModelSpec, given: dict[str, Any]) -> tuple[CommonOptions, dict[str, Any]]:
-    """Split the common options out of ``given``; returns (CommonOptions, the scheme's own options)."""
-    fields = {f.name: f for f in dataclasses.fields(CommonOptions)}
-    hints = typing.get_type_hints(CommonOptions)
-    values = {k: _check_type("(every scheme)", k, v, hints[k], None) for k, v in given.items() if k in fields}
-    common = CommonOptions(**values)
-    if common.temperature_length is None:
-        common.temperature_length = spec.native_length
-    if common.temperature < 0:
-        raise OptionError(f"option 'temperature' must be >= 0; got {common.temperature}")
-    if common.temperature_length <= 0:
-        raise OptionError(f"option 'temperature_length' must be > 0; got {common.temperature_length}")
-    return common, {k: v for k, v in given.items() if k not in fields}
-
-
-class Site(typing.Protocol):
-    """Where one attention call sits, as a kind's ``prepare`` reads it (``patch/attention.py`` builds it from the
-    layer's context: this layer reads nothing of the patch)."""
-
-    layer: int
-    window: int | None  # the layer's sliding window
-    causal: bool  # False: keys after the query count too (an encoder)
-    scaling: float  # of the scores
-    Tq: int
-    Tk: int
-    q_start: int  # earlier keys in the cache
-    shift: int  # a sliding-window cache's dropped keys
-    placed: bool  # a training block's own positions (PoSE, randomized): ``place`` reads them
-    offset: int  # added to every position
-    calibration: dict | None  # while QK-norm calibrates: {(layer, "q"|"k"): RMS per head}, filled here
-    position_inputs: bool  # the caller gave position ids or a 2D padding mask
-
-    def place(self, index: torch.Tensor) -> torch.Tensor:
-        """Absolute positions of token slots ``index``."""
-
-    def layer_index(self, device) -> torch.Tensor:
-        """The layer number as a 0-d tensor on ``device`` (for bias functions)."""
-
-    def token_positions(self, device) -> torch.Tensor:
-        """(B or 1, Tq) positions of the call's queries, from the caller's position ids or the padding mask."""
-
-    def row_shifts(self, device) -> torch.Tensor | None:
-        """(B,) position - slot of each batch row's tokens; None without position inputs."""
-
-    def in_place(self, key: torch.Tensor) -> bool:
-        """``key`` is the cache's own tensor and takes no gradient: new rows may be transformed in place, once."""
-
-
-@dataclass
-class Term:
-    """What a kind's ``prepare`` hands the kernels: q and k as the scores read them and the positional term, each
-    by the name of the ``kernels.Call`` field it fills."""
-
-    q: torch.Tensor  # (B, H, Tq, D)
-    k: torch.Tensor  # (B, H or Hkv, Tk, D)
-    bias: Any = None  # bias(h, i, j) of slot indices
-    bias_params: tuple = ()  # the tensors ``bias`` is computed from
-    slopes: torch.Tensor | None = None  # ALiBi's (H,), scaled
-    band: torch.Tensor | None = None  # T5's / Shaw's (H, K + 1), scaled
-    distance_only: bool = False  # the bias reads i - j alone for every query of the call
-    row_scale: torch.Tensor | None = None  # the temperature left to the row scale (None once folded into the bias)
-    relative: Relative | None = None  # a relative scheme's position side
-    far: Far | None = None  # a two-view rotary scheme's far view
-    row_shifts: torch.Tensor | None = None  # (B,) per-row shifts where rows sit at different positions
-    bias_at: Any = None  # bias_at(moved): the bias of rows moved by ``moved``
-
-    def fields(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+from ..foundation.schema import help_of
+from ..kernels.call import Far, Relative, Term
+from .options import COMMON_OPTIONS, CommonOptions, check_type, parse_common
+from .site import Site
+from .spec import ModelSpec
 
 
 class Scheme(nn.Module):
@@ -250,7 +92,7 @@ class Scheme(nn.Module):
         hints = typing.get_type_hints(cls.Options)
         values = {}
         for key, value in given.items():
-            values[key] = _check_type(cls.name, key, value, hints[key], fields[key].metadata.get("choices"))
+            values[key] = check_type(cls.name, key, value, hints[key], fields[key].metadata.get("choices"))
         opts = cls.Options(**values)
         return cls.resolve_defaults(spec, opts)
 
@@ -307,46 +149,6 @@ class Scheme(nn.Module):
         """Longest sequence this scheme supports (None: no limit)."""
         return None
 
-    # ---- facts a kernel may exploit: every scheme answers them (None / False: no) -------------
-    #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
-    bias_scaled_with_scores: bool = False
-    #: a rotary scheme whose rotation of a position changes with the sequence length (dynamic RoPE)
-    rotation_depends_on_length: bool = False
-    #: a rotary scheme that reads each key at a second position too (SelfExtend): the cache keeps keys unrotated
-    keys_reread: bool = False
-
-    def linear_slopes(self, layer: int) -> torch.Tensor | None:
-        """(H,) slopes m when ``bias(layer, h, i, j) == -m[h] * (i - j)`` exactly for every i >= j (the fused
-        kernels serve such a bias on causal calls without building it); None for any other bias."""
-        return None
-
-    def distance_band(self, layer: int) -> torch.Tensor | None:
-        """(H, K + 1) values b when ``bias(layer, h, i, j) == b[h, min(i - j, K)]`` for every i >= j exactly (a
-        distance bias flat from K on: the ``cpu-flash-band`` kernel serves it through the CPU flash op); None
-        otherwise."""
-        return None
-
-    def distance_only(self, layer: int, last: int) -> bool:
-        """``bias(layer, h, i, j)`` depends on ``i - j`` alone for every query at a position up to ``last`` (i >= j):
-        a kernel may then read it as one value per distance (``cpu-flash-mask``'s distance table)."""
-        return self.shift_invariant
-
-    def far_reach(self, layer: int) -> int | None:
-        """A two-view rotary scheme (SelfExtend, STRING): keys at distance >= this are scored with the rotations
-        of ``far_positions``; None: one view."""
-        return None
-
-    def relative_sinusoid(self, layer: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(proj (H, D, dim), freqs (dim / 2,)) when ``relative_keys(layer, n)[h, d] == proj[h] @ R(d)`` exactly,
-        R(d) interleaving sin and cos of ``d * freqs`` (the ``sdpa-relative-dims`` kernel serves it), on ``device``;
-        else None."""
-        return None
-
-    def relative_reach(self) -> int | None:
-        """K when ``relative_keys`` is flat from distance K on (the ``cpu-flash-relative-band`` kernel serves
-        it); else None."""
-        return None
-
     # ---- the call ----------------------------------------------------------------------------
     def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
         """The call's q, k and positional term, as its kernels read them (the kind's base overrides it). This
@@ -395,8 +197,28 @@ class BiasScheme(Scheme):
     """The ``"bias"`` kind: a per-head additive score bias ``bias(layer, h, q_pos, k_pos)``; ``prepare`` gives the
     kernels the bias function of slot indices and, where they are exact, what the fused kernels read instead."""
 
+    #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)
+    bias_scaled_with_scores: bool = False
+
     def bias(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"scheme {self.name!r} defines no bias")
+
+    # ---- facts a kernel may exploit (None / False: no) ---------------------------------------
+    def linear_slopes(self, layer: int) -> torch.Tensor | None:
+        """(H,) slopes m when ``bias(layer, h, i, j) == -m[h] * (i - j)`` exactly for every i >= j (the fused
+        kernels serve such a bias on causal calls without building it); None for any other bias."""
+        return None
+
+    def distance_band(self, layer: int) -> torch.Tensor | None:
+        """(H, K + 1) values b when ``bias(layer, h, i, j) == b[h, min(i - j, K)]`` for every i >= j exactly (a
+        distance bias flat from K on: the ``cpu-flash-band`` kernel serves it through the CPU flash op); None
+        otherwise."""
+        return None
+
+    def distance_only(self, layer: int, last: int) -> bool:
+        """``bias(layer, h, i, j)`` depends on ``i - j`` alone for every query at a position up to ``last`` (i >= j):
+        a kernel may then read it as one value per distance (``cpu-flash-mask``'s distance table)."""
+        return self.shift_invariant
 
     def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
         """The bias function (at a block's own positions, or moved by a cache's shift), ALiBi's slopes or T5/Shaw's
@@ -456,8 +278,18 @@ class RotaryScheme(Scheme):
     """The ``"rotary"`` kind: rotates q and k, ``rotate(layer, x, pos, seq_len, start)``; a two-view scheme
     (SelfExtend, STRING) scores far keys through a second rotation (``far_reach``, ``far_positions``)."""
 
+    #: the rotation of a position changes with the sequence length (dynamic RoPE)
+    rotation_depends_on_length: bool = False
+    #: each key is read at a second position too (SelfExtend): the cache keeps keys unrotated
+    keys_reread: bool = False
+
     def rotate(self, layer, x: torch.Tensor, pos: torch.Tensor, seq_len: int | None = None, start: int | None = None):
         raise NotImplementedError(f"scheme {self.name!r} defines no rotation")
+
+    def far_reach(self, layer: int) -> int | None:
+        """A two-view scheme (SelfExtend, STRING): keys at distance >= this are scored with the rotations of
+        ``far_positions``; None: one view."""
+        return None
 
     def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
         """q and k rotated at their positions; SelfExtend / STRING's far view from q and k before the rotation
@@ -538,6 +370,18 @@ class RelativeScheme(Scheme):
     ) -> torch.Tensor:
         raise NotImplementedError(f"scheme {self.name!r} defines no relative keys")
 
+    # ---- facts a kernel may exploit (None: no) ------------------------------------------------
+    def relative_sinusoid(self, layer: int, device=None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(proj (H, D, dim), freqs (dim / 2,)) when ``relative_keys(layer, n)[h, d] == proj[h] @ R(d)`` exactly,
+        R(d) interleaving sin and cos of ``d * freqs`` (the ``sdpa-relative-dims`` kernel serves it), on ``device``;
+        else None."""
+        return None
+
+    def relative_reach(self) -> int | None:
+        """K when ``relative_keys`` is flat from distance K on (the ``cpu-flash-relative-band`` kernel serves
+        it); else None."""
+        return None
+
     def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:
         """The content query (Transformer-XL: q + u) and the position side: the position query (q + v) with one key
         vector per distance this call can meet (distances only, so a sliding-window cache's shift does not enter;
@@ -586,18 +430,3 @@ def gather_per_head(table: torch.Tensor, h: torch.Tensor, idx: torch.Tensor) -> 
         return table[h, idx]
     rows = table.index_select(0, h.reshape(-1))  # (H', E)
     return rows.index_select(1, idx.reshape(-1)).view(rows.shape[0], *idx.shape[1:])
-
-
-def _check_type(scheme: str, key: str, value, hint, choices):
-    """``value`` for the option ``key`` of ``scheme``, by ``schema.check`` (no numeric strings: a float option
-    takes a number), a mismatch worded as an option's."""
-    try:
-        return check(value, hint, choices=choices, float_strings=False)
-    except Mismatch as m:
-        if m.choices:
-            words = f"must be one of {', '.join(m.choices)}; got {value!r}"
-        else:
-            members = typing.get_args(hint) if typing.get_origin(hint) in UNIONS else (hint,)
-            names = " or ".join(getattr(t, "__name__", str(t)) for t in members if t is not type(None))
-            words = f"must be {names}; got {value!r} ({type(value).__name__})"
-    raise OptionError(f"option {key!r} of scheme {scheme!r} {words}")
