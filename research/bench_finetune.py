@@ -35,7 +35,7 @@ def build(name: str, args):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import retrofit
-    from retrofit.training import model as mdl
+    from retrofit.training.model import make_trainable, set_attention_dropout
     from retrofit.training.recipe import TrainConfig
 
     torch.manual_seed(0)
@@ -55,10 +55,10 @@ def build(name: str, args):
     dropout = cfg.attn_pdrop
     if name not in UNCONVERTED:
         retrofit.convert(model, name)
-        dropout = mdl.set_attention_dropout(model, train)
+        dropout = set_attention_dropout(model, train)
         dropout = cfg.attn_pdrop if dropout is None else dropout
     model.train()
-    model = mdl.make_trainable(model, train)
+    model = make_trainable(model, train)
     model.attention_dropout_used = dropout
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     return model, opt

@@ -57,12 +57,12 @@ def child(mode: str, corpus: str, block: int) -> dict:
     if mode == "whole":
         import datasets
 
-        from retrofit.data import specs as rdata
+        from retrofit.data import specs
         from retrofit.training.blocks import make_blocks
 
         tok = _tok()
-        docs = [rdata.Document("", t) for t in datasets.load_dataset("json", data_files=corpus, split="train")["text"]]
-        blocks = make_blocks(rdata.tokenize_documents(tok, docs), block, True)
+        docs = [specs.Document("", t) for t in datasets.load_dataset("json", data_files=corpus, split="train")["text"]]
+        blocks = make_blocks(specs.tokenize_documents(tok, docs), block, True)
         out = {"blocks": len(blocks), "tokens": blocks.numel()}
     elif mode == "stream":
         from retrofit.training.recipe import Recipe

@@ -237,12 +237,12 @@ def cached_cell(cache: CellCache, cell: dict) -> dict:
 # ----------------------------------------------------------------------------------------------
 def stand_in(r: Round, shipped) -> tuple[Path, dict, int]:
     """The stand-in's folder, pretrain stats and native length (the shipped copy where there is one)."""
-    from retrofit.foundation import run_folder as rf
+    from retrofit.foundation import run_folder
     from retrofit.models import baseline
     from retrofit.training import standin
 
     path = standin.pretrain(r.preset, shipped=shipped or None)
-    return path, baseline.load_stats(path), rf.native_length(path)
+    return path, baseline.load_stats(path), run_folder.native_length(path)
 
 
 def part_gpt2(r: Round, previous: dict | None, shipped) -> dict:

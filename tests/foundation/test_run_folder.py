@@ -6,11 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from retrofit.foundation import run_folder as rf
+from retrofit.foundation import run_folder
 from retrofit.foundation.atomic import RAW_WRITERS
 
 PKG = Path(__file__).resolve().parents[2] / "src" / "retrofit"
-NAMES = {v for k, v in vars(rf).items() if k.isupper() and isinstance(v, str)}
+NAMES = {v for k, v in vars(run_folder).items() if k.isupper() and isinstance(v, str)}
 FILES = {n for n in NAMES if "." in n or "_" in n}  # report.json, rank_checksums: never another word
 FOLDERS = NAMES - FILES  # final, eval, export: also stage and section names, so only as a path
 RAW = {"write_text", "write_bytes", "save_pretrained", "savefig", "save_state", "save_file"}
@@ -97,9 +97,11 @@ def test_eval_writes_into_a_users_model_folder_but_not_into_a_shipped_or_read_on
     for folder in (mine, shipped):
         folder.mkdir()
         (folder / "config.json").write_text("{}")
-    (shipped / rf.SUMS).write_text("")
-    assert rf.eval_dir(str(mine)) == mine / rf.EVAL and rf.kept_as_is(mine) is None
-    assert rf.eval_dir(str(shipped)) == Path("eval-shipped-model") and "checksummed" in rf.kept_as_is(shipped)
-    assert rf.eval_dir("org/name") == Path("eval-name")  # a Hub id, as before
-    monkeypatch.setattr(rf.os, "access", lambda path, mode: False)  # root writes anywhere: a read-only folder
-    assert rf.eval_dir(str(mine)) == Path("eval-mine") and rf.kept_as_is(mine) == "it is read-only"
+    (shipped / run_folder.SUMS).write_text("")
+    assert run_folder.eval_dir(str(mine)) == mine / run_folder.EVAL and run_folder.kept_as_is(mine) is None
+    assert run_folder.eval_dir(str(shipped)) == Path("eval-shipped-model") and "checksummed" in run_folder.kept_as_is(
+        shipped
+    )
+    assert run_folder.eval_dir("org/name") == Path("eval-name")  # a Hub id, as before
+    monkeypatch.setattr(run_folder.os, "access", lambda path, mode: False)  # root writes anywhere: a read-only folder
+    assert run_folder.eval_dir(str(mine)) == Path("eval-mine") and run_folder.kept_as_is(mine) == "it is read-only"

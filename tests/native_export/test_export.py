@@ -282,14 +282,14 @@ def test_an_export_outside_export_is_what_push_and_the_card_find(tmp_path, capsy
     """``retrofit export RUN --native --out RUN/native`` (not RUN/export): the manifest records where, so push
     uploads the native weights at the root and the card loads them without retrofit."""
     from retrofit.cli import main
-    from retrofit.foundation import run_folder as rf
+    from retrofit.foundation import run_folder
     from retrofit.publishing.cards import render_card
 
     run = tmp_path / "run"
     retrofit.save(retrofit.convert(TINY["gpt2"](), "rope"), run / "final")
     assert main(["export", str(run), "--native", "--out", str(run / "native")]) == 0
-    assert json.loads((run / rf.MANIFEST).read_text())["export"] == "native"
-    assert rf.export_dir(run) == run / "native" and rf.published_layout(run) == {"": run / "native"}
+    assert json.loads((run / run_folder.MANIFEST).read_text())["export"] == "native"
+    assert run_folder.export_dir(run) == run / "native" and run_folder.published_layout(run) == {"": run / "native"}
     capsys.readouterr()
     assert main(["push", str(run), "--repo", "user/name", "--dry-run"]) == 0
     assert "native weights" in capsys.readouterr().out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import retrofit
-from retrofit.training import model as mdl
+from retrofit.training.model import set_attention_dropout
 from retrofit.training.recipe import TrainConfig
 from tests import tiny
 
@@ -21,16 +21,16 @@ def test_attention_dropout_override(user_kernel):
     x = torch.randint(0, model.config.vocab_size, (1, 32))
     model(x).logits.sum().backward()
     assert retrofit.describe(model)["last_kernel"] == "chunked"  # dropout: the fused kernels have none
-    assert mdl.set_attention_dropout(model, TrainConfig()) == 0.0  # the fine-tune's default, as the loop sets it
+    assert set_attention_dropout(model, TrainConfig()) == 0.0  # the fine-tune's default, as the loop sets it
     model(x).logits.sum().backward()
     assert retrofit.describe(model)["last_kernel"] == "cpu-flash-band"
 
 
 def test_attention_dropout_null_or_unconverted_keeps_the_models_own():
     train = TrainConfig()
-    assert mdl.set_attention_dropout(tiny.gpt2(), train) is None  # unconverted: no state, GPT-2's own stays
+    assert set_attention_dropout(tiny.gpt2(), train) is None  # unconverted: no state, GPT-2's own stays
     model = tiny.gpt2()
     retrofit.convert(model, "t5")
     train.attention_dropout = None
-    assert mdl.set_attention_dropout(model, train) is None
+    assert set_attention_dropout(model, train) is None
     assert model._retrofit_state.attention_dropout is None

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from retrofit.foundation import versions
-from retrofit.training import model as mdl
+from retrofit.training.model import mixed_precision
 from retrofit.training.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,18 +37,18 @@ def avx2_only(monkeypatch):
 
 
 def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32_and_says_so(avx2_only):
-    precision, why = mdl.mixed_precision(_recipe().train)
+    precision, why = mixed_precision(_recipe().train)
     assert precision == "no" and "emulated" in why and "cpu_mixed_precision: keep" in why
 
 
 def test_the_recipe_can_insist(avx2_only):
-    assert mdl.mixed_precision(_recipe(cpu_mixed_precision="keep").train) == ("bf16", None)
+    assert mixed_precision(_recipe(cpu_mixed_precision="keep").train) == ("bf16", None)
 
 
 def test_a_cpu_with_amx_keeps_bf16(monkeypatch):
     monkeypatch.setattr(versions, "cpu_info", lambda: {"flags": ["amx_bf16", "avx2"]})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert mdl.mixed_precision(_recipe().train) == ("bf16", None)
+    assert mixed_precision(_recipe().train) == ("bf16", None)
 
 
 def test_plan_says_the_precision_it_plans(avx2_only, tmp_path, user_env, in_process):

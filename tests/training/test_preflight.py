@@ -13,8 +13,8 @@ import yaml
 
 from retrofit.cli import main
 from retrofit.foundation.errors import DataError, RecipeError
-from retrofit.training import model as mdl
 from retrofit.training import preflight, tasks
+from retrofit.training.model import new_head
 from retrofit.training.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def no_weights(monkeypatch):
     def load(*args, **kwargs):
         raise AssertionError("the model's weights were loaded before the error")
 
-    monkeypatch.setattr(mdl, "load", load)
+    monkeypatch.setattr("retrofit.training.model.load", load)
 
 
 def records(tmp_path, labels, field="label", n=40) -> str:
@@ -120,7 +120,7 @@ def test_new_head_takes_the_records_labels_and_draws_a_new_head(tmp_path):
     assert preflight.check(r) == [] and tasks.label_names(r) == ("a", "b")
     model = tf.BertForSequenceClassification.from_pretrained(CLASSIFIER)
     head, body = model.classifier.weight.clone(), model.bert.encoder.layer[0].output.dense.weight.clone()
-    mdl.new_head(model)
+    new_head(model)
     assert not torch.equal(model.classifier.weight, head) and torch.equal(model.classifier.bias, torch.zeros(4))
     assert torch.equal(model.bert.encoder.layer[0].output.dense.weight, body)  # the encoder is kept
     with pytest.raises(RecipeError, match="needs 'task: classification'"):

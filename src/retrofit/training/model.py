@@ -75,12 +75,11 @@ def new_head(model) -> None:
 def make_teacher(model, model_cfg) -> nn.Module:
     """A frozen copy of the unconverted model (for the distill objective). A model that was loaded
     converted (a retrofit checkpoint) is loaded again and reverted: its original mechanism is kept."""
+    from ..patch import conversion
     from ..patch.conversion import is_converted, revert
 
     if is_converted(model):
-        said = logging.getLogger(
-            "retrofit.patch.conversion"
-        )  # its "converted ..." lines were said for the student already
+        said = conversion.log  # its "converted ..." lines were said for the student already
         level = said.level
         said.setLevel(logging.WARNING)
         try:
@@ -120,7 +119,7 @@ def set_attention_dropout(model, train_cfg) -> float | None:
 
 def _go_on(model, convert_cfg, current: dict):
     from ..patch.conversion import set_kernel
-    from ..scheme.base import common_defaults
+    from ..scheme.options import common_defaults
 
     scheme, options = current["scheme"], dict(convert_cfg.options)
     if convert_cfg.scheme not in (None, scheme):
