@@ -1,14 +1,24 @@
-"""Architecture adapters, one small module per family, registered by name (see ``base.ADAPTERS``). Every module of
-this folder but the shared ones (``SHARED``) is a family's and is imported here, so a new family is its module."""
+"""Architecture adapters, one small module per family, registered by name (see ``base.ADAPTERS``): a family is its
+module and one line of ``FAMILIES`` (its name, the module's; the module defines one ``Adapter`` subclass). The other
+modules of this folder (``SHARED``) are what the families' modules use."""
 
-import importlib
-import pkgutil
+from .base import ADAPTERS, Adapter, PositionTable, adapter_class, adapter_for, register_adapter, register_family
 
-from .base import ADAPTERS, Adapter, PositionTable, adapter_class, adapter_for, register_adapter
+FAMILIES = (  # one line each: a family's name and module (adapters/<name>.py)
+    "bert",
+    "bloom",
+    "falcon",
+    "gpt2",
+    "gpt_bigcode",
+    "gpt_neo",
+    "gpt_neox",
+    "gptj",
+    "llama",
+    "mpt",
+    "opt",
+)
+SHARED = ("base", "inputs", "neutral", "quirks")  # what the families' modules use
+for _name in FAMILIES:
+    register_family(_name)
 
-SHARED = {"base", "inputs", "neutral", "quirks"}  # what the families' modules use
-for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    if _m not in SHARED:
-        importlib.import_module(f"{__name__}.{_m}")  # registration: @register_adapter in the module
-
-__all__ = ["ADAPTERS", "Adapter", "PositionTable", "adapter_class", "adapter_for", "register_adapter"]
+__all__ = ["ADAPTERS", "FAMILIES", "Adapter", "PositionTable", "adapter_class", "adapter_for", "register_adapter"]

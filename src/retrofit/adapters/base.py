@@ -21,7 +21,7 @@ from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from ..foundation.native import native_length
-from ..foundation.registry import Registry
+from ..foundation.registry import Registry, part_class
 from ..scheme.spec import ModelSpec
 from . import quirks
 from .inputs import state_positions
@@ -29,8 +29,23 @@ from .inputs import state_positions
 ADAPTERS: Registry[type[Adapter]] = Registry("architecture", UnsupportedArchitectureError)
 
 
+def register_family(name: str) -> type[Adapter]:
+    """Register the adapter that the family module ``adapters/<name>.py`` defines, under its name (its line in
+    ``adapters.FAMILIES``: the one place a family's name is declared)."""
+    cls = part_class(f"{__package__}.{name}", Adapter, f"family {name!r}")
+    cls.name = name
+    return ADAPTERS.register(name)(cls)
+
+
 def register_adapter(name: str):
-    return ADAPTERS.register(name)
+    """Deprecated (out-of-tree adapters written for retrofit <= 0.x): a decorator registering ``cls`` as ``name``.
+    The package's families are lines of ``adapters.FAMILIES`` instead."""
+
+    def deco(cls):
+        cls.name = name
+        return ADAPTERS.register(name)(cls)
+
+    return deco
 
 
 @dataclass
@@ -67,7 +82,7 @@ class Swap:
 class Adapter(abc.ABC):
     """Every fact about one architecture family (a meta-test checks that each adapter declares them)."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # its line in ``adapters.FAMILIES`` (set when registered)
     model_types: ClassVar[tuple[str, ...]]
     native_kind: ClassVar[str]  # "learned_absolute" | "rope" | "alibi"
     attention_class_names: ClassVar[tuple[str, ...]]  # HF classes of the patched attention modules

@@ -18,7 +18,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from .base import Adapter, AttentionLayer, PositionTable, Swap, calls_attention_interface, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable, Swap, calls_attention_interface
 from .neutral import NeutralisedPositionTable
 
 LONG_BUFFERS = 1 << 16  # positions the embeddings' own buffers cover while converted (the native rows' 128x at 512)
@@ -55,9 +55,7 @@ def bert_layout(base) -> bool:
     return all(a is not None and calls_attention_interface(type(a)) for a in attns)
 
 
-@register_adapter("bert")
 class BertAdapter(Adapter):
-    name = "bert"
     model_types = ("bert",)
     kin = ("roberta", "xlm-roberta", "electra", "distilbert", "albert")  # claimed by structure (tested: test_encoders)
     native_kind = "learned_absolute"

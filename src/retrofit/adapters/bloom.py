@@ -12,7 +12,7 @@ import dataclasses
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionLayer, register_adapter
+from .base import Adapter, AttentionLayer
 from .neutral import NeutralisedAttention
 
 TRAINED_LENGTH = 2048  # BLOOM's training sequence length (Scao et al., 2022); its config has no length key
@@ -47,9 +47,7 @@ class RetrofitBloomAttention(NeutralisedAttention):
         return dropout_add(out, residual, self.hidden_dropout, self.training), weights
 
 
-@register_adapter("bloom")
 class BloomAdapter(Adapter):
-    name = "bloom"
     model_types = ("bloom",)
     native_kind = "alibi"
     attention_class_names = ("BloomAttention",)

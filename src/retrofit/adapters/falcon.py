@@ -13,7 +13,7 @@ import dataclasses
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionLayer, register_adapter
+from .base import Adapter, AttentionLayer
 from .llama import native_rope
 from .neutral import NeutralisedAttention, NeutralisedRotary
 
@@ -60,9 +60,7 @@ class RetrofitFalconAttention(NeutralisedAttention):
         return self.dense(out.reshape(B, T, self.num_heads * self.head_dim)), weights
 
 
-@register_adapter("falcon")
 class FalconAdapter(Adapter):
-    name = "falcon"
     model_types = ("falcon",)
     native_kind = "rope"  # per model: "alibi" with config.alibi (set in __init__)
     native_alibi = {"scale_bias": True}  # Falcon adds ALiBi before the 1/sqrt(d) scaling (the probe's own options)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionLayer, PositionTable, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable
 from .neutral import NeutralisedPositionTable
 
 
-@register_adapter("gpt2")
 class GPT2Adapter(Adapter):
-    name = "gpt2"
     model_types = ("gpt2",)
     native_kind = "learned_absolute"
     attention_class_names = ("GPT2Attention",)

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import PositionTable, register_adapter
+from .base import PositionTable
 from .gpt2 import GPT2Adapter
 
 
-@register_adapter("gpt_bigcode")
 class GPTBigCodeAdapter(GPT2Adapter):
-    name = "gpt_bigcode"
     model_types = ("gpt_bigcode",)
     attention_class_names = ("GPTBigCodeAttention",)
     fan_in_fan_out = False  # nn.Linear

@@ -14,7 +14,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionLayer, PositionTable, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable
 from .neutral import NeutralisedPositionTable
 
 
@@ -66,9 +66,7 @@ class RetrofitGPTNeoAttention(nn.Module):
         return out, weights
 
 
-@register_adapter("gpt_neo")
 class GPTNeoAdapter(Adapter):
-    name = "gpt_neo"
     model_types = ("gpt_neo",)
     native_kind = "learned_absolute"
     attention_class_names = ("GPTNeoSelfAttention",)

@@ -6,14 +6,12 @@ dims, so replacing the rotary removes it from the rotated part and leaves the re
 from __future__ import annotations
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionLayer, register_adapter
+from .base import Adapter, AttentionLayer
 from .llama import native_rope
 from .neutral import NeutralisedRotary
 
 
-@register_adapter("gpt_neox")
 class GPTNeoXAdapter(Adapter):
-    name = "gpt_neox"
     model_types = ("gpt_neox",)
     native_kind = "rope"
     attention_class_names = ("GPTNeoXAttention",)

@@ -9,7 +9,7 @@ import torch
 
 from ..foundation.errors import UnsupportedArchitectureError
 from ..foundation.native import native_length
-from .base import Adapter, AttentionLayer, register_adapter
+from .base import Adapter, AttentionLayer
 from .neutral import NeutralisedSinCos
 
 
@@ -18,9 +18,7 @@ def gptj_inv_freq(rotary_dim: int, theta: float = 10000.0) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64) / rotary_dim))
 
 
-@register_adapter("gptj")
 class GPTJAdapter(Adapter):
-    name = "gptj"
     model_types = ("gptj", "codegen")
     native_kind = "rope"
     attention_class_names = ("GPTJAttention", "CodeGenAttention")

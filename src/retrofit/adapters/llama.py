@@ -14,7 +14,7 @@ from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from . import quirks
-from .base import Adapter, AttentionLayer, calls_attention_interface, register_adapter
+from .base import Adapter, AttentionLayer, calls_attention_interface
 from .neutral import NeutralisedRotary
 
 
@@ -118,9 +118,7 @@ def rotary_interface_layout(base) -> bool:
     return bool(attns) and all(calls_attention_interface(type(a), "position_embeddings") for a in attns)
 
 
-@register_adapter("llama")
 class LlamaAdapter(Adapter):
-    name = "llama"
     model_types = ("llama", "mistral", "qwen2", "qwen3", "granite", "olmo", "olmo2", "starcoder2")
     native_kind = "rope"
     attention_class_names = (

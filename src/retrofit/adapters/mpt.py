@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionLayer, register_adapter
+from .base import Adapter, AttentionLayer
 from .neutral import NeutralisedAttention
 
 
@@ -45,9 +45,7 @@ class RetrofitMptAttention(NeutralisedAttention):
         return self.out_proj(out.reshape(B, T, self.num_heads * self.head_dim)), weights
 
 
-@register_adapter("mpt")
 class MptAdapter(Adapter):
-    name = "mpt"
     model_types = ("mpt",)
     native_kind = "alibi"
     attention_class_names = ("MptAttention",)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
-from .base import Adapter, AttentionLayer, PositionTable, calls_attention_interface, register_adapter
+from .base import Adapter, AttentionLayer, PositionTable, calls_attention_interface
 from .neutral import NeutralisedPositionTable
 
 
@@ -78,9 +78,7 @@ def learned_table_layout(base) -> bool:
     return all(isinstance(a, nn.Module) and calls_attention_interface(type(a)) for a in attns)
 
 
-@register_adapter("opt")
 class OPTAdapter(Adapter):
-    name = "opt"
     model_types = ("opt",)
     native_kind = "learned_absolute"
     attention_class_names = ("OPTAttention",)

@@ -1,11 +1,15 @@
-"""Name -> object registries that fail loudly.
+"""Name -> object registries that fail loudly, and the one way a part registers.
 
-``Registry.register(name)`` is a decorator; ``Registry.get(name)`` raises an error that
-lists every registered name when the name is unknown.
+A part (a scheme, an architecture adapter, a kernel, an export mapping) is its module and one line in its folder's
+catalog (``foundation/catalog.py`` for the schemes, ``adapters.FAMILIES``, ``kernels.KERNELS``,
+``native_export.MAPPINGS``): the line names the module, which the catalog imports (``part_class`` finds the class
+a module defines); no decorator, no hand-written import line. ``Registry.get(name)`` raises an error that lists
+every registered name when the name is unknown.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Generic, TypeVar
 
 from .errors import UnknownNameError
@@ -45,3 +49,16 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
+
+
+def part_class(module: str, base: type, what: str) -> type:
+    """The one subclass of ``base`` that ``module`` (a dotted name, imported here) defines itself (not one it imports,
+    not a helper base of another it defines); TypeError naming them otherwise."""
+    loaded = importlib.import_module(module)
+    found = [c for c in vars(loaded).values() if isinstance(c, type) and issubclass(c, base) and c is not base]
+    found = [c for c in found if c.__module__ == loaded.__name__]
+    leaves = [c for c in found if not any(o is not c and issubclass(o, c) for o in found)]
+    if len(leaves) != 1:
+        names = ", ".join(c.__name__ for c in leaves) or "none"
+        raise TypeError(f"{module} must define one {base.__name__} subclass for {what}; it defines {names}")
+    return leaves[0]

@@ -9,53 +9,56 @@ call (or why not) and runs it. ``patch/attention.py`` builds one ``Call`` per at
 
 A call with a positional term runs with denormals flushed on CPU (``denormal.py``). The kernel that ran is
 recorded per call (``describe(model)["last_kernel"]``). A new kernel is one module here (``serves(call)``,
-``run(call)``) and one row.
+``run(call)``, optionally ``worth(call)``) and one row: the row imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import importlib
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..foundation.errors import OptionError
 from ..foundation.task import with_article
-from . import (
-    chunked,
-    cpu_flash_band,
-    cpu_flash_mask,
-    cpu_flash_relative_band,
-    cpu_flash_two_view,
-    denormal,
-    flash_attn_alibi,
-    flex,
-    sdpa,
-    sdpa_alibi_dims,
-    sdpa_relative_dims,
-)
+from . import denormal
 from .call import Call, Far, Relative, Unavailable  # noqa: F401  (the record patch/attention.py builds)
 
+SHARED = ("call", "cpu_flash", "denormal")  # what the kernels' modules share: no row's
 POSITION_FREE = ("none", "rotary", "absolute")  # scheme kinds with no positional term in the scores
 BIAS = ("bias",)
 RELATIVE = ("relative",)
 
 
+def _always(call: Call) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Kernel:
+    """One row of the table: the kernel's module (its name, ``-`` as ``_``) gives ``serves(call)``, ``run(call)``
+    and, where auto should pass some calls on, ``worth(call)``; the row says the rest."""
+
     name: str
-    serves: Callable[[Call], str | None]  # None: it serves the call; else why not
-    run: Callable[[Call], torch.Tensor]  # the call's output (B, H, Tq, D)
     kinds: tuple[str, ...]  # the scheme kinds a model may name it for
     doc: str
-    worth: Callable[[Call], bool] = lambda c: True  # auto takes it only where this holds too
     grouped: bool = False  # takes grouped-query keys (Hkv < H) as they are
     scores: bool = False  # applies the model's own score terms (softcap, sinks): the others never serve such a call
     bidirectional: bool = False  # serves keys after the query (an encoder's attention): the others never do
     two_view: bool = False  # serves a second view for the far keys (SelfExtend, STRING): the others never do
     plain: bool = False  # adds no positional term to the scores: serves only a call without one
     cuda: bool = False  # runs on CUDA only
+    serves: Callable[[Call], str | None] = field(init=False, repr=False)  # None: it serves the call; else why not
+    run: Callable[[Call], torch.Tensor] = field(init=False, repr=False)  # the call's output (B, H, Tq, D)
+    worth: Callable[[Call], bool] = field(init=False, repr=False)  # auto takes it only where this holds too
+
+    def __post_init__(self):
+        module = importlib.import_module(f"{__name__}.{self.name.replace('-', '_')}")  # registration: this row
+        object.__setattr__(self, "serves", module.serves)
+        object.__setattr__(self, "run", module.run)
+        object.__setattr__(self, "worth", getattr(module, "worth", _always))
 
     def why_not(self, call: Call) -> str | None:
         """None when this row serves ``call``; else why not. What the row says of itself (its kinds, its device,
@@ -77,8 +80,6 @@ class Kernel:
 KERNELS = (
     Kernel(
         "sdpa",
-        sdpa.serves,
-        sdpa.run,
         POSITION_FREE,
         "stock SDPA: no positional term in the scores",
         grouped=True,
@@ -87,64 +88,45 @@ KERNELS = (
     ),
     Kernel(
         "flash-attn-alibi",
-        flash_attn_alibi.serves,
-        flash_attn_alibi.run,
         BIAS,
         "ALiBi through FlashAttention 2's alibi_slopes (CUDA, fp16/bf16, no padding)",
         cuda=True,
     ),
     Kernel(
         "sdpa-alibi-dims",
-        sdpa_alibi_dims.serves,
-        sdpa_alibi_dims.run,
         BIAS,
         "ALiBi as extra q/k dimensions through the stock fused SDPA kernel, forward and backward (auto: not for "
         "a decoding step)",
-        worth=sdpa_alibi_dims.worth,
     ),
     Kernel(
         "cpu-flash-band",
-        cpu_flash_band.serves,
-        cpu_flash_band.run,
         BIAS,
         "T5/Shaw: the band's bias by distance as a strided mask of the CPU flash op (CPU, no dropout)",
     ),
     Kernel(
         "cpu-flash-mask",
-        cpu_flash_mask.serves,
-        cpu_flash_mask.run,
         BIAS,
         "any bias as the CPU flash op's float mask, block by block (CPU, no dropout)",
     ),
     Kernel(
         "flex",
-        flex.serves,
-        flex.run,
         BIAS,
         "compiled flex_attention, the bias as a score_mod (CUDA; CPU inference)",
-        worth=flex.worth,
     ),
     Kernel(
         "sdpa-relative-dims",
-        sdpa_relative_dims.serves,
-        sdpa_relative_dims.run,
         RELATIVE,
         "Transformer-XL: the projected sinusoid's term as extra q/k dimensions through the stock fused SDPA kernel "
         "(auto: not for a decoding step)",
-        worth=sdpa_relative_dims.worth,
     ),
     Kernel(
         "cpu-flash-relative-band",
-        cpu_flash_relative_band.serves,
-        cpu_flash_relative_band.run,
         RELATIVE,
         "NEZHA: a relative table flat past a reach as cpu-flash-band's far square plus a band whose "
         "query-dependent term is the CPU flash op's mask (CPU, no dropout)",
     ),
     Kernel(
         "cpu-flash-two-view",
-        cpu_flash_two_view.serves,
-        cpu_flash_two_view.run,
         ("rotary",),
         "SelfExtend/STRING: each key once through the view its distance picks, CPU flash op pieces merged by "
         "log-sum-exp (CPU, inference, no padding)",
@@ -152,8 +134,6 @@ KERNELS = (
     ),
     Kernel(
         "chunked",
-        chunked.serves,
-        chunked.run,
         POSITION_FREE + BIAS + RELATIVE,
         "query-chunked SDPA with each chunk's own bias or relative logits (scores written out where the model "
         "softcaps its logits, has attention sinks or scores far keys through a second view): serves every call",

@@ -5,15 +5,9 @@
 The exported folder loads with plain ``transformers.AutoModelForCausalLM.from_pretrained(out)``,
 without retrofit and without remote code (no ``retrofit`` block, no ``auto_map`` in its config).
 One short function per (adapter, scheme) pair maps the weights (nanoGPT-style surgery: every
-tensor's name and shape is checked before it is copied), one module per source family, each
-registered in ``MAPPINGS`` (``base.mapping``):
-
-    gpt2  + alibi (scale_bias=True)  -> Falcon (alibi=True, sequential residual, biases, gelu_new)
-    gpt2  + rope                     -> GPT-NeoX (use_parallel_residual=False, rotary_pct, tied embeddings)
-    gpt2 | gpt_neo | opt + nope       -> the same architecture, position table all zeros and enlarged
-    gpt2 | gpt_neo | opt + sinusoidal -> the same architecture, position table = the fixed sinusoids
-    llama | gpt_neox | falcon + rope (any scaling) -> the same architecture with ``rope_parameters`` set
-    bloom | mpt | falcon + alibi     -> the same architecture with its own ALiBi (Falcon: scale_bias=True)
+tensor's name and shape is checked before it is copied), one module per target kind. The mappings are the lines of
+``CATALOG`` below (the one place: ``MAPPINGS`` is filled from it, docs/export.md's table is rendered from it,
+``base.table``); a new mapping is its function and one line.
 
 After writing, the folder is loaded back with plain transformers and its logits are compared with
 the patched model's on random token ids past the native length; the result (and versions) go to
@@ -40,17 +34,72 @@ from torch import nn
 from ..foundation import run_folder
 from ..foundation.errors import OptionError, RetrofitError
 from ..foundation.versions import library_versions
-from . import alibi, baked_table, gpt2, rope  # noqa: F401  (registration)
-from .base import MAPPINGS, TOLERANCE, Built, ExportResult, mapping, per_head_qkv, supported_pairs
+from .base import MAPPINGS, TOLERANCE, Built, ExportResult, Line, mapping, per_head_qkv, register, supported_pairs
 from .gpt2 import FALCON_BF16_EXACT
 from .rope import _check_rope_config, rope_parameters
 
 log = logging.getLogger(__name__)
 
+CATALOG = (  # one line per mapping: the function that builds, the families and schemes it takes, the target
+    Line(
+        "gpt2.gpt2_alibi_to_falcon",
+        ("gpt2",),
+        ("alibi",),
+        "FalconForCausalLM",
+        "`FalconForCausalLM` (`alibi=True`, `parallel_attn=False`, `bias=True`, `multi_query=False`, "
+        "`new_decoder_architecture=False`, `activation=gelu_new`) for `scale_bias=true`; the default "
+        "`scale_bias=false` is refused, `--approximate` writes Falcon anyway",
+        f"`scale_bias=true`: yes up to {FALCON_BF16_EXACT - 1} tokens (Falcon's bfloat16 bias), beyond it close "
+        "(see below); `--approximate`: no (see below)",
+    ),
+    Line(
+        "gpt2.gpt2_rope_to_neox",
+        ("gpt2",),
+        ("rope",),
+        "GPTNeoXForCausalLM",
+        "`GPTNeoXForCausalLM` (`use_parallel_residual=False`, rotary fraction, `hidden_act=gelu_new`, tied embeddings), "
+        "any scaling",
+        "yes",
+    ),
+    Line(
+        "baked_table.baked_table",
+        None,
+        ("nope", "sinusoidal", "extend"),
+        "same architecture (baked position table)",
+        "the same class with a longer table (`--max-length` rows): all zeros (`nope`), the scaled sinusoids "
+        "(`sinusoidal`), the stretched table (`extend`); an encoder's classifier keeps its head, an embedding model "
+        "its sentence-transformers modules, reloaded by its own Auto class for the check",
+        "yes",
+    ),
+    Line(
+        "rope.same_architecture",
+        ("llama", "gpt_neox", "falcon"),
+        ("rope",),
+        "same architecture (rope_parameters)",
+        "the same architecture with `rope_parameters` (and `max_position_embeddings`) set, any scaling (linear, "
+        "yarn, dynamic, ntk, new theta; the LLaMA family's MLA split-off rotary part included); an ALiBi Falcon "
+        "given RoPE: `alibi: false`",
+        "yes",
+    ),
+    Line(
+        "alibi.same_architecture",
+        ("bloom", "mpt", "falcon"),
+        ("alibi",),
+        "same architecture (its own ALiBi)",
+        "the same architecture with its own ALiBi, kept through a fine-tune (MPT: `max_seq_len` raised to "
+        "`--max-length`, since its bias covers that many keys; a rotary Falcon: `alibi: true`, for "
+        "`scale_bias=true`, the bias before the scaling as Falcon adds it)",
+        f"yes (Falcon: up to {FALCON_BF16_EXACT - 1} tokens, its bfloat16 bias, as above)",
+    ),
+)
+register(CATALOG)
+
+
 __all__ = [
     "export",
     "ExportResult",
     "Built",
+    "CATALOG",
     "MAPPINGS",
     "mapping",
     "supported_pairs",

@@ -10,13 +10,13 @@ import math
 
 from ..foundation.errors import RetrofitError
 from ..patch.conversion import scheme_of
-from .base import Built, Surgery, mapping, plain_config
+from .base import Built, Surgery, plain_config
 from .gpt2 import FALCON_BF16_EXACT
 
 BEFORE_SCALING = {"falcon": True, "bloom": False, "mpt": False}  # where each target adds the bias
 
 
-def _same_arch_alibi(model, info, opts) -> Built:
+def same_architecture(model, info, opts) -> Built:
     family, o = info["architecture"], info["options"]
     scaled, learned = bool(o.get("scale_bias")), bool(o.get("learn_slopes"))
     wrong = []
@@ -61,7 +61,3 @@ def _same_arch_alibi(model, info, opts) -> Built:
             built.exact = False
             built.notes.append("a head count that is not a power of two: some slopes are not exact in bfloat16")
     return built
-
-
-for _family in BEFORE_SCALING:
-    mapping(_family, "alibi", "same architecture (its own ALiBi)")(_same_arch_alibi)

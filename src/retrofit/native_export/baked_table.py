@@ -9,7 +9,7 @@ import torch
 from ..adapters import ADAPTERS
 from ..foundation.errors import RetrofitError
 from ..patch.conversion import scheme_of
-from .base import Built, Surgery, mapping, plain_config
+from .base import Built, Surgery, plain_config
 
 
 def baked_table(model, info, opts) -> Built:
@@ -54,9 +54,3 @@ def _table_rows(model, info, table: torch.Tensor, first: int) -> torch.Tensor:
     if first:  # rows before position 0 (OPT's padding offset) are never looked up for real tokens
         rows[:first] = 0
     return rows
-
-
-for _name, _adapter in ADAPTERS.items():
-    if _adapter.position_table is not None:  # every learned-absolute family
-        for _scheme in ("nope", "sinusoidal", "extend"):
-            mapping(_name, _scheme, "same architecture (baked position table)")(baked_table)

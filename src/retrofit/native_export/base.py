@@ -1,7 +1,9 @@
-"""What every export mapping shares: the result types, the registry, weight surgery and the config copy."""
+"""What every export mapping shares: the result types, the registry and its catalog lines, weight surgery and the
+config copy."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,11 +48,62 @@ class Mapping:
     target: str
 
 
-MAPPINGS: Registry[Mapping] = Registry("export mapping", UnknownNameError)
+MAPPINGS: Registry[Mapping] = Registry("export mapping", UnknownNameError)  # "<adapter>+<scheme>" -> Mapping
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the export catalog (``native_export.CATALOG``): the function that builds (``module.function``
+    under ``native_export/``), the families and schemes it takes, the target it writes, and the words of the docs
+    table (docs/export.md's "Mappings", rendered by ``table``)."""
+
+    build: str
+    families: tuple[str, ...] | None  # None: every learned-absolute family (an adapter with a position table)
+    schemes: tuple[str, ...]
+    target: str
+    written: str  # the docs table's "exported as"
+    exact: str  # the docs table's "exact?"
+
+    def pairs(self) -> list[str]:
+        return [f"{family}+{scheme}" for family in self.takes() for scheme in self.schemes]
+
+    def takes(self) -> tuple[str, ...]:
+        """The families this line takes."""
+        from ..adapters import ADAPTERS
+
+        return self.families or tuple(n for n, a in ADAPTERS.items() if a.position_table is not None)
+
+
+def register(lines: tuple[Line, ...]) -> None:
+    """Fill ``MAPPINGS`` from the catalog's lines, each builder's module imported here."""
+    for line in lines:
+        module, function = line.build.rsplit(".", 1)
+        fn = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+        for pair in line.pairs():
+            MAPPINGS.register(pair)(Mapping(fn, line.target))
+
+
+REFUSED = (
+    "anything else (T5 buckets, Shaw, FIRE, ALiBi on a rotary model, ...)",
+    "a `RetrofitError` (exit code 2) that lists the supported pairs and points to `retrofit.load`",
+    "—",
+)
+
+
+def table(lines: tuple[Line, ...]) -> str:
+    """docs/export.md's table of mappings: one row per catalog line, then what is refused."""
+    rows = ["| converted model | exported as | exact? |", "|---|---|---|"]
+    for line in lines:
+        families = " / ".join(f"`{f}`" for f in line.takes()) + ("" if line.families else " (learned absolute)")
+        schemes = ", ".join(f"`{s}`" for s in line.schemes)
+        rows.append(f"| {families} + {schemes} | {line.written} | {line.exact} |")
+    rows.append("| " + " | ".join(REFUSED) + " |")
+    return "\n".join(rows)
 
 
 def mapping(adapter: str, scheme: str, target: str):
-    """Register ``fn(model, info, options) -> Built`` for converted (adapter, scheme) models."""
+    """Deprecated (a mapping registered from outside the package): register ``fn(model, info, options) -> Built``
+    for converted (adapter, scheme) models. The package's mappings are lines of ``native_export.CATALOG``."""
 
     def deco(fn):
         MAPPINGS.register(f"{adapter}+{scheme}")(Mapping(fn, target))

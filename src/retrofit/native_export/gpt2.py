@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..foundation.errors import RetrofitError
-from .base import Built, Surgery, mapping, per_head_qkv
+from .base import Built, Surgery, per_head_qkv
 from .rope import _check_rope_config, _keep_rotary_pct, rope_parameters
 
 FALCON_BF16_EXACT = 258  # Falcon builds slope * position in bfloat16: positions 0..256 are exact, 257 is not
@@ -38,7 +38,6 @@ def _tied(config) -> bool:
     return bool(getattr(config, "tie_word_embeddings", True))
 
 
-@mapping("gpt2", "alibi", "FalconForCausalLM")
 def gpt2_alibi_to_falcon(model, info, opts) -> Built:
     """Falcon with ``alibi=True`` adds the bias before the 1/sqrt(d) scaling: exact for ``scale_bias=True``."""
     from transformers import FalconConfig, FalconForCausalLM
@@ -134,7 +133,6 @@ def _gpt2_block(cut, s, d, attn, n_head: int, name: str) -> None:
     cut(mlp.dense_4h_to_h.bias, s.mlp.c_proj.bias, f"{name}.mlp.c_proj.bias")
 
 
-@mapping("gpt2", "rope", "GPTNeoXForCausalLM")
 def gpt2_rope_to_neox(model, info, opts) -> Built:
     """GPT-NeoX with a sequential residual is GPT-2 with rotate-half RoPE on the first rotary_pct of each head."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM

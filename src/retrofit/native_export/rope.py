@@ -7,7 +7,7 @@ from typing import Any
 
 from ..foundation.errors import RetrofitError
 from ..patch.conversion import scheme_of
-from .base import Built, Surgery, mapping, plain_config
+from .base import Built, Surgery, plain_config
 
 
 def rope_parameters(
@@ -69,7 +69,7 @@ def _check_rope_config(config, wanted: dict) -> None:
         raise RetrofitError(f"export: transformers did not keep rope_parameters {bad} (wanted, got)")
 
 
-def _same_arch_rope(model, info, opts) -> Built:
+def same_architecture(model, info, opts) -> Built:
     spec = scheme_of(model).spec  # the adapter's spec of the unconverted model
     o = info["options"]
     nat = spec.native_rope or {}
@@ -111,7 +111,3 @@ def _same_arch_rope(model, info, opts) -> Built:
         if name in src_sd and name in dst_names:
             cut(p, src_sd[name], name)
     return Built(cut.finish(model), exact=True, notes=notes, strict=strict)
-
-
-for _family in ("llama", "gpt_neox", "falcon"):
-    mapping(_family, "rope", "same architecture (rope_parameters)")(_same_arch_rope)

@@ -3,9 +3,8 @@ on first use. A new scheme is its module and one catalog line."""
 
 from __future__ import annotations
 
-import importlib
-
 from ..foundation import catalog
+from ..foundation.registry import part_class
 from .kinds import Scheme
 
 
@@ -14,14 +13,7 @@ class Schemes:
     ``items()`` (imports every one), ``name in SCHEMES``."""
 
     def get(self, name: str) -> type["Scheme"]:
-        module = importlib.import_module(catalog.module_of(name))  # an unknown name: UnknownSchemeError
-        found = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Scheme)]
-        found = [c for c in found if c.__module__ == module.__name__]  # its own, not one it imports
-        leaves = [c for c in found if not any(o is not c and issubclass(o, c) for o in found)]  # not a helper base
-        if len(leaves) != 1:
-            names = ", ".join(c.__name__ for c in leaves) or "none"
-            raise TypeError(f"{module.__name__} must define one scheme class for {name!r}; it defines {names}")
-        return leaves[0]
+        return part_class(catalog.module_of(name), Scheme, repr(name))  # an unknown name: UnknownSchemeError
 
     def names(self) -> list[str]:
         return sorted(catalog.CATALOG)
