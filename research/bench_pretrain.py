@@ -21,11 +21,11 @@ import time
 import torch
 
 from harness import command, stamp, write_record
-from retrofit.models import baseline
+from retrofit.models.standin import PRESETS, StandinConfig, build_model, get_config
 from retrofit.training import standin
 
 
-def time_steps(cfg: baseline.BaselineConfig, model, blocks: torch.Tensor) -> float:
+def time_steps(cfg: StandinConfig, model, blocks: torch.Tensor) -> float:
     """Seconds for ``cfg.steps`` steps of the baseline's own training loop."""
     t0 = time.perf_counter()
     standin.train(model, blocks, cfg)
@@ -33,7 +33,7 @@ def time_steps(cfg: baseline.BaselineConfig, model, blocks: torch.Tensor) -> flo
 
 
 def bench_preset(name: str, args) -> list[dict]:
-    base = baseline.get_config(name)
+    base = get_config(name)
     g = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, base.vocab_size, (64 * base.batch_size, base.n_positions), generator=g)
     variants = [(p, t) for p in args.precisions for t in args.threads]
@@ -43,7 +43,7 @@ def bench_preset(name: str, args) -> list[dict]:
         for precision, threads in variants:
             cfg = dataclasses.replace(base, precision=precision, steps=args.steps, warmup_steps=1)
             torch.set_num_threads(threads)
-            model = baseline.build_model(cfg, base.vocab_size, eos_token_id=0)
+            model = build_model(cfg, base.vocab_size, eos_token_id=0)
             n_params = sum(p.numel() for p in model.parameters())
             s = time_steps(cfg, model, blocks)
             if r:
@@ -81,7 +81,7 @@ def bench_preset(name: str, args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", default="study2-gpt2,study2-llama", help=f"comma list of {', '.join(baseline.PRESETS)}")
+    p.add_argument("--presets", default="study2-gpt2,study2-llama", help=f"comma list of {', '.join(PRESETS)}")
     p.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16 (CPU autocast)")
     p.add_argument("--threads", default=f"1,{os.cpu_count()}", help="comma list of torch thread counts")
     p.add_argument("--steps", type=int, default=6, help="training steps per measurement")

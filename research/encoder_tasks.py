@@ -29,7 +29,7 @@ from pathlib import Path
 import retrofit
 from harness import BENCHMARKS, ROOT, command, stamp, write_record
 from retrofit.data.longdoc import task_of
-from retrofit.models.baseline import SUMS_FILE, check_shipped, file_sha256
+from retrofit.models.standin import SUMS_FILE, check_shipped, file_sha256
 
 RUNS = ROOT / "runs" / "encoder-tasks"
 OUT = BENCHMARKS / "encoder_tasks.json"

@@ -28,7 +28,7 @@ RESEARCH = ROOT / "research"
 BENCHMARKS = ROOT / "benchmarks"  # the committed records
 DOCS = ROOT / "docs"
 RECIPES = ROOT / "recipes"
-STANDINS = ROOT / "standins"  # the shipped stand-ins (research/pretrain_baseline.py --ship)
+STANDINS = ROOT / "standins"  # the shipped stand-ins (research/pretrain_standin.py --ship)
 
 
 def stamp() -> dict:

@@ -1,6 +1,6 @@
 """The stand-ins' induction data, shared by the pilots of docs/results.md ("Stand-ins that copy"): the copy mix
 (rows that repeat spans of themselves), the induction toy (random tokens repeated) and a copy curve recorded
-while pretraining. ``InductionConfig`` is a ``retrofit.models.baseline.BaselineConfig`` with the fields of both;
+while pretraining. ``InductionConfig`` is a ``retrofit.models.standin.StandinConfig`` with the fields of both;
 it feeds them to the package's trainer through the config's extension points (``mixer``, ``probe``) and keeps
 them in its cache key (``key_fields``), so a mixed stand-in is cached under its own folder and one with the mix
 off under the plain config's.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from retrofit.foundation.errors import OptionError
-from retrofit.models.baseline import ENCODERS, BaselineConfig
+from retrofit.models.standin import ENCODERS, StandinConfig
 from retrofit.training.standin import copy_probe
 
 # the induction fields at these values leave the key alone: a config with the mix off is the plain config
@@ -33,7 +33,7 @@ KEY_DEFAULTS = {
 
 
 @dataclass(frozen=True)
-class InductionConfig(BaselineConfig):
+class InductionConfig(StandinConfig):
     """A stand-in config with the copy mix and the induction toy."""
 
     # the copy mix: this share of training blocks repeats spans of the block later in it, at uniform
@@ -84,7 +84,7 @@ class InductionConfig(BaselineConfig):
         return copy_probe(model, held, self.n_positions)
 
 
-def plain(cfg: BaselineConfig) -> InductionConfig:
+def plain(cfg: StandinConfig) -> InductionConfig:
     """``cfg`` (a preset) as an InductionConfig with the mix off: the same key, ready for ``dataclasses.replace``."""
     return InductionConfig(**dataclasses.asdict(cfg))
 

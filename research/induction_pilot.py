@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from induction_mix import InductionConfig, induction_rows
-from retrofit.models.baseline import BaselineConfig, build_model
+from retrofit.models.standin import StandinConfig, build_model
 from retrofit.scoring import copying
 from retrofit.training.standin import pack_blocks, pretrain, train_tokenizer, training_plays
 
@@ -74,7 +74,7 @@ def mix(a) -> None:
 
 def toy(a) -> None:
     torch.manual_seed(0)
-    cfg = BaselineConfig(
+    cfg = StandinConfig(
         name="toy", arch=a.arch, n_positions=a.native, n_layer=a.layers, n_head=4, n_embd=128, vocab_size=4096
     )
     docs = training_plays(cfg)

@@ -35,7 +35,7 @@ import torch
 from harness import stamp, write_record
 from induction_mix import InductionConfig, add_repeats
 from retrofit.models import assets
-from retrofit.models.baseline import build_model
+from retrofit.models.standin import build_model
 from retrofit.scoring import copying
 from retrofit.training.standin import heldout_loss, pack_blocks, train_tokenizer
 

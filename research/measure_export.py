@@ -3,7 +3,7 @@ the patched vs the exported model on real text (default: the held-out Shakespear
 
     OMP_NUM_THREADS=1 python research/measure_export.py [--preset quickstart] [--lengths 256 512 1024] [--out m.json]
 
-The model is the offline GPT-2 stand-in (``retrofit.models.baseline``; native length 128 for "quickstart"),
+The model is the offline GPT-2 stand-in (``retrofit.models.standin``; native length 128 for "quickstart"),
 converted without fine-tuning (the export maps whatever weights it has; fine-tuning changes nothing
 in the mapping). Also reports what the refused ``alibi scale_bias=False`` -> Falcon export would cost:
 the same weights evaluated with the bias added before the scaling.

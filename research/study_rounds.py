@@ -238,18 +238,18 @@ def cached_cell(cache: CellCache, cell: dict) -> dict:
 def stand_in(r: Round, shipped) -> tuple[Path, dict, int]:
     """The stand-in's folder, pretrain stats and native length (the shipped copy where there is one)."""
     from retrofit.foundation import run_folder
-    from retrofit.models import baseline
+    from retrofit.models.standin import load_stats
     from retrofit.training import standin
 
     path = standin.pretrain(r.preset, shipped=shipped or None)
-    return path, baseline.load_stats(path), run_folder.native_length(path)
+    return path, load_stats(path), run_folder.native_length(path)
 
 
 def part_gpt2(r: Round, previous: dict | None, shipped) -> dict:
     """The round's report on its stand-in, from the cache under ``r.runs``; ``previous``: the report at
     ``r.out``, whose cells go back into an empty cache first (restore_cells) and are kept when this grid
     lacks them."""
-    from retrofit.models.baseline import weights_sha256
+    from retrofit.models.standin import weights_sha256
 
     base, stats, native = stand_in(r, shipped)
     pretrain_tokens = stats["pretrain_tokens"]
@@ -302,7 +302,7 @@ def restore_cells(previous: dict, base: Path, sha: str, r: Round, native: int, c
     with these settings (SETTINGS). Returns those cells. A report from before hashes were recorded counts as
     this stand-in's if its cache key and pretraining losses are this one's to the last digit (the same
     pretraining run); its settings are then the round's. Anything else is an error."""
-    from retrofit.models.baseline import load_stats
+    from retrofit.models.standin import load_stats
 
     recorded, mine = previous.get("stand_in") or {}, r.settings(native)
     if recorded.get("weights_sha256"):

@@ -9,7 +9,7 @@ import torch
 
 from induction_mix import InductionConfig, add_repeats, induction_rows, plain
 from retrofit.foundation.errors import OptionError
-from retrofit.models.baseline import PRESETS, load_stats
+from retrofit.models.standin import PRESETS, load_stats
 from retrofit.training.standin import pretrain
 
 

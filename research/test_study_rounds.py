@@ -23,7 +23,7 @@ import study
 import study_rounds as R
 from harness import ROOT
 from retrofit.foundation.errors import RecipeError
-from retrofit.models import baseline
+from retrofit.models.standin import load_stats, weights_sha256
 from retrofit.study import tables as T
 from retrofit.study.cache import CellCache
 
@@ -112,7 +112,7 @@ def _rows(ppls: dict[int, float], role="converted"):
 
 def _report(micro_dir, r: R.Round, native=32) -> dict:
     """A report of ``r`` on the micro stand-in, as a session on another machine would have committed it."""
-    stats = baseline.load_stats(micro_dir)
+    stats = load_stats(micro_dir)
     lengths = [native * k for k in r.multiples]
     cells = [
         {**c, "rows": _rows({L: 10.0 + i + L / 1000 for L in lengths}), "seconds": 1.0, "trainable_parameters": 0}
@@ -129,7 +129,7 @@ def _report(micro_dir, r: R.Round, native=32) -> dict:
             "stand_in": {
                 "native_length": native,
                 "pretrain_tokens": stats["pretrain_tokens"],
-                "weights_sha256": baseline.weights_sha256(micro_dir),
+                "weights_sha256": weights_sha256(micro_dir),
                 "pretrain_stats": stats,
                 "settings": r.settings(native),
             },

@@ -1,5 +1,5 @@
 """No measured figure in the package's docstrings and comments: a speed, a timing or a CPU model belongs to the
-record (``benchmarks/*.json``) and its write-up (``docs/results.md``, ``docs/baseline.md``, ...); a docstring keeps
+record (``benchmarks/*.json``) and its write-up (``docs/results.md``, ``docs/standin.md``, ...); a docstring keeps
 the reasoning and points there (``measured: docs/results.md, "Attention kernel"``). Runtime strings (a warning, a
 note in a report) are not docstrings and are not read here. Read as text only: nothing is imported."""
 

@@ -197,7 +197,7 @@ def test_eval_defaults_fit_a_short_native_length_and_take_multiples(tmp_path, us
 
 
 def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypatch, caplog):
-    """Each name `builtin.names()` lists goes through `load_model`: tiny-gpt2 and baseline:micro for
+    """Each name `builtin.names()` lists goes through `load_model`: tiny-gpt2 and standin:micro for
     real; smollm2 and minilm from their PyPI wheels. Loading a stand-in never pretrains: one shipped in ./standins is copied
     from there, one neither cached nor shipped is a clear error that says how to build it; a recipe that fine-tunes it (`standin.ensure`) pretrains it, saying
     so first (the quickstart's shipped stand-in is copied by CI's quickstart run)."""
@@ -206,19 +206,17 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
     from retrofit.training import standin
 
     names = builtin.names()
-    assert {"tiny-gpt2", "smollm2", "baseline:micro", "baseline:quickstart", "baseline:study"} <= set(names)
+    assert {"tiny-gpt2", "smollm2", "standin:micro", "standin:quickstart", "standin:study"} <= set(names)
     asked = []
     monkeypatch.setattr(standin, "pretrain", lambda preset, *a, **kw: asked.append(preset))
-    from retrofit.models import baseline
+    from retrofit.models.standin import built, output_dir, shipped_folder
 
     refused = []
     for name in names:
         # a stand-in built or shipped loads; one neither is the clear error
-        preset = name.split(":", 1)[1] if name.startswith("baseline:") else None
-        shipped = (
-            preset and baseline.shipped_folder() and (baseline.shipped_folder() / baseline.output_dir(preset).name)
-        )
-        if preset and not baseline.built(preset) and not (shipped and shipped.is_dir()):
+        preset = name.split(":", 1)[1] if name.startswith("standin:") else None
+        shipped = preset and shipped_folder() and (shipped_folder() / output_dir(preset).name)
+        if preset and not built(preset) and not (shipped and shipped.is_dir()):
             with pytest.raises(OptionError, match=f"{name} is not built yet.*never pretrains"):
                 load_model(name, tokenizer=True)
             refused.append(name)
@@ -231,7 +229,7 @@ def test_every_builtin_name_loads_through_load_model(cache, micro_dir, monkeypat
         model, tok = load_model(name, tokenizer=True)
         assert tok is not None and model.config._name_or_path == name, name
         assert sum(p.numel() for p in model.parameters()) > 0
-    assert asked == [] and "baseline:study" in refused  # (30 min to pretrain: no test builds it)
+    assert asked == [] and "standin:study" in refused  # (30 min to pretrain: no test builds it)
     caplog.clear()  # what loading logged (smollm2's first extraction from its wheel) is not ensure's
     with caplog.at_level("WARNING", logger="retrofit.training.standin"):
         standin.ensure("baseline:micro")  # cached: nothing to do

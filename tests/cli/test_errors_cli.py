@@ -515,7 +515,7 @@ def test_convert_help_lists_the_built_in_models():
     assert r.returncode == 0, r.stderr
     listed = " ".join(r.stdout.split("built-in models", 1)[-1].split())
     assert "built-in models" in r.stdout and all(f" {name}," in listed + "," for name in builtin.names()), r.stdout
-    assert "baseline:micro" in listed and "tiny-gpt2" in listed and "smollm2" in listed
+    assert "standin:micro" in listed and "tiny-gpt2" in listed and "smollm2" in listed
 
 
 def test_clean_convert_load_finetune_and_export_print_no_warning(tmp_path, user_env, in_process):

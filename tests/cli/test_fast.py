@@ -91,6 +91,6 @@ def test_eval_and_finetune_help_name_the_task_models_and_their_data(capsys):
     with pytest.raises(SystemExit):
         main(["finetune", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "'baseline:<preset>' (the pretrained stand-ins:" in out and "the small GPT-2 pretrained" not in out
+    assert "'standin:<preset>' (the pretrained stand-ins:" in out and "the small GPT-2 pretrained" not in out
     dataset = out[out.index("data.dataset") : out.index("data.config")]
     assert "longdoc:mention" in dataset and "longdoc:passkey" in dataset

@@ -13,7 +13,7 @@ import transformers as tf
 
 from retrofit.evaluation import longdoc as measure
 from retrofit.evaluation.models import EvalModel
-from retrofit.models.baseline import check_shipped
+from retrofit.models.standin import check_shipped
 
 STANDINS = Path(__file__).resolve().parents[2] / "standins"
 CLASSIFIER, EMBEDDING = STANDINS / "small-bert-mention-classifier", STANDINS / "small-bert-needle-embedding"

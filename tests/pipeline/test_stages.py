@@ -44,7 +44,7 @@ def test_recipe_sections_and_defaults():
 
 
 def test_quickstart_recipe_is_valid_and_spans_1x_to_16x():
-    from retrofit.models.baseline import PRESETS
+    from retrofit.models.standin import PRESETS
 
     rr = pipeline.load_recipe(REPO / "recipes" / "quickstart.yaml")
     assert rr.finetune.model.name_or_path == "baseline:quickstart" and rr.finetune.convert.scheme == "alibi"

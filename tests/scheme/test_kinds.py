@@ -38,3 +38,21 @@ def test_the_shared_modules_are_split_by_what_they_hold():
     for name in scheme.SHARED:
         lines = len((SCHEME_DIR / f"{name}.py").read_text().splitlines())
         assert lines <= MOST_LINES, f"scheme/{name}.py has {lines} lines (at most {MOST_LINES})"
+
+
+def test_one_site_type_for_an_attention_call():
+    """``Site`` is declared once (``scheme.site``); the patch's call record implements it, and the adapters' record of
+    an attention module is an ``AttentionLayer``, not another site."""
+    import ast
+
+    from retrofit.patch.attention import LayerCall
+    from retrofit.scheme import Site
+
+    declared = sorted(
+        f"{p.relative_to(SCHEME_DIR.parent).as_posix()}:{n.name}"
+        for p in SCHEME_DIR.parent.rglob("*.py")
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.ClassDef) and n.name.endswith("Site")
+    )
+    assert declared == ["scheme/site.py:Site"], declared
+    assert Site in LayerCall.__mro__  # declared, not only shaped alike

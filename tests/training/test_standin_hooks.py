@@ -1,4 +1,4 @@
-"""The stand-in trainer's extension points (``BaselineConfig.key_fields``, ``mixer``, ``probe``): a config
+"""The stand-in trainer's extension points (``StandinConfig.key_fields``, ``mixer``, ``probe``): a config
 subclass adds fields that change its batches and its key, and figures measured while it trains; the presets use
 neither (research/induction_mix.py is the one user)."""
 
@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
-from retrofit.models.baseline import PRESETS, BaselineConfig, build_model
+from retrofit.models.standin import PRESETS, StandinConfig, build_model
 from retrofit.training.standin import train
 
 
 @dataclass(frozen=True)
-class Reversed(BaselineConfig):
+class Reversed(StandinConfig):
     """Rows read backwards from step ``reverse_from`` on; the training loss every ``every`` steps as a figure."""
 
     reverse_from: int = -1
@@ -46,7 +46,7 @@ def test_a_subclass_keeps_the_key_of_its_base_while_its_fields_are_off():
     assert micro.mixer(torch.zeros(2, 2)) is None and micro.probe(None, None, 1) is None
 
 
-def _trained(cfg: BaselineConfig, curve: list | None = None) -> list[float]:
+def _trained(cfg: StandinConfig, curve: list | None = None) -> list[float]:
     blocks = torch.randint(0, 64, (8, cfg.n_positions), generator=torch.Generator().manual_seed(0))  # [8, L]
     model = build_model(cfg, 64, eos_token_id=0)
     return train(model, blocks, cfg, held=blocks[:3], curve=curve)

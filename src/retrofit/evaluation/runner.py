@@ -237,7 +237,7 @@ def _task_of(model_or_path) -> str | None:
     m = model_or_path[0] if isinstance(model_or_path, tuple) else model_or_path
     if isinstance(m, nn.Module):
         return task.of_model(m).name
-    if isinstance(m, str) and builtin.task_of(m):  # tiny-gpt2, smollm2, baseline:<preset>
+    if isinstance(m, str) and builtin.task_of(m):  # tiny-gpt2, smollm2, standin:<preset>
         return builtin.task_of(m)
     folder = Path(str(m)).expanduser() if isinstance(m, (str, Path)) else None
     cfg = (

