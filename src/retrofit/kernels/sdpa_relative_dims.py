@@ -17,7 +17,8 @@ flash kernel runs only with equal widths (through SDPA unequal widths ran severa
 measured: docs/ARCHITECTURE.md, "The attention kernels").
 
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
-``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square, a cached prefix
+``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square (on CPU the flash op
+forward, its backward in blocks of queries: ``_CausalSquare``, v's matmuls and dk at v's width), a cached prefix
 on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
 inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
