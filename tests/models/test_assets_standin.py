@@ -351,12 +351,12 @@ def test_the_standin_prefixes_are_written_in_builtin_only():
         assert typed in ([], ["models/builtin.py"]), (prefix, typed)
 
 
-def test_the_old_baseline_prefix_is_an_alias_of_standin():
+def test_the_old_baseline_prefix_is_an_alias_of_standin(micro_dir):
     """A recipe written before the rename (``baseline:<preset>``) names the same stand-in as ``standin:<preset>``."""
     from retrofit.models import builtin
 
     assert builtin.standin_preset("baseline:micro") == builtin.standin_preset("standin:micro") == "micro"
-    assert builtin.resolve("baseline:micro", None) == builtin.resolve("standin:micro", None)
+    assert builtin.resolve("baseline:micro", None) == builtin.resolve("standin:micro", None) == (str(micro_dir), None)
     assert builtin.task_of("baseline:small-bert") == builtin.task_of("standin:small-bert") == "masked-lm"
     assert "standin:micro" in builtin.names() and not any(n.startswith("baseline:") for n in builtin.names())
     assert builtin.standin_preset("micro") is None and builtin.standin_preset("gpt2") is None
