@@ -25,7 +25,7 @@ CEILINGS = {
     "whole_recipe": 26,  # 20 before merging main; its preflight.py (5) and recipe._check_task_data (1) add 6
     "validate_lines": 20,
     "positive_calls": 0,
-    "params_7_8": 17,
+    "params_7_8": 8,  # the signatures fixed from outside (tests/test_function_size.py:KNOWN)
     "loop_positions": 1,  # the import of training/positions.py's Placer
 }
 
