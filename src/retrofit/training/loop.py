@@ -245,7 +245,7 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
     # gathered after a forward (the tail: final norm, lm_head) lists its unsharded tensors there, whose
     # .grad stays None, and the clip norm would leave them out (measured: docs/finetune.md, "Sharded fine-tunes").
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    meter = Meter(r, acc, progress.step, clock, view)
+    meter = Meter(t, r.data.block_length, acc, progress.step, clock, view)
     steps = Steps(r, acc, model, val_loader, base, handed.placer, progress, meter, where, masker)
     batches = block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, handed.tok)
     with Interrupts() as stop:  # Ctrl-C: a checkpoint at the step reached, then KeyboardInterrupt

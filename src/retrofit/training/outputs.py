@@ -42,7 +42,7 @@ def write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> N
         info.update(
             train_stream=train.what,
             validation_documents=train.validation_documents,
-            budget_tokens=r.train.steps * tokens_per_step(r, processes),
+            budget_tokens=r.train.steps * tokens_per_step(r.train, r.data.block_length, processes),
         )
     else:
         info.update(
