@@ -60,7 +60,8 @@ QUICK = {
 def _merge(base: dict, over: dict) -> dict:
     out = json.loads(json.dumps(base))
     for k, v in over.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        merge = isinstance(v, dict) and v and isinstance(out.get(k), dict)  # an empty dict replaces
+        out[k] = _merge(out[k], v) if merge else v
     return out
 
 
