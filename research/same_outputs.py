@@ -17,7 +17,8 @@ file of the two folders is compared:
 Exit 0 when every case matched, 1 when one differed (each difference printed), 2 when a run failed. The cases: a
 4-step full fine-tune of the quickstart stand-in (with a checkpoint: optimizer and scheduler state), the same with
 PoSE positions + copies, with T5 + calibration, with LoRA, a classifier and an embedding model on the small-bert
-stand-in (longdoc tasks), and ``retrofit eval`` (with ``--baseline original`` and passkey) of the first run's result.
+stand-in (longdoc tasks), ``retrofit eval`` (with ``--baseline original`` and passkey) of the first run's result and
+of the classifier's (the long-document report).
 A few minutes on 2 busy cores in all."""
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ CASES: dict[str, dict | tuple] = {
         "full",
         ["--lengths", "1x,2x", "--budget", "2048", "--baseline", "original", "--passkey", "--passkey-trials", "1"],
     ),
+    "eval_classifier": ("eval", "classification", ["--lengths", "1x,2x", "--baseline", "original"]),
 }
 
 TIMING_KEY = re.compile(

@@ -264,5 +264,10 @@ class Recall(Measure):
         lengths, depths, text = planned.state
         return {"recall": run(setup.models, text, lengths, depths, setup.o, bar)}
 
+    def markdown(self, report, plots: dict) -> list[str]:
+        from .markdown import recall_section
+
+        return recall_section(report, plots)
+
 
 MEASURE = Recall()

@@ -200,10 +200,17 @@ class Copy(Measure):
     def run(self, setup: Setup, planned: Planned, bar) -> dict:
         return {"copy": run(setup, planned, bar)}
 
+    def markdown(self, report, plots: dict) -> list[str]:
+        from .markdown import copy_section
+
+        return copy_section(report, plots)
+
 
 class MaskedCopy(Copy):
     """Retrieval at distance for a masked LM: the span's tokens masked at the end and scored
     (``scoring.copying.score_masked``); the report's ``copy`` and ``copy_settings``."""
+
+    tasks = ("masked-lm",)
 
     def check(self, setup: Setup, asked) -> None:
         if getattr(setup.models[0].tokenizer, "mask_token_id", None) is not None:
