@@ -12,7 +12,8 @@ file of the two folders is compared:
 - ``*.json``/``*.jsonl`` by content with timing fields dropped (keys naming seconds, times, rates, dates, hosts,
   memory);
 - ``*.md``/``*.txt``/``*.yaml`` and the rest as text, with timing figures masked (``12.3 s``, ``4 min``, ``1,234 tokens/s``,
-  ISO dates) and the source tree's path replaced by ``<SRC>``.
+  ISO dates), a report.md's ``## Cost`` section dropped (tokens/s, memory) and the source tree's path replaced by
+  ``<SRC>``.
 
 Exit 0 when every case matched, 1 when one differed (each difference printed), 2 when a run failed. The cases: a
 4-step full fine-tune of the quickstart stand-in (with a checkpoint: optimizer and scheduler state), the same with
@@ -187,7 +188,20 @@ def _mask(text: str) -> str:
 
 
 def _text(path: Path, tree: Path) -> str:
-    return path.read_text().replace(str(tree.resolve()), "<SRC>").replace(str(tree), "<SRC>")
+    text = path.read_text().replace(str(tree.resolve()), "<SRC>").replace(str(tree), "<SRC>")
+    return _without_cost(text) if path.suffix == ".md" else text
+
+
+def _without_cost(text: str) -> str:
+    """A report.md without its ``## Cost`` section (tokens/s and memory of this run: report.json's volatile
+    ``cost``)."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            skipping = line.startswith("## Cost")
+        if not skipping:
+            out.append(line)
+    return "".join(out)
 
 
 def _json_lines(text: str):

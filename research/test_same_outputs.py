@@ -15,7 +15,9 @@ def _run(root, src, *, weight=1.0, loss=2.5, seconds=3.0, extra=False):
     torch.save({"state": {0: {"exp_avg": torch.ones(2)}}}, root / "optimizer.bin")
     summary = {"val_loss": loss, "seconds": seconds, "peak_memory_mib": {"rss": [seconds * 100]}, "src": str(src)}
     (root / "summary.json").write_text(json.dumps(summary))
-    (root / "report.md").write_text(f"# Report\n\nval loss {loss}; took {seconds:.1f} s on 2026-12-0{int(seconds)}\n")
+    cost = f"## Cost\n\n| {int(seconds * 300):,} | {int(seconds * 50)} MiB |\n\n"  # tokens/s, memory
+    md = f"# Report\n\nval loss {loss}; took {seconds:.1f} s on 2026-12-0{int(seconds)}\n\n{cost}## Environment\n"
+    (root / "report.md").write_text(md)
     if extra:
         (root / "extra.txt").write_text("x")
 
