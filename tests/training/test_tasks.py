@@ -107,6 +107,36 @@ def test_an_embedding_model_fine_tunes_from_records_and_loads_in_sentence_transf
     assert {"modules.json", "1_Pooling/config.json", "model.safetensors", "README.md"} <= pushed
 
 
+@pytest.mark.slow
+def test_a_fine_tuned_embedding_model_keeps_its_sources_normalize(tmp_path):
+    """A sentence-transformers source with Normalize (as all-MiniLM-L6-v2 has): the fine-tuned model still gives
+    unit vectors through ``SentenceTransformer(final)`` (mean pooling then Normalize, as the source did)."""
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    encoder = Transformer(str(bert_folder(tmp_path / "bert")))
+    pooling = Pooling(encoder.get_word_embedding_dimension(), "mean")
+    st.SentenceTransformer(modules=[encoder, pooling, Normalize()], device="cpu").save(str(tmp_path / "src"))
+    rows = [{"query": f"question {i}", "document": f"item {i} is described here " * 6} for i in range(16)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = {
+        "task": "embedding",
+        "model": {"name_or_path": str(tmp_path / "src")},
+        "convert": {"scheme": "alibi"},
+        "data": {"files": str(tmp_path / "pairs.jsonl"), "block_length": 2 * NATIVE, "validation_fraction": 0.25},
+        "train": {"method": "full", "steps": 2, "batch_size": 4, "learning_rate": 1e-3, "warmup_steps": 1},
+        "output_dir": str(tmp_path / "run"),
+    }
+    assert main(["finetune", write(tmp_path, recipe)]) == 0
+    final = tmp_path / "run" / "final"
+    types = [m["type"].rsplit(".", 1)[-1] for m in json.loads((final / "modules.json").read_text())]
+    assert types == ["Transformer", "Pooling", "Normalize"]
+    vectors = st.SentenceTransformer(str(final), device="cpu").encode(
+        ["a text past the table, " * 8], convert_to_tensor=True
+    )
+    torch.testing.assert_close(vectors.norm(dim=-1), torch.ones(1), atol=1e-5, rtol=0)
+
+
 def test_a_classifiers_records_give_its_labels_by_name(tmp_path):
     from retrofit.training.tasks import label_names
 
