@@ -1,6 +1,6 @@
 """Same outputs before and after a refactor: a fixed small set of runs under two source trees, compared file by file.
 
-    python research/same_outputs.py --old /path/to/old/checkout --new /path/to/new/checkout [--work DIR] [--only NAME]
+    nice -n 10 python research/same_outputs.py --old OLD_CHECKOUT --new NEW_CHECKOUT [--work DIR] [--only NAME]
 
 Each case runs ``python -m retrofit ...`` with ``PYTHONPATH=TREE/src`` (one thread, offline, a shared retrofit cache
 and the new tree's ``standins/``), first under ``--old`` then under ``--new``, in the same folder (``WORK/run``, moved
@@ -138,7 +138,7 @@ def _env(tree: Path, work: Path) -> dict:
 
 
 def _run(argv: list[str], tree: Path, work: Path, log: Path) -> None:
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "retrofit", *argv]
+    cmd = [sys.executable, "-m", "retrofit", *argv]  # at the script's own priority (run it under nice)
     t = time.time()
     with log.open("w") as f:
         rc = subprocess.run(cmd, cwd=work, env=_env(tree, work), stdout=f, stderr=subprocess.STDOUT).returncode
