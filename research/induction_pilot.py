@@ -233,7 +233,7 @@ def check(a) -> None:
     spans = recall.make_spans(0, 32, 16, pool)
     hits = 0
     for j, sp in enumerate(spans):
-        prompt = recall.build(text, L, 0.1 + 0.4 * j / 31, sp, cue=4, offset=j * L)
+        prompt = recall.build(text, L, 0.1 + 0.4 * j / 31, sp, j * L, recall.Layout(cue=4))
         hits += recall.score(model, prompt)["exact"]
     out["random_recall_exact_at_native"] = hits / len(spans)
     print(json.dumps(out, indent=1), flush=True)

@@ -71,16 +71,16 @@ def test_build_places_the_span_and_repeats_its_cue():
     text = list(range(100, 400))
     span = [7, 8, 9, 10, 11, 12]
     for depth in (0.0, 0.5, 1.0):
-        p = rc.build(text, 64, depth, span, cue=2, offset=5, prefix=[1])
+        p = rc.build(text, 64, depth, span, 5, rc.Layout(cue=2, prefix=(1,)))
         n = 64 - 1 - 12  # filler tokens
         assert len(p.ids) == 64 and p.ids[0] == 1
         assert p.ids[p.span_index : p.span_index + 6] == span and p.span_index == 1 + round(depth * n)
         assert p.ids[-6:] == span and p.continuation_start == 64 - 4
         assert [t for t in p.ids[1:] if t >= 100] == text[5 : 5 + n]  # the filler is the text, in order
     with pytest.raises(ValueError):
-        rc.build(text, 11, 0.5, span, cue=2, offset=0)  # no room for the span twice
+        rc.build(text, 11, 0.5, span, 0, rc.Layout(cue=2))  # no room for the span twice
     with pytest.raises(ValueError):
-        rc.build(text, 64, 0.5, span, cue=6, offset=0)  # nothing left to recall
+        rc.build(text, 64, 0.5, span, 0, rc.Layout(cue=6))  # nothing left to recall
 
 
 def test_induction_oracle_scores_100_percent_and_lengths_past_a_limit_are_not_run():

@@ -179,7 +179,7 @@ def test_flash_attn_call_is_causal_bottom_right_with_the_slopes(monkeypatch):
     monkeypatch.setattr(flash_attn_alibi, "_flash", flash_attn_func)
     q, k, v = _qkv(1, 4, 5, 30, 8)
     slopes = torch.tensor(alibi_slopes(4))
-    out = flash_attn_alibi.flash_attn_alibi(q, k, v, scaling=0.3, slopes=slopes.double(), window=6)
+    out = flash_attn_alibi.flash_attn_alibi(Call(q, k, v, 0.3, slopes=slopes.double(), window=6, q_start=25))
     assert calls == {"causal": True, "window_size": (5, 0), "dtype": torch.float32}
     torch.testing.assert_close(
         out.double(), _reference(q, k, v, 0.3, slopes, window=6, q_start=25), atol=1e-6, rtol=1e-5

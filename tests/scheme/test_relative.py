@@ -90,8 +90,8 @@ def test_each_chunk_scores_its_own_distances_only(monkeypatch):
     seen = []
     real = chunked.relative_logits
 
-    def spy(rel_q, rel_keys, q_pos, k_pos, scaling, dtype, first=0):
-        out = real(rel_q, rel_keys, q_pos, k_pos, scaling, dtype, first)
+    def spy(rel_q, rel, q_pos, k_pos, scaling, dtype):
+        out = real(rel_q, rel, q_pos, k_pos, scaling, dtype)
         seen.append((rel_q.shape[-2], len(k_pos), out.shape))
         return out
 

@@ -301,7 +301,7 @@ def test_real_recipes_stream_a_general_corpus_on_a_stated_budget(path):
     assert rdata_streams(r.data) and r.data.dataset == "HuggingFaceFW/fineweb-edu" and r.data.max_tokens
     from retrofit.training.recipe import tokens_per_step
 
-    per = tokens_per_step(r, 1)
+    per = tokens_per_step(r.train, r.data.block_length, 1)
     assert r.train.steps == r.data.max_tokens // per  # steps, batch and block agree with the budget
     assert f"{r.train.steps:,} steps x {per:,} tokens" in text and "% " in text.split("# Budget:")[1]
     assert "# Data: FineWeb-Edu" in text and "ODC-By" in text and "--plan --processes 1" in text

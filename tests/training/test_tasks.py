@@ -272,7 +272,7 @@ def test_the_task_recipes_name_a_real_corpus_and_their_budget(path):
     text = path.read_text()
     assert r.task in ("classification", "embedding") and r.data.dataset and r.data.max_documents
     assert r.convert.scheme == "extend"  # what the study found reads the whole document (docs/results.md)
-    per = tokens_per_step(r, 1)
+    per = tokens_per_step(r.train, r.data.block_length, 1)
     assert f"{r.train.steps:,} steps x {per:,} tokens" in text and "# Data:" in text and "--plan" in text
     assert r.data.dataset in text.split("# Data:")[1]
 
@@ -287,7 +287,7 @@ def test_the_offline_twin_is_the_hub_recipe_on_the_built_in():
     assert hub.model.name_or_path == "sentence-transformers/all-MiniLM-L6-v2" and twin.model.name_or_path == "minilm"
     assert (twin.task, twin.convert.scheme, twin.train.method) == (hub.task, hub.convert.scheme, hub.train.method)
     assert twin.data.dataset.startswith("longdoc:")
-    per = tokens_per_step(twin, 1)
+    per = tokens_per_step(twin.train, twin.data.block_length, 1)
     assert (
         f"{twin.train.steps} steps x {per:,} tokens" in (RECIPES / "minilm-embedding-extend-offline.yaml").read_text()
     )

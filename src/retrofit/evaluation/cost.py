@@ -24,6 +24,7 @@ def _status_kb(field: str) -> int | None:
 def _reset_rss_peak() -> bool:
     """Reset the kernel's peak-RSS counter (Linux >= 4.0: ``echo 5 > /proc/self/clear_refs``)."""
     try:
+        # raw write: not a file: resets the kernel's peak-RSS counter (/proc/self/clear_refs)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         return True

@@ -352,6 +352,8 @@ class LongDocuments(Measure):
 
     name = "long-document"
     unit = "doc"
+    tasks = ("sequence-classification", "embeddings")
+    report = LongDocReport
 
     def asked(self, o) -> bool:
         return True

@@ -155,9 +155,12 @@ def _scheme(m: dict) -> str:
 
 
 def render_markdown(report, plots: dict | None = None) -> str:
-    """report.md: the models and data, the verdict, then a section per measure that ran, the cost, the environment."""
+    """report.md: the models and data, the verdict, then a section per measure that ran (a causal LM's measures'
+    ``Measure.markdown``, in the catalog's order), the cost, the environment."""
+    from .measure import by_task
+
     plots = plots or {}
-    sections = (_head, _perplexity, _passkey_section, _recall_section, _copy_section, _cost_and_environment)
+    sections = (_head, *(m.markdown for m in by_task()["causal-lm"]), _cost_and_environment)
     return "\n".join(line for section in sections for line in section(report, plots))
 
 
@@ -193,7 +196,7 @@ def _head(report, plots: dict) -> list[str]:
     return out
 
 
-def _perplexity(report, plots: dict) -> list[str]:
+def perplexity_section(report, plots: dict) -> list[str]:
     out = []
     out += [
         "## Perplexity vs length",
@@ -219,7 +222,7 @@ def _perplexity(report, plots: dict) -> list[str]:
     return out
 
 
-def _passkey_section(report, plots: dict) -> list[str]:
+def passkey_section(report, plots: dict) -> list[str]:
     d, out = report.data, []
     if not d.get("passkey"):
         return []
@@ -238,7 +241,7 @@ def _passkey_section(report, plots: dict) -> list[str]:
     return out
 
 
-def _recall_section(report, plots: dict) -> list[str]:
+def recall_section(report, plots: dict) -> list[str]:
     d, out = report.data, []
     if not d.get("recall"):
         return []
@@ -261,7 +264,7 @@ def _recall_section(report, plots: dict) -> list[str]:
     return out
 
 
-def _copy_section(report, plots: dict) -> list[str]:
+def copy_section(report, plots: dict) -> list[str]:
     d, out = report.data, []
     if not d.get("copy"):
         return []

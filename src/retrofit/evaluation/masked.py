@@ -193,6 +193,8 @@ class MaskedLM(Measure):
     sliding window and the original's, on one draw of masked tokens. Its keys are the masked report's."""
 
     name = "masked-lm"
+    tasks = ("masked-lm",)
+    report = MaskedReport
 
     def asked(self, o) -> bool:
         return True

@@ -1,7 +1,9 @@
 """What every measure of an evaluation is: its options checked, its plan (the forward passes it will make, what
-the report's settings and seeds say of it), its run and its report section. ``runner.evaluate`` lists the
-measures of a task (``runner.MEASURES``) and drives them the same way; a new measure is one class here's
-shape in its own module and one entry in that table.
+the report's settings and seeds say of it), its run, its report keys (their JSON schema) and its section of
+report.md. ``CATALOG`` lists every measure; ``runner.evaluate`` runs those of the model's task (``by_task``) and
+drives them the same way. A new measure is its module (a ``Measure`` subclass and its instance) and one line of
+``CATALOG``; its options, if it has new ones, are fields of ``options.EvalOptions`` (the one place every option
+and flag is declared).
 
     asked = measure.asked(options)          # before anything is read: bad input raises a RetrofitError
     measure.check(setup, asked)             # the model loaded, the lengths resolved, before any tokens are read
@@ -11,6 +13,7 @@ shape in its own module and one entry in that table.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -49,11 +52,53 @@ class Planned:
     state: object = None  # what its run reads
 
 
+# Every measure, in the report's order: "id": "module:ATTR", ATTR the module's ``Measure`` instance (a module under
+# retrofit.evaluation, or a dotted one); each says which tasks it measures (``Measure.tasks``).
+CATALOG: dict[str, str] = {
+    "perplexity": "perplexity:MEASURE",
+    "passkey": "passkey:MEASURE",
+    "recall": "recall:MEASURE",
+    "copy": "retrieval:MEASURE",
+    "masked-lm": "masked:MEASURE",
+    "masked-copy": "retrieval:MASKED",
+    "long-document": "longdoc:MEASURE",
+}
+
+
+def measures() -> list["Measure"]:
+    """Every measure of ``CATALOG``, in its order (their modules imported on first use)."""
+    out = []
+    for where in CATALOG.values():
+        module, attr = where.split(":")
+        out.append(getattr(importlib.import_module(module if "." in module else f"{__package__}.{module}"), attr))
+    return out
+
+
+def by_task() -> dict[str, tuple["Measure", ...]]:
+    """{task: its measures in the report's order}, the tasks in the order the catalog first names them."""
+    out: dict[str, tuple] = {}
+    for m in measures():
+        for t in m.tasks:
+            out[t] = (*out.get(t, ()), m)
+    return out
+
+
 class Measure(ABC):
-    """One measure. ``name``: its key in the report (its section, its settings, its seed)."""
+    """One measure. ``name``: its key in the report (its section, its settings, its seed); ``tasks``: the models it
+    measures (``foundation.task`` names); ``keys``: what it writes of the report (default: its name), ``schema``
+    their JSON schema where ``schema.json`` does not hold it; ``report``: a report class of its own (a task
+    whose first measure has one writes it instead of ``report.Report``)."""
 
     name: str = ""
     unit: str = "window"  # what its work counts (the progress bar's unit)
+    tasks: tuple[str, ...] = ("causal-lm",)
+    schema: dict = {}  # {report key: its JSON schema}, added to schema.json's properties
+    report: type | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Its keys of the report, in order."""
+        return (self.name,)
 
     @abstractmethod
     def asked(self, o: EvalOptions):
@@ -74,6 +119,10 @@ class Measure(ABC):
     def absent(self) -> dict:
         """Its keys of the report when it does not run."""
         return {self.name: None}
+
+    def markdown(self, report, plots: dict) -> list[str]:
+        """Its lines of report.md (``report.Report``'s; ``plots``: the plots written). None by default."""
+        return []
 
 
 def check_lengths(lengths, what: str = "lengths") -> list:

@@ -240,5 +240,10 @@ class Passkey(Measure):
         (lengths, depths), o = planned.state, setup.o
         return {"passkey": run(setup.models, lengths, depths, o.passkey_trials, o.seed, bar)}
 
+    def markdown(self, report, plots: dict) -> list[str]:
+        from .markdown import passkey_section
+
+        return passkey_section(report, plots)
+
 
 MEASURE = Passkey()

@@ -240,6 +240,7 @@ class Perplexity(Measure):
     gain (the same scores against a native window: ``farcontext``) and the cost of each pass. Always run."""
 
     name = "perplexity"
+    keys = ("rows", "far_context", "loss_by_position", "cost")
 
     def asked(self, o) -> bool:
         stride = 1 if o.stride is None else o.stride
@@ -264,6 +265,11 @@ class Perplexity(Measure):
         rows, positions, costs, scored = run(setup.models, jobs, setup.stream, o.batch_size, o.position_buckets, bar)
         far = far_context(setup.models, jobs, scored)
         return {"rows": rows, "far_context": far, "loss_by_position": positions, "cost": costs}
+
+    def markdown(self, report, plots: dict) -> list[str]:
+        from .markdown import perplexity_section
+
+        return perplexity_section(report, plots)
 
 
 MEASURE = Perplexity()

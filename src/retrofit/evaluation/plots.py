@@ -113,6 +113,7 @@ def _save(fig, path: Path) -> None:
     _load()
     try:
         with replacing(path) as tmp:
+            # raw write: savefig into the temporary path replacing() hands out
             fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", pad_inches=0.1)
     finally:
         plt.close(fig)

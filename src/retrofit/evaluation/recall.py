@@ -86,10 +86,19 @@ def room(tokenizer, span: int) -> int:
     return len(bos_prefix(tokenizer)) + 2 * span
 
 
-def build(
-    text_ids: list[int], length: int, depth: float, span: list[int], cue: int, offset: int, prefix: list[int] = ()
-) -> RecallPrompt:
-    """A recall sequence of exactly ``length`` tokens (see the module docstring)."""
+@dataclass(frozen=True)
+class Layout:
+    """What every recall prompt of a run shares: the ``cue`` (the span's first tokens, given before the rest is
+    scored) and the ``prefix`` that opens the sequence (a BOS)."""
+
+    cue: int
+    prefix: tuple[int, ...] = ()
+
+
+def build(text_ids: list[int], length: int, depth: float, span: list[int], offset: int, layout: Layout) -> RecallPrompt:
+    """A recall sequence of exactly ``length`` tokens, its filler read from ``text_ids[offset:]`` (see the module
+    docstring)."""
+    cue, prefix = layout.cue, layout.prefix
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must be in [0, 1], got {depth}")
     if not 0 < cue < len(span):
@@ -146,6 +155,7 @@ def run(models, text_ids: list[int], lengths, depths, o, bar) -> list[dict]:
     pool = token_pool(text_ids, models[0].tokenizer)
     spans = make_spans(seed, trials, span, pool)
     prefix = bos_prefix(models[0].tokenizer)
+    layout = Layout(cue, tuple(prefix))
     results = []
     for m in models:
         for L in lengths:
@@ -158,7 +168,7 @@ def run(models, text_ids: list[int], lengths, depths, o, bar) -> list[dict]:
                 bar.set_description(f"{m.name[-24:]} recall L={L} depth={d:g}")
                 scores = []
                 for s, at in zip(spans, starts):
-                    scores.append(score(m.model, build(text_ids, L, d, s, cue, at, prefix)))
+                    scores.append(score(m.model, build(text_ids, L, d, s, at, layout)))
                     bar.update(1)
                 n_tokens = sum(x["tokens"] for x in scores)
                 results.append(
@@ -253,6 +263,11 @@ class Recall(Measure):
     def run(self, setup: Setup, planned: Planned, bar) -> dict:
         lengths, depths, text = planned.state
         return {"recall": run(setup.models, text, lengths, depths, setup.o, bar)}
+
+    def markdown(self, report, plots: dict) -> list[str]:
+        from .markdown import recall_section
+
+        return recall_section(report, plots)
 
 
 MEASURE = Recall()

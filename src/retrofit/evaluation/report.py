@@ -20,12 +20,25 @@ SCHEMA_VERSION = "1.0"
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 #: wall-clock sections (and the list of files written); everything else is identical across reruns
 VOLATILE = ("cost", "timing", "plots")
-# the measures' keys of a report, in its order (``measure.Measure.run`` writes them)
-SECTIONS = ("rows", "far_context", "loss_by_position", "passkey", "recall", "copy", "cost")
+
+
+def sections() -> tuple[str, ...]:
+    """The measures' keys of a causal LM's report, in its order: each measure's ``keys`` in the catalog's order
+    (``measure.CATALOG``), the wall-clock ones (``VOLATILE``: the cost) last."""
+    from .measure import by_task
+
+    keys = [k for m in by_task()["causal-lm"] for k in m.keys]
+    return (*(k for k in keys if k not in VOLATILE), *(k for k in keys if k in VOLATILE))
 
 
 def schema() -> dict:
-    return json.loads(SCHEMA_PATH.read_text())
+    """schema.json, with the keys of each measure that declares its own (``Measure.schema``)."""
+    from .measure import measures
+
+    out = json.loads(SCHEMA_PATH.read_text())
+    for m in measures():
+        out["properties"].update(m.schema)
+    return out
 
 
 def jsonable(x: Any) -> Any:

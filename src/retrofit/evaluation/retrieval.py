@@ -82,13 +82,16 @@ def effective_reach(cells: list[dict], native: int) -> dict:
     }
 
 
-def run(models, text_ids: list[int], distances: list[int], trials: int, probe: Probe, bar, mask_id=None) -> dict:
+def run(setup: Setup, planned: Planned, bar, mask_id=None) -> dict:
     """The report's ``copy`` section: a cell per (model, distance), paired across models, and each model's
     effective reach. A model with a limit (the original, past its table) reads a longer trial through its
-    sliding window, said in the cell's note: the floor, which cannot see past its window. ``mask_id``: the
-    models are masked LMs, scored by ``score_masked``."""
+    sliding window, said in the cell's note: the floor, which cannot see past its window. ``planned.state``: the
+    options, the distances, the eval text and the trials' prefix (``Copy.plan``); ``mask_id``: the models are
+    masked LMs, scored by ``score_masked``."""
+    o, distances, text_ids, prefix = planned.state
+    probe, trials = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix)), o.copy_trials
     cells, reaches = [], []
-    for m in models:
+    for m in setup.models:
         native = (m.info.get("native") or {}).get("length")
         mine = []
         for d in distances:
@@ -195,14 +198,19 @@ class Copy(Measure):
         return bos_prefix(tokenizer)
 
     def run(self, setup: Setup, planned: Planned, bar) -> dict:
-        o, found, text, prefix = planned.state
-        probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
-        return {"copy": run(setup.models, text, found, o.copy_trials, probe, bar)}
+        return {"copy": run(setup, planned, bar)}
+
+    def markdown(self, report, plots: dict) -> list[str]:
+        from .markdown import copy_section
+
+        return copy_section(report, plots)
 
 
 class MaskedCopy(Copy):
     """Retrieval at distance for a masked LM: the span's tokens masked at the end and scored
     (``scoring.copying.score_masked``); the report's ``copy`` and ``copy_settings``."""
+
+    tasks = ("masked-lm",)
 
     def check(self, setup: Setup, asked) -> None:
         if getattr(setup.models[0].tokenizer, "mask_token_id", None) is not None:
@@ -219,10 +227,8 @@ class MaskedCopy(Copy):
         return [cls] if cls is not None else []
 
     def run(self, setup: Setup, planned: Planned, bar) -> dict:
-        o, found, text, prefix = planned.state
-        probe = Probe(o.copy_span, o.copy_cue, o.copy_keys, o.seed, tuple(prefix))
-        mask_id = setup.models[0].tokenizer.mask_token_id
-        cells = run(setup.models, text, found, o.copy_trials, probe, bar, mask_id)
+        o = planned.state[0]
+        cells = run(setup, planned, bar, setup.models[0].tokenizer.mask_token_id)
         keep = {"trials": o.copy_trials, "span": o.copy_span, "cue": o.copy_cue, "keys": o.copy_keys}
         return {"copy": cells, "copy_settings": keep}
 

@@ -1,7 +1,7 @@
 """``evaluate()``: a (converted) model and its baselines measured on exactly the same tokens (or documents) by
-the measures of its task (``MEASURES``: perplexity, passkey, recall and copy for a causal LM; masked-token
-perplexity and copy for a masked LM; the long-document reading for a classifier or an embedding model), each
-asked, planned, costed and run alike (``measure.Measure``)."""
+the measures of its task (``measure.CATALOG``, ``measure.by_task``: perplexity, passkey, recall and copy for a causal
+LM; masked-token perplexity and copy for a masked LM; the long-document reading for a classifier or an embedding
+model), each asked, planned, costed and run alike (``measure.Measure``)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from ..foundation import run_folder, task
 from ..foundation.errors import OptionError
 from ..models import builtin
 from ..scoring.tokens import build_stream, resolve_documents
-from . import cost, longdoc, masked, passkey, perplexity, recall, records, retrieval
+from . import cost, records
 from .lengths import resolve as resolve_lengths
-from .measure import Measure, Setup, check_lengths, check_positive, mechanism
+from .measure import Measure, Setup, by_task, check_lengths, check_positive, mechanism
 from .models import EvalModel, Loading, check_tokenizers, resolve
 from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget, is_quick
-from .report import SCHEMA_VERSION, SECTIONS, Report, environment
+from .report import SCHEMA_VERSION, Report, environment, sections
 from .verdict import verdict
 
 log = logging.getLogger(__name__)
@@ -50,15 +50,6 @@ def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
 
 
 LOAD_KEYS = ("tokenizer", "gguf_file", "device", "dtype")  # evaluate()'s keywords that say how to load a model
-
-
-# The measures of each task, in the report's order (``measure.Measure``); every task's are asked (their options
-# checked) before anything is loaded, as only loading may tell the task.
-MEASURES = {
-    "causal-lm": (perplexity.MEASURE, passkey.MEASURE, recall.MEASURE, retrieval.MEASURE),
-    "masked-lm": (masked.MEASURE, retrieval.MASKED),
-    **{kind: (longdoc.MEASURE,) for kind in READS_DOCUMENTS},
-}
 
 
 def evaluate(
@@ -125,8 +116,8 @@ def evaluate(
     planned = [(m, m.plan(setup, asked.get(m.name))) for m in measures]
     if setup.stream is not None:
         _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work], is_quick(setup.o))
-    sections = _run(setup, planned, progress)
-    report = _report(kind, setup, planned, sections, started)
+    measured = _run(setup, planned, progress)
+    report = _report(setup, planned, measured, started)
     if out is not None:
         report.save(out)
     return report
@@ -167,17 +158,19 @@ def _asked(o: EvalOptions) -> tuple[list, dict]:
     items = check_lengths(o.lengths)
     check_positive(budget=o.budget)
     fitted_budget(o, 1)  # a bad budget_windows too
-    return items, {m.name: m.asked(o) for ms in MEASURES.values() for m in ms}
+    # every task's measures are asked (their options checked) before anything is loaded: only loading may tell the task
+    return items, {m.name: m.asked(o) for ms in by_task().values() for m in ms}
 
 
 def _measures_of(kind: str, asked: dict) -> tuple[Measure, ...]:
     """The measures of a model's task. One that is off by default, asked, and not of this task is an OptionError
     (the user asked for it by name); one on by default that the task has not is left out without a word."""
-    measures = MEASURES.get(kind, MEASURES["causal-lm"])
+    tasks = by_task()
+    measures = tasks.get(kind, tasks["causal-lm"])
     names, default = {m.name for m in measures}, _asked(DEFAULTS)[1]
     refused = [name for name, a in asked.items() if default[name] is None and a is not None and name not in names]
     if refused:
-        runs = [name for name, ms in MEASURES.items() if set(refused) <= {m.name for m in ms}]
+        runs = [name for name, ms in tasks.items() if set(refused) <= {m.name for m in ms}]
         raise OptionError(
             f"{', '.join(refused)} asked, but the model is a {kind} model, whose evaluation is "
             f"{', '.join(m.name for m in measures)}; {', '.join(refused)} {'is' if len(refused) == 1 else 'are'} "
@@ -197,20 +190,20 @@ def _stream(setup: Setup):
 def _run(setup: Setup, planned: list, progress: bool) -> dict:
     """Every planned measure, one progress bar over all their forward passes; their report keys merged."""
     total = sum(c for _, p in planned for _, c in p.work) or None  # None: known only as it runs (records)
-    sections = {}
+    measured = {}
     with tqdm(total=total, disable=not progress, unit=planned[0][0].unit, dynamic_ncols=True) as bar:
         for m, p in planned:
-            sections.update(m.run(setup, p, bar) if p.state is not None else m.absent())
-    return sections
+            measured.update(m.run(setup, p, bar) if p.state is not None else m.absent())
+    return measured
 
 
-def _report(kind: str, setup: Setup, planned: list, sections: dict, started):
-    """A masked LM's report (``masked.MaskedReport``), a classifier's or embedding model's
-    (``longdoc.LongDocReport``), both their measures' keys, or a causal LM's (``report.Report``)."""
-    if kind == "masked-lm":
-        return masked.MaskedReport({**sections, "environment": environment(setup.models[0].model)})
-    if kind in READS_DOCUMENTS:
-        return longdoc.LongDocReport({**sections, "environment": environment(setup.models[0].model)})
+def _report(setup: Setup, planned: list, measured: dict, started):
+    """The report of a task whose first measure writes its own (``Measure.report``: a masked LM's, a classifier's or
+    embedding model's: their measures' keys), else a causal LM's (``report.Report``: the measures' keys in the
+    report's order, ``report.sections``)."""
+    own = planned[0][0].report
+    if own is not None:
+        return own({**measured, "environment": environment(setup.models[0].model)})
     finished = _dt.datetime.now(_dt.timezone.utc)
     o = setup.o
     data = {
@@ -220,7 +213,7 @@ def _report(kind: str, setup: Setup, planned: list, sections: dict, started):
         "settings": {k: v for _, p in planned for k, v in p.settings.items()},
         "seeds": {k: v for _, p in planned for k, v in p.seeds.items()},
         "environment": environment(setup.models[0].model),
-        **{k: sections[k] for k in SECTIONS},
+        **{k: measured[k] for k in sections()},
         "timing": {"started": started.isoformat(), "finished": finished.isoformat()},
     }
     data["timing"]["seconds"] = (finished - started).total_seconds()

@@ -7,9 +7,9 @@ crash leaves the old one, never half of the new one). Every writer in the packag
     publish(tmp, path)                       # a folder that other processes filled (checkpoints)
 
 A library writer (``save_pretrained``, ``savefig``, ``save_state``) writes into the temporary path one of
-these hands out. ``RAW_WRITERS`` names every function of the package that calls a raw writer
-(``open(..., "w")``, ``.write_text``, ``.save_pretrained``, ``savefig``, ``torch.save``, ...) and why it may;
-``tests/foundation/test_run_folder.py`` fails on any other.
+these hands out. A raw write anywhere in the package (``open(..., "w")``, ``.write_text``, ``.save_pretrained``,
+``savefig``, ``torch.save``, ...) says why it may in a ``# raw write: WHY`` comment on its line or the three above;
+``tests/foundation/test_run_folder.py`` scans the package and fails on one without.
 """
 
 from __future__ import annotations
@@ -29,29 +29,6 @@ from .errors import OutputError
 _NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded")
 _REFUSED_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
-
-# {"module path::function": why its raw write is safe}; every other write goes through the functions below
-RAW_WRITERS = {
-    "foundation/atomic.py::write_text": "writes the temporary file that replacing() renames into place",
-    "training/sharded_check.py::build_models": "the check's tiny models, in the scratch folder it is given",
-    "models/io.py::save.write": "inside write_dir's temporary folder",
-    "models/io.py::smollm2_folder.write": "inside write_dir's temporary folder",
-    "models/builtin.py::tiny_gpt2.write": "inside write_dir's temporary folder",
-    "native_export/__init__.py::_write.write": "inside write_dir's temporary folder",
-    "training/outputs.py::write_outputs.adapter": "adapter/: inside write_dir's temporary folder",
-    "training/outputs.py::save_checkpoint": "Accelerate's save_state into a hidden folder that publish() renames",
-    "training/outputs.py::log_record": "log.jsonl is appended to, a line per record (a rename per line would copy "
-    "the whole log each step); resume cuts it back to the checkpoint's step",
-    "training/standin.py::pretrain": "inside a temporary folder that publish() renames into the cache",
-    "training/standin.py::_pretrain_into": "inside pretrain's temporary folder",
-    "evaluation/plots.py::_save": "savefig into the temporary path replacing() hands out",
-    "study/tables.py::plot": "savefig into the temporary path replacing() hands out",
-    "evaluation/cost.py::_reset_rss_peak": "not a file: resets the kernel's peak-RSS counter (/proc/self/clear_refs)",
-    "models/assets.py::smollm2_gguf": "into the temporary path replacing() hands out",
-    "publishing/hub.py::stage": "a temporary staging folder, uploaded and then deleted",
-    "patch/saved_config.py::_save_pretrained": "the user's own save_pretrained call on a converted model, into the "
-    "folder the user named (config.json is then rewritten through write_text)",
-}
 
 
 def sibling(path: Path, tag: str = "tmp") -> Path:
@@ -206,6 +183,7 @@ def replacing(path: str | os.PathLike, *, keep_existing: bool = False) -> Iterat
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
     with replacing(path) as tmp:
+        # raw write: writes the temporary file that replacing() renames into place
         tmp.write_text(text)
     return Path(path)
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .call import Call, chunk_rows
+from .call import Call, Relative, chunk_rows
 from .cpu_flash_mask import Seen, Span, block_bias
 
 
@@ -80,7 +80,7 @@ def _chunk(c: Call, p: Piece) -> torch.Tensor:
         if p.q.dtype in (torch.float16, torch.bfloat16):
             compute_dtype = torch.float32  # the positional term is large at long range: score it in fp32
     mask = _mask(c, p, compute_dtype)
-    scores = None if p.far_q is None else two_view_scores(p.q, p.k, p.far_q, p.far_k, p.q0, p.k0, c.far.reach)
+    scores = None if p.far_q is None else two_view_scores(p, c.far.reach)
     if scores is not None:  # far keys here: their logits from the second view
         return _written_out(p, c, mask, scores * c.scaling)
     if c.softcap is not None or c.sinks is not None:
@@ -100,9 +100,9 @@ def _mask(c: Call, p: Piece, dtype) -> torch.Tensor:
     """The piece's positional term and mask: a float (1 or B, H, C, Tc) bias or relative logits with -inf where
     masked, or a bool visibility mask (no positional term)."""
     C, Tc, device = p.q.shape[-2], p.k.shape[-2], p.q.device
-    span, visible = Span(p.q0, C, p.k0, Tc), Seen(c.key_padding, c.window, c.causal)
+    span, visible = Span(p.q0, C, p.k0, Tc, p.row_scale), Seen(c.key_padding, c.window, c.causal)
     if c.bias is not None:
-        return block_bias(c.bias, p.q.shape[1], span, device, dtype, visible, row_scale=p.row_scale)
+        return block_bias(c.bias, p.q.shape[1], span, device, dtype, visible)
     seen = block_bias(None, 1, span, device, seen=visible)
     if p.rel_q is None:
         return seen
@@ -110,14 +110,15 @@ def _mask(c: Call, p: Piece, dtype) -> torch.Tensor:
     q_pos, k_pos = torch.arange(p.q0, p.q0 + C, device=device), torch.arange(p.k0, p.k0 + Tc, device=device)
     if rel.positions is not None:  # a block's own positions (PoSE, randomized)
         q_pos, k_pos = rel.positions[p.q0 : p.q0 + C], rel.positions[p.k0 : p.k0 + Tc]
-    logits = relative_logits(p.rel_q, rel.keys, q_pos, k_pos, c.scaling, dtype, rel.first)  # (B, H, C, Tc)
+    logits = relative_logits(p.rel_q, rel, q_pos, k_pos, c.scaling, dtype)  # (B, H, C, Tc)
     return logits.masked_fill(~seen, float("-inf"))
 
 
-def two_view_scores(qc, kc, far_q, far_k, q0: int, k0: int, reach: int) -> torch.Tensor | None:
-    """fp32 logits (B, H, C, Tc), unscaled, of queries from slot ``q0`` over keys from slot ``k0``: a key at
-    distance >= ``reach`` scored by the far view (``far_q . far_k``), a nearer one by the near view; None when no
-    key here is that far (the near view alone: plain attention)."""
+def two_view_scores(p: Piece, reach: int) -> torch.Tensor | None:
+    """fp32 logits (B, H, C, Tc), unscaled, of the piece's queries (from slot ``p.q0``) over its keys (from slot
+    ``p.k0``): a key at distance >= ``reach`` scored by the far view (``p.far_q . p.far_k``), a nearer one by the
+    near view (``p.q . p.k``); None when no key here is that far (the near view alone: plain attention)."""
+    qc, kc, far_q, far_k, q0, k0 = p.q, p.k, p.far_q, p.far_k, p.q0, p.k0
     C, Tc = qc.shape[-2], kc.shape[-2]
     far = (q0 + torch.arange(C, device=qc.device))[:, None] - k0 - torch.arange(Tc, device=qc.device) >= reach
     if not bool(far.any()):
@@ -152,11 +153,12 @@ def _written_out(p, c, mask, scores=None):
     return (probs @ vc.float()).to(qc.dtype)  # (B, H, C, D)
 
 
-def relative_logits(rel_q, rel_keys, q_pos, k_pos, scaling, dtype, first=0):
-    """``rel_q[i] . rel_keys[pos_i - pos_j - first] * scaling`` for one chunk: rel_q (B, H, C, D), rel_keys (H or
-    1, n, D) from distance ``first`` on, q_pos (C,), k_pos (Tc,) -> (B, H, C, Tc). One matmul against the chunk's
-    distinct distances (at most C + Tc - 1 for consecutive positions), then a gather (the rel-shift of
+def relative_logits(rel_q, rel: Relative, q_pos, k_pos, scaling, dtype):
+    """``rel_q[i] . rel.keys[pos_i - pos_j - rel.first] * scaling`` for one chunk: rel_q (B, H, C, D), rel.keys (H
+    or 1, n, D) from distance ``rel.first`` on, q_pos (C,), k_pos (Tc,) -> (B, H, C, Tc). One matmul against the
+    chunk's distinct distances (at most C + Tc - 1 for consecutive positions), then a gather (the rel-shift of
     Transformer-XL, written as an index)."""
+    rel_keys, first = rel.keys, rel.first
     dist = q_pos[:, None] - k_pos[None, :]  # (C, Tc)
     if first == 0:
         dist = dist.clamp(min=0)  # a decoder's future keys are masked anyway

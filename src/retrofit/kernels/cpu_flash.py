@@ -38,10 +38,11 @@ def forward(q, k, v, scaling, mask=None, causal=True):
     )
 
 
-def backward(dout, qkv: tuple, out, lse, scaling, mask=None, causal=True):
-    """(dq, dk, dv) of one piece (``qkv``: its q, k, v), given the merged output and log-sum-exp."""
+def backward(dout, qkv: tuple, merged: tuple, scaling, mask=None, causal=True):
+    """(dq, dk, dv) of one piece (``qkv``: its q, k, v), given the merged output and log-sum-exp (``merged``:
+    (out, lse), as ``forward`` and ``merge`` return them)."""
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout, *qkv, out, lse, 0.0, causal, attn_mask=mask, scale=scaling
+        dout, *qkv, *merged, 0.0, causal, attn_mask=mask, scale=scaling
     )
 
 
@@ -74,6 +75,6 @@ class _RectangleThenSquare(torch.autograd.Function):
     def backward(ctx, dout):
         q, k_rect, v_rect, k_square, v_square, out, lse = ctx.saved_tensors
         dout = dout.contiguous()
-        dq_r, dk_r, dv_r = backward(dout, (q, k_rect, v_rect), out, lse, ctx.scaling, causal=False)
-        dq_s, dk_s, dv_s = backward(dout, (q, k_square, v_square), out, lse, ctx.scaling, causal=True)
+        dq_r, dk_r, dv_r = backward(dout, (q, k_rect, v_rect), (out, lse), ctx.scaling, causal=False)
+        dq_s, dk_s, dv_s = backward(dout, (q, k_square, v_square), (out, lse), ctx.scaling, causal=True)
         return dq_r + dq_s, dk_r, dv_r, dk_s, dv_s, None

@@ -187,10 +187,11 @@ def band_forward(q, k, v, scaling, lay: Layout, mask_of):
     return out.to(q.dtype), lse.contiguous()
 
 
-def band_backward(dout, qkv, out, lse, scaling, lay: Layout, mask_of):
+def band_backward(dout, qkv, merged, scaling, lay: Layout, mask_of):
     """(dq, dk, dv) fp32 of ``band_forward``'s attention of ``qkv`` (q, k, v (B, H, N, D)), given its output and
-    log-sum-exp, and the blocks (qb, kw, vw, db, ob, lb) that ``band_score_grads`` reads."""
+    log-sum-exp (``merged``: (out, lse)), and the blocks (qb, kw, vw, db, ob, lb) that ``band_score_grads`` reads."""
     q, k, v = qkv
+    out, lse = merged
     B, H, N, D = q.shape
     K = lay.K
     dout = dout.contiguous()
@@ -202,8 +203,7 @@ def band_backward(dout, qkv, out, lse, scaling, lay: Layout, mask_of):
         grads = cpu_flash.backward(
             lay.take(db, piece),
             (lay.take(qb, piece), lay.take(kw, piece, lo), lay.take(vw, piece, lo)),
-            lay.take(ob, piece),
-            lay.take(lb, piece).contiguous(),
+            (lay.take(ob, piece), lay.take(lb, piece).contiguous()),
             scaling,
             mask_of(piece),
             causal=False,
@@ -215,8 +215,7 @@ def band_backward(dout, qkv, out, lse, scaling, lay: Layout, mask_of):
         far = cpu_flash.backward(
             dout[:, :, K:],
             (q[:, :, K:], k[:, :, : N - K], v[:, :, : N - K]),
-            out[:, :, K:].contiguous(),
-            lse[:, :, K:].contiguous(),
+            (out[:, :, K:].contiguous(), lse[:, :, K:].contiguous()),
             scaling,
         )
         dq[:, :, K:] += far[0]

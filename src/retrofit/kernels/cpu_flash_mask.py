@@ -67,6 +67,7 @@ class Span:
     C: int
     k0: int
     Tc: int
+    row_scale: torch.Tensor | None = None  # (B, C): each query row's bias multiplied by its scale (a temperature)
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,10 @@ class Seen:
 
 
 def block_bias(
-    bias: BiasFn | None, H: int, span: Span, device, dtype=torch.float32, seen: Seen = Seen(), row_scale=None
+    bias: BiasFn | None, H: int, span: Span, device, dtype=torch.float32, seen: Seen = Seen()
 ) -> torch.Tensor:
     """The float mask of the ``span``'s queries over its keys: (1 or B, H, C, Tc) in ``dtype``, the bias (times
-    ``row_scale`` (B, C)) where the key is visible, -inf elsewhere (future keys, keys a window or more back,
+    ``span.row_scale`` (B, C)) where the key is visible, -inf elsewhere (future keys, keys a window or more back,
     padding in the cache's slots: as ``seen`` says; a query always sees itself). Not causal: keys after the query
     are visible too, and a window spans both sides (the adapter gives the module's own width, e.g. ModernBERT's
     local_attention / 2 + 1). ``bias`` None: a (1 or B, 1, C, Tc) bool mask (True = visible)."""
@@ -101,8 +102,8 @@ def block_bias(
         return allowed
     h = torch.arange(H, device=device)[:, None, None]
     mask = bias(h, q_pos[None, :, None], k_pos[None, None, :]).to(dtype)[None]  # (1, H, C, Tc)
-    if row_scale is not None:
-        mask = mask * row_scale[:, None, :, None].to(dtype)  # (B, H, C, Tc)
+    if span.row_scale is not None:
+        mask = mask * span.row_scale[:, None, :, None].to(dtype)  # (B, H, C, Tc)
     return mask.masked_fill(~allowed, float("-inf"))
 
 
@@ -141,8 +142,8 @@ def _mask(spec, H, rows: tuple[int, int], keys: tuple[int, int], device):
     (s, e), (lo, hi) = rows, keys
     bias, key_padding, window, q_start, row_scale = spec[:5]
     scales = None if row_scale is None else row_scale[:, s:e]
-    span, seen = Span(q_start + s, e - s, lo, hi - lo), Seen(key_padding, window)
-    return block_bias(bias, H, span, device, seen=seen, row_scale=scales)
+    span, seen = Span(q_start + s, e - s, lo, hi - lo, scales), Seen(key_padding, window)
+    return block_bias(bias, H, span, device, seen=seen)
 
 
 class _Dense(torch.autograd.Function):
@@ -187,7 +188,7 @@ class _Dense(torch.autograd.Function):
             fixed = mask.detach()
             if not (wanted and mask.requires_grad):  # q, k, v only: the flash kernel's own backward
                 g = cpu_flash.backward(
-                    dc, (qc, kc, vc), oc, lc.contiguous(), scaling, fixed.expand(B, -1, -1, -1), causal=False
+                    dc, (qc, kc, vc), (oc, lc.contiguous()), scaling, fixed.expand(B, -1, -1, -1), causal=False
                 )
                 dq[:, :, s:e] += g[0]
                 dk[:, :, lo:hi] += g[1]
@@ -307,13 +308,13 @@ def table_backward(dout, qkv: tuple, out, lse, scaling, masks: Table):
         rows = (x[:, :, s:e] for x in (dout, q, out, lse))
         d, qc, o, m = (x.contiguous() for x in rows)
         square = masks.square[..., :C, :C].expand(B, -1, -1, -1)
-        g = cpu_flash.backward(d, (qc, k[:, :, qs : qs + C], v[:, :, qs : qs + C]), o, m, scaling, square, True)
+        g = cpu_flash.backward(d, (qc, k[:, :, qs : qs + C], v[:, :, qs : qs + C]), (o, m), scaling, square, True)
         dq[:, :, s:e] += g[0]
         dk[:, :, qs : qs + C] += g[1]
         dv[:, :, qs : qs + C] += g[2]
         if qs > lo:
             rect = masks.rectangle(s, e, lo).expand(B, -1, -1, -1)
-            flipped = (d.flip(-2), (qc.flip(-2), k[:, :, lo:qs], v[:, :, lo:qs]), o.flip(-2), m.flip(-1))
+            flipped = (d.flip(-2), (qc.flip(-2), k[:, :, lo:qs], v[:, :, lo:qs]), (o.flip(-2), m.flip(-1)))
             g = cpu_flash.backward(*flipped, scaling, rect, False)
             dq[:, :, s:e] += g[0].flip(-2)
             dk[:, :, lo:qs] += g[1]

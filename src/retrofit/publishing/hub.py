@@ -112,10 +112,12 @@ def stage(plan: list[tuple[str, Path]], folder: Path) -> Path:
         dest = folder / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(src, bytes):  # rendered in memory (the card)
+            # raw write: a temporary staging folder, uploaded and then deleted
             dest.write_bytes(src)
             continue
         config = json.loads(src.read_text()) if src.name == "config.json" else {}
         if "retrofit" in config and config.get("model_type") != SAVED_MODEL_TYPE:  # saved before configs were marked
+            # raw write: a temporary staging folder, uploaded and then deleted
             dest.write_text(json.dumps(marked(config), indent=2, sort_keys=True) + "\n")
             log.info("%s: staged with model_type 'retrofit' (an older retrofit checkpoint)", name)
             continue

@@ -462,6 +462,7 @@ def plot(g: dict, native: int, title, path: Path) -> str:
     fig.tight_layout()
     try:
         with replacing(Path(path)) as tmp:
+            # raw write: savefig into the temporary path replacing() hands out
             fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)

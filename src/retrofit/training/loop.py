@@ -50,7 +50,7 @@ from .model import (
 from .place import StreamPlace, block_batches
 from .positions import Placer
 from .recipe import Recipe, resolve_steps
-from .teacher import Clock, Teacher, TeacherView, distill_kl, masked_distill_kl
+from .teacher import Clock, Teacher, TeacherView, distill_kl, masked_distill_kl, say_teacher
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
     clock = Clock(acc.device) if teacher is not None else None
     distill = Teacher(teacher, view, t.temperature, acc.autocast, clock) if teacher is not None else None
     if teacher is not None:
-        _say_teacher(r, view, masker)
+        say_teacher(view, r.model.name_or_path, r.data.block_length, masker)
     if progress.val_loss_before is None:
         handed.placer.apply(base, None)
         progress.val_loss_before = _evaluate(acc, model, val_loader, masker, t.seed)
@@ -246,7 +246,7 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
     # gathered after a forward (the tail: final norm, lm_head) lists its unsharded tensors there, whose
     # .grad stays None, and the clip norm would leave them out (measured: docs/finetune.md, "Sharded fine-tunes").
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    meter = Meter(r, acc, progress.step, clock, view)
+    meter = Meter(t, r.data.block_length, acc, progress.step, clock, view)
     steps = Steps(r, acc, model, val_loader, base, handed.placer, progress, meter, where, masker)
     batches = block_batches(acc, train_loader, sampler) if where is None else where.batches(train_set, handed.tok)
     with Interrupts() as stop:  # Ctrl-C: a checkpoint at the step reached, then KeyboardInterrupt
@@ -277,15 +277,6 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
         where.say_short(progress.step, meter.tokens_per_step)
     meter.close()
     return _finish(steps, handed.tok, shards)
-
-
-def _say_teacher(r, view: TeacherView, masker) -> None:
-    """Which distillation runs: an embedding model's vectors of cut texts, or a language model's windows."""
-    if isinstance(masker, tasks.Embedding):
-        what = masker.teacher_reads(view.window)
-        log.info("distillation teacher: %s (original positions), %s", r.model.name_or_path, what)
-    else:
-        log.info("distillation teacher: %s per block of %d", view.describe(r.data.block_length), r.data.block_length)
 
 
 def _prepare(r, acc, model, train_set, val_set):

@@ -11,7 +11,8 @@ import time
 import torch
 
 from ..foundation.quiet import progress_bars
-from .teacher import Clock, TeacherView
+from .recipe import tokens_per_step
+from .teacher import Clock
 
 log = logging.getLogger(__name__)
 
@@ -19,15 +20,16 @@ log = logging.getLogger(__name__)
 class Meter:
     """Loss (mean over the accumulated micro-batches), grad norm, lr, tokens/s, the teacher's time; progress bar."""
 
-    def __init__(self, r, acc, start_step: int, clock: Clock | None = None, view: TeacherView | None = None):
+    def __init__(self, t, block_length: int, acc, start_step: int, clock: Clock | None = None, view=None):
+        """``t``: the recipe's train section; ``block_length``: data.block_length; ``view``: the teacher's
+        (``TeacherView``) when it reads windows of the block."""
         from tqdm.auto import tqdm
 
-        t = r.train
-        self.clock, self.view, self.block_length = clock, view, r.data.block_length
+        self.clock, self.view, self.block_length = clock, view, block_length
         self.interval = (start_step, time.perf_counter())  # (step, time) of the last record
         self.skipped = 0.0  # seconds since then spent outside training steps (evaluation, checkpoints)
         self.teacher_total = [0.0, 0.0]  # teacher seconds, step seconds since the start
-        self.tokens_per_step = t.batch_size * r.data.block_length * t.gradient_accumulation_steps * acc.num_processes
+        self.tokens_per_step = tokens_per_step(t, block_length, acc.num_processes)
         self.start_step, self.t0 = start_step, time.perf_counter()
         self.sums: dict = {}
         self.n = 0

@@ -43,7 +43,7 @@ def write_run_info(r: Recipe, out: Path, model, train, val, processes: int) -> N
         info.update(
             train_stream=train.what,
             validation_documents=train.validation_documents,
-            budget_tokens=r.train.steps * tokens_per_step(r, processes),
+            budget_tokens=r.train.steps * tokens_per_step(r.train, r.data.block_length, processes),
         )
     else:
         info.update(
@@ -133,6 +133,7 @@ def save_checkpoint(acc, out: Path, step: int, keep: int) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
     acc.wait_for_everyone()
     try:
+        # raw write: Accelerate's save_state into a hidden folder that publish() renames
         acc.save_state(str(tmp))
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -185,6 +186,8 @@ def log_record(acc, out: Path, record: dict) -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     record = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in record.items()}
+    # raw write: log.jsonl is appended to, a line per record (a rename per line would copy the whole log each step);
+    # resume cuts it back to the checkpoint's step
     with open(out / run_folder.LOG, "a") as f:
         f.write(json.dumps(record) + "\n")
     log.debug("%s", record)
@@ -206,6 +209,7 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
     if r.train.method == "lora":
 
         def adapter(tmp: Path) -> None:
+            # raw write: adapter/: inside write_dir's temporary folder
             unwrapped.save_pretrained(tmp, save_embedding_layers=False)  # trained embeddings: modules_to_save
             tok.save_pretrained(tmp)
             write_text(tmp / run_folder.ADAPTER_BASE, json.dumps(adapter_base(r), indent=2) + "\n")

@@ -232,30 +232,28 @@ def shape_of_recipe(r) -> Shape:
         cfg = get_config(preset)
         with torch.device("meta"):
             model = build_model(cfg, cfg.vocab_size, eos_token_id=0)
-        return _shape_of(model, r)
+        return _shape_of(model, r.task, r.train.lora)
     target, gguf = resolve(name, r.model.gguf_file)
     with readable(target, gguf):
         is_retrofit = Path(target, "config.json").is_file() and '"retrofit"' in Path(target, "config.json").read_text()
         cfg = base_config(Path(target)) if is_retrofit else AutoConfig.from_pretrained(target, gguf_file=gguf)
     with torch.device("meta"):  # a classifier or embedding model: its encoder (its head is a few numbers)
         model = (AutoModel if r.task else AutoModelForCausalLM).from_config(cfg)
-    return _shape_of(model, r)
+    return _shape_of(model, r.task, r.train.lora)
 
 
-def _shape_of(model, r) -> Shape:
-    if r.task:  # no token logits: a classifier's are one row a sequence, an embedding model has none
-        return dataclasses.replace(_shape_of_model(model, r), vocab=0)
-    return _shape_of_model(model, r)
-
-
-def _shape_of_model(model, r) -> Shape:
-    targets = r.train.lora.target_modules
-    return from_model(
+def _shape_of(model, task: str | None, lora) -> Shape:
+    """The model's shape as the run trains it (``task``: the recipe's; ``lora``: train.lora, whose target modules
+    are counted)."""
+    targets = lora.target_modules
+    shape = from_model(
         model,
         [targets]
         if isinstance(targets, str) and targets != "all-linear"
         else (None if targets == "all-linear" else targets),
     )
+    # a task's model has no token logits: a classifier's are one row a sequence, an embedding model has none
+    return dataclasses.replace(shape, vocab=0) if task else shape
 
 
 def table(shape: Shape, run: Run, processes: int) -> str:

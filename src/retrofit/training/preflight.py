@@ -57,12 +57,12 @@ def check(r) -> list[str]:
         if facts is not None and r.task == "classification":
             classes(r, longdoc.task_of(r.data.dataset).labels, facts)
         return notes
-    first = _first_records(r, notes)
+    first = _first_records(r.data, notes)
     if first:
         _check_fields(r, first)
         if r.task == "classification":
             seen = _labels(first, r.data.label_field)
-            _check_known_labels(r, seen, "its first records")
+            _check_known_labels(r.data, seen, "its first records")
             whole = len(first) < FIRST_RECORDS or len(first) == r.data.max_documents  # every record was read
             if facts is not None and (r.data.labels or facts.named_classes or whole):
                 classes(r, tuple(str(x) for x in (r.data.labels or seen)), facts, partial=not (r.data.labels or whole))
@@ -180,21 +180,21 @@ def _check_files(d) -> None:
             raise DataError(f"data.files: {e} (relative paths are read from {Path.cwd()})") from None
 
 
-def _first_records(r, notes: list[str]) -> list[dict]:
+def _first_records(d, notes: list[str]) -> list[dict]:
     """The first records of a task's data (``data.files`` or a Hub dataset streamed); a Hub dataset that cannot be
     read here is noted, not an error (the run reads it where the Hub answers)."""
     from ..data.specs import records
     from ..foundation.errors import HubError
 
     try:
-        first = records(r.data, first=FIRST_RECORDS)
+        first = records(d, first=FIRST_RECORDS)
     except HubError as e:
-        if r.data.files is not None:
+        if d.files is not None:
             raise
-        notes.append(f"dataset {r.data.dataset!r}: not read here ({str(e).splitlines()[0]})")
+        notes.append(f"dataset {d.dataset!r}: not read here ({str(e).splitlines()[0]})")
         return []
     if not first:
-        raise DataError(f"{r.data.files or r.data.dataset!r} holds no records")
+        raise DataError(f"{d.files or d.dataset!r} holds no records")
     return first
 
 
@@ -218,19 +218,20 @@ def _labels(recs: list[dict], field: str) -> tuple[str, ...]:
     return tuple(sorted({str(rec[field]) for rec in recs if field in rec}))
 
 
-def _check_known_labels(r, seen, where: str) -> None:
-    """With ``data.labels`` given, each label read must be one of them."""
-    if not r.data.labels:
+def _check_known_labels(d, seen, where: str) -> None:
+    """With ``data.labels`` given (``d``: the data section), each label read must be one of them."""
+    if not d.labels:
         return
-    known = {str(x) for x in r.data.labels}
+    known = {str(x) for x in d.labels}
     outside = [x for x in seen if x not in known]
     if outside:
         raise DataError(
             f"{where} hold the label(s) {', '.join(map(repr, outside))}, not among data.labels "
-            f"({', '.join(map(str, r.data.labels))}): add them to data.labels or fix the records"
+            f"({', '.join(map(str, d.labels))}): add them to data.labels or fix the records"
         )
 
 
-def check_all_labels(r, recs: list[dict]) -> None:
-    """Every record's label among ``data.labels`` (the run reads the records whole: all of them, before loading)."""
-    _check_known_labels(r, _labels(recs, r.data.label_field), "the records")
+def check_all_labels(d, recs: list[dict]) -> None:
+    """Every record's label among ``data.labels`` (``d``: the data section; the run reads the records whole: all of
+    them, before loading)."""
+    _check_known_labels(d, _labels(recs, d.label_field), "the records")

@@ -490,17 +490,17 @@ def _check_copies(d: DataConfig) -> None:
         )
 
 
-def tokens_per_step(r: "Recipe", processes: int = 1) -> int:
-    """Tokens one optimizer step trains on: batch x accumulation x block x processes."""
-    t = r.train
-    return t.batch_size * t.gradient_accumulation_steps * r.data.block_length * processes
+def tokens_per_step(t: TrainConfig, block_length: int, processes: int = 1) -> int:
+    """Tokens one optimizer step trains on: batch x accumulation x block x processes (``t``: the train section,
+    ``block_length``: data.block_length)."""
+    return t.batch_size * t.gradient_accumulation_steps * block_length * processes
 
 
 def budget(r: "Recipe", processes: int = 1) -> tuple[int, int, str]:
     """(steps, tokens, the arithmetic in words) a recipe trains for on ``processes`` processes: train.steps, or
     data.max_tokens // tokens per step where that is smaller (or train.steps is null)."""
     d, t = r.data, r.train
-    per = tokens_per_step(r, processes)
+    per = tokens_per_step(t, d.block_length, processes)
     steps, why = t.steps, "train.steps"
     if d.max_tokens is not None:
         by_budget = d.max_tokens // per
@@ -521,7 +521,7 @@ def resolve_steps(r: "Recipe", processes: int, stream: str | None) -> None:
     if steps < 1:
         raise LengthError(
             f"'data.max_tokens' = {r.data.max_tokens:,} is less than one step of "
-            f"{tokens_per_step(r, processes):,} tokens"
+            f"{tokens_per_step(r.train, r.data.block_length, processes):,} tokens"
         )
     r.train.steps = steps
     log.info("budget: %s%s", words, f", streamed from {stream}" if stream is not None else "")

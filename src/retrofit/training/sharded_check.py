@@ -57,6 +57,7 @@ def build_models(root: Path) -> Path:
         ),
     }
     for name, model in built.items():
+        # raw write: the check's tiny models, in the scratch folder it is given
         model.save_pretrained(root / name)
         byte_tokenizer().save_pretrained(root / name)
     return root

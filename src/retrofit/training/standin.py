@@ -324,6 +324,7 @@ def pretrain(
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
     try:
         stats = _pretrain_into(cfg, tmp)
+        # raw write: inside a temporary folder that publish() renames into the cache
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")  # inside the folder publish renames
         _publish(tmp, out, replace=force)
     finally:
@@ -401,6 +402,7 @@ def _pretrain_into(cfg: StandinConfig, path: Path) -> dict:
         held, copying = heldout_loss(model, held_blocks), copy_probe(model, held_blocks, cfg.n_positions)
         log.info("stand-in %s: copying at native/2 %s", cfg.name, copying)
     log.info("stand-in %s: held-out loss %.4f (ppl %.2f) at length %d", cfg.name, held, math.exp(held), cfg.n_positions)
+    # raw write: inside pretrain's temporary folder
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     tail = losses[-max(1, len(losses) // 20) :]

@@ -71,7 +71,7 @@ def label_names(r, source=None) -> tuple[str, ...]:
     elif source is not None:
         names = source.class_names(r.data.labels)
     elif r.data.labels:
-        preflight.check_all_labels(r, _records(r))  # the records are read whole: all of them, before loading
+        preflight.check_all_labels(r.data, _records(r))  # the records are read whole: all of them, before loading
         names = tuple(str(x) for x in r.data.labels)
     else:
         names = tuple(str(x) for x in _label_names(_records(r), r.data.label_field))

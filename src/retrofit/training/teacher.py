@@ -15,6 +15,7 @@ not [B, T, V]: at a 50k vocabulary and 8k tokens the whole block's would be 1.6 
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -149,3 +150,17 @@ def kl_sum(student_logits, teacher_logits, temperature: float) -> torch.Tensor:
     s = F.log_softmax(student_logits.float() / temperature, dim=-1)
     p = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
     return (p.exp() * (p - s)).sum()
+
+
+def say_teacher(view: "TeacherView", model_name: str, block_length: int, masker=None) -> None:
+    """Which distillation runs: an embedding model's vectors of cut texts (a ``masker`` that says what its teacher
+    reads: ``tasks.Embedding``), or a language model's windows."""
+    reads = getattr(masker, "teacher_reads", None)
+    if reads is not None:
+        logging.getLogger(__name__).info(
+            "distillation teacher: %s (original positions), %s", model_name, reads(view.window)
+        )
+    else:
+        logging.getLogger(__name__).info(
+            "distillation teacher: %s per block of %d", view.describe(block_length), block_length
+        )
