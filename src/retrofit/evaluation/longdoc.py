@@ -27,6 +27,7 @@ from ..foundation.errors import OptionError
 from ..foundation.task import with_article
 from ..scoring.copying import wilson
 from . import records
+from .lengths import reads_past
 from .measure import Measure, Planned, Setup
 from .models import EvalModel
 
@@ -98,9 +99,7 @@ def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: t
                 f"{m.name} has {classes} classes; this task has {len(labels)} ({', '.join(labels)}): evaluate a "
                 "classifier on the task it was fine-tuned on"
             )
-    for m in models[:1]:
-        if m.max_length is not None and max(lengths) > m.max_length:
-            raise OptionError(f"{m.name} reads at most {m.max_length} tokens; the longest length is {max(lengths)}")
+    reads_past(models[0].name, models[0].max_length, lengths)
 
 
 def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: int, bar=None) -> dict:

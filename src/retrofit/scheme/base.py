@@ -304,8 +304,9 @@ class Scheme(nn.Module):
 
     # ---- behaviour ---------------------------------------------------------------------
     def max_length(self) -> int | None:
-        """Longest sequence this scheme supports (None: no limit)."""
-        return None
+        """Longest sequence this scheme supports (None: no limit): its catalog line's ``limit`` option."""
+        name = getattr(self, "name", "")
+        return catalog.limit_of(name, dataclasses.asdict(self.options)) if name in catalog.CATALOG else None
 
     # ---- facts a kernel may exploit: every scheme answers them (None / False: no) -------------
     #: Falcon-style: the bias is added before the 1/sqrt(d) scaling (so it is scaled with the scores)

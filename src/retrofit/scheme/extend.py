@@ -108,9 +108,6 @@ class Extend(AbsoluteScheme):
             rows = interpolated_rows(native.detach(), options.length)
         self.table = nn.Parameter(rows)  # (length, E)
 
-    def max_length(self) -> int:
-        return self.options.length
-
     def embed(self, position_ids, dtype):
         # position_ids (B, T) -> (B, T, E)
         if position_ids.numel() and int(position_ids.max()) >= self.options.length:
