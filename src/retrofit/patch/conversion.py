@@ -104,6 +104,14 @@ def convert(
     return _convert(model, to, options, Converting(force=force, kernel=kernel or DEFAULT_KERNEL, verify=verify))
 
 
+def convert_shape(model, to: str, *, kernel: str | None = None, **options) -> nn.Module:
+    """``convert`` for a model without weights (on the meta device), to count what the conversion adds and freezes
+    (``retrofit finetune --plan``): nothing runs a forward (the lossless probe, the QK-norm calibration and the live
+    check need weights)."""
+    how = Converting(kernel=kernel or DEFAULT_KERNEL, verify=False, from_checkpoint=True)
+    return _convert(model, to, options, how)
+
+
 @dataclass(frozen=True)
 class Converting:
     """How ``_convert`` converts: over an earlier conversion (``force``), with which kernel, checked live
