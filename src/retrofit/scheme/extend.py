@@ -83,6 +83,12 @@ class Extend(AbsoluteScheme):
     @classmethod
     def resolve_defaults(cls, spec, opts):
         opts.length = resolve_length(opts.length, spec.native_length)
+        if spec.native_kind == "sinusoidal":
+            raise OptionError(
+                "extend stretches a learned absolute position table; this model's table holds fixed sinusoids, "
+                "defined at every position: convert to sinusoidal (by default its own layout and scale: the same "
+                "model up to its table, the sinusoids continued past it)"
+            )
         if spec.native_kind != "learned_absolute":
             raise OptionError(
                 "extend stretches a learned absolute position table (gpt2, gpt_neo, opt); this model "
