@@ -18,8 +18,8 @@ from pathlib import Path
 
 import retrofit
 from harness import command, stamp, write_record
-from retrofit.evaluation.passkey import wilson
 from retrofit.foundation.native import native_length
+from retrofit.scoring.intervals import wilson
 
 
 def build(spec: str):

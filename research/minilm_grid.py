@@ -15,7 +15,9 @@ Rows (cells), in the order they run (the most informative first):
   records, ``runs/minilm-grid/train-pairs.jsonl``, and read through ``data.files``), full or LoRA, ``STEPS`` steps
   of ``BATCH`` pairs; each reads a document whole (``whole``:
   the mean of its token states, what sentence-transformers does) and, the option, by its best window of the whole
-  document's token states (``best-window``).
+  document's token states (``best-window``). A ``+ distill`` cell trains with ``train.objective: both``: the
+  contrastive loss plus ``DISTILL_WEIGHT`` x mean(1 - cosine) of its vectors to the unconverted original's, of the
+  queries and of the documents cut at 512 tokens (what the original reads), to keep the short-text space.
 
 Measures (documents from the held-out plays, depths spread evenly over [0, 1]; ``retrofit.data.longdoc``):
 
@@ -61,11 +63,34 @@ SEED = 1_234  # the evaluation documents (retrofit.evaluation.longdoc's seed)
 TRAIN_TASKS, TRAIN_LENGTHS, BATCH, STEPS = ("passkey", "needle"), (256, 1536), 4, 80
 TRAIN_RECORDS = STEPS * BATCH * 21 // 20  # one pass, and 5% held out
 EXTEND = {"length": "16x", "init": "copy"}
+# "+ distill": contrastive + DISTILL_WEIGHT x mean(1 - cos) to the original's vectors of the cut texts. 10, not 1:
+# measured on the first batch of the pairs (4 documents of 372-1,045 tokens, the untrained student in train mode),
+# the contrastive loss's gradient norm is 7x the term's at weight 1 after alibi (33 vs 4.7; the term 0.57) and 60x
+# after extend (28 vs 0.46; the term 0.027, the student's dropout alone), and each step is clipped to norm 1: at
+# weight 1 the term would steer 1/60 to 1/7 of it.
+DISTILL_WEIGHT = 10.0
 CELLS = [
     {"name": "original", "scheme": None},
     {"name": "extend (copy)", "scheme": "extend", "options": EXTEND},
     {"name": "extend (copy) + full", "scheme": "extend", "options": EXTEND, "method": "full", "lr": 2e-5},
     {"name": "alibi + full", "scheme": "alibi", "method": "full", "lr": 1e-4},
+    {
+        "name": "extend (copy) + full + distill",
+        "scheme": "extend",
+        "options": EXTEND,
+        "method": "full",
+        "lr": 2e-5,
+        "objective": "both",
+        "distill_weight": DISTILL_WEIGHT,
+    },
+    {
+        "name": "alibi + full + distill",
+        "scheme": "alibi",
+        "method": "full",
+        "lr": 1e-4,
+        "objective": "both",
+        "distill_weight": DISTILL_WEIGHT,
+    },  # fmt: skip
     {"name": "t5 + full", "scheme": "t5", "method": "full", "lr": 1e-4},
     {
         "name": "rope-ntk + full",
@@ -94,6 +119,8 @@ def recipe(cell: dict) -> dict:
     train.update(warmup_steps=STEPS // 10, weight_decay=0.01, seed=0)
     if cell["method"] == "lora":
         train.update(lora={"r": 16, "alpha": 32, "dropout": 0.0}, train_norms=True)
+    if cell.get("objective", "lm") != "lm":  # the teacher: the unconverted original (queries, documents cut at 512)
+        train.update(objective=cell["objective"], distill_weight=cell["distill_weight"])
     return {
         "task": "embedding",
         "model": {"name_or_path": "minilm"},
@@ -134,6 +161,8 @@ def fine_tune(cell: dict, entry: dict) -> Path:
         steps=STEPS,
         batch_size=BATCH,
         learning_rate=cell["lr"],
+        objective=cell.get("objective", "lm"),
+        **({"distill_weight": cell["distill_weight"]} if "distill_weight" in cell else {}),
         tokens=summary.get("tokens"),  # the budget: steps x batch x the longest length
         document_tokens=document_tokens(),  # the documents' own tokens (a batch is padded to its longest)
         heldout=summary.get("heldout"),

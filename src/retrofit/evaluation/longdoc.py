@@ -25,7 +25,7 @@ from ..foundation import run_folder
 from ..foundation.atomic import write_text
 from ..foundation.errors import OptionError
 from ..foundation.task import with_article
-from ..scoring.copying import wilson
+from ..scoring.intervals import paired_difference, wilson
 from . import records
 from .lengths import reads_past
 from .measure import Measure, Planned, Setup
@@ -222,23 +222,6 @@ def _row(m: EvalModel, read: Read, L: int, docs: list, hits: list[bool], chance:
         "by_depth": [sum(b) / len(b) if b else None for b in bins] if placed else None,
         "past_native": sum(past) / len(past) if past else None,
     }
-
-
-def paired_difference(a: list[int], b: list[int], z: float = 1.96) -> tuple[float, float, float]:
-    """The difference of two proportions read on the same documents (``a``, ``b``: each document's 0/1) with its
-    95% interval, Newcombe's method 10 (1998): the two Wilson intervals joined through the pairs' correlation."""
-    n = len(a)
-    both, only_a = sum(x and y for x, y in zip(a, b)), sum(x and not y for x, y in zip(a, b))
-    only_b = sum(y and not x for x, y in zip(a, b))
-    neither = n - both - only_a - only_b
-    p1, p2 = (both + only_a) / n, (both + only_b) / n
-    (l1, u1), (l2, u2) = wilson(both + only_a, n, z), wilson(both + only_b, n, z)
-    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
-    phi = (both * neither - only_a * only_b) / margins**0.5 if margins else 0.0
-    d = p1 - p2
-    low = d - max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2) ** 0.5
-    high = d + max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2) ** 0.5
-    return d, max(-1.0, low), min(1.0, high)
 
 
 def comparisons(data: dict) -> list[dict]:

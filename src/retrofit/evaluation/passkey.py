@@ -10,7 +10,6 @@ the answer is right when the first 5-digit number in the continuation is the key
 
 from __future__ import annotations
 
-import math
 import random
 import re
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 
 from ..adapters.inputs import cache_kwarg, output_cache
 from ..foundation.errors import LengthError
+from ..scoring.intervals import wilson
 from .lengths import resolve as resolve_lengths
 from .measure import Measure, Planned, Setup, check_depths, check_lengths, check_positive, check_supported
 from .models import EvalModel
@@ -92,17 +92,6 @@ def grade(continuation: str, key: str) -> bool:
     """True when the first 5-digit number in ``continuation`` is ``key``."""
     m = _FIVE_DIGITS.search(continuation)
     return bool(m) and m.group(1) == key
-
-
-def wilson(correct: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval (95% at z = 1.96) for ``correct`` of ``trials``: honest at 0/n and n/n,
-    where the normal interval collapses to a point (0/30 gives [0, 0.114])."""
-    if trials <= 0:
-        raise ValueError(f"trials must be > 0, got {trials}")
-    p, z2 = correct / trials, z * z
-    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def greedy_decode(model, ids: list[int], max_new_tokens: int, eos_token_id: int | None = None) -> list[int]:

@@ -87,6 +87,12 @@ def resolve(name_or_path: str, gguf_file: str | None) -> tuple[str, str | None]:
     return name_or_path, gguf_file
 
 
+def local_folder(name_or_path: str, gguf_file: str | None = None) -> Path | None:
+    """The local folder a model name (a path or a built-in name) loads from; None for a Hub id or a file."""
+    path = Path(resolve(name_or_path, gguf_file)[0])
+    return path if path.is_dir() else None
+
+
 def byte_tokenizer():
     """A byte-level tokenizer that needs no download and no training: every byte is a token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -197,6 +197,16 @@ TASK_OBJECTIVES = {
 }
 
 
+def _objective(recipe: dict) -> str:
+    """The card's words for what the fine-tune trained on: a task's objective (with its distillation), or the LM's."""
+    t = recipe["train"]
+    said = TASK_OBJECTIVES.get(recipe.get("task"), f"{t['objective']} objective")
+    if recipe.get("task") != "embedding" or t.get("objective", "lm") == "lm":
+        return said
+    kd = "1 - cosine to the unconverted original's vectors of the queries and the documents cut at its native length"
+    return kd if t["objective"] == "distill" else f"{said} + {t.get('distill_weight', 1.0)} x ({kd})"
+
+
 def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict) -> dict:
     t, d = recipe["train"], recipe["data"]
     steps = summary.get("steps") or t["steps"]
@@ -206,7 +216,7 @@ def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict
     stage = (manifest.get("stages") or {}).get("finetune") or {}
     return {
         "method": t["method"],
-        "objective": TASK_OBJECTIVES.get(recipe.get("task"), f"{t['objective']} objective"),
+        "objective": _objective(recipe),
         "steps": steps,
         "tokens": tokens,
         "block_length": d["block_length"],

@@ -7,11 +7,12 @@ and a cell of paired trials summarised with a bootstrap interval on the copy gai
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
 import torch
+
+from .intervals import wilson
 
 RESAMPLES = 2000
 
@@ -165,17 +166,6 @@ def summarize(rows: list[dict], seed: int = 0) -> dict:
         "exact_rate": round(exact / n, 4),
         "exact_ci": [round(lo, 4), round(hi, 4)],
     }
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of ``k`` successes in ``n`` trials."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def copy_cell(model, text_ids: list[int], distance: int, trials: int, probe: Probe = Probe(), limit=None) -> dict:

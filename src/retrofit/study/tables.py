@@ -24,7 +24,7 @@ EVALUATED = ("converted", "original")
 
 def pooled_passkey(rows: list[dict]) -> dict:
     """{length: {"correct", "trials", "accuracy", "ci_low", "ci_high"}} over the depths."""
-    from retrofit.evaluation.passkey import wilson
+    from retrofit.scoring.intervals import wilson
 
     out = {}
     for r in rows:

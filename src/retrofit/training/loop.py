@@ -96,19 +96,20 @@ def _finetune(r: Recipe) -> Path:
     resolve_steps(r, acc.num_processes, None if source is None else source.what)
     sharding.mark_baseline()
     with sharding.whole_models():
+        task = tasks.model_task(r, source)
         with acc.main_process_first():
-            model, tok = load(r.model, tasks.model_task(r, source))
+            model, tok = load(r.model, task)
         model.train()
         native = describe(model)["native"].get("length")
-        view = TeacherView.of(r.train, r.data.block_length, native)  # a stride past native fails here
+        view = TeacherView.of(r.train, r.data.block_length, native, r.task)  # a stride past native fails here
         calibrating = r.convert.calibrate.data is not None and not outputs.resuming(r.checkpoint, out)
         needs_teacher = r.train.objective != "lm" or calibrating
-        teacher = make_teacher(model, r.model) if needs_teacher else None
+        teacher = make_teacher(model, r.model, task) if needs_teacher else None
         convert(model, r.convert)
         set_attention_dropout(model, r.train)
         placer = Placer.of(r.train, r.data.block_length)
         placer.check(model, r.convert.scheme)  # an impossible block fails before calibrating
-        masker = tasks.objective(r, model) or _masker(
+        masker = tasks.objective(r, model, tok) or _masker(
             model, tok, r.train.mask_rate, r.data.copies, placer.reach
         )  # what the loss reads
         if calibrating:
@@ -232,7 +233,7 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
     clock = Clock(acc.device) if teacher is not None else None
     distill = Teacher(teacher, view, t.temperature, acc.autocast, clock) if teacher is not None else None
     if teacher is not None:
-        log.info("distillation teacher: %s per block of %d", view.describe(r.data.block_length), r.data.block_length)
+        _say_teacher(r, view, masker)
     if progress.val_loss_before is None:
         handed.placer.apply(base, None)
         progress.val_loss_before = _evaluate(acc, model, val_loader, masker, t.seed)
@@ -276,6 +277,15 @@ def _train(r, acc, handed: Handed, train_set, val_set) -> Path:
         where.say_short(progress.step, meter.tokens_per_step)
     meter.close()
     return _finish(steps, handed.tok, shards)
+
+
+def _say_teacher(r, view: TeacherView, masker) -> None:
+    """Which distillation runs: an embedding model's vectors of cut texts, or a language model's windows."""
+    if isinstance(masker, tasks.Embedding):
+        what = masker.teacher_reads(view.window)
+        log.info("distillation teacher: %s (original positions), %s", r.model.name_or_path, what)
+    else:
+        log.info("distillation teacher: %s per block of %d", view.describe(r.data.block_length), r.data.block_length)
 
 
 def _prepare(r, acc, model, train_set, val_set):
@@ -393,7 +403,9 @@ def _loss(acc, model, batch, teacher: Teacher | None, t, masker=None):
     says. A masked LM (``masker``) reads its block with a draw of tokens masked (seeded by the micro-batch) and
     predicts those."""
     if isinstance(masker, tasks.Objective):
-        return masker.loss(model, batch), {}
+        if teacher is None:
+            return masker.loss(model, batch), {}
+        return masker.distilled(model, batch, teacher, t.distill_weight if t.objective == "both" else None)
     if masker is not None:
         inputs, labels = masker(batch, seed_of(t.seed, acc.step, acc.process_index))
         outputs = model(input_ids=inputs, labels=labels)

@@ -69,9 +69,10 @@ def new_head(model) -> None:
     )
 
 
-def make_teacher(model, model_cfg) -> nn.Module:
+def make_teacher(model, model_cfg, task: tuple = (None, None)) -> nn.Module:
     """A frozen copy of the unconverted model (for the distill objective). A model that was loaded
-    converted (a retrofit checkpoint) is loaded again and reverted: its original mechanism is kept."""
+    converted (a retrofit checkpoint) is loaded again (as ``task``'s class, as ``load`` takes it) and reverted:
+    its original mechanism is kept."""
     from ..patch.conversion import is_converted, revert
 
     if is_converted(model):
@@ -81,7 +82,7 @@ def make_teacher(model, model_cfg) -> nn.Module:
         level = said.level
         said.setLevel(logging.WARNING)
         try:
-            teacher = revert(load(model_cfg)[0])
+            teacher = revert(load(model_cfg, task)[0])
         finally:
             said.setLevel(level)
         log.info("distillation teacher: %s with its original positions (reverted)", model_cfg.name_or_path)

@@ -13,6 +13,7 @@ from ..foundation import run_folder
 from ..foundation.atomic import no_space, no_space_error, publish, write_dir, write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.versions import library_versions
+from ..models.builtin import local_folder
 from ..models.io import save
 from . import sharding
 from .model import convert, load, make_trainable, trainable_hash
@@ -213,7 +214,9 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
         unwrapped = unwrapped.merge_and_unload()
     save(unwrapped, out / run_folder.FINAL, tokenizer=tok)
     if r.task == "embedding":
-        sentence_transformers_files(out / run_folder.FINAL, r.data.block_length)
+        sentence_transformers_files(
+            out / run_folder.FINAL, r.data.block_length, local_folder(r.model.name_or_path, r.model.gguf_file)
+        )
     return out / run_folder.FINAL
 
 
@@ -221,10 +224,11 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
 ST_FILES = (*run_folder.ST_FILES, "tokenizer_config.json")
 
 
-def sentence_transformers_files(final: Path, max_length: int) -> None:
-    """The files that make ``SentenceTransformer(final)`` the trained embedding model (the encoder, mean pooling,
-    texts read to ``max_length`` tokens), as the installed sentence-transformers writes them: its own ``save`` into
-    a scratch folder, of which the module files are kept (the weights stay retrofit's)."""
+def sentence_transformers_files(final: Path, max_length: int, source: Path | None = None) -> None:
+    """The files that make ``SentenceTransformer(final)`` the trained embedding model (the encoder, mean pooling as
+    the objective trained it, texts read to ``max_length`` tokens, and the source model's ``Normalize`` when it had
+    one), as the installed sentence-transformers writes them: its own ``save`` into a scratch folder, of which the
+    module files are kept (the weights stay retrofit's)."""
     import tempfile
 
     from sentence_transformers import SentenceTransformer
@@ -232,7 +236,7 @@ def sentence_transformers_files(final: Path, max_length: int) -> None:
 
     encoder = Transformer(str(final))
     width = getattr(encoder, "get_embedding_dimension", None) or encoder.get_word_embedding_dimension  # ST 6 / 3-5
-    st = SentenceTransformer(modules=[encoder, Pooling(width(), "mean")], device="cpu")
+    st = SentenceTransformer(modules=[encoder, Pooling(width(), "mean"), *after_pooling(source)], device="cpu")
     st.max_seq_length = max_length
     with tempfile.TemporaryDirectory() as tmp:
         st.save(tmp)
@@ -241,6 +245,26 @@ def sentence_transformers_files(final: Path, max_length: int) -> None:
             if rel.parent != Path(".") or rel.name in ST_FILES:  # its modules' folders and its own files
                 (final / rel).parent.mkdir(parents=True, exist_ok=True)
                 write_text(final / rel, f.read_text())
+
+
+def after_pooling(source: Path | None) -> list:
+    """The source embedding model's modules after its pooling that the fine-tune keeps: ``Normalize`` (no weights:
+    unit vectors, what dot-product search expects); any other (e.g. a ``Dense`` the objective never trained) is
+    dropped, and said."""
+    modules = (
+        json.loads((source / "modules.json").read_text()) if source and (source / "modules.json").is_file() else []
+    )
+    types = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+    later = types[types.index("Pooling") + 1 :] if "Pooling" in types else []
+    dropped = [t for t in later if t != "Normalize"]
+    if dropped:
+        log.warning("%s's modules %s after pooling are not kept (the objective trained without them)", source, dropped)
+    if "Normalize" not in later:
+        return []
+    from sentence_transformers.models import Normalize
+
+    log.info("the embedding model keeps %s's Normalize: unit vectors", source)
+    return [Normalize()]
 
 
 def adapter_base(r: Recipe) -> dict:

@@ -421,7 +421,7 @@ def time_lines(r, shape: Shape, tokens: int, processes: int, tokens_per_s: float
     teacher = 0.0  # teacher tokens read per student token (a sliding window re-reads context)
     if r.train.objective != "lm":
         L = r.data.block_length
-        teacher = sum(end - start for start, end, _ in TeacherView.of(r.train, L, shape.native).spans(L)) / L
+        teacher = sum(end - start for start, end, _ in TeacherView.of(r.train, L, shape.native, r.task).spans(L)) / L
     if tokens_per_s:
         rate, where = tokens_per_s, "at the rate given (--tokens-per-s)"
     else:

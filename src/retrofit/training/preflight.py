@@ -107,7 +107,8 @@ def _builtin_facts(name: str) -> ModelFacts | None:
 
             get_config(preset)
         return None  # not a built-in name after all: loading reads it as a path or a Hub id
-    return ModelFacts(name, task, task == "masked-lm", f"the built-in {task} model")
+    # a built-in is a causal LM or an encoder: a masked LM (a stand-in) or an embedding model (minilm)
+    return ModelFacts(name, task, task != "causal-lm", f"the built-in {task} model")
 
 
 def _cached_hub_config(name: str) -> str | None:

@@ -217,8 +217,14 @@ class LoraSettings:
 class TrainConfig:
     method: Literal["lora", "full"] = _help("lora: PEFT LoRA adapters; full: every weight.", "lora")
     objective: Literal["lm", "distill", "both"] = _help(
-        "lm: the model's own loss (next token; a masked LM's masked tokens); distill: KL to the unconverted original (read as teacher_window says); "
-        "both: lm + distill_weight * distill.",
+        "lm: the model's own loss (next token; a masked LM's masked tokens; a task's own loss); distill: the "
+        "distillation term alone; both: the own loss + distill_weight * distill. The teacher is the frozen, "
+        "unconverted original (needs convert.scheme). A language model: KL to the original's predictions (read as "
+        "teacher_window says). task: embedding: mean(1 - cosine) between the student's vectors (the objective's "
+        "mean pooling) and the original's, of each batch's queries and of each document cut to the original's "
+        "native length W as its tokenizer cuts it (the first W - 1 tokens and the end token; what the original "
+        "can read), the student reading the same cut text for this term (it keeps the short-text space) and the "
+        "whole document for the contrastive loss. task: classification: not built (refused).",
         "lm",
     )
     teacher_window: Literal["sliding", "first"] = _help(
@@ -226,7 +232,8 @@ class TrainConfig:
         "than its native length W. sliding: through its own sliding window (W tokens, advancing by teacher_stride), "
         "so every position gets the original's prediction from between W - stride and W tokens of context; "
         "first: the first W tokens only (positions past W get no teacher, and distill trains on those W alone; "
-        "the behaviour before this option). Blocks of at most W tokens are one window either way.",
+        "the behaviour before this option). Blocks of at most W tokens are one window either way. task: embedding "
+        "reads the first W tokens of each text whatever this says (one vector per text; see objective).",
         "sliding",
     )
     teacher_stride: Optional[int] = _help(
@@ -242,8 +249,15 @@ class TrainConfig:
         above=0,
         below=1,
     )
-    distill_weight: float = _help("Weight of the distillation term when objective is both.", 1.0, minimum=0)
-    temperature: float = _help("Distillation softmax temperature.", 1.0, above=0)
+    distill_weight: float = _help(
+        "Weight of the distillation term when objective is both (a language model's KL; an embedding model's "
+        "mean 1 - cosine, which lies in [0, 2]).",
+        1.0,
+        minimum=0,
+    )
+    temperature: float = _help(
+        "Distillation softmax temperature (a language model's KL; an embedding's cosine term has none).", 1.0, above=0
+    )
     lora: LoraSettings = _help("LoRA settings (method: lora).", factory=LoraSettings)
     train_norms: bool = _help("Also train normalization layers (LongLoRA found this matters).", False)
     train_embeddings: bool = _help("Also train the input token embeddings.", False)
@@ -414,7 +428,15 @@ def _check_task(r: "Recipe") -> None:
             raise RecipeError(f"'data.dataset: {d.dataset}' is a task's data: set 'task' (classification or embedding)")
         return
     why = [
-        (t.objective != "lm", f"'train.objective: {t.objective}' (distillation serves language models)"),
+        (
+            t.objective != "lm" and r.task == "classification",
+            f"'train.objective: {t.objective}' (distillation serves language models and 'task: embedding'; a "
+            "classifier trains on its own cross-entropy: objective lm)",
+        ),
+        (
+            t.teacher_stride is not None,
+            "'train.teacher_stride' (a task's teacher reads the first native-length tokens of each text)",
+        ),
         (t.positions.active, "'train.positions'"),
         (d.copies.spans > 0, "'data.copies'"),
         (

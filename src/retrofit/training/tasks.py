@@ -7,12 +7,17 @@ Each task gives the loop what it reads: its examples as a Dataset, ``collate`` (
 ``longdoc:<task>`` spec (``data.longdoc``: documents of ``data.min_block_length`` .. ``data.block_length`` tokens,
 a fresh example for every one trained on) or from records (``data.files`` json/jsonl/csv/parquet, or a Hub
 dataset): ``data.text_field`` and ``data.label_field`` for a classifier, ``data.query_field`` and
-``data.document_field`` for an embedding model, each text cut at ``data.block_length`` tokens."""
+``data.document_field`` for an embedding model, each text cut at ``data.block_length`` tokens.
+
+An embedding model's ``train.objective: both`` (or ``distill``) adds distillation to the frozen unconverted original
+(``model.make_teacher``): the cosine of the student's vectors to the original's, of the queries and of the documents
+cut at the original's native length (``Embedding.distilled``). A classifier's is not built (the recipe refuses it)."""
 
 from __future__ import annotations
 
 import logging
 import random
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -235,7 +240,7 @@ class Embedding(Objective):
 
     kind = "embedding"
 
-    def __init__(self, hidden_size: int):
+    def __init__(self, hidden_size: int, end: int | None = None):
         try:
             from sentence_transformers import SentenceTransformer
             from sentence_transformers.losses import MultipleNegativesRankingLoss
@@ -246,6 +251,7 @@ class Embedding(Objective):
             ) from e
         self.pooling = Pooling(hidden_size, "mean")
         self.loss_fn = MultipleNegativesRankingLoss(SentenceTransformer(modules=[self.pooling], device="cpu"))
+        self.end = end  # the token the tokenizer ends every text with (BERT's [SEP]): kept where a text is cut
 
     def embed(self, model, features: dict) -> torch.Tensor:
         hidden = model(**features).last_hidden_state  # (B, T, E)
@@ -255,6 +261,31 @@ class Embedding(Objective):
     def loss(self, model, batch: dict) -> torch.Tensor:
         q, d = self.embed(model, batch["query"]), self.embed(model, batch["document"])
         return self.loss_fn.compute_loss_from_embeddings([q, d], None)
+
+    def distilled(self, model, batch: dict, teacher, weight: float | None) -> tuple[torch.Tensor, dict]:
+        """(loss, its parts) with distillation to the frozen original (``teacher``: a ``teacher.Teacher``, whose view's
+        window is the original's native length W): the term is the mean of 1 - cosine between the student's and the
+        original's vectors of each query and each document, both read cut at W (``cut_texts``: what the original
+        can read). ``weight`` None: objective distill, the term alone; else objective both, the contrastive loss over
+        the whole texts + ``weight`` x the term (a text no longer than W reuses its contrastive vector)."""
+        texts = (batch["query"], batch["document"])
+        cuts = [cut_texts(f, teacher.view.window, self.end) for f in texts]
+        whole = [self.embed(model, f) for f in texts] if weight is not None else [None, None]
+        got = torch.cat(
+            [w if c is f and w is not None else self.embed(model, c) for w, c, f in zip(whole, cuts, texts)]
+        )
+        with teacher.clock or nullcontext(), torch.no_grad(), teacher.autocast():
+            want = torch.cat([self.embed(teacher.model, c) for c in cuts])
+        kd = (1 - F.cosine_similarity(got.float(), want.float(), dim=-1)).mean()
+        if weight is None:
+            return kd, {"distill_loss": kd}
+        contrastive = self.loss_fn.compute_loss_from_embeddings(whole, None)
+        return contrastive + weight * kd, {"contrastive_loss": contrastive, "distill_loss": kd}
+
+    def teacher_reads(self, window: int) -> str:
+        """What the distillation teacher reads, for the log."""
+        end = f" (the first {window - 1} and the end token)" if self.end is not None else ""
+        return f"embedding vectors of the queries and of the documents cut at {window} tokens{end}"
 
     def per_example(self, model, batch: dict) -> torch.Tensor:
         loss = self.loss(model, batch)  # in-batch negatives: one loss for the batch
@@ -275,8 +306,28 @@ class Embedding(Objective):
         return {"examples": len(q), "top1": (top == torch.arange(len(q))).float().mean().item()}
 
 
-def objective(r, model) -> Objective | None:
-    """The recipe's task objective (None: a language model's own)."""
+def cut_texts(features: dict, window: int, end: int | None) -> dict:
+    """A batch of texts (padded ``input_ids``, ``attention_mask``) as the tokenizer cuts each at ``window`` tokens: a
+    text longer than ``window`` keeps its first ``window - 1`` tokens and its end token ``end`` (its first ``window``
+    tokens when ``end`` is None); ``features`` itself when no text is longer."""
+    lengths = features["attention_mask"].sum(1)
+    if int(lengths.max()) <= window:
+        return features
+    cut = {k: v[:, :window] for k, v in features.items()}
+    if end is not None:
+        cut["input_ids"] = cut["input_ids"].clone()
+        cut["input_ids"][lengths > window, window - 1] = end
+    return cut
+
+
+def end_token(tok) -> int | None:
+    """The special token the tokenizer ends every text with (BERT's [SEP], RoBERTa's </s>), None when it ends none."""
+    ids = tok("a").input_ids
+    return ids[-1] if ids and ids[-1] in tok.all_special_ids else None
+
+
+def objective(r, model, tok) -> Objective | None:
+    """The recipe's task objective (None: a language model's own); ``tok``: the model's tokenizer."""
     if r.task is None:
         return None
-    return Embedding(model.config.hidden_size) if r.task == "embedding" else Objective()
+    return Embedding(model.config.hidden_size, end_token(tok)) if r.task == "embedding" else Objective()

@@ -6,7 +6,8 @@ evaluation reads the original past native (``scoring.windows.sliding_spans``): t
 gives positions [0, W); each next one ends ``stride`` tokens later and gives only its last ``stride``
 positions, so every position of the block has the original's prediction, from between W - stride and
 W tokens of context. ``first`` keeps the pre-issue-33 behaviour: the first window only (no teacher past
-W). A block no longer than W is one window either way.
+W). A block no longer than W is one window either way. An embedding model's teacher (``task: embedding``) reads the
+first window of each text, one vector per text (``tasks.Embedding.distilled``).
 
 The KL is computed window by window: the teacher's logits exist for one window at a time ([B, k, V],
 not [B, T, V]: at a 50k vocabulary and 8k tokens the whole block's would be 1.6 GB per row in fp32).
@@ -36,9 +37,10 @@ class TeacherView:
     stride: int | None  # None: the first window only ('first')
 
     @classmethod
-    def of(cls, train_cfg, block_length: int, native: int | None) -> "TeacherView":
+    def of(cls, train_cfg, block_length: int, native: int | None, task: str | None = None) -> "TeacherView":
+        """The recipe's view; a task's teacher (``task: embedding``: one vector per text) reads its first window."""
         window = min(block_length, native or block_length)
-        if train_cfg.teacher_window == "first":
+        if train_cfg.teacher_window == "first" or task is not None:
             return cls(window, None)
         stride = train_cfg.teacher_stride or max(1, (native or block_length) // 2)
         if native and stride > native:
