@@ -12,7 +12,7 @@ import retrofit
 from retrofit import kernels
 from retrofit.cli import main
 from retrofit.foundation.errors import OptionError
-from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band
+from retrofit.kernels import Call, Relative, call, chunked, cpu_flash, cpu_flash_band, sdpa_relative_dims
 from retrofit.patch.conversion import set_kernel
 from retrofit.scheme.sinusoidal import frequencies, sinusoids
 
@@ -215,12 +215,15 @@ PADDING[1] = True
 
 
 @pytest.mark.parametrize(
-    "case", ["full", "padding", "window", "prefix", "decode", "prefix+window+padding", "positions"]
+    "case", ["full", "full in blocks", "padding", "window", "prefix", "decode", "prefix+window+padding", "positions"]
 )
 def test_xl_dims_kernel_equals_chunked(monkeypatch, case):
     """Forward and gradients of q, k, v, the position query and W_R; the window and padding cases in
-    several blocks of queries (a small chunk budget)."""
+    several blocks of queries (a small chunk budget); the full square's backward in one block of queries, or in
+    blocks of 16 (the last one short)."""
     monkeypatch.setattr(call, "CHUNK_ELEMENTS", 3 * 40 * 9)
+    if case == "full in blocks":
+        monkeypatch.setattr(sdpa_relative_dims, "ROWS", 16)
     leaves = _xl_leaves()
     q, k, v, rel_q, W = leaves
     start = {"prefix": 33, "decode": 39, "prefix+window+padding": 30}.get(case, 0)
@@ -329,7 +332,7 @@ def test_the_fused_relative_kernels_hold_no_n_by_n_tensor(monkeypatch):
     q, k, v, rel_q, W = leaves
     out, kernel = kernels.attend(Call(q, k, v, scaling=0.5, relative=_xl_relative(rel_q, W, N)))
     out.sum().backward()
-    assert kernel == "sdpa-relative-dims" and not masks  # stock SDPA's fused square (no float mask)
+    assert kernel == "sdpa-relative-dims" and masks == [None]  # the CPU flash op's causal square, no float mask
     kernels.attend(Call(q, k, v, scaling=0.5, relative=Relative(q, _nezha_table(1, N, 64, 4, True), reach=64)))
     assert masks and all(m is None or m[-1] * m[-2] <= 128 * 256 for m in masks)
 

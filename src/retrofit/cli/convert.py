@@ -179,7 +179,7 @@ def run(args) -> int:
     check_scheme(args.to)  # the cheap checks first: a wrong word is said before torch is imported
     precheck(args.model, args.gguf_file)
     from ..models import io
-    from ..models.builtin import local_folder
+    from ..models.sources import sentence_transformers_source
     from ..patch import conversion
 
     model, tokenizer = io.load_model(args.model, gguf_file=args.gguf_file, dtype=args.dtype)
@@ -188,7 +188,7 @@ def run(args) -> int:
     conversion.convert(model, args.to, kernel=args.kernel, force=args.force, **options)
     record = _calibrate(model, teacher, tokenizer, args) if args.calibrate else None
     del teacher
-    io.save(model, out, tokenizer=tokenizer, source=local_folder(args.model, args.gguf_file))
+    io.save(model, out, tokenizer=tokenizer, source=sentence_transformers_source(args.model, args.gguf_file))
     shown = {"out": str(out), **conversion.describe(model)}
     if record is not None:
         from ..foundation.atomic import write_text

@@ -17,7 +17,8 @@ flash kernel runs only with equal widths (through SDPA unequal widths ran severa
 measured: docs/ARCHITECTURE.md, "The attention kernels").
 
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
-``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square, a cached prefix
+``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square (on CPU the flash op
+forward, its backward in blocks of queries: ``_CausalSquare``, v's matmuls and dk at v's width), a cached prefix
 on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
 inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
@@ -51,6 +52,9 @@ def run(c: Call) -> torch.Tensor:
     proj, freqs = rel.sinusoid
     qx = torch.cat([c.q.to(dtype), query_dims(rel.query.to(dtype), proj.to(dtype), freqs, q_pos)], dim=-1)
     cos_j, sin_j = _angles(freqs, k_pos, dtype)
+    if c.full and not c.masked and not c.dropout and cpu_flash.available(qx):  # the causal square, its own backward
+        angles = torch.cat([cos_j, sin_j], -1)
+        return _CausalSquare.apply(qx, c.k.to(dtype), angles, c.v.to(dtype), c.scaling).to(c.q.dtype)
     kx = torch.cat([c.k.to(dtype), torch.cat([cos_j, sin_j], -1).expand(B, H, c.Tk, -1)], dim=-1)
     width = fused_width(qx.shape[-1], qx)
     qx, kx, vx = pad_to(qx, width), pad_to(kx, width), pad_to(c.v.to(dtype), width)
@@ -97,3 +101,48 @@ def _block(qb, kx, vx, i0, c: Call):
     return F.scaled_dot_product_attention(
         qb, kx[:, :, lo:i1], vx[:, :, lo:i1], attn_mask=mask, dropout_p=c.dropout, is_causal=causal, scale=c.scaling
     )
+
+
+ROWS = 128  # queries per block of the causal square's backward (fewer where its scores would pass BLOCK_ELEMENTS)
+BLOCK_ELEMENTS = 1 << 24  # one block's (B, H, C, keys) scores stay under this (64 MiB in fp32)
+
+
+class _CausalSquare(torch.autograd.Function):
+    """Full causal attention of qx (B, H, N, D + dim) over [k, angles] (angles (N, dim): the same for every head)
+    and v (B, H, N, D). Forward: the CPU flash op's causal square at width D + dim (v zero-padded: the op takes
+    equal widths only). Backward: blocks of queries over the keys they see, P and dS once per block from the
+    saved log-sum-exp, so v's matmuls (P^T dO, dO v^T) and dk's run at v's width, not padded (the flash op's own
+    backward at the padded width does about 1.3x the work). Saved for backward: qx, k, v, the output and the
+    log-sum-exp (O(N))."""
+
+    @staticmethod
+    def forward(ctx, qx, k, angles, v, scaling):
+        B, H, N, D = v.shape
+        kx = torch.cat([k, angles.expand(B, H, N, -1)], dim=-1)
+        out, lse = cpu_flash.forward(qx, kx, pad_to(v, kx.shape[-1]), scaling)[:2]
+        out = out[..., :D].contiguous()
+        ctx.save_for_backward(qx, k, angles, v, out, lse)
+        ctx.scaling = scaling
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        qx, k, angles, v, out, lse = ctx.saved_tensors
+        B, H, N, D = v.shape
+        kx = torch.cat([k, angles.expand(B, H, N, -1)], dim=-1)
+        dout = dout.contiguous()
+        delta = (dout * out).sum(-1, keepdim=True)  # rowsum(dO * O): (B, H, N, 1)
+        dqx, dk, dv = torch.empty_like(qx), torch.zeros_like(k), torch.zeros_like(v)
+        rows = max(16, min(ROWS, BLOCK_ELEMENTS // (B * H * N)))
+        future = torch.ones(rows, rows, dtype=torch.bool, device=qx.device).triu_(1)
+        for s in range(0, N, rows):
+            e = min(N, s + rows)
+            scores = (qx[:, :, s:e] @ kx[:, :, :e].transpose(-1, -2)).mul_(ctx.scaling).sub_(lse[:, :, s:e, None])
+            p = cpu_flash.exp_(scores)  # P (B, H, C, e), from the merged log-sum-exp
+            p[..., s:].masked_fill_(future[: e - s, : e - s], 0.0)  # the block's own square: keys after the query
+            dc = dout[:, :, s:e]
+            dv[:, :, :e] += p.transpose(-1, -2) @ dc
+            ds = p.mul_((dc @ v[:, :, :e].transpose(-1, -2)).sub_(delta[:, :, s:e]))  # dS = P (dP - delta)
+            dqx[:, :, s:e] = ds @ kx[:, :, :e]
+            dk[:, :, :e] += ds.transpose(-1, -2) @ qx[:, :, s:e, :D]
+        return dqx.mul_(ctx.scaling), dk.mul_(ctx.scaling), None, dv, None

@@ -47,6 +47,32 @@ def names_a_path(name: str) -> bool:
     return "/" in name and Path(name.split("/", 1)[0]).is_dir()
 
 
+ST_PATTERNS = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json", "*/config.json"]
+
+
+def sentence_transformers_source(name_or_path: str, gguf_file: str | None = None) -> Path | None:
+    """The folder holding an embedding model's sentence-transformers files (``modules.json``, its pooling and
+    ``Normalize``), which convert and fine-tune keep: a local folder or a built-in name as it is; a Hub id: those
+    files alone, fetched (or read from the cache when offline). None for a model without them; a Hub id whose
+    files cannot be read is said, with what the result loses."""
+    local = builtin.local_folder(name_or_path, gguf_file)
+    if local is not None or gguf_file or not _is_hub_id(name_or_path):
+        return local
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(name_or_path, allow_patterns=ST_PATTERNS))
+    except OSError as e:  # offline and not cached, the Hub out of reach, no such repository
+        log.warning(
+            "%s: its sentence-transformers files (modules.json, pooling, normalize) could not be read (%s); "
+            "SentenceTransformer() of the result will use mean pooling without its normalisation",
+            name_or_path,
+            type(e).__name__,
+        )
+        return None
+    return folder if (folder / "modules.json").is_file() else None
+
+
 def _missing(name: str) -> ModelLoadError:
     first = name.split("/", 1)[0]
     why = (

@@ -13,8 +13,8 @@ from ..foundation import run_folder
 from ..foundation.atomic import no_space, no_space_error, publish, write_dir, write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.versions import library_versions
-from ..models.builtin import local_folder
 from ..models.io import save
+from ..models.sources import sentence_transformers_source
 from . import sharding
 from .model import convert, load, make_trainable, trainable_hash
 from .recipe import Recipe, tokens_per_step
@@ -215,7 +215,9 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
     save(unwrapped, out / run_folder.FINAL, tokenizer=tok)
     if r.task == "embedding":
         sentence_transformers_files(
-            out / run_folder.FINAL, r.data.block_length, local_folder(r.model.name_or_path, r.model.gguf_file)
+            out / run_folder.FINAL,
+            r.data.block_length,
+            sentence_transformers_source(r.model.name_or_path, r.model.gguf_file),
         )
     return out / run_folder.FINAL
 
