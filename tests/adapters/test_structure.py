@@ -17,7 +17,7 @@ from retrofit.patch import probe
 from retrofit.patch.conversion import _set_attn
 
 from .. import reference  # noqa: F401  (registers "retrofit_reference")
-from ..tiny import NATIVE, _llama_like, bart_decoder, biogpt, ids
+from ..tiny import NATIVE, VOCAB, _llama_like, bart_decoder, biogpt, ids
 
 GEMMA3_LAYERS = ["sliding_attention", "full_attention"]
 MOE = dict(num_local_experts=4, num_experts_per_tok=2)
@@ -410,3 +410,54 @@ def test_a_converted_bart_decoder_called_with_encoder_states_says_cross_attentio
     with pytest.raises(PatchNotLiveError, match="is a cross-attention .* call it without encoder_hidden_states"):
         model(input_ids=x, encoder_hidden_states=torch.zeros(1, 8, 64))
     assert model(input_ids=x).logits.shape[1] == NATIVE  # its own tokens: converted, it runs
+
+
+def _sinusoid_table_decoder(config_cls, model_cls):
+    cfg = config_cls(
+        vocab_size=VOCAB,
+        d_model=64,
+        decoder_layers=2,
+        decoder_attention_heads=4,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_ffn_dim=128,
+        encoder_ffn_dim=128,
+        max_position_embeddings=NATIVE,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=0,
+    )
+    torch.manual_seed(0)
+    return model_cls(cfg).eval()
+
+
+@pytest.mark.parametrize("family", ["marian", "pegasus"])
+def test_a_table_of_fixed_sinusoids_is_reported_and_converted_as_sinusoidal(family):
+    """#70: Marian's and Pegasus's decoders keep fixed sinusoids in an ``nn.Embedding`` table: described as
+    sinusoidal, not learned absolute (their input still bounded by the table); ``sinusoidal`` by default is their
+    own (halves layout, unscaled: the same logits) and runs past the table; ``extend`` (which repeats learned
+    rows) is refused with what to use."""
+    from retrofit.foundation.errors import OptionError
+    from retrofit.publishing.card_facts import native_note
+
+    config_cls, model_cls = {
+        "marian": (tf.MarianConfig, tf.MarianForCausalLM),
+        "pegasus": (tf.PegasusConfig, tf.PegasusForCausalLM),
+    }[family]
+    model = _sinusoid_table_decoder(config_cls, model_cls)
+    info = retrofit.describe(model)
+    assert info["native"] == {"kind": "sinusoidal", "length": NATIVE} and info["max_length"] == NATIVE
+    x = ids(1, NATIVE)
+    with torch.no_grad():
+        before = model(x).logits
+        retrofit.convert(model, "sinusoidal")  # by structure: the lossless probe ran sinusoidal too
+        assert retrofit.describe(model)["options"] == {"base": 10000.0, "scale": 1.0, "layout": "halves"}
+        torch.testing.assert_close(model(x).logits, before, rtol=0, atol=1e-5)
+        assert torch.isfinite(model(ids(1, 3 * NATIVE)).logits).all()  # past the table
+    note = native_note(model.config.retrofit)
+    assert "table of fixed sinusoids" in note and "learned" not in note
+    retrofit.revert(model)
+    with pytest.raises(OptionError, match="holds fixed sinusoids.*convert to sinusoidal"):
+        retrofit.convert(model, "extend", length=2 * NATIVE)
+    assert retrofit.describe(bart_decoder())["native"]["kind"] == "learned_absolute"  # BART's table is learned

@@ -94,3 +94,43 @@ def test_eval_and_finetune_help_name_the_task_models_and_their_data(capsys):
     assert "'standin:<preset>' (the pretrained stand-ins:" in out and "the small GPT-2 pretrained" not in out
     dataset = out[out.index("data.dataset") : out.index("data.config")]
     assert "longdoc:mention" in dataset and "longdoc:passkey" in dataset
+
+
+STANDIN = next(GRID.parents[1].glob("standins/quickstart-*"))  # a shipped GPT-2 stand-in (a causal LM), native 128
+
+
+def test_errors_read_from_a_recipe_or_a_config_answer_without_torch(tmp_path, user_env):
+    """#70: a task recipe on a decoder (``--check`` and the run), a missing label field of JSON Lines records and
+    lengths past a converted checkpoint's limit are read from config.json and the first records, without importing
+    torch (which took 4-16 s on a busy machine before the message)."""
+    import yaml
+
+    import retrofit
+
+    model, tok = retrofit.load_model(str(STANDIN))
+    extended = retrofit.save(retrofit.convert(model, "extend", length="2x"), tmp_path / "extended", tokenizer=tok)
+    (tmp_path / "recs.jsonl").write_text('{"text": "a b", "lab": "x"}\n')
+    recipes = {
+        "decoder": {
+            "task": "embedding",
+            "model": {"name_or_path": str(STANDIN)},
+            "data": {"dataset": "longdoc:needle"},
+        },
+        "field": {
+            "task": "classification",
+            "model": {"name_or_path": str(next(STANDIN.parent.glob("small-bert-[0-9a-f]*")))},
+            "data": {"files": str(tmp_path / "recs.jsonl")},
+        },
+    }
+    for name, r in recipes.items():
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({**r, "output_dir": str(tmp_path / name)}))
+    cases = [
+        (["finetune", str(tmp_path / "decoder.yaml"), "--check"], "'task: embedding' trains an encoder"),
+        (["finetune", str(tmp_path / "decoder.yaml")], "'task: embedding' trains an encoder"),
+        (["finetune", str(tmp_path / "field.yaml"), "--check"], "has no field 'label' (data.label_field"),
+        (["eval", str(extended), "--lengths", "8x"], "lengths 1024 exceed what"),
+    ]
+    for args, says in cases:
+        r, torch_imported = _run(args, user_env)
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr[-2000:])
+        assert not torch_imported, args

@@ -212,3 +212,26 @@ def test_every_row_carries_its_interval_and_chance(tok):
     for r in data["rows"]:
         assert r["chance"] == 0.25 and r["ci_low"] <= r["score"] <= r["ci_high"] and len(r["correct"]) == 8
     assert "By the depth of the evidence" in measure.table(data)
+
+
+def test_the_progress_bar_counts_only_the_readings_that_run(tok):
+    """#70: the bar of a converted classifier's evaluation against its original stopped at 87% (13 of 15 readings at
+    1x, 2x, 4x): its plan counted the original's whole readings past its table, which never run."""
+    from retrofit.evaluation.measure import Setup
+    from retrofit.evaluation.options import eval_options
+
+    class Bar:
+        done = 0
+
+        def update(self, n):
+            self.done += n
+
+        def set_description(self, text):
+            pass
+
+    lengths = [NATIVE, 2 * NATIVE, 4 * NATIVE]
+    setup = Setup(eval_options(), models(tok, "mention"), None, "longdoc:mention", lengths, source="longdoc:mention")
+    planned = measure.MEASURE.plan(setup, True)
+    bar = Bar()
+    measure.MEASURE.run(setup, planned, bar)
+    assert bar.done == sum(n for _, n in planned.work) == measure.EXAMPLES * (5 + 4 + 4)

@@ -116,3 +116,52 @@ def test_the_plan_describes_the_run_the_same_command_would_do(tmp_path, user_env
     monkeypatch.setenv("WORLD_SIZE", "4")
     r = in_process(cmd, tmp_path, user_env)
     assert r.returncode == 0 and "processes: 4 processes (WORLD_SIZE)" in r.stdout and "x 4 processes" in r.stdout
+
+
+ROOT_STANDINS = REPO / "standins"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {  # full, ALiBi: every weight but the swapped-out table
+            "model": {"name_or_path": str(next(ROOT_STANDINS.glob("quickstart-*")))},
+            "convert": {"scheme": "alibi"},
+            "train": {"method": "full"},
+        },
+        {  # LoRA with norms, a learned scheme (T5's buckets train in full beside it)
+            "model": {"name_or_path": str(next(ROOT_STANDINS.glob("quickstart-*")))},
+            "convert": {"scheme": "t5"},
+            "train": {"method": "lora", "lora": {"r": 4}, "train_norms": True},
+        },
+        {  # #70: a masked LM made a 4-class classifier, its table extended 4x: the new rows and the head train
+            "task": "classification",
+            "model": {"name_or_path": str(next(ROOT_STANDINS.glob("small-bert-[0-9a-f]*")))},
+            "convert": {"scheme": "extend", "options": {"length": "4x"}},
+            "data": {"dataset": "longdoc:mention", "min_block_length": 64},
+            "train": {"method": "full"},
+        },
+    ],
+    ids=["full", "lora", "classifier-extend"],
+)
+def test_the_plans_trainable_count_is_the_runs(raw, tmp_path):
+    """``--plan``'s trainable parameters are those the run writes (``versions.json``'s ``trainable_parameters``):
+    counted on the model converted, given its task's head and made trainable as the run does (#70: the plan built
+    the bare model and said 1,367,040 where the classifier's run trained 1,465,860)."""
+    import json
+
+    from retrofit.training import finetune
+    from retrofit.training.plan import shape_of_recipe, trainable
+    from retrofit.training.recipe import Recipe
+
+    train = {"steps": 1, "batch_size": 2, "learning_rate": 1e-4, "warmup_steps": 0, **raw["train"]}
+    data = {
+        "dataset": "shakespeare:train",
+        "validation_fraction": 0.05,
+        "max_validation_blocks": 2,
+        **raw.get("data", {}),
+    }
+    r = Recipe.from_dict({**raw, "train": train, "data": {**data, "block_length": 128}, "output_dir": str(tmp_path)})
+    planned = trainable(shape_of_recipe(r), Run.of(r))
+    out = finetune(r)
+    assert planned == json.loads((out / "versions.json").read_text())["trainable_parameters"]

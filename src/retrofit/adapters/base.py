@@ -27,6 +27,9 @@ from . import quirks
 from .inputs import state_positions
 
 ADAPTERS: Registry[type[Adapter]] = Registry("architecture", UnsupportedArchitectureError)
+# native kinds kept in a position table added to the token embeddings: learned rows, or fixed sinusoids stored as a
+# table (Marian's, Pegasus's); both bound the unconverted model's input to the table's rows
+TABLE_KINDS = ("learned_absolute", "sinusoidal")
 
 
 def register_family(name: str) -> type[Adapter]:
@@ -84,7 +87,7 @@ class Adapter(abc.ABC):
 
     name: ClassVar[str]  # its line in ``adapters.FAMILIES`` (set when registered)
     model_types: ClassVar[tuple[str, ...]]
-    native_kind: ClassVar[str]  # "learned_absolute" | "rope" | "alibi"
+    native_kind: ClassVar[str]  # "learned_absolute" | "sinusoidal" (a fixed table) | "rope" | "alibi"
     attention_class_names: ClassVar[tuple[str, ...]]  # HF classes of the patched attention modules
     lora_targets: ClassVar[tuple[str, ...]]  # default LoRA target modules (suffixes of module names)
     handles: ClassVar[tuple[str, ...]] = ()  # the ``quirks.QUIRKS`` this adapter converts exactly
@@ -158,7 +161,7 @@ class Adapter(abc.ABC):
 
     def native_max_length(self) -> int | None:
         """Longest input the *unconverted* model accepts: a learned table's rows; rotary models have no hard limit."""
-        return native_length(self.config) if self.native_kind == "learned_absolute" else None
+        return native_length(self.config) if self.native_kind in TABLE_KINDS else None
 
     def native_table(self) -> torch.Tensor | None:
         """The learned table's rows for positions 0 .. native - 1 (OPT's offset skipped), or None."""

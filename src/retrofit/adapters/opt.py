@@ -1,5 +1,7 @@
 """The OPT layout: learned absolute positions in a decoder's ``embed_positions`` table (an ``nn.Embedding``)
 added to the token embeddings, and ``layers`` whose ``self_attn`` calls transformers' attention interface.
+A table of fixed sinusoids in the same place (transformers' ``...SinusoidalPositionalEmbedding``: Marian, Pegasus)
+is a ``sinusoidal`` native kind: not learned, and ``sinusoidal`` reproduces it (the probe checks it does).
 
 OPT's table stores position p at row p + 2 (its ``offset`` of 2) and counts positions over the real tokens.
 The table sits on ``model.decoder`` (OPT) or on the base model itself (BioGPT); its row of position 0 is the
@@ -93,6 +95,8 @@ class OPTAdapter(Adapter):
         first = int(getattr(table, "offset", 0) or 0)
         if key is not None and (key, first) != (self.position_table.key, self.position_table.first_row):
             self.position_table = PositionTable(key, "max_position_embeddings", first)  # this model's own
+        if "Sinusoidal" in type(table).__name__:  # a fixed sinusoid table (Marian's, Pegasus's), not learned rows
+            self.native_kind = "sinusoidal"
 
     @classmethod
     def supports(cls, model) -> bool:

@@ -152,13 +152,18 @@ def _options(args) -> dict:
 
 def precheck(args) -> None:
     """What can be said of MODEL and each --baseline before torch is imported: a missing path (a run folder
-    reads as its final/ model), a folder that is not a model, a Hub id neither cached nor reachable."""
+    reads as its final/ model), a folder that is not a model, a Hub id neither cached nor reachable; and what
+    MODEL's config rules out (``evaluation.preflight``: a task model's data, lengths past a converted limit)."""
+    from ..evaluation import preflight
+    from ..evaluation.options import eval_options
     from ..foundation.run_folder import model_dir
     from ..models.sources import precheck as check
 
     for name in [args.model, *(b for b in args.baseline if b != ORIGINAL)]:
         gguf = args.gguf_file if name is args.model else None
         check(str(model_dir(name)) if Path(name).is_dir() and not gguf else name, gguf)  # "./x" stays a path
+    given = _options(args)
+    preflight.check(args.model, eval_options(**given), default_lengths="lengths" not in given)
 
 
 def _say_out(args, out: Path) -> None:

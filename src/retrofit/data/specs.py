@@ -297,12 +297,45 @@ def is_record_file(f: Path) -> bool:
     return f.name.lower().endswith(".csv") or file_format(f) in ("json", "parquet")
 
 
+def _first_json_lines(d, first: int) -> list[dict] | None:
+    """The first records of ``data.files`` when every file is plain (uncompressed) JSON Lines, a JSON object a
+    line, read as ``datasets``' json builder reads them; None for any other kind of file."""
+    import json
+
+    listed = [d.files] if isinstance(d.files, str) else d.files
+    files = [f for s in listed for f in expand_paths(s, is_record_file, RECORD_FILES)]
+    if not files or any(Path(f).suffix.lower() != ".jsonl" for f in files):
+        return None
+    most = min(n for n in (d.max_documents, first) if n)
+    out = []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                if len(out) == most:
+                    return out
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"cannot read the records of {str(f)!r}: line {i + 1} is not JSON ({e})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"cannot read the records of {str(f)!r}: line {i + 1} is not a JSON object")
+                out.append(row)
+    return out
+
+
 def records(d, first: int | None = None) -> list[dict]:
     """The rows of a recipe's ``data.files`` (json, jsonl, parquet or csv) or of a Hub dataset (``data.dataset``,
     ``config``, ``split``; streamed, so only what is read is downloaded) through ``datasets.load_dataset``: what a
     classifier or embedding fine-tune reads (a text and its label, a query and its document), held in memory. The
     first ``data.max_documents`` only, when set; a column of class labels (``datasets.ClassLabel``) gives their
-    names. ``first``: only that many (the check before a fine-tune loads its model)."""
+    names. ``first``: only that many (the check before a fine-tune loads its model; plain JSON Lines files are
+    read line by line then, without importing ``datasets``, which imports torch: the check answers in a second)."""
+    if first and d.files is not None:
+        lines = _first_json_lines(d, first)
+        if lines is not None:
+            return lines
     try:
         import datasets
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ..foundation.errors import OptionError
+from ..foundation.errors import LengthError, OptionError
 
 _MULTIPLE = re.compile(r"^(\d+(?:\.\d+)?)x$")
 
@@ -45,3 +45,21 @@ def resolve(items, native: int | None, what: str = "lengths") -> list[int]:
         else:
             out.add(x)
     return sorted(out)
+
+
+def past_limit(name: str, mechanism: str, limit: int | None, lengths: list[int], what: str) -> None:
+    """A LengthError when ``lengths`` (of ``what``: lengths, passkey lengths, ...) go past the evaluated model's
+    ``limit`` (``mechanism``: what sets it): said from its config before loading, and by the measures after."""
+    too_long = [L for L in lengths if limit is not None and L > limit]
+    if too_long:
+        raise LengthError(
+            f"{what} {', '.join(map(str, too_long))} exceed what {name!r} supports ({mechanism}: at most {limit} "
+            "tokens). Drop those lengths, convert to a scheme without a limit, or evaluate this model as a "
+            "baseline (it then gets a sliding-window figure)."
+        )
+
+
+def reads_past(name: str, limit: int | None, lengths: list[int]) -> None:
+    """A classifier's or an embedding model's lengths past what it reads whole: an OptionError."""
+    if limit is not None and max(lengths) > limit:
+        raise OptionError(f"{name} reads at most {limit} tokens; the longest length is {max(lengths)}")

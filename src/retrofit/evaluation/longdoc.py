@@ -27,6 +27,7 @@ from ..foundation.errors import OptionError
 from ..foundation.task import with_article
 from ..scoring.intervals import paired_difference, wilson
 from . import records
+from .lengths import reads_past
 from .measure import Measure, Planned, Setup
 from .models import EvalModel
 
@@ -85,6 +86,12 @@ def reads_of(models: list[EvalModel], native: int) -> list[tuple[EvalModel, Read
     return out
 
 
+def runs_at(m: EvalModel, read: Read, length: int) -> bool:
+    """Whether a reading runs at a length: a whole reading past the model's limit does not (the progress bar and the
+    cost line count only the readings that run)."""
+    return not (read.how == "whole" and m.max_length is not None and length > m.max_length)
+
+
 def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: tuple = ()) -> None:
     want = "sequence-classification" if kind == "classification" else "embeddings"
     for m in models:
@@ -98,9 +105,7 @@ def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: t
                 f"{m.name} has {classes} classes; this task has {len(labels)} ({', '.join(labels)}): evaluate a "
                 "classifier on the task it was fine-tuned on"
             )
-    for m in models[:1]:
-        if m.max_length is not None and max(lengths) > m.max_length:
-            raise OptionError(f"{m.name} reads at most {m.max_length} tokens; the longest length is {max(lengths)}")
+    reads_past(models[0].name, models[0].max_length, lengths)
 
 
 def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: int, bar=None) -> dict:
@@ -112,7 +117,7 @@ def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: 
     for L in lengths:
         docs = [builder.example(SEED, i, L, (i + 0.5) / n) for i in range(n)]  # depths spread evenly
         for m, read in reads_of(models, native):
-            if read.how == "whole" and m.max_length is not None and L > m.max_length:
+            if not runs_at(m, read, L):
                 continue  # the original past its table: only its truncated and chunked readings
             hits = _hits(m, read, docs, builder.first, info.kind)
             rows.append(_row(m, read, L, docs, hits, _chance(info.kind, info.labels, n)))
@@ -359,14 +364,16 @@ class LongDocuments(Measure):
         return True
 
     def plan(self, setup: Setup, asked) -> Planned:
-        readings = len(reads_of(setup.models, setup.native))
+        pairs = reads_of(setup.models, setup.native)
+        readings = len(pairs)
         on_records = isinstance(setup.source, records.Records)
         what = "its records" if on_records else f"{EXAMPLES} documents"
         log.info("%s: %s at the lengths %s, %d readings (models x ways of reading)", setup.label, what,
                  setup.lengths, readings)  # fmt: skip
         if on_records:  # how many is known once they are read
             return Planned(state="records")
-        return Planned(work=[(L, EXAMPLES * readings) for L in setup.lengths], state="documents")
+        work = [(L, EXAMPLES * sum(runs_at(m, read, L) for m, read in pairs)) for L in setup.lengths]
+        return Planned(work=work, state="documents")
 
     def run(self, setup: Setup, planned: Planned, bar) -> dict:
         models, lengths, native = setup.models, setup.lengths, setup.native

@@ -17,8 +17,8 @@ import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from ..foundation.errors import LengthError, OptionError
-from .lengths import parse_item
+from ..foundation.errors import OptionError
+from .lengths import parse_item, past_limit
 from .models import EvalModel
 from .options import EvalOptions
 
@@ -156,11 +156,4 @@ def mechanism(m: EvalModel) -> str:
 
 def check_supported(m: EvalModel, lengths: list[int], what: str) -> None:
     """The converted model must run every length plainly: a clear LengthError otherwise."""
-    limit = m.max_length
-    too_long = [L for L in lengths if limit is not None and L > limit]
-    if too_long:
-        raise LengthError(
-            f"{what} {', '.join(map(str, too_long))} exceed what {m.name!r} supports ({mechanism(m)}: at most {limit} "
-            "tokens). Drop those lengths, convert to a scheme without a limit, or evaluate this model as a "
-            "baseline (it then gets a sliding-window figure)."
-        )
+    past_limit(m.name, mechanism(m), m.max_length, lengths, what)

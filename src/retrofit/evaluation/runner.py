@@ -6,27 +6,26 @@ model), each asked, planned, costed and run alike (``measure.Measure``)."""
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 from pathlib import Path
 from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from ..foundation import run_folder, task
+from ..foundation import task
 from ..foundation.errors import OptionError
 from ..models import builtin
 from ..scoring.tokens import build_stream, resolve_documents
-from . import cost, records
+from . import cost, preflight, records
 from .lengths import resolve as resolve_lengths
 from .measure import Measure, Setup, by_task, check_lengths, check_positive, mechanism
 from .models import EvalModel, Loading, check_tokenizers, resolve
 from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget, is_quick
+from .preflight import READS_DOCUMENTS
 from .report import SCHEMA_VERSION, Report, environment, sections
 from .verdict import verdict
 
 log = logging.getLogger(__name__)
-READS_DOCUMENTS = ("sequence-classification", "embeddings")  # models evaluated on documents (evaluation.longdoc)
 
 
 def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
@@ -84,9 +83,8 @@ def evaluate(
     ``recall_cue`` tokens repeat at the end (``retrofit.evaluation.recall``), at ``recall_lengths``
     (default: ``lengths``) x ``recall_depths``, ``recall_trials`` sequences per cell. ``seed`` seeds both.
 
-    All bad input raises a ``RetrofitError`` before any scoring. Writes report.json, report.md and
-    plots to ``out`` when given. Returns the ``Report``.
-    """
+    All bad input raises a ``RetrofitError`` before any scoring (what a local model's config.json rules out, before
+    it loads: ``preflight``). Writes report.json, report.md and plots to ``out`` when given; returns the ``Report``."""
     started = _dt.datetime.now(_dt.timezone.utc)
     load = {k: keywords.pop(k) for k in LOAD_KEYS if k in keywords}
     o, default_lengths = _gather_options(options, lengths, data, keywords)
@@ -94,6 +92,7 @@ def evaluate(
     known = _task_of(model_or_path)  # None: only loading tells (a Hub id), so --data is read after it
     if known is not None:
         _measures_of(known, asked)  # a measure asked that this task has not: said before anything loads
+    preflight.check(model_or_path, o, default_lengths)  # what a local model's config rules out, before loading
     lm = known is not None and known not in READS_DOCUMENTS
     text = o.data == DEFAULTS.data or not records.may_hold_records(o.data)  # never a classifier's records
     read_now = not records.is_source(o.data) and (lm or (known is None and text))
@@ -232,19 +231,8 @@ def _task_of(model_or_path) -> str | None:
         return task.of_model(m).name
     if isinstance(m, str) and builtin.task_of(m):  # tiny-gpt2, smollm2, standin:<preset>
         return builtin.task_of(m)
-    folder = Path(str(m)).expanduser() if isinstance(m, (str, Path)) else None
-    cfg = (
-        next((f for f in (folder / "config.json", folder / run_folder.FINAL / "config.json") if f.is_file()), None)
-        if folder
-        else None
-    )
-    if cfg is None:
-        return None
-    try:
-        arch = (json.loads(cfg.read_text()).get("architectures") or [None])[0]
-    except (OSError, ValueError):
-        return None  # loading it says what is wrong
-    return task.of_class(arch).name if arch else None
+    config = preflight.config_of(m)  # None: loading says what is wrong with it
+    return preflight.task_of_config(config) if config else None
 
 
 def load_models(
@@ -272,7 +260,6 @@ def original_of(model_or_path, evaluated: EvalModel, *, device=None, dtype=None)
     """The baseline "original" of a run folder or checkpoint: the model it was converted from, as the run
     recorded it (reverted when that is itself a retrofit checkpoint). ``(name, model, tokenizer)``. A model
     converted in memory is not copied (its hooks belong to it): pass its original as a baseline instead."""
-    from pathlib import Path
 
     from ..foundation.run_folder import original_source
     from ..models.io import load_original

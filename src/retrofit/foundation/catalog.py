@@ -21,12 +21,15 @@ class Entry:
     kind: str  # one of KINDS
     summary: str  # one line for the help
     module: str = ""  # the module under PACKAGE; "": the scheme's name
+    limit: str = ""  # the option whose value is the longest input the scheme runs ("": no limit)
 
 
 CATALOG: dict[str, Entry] = {
     "alibi": Entry("bias", "score bias linear in the distance, one slope per head (Press et al.)"),
     "extend": Entry(
-        "absolute", "the learned table stretched to a longer one: rows copied (Longformer) or interpolated"
+        "absolute",
+        "the learned table stretched to a longer one: rows copied (Longformer) or interpolated",
+        limit="length",
     ),
     "fire": Entry("bias", "learned MLP of the log-transformed, length-normalised distance (Li et al. 2023)"),
     "nezha": Entry("relative", "fixed sinusoidal relative vectors of the clipped offset, query-dependent (NEZHA)"),
@@ -46,6 +49,14 @@ def entry(name: str) -> Entry:
     if name not in CATALOG:
         raise UnknownSchemeError(f"unknown scheme {name!r}; registered: {', '.join(sorted(CATALOG))}")
     return CATALOG[name]
+
+
+def limit_of(name: str, options: dict) -> int | None:
+    """The longest input scheme ``name`` runs with ``options`` (a converted checkpoint's saved, resolved options),
+    None when it has no limit: what ``Scheme.max_length`` says, read without torch (from a config.json)."""
+    key = entry(name).limit
+    value = options.get(key) if key else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def module_of(name: str) -> str:

@@ -16,3 +16,16 @@ def native_length(config: Any) -> int | None:
     get = config.get if isinstance(config, dict) else (lambda k: getattr(config, k, None))
     candidates = [((get("retrofit") or {}).get("native") or {}).get("length"), *(get(k) for k in LENGTH_KEYS)]
     return next((n for n in candidates if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)
+
+
+def converted_limit(config: dict) -> tuple[str, int] | None:
+    """(scheme, the longest input it runs) of a retrofit checkpoint's config.json mapping whose scheme has a limit
+    (``extend``'s table), read without torch; None for any other config."""
+    from .catalog import CATALOG, limit_of
+
+    block = config.get("retrofit")
+    scheme = block.get("scheme") if isinstance(block, dict) else None
+    if scheme not in CATALOG:
+        return None
+    limit = limit_of(scheme, block.get("options") or {})
+    return None if limit is None else (scheme, limit)

@@ -6,7 +6,9 @@ and loads with its head kept."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ TASKS = (
     ),
     Task("embeddings", ("Model",), "AutoModel", "feature-extraction"),
 )
+
+
+RECIPE_TASKS = {"classification": "sequence-classification", "embedding": "embeddings"}  # a recipe's task: its class
 
 
 def retrofit_class_name(name: str) -> str:
@@ -93,10 +98,32 @@ def model_class(config):
 def is_encoder(config) -> bool:
     """Whether a config is a bidirectional encoder's: a family with a masked-LM class, used neither as a decoder
     nor as an encoder-decoder (BERT, RoBERTa, ...: their bare ``...Model`` is an embedding model)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
     return (
-        getattr(config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        getattr(config, "model_type", None) in masked_lm_types()
         and not getattr(config, "is_decoder", False)
         and not getattr(config, "is_encoder_decoder", False)
     )
+
+
+@functools.cache
+def masked_lm_types() -> frozenset[str]:
+    """The model types transformers has a masked-LM class for (``MODEL_FOR_MASKED_LM_MAPPING_NAMES``), read from
+    its source file without importing it: importing ``modeling_auto`` imports torch (seconds), and this is asked
+    by checks that answer within a second (``finetune --check``). Where the file no longer holds the table as a
+    literal, the import reads it."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")  # found, not imported
+    source = Path(spec.origin).parent / "models" / "auto" / "modeling_auto.py" if spec and spec.origin else None
+    try:
+        for node in ast.parse(source.read_text()).body if source else ():
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "MODEL_FOR_MASKED_LM_MAPPING_NAMES" for t in node.targets
+            ):
+                return frozenset(k for k, _ in ast.literal_eval(node.value.args[0]))
+    except (OSError, SyntaxError, ValueError, AttributeError, IndexError, TypeError):
+        pass  # not the literal it was: the import below says the same
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return frozenset(MODEL_FOR_MASKED_LM_MAPPING_NAMES)

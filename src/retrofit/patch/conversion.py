@@ -20,6 +20,7 @@ from torch import nn
 
 from .. import kernels
 from ..adapters import ADAPTERS, adapter_for
+from ..adapters.base import TABLE_KINDS
 from ..adapters.inputs import track_inputs
 from ..foundation.errors import (
     AlreadyConvertedError,
@@ -104,6 +105,14 @@ def convert(
     return _convert(model, to, options, Converting(force=force, kernel=kernel or DEFAULT_KERNEL, verify=verify))
 
 
+def convert_shape(model, to: str, *, kernel: str | None = None, **options) -> nn.Module:
+    """``convert`` for a model without weights (on the meta device), to count what the conversion adds and freezes
+    (``retrofit finetune --plan``): nothing runs a forward (the lossless probe, the QK-norm calibration and the live
+    check need weights)."""
+    how = Converting(kernel=kernel or DEFAULT_KERNEL, verify=False, from_checkpoint=True)
+    return _convert(model, to, options, how)
+
+
 @dataclass(frozen=True)
 class Converting:
     """How ``_convert`` converts: over an earlier conversion (``force``), with which kernel, checked live
@@ -162,7 +171,7 @@ def _convert(model, to, options: dict, how: Converting):
     try:
         state.hooks.extend(track_inputs(state, adapter.base()))  # positions and cache length of each call
         state.swaps = adapter.neutralise(state)
-        if scheme.kind == "absolute" and adapter.native_kind != "learned_absolute":
+        if scheme.kind == "absolute" and adapter.native_kind not in TABLE_KINDS:  # no table to stand in for
             state.swaps += adapter.add_absolute(state)
         for sw in state.swaps:
             if not sw.freeze:  # a stand-in that reuses the original's weights (e.g. a wrapped attention module)

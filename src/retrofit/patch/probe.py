@@ -32,6 +32,8 @@ def own_mechanism(adapter) -> tuple[str, dict]:
         return "rope", {}
     if adapter.native_kind == "alibi":  # Press et al.'s slopes; Falcon adds them before the score scaling
         return "alibi", dict(getattr(adapter, "native_alibi", {}))
+    if adapter.native_kind == "sinusoidal":  # a fixed table: the sinusoids themselves (its layout, unscaled)
+        return "sinusoidal", {}
     return "extend", {"length": adapter.spec().native_length, "init": "copy"}
 
 

@@ -330,10 +330,11 @@ def native_note(block: dict) -> str:
     if not scheme:
         return "Not converted: the model keeps its native positions."
     kind, n = native.get("kind"), native.get("length")
-    if kind == "learned_absolute":
+    if kind in ("learned_absolute", "sinusoidal"):  # adapters.base.TABLE_KINDS: a table of learned rows or sinusoids
         rows = f" ({n:,} rows)" if n else ""
+        what = "learned position table" if kind == "learned_absolute" else "table of fixed sinusoids"
         return (
-            f"The native learned position table{rows} is kept in the weights under its own name, frozen and "
+            f"The native {what}{rows} is kept in the weights under its own name, frozen and "
             f"unused: {scheme} gives the positions."
         )
     if kind == "rope":

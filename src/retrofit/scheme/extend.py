@@ -85,6 +85,12 @@ class Extend(AbsoluteScheme):
     @classmethod
     def resolve_defaults(cls, spec, opts):
         opts.length = resolve_length(opts.length, spec.native_length)
+        if spec.native_kind == "sinusoidal":
+            raise OptionError(
+                "extend stretches a learned absolute position table; this model's table holds fixed sinusoids, "
+                "defined at every position: convert to sinusoidal (by default its own layout and scale: the same "
+                "model up to its table, the sinusoids continued past it)"
+            )
         if spec.native_kind != "learned_absolute":
             raise OptionError(
                 "extend stretches a learned absolute position table (gpt2, gpt_neo, opt); this model "
@@ -109,9 +115,6 @@ class Extend(AbsoluteScheme):
         else:
             rows = interpolated_rows(native.detach(), options.length)
         self.table = nn.Parameter(rows)  # (length, E)
-
-    def max_length(self) -> int:
-        return self.options.length
 
     def embed(self, position_ids, dtype):
         # position_ids (B, T) -> (B, T, E)

@@ -146,8 +146,9 @@ class Scheme(nn.Module):
 
     # ---- behaviour ---------------------------------------------------------------------
     def max_length(self) -> int | None:
-        """Longest sequence this scheme supports (None: no limit)."""
-        return None
+        """Longest sequence this scheme supports (None: no limit): its catalog line's ``limit`` option."""
+        name = getattr(self, "name", "")
+        return catalog.limit_of(name, dataclasses.asdict(self.options)) if name in catalog.CATALOG else None
 
     # ---- the call ----------------------------------------------------------------------------
     def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:

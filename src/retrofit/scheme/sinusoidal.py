@@ -35,6 +35,17 @@ def sinusoids(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch
     return out[..., :dim]
 
 
+def halved_sinusoids(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """(...,) positions -> (..., dim) fp32 sinusoids, sin in the first ceil(dim/2) channels and cos in the rest, the
+    angles in float64 as Marian's and Pegasus's tables compute them (then cast), so they equal those tables."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float64) / dim)
+    angles = positions.to(torch.float64)[..., None] * inv_freq
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)[..., :dim].to(torch.float32)
+
+
+LAYOUTS = ("interleaved", "halves")
+
+
 class Sinusoidal(AbsoluteScheme):
     fixed_because = "the sinusoidal table is fixed"
 
@@ -42,14 +53,26 @@ class Sinusoidal(AbsoluteScheme):
     class Options:
         base: float = option(10000.0, "wavelength base (the paper's 10000)")
         scale: float | None = option(
-            None, "amplitude multiplier; default: sqrt(2) x the token embeddings' RMS (equal RMS to the tokens)"
+            None,
+            "amplitude multiplier; default: sqrt(2) x the token embeddings' RMS (equal RMS to the tokens), or 1 "
+            "on a model whose own table holds sinusoids (Marian, Pegasus: the same model up to its table)",
+        )
+        layout: str | None = option(
+            None,
+            "interleaved: sin on even, cos on odd channels (the paper's); halves: sin in the first half, cos in the "
+            "second (Marian's and Pegasus's tables); default: halves on a model whose own table holds sinusoids, "
+            "else interleaved",
+            LAYOUTS,
         )
 
     @classmethod
     def resolve_defaults(cls, spec, opts):
+        own = spec.native_kind == "sinusoidal"  # its own table is this scheme: by default, the same sinusoids
+        if opts.layout is None:
+            opts.layout = "halves" if own else "interleaved"
         if opts.scale is None:
             rms = spec.embedding_rms
-            opts.scale = float(math.sqrt(2.0) * rms) if rms else 1.0
+            opts.scale = 1.0 if own else float(math.sqrt(2.0) * rms) if rms else 1.0
         if opts.base <= 1:
             raise OptionError(f"sinusoidal: base must be > 1; got {opts.base}")
         if not math.isfinite(opts.scale) or opts.scale < 0:
@@ -61,4 +84,7 @@ class Sinusoidal(AbsoluteScheme):
 
     def embed(self, position_ids, dtype):
         # position_ids (B, T) -> (B, T, hidden)
-        return (sinusoids(position_ids, self.spec.hidden_size, self.options.base) * self.options.scale).to(dtype)
+        dim, base = self.spec.hidden_size, self.options.base
+        if self.options.layout == "halves":
+            return (halved_sinusoids(position_ids, dim, base) * self.options.scale).to(dtype)
+        return (sinusoids(position_ids, dim, base) * self.options.scale).to(dtype)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..adapters.base import claimant
 from ..foundation.errors import RecipeError
-from ..foundation.task import of_model, with_article
+from ..foundation.task import RECIPE_TASKS, of_model, with_article
 from ..patch.conversion import POSITIONS_MODULE
 
 log = logging.getLogger(__name__)
@@ -20,13 +20,13 @@ def load(model_cfg, task: tuple = (None, None)):
     """(model, tokenizer) through retrofit.load_model (built-in names resolved; a GGUF checkpoint
     comes back dequantized: trainable, mergeable, savable). A ``standin:<preset>`` stand-in not built yet
     is pretrained first: the recipe asks for it (the log says so before it starts). ``task``: (the recipe's
-    ``task``, its class names): a classifier or an embedding model of the checkpoint (``TASK_CLASSES``)."""
+    ``task``, its class names): a classifier or an embedding model of the checkpoint (``RECIPE_TASKS``)."""
     from ..foundation.task import require_language_model
     from ..models.io import load_model
     from .standin import ensure
 
     ensure(model_cfg.name_or_path)
-    want, labels = TASK_CLASSES.get(task[0]), task[1]
+    want, labels = RECIPE_TASKS.get(task[0]), task[1]
     model, tok = load_model(
         model_cfg.name_or_path,
         gguf_file=model_cfg.gguf_file,
@@ -50,9 +50,6 @@ def load(model_cfg, task: tuple = (None, None)):
     if tok is None:
         raise RecipeError(f"'model.name_or_path' = {model_cfg.name_or_path!r} has no tokenizer; fine-tuning needs one")
     return model, tok
-
-
-TASK_CLASSES = {"classification": "sequence-classification", "embedding": "embeddings"}  # recipe task: its class
 
 
 def new_head(model) -> None:

@@ -30,6 +30,7 @@ Not counted: the framework (CUDA context, allocator slack; CPU processes: the Py
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ class Shape:
     norm_params: int
     embedding_params: int
     native: int | None = None  # the positions the config declares (the distillation teacher's window)
+    trained: int | None = None  # counted on the run's own model (``shape_of_recipe``); None: from the formula
 
     @property
     def kv_width(self) -> int:
@@ -99,6 +101,10 @@ class Run:
 
 
 def trainable(shape: Shape, run: Run) -> int:
+    """The parameters a run trains: counted on the run's model where the shape has it (``Shape.trained``), else
+    from the shape and the method (a model without its conversion and head: ``docs/finetune.md``'s table)."""
+    if shape.trained is not None:
+        return shape.trained
     if run.method == "full":
         return shape.params
     extra = (shape.norm_params if run.train_norms else 0) + (shape.embedding_params if run.train_embeddings else 0)
@@ -215,11 +221,13 @@ def _decoder_blocks(model):
 
 
 def shape_of_recipe(r) -> Shape:
-    """Shape of the recipe's model from its config alone (a meta-device instance; no weights read)."""
+    """Shape of the recipe's model from its config alone (a meta-device instance; no weights read), with the
+    parameters the run trains counted on it as the run makes them (``_trained``)."""
+    import json
     from pathlib import Path
 
     import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from ..models.builtin import resolve, standin_preset
     from ..models.io import base_config
@@ -232,14 +240,73 @@ def shape_of_recipe(r) -> Shape:
         cfg = get_config(preset)
         with torch.device("meta"):
             model = build_model(cfg, cfg.vocab_size, eos_token_id=0)
-        return _shape_of(model, r.task, r.train.lora)
+        return dataclasses.replace(
+            _shape_of(model, r.task, r.train.lora), trained=_trained(model, r.convert, r.train, {})
+        )
     target, gguf = resolve(name, r.model.gguf_file)
     with readable(target, gguf):
-        is_retrofit = Path(target, "config.json").is_file() and '"retrofit"' in Path(target, "config.json").read_text()
-        cfg = base_config(Path(target)) if is_retrofit else AutoConfig.from_pretrained(target, gguf_file=gguf)
-    with torch.device("meta"):  # a classifier or embedding model: its encoder (its head is a few numbers)
-        model = (AutoModel if r.task else AutoModelForCausalLM).from_config(cfg)
-    return _shape_of(model, r.task, r.train.lora)
+        config = Path(target, "config.json")
+        block = (json.loads(config.read_text()).get("retrofit") or {}) if config.is_file() and not gguf else {}
+        cfg = base_config(Path(target)) if block else AutoConfig.from_pretrained(target, gguf_file=gguf)
+    with torch.device("meta"):
+        model = _model_of(cfg, r.task, _classes(r) if r.task == "classification" else 0, gguf)
+    return dataclasses.replace(
+        _shape_of(model, r.task, r.train.lora), trained=_trained(model, r.convert, r.train, block)
+    )
+
+
+def _model_of(cfg, task: str | None, classes: int, gguf):
+    """The class the run loads the recipe's model as (``models.io.load_model``): its ``task``'s, a classifier's with
+    the ``classes`` it trains; else the class its config names (a GGUF checkpoint: a causal LM)."""
+    import transformers
+
+    from ..foundation.task import RECIPE_TASKS, by_name, model_class
+
+    if task is None:
+        cls = transformers.AutoModelForCausalLM if gguf else model_class(cfg)
+    else:
+        cls = getattr(transformers, by_name(RECIPE_TASKS[task]).auto_class)
+    if task == "classification":
+        cfg.num_labels = classes
+    return cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
+
+
+def _classes(r) -> int:
+    """How many classes the classifier trains: its ``longdoc:`` task's, ``data.labels``, a trained classifier's own
+    (its head kept), else its records' labels (read: ``tasks.label_names``)."""
+    from ..data import longdoc
+    from . import preflight
+    from .tasks import label_names
+
+    if longdoc.is_spec(r.data.dataset):
+        return len(longdoc.task_of(r.data.dataset).labels)
+    if r.data.labels:
+        return len(r.data.labels)
+    facts = preflight.model_facts(r.model.name_or_path, r.model.gguf_file)
+    if facts is not None and facts.named_classes and not r.model.new_head:
+        return len(facts.classes)
+    return len(label_names(r))
+
+
+def _trained(model, convert_cfg, train_cfg, block: dict) -> int:
+    """The parameters the run trains (the count ``outputs.write_run_info`` writes): the meta-device ``model``
+    converted as the recipe says (or as the checkpoint's ``retrofit`` ``block`` was), then LoRA or full as
+    ``model.make_trainable`` makes it. Counts only: nothing runs a forward."""
+    from ..patch.conversion import convert_shape
+    from .model import make_trainable
+
+    scheme, options = convert_cfg.scheme, dict(convert_cfg.options)
+    if scheme is None and block.get("scheme"):
+        scheme, options = block["scheme"], dict(block.get("options") or {})
+    said = logging.getLogger("retrofit.patch.conversion")  # its "converted ..." line is the run's to say
+    level, _ = said.level, said.setLevel(logging.WARNING)
+    try:
+        if scheme is not None:
+            convert_shape(model, scheme, **options)
+    finally:
+        said.setLevel(level)
+    model = make_trainable(model, train_cfg)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _shape_of(model, task: str | None, lora) -> Shape:

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 from ..data import longdoc
 from ..foundation.errors import DataError, RecipeError
-from ..foundation.task import is_encoder, of_class
+from ..foundation.task import RECIPE_TASKS, is_encoder, of_class
 from ..models import builtin
 
 log = logging.getLogger(__name__)
@@ -131,11 +131,9 @@ def check_task_model(r, facts: ModelFacts) -> None:
             f"{'classification head' if r.task == 'classification' else 'embedding form'} retrofit trains: start "
             "from an encoder's checkpoint, or drop 'task' to fine-tune it as the language model it is"
         )
-    from .model import TASK_CLASSES  # torch: only for a converted checkpoint
-
-    if facts.converted and facts.task != TASK_CLASSES[r.task]:
+    if facts.converted and facts.task != RECIPE_TASKS[r.task]:
         raise RecipeError(
-            f"'task: {r.task}' needs a {TASK_CLASSES[r.task]} model; {facts.name!r} is a converted "
+            f"'task: {r.task}' needs a {RECIPE_TASKS[r.task]} model; {facts.name!r} is a converted "
             f"{facts.what}, which keeps its class: start from the original checkpoint with "
             "'convert.scheme' in the recipe (it loads as the task's class, then converts)"
         )
