@@ -233,6 +233,7 @@ def shape_of_recipe(r) -> Shape:
     from ..models.io import base_config
     from ..models.sources import readable
     from ..models.standin import build_model, built, get_config
+    from .tasks import label_names
 
     name = r.model.name_or_path
     preset = standin_preset(name)
@@ -249,7 +250,7 @@ def shape_of_recipe(r) -> Shape:
         block = (json.loads(config.read_text()).get("retrofit") or {}) if config.is_file() and not gguf else {}
         cfg = base_config(Path(target)) if block else AutoConfig.from_pretrained(target, gguf_file=gguf)
     with torch.device("meta"):
-        model = _model_of(cfg, r.task, _classes(r) if r.task == "classification" else 0, gguf)
+        model = _model_of(cfg, r.task, len(label_names(r)) if r.task == "classification" else 0, gguf)
     return dataclasses.replace(
         _shape_of(model, r.task, r.train.lora), trained=_trained(model, r.convert, r.train, block)
     )
@@ -269,23 +270,6 @@ def _model_of(cfg, task: str | None, classes: int, gguf):
     if task == "classification":
         cfg.num_labels = classes
     return cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
-
-
-def _classes(r) -> int:
-    """How many classes the classifier trains: its ``longdoc:`` task's, ``data.labels``, a trained classifier's own
-    (its head kept), else its records' labels (read: ``tasks.label_names``)."""
-    from ..data import longdoc
-    from . import preflight
-    from .tasks import label_names
-
-    if longdoc.is_spec(r.data.dataset):
-        return len(longdoc.task_of(r.data.dataset).labels)
-    if r.data.labels:
-        return len(r.data.labels)
-    facts = preflight.model_facts(r.model.name_or_path, r.model.gguf_file)
-    if facts is not None and facts.named_classes and not r.model.new_head:
-        return len(facts.classes)
-    return len(label_names(r))
 
 
 def _trained(model, convert_cfg, train_cfg, block: dict) -> int:
