@@ -86,7 +86,7 @@ CELLS = [
     {
         # the first distill cell kept the short-text space (cosine 0.986) but read passkey at 2,048 in 78%: the same
         # anchor with 2.5x the step size, to learn the long task faster in the same 80 steps
-        "name": "extend (copy) + full + distill, lr 5e-5",
+        "name": "extend (copy) + full + distill (lr 5e-5)",
         "scheme": "extend",
         "options": EXTEND,
         "method": "full",
