@@ -54,6 +54,8 @@ class Scheme(nn.Module):
     shift_invariant: ClassVar[bool] = False
     # its scores are defined for keys after the query too (an encoder's bidirectional attention)
     bidirectional: ClassVar[bool] = True
+    # the option whose value is the longest input (its catalog line's ``limit``; "": no limit), set when it loads
+    limit_option: ClassVar[str] = ""
 
     @dataclass
     class Options:
@@ -69,7 +71,7 @@ class Scheme(nn.Module):
                 raise TypeError(
                     f"{cls.__name__}: scheme {name!r} is of kind {kind}; subclass {KIND_BASES[kind].__name__}"
                 )
-            cls.name, cls.kind = name, kind
+            cls.name, cls.kind, cls.limit_option = name, kind, catalog.CATALOG[name].limit
 
     def __init__(self, spec: ModelSpec, options):
         super().__init__()
@@ -146,9 +148,10 @@ class Scheme(nn.Module):
 
     # ---- behaviour ---------------------------------------------------------------------
     def max_length(self) -> int | None:
-        """Longest sequence this scheme supports (None: no limit): its catalog line's ``limit`` option."""
-        name = getattr(self, "name", "")
-        return catalog.limit_of(name, dataclasses.asdict(self.options)) if name in catalog.CATALOG else None
+        """Longest sequence this scheme supports (None: no limit): its catalog line's ``limit`` option's value (read
+        as ``catalog.limit_of`` reads a saved config)."""
+        value = getattr(self.options, self.limit_option, None) if self.limit_option else None
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
     # ---- the call ----------------------------------------------------------------------------
     def prepare(self, site: Site, q: torch.Tensor, k: torch.Tensor) -> Term:

@@ -42,6 +42,8 @@ ROUTES = ("ddp", "fsdp", "fsdp+offload")
 MLP_SAVED = {"relu": 2.0, "gelu_new": 6.0}  # other activations of an ungated MLP: 3 f (measured, docstring)
 ALL_ROUTES = ("single", *ROUTES)
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -272,21 +274,25 @@ def _model_of(cfg, task: str | None, classes: int, gguf):
     return cls.from_config(cfg) if hasattr(cls, "from_config") else cls._from_config(cfg)
 
 
-def _trained(model, convert_cfg, train_cfg, block: dict) -> int:
+def _trained(model, convert_cfg, train_cfg, block: dict) -> int | None:
     """The parameters the run trains (the count ``outputs.write_run_info`` writes): the meta-device ``model``
     converted as the recipe says (or as the checkpoint's ``retrofit`` ``block`` was), then LoRA or full as
-    ``model.make_trainable`` makes it. Counts only: nothing runs a forward."""
-    from ..patch.conversion import convert_shape
+    ``model.make_trainable`` makes it. Counts only: nothing runs a forward. None (the formula counts, and says so)
+    when the conversion reads a weight the meta device does not hold (e.g. a rotary model's inv_freq)."""
+    from ..patch import conversion
     from .model import make_trainable
 
     scheme, options = convert_cfg.scheme, dict(convert_cfg.options)
     if scheme is None and block.get("scheme"):
         scheme, options = block["scheme"], dict(block.get("options") or {})
-    said = logging.getLogger("retrofit.patch.conversion")  # its "converted ..." line is the run's to say
+    said = conversion.log  # its "converted ..." line is the run's to say
     level, _ = said.level, said.setLevel(logging.WARNING)
     try:
         if scheme is not None:
-            convert_shape(model, scheme, **options)
+            conversion.convert_shape(model, scheme, **options)
+    except NotImplementedError as e:  # "Cannot copy out of meta tensor"
+        log.info("--plan: trainable parameters by the formula (%s does not convert on the meta device: %s)", scheme, e)
+        return None
     finally:
         said.setLevel(level)
     model = make_trainable(model, train_cfg)
