@@ -95,6 +95,17 @@ CELLS = [
         "distill_weight": DISTILL_WEIGHT,
     },
     {
+        # between the two above: lr 2e-5 kept the short texts (39%, cosine 0.986) but read passkey in 78%; lr 5e-5 read
+        # passkey in 100% but lost 3 points of short text (cosine 0.976)
+        "name": "extend (copy) + full + distill (lr 3e-5)",
+        "scheme": "extend",
+        "options": EXTEND,
+        "method": "full",
+        "lr": 3e-5,
+        "objective": "both",
+        "distill_weight": DISTILL_WEIGHT,
+    },
+    {
         "name": "alibi + full + distill",
         "scheme": "alibi",
         "method": "full",
