@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from retrofit.foundation.errors import DataError
 from retrofit.models import assets
-from retrofit.patch import conversion as core
+from retrofit.patch import conversion
 from retrofit.training import standin
 
 from .procs import TEST_KERNEL
@@ -61,7 +61,7 @@ def _test_kernel():
     """``convert`` without a kernel takes the chunked reference kernel (``procs.TEST_KERNEL``), in every test
     and in the module and session fixtures (set up after this one)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(core, "DEFAULT_KERNEL", TEST_KERNEL)
+        mp.setattr(conversion, "DEFAULT_KERNEL", TEST_KERNEL)
         yield
 
 
@@ -126,7 +126,7 @@ def micro_dir(cache) -> Path:
 @pytest.fixture
 def user_kernel(monkeypatch):
     """``convert`` at the user's default kernel (auto) for this test."""
-    monkeypatch.setattr(core, "DEFAULT_KERNEL", "auto")
+    monkeypatch.setattr(conversion, "DEFAULT_KERNEL", "auto")
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Learned-absolute families keep their own architecture: the position table holds the scheme's values
 (all zeros for NoPE, the fixed sinusoids for ``sinusoidal``, the stretched table's rows for ``extend``),
 enlarged to ``max_length`` rows. The export's note names the table and how to get a longer one; a scheme exported
-so may say both in its own words (class attributes ``table_words``, ``longer_table``: ``extend``'s), else
+so may say both in its own words (class attributes ``table_words``, ``longer_table``: ``nope``'s, ``extend``'s), else
 ``TABLE_WORDS`` and ``LONGER_TABLE``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ..foundation.errors import RetrofitError
 from ..patch.conversion import scheme_of
 from .base import Built, Surgery, plain_config
 
-TABLE_WORDS = "a fixed {name}"  # the table in the export's note, unless the scheme says it (extend: "the stretched")
+TABLE_WORDS = "a fixed {name}"  # the table in the export's note, unless the scheme says it (nope: "an all-zero")
 LONGER_TABLE = "re-export with a larger max_length (--max-length)"  # how to get a longer one, unless the scheme says
 
 
