@@ -20,7 +20,7 @@ def minilm(cache):
 
 def test_a_reading_that_ignores_text_past_512_is_caught(minilm):
     model, tok = minilm
-    got = grid.retrieval(model.eval(), tok, "needle", 1024, 16, chunked=True)["readings"]
+    got = grid.retrieval(model.eval(), tok, grid.Reading("needle", 1024, 16), chunked=True)["readings"]
     # one filler for every document: cut at 512, those whose passage lies past it are the same text (a tie, 1 in k)
     assert got["truncated"]["past_native"] <= 0.25 and got["truncated"]["by_depth"][-1] <= 0.25
     assert got["chunk-mean"]["past_native"] >= 0.75  # what lies past 512 is there to find
@@ -51,3 +51,24 @@ def test_the_tables_say_each_target_met_or_not():
     text = grid.tables(rec)
     row = next(x for x in text.splitlines() if x.startswith("| extend (copy) + full | 95: met"))
     assert "40 vs 50 / 25: not met" in row and "35 vs 40: not met" in row and "0.990: met" in row
+
+
+def test_confirm_reads_the_same_measures_on_another_seed(monkeypatch):
+    seen = []
+    monkeypatch.setattr(grid, "retrieval", lambda m, t, r, chunked: seen.append(r) or {"readings": {}})
+    monkeypatch.setattr(grid, "short_text", lambda m, t, o, seed: seen.append(seed) or {"lengths": {}})
+    for key in grid.todo(None):
+        grid.measure(key, (None, None), False, None)
+    grid.measure("passkey@2048", (None, None), False, None)
+    assert seen[0] == grid.CONFIRM_SEED != grid.SEED
+    assert {r.seed for r in seen[1:3]} == {grid.CONFIRM_SEED} and seen[3].seed == grid.SEED
+    assert [(r.task, r.length, r.documents) for r in seen[1:3]] == [("passkey", 2048, 32), ("needle", 2048, 32)]
+
+
+def test_the_fresh_draw_table_shows_both_readings():
+    reading = {"readings": {"whole": {"top1": 0.5}}}
+    short = {"lengths": {"256": {"top1": 0.25, "cosine_mean": 0.99}}}
+    e = {"name": "x", "method": "full", "measures": {"passkey@2048": reading, "confirm:passkey@2048": reading,
+                                                     "short": short, "confirm:short": short}}  # fmt: skip
+    rows = grid._confirm_table({"cells": [e]})
+    assert "| x | whole | 50 (50) | — (—) | 25 (25) | 0.990 |" in rows
