@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -34,3 +36,11 @@ def test_smollm2_loads_from_its_dequantized_cache_with_the_gguf_logits(cache, mo
     ids = torch.tensor([ref_tok(text).input_ids])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref(ids).logits)
+
+
+def test_load_model_refuses_an_unknown_keyword_naming_the_valid_ones_before_anything_loads(tmp_path):
+    with pytest.raises(TypeError) as e:  # the path does not exist: loading it would be a ModelLoadError
+        io.load_model(str(tmp_path / "no-such-model"), dtpye="float32")
+    said = str(e.value)
+    assert "'dtpye'" in said and all(f.name in said for f in dataclasses.fields(io.LoadOptions))
+    assert io.LoadOptions() == io.LoadOptions(None, None, None, True, None, None)  # the documented defaults
