@@ -493,6 +493,7 @@ def tables(record: dict) -> str:
                 out.append(f"| {e['name']} | {how} | " + " | ".join(cells) + " |")
         out.append("")
     out += _depth_table(record, 2048) + _short_table(record) + _targets(record) + _confirm_table(record)
+    out += _own_chunks_table(record)
     return "\n".join(out)
 
 
@@ -588,7 +589,7 @@ def _confirm_table(record: dict) -> list[str]:
         "|---|---|---:|---:|---:|---:|",
     ]
     for e in rows:
-        for how in ("truncated", "best-chunk") if e["name"] == "original" else ("whole",):
+        for how in ("truncated", "chunk-mean", "best-chunk") if e["name"] == "original" else ("whole",):
             got = []
             for task in ("passkey", "needle"):
                 m = e["measures"].get(f"confirm:{task}@2048")
@@ -602,6 +603,24 @@ def _confirm_table(record: dict) -> list[str]:
             )
             cos = "—" if s["confirm:short"] is None else f"{s['confirm:short']['cosine_mean']:.3f}"
             out.append(f"| {e['name']} | {how} | {got[0]} | {got[1]} | {top} | {cos} |")
+    return out + [""]
+
+
+def _own_chunks_table(record: dict) -> list[str]:
+    """Converted cells read over their own 512-token chunks (``--own-chunks``) beside their whole reading."""
+    rows = [e for e in record["cells"] if any(k.startswith("chunks:") for k in e["measures"])]
+    if not rows:
+        return []
+    hows = ("truncated", "chunk-mean", "best-chunk")
+    out = [
+        f"**Over its own chunks** (a converted cell read as the original is: {NATIVE}-token chunks; top-1 % at 2,048)"
+    ]
+    out += ["", "| cell | task | whole | " + " | ".join(hows) + " |", "|---|---|---:|" + "---:|" * len(hows)]
+    for e in rows:
+        for task in ("passkey", "needle"):
+            m = e["measures"].get(f"chunks:{task}@2048", {}).get("readings", {})
+            got = [_pct(m.get(h, {}).get("top1")) for h in hows]
+            out.append(f"| {e['name']} | {task} | {_pct(_top1(e, task, 2048, 'whole'))} | " + " | ".join(got) + " |")
     return out + [""]
 
 
@@ -620,19 +639,28 @@ def readme_row(record: dict) -> str:
 
     score = lambda e: (_top1(e, "passkey", 2048, "whole") or 0) + (_top1(e, "needle", 2048, "whole") or 0)  # noqa: E731
     best = max(tuned, key=lambda e: (kept(e), score(e)))
-    o = {t: {h: _pct(_top1(orig, t, 2048, h)) for h in ("truncated", "best-chunk")} for t in ("passkey", "needle")}
+    o = {
+        t: {h: _pct(_top1(orig, t, 2048, h)) for h in ("truncated", "best-chunk", "chunk-mean")}
+        for t in ("passkey", "needle")
+    }
     s, s0 = short(best), short(orig)
     f = best.get("fine_tune") or {}
     far = ""
     if "needle@8192" in best["measures"]:
         far = (f"; at 8,192 passkey {_pct(_top1(best, 'passkey', 8192, 'whole'))}%, needle "
                f"{_pct(_top1(best, 'needle', 8192, 'whole'))}%")  # fmt: skip
+    fresh = ""
+    if "confirm:passkey@2048" in best["measures"]:
+        c = {t: _pct(best["measures"].get(f"confirm:{t}@2048", {}).get("readings", {}).get("whole", {}).get("top1"))
+             for t in ("passkey", "needle")}  # fmt: skip
+        fresh = f"; on a fresh draw of documents passkey {c['passkey']}%, needle {c['needle']}%"
     return (
         f"all-MiniLM-L6-v2 (`minilm`, 512-row table), {best['name']} after {f.get('cpu_minutes', '?')} CPU-minutes: at "
         f"2,048 tokens passkey {_pct(_top1(best, 'passkey', 2048, 'whole'))}% (original truncated "
-        f"{o['passkey']['truncated']}%, best chunk {o['passkey']['best-chunk']}%), needle "
-        f"{_pct(_top1(best, 'needle', 2048, 'whole'))}% (truncated {o['needle']['truncated']}%, best chunk "
-        f"{o['needle']['best-chunk']}%){far}; at 256 short-text top-1 {_pct(s.get('top1'))}% (original "
+        f"{o['passkey']['truncated']}%, best chunk {o['passkey']['best-chunk']}%, chunk mean "
+        f"{o['passkey']['chunk-mean']}%), needle {_pct(_top1(best, 'needle', 2048, 'whole'))}% (truncated "
+        f"{o['needle']['truncated']}%, best chunk {o['needle']['best-chunk']}%, chunk mean "
+        f"{o['needle']['chunk-mean']}%){fresh}{far}; at 256 short-text top-1 {_pct(s.get('top1'))}% (original "
         f"{_pct(s0.get('top1'))}%), cosine to the original {s.get('cosine_mean', 0):.3f}"
     )
 
