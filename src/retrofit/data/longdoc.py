@@ -61,6 +61,11 @@ TASKS = {
 }
 
 
+def listed(kind: str | None = None) -> str:
+    """The task specs (those of ``kind`` when given), comma-separated: the one list every help text gives."""
+    return ", ".join(PREFIX + t.name for t in TASKS.values() if kind in (None, t.kind))
+
+
 def is_spec(spec) -> bool:
     return isinstance(spec, str) and spec.startswith(PREFIX)
 
