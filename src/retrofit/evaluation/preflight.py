@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..data import longdoc
 from ..foundation import run_folder, task
 from ..foundation.native import converted_limit, native_length
 from . import records
@@ -46,7 +47,10 @@ def check(model, o: EvalOptions, default_lengths: bool) -> None:
     if kind is None:
         return
     if kind in READS_DOCUMENTS:
-        records.source_for(o.data, model, given=o.data != EvalOptions.data)
+        source = records.source_for(o.data, model, given=o.data != EvalOptions.data)
+        if longdoc.is_spec(source):  # a task of the other kind, or of other classes: said before loading
+            classes = len(config.get("id2label") or {}) or config.get("num_labels")
+            longdoc.check_reader(str(model), kind, longdoc.task_of(source), classes)
     limited = converted_limit(config)
     if limited is None:
         return
