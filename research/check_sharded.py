@@ -1,11 +1,11 @@
-"""Figures for sharded fine-tunes: the cases of tests/training/test_sharded.py (the same tiny models, recipes and
+"""Figures for sharded fine-tunes: the cases of research/test_sharded.py (the same tiny models, recipes and
 `accelerate launch --config_file recipes/accelerate/X.yaml -m retrofit finetune` commands) against one
 process over the same global batch, with the differences the tests bound written out as numbers.
 
     python research/check_sharded.py --out benchmarks/sharded.json
 
-The cases, models, recipe, launch and readings are the package's (``retrofit.training.sharded_check``), the
-ones the test takes its cases from.
+The cases, models, recipe, launch and readings are ``research/sharded.py``'s, the ones the test
+(``research/test_sharded.py``) takes its cases from.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from harness import RECIPES, command, stamp, write_record
-from retrofit.training.sharded_check import CASES, build_models, launch, logits, losses, recipe
+from sharded import CASES, build_models, launch, logits, losses, recipe
 
 CONFIGS = RECIPES / "accelerate"
 

@@ -64,6 +64,9 @@ SEED = 1_234  # the evaluation documents (retrofit.evaluation.longdoc's seed)
 # ``--confirm``: the cells named, read again on documents drawn with another seed at ``CONFIRM`` (the step size of
 # the distill cells was chosen by their readings on SEED's documents: a fresh draw tests that choice)
 CONFIRM_SEED, CONFIRM = 4_321, ("short", "passkey@2048", "needle@2048")
+# ``--own-chunks``: a converted cell read as the original is, over its own 512-token chunks (keys ``chunks:<task>@L``),
+# to tell reading past 512 from learning the task (the original reads passkey at 6% even within 512)
+OWN_CHUNKS = ("passkey@2048", "needle@2048")
 TRAIN_TASKS, TRAIN_LENGTHS, BATCH, STEPS = ("passkey", "needle"), (256, 1536), 4, 80
 TRAIN_RECORDS = STEPS * BATCH * 21 // 20  # one pass, and 5% held out
 EXTEND = {"length": "16x", "init": "copy"}
@@ -354,28 +357,33 @@ def short_text(model, tok, original, seed: int = SEED) -> dict:
     return {"task": "context", "documents": SHORT_DOCS, "seed": seed, "lengths": out}
 
 
-def todo(phase: int | None) -> list[str]:
-    """The measures of a phase, in order: the short set first, then passkey and needle by length; phase None: the
-    confirmation's (``CONFIRM`` on ``CONFIRM_SEED``'s documents, keys ``confirm:<measure>``)."""
-    if phase is None:
+def todo(phase: int | str) -> list[str]:
+    """The measures of a phase, in order: the short set first, then passkey and needle by length; phase "confirm":
+    ``CONFIRM`` on ``CONFIRM_SEED``'s documents (keys ``confirm:<measure>``); "chunks": ``OWN_CHUNKS`` read over the
+    model's own 512-token chunks (keys ``chunks:<measure>``)."""
+    if phase == "confirm":
         return [f"confirm:{k}" for k in CONFIRM]
+    if phase == "chunks":
+        return [f"chunks:{k}" for k in OWN_CHUNKS]
     keys = ["short"] if phase == 0 else []
     return keys + [f"{task}@{L}" for L in PHASES[phase] for task in ("passkey", "needle")]
 
 
 def measure(key: str, loaded: tuple, chunked: bool, original) -> dict:
-    """One measure of a loaded (model, tokenizer): ``short``, ``<task>@<length>``, or either as ``confirm:<key>``."""
+    """One measure of a loaded (model, tokenizer): ``short``, ``<task>@<length>``, either as ``confirm:<key>``, or a
+    retrieval as ``chunks:<key>`` (over the model's own chunks)."""
     model, tok = loaded
     seed = CONFIRM_SEED if key.startswith("confirm:") else SEED
-    key = key.removeprefix("confirm:")
+    chunked = chunked or key.startswith("chunks:")
+    key = key.removeprefix("confirm:").removeprefix("chunks:")
     if key == "short":
         return short_text(model, tok, original, seed)
     task, L = key.split("@")
     return retrieval(model, tok, Reading(task, int(L), DOCS[int(L)], seed), chunked)
 
 
-def run_cell(cell: dict, entry: dict, phase: int | None, save) -> None:
-    """The measures of ``phase`` the cell's entry lacks (None: the confirmation's), each saved as it ends."""
+def run_cell(cell: dict, entry: dict, phase: int | str, save) -> None:
+    """The measures of ``phase`` the cell's entry lacks (or "confirm", "chunks": ``todo``), each saved as it ends."""
     missing = [k for k in todo(phase) if k not in entry["measures"]]
     if not missing:
         return
@@ -415,6 +423,11 @@ def main(argv=None) -> None:
     p.add_argument("--table", help="print docs/results.md's tables of this record and exit")
     p.add_argument("--readme", action="store_true", help="with --table: print the README's figures instead")
     p.add_argument(
+        "--own-chunks",
+        action="store_true",
+        help=f"read --cells over their own {NATIVE}-token chunks, as the original is read: {', '.join(OWN_CHUNKS)}",
+    )
+    p.add_argument(
         "--confirm",
         action="store_true",
         help=f"read --cells again on documents of another seed ({CONFIRM_SEED}): {', '.join(CONFIRM)}",
@@ -434,7 +447,8 @@ def main(argv=None) -> None:
         record.update(stamp())
         write_record(args.out, record)
 
-    for phase in [None] if args.confirm else range(len(PHASES)):
+    extra = ["confirm"] * args.confirm + ["chunks"] * args.own_chunks
+    for phase in extra or range(len(PHASES)):
         for cell in cells:
             entry = next((e for e in record["cells"] if e["name"] == cell["name"]), None)
             if entry is None:

@@ -57,7 +57,7 @@ def test_confirm_reads_the_same_measures_on_another_seed(monkeypatch):
     seen = []
     monkeypatch.setattr(grid, "retrieval", lambda m, t, r, chunked: seen.append(r) or {"readings": {}})
     monkeypatch.setattr(grid, "short_text", lambda m, t, o, seed: seen.append(seed) or {"lengths": {}})
-    for key in grid.todo(None):
+    for key in grid.todo("confirm"):
         grid.measure(key, (None, None), False, None)
     grid.measure("passkey@2048", (None, None), False, None)
     assert seen[0] == grid.CONFIRM_SEED != grid.SEED
@@ -72,3 +72,16 @@ def test_the_fresh_draw_table_shows_both_readings():
                                                      "short": short, "confirm:short": short}}  # fmt: skip
     rows = grid._confirm_table({"cells": [e]})
     assert "| x | whole | 50 (50) | — (—) | 25 (25) | 0.990 |" in rows
+
+
+def test_own_chunks_reads_a_converted_model_as_the_original_is_read(monkeypatch):
+    seen = []
+    monkeypatch.setattr(grid, "retrieval", lambda m, t, r, chunked: seen.append((r, chunked)) or {"readings": {}})
+    for key in grid.todo("chunks"):
+        grid.measure(key, (None, None), False, None)
+    grid.measure("needle@2048", (None, None), False, None)
+    assert [(r.task, r.seed, chunked) for r, chunked in seen] == [
+        ("passkey", grid.SEED, True),
+        ("needle", grid.SEED, True),
+        ("needle", grid.SEED, False),
+    ]

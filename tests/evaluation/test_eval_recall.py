@@ -12,9 +12,7 @@ import torch
 from tqdm import tqdm
 
 import retrofit
-from retrofit.evaluation import evaluate
-from retrofit.evaluation import passkey as pk
-from retrofit.evaluation import recall as rc
+from retrofit.evaluation import evaluate, passkey, recall
 from retrofit.evaluation.models import EvalModel
 from retrofit.evaluation.options import eval_options
 from retrofit.evaluation.recall import run as run_recall
@@ -71,16 +69,16 @@ def test_build_places_the_span_and_repeats_its_cue():
     text = list(range(100, 400))
     span = [7, 8, 9, 10, 11, 12]
     for depth in (0.0, 0.5, 1.0):
-        p = rc.build(text, 64, depth, span, 5, rc.Layout(cue=2, prefix=(1,)))
+        p = recall.build(text, 64, depth, span, 5, recall.Layout(cue=2, prefix=(1,)))
         n = 64 - 1 - 12  # filler tokens
         assert len(p.ids) == 64 and p.ids[0] == 1
         assert p.ids[p.span_index : p.span_index + 6] == span and p.span_index == 1 + round(depth * n)
         assert p.ids[-6:] == span and p.continuation_start == 64 - 4
         assert [t for t in p.ids[1:] if t >= 100] == text[5 : 5 + n]  # the filler is the text, in order
     with pytest.raises(ValueError):
-        rc.build(text, 11, 0.5, span, 0, rc.Layout(cue=2))  # no room for the span twice
+        recall.build(text, 11, 0.5, span, 0, recall.Layout(cue=2))  # no room for the span twice
     with pytest.raises(ValueError):
-        rc.build(text, 64, 0.5, span, 0, rc.Layout(cue=6))  # nothing left to recall
+        recall.build(text, 64, 0.5, span, 0, recall.Layout(cue=6))  # nothing left to recall
 
 
 def test_induction_oracle_scores_100_percent_and_lengths_past_a_limit_are_not_run():
@@ -93,7 +91,7 @@ def test_induction_oracle_scores_100_percent_and_lengths_past_a_limit_are_not_ru
     mine = [r for r in results if r["model"] == "oracle"]
     assert len(mine) == 6
     assert all(r["accuracy"] == 1.0 and r["token_accuracy"] == 1.0 and r["mean_logprob"] == 0.0 for r in mine)
-    assert all((r["ci_low"], r["ci_high"]) == (round(pk.wilson(5, 5)[0], 4), 1.0) for r in mine)
+    assert all((r["ci_low"], r["ci_high"]) == (round(passkey.wilson(5, 5)[0], 4), 1.0) for r in mine)
     assert all(s["tokens_right"] == 8 for r in mine for s in r["scores"])
     past = [r for r in results if r["model"] == "capped" and r["length"] == 256]
     assert len(past) == 3 and all(r["accuracy"] is None and "not run" in r["note"] for r in past)
@@ -111,13 +109,13 @@ def test_a_random_model_scores_near_zero():
     assert r["trials"] == 10 and r["correct"] == 0 and r["accuracy"] == 0.0
     assert r["token_accuracy"] < 0.2
     assert r["mean_logprob"] < math.log(0.5)  # far from sure of the right tokens
-    assert (r["ci_low"], r["ci_high"]) == (0.0, round(pk.wilson(0, 10)[1], 4))
+    assert (r["ci_low"], r["ci_high"]) == (0.0, round(passkey.wilson(0, 10)[1], 4))
 
 
 def test_wilson_interval_by_hand():
     # 9 of 10 at z = 1.96, by hand: p = 0.9, z^2 = 3.8416, denominator 1 + 3.8416/10 = 1.38416,
     # centre (0.9 + 3.8416/20) / 1.38416 = 0.78898, half 1.96 * sqrt(0.009 + 0.009604) / 1.38416 = 0.19314
-    low, high = pk.wilson(9, 10)
+    low, high = passkey.wilson(9, 10)
     assert (low, high) == pytest.approx((0.78898 - 0.19314, 0.78898 + 0.19314), abs=1e-4)
     assert (low, high) == pytest.approx((0.5958, 0.9821), abs=1e-4)
 
@@ -157,9 +155,10 @@ def test_same_inputs_same_report_and_paired_trials():
     c = _evaluate(seed=12)
     assert [r["scores"] for r in c["recall"]] != [r["scores"] for r in a["recall"]]  # the seed matters
     text = byte_tokenizer()("".join(d.text for d in docs()), add_special_tokens=False)["input_ids"]
-    spans = rc.make_spans(11, 3, 12, rc.token_pool(text, byte_tokenizer()))
+    spans = recall.make_spans(11, 3, 12, recall.token_pool(text, byte_tokenizer()))
     assert (
-        len({tuple(s) for s in spans}) == 3 and rc.make_spans(11, 3, 12, rc.token_pool(text, byte_tokenizer())) == spans
+        len({tuple(s) for s in spans}) == 3
+        and recall.make_spans(11, 3, 12, recall.token_pool(text, byte_tokenizer())) == spans
     )
 
 

@@ -12,8 +12,7 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 import retrofit
 from retrofit import kernels
-from retrofit.kernels import Call
-from retrofit.kernels import cpu_flash_band as band
+from retrofit.kernels import Call, cpu_flash_band
 
 from ..tiny import TINY, ids, train_step
 
@@ -42,10 +41,12 @@ def _grads(out, leaves, weight):
 )
 def test_band_matches_the_plain_softmax_forward_and_backward(monkeypatch, N, K, rows):
     """Shorter than the reach, exactly the reach, several blocks, a ragged last block, windows of 3+ tiles."""
-    monkeypatch.setattr(band, "ROWS", rows)
-    monkeypatch.setattr(band, "GROUP_ELEMENTS", 1)  # the bias gradient block by block (the models' tests: one group)
+    monkeypatch.setattr(cpu_flash_band, "ROWS", rows)
+    monkeypatch.setattr(
+        cpu_flash_band, "GROUP_ELEMENTS", 1
+    )  # the bias gradient block by block (the models' tests: one group)
     q, k, v, table = _inputs(2, 3, N, 8, K)
-    out = band.attend_band(q, k, v, scaling=0.35, band=table)
+    out = cpu_flash_band.attend_band(q, k, v, scaling=0.35, band=table)
     ref = _reference(q, k, v, 0.35, table)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
     weight = torch.randn(out.shape, dtype=torch.float64)
@@ -59,7 +60,7 @@ def test_band_matches_the_plain_softmax_forward_and_backward(monkeypatch, N, K, 
 @pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
 def test_band_keeps_half_inputs_at_their_own_rounding(dtype, atol):
     q, k, v, table = _inputs(1, 4, 600, 16, 128, dtype)
-    out = band.attend_band(q, k, v, scaling=0.25, band=table)
+    out = cpu_flash_band.attend_band(q, k, v, scaling=0.25, band=table)
     assert out.dtype == dtype
     ref = _reference(q, k, v, 0.25, table)
     assert float((out.double() - ref).abs().max()) <= atol

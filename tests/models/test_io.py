@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,11 @@ def test_the_first_smollm2_load_writes_its_cache_without_a_bar_when_asked(tmp_pa
     folder = io.smollm2_folder()
     assert (folder / "model.safetensors").is_file()
     assert "Writing model shards" not in capfd.readouterr().err
+
+
+def test_load_model_refuses_an_unknown_keyword_naming_the_valid_ones_before_anything_loads(tmp_path):
+    with pytest.raises(TypeError) as e:  # the path does not exist: loading it would be a ModelLoadError
+        io.load_model(str(tmp_path / "no-such-model"), dtpye="float32")
+    said = str(e.value)
+    assert "'dtpye'" in said and all(f.name in said for f in dataclasses.fields(io.LoadOptions))
+    assert io.LoadOptions() == io.LoadOptions(None, None, None, True, None, None)  # the documented defaults

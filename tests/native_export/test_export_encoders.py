@@ -28,6 +28,12 @@ def test_a_converted_encoder_exports_as_its_own_architecture_exactly(tmp_path, k
     result = export(model, tmp_path / "out", native=True)
     back = tf.AutoModelForMaskedLM.from_pretrained(tmp_path / "out").eval()
     assert type(back) is type(model) and result.exact and result.max_abs_logit_diff == 0.0
+    said = {  # the note: the table in the scheme's words (nope's and extend's own), and how to get a longer one
+        "extend": ("the stretched position table", "convert with a larger length="),
+        "nope": ("an all-zero position table", "re-export with a larger max_length (--max-length)"),
+        "sinusoidal": ("a fixed sinusoidal position table", "re-export with a larger max_length (--max-length)"),
+    }[scheme]
+    assert all(words in result.notes[0] for words in said), result.notes
     ids = torch.randint(5, 200, (2, 100), generator=torch.Generator().manual_seed(1))  # ~3x the native length
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, model(ids).logits, atol=1e-5, rtol=0)

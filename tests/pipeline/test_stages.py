@@ -148,12 +148,12 @@ def test_changed_eval_section_reruns_eval_and_later_only(run_dir, tmp_path):
 
 
 def test_export_not_available_does_not_fail_the_run(run_dir, tmp_path, monkeypatch):
-    import retrofit.native_export as ne
+    from retrofit import native_export
 
     def refuse(*a, **k):
         raise RetrofitError("no native architecture for this pair")
 
-    monkeypatch.setattr(ne, "export", refuse)
+    monkeypatch.setattr(native_export, "export", refuse)
     copy = copy_run(run_dir, tmp_path / "copy")
     retrofit.run(copy / "run.yaml", force=("export",))
     e = _manifest(copy)["stages"]["export"]

@@ -208,7 +208,7 @@ def _check_ddp(out: Path):
 )
 def test_two_processes_under_torchrun(tmp_path):
     """DDP over gloo through torchrun (what `accelerate launch --multi_gpu` runs): both ranks end with the same
-    weights. The suite's DDP check is the accelerate launch in tests/training/test_sharded.py."""
+    weights. The accelerate launch of DDP and FSDP is research/test_sharded.py's (run by CI)."""
     out, path = _ddp_recipe(tmp_path)
     cmd = [
         sys.executable,

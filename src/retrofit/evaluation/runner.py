@@ -7,20 +7,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
 from ..foundation import task
 from ..foundation.errors import OptionError
+from ..foundation.schema import field_help
 from ..models import builtin
 from ..scoring.tokens import build_stream, resolve_documents
 from . import cost, preflight, records
 from .lengths import resolve as resolve_lengths
 from .measure import Measure, Setup, by_task, check_lengths, check_positive, mechanism
 from .models import EvalModel, Loading, check_tokenizers, resolve
-from .options import DEFAULTS, ORIGINAL, EvalOptions, eval_options, fitted_budget, is_quick
+from .options import DEFAULTS, NAMES, ORIGINAL, EvalOptions, eval_options, fitted_budget, is_quick
 from .preflight import READS_DOCUMENTS
 from .report import SCHEMA_VERSION, Report, environment, sections
 from .verdict import verdict
@@ -48,7 +50,17 @@ def _within_limit(m: EvalModel, lengths: list[int]) -> list[int]:
     return kept
 
 
-LOAD_KEYS = ("tokenizer", "gguf_file", "device", "dtype")  # evaluate()'s keywords that say how to load a model
+@dataclass(frozen=True)
+class RunOptions:
+    """``evaluate``'s keywords that are neither the evaluation's options (``EvalOptions``) nor how its models load
+    (``Loading``'s fields): where the report goes and whether bars show."""
+
+    out: Any = field_help("Folder for report.json, report.md and plots (None: nothing written).", None)
+    progress: bool = field_help("Progress bars (one over every measure's work).", True)
+
+
+LOAD_KEYS = tuple(f.name for f in fields(Loading))  # evaluate()'s keywords that say how to load a model
+RUN_KEYS = tuple(f.name for f in fields(RunOptions))
 
 
 def evaluate(
@@ -58,8 +70,6 @@ def evaluate(
     baselines: Sequence = (),
     *,
     options: EvalOptions | None = None,
-    out=None,
-    progress: bool = True,
     **keywords,
 ) -> Report:
     """Evaluate a (converted) model and its baselines past the native length.
@@ -71,7 +81,10 @@ def evaluate(
 
     The options (``retrofit.evaluation.options.EvalOptions``, their defaults and help in one place) are
     given as ``options=`` and/or as keywords (``budget=4096, passkey=True``); ``lengths`` and ``data`` may
-    also be given by position. Left unset, ``lengths`` (1x-8x) stops at the model's limit.
+    also be given by position. Beside them, keywords say how the models load (``tokenizer``, ``gguf_file``,
+    ``device``, ``dtype``: ``Loading``), where the report goes (``out``) and whether progress bars show
+    (``progress``, default True): ``RunOptions``. Any other keyword is an OptionError naming the valid ones.
+    Left unset, ``lengths`` (1x-8x) stops at the model's limit.
     ``data``: a ``retrofit.data.specs`` spec or a list of ``Document``, joined with EOS (or with the text
     ``doc_separator``, e.g. ``"\\n\\n"`` for wikitext's paragraph rows). Every model scores the same first
     ``budget`` tokens (cut to a multiple of the largest length) at every length, with
@@ -86,7 +99,7 @@ def evaluate(
     All bad input raises a ``RetrofitError`` before any scoring (what a local model's config.json rules out, before
     it loads: ``preflight``). Writes report.json, report.md and plots to ``out`` when given; returns the ``Report``."""
     started = _dt.datetime.now(_dt.timezone.utc)
-    load = {k: keywords.pop(k) for k in LOAD_KEYS if k in keywords}
+    load, run = _call_keywords(keywords)
     o, default_lengths = _gather_options(options, lengths, data, keywords)
     items, asked = _asked(o)
     known = _task_of(model_or_path)  # None: only loading tells (a Hub id), so --data is read after it
@@ -115,11 +128,24 @@ def evaluate(
     planned = [(m, m.plan(setup, asked.get(m.name))) for m in measures]
     if setup.stream is not None:
         _say_cost(models[0], setup.stream.ids, [w for _, p in planned for w in p.work], is_quick(setup.o))
-    measured = _run(setup, planned, progress)
+    measured = _run(setup, planned, run.progress)
     report = _report(setup, planned, measured, started)
-    if out is not None:
-        report.save(out)
+    if run.out is not None:
+        report.save(run.out)
     return report
+
+
+def _call_keywords(keywords: dict) -> tuple[dict, RunOptions]:
+    """(how the models load, ``RunOptions``) taken out of evaluate()'s ``keywords``; what is left must be options of
+    the evaluation: any other keyword is an OptionError naming every valid one."""
+    unknown = sorted(set(keywords) - set(NAMES) - set(LOAD_KEYS) - set(RUN_KEYS))
+    if unknown:
+        raise OptionError(
+            f"evaluate() got unknown keyword(s) {', '.join(map(repr, unknown))}; valid: the evaluation's options "
+            f"({', '.join(NAMES)}), how the models load ({', '.join(LOAD_KEYS)}) and {', '.join(RUN_KEYS)}"
+        )
+    load = {k: keywords.pop(k) for k in LOAD_KEYS if k in keywords}
+    return load, RunOptions(**{k: keywords.pop(k) for k in RUN_KEYS if k in keywords})
 
 
 def _lengths(m: EvalModel, items: list, default: bool) -> list[int]:

@@ -45,6 +45,19 @@ def help_of(cls) -> dict[str, str]:
     return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
 
 
+def from_keywords(cls, given: dict, call: str, base=None, error=TypeError):
+    """``base`` (default: ``cls()``) with a function's keywords ``given`` set, ``cls`` the record of that function's
+    keywords (``call``: its name, for the message); an unknown keyword is ``error`` (default: the TypeError of a
+    call) naming the valid ones."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise error(
+            f"{call}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; valid: {', '.join(names)}"
+        )
+    return dataclasses.replace(base if base is not None else cls(), **given)
+
+
 def read_yaml(path: str | Path, what: str = "recipe", error=RecipeError) -> dict:
     """A YAML mapping from ``path`` (an empty file is ``{}``)."""
     path = Path(path)

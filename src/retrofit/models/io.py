@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from ..foundation import run_folder
 from ..foundation.atomic import write_dir, write_text
 from ..foundation.errors import RetrofitError
 from ..foundation.quiet import hushed
+from ..foundation.schema import field_help, from_keywords
 from ..patch.conversion import is_converted, reach
 from ..patch.saved_config import UNBOUNDED, marked
 from . import sources
@@ -261,22 +263,36 @@ def load_original(name_or_path: str, *, gguf_file=None, dtype=None, device=None,
     return f"{name_or_path} (original)", model, tok
 
 
-def load_model(
-    name_or_path: str,
-    *,
-    gguf_file: str | None = None,
-    dtype: str | None = None,
-    device: str | None = None,
-    tokenizer: bool = True,
-    task: str | None = None,
-    num_labels: int | None = None,
-):
+@dataclass(frozen=True)
+class LoadOptions:
+    """``load_model``'s keywords: how a model is loaded, their defaults and meaning."""
+
+    gguf_file: str | None = field_help(
+        "The GGUF file inside the folder or hub repository named (a path ending in .gguf names its file itself).", None
+    )
+    dtype: str | None = field_help(f"The weights' dtype: one of {', '.join(DTYPES)} (None: transformers').", None)
+    device: str | None = field_help("Where the model is put after loading (None: where transformers loads it).", None)
+    tokenizer: bool = field_help("Also load the tokenizer (False: the tokenizer returned is None).", True)
+    task: str | None = field_help(
+        "'sequence-classification' or 'embeddings': an original checkpoint loads as that task's class (a masked "
+        "LM's encoder under a new classification head, or its bare encoder); a retrofit checkpoint always loads as "
+        "the class it was saved as. None: the class its config names.",
+        None,
+    )
+    num_labels: int | None = field_help("Classes of the new classification head of task sequence-classification.", None)
+
+
+def load_model(name_or_path: str, **options):
     """(model, tokenizer) from a hub id, a local folder, a GGUF file or a built-in name
     (``tiny-gpt2``, ``smollm2``, ``standin:<preset>``). A retrofit checkpoint is re-patched.
     What cannot be loaded is a ModelLoadError, UnsupportedArchitectureError or HubError that says why.
+    ``options``, keywords (``LoadOptions``: their defaults and help; any other keyword is a TypeError naming them):
+    ``gguf_file`` (the GGUF file inside a folder), ``dtype``, ``device``, ``tokenizer`` (False: none loaded);
     ``task`` (``sequence-classification``, ``embeddings``): an original checkpoint loads as that task's class (a
     masked LM's encoder under a new classification head of ``num_labels`` classes, or its bare encoder); a
     retrofit checkpoint always loads as the class it was saved as."""
+    o = from_keywords(LoadOptions, options, "load_model")
+    gguf_file, dtype, device = o.gguf_file, o.dtype, o.device
     from .builtin import resolve
 
     given = str(name_or_path)
@@ -298,8 +314,8 @@ def load_model(
     target = str(local) if gguf_file else name_or_path
     is_retrofit = sources.check(target, gguf=bool(gguf_file))
     with sources.hub_access(None if local.exists() else target), _gguf_bar():
-        model = _from_pretrained(target, is_retrofit, gguf_file, kwargs, (task, num_labels))
-        tok = _tokenizer(target, gguf_file) if tokenizer else None
+        model = _from_pretrained(target, is_retrofit, gguf_file, kwargs, (o.task, o.num_labels))
+        tok = _tokenizer(target, gguf_file) if o.tokenizer else None
     if gguf_file:  # dequantized: plain tensors that train, merge and save like any checkpoint
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):

@@ -33,8 +33,20 @@ from torch import nn
 
 from ..foundation import run_folder
 from ..foundation.errors import OptionError, RetrofitError
+from ..foundation.schema import from_keywords
 from ..foundation.versions import library_versions
-from .base import MAPPINGS, TOLERANCE, Built, ExportResult, Line, mapping, per_head_qkv, register, supported_pairs
+from .base import (
+    MAPPINGS,
+    TOLERANCE,
+    Built,
+    ExportOptions,
+    ExportResult,
+    Line,
+    mapping,
+    per_head_qkv,
+    register,
+    supported_pairs,
+)
 from .gpt2 import FALCON_BF16_EXACT
 from .rope import _check_rope_config, rope_parameters
 
@@ -98,6 +110,7 @@ register(CATALOG)
 __all__ = [
     "export",
     "ExportResult",
+    "ExportOptions",
     "Built",
     "CATALOG",
     "MAPPINGS",
@@ -173,36 +186,27 @@ def _reload_class(model):
     return getattr(transformers, task.auto_class)
 
 
-CHECK_OPTIONS = {"ppl_text": "stdlib", "tolerance": TOLERANCE}  # export's keywords for its check, and defaults
-
-
 def export(
-    model_or_run_dir,
-    path: str | os.PathLike,
-    native: bool = True,
-    *,
-    tokenizer=None,
-    max_length: int | None = None,
-    check_length: int | None = None,
-    approximate: bool = False,
-    **check,
+    model_or_run_dir, path: str | os.PathLike, native: bool = True, *, tokenizer=None, **options
 ) -> ExportResult:
     """Write ``model_or_run_dir`` (a converted model, a retrofit checkpoint folder, or a run folder with
     ``final/``) to ``path``. ``native=True``: a native transformers architecture (see the module doc);
-    ``native=False``: the retrofit format (``retrofit.save``; reload with ``retrofit.load``).
+    ``native=False``: the retrofit format (``retrofit.save``; reload with ``retrofit.load``). ``tokenizer``: written
+    beside the weights (default: the folder's own).
 
+    ``options``, keywords (their defaults and help: ``ExportOptions``; any other keyword is a TypeError naming them):
     ``max_length``: the longest sequence the native model should accept where its architecture has a
     limit (GPT-2 for NoPE: the size of the zero position table; default max(8192, 4 x native)).
     ``check_length``: tokens of the random-id equivalence check (default min(4 x native, native + 1024)).
     ``approximate=True``: also write the closest architecture where none is exact (gpt2 + alibi with
     scale_bias=False -> Falcon); an inexact export reports ``exact: False``, the reason, and, when a tokenizer
-    is known, the perplexity of both models on ``ppl_text`` (a keyword: a ``retrofit.data.specs`` spec, default
-    "stdlib") at ``check_length``. An export that should be exact but differs by more than ``tolerance`` (a
-    keyword, default ``TOLERANCE``) raises and writes nothing."""
+    is known, the perplexity of both models on ``ppl_text`` (a ``retrofit.data.specs`` spec, default
+    "stdlib") at ``check_length``. An export that should be exact but differs by more than ``tolerance``
+    (default ``TOLERANCE``) raises and writes nothing."""
     from ..models.io import save
     from ..patch.conversion import UNBOUNDED, reach
 
-    check = _check_options(check)
+    o = from_keywords(ExportOptions, options, "export")
     model, tok, source = _resolve_source(model_or_run_dir)
     tokenizer = tokenizer if tokenizer is not None else tok
     info = _info(model)
@@ -223,31 +227,24 @@ def export(
     fn = MAPPINGS.get(f"{pair[0]}+{pair[1]}").build
     native_len = int(info["native"]["length"])
     limit = reach(model) if reach(model) < UNBOUNDED else None  # a finite scheme (extend: its table's rows)
+    max_length = o.max_length
     if max_length is not None and limit is not None and max_length > limit:
         raise OptionError(f"max_length {max_length} is past what the converted model reads ({limit} positions)")
     opts = {
         "max_length": _positive("max_length", max_length, limit or max(8192, 4 * native_len)),
-        "approximate": approximate,
+        "approximate": o.approximate,
         "reach": max_length or reach(model),
     }  # what an unbounded export advertises (ALiBi: no limit)
-    check_len = _positive("check_length", check_length, min(4 * native_len, native_len + 1024))
+    check_len = _positive("check_length", o.check_length, min(4 * native_len, native_len + 1024))
     was_training = model.training
     model.eval()
     try:
         built = fn(model, info, opts)
         check_len = min(check_len, built.limit or check_len)  # a baked table is the exported model's limit
-        check = {"length": check_len, **check}
+        check = {"length": check_len, "tolerance": o.tolerance, "ppl_text": o.ppl_text}
         return _write(Job(model, tokenizer, info, source), built, path, check)
     finally:
         model.train(was_training)
-
-
-def _check_options(given: dict) -> dict:
-    """``CHECK_OPTIONS`` with export's keywords ``given`` set; any other keyword is the TypeError of a call."""
-    for name in given:
-        if name not in CHECK_OPTIONS:
-            raise TypeError(f"export() got an unexpected keyword argument {name!r}")
-    return {**CHECK_OPTIONS, **given}
 
 
 def _refuse_inexpressible(pair: tuple[str, str], options: dict) -> None:

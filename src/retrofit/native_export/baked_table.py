@@ -1,6 +1,8 @@
 """Learned-absolute families keep their own architecture: the position table holds the scheme's values
 (all zeros for NoPE, the fixed sinusoids for ``sinusoidal``, the stretched table's rows for ``extend``),
-enlarged to ``max_length`` rows."""
+enlarged to ``max_length`` rows. The export's note names the table and how to get a longer one; a scheme exported
+so may say both in its own words (class attributes ``table_words``, ``longer_table``: ``nope``'s, ``extend``'s), else
+``TABLE_WORDS`` and ``LONGER_TABLE``."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from ..adapters import ADAPTERS
 from ..foundation.errors import RetrofitError
 from ..patch.conversion import scheme_of
 from .base import Built, Surgery, plain_config
+
+TABLE_WORDS = "a fixed {name}"  # the table in the export's note, unless the scheme says it (nope: "an all-zero")
+LONGER_TABLE = "re-export with a larger max_length (--max-length)"  # how to get a longer one, unless the scheme says
 
 
 def baked_table(model, info, opts) -> Built:
@@ -34,10 +39,10 @@ def baked_table(model, info, opts) -> Built:
         elif name in src_sd:
             cut(p, src_sd[name], name)
     scheme = scheme_of(model)
-    what = scheme.table_words or f"a fixed {scheme.name}"
+    what = getattr(scheme, "table_words", TABLE_WORDS.format(name=scheme.name))
     note = (
         f"{type(dst).__name__} with {what} position table of {opts['max_length']} positions: longer inputs do "
-        f"not fit the table; {scheme.longer_table}"
+        f"not fit the table; {getattr(scheme, 'longer_table', LONGER_TABLE)}"
     )
     return Built(cut.finish(model), exact=True, notes=[note], limit=opts["max_length"])
 

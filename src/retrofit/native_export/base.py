@@ -12,8 +12,39 @@ from torch import nn
 
 from ..foundation.errors import RetrofitError, UnknownNameError
 from ..foundation.registry import Registry
+from ..foundation.schema import field_help
 
 TOLERANCE = 1e-4  # max abs logit difference (fp32) for an export that claims to be exact
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """``export``'s keywords beside the model, the folder, ``native`` and ``tokenizer``: their defaults and meaning
+    (``retrofit export``'s flags of the same names)."""
+
+    max_length: int | None = field_help(
+        "The longest sequence the native model should accept where its architecture has a limit (GPT-2 for NoPE: "
+        "the size of the zero position table). None: a finite scheme's own reach, else max(8192, 4 x native).",
+        None,
+    )
+    check_length: int | None = field_help(
+        "Tokens of the random-id equivalence check (None: min(4 x native, native + 1024)).", None
+    )
+    approximate: bool = field_help(
+        "Also write the closest architecture where none is exact (gpt2 + alibi with scale_bias=False -> Falcon); "
+        "the result says exact: False, why, and the perplexity difference.",
+        False,
+    )
+    tolerance: float = field_help(
+        "Max abs logit difference (float32) of an export that should be exact; past it export raises and writes "
+        "nothing.",
+        TOLERANCE,
+    )
+    ppl_text: str = field_help(
+        "Text (a retrofit.data.specs spec) of an inexact export's perplexity difference, read at check_length "
+        "when a tokenizer is known.",
+        "stdlib",
+    )
 
 
 class ExportResult(dict):

@@ -271,8 +271,8 @@ def _calibrate_qk_norm(model, state: RetrofitState, native_length: int, length: 
 def _check_direction(adapter, scheme_cls, to: str) -> None:
     """A model whose attention sees keys after the query (an encoder) takes only a scheme defined for them."""
     both = [s.layer for s in adapter.attention_layers() if not getattr(s.module, "is_causal", True)]
-    if both and scheme_cls.kind in ("bias", "relative") and not scheme_cls.bidirectional:
-        ok = sorted(n for n, c in SCHEMES.items() if c.bidirectional or c.kind not in ("bias", "relative"))
+    if both and not scheme_cls.bidirectional:
+        ok = sorted(n for n, c in SCHEMES.items() if c.bidirectional)
         raise OptionError(
             f"scheme {to!r} is defined for keys before the query only, and this model's attention is "
             f"bidirectional (layers {both[:4]}{'...' if len(both) > 4 else ''}): use one of {', '.join(ok)}"

@@ -57,6 +57,7 @@ def interpolated_rows(table: torch.Tensor, length: int) -> torch.Tensor:
 
 
 class Extend(AbsoluteScheme):
+    # its native export's note (native_export/baked_table.py): the table in words, and how to get a longer one
     table_words = "the stretched"
     longer_table = "convert with a larger length="
 

@@ -47,12 +47,10 @@ class Scheme(nn.Module):
     kind: ClassVar[str]  # "bias" | "relative" | "rotary" | "absolute" | "none"
     # why the scheme has nothing to calibrate, when it has no position parameters (retrofit convert --calibrate)
     fixed_because: ClassVar[str] = "the scheme defines no learned parameters"
-    # an absolute scheme exported as a position table: the table in words, and how to get a longer one
-    table_words: ClassVar[str] = ""  # "": "a fixed <name>"
-    longer_table: ClassVar[str] = "re-export with a larger max_length (--max-length)"
     # True when scores depend only on distances i - j (shifting every position changes nothing)
     shift_invariant: ClassVar[bool] = False
-    # its scores are defined for keys after the query too (an encoder's bidirectional attention)
+    # its scores are defined for keys after the query too (an encoder's bidirectional attention): every rotary,
+    # absolute and position-free scheme's are; a bias may be defined for keys before the query only (FIRE's)
     bidirectional: ClassVar[bool] = True
     # the option whose value is the longest input (its catalog line's ``limit``; "": no limit), set when it loads
     limit_option: ClassVar[str] = ""

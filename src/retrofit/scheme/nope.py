@@ -8,6 +8,6 @@ from .kinds import NoneScheme
 
 
 class NoPE(NoneScheme):
-    table_words = "an all-zero"
+    table_words = "an all-zero"  # its native export's note (native_export/baked_table.py)
     fixed_because = "NoPE has no positional term at all"
     shift_invariant = True

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from ..foundation.errors import DataError, LengthError, OptionError
-from ..foundation.schema import check_limits
+from ..foundation.schema import check_limits, field_help
 from ..scoring.masking import IGNORE, masker_for, seed_of
 from .recipe import CalibrateConfig
 
@@ -162,28 +162,42 @@ def _masked_ppl(models, tokenizer, ids: torch.Tensor, length: int, progress: boo
     return [r["ppl"] for r in rows], rows[0]["masked_tokens"], f"{ids.numel()}:{masked.SEED}"
 
 
-OPTIONS = tuple(f.name for f in dataclasses.fields(CalibrateConfig) if f.name != "data")  # calibrate's keywords
+@dataclass(frozen=True)
+class RunOptions:
+    """``calibrate``'s keywords beside its section's (``CalibrateConfig``): how this call runs, which no recipe
+    section holds (a fine-tune passes its ``train.seed``)."""
+
+    seed: int = field_help("Seeds the order of the blocks and a masked LM's draws.", SEED)
+    progress: bool | None = field_help("Progress bars (None: as RETROFIT_PROGRESS says).", None)
 
 
-def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bool | None = None, **options) -> dict:
+OPTIONS = tuple(f.name for f in dataclasses.fields(CalibrateConfig) if f.name != "data")  # the section's keywords
+# every keyword calibrate() takes in ``options``
+KEYWORDS = OPTIONS + tuple(f.name for f in dataclasses.fields(RunOptions))
+
+
+def calibrate(model, teacher, data, *, tokenizer, **options) -> dict:
     """Train ``model``'s position parameters (only them) for ``steps`` Adam steps on KL(teacher || model) over
     native-length blocks of ``data``; returns the record (also what ``retrofit convert --calibrate`` saves as
     ``calibrate.json``): the ratio to the original at 1x on ``heldout`` before and after, the KL per step,
     seconds. ``teacher``: the unconverted original (frozen here). ``data``/``heldout``: data specs or lists of
     ``Document``; they must share no document. Documents are tokenized in order until there are
-    ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises OptionError when there is nothing to calibrate.
+    ``steps * batch_size`` blocks (each block is seen once; fewer blocks are cycled in seeded orders). Raises
+    OptionError when there is nothing to calibrate.
     ``data`` may be the whole section (a ``CalibrateConfig``, the recipe's ``convert.calibrate``: what the fine-tune,
-    the study and ``retrofit convert --calibrate`` pass); else ``options`` are its other keys as keywords
-    (``steps``, ``learning_rate``, ``batch_size``, ``heldout``, ``budget``: ``OPTIONS``; their defaults the
-    section's)."""
+    the study and ``retrofit convert --calibrate`` pass). ``options``, keywords (``KEYWORDS``; any other is a
+    TypeError naming them): the section's other keys (``steps``, ``learning_rate``, ``batch_size``, ``heldout``,
+    ``budget``: ``OPTIONS``; their defaults and help the section's, set over ``data``'s when it is the section)
+    and ``RunOptions``'s: ``seed`` (the blocks' order and a masked LM's draws; default 0) and ``progress`` (bars;
+    default: as RETROFIT_PROGRESS says)."""
     from ..foundation.quiet import progress_bars
     from ..patch.conversion import describe, set_position_controls
 
-    o = data if isinstance(data, CalibrateConfig) and not options else _options(data, options)
-    data = o.data
+    o, run = _options(data, options)
+    data, seed = o.data, run.seed
     check_calibratable(model)
     check_limits(o, error=OptionError, key="calibrate: {}")
-    progress = progress_bars() if progress is None else progress
+    progress = progress_bars() if run.progress is None else run.progress
     info = describe(model)
     length = info["native"]["length"]
     if info["max_length"]:
@@ -237,13 +251,19 @@ def calibrate(model, teacher, data, *, tokenizer, seed: int = SEED, progress: bo
     return record
 
 
-def _options(data, given: dict) -> CalibrateConfig:
-    """The section: ``data`` and calibrate's keywords ``given`` over the recipe's defaults; any other keyword is the
-    TypeError of a call."""
-    for name in given:
-        if name not in OPTIONS:
-            raise TypeError(f"calibrate() got an unexpected keyword argument {name!r}")
-    return dataclasses.replace(_DEFAULTS, data=data, **given)
+def _options(data, given: dict) -> tuple[CalibrateConfig, RunOptions]:
+    """(the section: ``data``, or the recipe's defaults with ``data`` set, and the section's keywords ``given`` set
+    over it; ``RunOptions``'s keywords ``given``); any other keyword is the TypeError of a call, naming the valid
+    ones."""
+    unknown = sorted(set(given) - set(KEYWORDS))
+    if unknown:
+        raise TypeError(
+            f"calibrate() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+            f"valid: {', '.join(KEYWORDS)}"
+        )
+    section = data if isinstance(data, CalibrateConfig) else dataclasses.replace(_DEFAULTS, data=data)
+    section = dataclasses.replace(section, **{k: v for k, v in given.items() if k in OPTIONS})
+    return section, RunOptions(**{k: v for k, v in given.items() if k not in OPTIONS})
 
 
 def write_record(acc, out, record: dict) -> None:

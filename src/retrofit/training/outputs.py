@@ -220,10 +220,20 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
     if r.task == "embedding":
         sentence_transformers_files(
             out / run_folder.FINAL,
-            r.data.block_length,
+            reads_to(r, unwrapped),
             sentence_transformers_source(r.model.name_or_path, r.model.gguf_file),
         )
     return out / run_folder.FINAL
+
+
+def reads_to(r: Recipe, model) -> int:
+    """Where ``SentenceTransformer(final)`` cuts a text: the trained model's reach where it has one (``extend``'s
+    table, as ``retrofit convert`` and the native export write it), else the length it was trained at
+    (``data.block_length``: an unbounded scheme names no length of its own; ``model.max_seq_length`` reads further)."""
+    from ..patch.conversion import UNBOUNDED, reach
+
+    limit = reach(model)
+    return limit if limit < UNBOUNDED else r.data.block_length
 
 
 # the tokenizer config carries the length it reads (sentence-transformers 5+: model_max_length)
@@ -232,7 +242,7 @@ ST_FILES = (*run_folder.ST_FILES, "tokenizer_config.json")
 
 def sentence_transformers_files(final: Path, max_length: int, source: Path | None = None) -> None:
     """The files that make ``SentenceTransformer(final)`` the trained embedding model (the encoder, mean pooling as
-    the objective trained it, texts read to ``max_length`` tokens, and the source model's ``Normalize`` when it had
+    the objective trained it, texts read to ``max_length`` tokens (``reads_to``), and the source model's ``Normalize`` when it had
     one), as the installed sentence-transformers writes them: its own ``save`` into a scratch folder, of which the
     module files are kept (the weights stay retrofit's)."""
     import tempfile

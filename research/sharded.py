@@ -1,7 +1,8 @@
 """A sharded fine-tune against one process over the same global batch: the tiny models, the recipe, the launch
 (``accelerate launch --config_file CONFIG -m retrofit finetune RECIPE``, as a user types it) and the readings
-compared. ``tests/training/test_sharded.py`` bounds the differences; ``research/check_sharded.py`` writes them out
-(``benchmarks/sharded.json``). Both take their cases from ``CASES``."""
+compared. ``research/test_sharded.py`` bounds the differences; ``research/check_sharded.py`` writes them out
+(``benchmarks/sharded.json``). Both take their cases from ``CASES``. Shared by the two, run by neither as a script
+(research's, not the package's: no user launches it)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from ..foundation import run_folder
-from ..foundation.atomic import write_text
-from ..kernels import KERNELS
-from ..models.builtin import TINY_LLAMA
+from retrofit.foundation import run_folder
+from retrofit.foundation.atomic import write_text
+from retrofit.kernels import KERNELS
+from retrofit.models.builtin import TINY_LLAMA
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = [str(STDLIB / f) for f in ("textwrap.py", "shlex.py", "string.py", "heapq.py", "bisect.py", "fnmatch.py")]
@@ -40,7 +41,7 @@ def build_models(root: Path) -> Path:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from ..models.builtin import TINY_GPT2, byte_tokenizer
+    from retrofit.models.builtin import TINY_GPT2, byte_tokenizer
 
     torch.manual_seed(0)
     built = {
@@ -143,7 +144,7 @@ def logits(folder: Path):
     """The logits of a saved checkpoint on two fixed random sequences of 100 bytes."""
     import torch
 
-    from ..models.io import load
+    from retrofit.models.io import load
 
     model = load(folder).eval()
     ids = torch.randint(0, 256, (2, 100), generator=torch.Generator().manual_seed(1))
