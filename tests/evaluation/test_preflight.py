@@ -85,3 +85,22 @@ def test_a_longdoc_task_of_the_other_kind_is_refused_from_the_config_before_load
         with pytest.raises(OptionError, match=said):
             preflight.check(where, eval_options(data=data), True)
     preflight.check(CLASSIFIER, eval_options(data="longdoc:mention"), True)  # its own task passes
+
+
+@pytest.mark.parametrize(
+    "record, said",
+    [({"text": "the lion", "class": "lion"}, "no field 'label'"), ({"text": "a", "label": "tiger"}, "'tiger'")],
+)
+def test_records_a_classifier_cannot_score_are_refused_from_their_first_ones_before_loading(tmp_path, record, said):
+    """``--data`` records missing the label field, or with a label not one of the classes: the measure's rule
+    (``records.check_record``) on the first records and the config's classes, before the model loads."""
+    import json
+
+    from retrofit.foundation.errors import DataError
+
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({"text": "the horse", "label": "horse"}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=said):
+        preflight.check(CLASSIFIER, eval_options(data=str(path)), True)
+    path.write_text(json.dumps({"text": "the horse", "label": "horse"}) + "\n")
+    preflight.check(CLASSIFIER, eval_options(data=str(path)), True)  # records of its classes pass

@@ -161,8 +161,7 @@ def task_kind(m: EvalModel) -> str:
 
 def class_names(m: EvalModel) -> tuple[str, ...]:
     """A classifier's class names in index order (``config.id2label``)."""
-    id2label = m.model.config.id2label or {}
-    return tuple(str(id2label.get(i, id2label.get(str(i), i))) for i in range(m.model.config.num_labels))
+    return records.class_names(m.model.config.id2label, m.model.config.num_labels)
 
 
 def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> list[bool]:
