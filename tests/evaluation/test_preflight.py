@@ -68,3 +68,39 @@ def test_a_classifier_without_data_or_past_its_table_is_told_before_loading(exte
         retrofit.evaluate(classifier)
     with pytest.raises(OptionError, match="reads at most 512 tokens; the longest length is 2048"):
         retrofit.evaluate(classifier, lengths=["8x"], data="longdoc:mention")
+
+
+@pytest.mark.parametrize(
+    "model, data, said",
+    [
+        (CLASSIFIER, "longdoc:needle", "needs an embedding model"),
+        (ROOT / "standins" / "small-bert-needle-embedding", "longdoc:mention", "needs a sequence-classification"),
+    ],
+)
+def test_a_longdoc_task_of_the_other_kind_is_refused_from_the_config_before_loading(tmp_path, model, data, said):
+    """The rule of who reads a task (``data.longdoc.check_reader``) from config.json: a folder and a run folder."""
+    run = tmp_path / "run"
+    shutil.copytree(model, run / "final")
+    for where in (model, run):
+        with pytest.raises(OptionError, match=said):
+            preflight.check(where, eval_options(data=data), True)
+    preflight.check(CLASSIFIER, eval_options(data="longdoc:mention"), True)  # its own task passes
+
+
+@pytest.mark.parametrize(
+    "record, said",
+    [({"text": "the lion", "class": "lion"}, "no field 'label'"), ({"text": "a", "label": "tiger"}, "'tiger'")],
+)
+def test_records_a_classifier_cannot_score_are_refused_from_their_first_ones_before_loading(tmp_path, record, said):
+    """``--data`` records missing the label field, or with a label not one of the classes: the measure's rule
+    (``records.check_record``) on the first records and the config's classes, before the model loads."""
+    import json
+
+    from retrofit.foundation.errors import DataError
+
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({"text": "the horse", "label": "horse"}) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=said):
+        preflight.check(CLASSIFIER, eval_options(data=str(path)), True)
+    path.write_text(json.dumps({"text": "the horse", "label": "horse"}) + "\n")
+    preflight.check(CLASSIFIER, eval_options(data=str(path)), True)  # records of its classes pass

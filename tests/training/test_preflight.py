@@ -213,3 +213,34 @@ def test_a_classifiers_unnamed_classes_take_the_records_labels_of_their_count(tm
     )
     with pytest.raises(RecipeError, match=r"classifier of 2 classes \(LABEL_0, LABEL_1\)"):
         preflight.check(r)
+
+
+@pytest.mark.parametrize("length", [256, "2x"])
+def test_blocks_past_the_converted_models_reach_are_refused_by_check_and_before_loading(
+    tmp_path, capsys, no_weights, length
+):
+    """extend to 256 rows (the stand-in reads 128 natively), blocks of 512: said from config.json and the recipe."""
+    raw = recipe(
+        tmp_path,
+        task=None,
+        model={"name_or_path": str(DECODER)},
+        data={"dataset": "stdlib", "block_length": 512},
+        convert={"scheme": "extend", "options": {"length": length}},
+    )
+    rc, out = check_cli(tmp_path, raw, capsys)
+    assert rc == 2 and "'data.block_length' = 512" in out and "256 positions" in out, out
+    refused_before_loading(raw, RecipeError, "256 positions")
+
+
+def test_blocks_past_a_converted_checkpoints_table_are_refused_before_loading(tmp_path, capsys, no_weights):
+    folder = tmp_path / "extended"
+    folder.mkdir()
+    config = json.loads((DECODER / "config.json").read_text())
+    config["retrofit"] = {"scheme": "extend", "options": {"length": 256}, "native": {"length": 128}}
+    (folder / "config.json").write_text(json.dumps(config))
+    raw = recipe(
+        tmp_path, task=None, model={"name_or_path": str(folder)}, data={"dataset": "stdlib", "block_length": 300}
+    )
+    rc, out = check_cli(tmp_path, raw, capsys)
+    assert rc == 2 and "'data.block_length' = 300" in out and "256 positions" in out, out
+    refused_before_loading(raw, RecipeError, "256 positions")

@@ -9,6 +9,7 @@ import logging
 import typing
 from pathlib import Path
 
+from ..data.longdoc import listed as longdoc_tasks
 from ..evaluation.lengths import parse_list
 from ..evaluation.options import DEFAULTS, NAMES, ORIGINAL, QUICK, EvalOptions
 from ..foundation.errors import OptionError
@@ -51,8 +52,7 @@ def add_parser(sub) -> None:
         "windows and sliding windows (stride --stride). A baseline past its own limit gets only the sliding row, "
         "labelled as such. Writes report.json, report.md and plots to --out. A classifier or an embedding model "
         "(a run with task: classification or embedding, or such a checkpoint) is scored on its task instead: "
-        "accuracy or retrieval top-1 on long documents (--data longdoc:mention, longdoc:both, longdoc:needle, "
-        "longdoc:passkey, or records), reading whole against --baseline original truncated at its native length "
+        f"accuracy or retrieval top-1 on long documents (--data {longdoc_tasks()}, or records), reading whole against --baseline original truncated at its native length "
         "and over native-size chunks (docs/encoders.md).",
     )
     p.add_argument(

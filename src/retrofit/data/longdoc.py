@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass, field
 
 from ..foundation.documents import Document
-from ..foundation.errors import DataError
+from ..foundation.errors import DataError, OptionError
 from ..foundation.seeds import derive
 
 PREFIX = "longdoc:"
@@ -59,6 +59,27 @@ TASKS = {
         TaskInfo("context", "embedding", (), "find the text a passage was cut from (short text: what it is about)"),
     )
 }
+
+
+def listed(kind: str | None = None) -> str:
+    """The task specs (those of ``kind`` when given), comma-separated: the one list every help text gives."""
+    return ", ".join(PREFIX + t.name for t in TASKS.values() if kind in (None, t.kind))
+
+
+def check_reader(name: str, model_task: str | None, info: TaskInfo, classes: int | None) -> None:
+    """The one rule of who reads a task: a classification task a classifier of its classes (``classes``: the
+    model's, None when unknown), a retrieval task an embedding model; an OptionError otherwise. The loaded models
+    (``evaluation.longdoc``) and a local model's config before loading (``evaluation.preflight``) are held to it."""
+    from ..foundation.task import RECIPE_TASKS, with_article
+
+    want = RECIPE_TASKS[info.kind]
+    if model_task != want:
+        raise OptionError(f"{name} is {with_article(model_task)} model; this task needs {with_article(want)} model")
+    if info.kind == "classification" and classes is not None and classes != len(info.labels):
+        raise OptionError(
+            f"{name} has {classes} classes; this task has {len(info.labels)} ({', '.join(info.labels)}): evaluate a "
+            "classifier on the task it was fine-tuned on"
+        )
 
 
 def is_spec(spec) -> bool:

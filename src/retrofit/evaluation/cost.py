@@ -93,7 +93,13 @@ QUICK_S = 0.2  # a forward quicker than this is timed three times (the best coun
 
 
 def when(seconds: float) -> str:
-    """``42 s``, ``8 min``, ``1.5 h``."""
+    """``about 42 s``, ``about 8 min``, ``about 1.5 h``; ``under a second`` (never "about 0 s")."""
+    if seconds < 0.5:
+        return "under a second"
+    return f"about {_span(seconds)}"
+
+
+def _span(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
@@ -178,6 +184,6 @@ def time_line(name: str, work: list[tuple[int, int]], timed: list[tuple[int, flo
         else ""
     )
     return (
-        f"cost: about {when(seconds)} here for the forwards alone (timed now on {name}: {measured}); scoring adds "
+        f"cost: {when(seconds)} here for the forwards alone (timed now on {name}: {measured}); scoring adds "
         f"to it{beyond}" + ("" if quick else "; lighter: retrofit eval --quick")
     )

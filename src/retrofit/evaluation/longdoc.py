@@ -23,8 +23,6 @@ import torch.nn.functional as F
 from ..data import longdoc
 from ..foundation import run_folder
 from ..foundation.atomic import write_text
-from ..foundation.errors import OptionError
-from ..foundation.task import with_article
 from ..scoring.intervals import paired_difference, wilson
 from . import records
 from .lengths import reads_past
@@ -92,26 +90,16 @@ def runs_at(m: EvalModel, read: Read, length: int) -> bool:
     return not (read.how == "whole" and m.max_length is not None and length > m.max_length)
 
 
-def check_fits(models: list[EvalModel], lengths: list[int], kind: str, labels: tuple = ()) -> None:
-    want = "sequence-classification" if kind == "classification" else "embeddings"
+def check_fits(models: list[EvalModel], lengths: list[int], info: longdoc.TaskInfo) -> None:
     for m in models:
-        if task_kind(m) != want:
-            raise OptionError(
-                f"{m.name} is {with_article(task_kind(m))} model; this task needs {with_article(want)} model"
-            )
-        classes = getattr(m.model.config, "num_labels", None) if kind == "classification" else None
-        if classes is not None and classes != len(labels):
-            raise OptionError(
-                f"{m.name} has {classes} classes; this task has {len(labels)} ({', '.join(labels)}): evaluate a "
-                "classifier on the task it was fine-tuned on"
-            )
+        longdoc.check_reader(m.name, task_kind(m), info, getattr(m.model.config, "num_labels", None))
     reads_past(models[0].name, models[0].max_length, lengths)
 
 
 def run(models: list[EvalModel], spec: str, lengths: list[int], native: int, n: int, bar=None) -> dict:
     """The task's scores: a row per (model, reading, length) with its accuracy (or top-1), overall and by depth."""
     info = longdoc.task_of(spec)
-    check_fits(models, lengths, info.kind, info.labels)
+    check_fits(models, lengths, info)
     builder = longdoc.Builder(spec, models[0].tokenizer, "heldout")
     rows = []
     for L in lengths:
@@ -132,7 +120,7 @@ def run_records(models: list[EvalModel], src: "records.Records", lengths: list[i
     whole reading is left out: on what its table holds it is its truncated one."""
     kind = "classification" if task_kind(models[0]) == "sequence-classification" else "embedding"
     names = class_names(models[0]) if kind == "classification" else ()
-    check_fits(models, lengths, kind, names)
+    check_fits(models, lengths, longdoc.TaskInfo("records", kind, names, "the records"))
     tok = models[0].tokenizer
     docs = records.examples(src, tok, names, max(lengths), native)
     bins = [next(b for b, L in enumerate(lengths) if len(d.ids) <= L) for d in docs]
@@ -173,8 +161,7 @@ def task_kind(m: EvalModel) -> str:
 
 def class_names(m: EvalModel) -> tuple[str, ...]:
     """A classifier's class names in index order (``config.id2label``)."""
-    id2label = m.model.config.id2label or {}
-    return tuple(str(id2label.get(i, id2label.get(str(i), i))) for i in range(m.model.config.num_labels))
+    return records.class_names(m.model.config.id2label, m.model.config.num_labels)
 
 
 def _hits(m: EvalModel, read: Read, docs: list, first: list[int], kind: str) -> list[bool]:

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from ..data.longdoc import listed as longdoc_tasks
 from ..foundation.errors import OptionError
 from ..foundation.schema import field_help as _opt
 
@@ -32,7 +33,7 @@ class EvalOptions:
     data: str = _opt(
         "Data spec (retrofit.data.specs): 'stdlib', 'shakespeare[:heldout]', UTF-8 text files/folders/globs, "
         "or a datasets name[:config[:split[:field]]]; for a classifier or an embedding model, a 'longdoc:' task "
-        "(longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey) or records (json, jsonl, csv or parquet "
+        f"({longdoc_tasks()}) or records (json, jsonl, csv or parquet "
         "files, or a Hub dataset, read by the run's field names). Default: stdlib for a causal or masked LM; for a "
         "task run (a classifier or an embedding model), the data of its task: the 'longdoc:' task it was fine-tuned "
         "on, or the records its fine-tune held out.",

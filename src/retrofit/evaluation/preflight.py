@@ -9,11 +9,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..data import longdoc
+from ..data.specs import records as read_records
 from ..foundation import run_folder, task
 from ..foundation.native import converted_limit, native_length
 from . import records
 from .lengths import past_limit, reads_past, resolve
 from .options import EvalOptions
+
+FIRST_RECORDS = 64  # records of --data read before loading (the measure reads them all)
 
 READS_DOCUMENTS = ("sequence-classification", "embeddings")  # models evaluated on documents (evaluation.longdoc)
 
@@ -46,7 +50,14 @@ def check(model, o: EvalOptions, default_lengths: bool) -> None:
     if kind is None:
         return
     if kind in READS_DOCUMENTS:
-        records.source_for(o.data, model, given=o.data != EvalOptions.data)
+        source = records.source_for(o.data, model, given=o.data != EvalOptions.data)
+        classes = len(config.get("id2label") or {}) or config.get("num_labels")
+        if longdoc.is_spec(source):  # a task of the other kind, or of other classes: said before loading
+            longdoc.check_reader(str(model), kind, longdoc.task_of(source), classes)
+        elif isinstance(source, records.Records) and source.data.files is not None:  # local files: their first ones
+            names = records.class_names(config.get("id2label"), classes or 2) if kind != "embeddings" else ()
+            for rec in read_records(source.data, first=FIRST_RECORDS):
+                records.check_record(rec, source.data, names)
     limited = converted_limit(config)
     if limited is None:
         return

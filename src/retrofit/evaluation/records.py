@@ -116,15 +116,9 @@ def examples(src: Records, tokenizer, names: tuple[str, ...], longest: int, nati
         raise DataError(f"{src.label}: no records to evaluate")
     d, out = src.data, []
     for rec in recs:
-        keys = ("text_field", "label_field") if names else ("document_field", "query_field")
-        fields = tuple(getattr(d, k) for k in keys)
-        missing = [(f, k) for f, k in zip(fields, keys) if f not in rec]
-        if missing:
-            raise DataError(
-                f"a record has no field {missing[0][0]!r} (fields: {', '.join(rec)}); set data.{missing[0][1]} "
-                "to the field that holds it"
-            )
-        ids = tokenizer(str(rec[fields[0]]), truncation=True, max_length=longest).input_ids
+        check_record(rec, d, names)
+        ids = tokenizer(str(rec[d.text_field if names else d.document_field]), truncation=True, max_length=longest)
+        ids = ids.input_ids
         if names:
             out.append(Example(ids, label=_class_index(rec[d.label_field], names)))
         else:
@@ -132,6 +126,28 @@ def examples(src: Records, tokenizer, names: tuple[str, ...], longest: int, nati
                 Example(ids, query=tokenizer(str(rec[d.query_field]), truncation=True, max_length=native).input_ids)
             )
     return out
+
+
+def check_record(rec: dict, d, names: tuple[str, ...]) -> None:
+    """The one rule of a record (``names``: a classifier's classes, () for an embedding model's pairs): its fields
+    there (text and label, or document and query), its label one of the classes. The measure holds every record to
+    it; ``preflight`` the first records of local files, before the model loads."""
+    keys = ("text_field", "label_field") if names else ("document_field", "query_field")
+    fields = tuple(getattr(d, k) for k in keys)
+    missing = [(f, k) for f, k in zip(fields, keys) if f not in rec]
+    if missing:
+        raise DataError(
+            f"a record has no field {missing[0][0]!r} (fields: {', '.join(rec)}); set data.{missing[0][1]} "
+            "to the field that holds it"
+        )
+    if names:
+        _class_index(rec[d.label_field], names)
+
+
+def class_names(id2label: dict | None, num_labels: int) -> tuple[str, ...]:
+    """A classifier's class names in index order, from its config's ``id2label`` (int or str keys)."""
+    id2label = id2label or {}
+    return tuple(str(id2label.get(i, id2label.get(str(i), i))) for i in range(num_labels))
 
 
 def _class_index(label, names: tuple[str, ...]) -> int:

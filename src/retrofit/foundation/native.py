@@ -18,6 +18,21 @@ def native_length(config: Any) -> int | None:
     return next((n for n in candidates if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)
 
 
+def rows_of(value, native: int, what: str = "extend: length") -> int:
+    """A length as given (an int, or a multiple of the native length such as ``"16x"``) -> positions; torch-free,
+    so that a recipe's ``convert.options`` are read before any weights load."""
+    import re
+
+    from .errors import OptionError
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*x\s*", str(value))
+    if not m:
+        raise OptionError(f"{what} must be a number of positions or a multiple such as '16x'; got {value!r}")
+    return int(round(float(m.group(1)) * native))
+
+
 def converted_limit(config: dict) -> tuple[str, int] | None:
     """(scheme, the longest input it runs) of a retrofit checkpoint's config.json mapping whose scheme has a limit
     (``extend``'s table), read without torch; None for any other config."""

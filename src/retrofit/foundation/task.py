@@ -45,7 +45,9 @@ def retrofit_class_name(name: str) -> str:
 
 
 def with_article(word: str) -> str:
-    """``word`` with its indefinite article: "an embedding", "a causal-lm"."""
+    """``word`` with its indefinite article: "an embedding", "a causal-lm"; the task "embeddings" is said "an
+    embedding" ("an embedding model")."""
+    word = "embedding" if word == "embeddings" else word
     return f"{'an' if str(word)[:1].lower() in 'aeiou' else 'a'} {word}"
 
 

@@ -201,15 +201,15 @@ def smollm2_folder() -> Path:
     def write(tmp: Path):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        with _gguf_bar():
+        with _gguf_bar():  # the load and the write ("Writing model shards") alike
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, **_gguf_dequantize())
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        # raw write: inside write_dir's temporary folder
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            # raw write: inside write_dir's temporary folder
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
 
     return write_dir(out, write)
 

@@ -230,13 +230,25 @@ def budget(recipe: dict, summary: dict, info: dict, report: dict, manifest: dict
         "total_parameters": info.get("total_parameters"),
         "train_seconds": summary.get("train_seconds"),
         "stage_seconds": stage.get("seconds"),
-        "hardware": hw.get("gpu")
-        or f"{hw.get('cpu') or 'CPU'} ({hw.get('cpu_count')} cores, {hw.get('torch_threads')} torch threads)",
+        "hardware": _hardware(hw),
         "processes": processes,
         "val_loss_before": summary.get("val_loss_before"),
         "val_loss_after": summary.get("val_loss_after"),
         "resumed_from_step": summary.get("resumed_from_step"),
     }
+
+
+def _hardware(hw: dict) -> str:
+    """The card's hardware row, from the eval report's environment (the run's own records hold none): what is
+    recorded, and "not recorded" before any eval, never "None"."""
+    if hw.get("gpu"):
+        return hw["gpu"]
+    if not hw:
+        return "not recorded (no evaluation report in the run yet)"
+    counts = [
+        f"{hw[k]} {what}" for k, what in (("cpu_count", "cores"), ("torch_threads", "torch threads")) if hw.get(k)
+    ]
+    return (hw.get("cpu") or "CPU") + (f" ({', '.join(counts)})" if counts else "")
 
 
 def task_of(folder: Path):

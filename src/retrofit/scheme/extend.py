@@ -19,13 +19,13 @@ converted config advertises ``length``. Native export is the same architecture w
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..foundation.errors import LengthError, OptionError
+from ..foundation.native import rows_of
 from .kinds import AbsoluteScheme
 from .options import option
 from .spec import ModelSpec
@@ -35,12 +35,7 @@ INITS = ("copy", "interpolate")
 
 def resolve_length(value, native: int) -> int:
     """``length`` as given (an int, or a multiple of the native length such as ``"16x"``) -> rows."""
-    if isinstance(value, int):
-        return value
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*x\s*", str(value))
-    if not m:
-        raise OptionError(f"extend: length must be a number of positions or a multiple such as '16x'; got {value!r}")
-    return int(round(float(m.group(1)) * native))
+    return rows_of(value, native)
 
 
 def copied_rows(table: torch.Tensor, length: int, copy_from: int = 0) -> torch.Tensor:

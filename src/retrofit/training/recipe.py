@@ -116,7 +116,7 @@ class DataConfig:
     dataset: Optional[str] = _help(
         "A datasets Hub name (with config/split/text_field below), or a built-in source: "
         "'stdlib' (this Python's standard-library sources), 'shakespeare[:train|:heldout]', or with 'task' a "
-        "'longdoc:' task (longdoc:mention, longdoc:both: classification; longdoc:needle, longdoc:passkey: "
+        f"'longdoc:' task ({longdoc.listed('classification')}: classification; {longdoc.listed('embedding')}: "
         "embedding; docs/encoders.md). Exactly one of dataset and files.",
         None,
     )
@@ -319,7 +319,7 @@ class Recipe:
         "for a masked LM); classification: a sequence classifier (the encoder's own head, cross-entropy; accuracy "
         "and macro-F1 on the held-out examples); embedding: an embedding model (mean pooling, sentence-transformers' "
         "MultipleNegativesRankingLoss over (query, document) pairs). Data for both: a 'longdoc:' task "
-        "(longdoc:mention, longdoc:both, longdoc:needle, longdoc:passkey, longdoc:context) or records (data.files or a Hub dataset).",
+        f"({longdoc.listed()}) or records (data.files or a Hub dataset).",
         None,
     )
     model: ModelConfig = _help("The pretrained model.", factory=ModelConfig)
