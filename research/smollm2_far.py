@@ -233,6 +233,27 @@ def readme_cell(data: dict) -> str:
     )
 
 
+def readme_swaps(data: dict) -> list[str]:
+    """The README's words for each swapped mechanism measured (RoPE -> ALiBi, RoPE -> NoPE): what it retrieves and
+    what it keeps at 1x, whatever they are."""
+    base = next(r for r in data["rows"] if r["method"] == "as is")
+    out = []
+    for row in data["rows"]:
+        scheme = (row.get("fine_tune") or {}).get("recipe", {}).get("convert", {}).get("scheme")
+        if scheme not in ("alibi", "nope"):
+            continue
+        gains = [c["copy_gain"] for c in row["copy"]]
+        first = row["ppl_first_half"] / base["ppl_first_half"]
+        other = [row["ppl_1x_other_domains"][d] / base["ppl_1x_other_domains"][d] for d in row["ppl_1x_other_domains"]]
+        ft = row["fine_tune"]
+        out.append(
+            f"RoPE -> {scheme} ({row['method']}, LoRA, {ft['fine_tune_tokens']:,} tokens): a repeated span saves "
+            f"{min(gains):.2f} to {max(gains):.2f} nats a token at 0.25x-3.75x native; ppl at 1x {first:.1f}x the "
+            f"original's in domain, {min(other):.0f}-{max(other):.0f}x on prose and code"
+        )
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cells", default=",".join(ORDER))
@@ -243,6 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/smollm2_far.json")
     ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a record and exit")
     ap.add_argument("--readme", action="store_true", help="with --table: the README's words for the 2x adapter")
+    ap.add_argument("--readme-swaps", action="store_true", help="with --table: the README's words for the swaps")
     reach.sequence_options(
         ap,
         length=TARGET,
@@ -255,7 +277,7 @@ def main(argv=None) -> int:
     args.command = "OMP_NUM_THREADS=1 python research/smollm2_far.py"
     if args.table:
         data = json.loads(Path(args.table).read_text())
-        print(readme_cell(data) if args.readme else table(data))
+        print("\n".join(readme_swaps(data)) if args.readme_swaps else readme_cell(data) if args.readme else table(data))
         return 0
     from retrofit.models.io import load_model
 

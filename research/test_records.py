@@ -177,3 +177,9 @@ def test_the_smollm2_far_tables_and_the_readme_words_are_what_the_json_gives():
         in results.split("<!-- smollm2-far:begin -->")[1].split("<!-- smollm2-far:end -->")[0]
     )
     assert cell.stdout.strip() in (ROOT / "README.md").read_text()
+    swaps = subprocess.run([*script, "--readme-swaps"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert swaps.returncode == 0, swaps.stderr[-2000:]
+    schemes = [((r.get("fine_tune") or {}).get("recipe") or {}).get("convert", {}).get("scheme") for r in data["rows"]]
+    lines = swaps.stdout.strip().splitlines()
+    assert len(lines) == sum(s in ("alibi", "nope") for s in schemes)  # each swap measured is in the README
+    assert all(line in (ROOT / "README.md").read_text() for line in lines)
