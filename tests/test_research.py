@@ -173,15 +173,17 @@ def test_check_sharded_measures_the_cases_the_test_checks():
     assert not (ROOT / "src" / "retrofit" / "training" / "sharded_check.py").exists()
 
 
-def test_the_two_session_caches_are_made_alike():
-    """tests/ and research/ each set up their session cache with ``seeded_cache`` (test-only code: not the
-    package's, and neither folder imports the other): the two definitions stay the same, read from their syntax."""
+def test_the_session_cache_is_made_in_one_place():
+    """tests/ and research/ set up their session cache with the root conftest.py's ``seeded_cache`` (test-only code:
+    not the package's; neither folder imports the other, both are under the rootdir whose conftest pytest loads)."""
 
-    def seeded_cache(path: Path) -> str:
-        fn = next(n for n in _tree(path).body if isinstance(n, ast.FunctionDef) and n.name == "seeded_cache")
-        return ast.dump(fn)
+    def defines(path: Path) -> set[str]:
+        return {n.name for n in _tree(path).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
-    assert seeded_cache(ROOT / "tests" / "conftest.py") == seeded_cache(RESEARCH / "conftest.py")
+    assert {"seeded_cache", "_seeded_cache"} <= defines(ROOT / "conftest.py")
+    assert not {"seeded_cache", "_seeded_cache"} & (
+        defines(ROOT / "tests" / "conftest.py") | defines(RESEARCH / "conftest.py")
+    )
     from retrofit.models import assets
 
     assert not hasattr(assets, "seeded_cache")
