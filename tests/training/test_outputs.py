@@ -43,8 +43,6 @@ def test_a_dense_after_pooling_is_dropped_and_said(tmp_path, caplog):
 def test_sentence_transformers_reads_to_the_trained_models_reach_else_its_block(scheme, options, want):
     """A fine-tuned embedding model's text limit: extend's table (as convert and the native export write it), an
     unbounded scheme's the block it trained at."""
-    from types import SimpleNamespace
-
     import transformers as tf
 
     import retrofit
@@ -53,4 +51,4 @@ def test_sentence_transformers_reads_to_the_trained_models_reach_else_its_block(
     cfg = tf.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     model = retrofit.convert(tf.BertModel(cfg), scheme, **options)
-    assert reads_to(SimpleNamespace(data=SimpleNamespace(block_length=96)), model) == want
+    assert reads_to(model, block_length=96) == want

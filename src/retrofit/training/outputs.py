@@ -220,20 +220,20 @@ def write_outputs(r: Recipe, unwrapped, tok) -> Path:
     if r.task == "embedding":
         sentence_transformers_files(
             out / run_folder.FINAL,
-            reads_to(r, unwrapped),
+            reads_to(unwrapped, r.data.block_length),
             sentence_transformers_source(r.model.name_or_path, r.model.gguf_file),
         )
     return out / run_folder.FINAL
 
 
-def reads_to(r: Recipe, model) -> int:
+def reads_to(model, block_length: int) -> int:
     """Where ``SentenceTransformer(final)`` cuts a text: the trained model's reach where it has one (``extend``'s
     table, as ``retrofit convert`` and the native export write it), else the length it was trained at
     (``data.block_length``: an unbounded scheme names no length of its own; ``model.max_seq_length`` reads further)."""
     from ..patch.conversion import UNBOUNDED, reach
 
     limit = reach(model)
-    return limit if limit < UNBOUNDED else r.data.block_length
+    return limit if limit < UNBOUNDED else block_length
 
 
 # the tokenizer config carries the length it reads (sentence-transformers 5+: model_max_length)

@@ -46,7 +46,7 @@ def check(r) -> list[str]:
     the first thing that cannot work; returns what could not be read here (a Hub model or dataset offline)."""
     notes = []
     _check_files(r.data)
-    check_reach(r)
+    check_reach(r.model, r.convert, r.data.block_length)
     if r.task is None:  # a language model's fine-tune: its model is read when it loads
         return notes
     facts = model_facts(r.model.name_or_path, r.model.gguf_file)
@@ -99,15 +99,15 @@ def model_facts(name: str, gguf_file: str | None = None) -> ModelFacts | None:
     return ModelFacts(name, task, is_encoder(cfg), arch or str(d.get("model_type")), names, converted)
 
 
-def check_reach(r) -> None:
-    """'data.block_length' past the positions the model reads once converted, from its config.json (a local folder
-    or a run folder) and the recipe's ``convert`` section: a scheme with a limit (``extend``'s ``length``) or, with
+def check_reach(model, convert, block_length: int) -> None:
+    """'data.block_length' past the positions the model reads once converted, from its config.json (``model``: the
+    recipe's section, a local folder or a run folder) and the recipe's ``convert`` section: a scheme with a limit (``extend``'s ``length``) or, with
     no conversion, a converted checkpoint's own limit. A RecipeError naming the limit and the fix, before torch;
     the blocks' spread positions (``train.positions``) are checked when the model is built."""
     from ..foundation import catalog, run_folder
     from ..foundation.native import converted_limit, native_length, rows_of
 
-    path = Path(r.model.name_or_path).expanduser()
+    path = Path(model.name_or_path).expanduser()
     found = next((f for f in (path / "config.json", path / run_folder.FINAL / "config.json") if f.is_file()), None)
     try:
         config = json.loads(found.read_text()) if found else None
@@ -115,18 +115,18 @@ def check_reach(r) -> None:
         return  # loading says what is wrong with it
     if not isinstance(config, dict):
         return
-    scheme, native = r.convert.scheme, native_length(config)
+    scheme, native = convert.scheme, native_length(config)
     if scheme is None:
         limited = converted_limit(config)
         fix = "convert it with a longer table ('convert.scheme: extend', 'convert.options.length')"
     else:
         key = catalog.entry(scheme).limit
-        given = r.convert.options.get(key) if key else None
+        given = convert.options.get(key) if key else None
         limited = (scheme, rows_of(given, native or 0, f"convert.options.{key}")) if given and native else None
         fix = f"a larger 'convert.options.{key}'"
-    if limited is not None and r.data.block_length > limited[1]:
+    if limited is not None and block_length > limited[1]:
         raise RecipeError(
-            f"'data.block_length' = {r.data.block_length} exceeds the {limited[1]} positions {r.model.name_or_path!r} "
+            f"'data.block_length' = {block_length} exceeds the {limited[1]} positions {model.name_or_path!r} "
             f"reads with scheme {limited[0]!r}: lower 'data.block_length' to at most {limited[1]}, or {fix}"
         )
 
