@@ -233,6 +233,27 @@ def readme_cell(data: dict) -> str:
     )
 
 
+def readme_training_free(data: dict) -> list[str]:
+    """The README's words for each training-free extension measured at 4x (SelfExtend, STRING): its reach at 32k and
+    its ppl at 1x against the original's, in and out of domain."""
+    base = next(r for r in data["rows"] if r["method"] == "as is")
+    out = []
+    for row in data["rows"]:
+        if row.get("fine_tune") or not row["method"].startswith(("self_extend", "string")):
+            continue
+        e, native = row["effective_reach"], row["effective_reach"]["native"]
+        ratios = [row["ppl_first_half"] / base["ppl_first_half"]]
+        ratios += [
+            row["ppl_1x_other_domains"][d] / base["ppl_1x_other_domains"][d] for d in row["ppl_1x_other_domains"]
+        ]
+        out.append(
+            f"{row['method']} read at 4x (32k), no training: effective reach {reach._x(e['reach'], native)} "
+            f"[{reach._x(e['reach_low'], native)}, {reach._x(e['reach_high'], native)}], ppl at 1x "
+            f"{min(ratios):.3f}-{max(ratios):.3f}x the original's (Shakespeare, prose, code)"
+        )
+    return out
+
+
 def readme_swaps(data: dict) -> list[str]:
     """The README's words for each swapped mechanism measured (RoPE -> ALiBi, RoPE -> NoPE): what it retrieves and
     what it keeps at 1x, whatever they are."""
@@ -265,6 +286,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a record and exit")
     ap.add_argument("--readme", action="store_true", help="with --table: the README's words for the 2x adapter")
     ap.add_argument("--readme-swaps", action="store_true", help="with --table: the README's words for the swaps")
+    ap.add_argument("--readme-free", action="store_true", help="with --table: the README's words, training-free")
     reach.sequence_options(
         ap,
         length=TARGET,
@@ -277,7 +299,10 @@ def main(argv=None) -> int:
     args.command = "OMP_NUM_THREADS=1 python research/smollm2_far.py"
     if args.table:
         data = json.loads(Path(args.table).read_text())
-        print("\n".join(readme_swaps(data)) if args.readme_swaps else readme_cell(data) if args.readme else table(data))
+        if args.readme_swaps or args.readme_free:
+            print("\n".join(readme_swaps(data) if args.readme_swaps else readme_training_free(data)))
+            return 0
+        print(readme_cell(data) if args.readme else table(data))
         return 0
     from retrofit.models.io import load_model
 

@@ -183,3 +183,9 @@ def test_the_smollm2_far_tables_and_the_readme_words_are_what_the_json_gives():
     lines = swaps.stdout.strip().splitlines()
     assert len(lines) == sum(s in ("alibi", "nope") for s in schemes)  # each swap measured is in the README
     assert all(line in (ROOT / "README.md").read_text() for line in lines)
+    free = subprocess.run([*script, "--readme-free"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert free.returncode == 0, free.stderr[-2000:]
+    methods = [r["method"] for r in data["rows"] if not r.get("fine_tune")]
+    lines = free.stdout.strip().splitlines()
+    assert len(lines) == sum(m.startswith(("self_extend", "string")) for m in methods)  # each measured is said
+    assert all(line in (ROOT / "README.md").read_text() for line in lines)
