@@ -578,9 +578,14 @@ def _targets(record: dict) -> list[str]:
     return out + [""]
 
 
+def _cells_with(record: dict, prefix: str) -> list[dict]:
+    """The cells holding a measure of ``prefix`` (``confirm:``, ``chunks:``)."""
+    return [e for e in record["cells"] if any(k.startswith(prefix) for k in e["measures"])]
+
+
 def _confirm_table(record: dict) -> list[str]:
     """The cells read again on another seed's documents (``--confirm``), beside their first readings."""
-    rows = [e for e in record["cells"] if any(k.startswith("confirm:") for k in e["measures"])]
+    rows = _cells_with(record, "confirm:")
     if not rows:
         return []
     out = [f"**A fresh draw** (documents of seed {CONFIRM_SEED}, the same sizes; first draw's reading in brackets)", ""]
@@ -590,11 +595,10 @@ def _confirm_table(record: dict) -> list[str]:
     ]
     for e in rows:
         for how in ("truncated", "chunk-mean", "best-chunk") if e["name"] == "original" else ("whole",):
-            got = []
-            for task in ("passkey", "needle"):
-                m = e["measures"].get(f"confirm:{task}@2048")
-                new = None if m is None else m["readings"].get(how, {}).get("top1")
-                got.append(f"{_pct(new)} ({_pct(_top1(e, task, 2048, how))})")
+            got = [
+                f"{_pct(_top1(e, f'confirm:{task}', 2048, how))} ({_pct(_top1(e, task, 2048, how))})"
+                for task in ("passkey", "needle")
+            ]
             s = {k: e["measures"].get(k, {}).get("lengths", {}).get("256") for k in ("confirm:short", "short")}
             top = (
                 "—"
@@ -608,7 +612,7 @@ def _confirm_table(record: dict) -> list[str]:
 
 def _own_chunks_table(record: dict) -> list[str]:
     """Converted cells read over their own 512-token chunks (``--own-chunks``) beside their whole reading."""
-    rows = [e for e in record["cells"] if any(k.startswith("chunks:") for k in e["measures"])]
+    rows = _cells_with(record, "chunks:")
     if not rows:
         return []
     hows = ("truncated", "chunk-mean", "best-chunk")
@@ -618,8 +622,7 @@ def _own_chunks_table(record: dict) -> list[str]:
     out += ["", "| cell | task | whole | " + " | ".join(hows) + " |", "|---|---|---:|" + "---:|" * len(hows)]
     for e in rows:
         for task in ("passkey", "needle"):
-            m = e["measures"].get(f"chunks:{task}@2048", {}).get("readings", {})
-            got = [_pct(m.get(h, {}).get("top1")) for h in hows]
+            got = [_pct(_top1(e, f"chunks:{task}", 2048, h)) for h in hows]
             out.append(f"| {e['name']} | {task} | {_pct(_top1(e, task, 2048, 'whole'))} | " + " | ".join(got) + " |")
     return out + [""]
 
@@ -651,8 +654,7 @@ def readme_row(record: dict) -> str:
                f"{_pct(_top1(best, 'needle', 8192, 'whole'))}%")  # fmt: skip
     fresh = ""
     if "confirm:passkey@2048" in best["measures"]:
-        c = {t: _pct(best["measures"].get(f"confirm:{t}@2048", {}).get("readings", {}).get("whole", {}).get("top1"))
-             for t in ("passkey", "needle")}  # fmt: skip
+        c = {t: _pct(_top1(best, f"confirm:{t}", 2048, "whole")) for t in ("passkey", "needle")}
         fresh = f"; on a fresh draw of documents passkey {c['passkey']}%, needle {c['needle']}%"
     return (
         f"all-MiniLM-L6-v2 (`minilm`, 512-row table), {best['name']} after {f.get('cpu_minutes', '?')} CPU-minutes: at "
