@@ -113,6 +113,17 @@ CELLS = [
         "distill_weight": DISTILL_WEIGHT,
     },
     {
+        # lr 3e-5 met the four targets on the grid's documents but read passkey in 84% on a fresh draw; lr 5e-5 read
+        # it in 100% / 94% but kept cosine 0.976: that step size with twice the anchor's weight
+        "name": "extend (copy) + full + distill x20 (lr 5e-5)",
+        "scheme": "extend",
+        "options": EXTEND,
+        "method": "full",
+        "lr": 5e-5,
+        "objective": "both",
+        "distill_weight": 2 * DISTILL_WEIGHT,
+    },
+    {
         "name": "alibi + full + distill",
         "scheme": "alibi",
         "method": "full",
