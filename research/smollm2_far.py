@@ -217,6 +217,41 @@ def table(data: dict) -> str:
         first = ratio(r["ppl_first_half"], base and base["ppl_first_half"])
         other = [ratio(r["ppl_1x_other_domains"][d], base and base["ppl_1x_other_domains"][d]) for d in domains]
         out.append(f"| {r['method']} | {cost} | {first} | " + " | ".join(other) + " |")
+    return "\n".join(out + ["", targets(data)])
+
+
+def against(row: dict, ref: dict) -> str:
+    """How ``row``'s copy gain compares with ``ref``'s at every distance past native both measured: "at least as
+    strong at every one" or the distance where it falls furthest short, and by how many nats a token."""
+    ref_gain = {c["distance"]: c["copy_gain"] for c in ref["copy"]}
+    native = row["effective_reach"]["native"]
+    short = [
+        (ref_gain[c["distance"]] - c["copy_gain"], c["distance"]) for c in row["copy"] if c["distance"] in ref_gain
+    ]
+    short = [(gap, d) for gap, d in short if d > native]
+    if not short:
+        return "no distance past native in common"
+    gap, d = max(short)
+    if gap <= 0:
+        return "at least as strong at every distance past native"
+    return f"short by up to {gap:.2f} nats a token (at {d / native:g}x)"
+
+
+def targets(data: dict) -> str:
+    """The issue's targets for each fine-tuned cell: effective reach >= 3.5x; ppl at 1x <= 1.02x the original's on
+    both texts of other domains; past native, a copy gain at least SelfExtend x4's at every distance."""
+    rows = data["rows"]
+    base = next(r for r in rows if r["method"] == "as is")
+    ref = next((r for r in rows if r["method"] == "self_extend x4"), None)
+    out = ["| fine-tuned cell | effective reach >= 3.5x | ppl at 1x out of domain <= 1.02x | against SelfExtend x4 |"]
+    out.append("|---|---|---|---|")
+    for r in [r for r in rows if r.get("fine_tune")]:
+        e = r["effective_reach"]
+        x = e["reach"] / e["native"]
+        worst = max(r["ppl_1x_other_domains"][d] / base["ppl_1x_other_domains"][d] for d in r["ppl_1x_other_domains"])
+        met = {True: "met", False: "not met"}
+        vs = against(r, ref) if ref else "SelfExtend x4 not measured"
+        out.append(f"| {r['method']} | {x:g}x: {met[x >= 3.5]} | {worst:.3f}x: {met[worst <= 1.02]} | {vs} |")
     return "\n".join(out)
 
 
