@@ -106,11 +106,13 @@ def finetune(cell: str, args) -> tuple[Path, float]:
         path = out.parent / f"{out.name}.yaml"
         path.write_text(yaml.safe_dump(r, sort_keys=False))
         before = json.loads(spent.read_text())["seconds"] if spent.exists() else 0.0
-        t0 = time.time()
-        try:
-            subprocess.run(["retrofit", "finetune", str(path)], check=True)
-        finally:
+        t0, proc = time.time(), subprocess.Popen(["retrofit", "finetune", str(path)])
+        while proc.poll() is None:  # written as it runs: a job killed outright loses at most 30 s of the count
             spent.write_text(json.dumps({"seconds": round(before + time.time() - t0, 1)}))
+            time.sleep(min(30.0, 1.0 + time.time() - t0))
+        spent.write_text(json.dumps({"seconds": round(before + time.time() - t0, 1)}))
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args)
     return out / "final", json.loads(spent.read_text())["seconds"] if spent.exists() else 0.0
 
 
@@ -289,6 +291,27 @@ def readme_training_free(data: dict) -> list[str]:
     return out
 
 
+def readme_tuned(data: dict) -> list[str]:
+    """The README's words for each fine-tuned rescaled-RoPE cell of this grid (the 2x round's adapter has
+    ``readme_cell``): its reach at 32k, its ppl at 1x in and out of domain, what it cost."""
+    base = next(r for r in data["rows"] if r["method"] == "as is")
+    out = []
+    for row in data["rows"]:
+        convert = ((row.get("fine_tune") or {}).get("recipe") or {}).get("convert", {})
+        if convert.get("scheme") != "rope":
+            continue
+        e, native, ft = row["effective_reach"], row["effective_reach"]["native"], row["fine_tune"]
+        other = [row["ppl_1x_other_domains"][d] / base["ppl_1x_other_domains"][d] for d in row["ppl_1x_other_domains"]]
+        out.append(
+            f"{row['method']} (LoRA, {ft['fine_tune_tokens']:,} tokens, {ft['fine_tune_seconds'] / 3600:.1f} h of one "
+            f"thread): effective reach {reach._x(e['reach'], native)} [{reach._x(e['reach_low'], native)}, "
+            f"{reach._x(e['reach_high'], native)}] at 4x (32k); ppl at 1x "
+            f"{row['ppl_first_half'] / base['ppl_first_half']:.3f}x the original's in domain, "
+            f"{min(other):.3f}-{max(other):.3f}x on prose and code"
+        )
+    return out
+
+
 def readme_swaps(data: dict) -> list[str]:
     """The README's words for each swapped mechanism measured (RoPE -> ALiBi, RoPE -> NoPE): what it retrieves and
     what it keeps at 1x, whatever they are."""
@@ -322,6 +345,7 @@ def main(argv=None) -> int:
     ap.add_argument("--readme", action="store_true", help="with --table: the README's words for the 2x adapter")
     ap.add_argument("--readme-swaps", action="store_true", help="with --table: the README's words for the swaps")
     ap.add_argument("--readme-free", action="store_true", help="with --table: the README's words, training-free")
+    ap.add_argument("--readme-tuned", action="store_true", help="with --table: the README's words, fine-tuned RoPE")
     reach.sequence_options(
         ap,
         length=TARGET,
@@ -334,8 +358,10 @@ def main(argv=None) -> int:
     args.command = "OMP_NUM_THREADS=1 python research/smollm2_far.py"
     if args.table:
         data = json.loads(Path(args.table).read_text())
-        if args.readme_swaps or args.readme_free:
-            print("\n".join(readme_swaps(data) if args.readme_swaps else readme_training_free(data)))
+        words = {"readme_swaps": readme_swaps, "readme_free": readme_training_free, "readme_tuned": readme_tuned}
+        chosen = [fn for flag, fn in words.items() if getattr(args, flag)]
+        if chosen:
+            print("\n".join(chosen[0](data)))
             return 0
         print(readme_cell(data) if args.readme else table(data))
         return 0

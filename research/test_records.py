@@ -183,6 +183,11 @@ def test_the_smollm2_far_tables_and_the_readme_words_are_what_the_json_gives():
     lines = swaps.stdout.strip().splitlines()
     assert len(lines) == sum(s in ("alibi", "nope") for s in schemes)  # each swap measured is in the README
     assert all(line in (ROOT / "README.md").read_text() for line in lines)
+    tuned = subprocess.run([*script, "--readme-tuned"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    lines = tuned.stdout.strip().splitlines()
+    assert len(lines) == schemes.count("rope")  # each fine-tuned rescaled RoPE cell measured is in the README
+    assert all(line in (ROOT / "README.md").read_text() for line in lines)
     free = subprocess.run([*script, "--readme-free"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert free.returncode == 0, free.stderr[-2000:]
     methods = [r["method"] for r in data["rows"] if not r.get("fine_tune")]

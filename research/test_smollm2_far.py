@@ -35,3 +35,25 @@ def test_without_selfextend_in_the_record_the_table_says_so():
     data = _record(_row("cell", (1.0, 1.0, 1.0)))
     data["rows"] = [r for r in data["rows"] if r["method"] != "self_extend x4"]
     assert "SelfExtend x4 not measured" in smollm2_far.targets(data)
+
+
+def test_the_fine_tune_seconds_are_written_while_it_runs_and_a_failure_raises(tmp_path, monkeypatch):
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(smollm2_far, "recipe", lambda cell, args: {"output_dir": str(tmp_path / "cell")})
+    real = subprocess.Popen
+    code = {"run": "import time; time.sleep(2.5)"}
+    monkeypatch.setattr(smollm2_far.subprocess, "Popen", lambda cmd: real([sys.executable, "-c", code["run"]]))
+    final, seconds = smollm2_far.finetune("cell", None)
+    assert final == tmp_path / "cell" / "final" and 2.5 <= seconds < 30
+    assert json.loads((tmp_path / "cell" / "seconds.json").read_text())["seconds"] == seconds
+    code["run"] = "raise SystemExit(3)"
+    try:
+        smollm2_far.finetune("cell", None)
+    except subprocess.CalledProcessError as err:
+        assert err.returncode == 3
+    else:
+        raise AssertionError("a failed fine-tune must raise")
+    assert json.loads((tmp_path / "cell" / "seconds.json").read_text())["seconds"] >= seconds  # counts add up
