@@ -145,6 +145,23 @@ CELLS = [
     {"name": "extend (interpolate)", "scheme": "extend", "options": {"length": "16x", "init": "interpolate"}},
     {"name": "extend (copy) + lora", "scheme": "extend", "options": EXTEND, "method": "lora", "lr": 2e-4},
     {"name": "alibi + lora", "scheme": "alibi", "method": "lora", "lr": 5e-4},
+    # the rest of the grid the issue asks (each conversion fine-tuned): the interpolated table in full, the other
+    # swaps under LoRA at the ALiBi adapter's step size
+    {
+        "name": "extend (interpolate) + full",
+        "scheme": "extend",
+        "options": {"length": "16x", "init": "interpolate"},
+        "method": "full",
+        "lr": 2e-5,
+    },  # fmt: skip
+    {
+        "name": "rope-ntk + lora",
+        "scheme": "rope",
+        "options": {"scaling": "ntk", "factor": 4},
+        "method": "lora",
+        "lr": 5e-4,
+    },
+    {"name": "t5 + lora", "scheme": "t5", "method": "lora", "lr": 5e-4},
 ]
 log = logging.getLogger("minilm_grid")
 
