@@ -599,7 +599,7 @@ def _targets(record: dict) -> list[str]:
         c3 = (
             "—"
             if s is None or short0 is None
-            else f"{_pct(s['top1'])} vs {_pct(short0)}: " + yes(s["top1"] >= short0 - 0.01)
+            else f"{100 * s['top1']:.1f} vs {100 * short0:.1f}: " + yes(s["top1"] >= short0 - 0.01)  # 1 of 64: 1.6
         )
         c4 = "—" if s is None else f"{s['cosine_mean']:.3f}: {yes(s['cosine_mean'] >= 0.98)}"
         out.append(f"| {e['name']} | {c1} | {c2} | {c3} | {c4} |")

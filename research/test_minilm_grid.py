@@ -50,7 +50,7 @@ def test_the_tables_say_each_target_met_or_not():
     ]}  # fmt: skip
     text = grid.tables(rec)
     row = next(x for x in text.splitlines() if x.startswith("| extend (copy) + full | 95: met"))
-    assert "40 vs 50 / 25: not met" in row and "35 vs 40: not met" in row and "0.990: met" in row
+    assert "40 vs 50 / 25: not met" in row and "35.0 vs 40.0: not met" in row and "0.990: met" in row
 
 
 def test_confirm_reads_the_same_measures_on_another_seed(monkeypatch):
