@@ -1,5 +1,6 @@
-"""The SmolLM2 adapter docs/results.md measured (benchmarks/smollm2_use_adapter/, a few MB) loads with the one line
-the docs give, and is live: on held-out Shakespeare it predicts better than the same conversion without it."""
+"""The SmolLM2 adapters docs/results.md measured (benchmarks/smollm2_use_adapter/: YaRN x4 + PoSE toward 2x;
+benchmarks/smollm2_far_adapter/: YaRN x8 + PoSE toward 4x; a few MB each) load with the one line the docs give, and
+are live: on held-out Shakespeare each predicts better than the same conversion without it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import retrofit
 
 pytestmark = pytest.mark.slow  # SmolLM2 is loaded twice (~1 min)
 
-ADAPTER = Path(__file__).resolve().parents[2] / "benchmarks" / "smollm2_use_adapter"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _nll(model, ids) -> float:
@@ -20,15 +21,16 @@ def _nll(model, ids) -> float:
         return float(model(input_ids=ids, labels=ids).loss)
 
 
-def test_the_shipped_adapter_loads_in_one_line_and_is_live():
+@pytest.mark.parametrize(("folder", "factor"), [("smollm2_use_adapter", 4.0), ("smollm2_far_adapter", 8.0)])
+def test_the_shipped_adapter_loads_in_one_line_and_is_live(folder, factor):
     from retrofit.data.specs import tokenize_documents
     from retrofit.models import assets
 
-    model = retrofit.load(ADAPTER)  # the one line
+    model = retrofit.load(BENCHMARKS / folder)  # the one line
     info = retrofit.describe(model)
-    assert info["scheme"] == "rope" and info["options"]["scaling"] == "yarn" and info["options"]["factor"] == 4.0
+    assert info["scheme"] == "rope" and info["options"]["scaling"] == "yarn" and info["options"]["factor"] == factor
     plain, tok = retrofit.load_model("smollm2", dtype="float32")
-    retrofit.convert(plain, "rope", scaling="yarn", factor=4.0)
+    retrofit.convert(plain, "rope", scaling="yarn", factor=factor)
     text = [t for d in tokenize_documents(tok, assets.shakespeare_documents("heldout")[:2]) for t in d]
     ids = torch.tensor([text[:512]])
     assert _nll(model, ids) < _nll(plain, ids) - 0.02  # the LoRA weights are merged in, not dropped
