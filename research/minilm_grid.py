@@ -76,6 +76,13 @@ EXTEND = {"length": "16x", "init": "copy"}
 # after extend (28 vs 0.46; the term 0.027, the student's dropout alone), and each step is clipped to norm 1: at
 # weight 1 the term would steer 1/60 to 1/7 of it.
 DISTILL_WEIGHT = 10.0
+
+
+def merged(source: str, weight: float) -> dict:
+    """A weight-space ensemble cell: ``source``'s fine-tuned weights averaged with its untrained conversion's."""
+    return {"name": f"{source} (averaged {weight})", "merge": {"from": source, "weight": weight}}
+
+
 CELLS = [
     {"name": "original", "scheme": None},
     {"name": "extend (copy)", "scheme": "extend", "options": EXTEND},
@@ -162,7 +169,17 @@ CELLS = [
         "lr": 5e-4,
     },
     {"name": "t5 + lora", "scheme": "t5", "method": "lora", "lr": 5e-4},
+    # weight-space ensembles (WiSE-FT, arXiv 2109.01903): a fine-tuned cell's weights averaged with the untrained
+    # conversion's, ``weight`` x fine-tuned + (1 - weight) x untrained, no further training. The distilled cells trade
+    # passkey at 2,048 against the cosine kept (no cell holds >= 90% and >= 0.98 on both draws): the average is the
+    # other knob on that trade, and costs no CPU-minute past its source's
+    *(merged("extend (copy) + full", w) for w in (0.3, 0.5)),
+    *(merged("extend (copy) + full + distill (lr 5e-5)", w) for w in (0.5, 0.75)),
 ]
+for _cell in CELLS:  # an averaged cell is its source's conversion and method
+    if "merge" in _cell:
+        _src = next(c for c in CELLS if c["name"] == _cell["merge"]["from"])
+        _cell.update(scheme=_src["scheme"], options=_src.get("options", {}), method=_src["method"])
 log = logging.getLogger("minilm_grid")
 
 
@@ -266,7 +283,9 @@ def document_tokens() -> int:
 
 
 def load(cell: dict, entry: dict):
-    """(model, tokenizer) of a cell: the original, converted untrained, or fine-tuned."""
+    """(model, tokenizer) of a cell: the original, converted untrained, fine-tuned, or averaged."""
+    if cell.get("merge"):
+        return averaged(cell, entry)
     if cell.get("method"):
         model, tok = retrofit.load_model(str(fine_tune(cell, entry)))
     else:
@@ -274,6 +293,31 @@ def load(cell: dict, entry: dict):
         if cell["scheme"]:
             retrofit.convert(model, cell["scheme"], **cell.get("options", {}))
     return model.eval(), tok
+
+
+def averaged(cell: dict, entry: dict):
+    """(model, tokenizer) of an averaged cell: ``weight`` x its source's fine-tuned weights + (1 - weight) x the same
+    conversion untrained, every tensor by name (the two must hold the same names and shapes). The entry's
+    ``fine_tune`` is the source's (its tokens and CPU minutes: the average adds none)."""
+    source = next(c for c in CELLS if c["name"] == cell["merge"]["from"])
+    w = cell["merge"]["weight"]
+    tuned, tok = retrofit.load_model(str(fine_tune(source, entry)))
+    base = load({k: v for k, v in source.items() if k != "method"}, {})[0]
+    a, b = tuned.state_dict(), base.state_dict()
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        raise SystemExit(f"{cell['name']}: the fine-tuned and untrained models differ in names or shapes")
+    tuned.load_state_dict({k: w * a[k] + (1 - w) * b[k] if a[k].is_floating_point() else a[k] for k in a})
+    entry["fine_tune"].update(averaged=cell["merge"], cpu_minutes=_source_cpu_minutes(source["name"]))
+    return tuned.eval(), tok
+
+
+def _source_cpu_minutes(name: str) -> float | None:
+    """A fine-tuned cell's CPU minutes, from whichever grid record holds it."""
+    for path in sorted(BENCHMARKS.glob("minilm_grid*.json")):
+        for e in json.loads(path.read_text()).get("cells", []):
+            if e["name"] == name and "cpu_minutes" in e.get("fine_tune", {}):
+                return e["fine_tune"]["cpu_minutes"]
+    return None
 
 
 class Encoder:

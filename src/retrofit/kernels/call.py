@@ -176,7 +176,9 @@ class Call:
             return self
         k, v = (x.repeat_interleave(H // Hkv, dim=1) for x in (self.k, self.v))
         far = self.far
-        if far is not None and far.k.shape[1] != H:
+        if far is not None and far.k is self.k:  # STRING: the far view's keys are the call's own, repeated once
+            far = Far(far.q, k, far.reach)
+        elif far is not None and far.k.shape[1] != H:
             far = Far(far.q, far.k.repeat_interleave(H // far.k.shape[1], dim=1), far.reach)
         return dataclasses.replace(self, k=k, v=v, far=far)
 

@@ -53,6 +53,13 @@ def merge(out_a, lse_a, out_b, lse_b):
     return out, lse
 
 
+def merge_into(out, lse, out_b, lse_b) -> None:
+    """``merge`` in place: ``out`` (fp32) and ``lse`` (fp32, views allowed) become the merge with piece b."""
+    new = torch.logaddexp(lse, lse_b)
+    out.mul_((lse - new).exp_().unsqueeze(-1)).addcmul_(out_b, (lse_b - new).exp_().unsqueeze(-1))
+    lse.copy_(new)
+
+
 def rectangle_then_square(q, k_rect, v_rect, k_square, v_square, scaling):
     """Queries (B, H, C, D) over every key of a rectangle (B, H, R, D) and then causally over a square of C
     keys (query r sees square keys 0..r): a query block at rows [R, R + C) of a causal attention, with

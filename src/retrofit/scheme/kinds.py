@@ -347,15 +347,18 @@ class RotaryScheme(Scheme):
         Tk, device = k.shape[-2], q.device
         slots = site.place(torch.arange(Tk, device=device) + site.shift)  # (Tk,) positions without padding
         moves = site.row_shifts(device) if self.keys_reread else None
-        far_q = torch.empty_like(q)
-        far_k = torch.empty_like(k) if self.keys_reread else None
-        for moved in [None] if moves is None else moves.unique().tolist():
-            rows = slice(None) if moved is None else (moves == moved).nonzero()[:, 0]
-            pos = slots if moved is None else torch.arange(Tk, device=device) + moved + site.offset
+        if moves is None or bool((moves == moves[0]).all()):  # every row at the same positions: no copy per row
+            pos = slots if moves is None else torch.arange(Tk, device=device) + int(moves[0]) + site.offset
+            q_pos, k_pos = self.far_positions(pos[site.q_start :], pos)
+            far_k = self.rotate(None, k, k_pos, Tk) if self.keys_reread else None
+            return Far(self.rotate(None, q, q_pos, Tk), far_k, reach)
+        far_q, far_k = torch.empty_like(q), torch.empty_like(k)
+        for moved in moves.unique().tolist():
+            rows = (moves == moved).nonzero()[:, 0]
+            pos = torch.arange(Tk, device=device) + moved + site.offset
             q_pos, k_pos = self.far_positions(pos[site.q_start :], pos)
             far_q[rows] = self.rotate(None, q[rows], q_pos, Tk)
-            if far_k is not None:
-                far_k[rows] = self.rotate(None, k[rows], k_pos, Tk)
+            far_k[rows] = self.rotate(None, k[rows], k_pos, Tk)
         return Far(far_q, far_k, reach)
 
 
