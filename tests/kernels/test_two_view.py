@@ -41,7 +41,13 @@ def test_two_view_kernels_equal_dense_attention(monkeypatch, B, H, Tq, Tk, reach
     torch.testing.assert_close(out, _dense(q, k, v, fq, fk, reach, q_start, 0.25), atol=2e-6, rtol=1e-5)
 
 
-def test_grouped_keys_padding_and_gradients_take_the_chunked_kernel():
+@pytest.mark.parametrize("grouped_op", [True, False])
+def test_grouped_keys_padding_and_gradients_take_the_chunked_kernel(monkeypatch, grouped_op):
+    """Grouped keys as they are where the CPU flash op takes them, repeated per head where it does not."""
+    from retrofit.kernels import cpu_flash
+
+    assert cpu_flash.takes_grouped()  # the pinned PyTorch's op reads Hkv < H
+    monkeypatch.setattr(cpu_flash, "takes_grouped", lambda: grouped_op)
     q, fq = torch.randn(1, 4, 64, 8), torch.randn(1, 4, 64, 8)
     k, v, fk = torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8), torch.randn(1, 2, 64, 8)
     ref = _dense(q, *(x.repeat_interleave(2, 1) for x in (k, v)), fq, fk.repeat_interleave(2, 1), 20, 0, 0.3)

@@ -130,6 +130,7 @@ KERNELS = (
         ("rotary",),
         "SelfExtend/STRING: each key once through the view its distance picks, CPU flash op pieces merged by "
         "log-sum-exp (CPU, inference, no padding)",
+        grouped=True,
         two_view=True,
     ),
     Kernel(

@@ -9,6 +9,8 @@ across key blocks. ``is_causal`` is top-left aligned: query r sees keys 0..r.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 EXP_FLOOR = -87.0  # ln of fp32's smallest normal is -87.34: below it torch's CPU exp leaves its vector path
@@ -29,6 +31,16 @@ def available(q: torch.Tensor) -> bool:
         and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
         and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward")
     )
+
+
+@functools.cache
+def takes_grouped() -> bool:
+    """The CPU flash op reads grouped-query keys (Hkv < H) as they are (PyTorch 2.5 on): probed once."""
+    q, kv = torch.ones(1, 2, 2, 4), torch.ones(1, 1, 2, 4)
+    try:
+        return forward(q, kv, kv, 0.5)[0].shape == q.shape
+    except RuntimeError:
+        return False
 
 
 def forward(q, k, v, scaling, mask=None, causal=True):

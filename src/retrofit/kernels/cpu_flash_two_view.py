@@ -44,7 +44,8 @@ def serves(c: Call) -> str | None:
 
 
 def run(c: Call) -> torch.Tensor:
-    """(B, H, Tq, D), keys at full heads."""
+    """(B, H, Tq, D); grouped-query keys read as they are where the CPU flash op takes them."""
+    c = c if cpu_flash.takes_grouped() else c.full_heads()
     q, R = c.q, c.far.reach
     C = max(1, min(BLOCK, R))
     out = q.new_empty(q.shape, dtype=torch.float32)  # (B, H, Tq, D)
