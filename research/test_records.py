@@ -34,6 +34,21 @@ def test_the_kernel_table_in_results_is_what_the_benchmark_jsons_give():
     assert table in (ROOT / "docs" / "results.md").read_text()
 
 
+def test_the_latest_kernel_round_in_results_is_what_its_jsons_give():
+    """docs/results.md's round 7 table (issue #71) is what research/kernel_table.py prints from its JSONs."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "research" / "kernel_table.py"), "benchmarks/kernel_round7"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = "\n".join(r.stdout.rstrip("\n").splitlines()[2:])
+    assert "self_extend (LLaMA body)" in table and "string (LLaMA body)" in table
+    assert table in (ROOT / "docs" / "results.md").read_text()
+
+
 def test_the_smollm2_reach_tables_and_the_readme_figures_are_what_the_json_gives():
     """docs/results.md's SmolLM2 reach tables and the README's SelfExtend figures are rendered from
     benchmarks/smollm2_reach.json by research/smollm2_reach.py (as its docstring says), not typed."""
