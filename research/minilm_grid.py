@@ -18,6 +18,8 @@ Rows (cells), in the order they run (the most informative first):
   document's token states (``best-window``). A ``+ distill`` cell trains with ``train.objective: both``: the
   contrastive loss plus ``DISTILL_WEIGHT`` x mean(1 - cosine) of its vectors to the unconverted original's, of the
   queries and of the documents cut at 512 tokens (what the original reads), to keep the short-text space.
+  An ``(averaged w)`` cell is a weight-space ensemble: w x a fine-tuned cell's weights + (1 - w) x the same
+  conversion untrained (``averaged``), measured like the others; its fine-tune is its source's.
 
 Measures (documents from the held-out plays, depths spread evenly over [0, 1]; ``retrofit.data.longdoc``):
 

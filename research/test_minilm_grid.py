@@ -85,3 +85,30 @@ def test_own_chunks_reads_a_converted_model_as_the_original_is_read(monkeypatch)
         ("needle", grid.SEED, True),
         ("needle", grid.SEED, False),
     ]
+
+
+def test_an_averaged_cell_is_the_weighted_mean_of_its_source_and_the_untrained_conversion(minilm, monkeypatch):
+    """``(averaged w)``: every tensor w x the fine-tuned source's + (1 - w) x the untrained conversion's."""
+    real = retrofit.load_model
+    cell = next(c for c in grid.CELLS if c.get("merge"))
+    w = cell["merge"]["weight"]
+
+    def tuned():  # the source's "fine-tuned" weights: the untrained conversion, every tensor moved by 1
+        model, tok = real("minilm")
+        retrofit.convert(model, cell["scheme"], **cell["options"])
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        return model, tok
+
+    monkeypatch.setattr(grid, "fine_tune", lambda c, entry: (entry.setdefault("fine_tune", {}), "TUNED")[1])
+    monkeypatch.setattr(grid.retrofit, "load_model", lambda name, **kw: tuned() if name == "TUNED" else real(name))
+    entry = {"measures": {}}
+    model, _ = grid.averaged(cell, entry)
+    base = real("minilm")[0]
+    retrofit.convert(base, cell["scheme"], **cell["options"])
+    got, ref = dict(model.named_parameters()), dict(base.named_parameters())
+    assert got.keys() == ref.keys()
+    for name in got:
+        torch.testing.assert_close(got[name] - ref[name], torch.full_like(ref[name], w), atol=1e-5, rtol=0)
+    assert entry["fine_tune"]["averaged"] == cell["merge"]
