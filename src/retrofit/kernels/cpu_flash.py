@@ -36,7 +36,7 @@ def available(q: torch.Tensor) -> bool:
 @functools.cache
 def takes_grouped() -> bool:
     """The CPU flash op reads grouped-query keys (Hkv < H) as they are (PyTorch 2.5 on): probed once."""
-    q, kv = torch.ones(1, 2, 2, 4), torch.ones(1, 1, 2, 4)
+    q, kv = torch.ones(1, 2, 2, 4, device="cpu"), torch.ones(1, 1, 2, 4, device="cpu")
     try:
         return forward(q, kv, kv, 0.5)[0].shape == q.shape
     except RuntimeError:
