@@ -60,8 +60,8 @@ def backward(dout, qkv: tuple, merged: tuple, scaling, mask=None, causal=True):
 
 def merge(out_a, lse_a, out_b, lse_b):
     """Two pieces of one softmax over disjoint keys -> (out fp32, lse fp32)."""
-    lse = torch.logaddexp(lse_a.float(), lse_b.float())
-    out = out_a.float() * (lse_a - lse).exp()[..., None] + out_b.float() * (lse_b - lse).exp()[..., None]
+    out, lse = out_a.float().clone(), lse_a.float().clone()
+    merge_into(out, lse, out_b, lse_b.float())
     return out, lse
 
 
