@@ -42,9 +42,8 @@ def _grads(out, leaves, weight):
 def test_band_matches_the_plain_softmax_forward_and_backward(monkeypatch, N, K, rows):
     """Shorter than the reach, exactly the reach, several blocks, a ragged last block, windows of 3+ tiles."""
     monkeypatch.setattr(cpu_flash_band, "ROWS", rows)
-    monkeypatch.setattr(
-        cpu_flash_band, "GROUP_ELEMENTS", 1
-    )  # the bias gradient block by block (the models' tests: one group)
+    monkeypatch.setattr(cpu_flash_band, "GROUP_ELEMENTS", 1)  # the band's windows block by block
+    monkeypatch.setattr(cpu_flash_band, "SCORE_ELEMENTS", 1)  # the bias gradient too (the models' tests: groups)
     q, k, v, table = _inputs(2, 3, N, 8, K)
     out = cpu_flash_band.attend_band(q, k, v, scaling=0.35, band=table)
     ref = _reference(q, k, v, 0.35, table)

@@ -242,3 +242,13 @@ def test_fire_decodes_and_generates_on_dense():
         full = model(out[:, :-1]).logits
     assert retrofit.describe(model)["last_kernel"] == "cpu-flash-mask"
     assert torch.equal(full[0, 2 * NATIVE - 1 :].argmax(-1), out[0, 2 * NATIVE :])
+
+
+@pytest.mark.parametrize(
+    "H,Tk,rows", [(12, 1024, 256), (12, 2048, 256), (12, 4096, 256), (12, 8192, 1024), (64, 8192, 512)]
+)
+def test_the_table_route_takes_short_blocks_below_long_keys(H, Tk, rows):
+    """256 query rows per block below ``LONG_KEYS`` keys (the (H, C, C) square mask, built in the forward and the
+    backward, stays small), 1,024 from there on (fewer passes over long rectangles), capped by the square's size."""
+    assert dense.square_rows(H, Tk) == rows
+    assert H * rows * rows <= dense.SQUARE_ELEMENTS

@@ -32,7 +32,9 @@ from . import cpu_flash, cpu_flash_mask
 from .call import Call
 
 ROWS = 128  # queries per band block
-GROUP_ELEMENTS = 1 << 24  # max elements of one group's windows, and of its scores in the bias gradient (64 MiB fp32)
+GROUP_ELEMENTS = 1 << 24  # max elements of one group's windows (64 MiB fp32)
+SCORE_ELEMENTS = 1 << 18  # max elements of one group's scores in the bias gradient (1 MiB fp32: cache-sized; one
+# block of 12 heads at a time read the gradient of T5's band in half the time of 64 MiB groups, docs/results.md "Round 8")
 
 
 def serves(c: Call) -> str | None:
@@ -74,7 +76,12 @@ class Layout:
         self.inside = (d >= 0) & (d < K)  # (C, W): query r of a block and column c of its window
         self.idx = d.clamp(0, K - 1)
         r = torch.arange(self.C, device=device)[:, None]
-        self.column = r + self.L - torch.arange(K, device=device)[None, :]  # (C, K): the column at distance d
+        # (C, K): the window column of ``band``'s entry (r, t), the key at distance K - 1 - t
+        self.column = r + self.L - K + 1 + torch.arange(K, device=device)[None, :]
+
+    def band(self, x):  # (B, H, G, C, W) contiguous -> (B, H, G, C, K) view: column t at distance K - 1 - t
+        b, h, g, _, _ = x.stride()
+        return x.as_strided((*x.shape[:-1], self.K), (b, h, g, self.W + 1, 1), x.storage_offset() + self.L - self.K + 1)
 
     def bias(self, g):  # (H, K) -> (1, H, C, W) fp32, -inf outside the band
         return g[:, self.idx].masked_fill(~self.inside, float("-inf"))[None]
@@ -151,8 +158,10 @@ class _Band(torch.autograd.Function):
             blocks = (lay.blocks(qf), lay.windows(kf), lay.windows(vf), lay.blocks(df), lay.blocks(of))
             blocks += (lay.blocks(lse[..., None])[..., 0],)
             dg = torch.zeros_like(g)
-            for _, _, ds in band_score_grads(lay, blocks, ctx.scaling, lambda b0, b1: g[None, :, None, None, :]):
+            reversed_g = g.flip(-1)[None, :, None, None, :]  # band_score_grads' order: distance K - 1 - t
+            for _, _, ds in band_score_grads(lay, blocks, ctx.scaling, lambda b0, b1: reversed_g):
                 dg += ds.sum((0, 2, 3))
+            dg = dg.flip(-1)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, None
 
 
@@ -161,7 +170,7 @@ def _table(g: torch.Tensor, N: int) -> cpu_flash_mask.Table:
     H, K = g.shape
     table = torch.zeros(H, N, dtype=torch.float32, device=g.device)
     table[:, : min(K, N)] = g[:, :N]
-    return cpu_flash_mask.Table(table, 0, cpu_flash_mask.square_rows(H))
+    return cpu_flash_mask.Table(table, 0, cpu_flash_mask.square_rows(H, N), zero_from=K)
 
 
 def band_forward(q, k, v, scaling, lay: Layout, mask_of):
@@ -226,19 +235,20 @@ def band_backward(dout, qkv, merged, scaling, lay: Layout, mask_of):
 
 def band_score_grads(lay, blocks, scaling, band_bias):
     """d loss / d (the band's K scores per query), dS = P (dP - rowsum(dO * O)), read off the windows' scores:
-    yields (b0, b1, dS (B, H, G, C, K)) for groups of blocks [b0, b1) whose (B, H, G, C, W) scores stay under
-    ``GROUP_ELEMENTS`` (O(N K) work past the matmuls, bounded memory). ``band_bias(b0, b1)``: the bias at
-    those K distances, broadcastable to dS (zero rows past the padding and the sequence's end give dS 0)."""
+    yields (b0, b1, dS (B, H, G, C, K)), **column t at distance K - 1 - t** (a strided view of the scores, no
+    gather), for groups of blocks [b0, b1) whose (B, H, G, C, W) scores stay under ``SCORE_ELEMENTS`` (O(N K) work
+    past the matmuls, bounded memory). ``band_bias(b0, b1)``: the bias at those K distances in the same reversed
+    order, broadcastable to dS (zero rows past the padding and the sequence's end give dS 0)."""
     qb, kw, vw, db, ob, lb = blocks
     B, H, n, C, _ = qb.shape
-    group = max(1, GROUP_ELEMENTS // (B * H * C * lay.W))
+    group = max(1, SCORE_ELEMENTS // (B * H * C * lay.W))
     for b0 in range(0, n, group):
         b1 = min(n, b0 + group)
-        index = lay.column.expand(B, H, b1 - b0, C, lay.K)
-        scores = (qb[:, :, b0:b1] @ kw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)  # (B, H, G, C, K)
-        p = cpu_flash.exp_(scores.mul_(scaling).add_(band_bias(b0, b1)) - lb[:, :, b0:b1, :, None])
-        p = p.masked_fill_(index < _padding_columns(lay, b0, b1, qb.device), 0.0)  # the first blocks' padding
-        dp = (db[:, :, b0:b1] @ vw[:, :, b0:b1].transpose(-1, -2)).gather(-1, index)
+        scores = lay.band(qb[:, :, b0:b1] @ kw[:, :, b0:b1].transpose(-1, -2))  # (B, H, G, C, K) of (.., C, W)
+        p = cpu_flash.exp_(scores.mul(scaling).add_(band_bias(b0, b1)).sub_(lb[:, :, b0:b1, :, None]))
+        if b0 < lay.T - 1:  # the first blocks' windows reach into the padding
+            p.masked_fill_(lay.column < _padding_columns(lay, b0, b1, qb.device), 0.0)
+        dp = lay.band(db[:, :, b0:b1] @ vw[:, :, b0:b1].transpose(-1, -2))
         delta = (db[:, :, b0:b1] * ob[:, :, b0:b1]).sum(-1, keepdim=True)  # (B, H, G, C, 1)
         yield b0, b1, p.mul_(dp.sub_(delta))
 

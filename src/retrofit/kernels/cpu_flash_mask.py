@@ -248,21 +248,29 @@ def _view(rev: torch.Tensor, Tk: int, block) -> torch.Tensor:
 
 
 SQUARE_ELEMENTS = 1 << 24  # the table route's (H, C, C) square mask, built once per call, stays under this
+LONG_KEYS = 8192  # from this many keys the table route takes 1,024-row blocks
 
 
-def square_rows(H: int) -> int:
-    """Query rows per block on the table route: 1024 (the CPU flash op tiles 768 queries or more by 256 rows, fewer
-    by 64) or fewer, so that the block's (H, C, C) square mask stays under ``SQUARE_ELEMENTS``."""
-    return next((r for r in (1024, 512, 256, 128) if H * r * r <= SQUARE_ELEMENTS), MIN_ROWS)
+def square_rows(H: int, Tk: int) -> int:
+    """Query rows per block on the table route over Tk keys: 1024 from ``LONG_KEYS`` keys on (the CPU flash op tiles
+    768 queries or more by 256 rows, fewer by 64: a long rectangle's keys are read fewer times), else 256 (the
+    block's (H, C, C) square mask is built in the forward and again in the backward: at 1,024 rows it cost T5 a
+    quarter of stock attention's time at 2,048 tokens; docs/results.md, "Round 8"); fewer so that the square stays
+    under ``SQUARE_ELEMENTS``."""
+    start = 1024 if Tk >= LONG_KEYS else 256
+    return next((r for r in (1024, 512, 256, 128) if r <= start and H * r * r <= SQUARE_ELEMENTS), MIN_ROWS)
 
 
 class Table:
     """The masks of the table route for queries at slots [q_start, q_start + Tq) over keys [0, Tk), from the (H, Tk)
     table of a bias by distance: per block of ``rows`` queries, the keys before the block as a strided view with its
-    rows reversed (``rectangle``) and the block's own causal square, one (1, H, C, C) tensor for every block."""
+    rows reversed (``rectangle``) and the block's own causal square, one (1, H, C, C) tensor for every block.
+    ``zero_from``: the table is 0 from this distance on (T5's and Shaw's band over its far value), so the keys that
+    far from every query of a block take no mask at all."""
 
-    def __init__(self, table: torch.Tensor, q_start: int, rows: int, window: int | None = None):
+    def __init__(self, table: torch.Tensor, q_start: int, rows: int, window: int | None = None, zero_from=None):
         self.Tk, self.q_start, self.rows, self.window = table.shape[-1], q_start, rows, window
+        self.zero_from = zero_from
         self.rev = _reversed(table, rows)
         n = min(rows, self.Tk)
         self.square = _view(self.rev, self.Tk, (self.Tk - n, self.Tk, self.Tk - n, self.Tk)).flip(-2).contiguous()
@@ -278,22 +286,35 @@ class Table:
         qs = self.q_start + s
         return _view(self.rev, self.Tk, (qs, qs + e - s, lo, qs))
 
+    def pieces(self, s: int, e: int, lo: int):
+        """The flash calls of block [s, e): (keys [k0, k1), mask (1, H, C, k1 - k0) or None, causal, rows reversed):
+        its causal square; the keys before it that every query of the block sees at ``zero_from`` or further
+        (no mask); the rest of the keys before it (the rectangle's view, rows reversed)."""
+        qs, C = self.q_start + s, e - s
+        yield qs, qs + C, self.square[..., :C, :C], True, False
+        cut = lo if self.zero_from is None else min(qs, max(lo, qs - self.zero_from + 1))
+        if cut > lo:
+            yield lo, cut, None, False, False
+        if qs > cut:
+            yield cut, qs, self.rectangle(s, e, cut), False, True
+
 
 def table_forward(q, k, v, scaling, masks: Table):
-    """(out fp32, lse fp32) of q (B, H, Tq, D) over k, v with the table's bias: per block, the rectangle (queries
-    reversed) and the causal square through the CPU flash op, merged by log-sum-exp."""
+    """(out fp32, lse fp32) of q (B, H, Tq, D) over k, v with the table's bias: per block, its pieces (``Table.pieces``)
+    through the CPU flash op, merged by log-sum-exp."""
     B, H, Tq, D = q.shape
     out = torch.empty(B, H, Tq, v.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     for s, e, lo in masks.blocks(Tq):
-        qs, C = masks.q_start + s, e - s
-        square = masks.square[..., :C, :C].expand(B, -1, -1, -1)
-        o, m = cpu_flash.forward(q[:, :, s:e], k[:, :, qs : qs + C], v[:, :, qs : qs + C], scaling, square, True)
-        if qs > lo:
-            rect = masks.rectangle(s, e, lo).expand(B, -1, -1, -1)
-            ro, rm = cpu_flash.forward(q[:, :, s:e].flip(-2), k[:, :, lo:qs], v[:, :, lo:qs], scaling, rect, False)
-            o, m = cpu_flash.merge(o, m, ro.flip(-2), rm.flip(-1))
-        out[:, :, s:e], lse[:, :, s:e] = o, m
+        for i, (k0, k1, mask, causal, flip) in enumerate(masks.pieces(s, e, lo)):
+            qc = q[:, :, s:e].flip(-2) if flip else q[:, :, s:e]
+            mask = None if mask is None else mask.expand(B, -1, -1, -1)
+            o, m = cpu_flash.forward(qc, k[:, :, k0:k1], v[:, :, k0:k1], scaling, mask, causal)
+            o, m = (o.flip(-2), m.flip(-1)) if flip else (o, m)
+            if i == 0:
+                out[:, :, s:e], lse[:, :, s:e] = o, m
+            else:
+                cpu_flash.merge_into(out[:, :, s:e], lse[:, :, s:e], o, m)
     return out, lse
 
 
@@ -304,21 +325,15 @@ def table_backward(dout, qkv: tuple, out, lse, scaling, masks: Table):
     B, Tq = q.shape[0], q.shape[-2]
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for s, e, lo in masks.blocks(Tq):
-        qs, C = masks.q_start + s, e - s
-        rows = (x[:, :, s:e] for x in (dout, q, out, lse))
-        d, qc, o, m = (x.contiguous() for x in rows)
-        square = masks.square[..., :C, :C].expand(B, -1, -1, -1)
-        g = cpu_flash.backward(d, (qc, k[:, :, qs : qs + C], v[:, :, qs : qs + C]), (o, m), scaling, square, True)
-        dq[:, :, s:e] += g[0]
-        dk[:, :, qs : qs + C] += g[1]
-        dv[:, :, qs : qs + C] += g[2]
-        if qs > lo:
-            rect = masks.rectangle(s, e, lo).expand(B, -1, -1, -1)
-            flipped = (d.flip(-2), (qc.flip(-2), k[:, :, lo:qs], v[:, :, lo:qs]), (o.flip(-2), m.flip(-1)))
-            g = cpu_flash.backward(*flipped, scaling, rect, False)
-            dq[:, :, s:e] += g[0].flip(-2)
-            dk[:, :, lo:qs] += g[1]
-            dv[:, :, lo:qs] += g[2]
+        rows = [x[:, :, s:e].contiguous() for x in (dout, q, out, lse)]
+        flipped = [x.flip(-1 if i == 3 else -2) for i, x in enumerate(rows)]
+        for k0, k1, mask, causal, flip in masks.pieces(s, e, lo):
+            d, qc, o, m = flipped if flip else rows
+            mask = None if mask is None else mask.expand(B, -1, -1, -1)
+            g = cpu_flash.backward(d, (qc, k[:, :, k0:k1], v[:, :, k0:k1]), (o, m), scaling, mask, causal)
+            dq[:, :, s:e] += g[0].flip(-2) if flip else g[0]
+            dk[:, :, k0:k1] += g[1]
+            dv[:, :, k0:k1] += g[2]
     return dq, dk, dv
 
 
@@ -326,7 +341,7 @@ class _Distance(torch.autograd.Function):
     @staticmethod
     def forward(ctx, spec, q, k, v, *params):
         H, Tk, scaling = q.shape[1], k.shape[-2], spec[5]
-        masks = Table(distance_table(spec, H, Tk, q.device), spec[3], square_rows(H), spec[2])
+        masks = Table(distance_table(spec, H, Tk, q.device), spec[3], square_rows(H, Tk), spec[2])
         out, lse = table_forward(*(x.float() for x in (q, k, v)), scaling, masks)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, *params)
@@ -345,7 +360,7 @@ class _Distance(torch.autograd.Function):
         qf, kf, vf, of, df = (x.float() for x in (q, k, v, out, dout.contiguous()))
         dparams = [None] * len(params)
         if not (wanted and table.requires_grad):  # q, k, v only: the flash op's own backward
-            masks = Table(table.detach(), spec[3], square_rows(H), spec[2])
+            masks = Table(table.detach(), spec[3], square_rows(H, Tk), spec[2])
             dq, dk, dv = table_backward(df, (qf, kf, vf), of, lse, spec[5], masks)
             return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *dparams
         rev = _reversed(table.detach(), spec[6])

@@ -87,7 +87,8 @@ class _RelativeBand(torch.autograd.Function):
         drq = None
         if ctx.needs_input_grad[3]:
             drqb = torch.zeros_like(rqb)
-            for b0, b1, ds in band_score_grads(lay, blocks, scaling, lambda b0, b1: terms[:, :, b0:b1]):
-                drqb[:, :, b0:b1] = ds.mul_(scaling) @ over[:, None]  # (B, H, G, C, K) @ (H or 1, 1, K, D)
+            reversed_over = over.flip(-2)[:, None]  # band_score_grads' order: distance K - 1 - t
+            for b0, b1, ds in band_score_grads(lay, blocks, scaling, lambda b0, b1: terms[:, :, b0:b1].flip(-1)):
+                drqb[:, :, b0:b1] = ds.mul_(scaling) @ reversed_over  # (B, H, G, C, K) @ (H or 1, 1, K, D)
             drq = drqb.view(B, H, -1, D)[:, :, :N].to(rq.dtype)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), drq, None, None, None
