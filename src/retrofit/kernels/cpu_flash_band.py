@@ -170,7 +170,7 @@ def _table(g: torch.Tensor, N: int) -> cpu_flash_mask.Table:
     H, K = g.shape
     table = torch.zeros(H, N, dtype=torch.float32, device=g.device)
     table[:, : min(K, N)] = g[:, :N]
-    return cpu_flash_mask.Table(table, 0, cpu_flash_mask.square_rows(H, N), zero_from=K)
+    return cpu_flash_mask.Table(table, 0, cpu_flash_mask.square_rows(H, N))
 
 
 def band_forward(q, k, v, scaling, lay: Layout, mask_of):
