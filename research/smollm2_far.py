@@ -60,6 +60,9 @@ CELLS = {
         POSE,
     ),
     "yarn x8 + pose + copies": ({"scheme": "rope", "options": {"scaling": "yarn", "factor": 8.0}}, COPIES, POSE),
+    # dynamic NTK sizes its rotation on the largest position + 1: exact up to native, and under PoSE's placed
+    # positions the fine-tune trains the rotation the far reading uses
+    "dynamic x4 + pose + copies": ({"scheme": "rope", "options": {"scaling": "dynamic", "factor": 4.0}}, COPIES, POSE),
     "yarn x8 + endprompt": (
         {"scheme": "rope", "options": {"scaling": "yarn", "factor": 8.0}},
         {},
@@ -68,7 +71,7 @@ CELLS = {
 }
 ORDER = ["as is", "yarn x4 + pose (2x round)", "self_extend x4", "yarn x8 + pose", "string x4", "yarn x8"]
 ORDER += ["yarn x4", "dynamic x4", "alibi + pose", "nope + temperature + qk_norm + pose", "yarn x8 + endprompt"]
-ORDER += ["yarn x8 + pose + copies"]
+ORDER += ["yarn x8 + pose + copies", "dynamic x4 + pose + copies"]
 
 
 def recipe(cell: str, args) -> dict:

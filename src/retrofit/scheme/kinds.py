@@ -328,8 +328,13 @@ class RotaryScheme(Scheme):
     def _length(self, site: Site, device) -> int:
         """The sequence length a length-dependent rotation (dynamic RoPE) is sized on: as transformers'
         ``dynamic_rope_update``, max(position_ids) + 1 over the batch, so left padding does not count (positions
-        from the caller or counted over the 2D mask's real tokens); the slots (keys + shift) without either."""
-        if not self.rotation_depends_on_length or site.placed or not site.position_inputs:
+        from the caller or counted over the 2D mask's real tokens; a fine-tune's placed positions, as PoSE hands
+        them to a native model); the slots (keys + shift) without either."""
+        if not self.rotation_depends_on_length:
+            return site.Tk + site.shift
+        if site.placed:
+            return int(site.place(torch.arange(site.Tk, device=device)).max()) + 1
+        if not site.position_inputs:
             return site.Tk + site.shift
         return int(site.token_positions(device).max()) + 1
 
