@@ -298,6 +298,7 @@ def readme_tuned(data: dict) -> list[str]:
     """The README's words for each fine-tuned rescaled-RoPE cell of this grid (the 2x round's adapter has
     ``readme_cell``): its reach at 32k, its ppl at 1x in and out of domain, what it cost."""
     base = next(r for r in data["rows"] if r["method"] == "as is")
+    ref = next((r for r in data["rows"] if r["method"] == "self_extend x4"), None)
     out = []
     for row in data["rows"]:
         convert = ((row.get("fine_tune") or {}).get("recipe") or {}).get("convert", {})
@@ -305,13 +306,21 @@ def readme_tuned(data: dict) -> list[str]:
             continue
         e, native, ft = row["effective_reach"], row["effective_reach"]["native"], row["fine_tune"]
         other = [row["ppl_1x_other_domains"][d] / base["ppl_1x_other_domains"][d] for d in row["ppl_1x_other_domains"]]
-        out.append(
+        far = [c["copy_gain"] for c in row["copy"] if c["distance"] > native]
+        line = (
             f"{row['method']} (LoRA, {ft['fine_tune_tokens']:,} tokens, {ft['fine_tune_seconds'] / 3600:.1f} h of one "
             f"thread): effective reach {reach._x(e['reach'], native)} [{reach._x(e['reach_low'], native)}, "
             f"{reach._x(e['reach_high'], native)}] at 4x (32k); ppl at 1x "
             f"{row['ppl_first_half'] / base['ppl_first_half']:.3f}x the original's in domain, "
             f"{min(other):.3f}-{max(other):.3f}x on prose and code"
         )
+        if far and ref:
+            gain = row["far_context_gain"]["own native window"]["gain"]
+            line += (
+                f"; past native a repeated span saves {min(far):.2f}-{max(far):.2f} nats a token, against SelfExtend "
+                f"x4 {against(row, ref)}; far-context gain on plain text {gain:.2f}"
+            )
+        out.append(line)
     return out
 
 
