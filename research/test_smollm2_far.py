@@ -57,3 +57,18 @@ def test_the_fine_tune_seconds_are_written_while_it_runs_and_a_failure_raises(tm
     else:
         raise AssertionError("a failed fine-tune must raise")
     assert json.loads((tmp_path / "cell" / "seconds.json").read_text())["seconds"] >= seconds  # counts add up
+
+
+def test_the_prose_sequence_reads_its_own_documents_and_keeps_its_own_cache():
+    import argparse
+    from pydoc_data.topics import topics
+
+    import reach
+
+    ap = argparse.ArgumentParser()
+    reach.sequence_options(ap, cache="c")
+    shakespeare, prose = ap.parse_args([]), ap.parse_args(["--text", "prose"])
+    assert reach.original_window_cache(shakespeare) != reach.original_window_cache(prose)
+    assert "prose" not in reach.original_window_cache(shakespeare).name  # the Shakespeare caches stay valid
+    docs = reach.TEXTS["prose"]()
+    assert len(docs) == len(topics) and docs[0].text == topics[sorted(topics)[0]]
