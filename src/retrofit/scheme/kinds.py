@@ -302,7 +302,7 @@ class RotaryScheme(Scheme):
         reach = None if local else self.far_reach(site.layer)
         far = None if reach is None else self._far_view(site, q, k, reach)
         k_pos = site.place(torch.arange(site.Tk, device=q.device) + site.shift)
-        length = self._length(site, q.device)
+        length = self._length(site, k_pos)
         first = None if site.placed else site.shift + site.offset  # consecutive positions: cos/sin from a table
         new = None if first is None else first + site.q_start
         q = self.rotate(site.layer, q, k_pos[site.q_start :], length, start=new)
@@ -325,18 +325,16 @@ class RotaryScheme(Scheme):
         RoPE rescales with the length: its whole cache is re-rotated every step, exactly)."""
         return site.in_place(k) and not (self.rotation_depends_on_length or self.keys_reread)
 
-    def _length(self, site: Site, device) -> int:
+    def _length(self, site: Site, k_pos: torch.Tensor) -> int:
         """The sequence length a length-dependent rotation (dynamic RoPE) is sized on: as transformers'
         ``dynamic_rope_update``, max(position_ids) + 1 over the batch, so left padding does not count (positions
-        from the caller or counted over the 2D mask's real tokens; a fine-tune's placed positions, as PoSE hands
-        them to a native model); the slots (keys + shift) without either."""
+        from the caller or counted over the 2D mask's real tokens); otherwise the keys' own positions ``k_pos``
+        (a fine-tune's placed positions, as PoSE hands them to a native model, or a uniform offset)."""
         if not self.rotation_depends_on_length:
             return site.Tk + site.shift
-        if site.placed:
-            return int(site.place(torch.arange(site.Tk, device=device)).max()) + 1
-        if not site.position_inputs:
-            return site.Tk + site.shift
-        return int(site.token_positions(device).max()) + 1
+        if site.position_inputs and not site.placed:
+            return int(site.token_positions(k_pos.device).max()) + 1
+        return int(k_pos.max()) + 1
 
     def _far_view(self, site: Site, q, k, reach: int) -> Far:
         """The second view of a two-view rotary scheme: q (and, for SelfExtend, k) rotated at ``far_positions`` of
