@@ -209,3 +209,20 @@ def test_the_smollm2_far_tables_and_the_readme_words_are_what_the_json_gives():
     lines = free.stdout.strip().splitlines()
     assert len(lines) == sum(m.startswith(("self_extend", "string")) for m in methods)  # each measured is said
     assert all(line in (ROOT / "README.md").read_text() for line in lines)
+
+
+def test_the_smollm2_far_prose_table_and_the_readme_words_are_what_the_json_gives():
+    """The same probes on held-out English prose (#68: another domain than the fine-tunes'): docs/results.md's
+    block and the README's words are research/smollm2_far.py's rendering of benchmarks/smollm2_far_prose.json."""
+    data = json.loads((ROOT / "benchmarks" / "smollm2_far_prose.json").read_text())
+    assert "prose" in data["data"] and "--text prose" in data["command"]
+    script = [sys.executable, str(ROOT / "research" / "smollm2_far.py"), "--table", "benchmarks/smollm2_far_prose.json"]
+    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    words = subprocess.run([*script, "--readme-prose"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert tables.returncode == 0 and words.returncode == 0, tables.stderr[-2000:] + words.stderr[-2000:]
+    results = (ROOT / "docs" / "results.md").read_text()
+    block = results.split("<!-- smollm2-far-prose:begin -->")[1].split("<!-- smollm2-far-prose:end -->")[0]
+    assert tables.stdout.rstrip("\n") in block
+    lines = words.stdout.strip().splitlines()
+    assert len(lines) == sum(bool(r.get("fine_tune")) for r in data["rows"])  # each fine-tuned cell is said
+    assert all(line in (ROOT / "README.md").read_text() for line in lines)
