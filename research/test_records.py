@@ -11,6 +11,23 @@ import sys
 from harness import ROOT
 
 
+def _rendered(script: str, record: str, *flags: str) -> list[str]:
+    """``python research/SCRIPT --table benchmarks/RECORD [FLAG]``'s stdout, once per flag ('' = the tables)."""
+    out = []
+    for flag in flags:
+        command = [sys.executable, str(ROOT / "research" / script), "--table", f"benchmarks/{record}", flag]
+        r = subprocess.run([c for c in command if c], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out.append(r.stdout)
+    return out
+
+
+def _block(name: str) -> str:
+    """docs/results.md between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``."""
+    results = (ROOT / "docs" / "results.md").read_text()
+    return results.split(f"<!-- {name}:begin -->")[1].split(f"<!-- {name}:end -->")[0]
+
+
 def test_the_kernel_table_in_results_is_what_the_benchmark_jsons_give():
     """docs/results.md's kernel table is rendered from the JSONs (research/kernel_table.py, run as documented), not
     typed."""
@@ -86,17 +103,12 @@ def test_the_encoder_task_tables_and_the_readme_row_are_what_the_json_gives():
     data = json.loads((ROOT / "benchmarks" / "encoder_tasks.json").read_text())
     assert {r["task"] for r in data["rows"]} == {"mention", "both", "needle", "passkey"}
     assert all(r["budget_share"] <= 0.02 for r in data["rows"] if r["steps"])
-    script = [sys.executable, str(ROOT / "research" / "encoder_tasks.py"), "--table", "benchmarks/encoder_tasks.json"]
-    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    row = subprocess.run([*script, "--readme"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert tables.returncode == 0 and row.returncode == 0, tables.stderr[-2000:] + row.stderr[-2000:]
-    results = (ROOT / "docs" / "results.md").read_text()
-    between = results.split("<!-- encoder-tasks:begin -->")[1].split("<!-- encoder-tasks:end -->")[0]
-    assert tables.stdout.strip() == between.strip()
+    tables, row = _rendered("encoder_tasks.py", "encoder_tasks.json", "", "--readme")
+    assert tables.strip() == _block("encoder-tasks").strip()
     readme = next(
         line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| encoders, a classifier")
     )
-    assert row.stdout.strip() in readme
+    assert row.strip() in readme
 
 
 def test_the_encoder_task_variants_table_is_what_its_json_gives():
@@ -216,13 +228,8 @@ def test_the_smollm2_far_prose_table_and_the_readme_words_are_what_the_json_give
     block and the README's words are research/smollm2_far.py's rendering of benchmarks/smollm2_far_prose.json."""
     data = json.loads((ROOT / "benchmarks" / "smollm2_far_prose.json").read_text())
     assert "prose" in data["data"] and "--text prose" in data["command"]
-    script = [sys.executable, str(ROOT / "research" / "smollm2_far.py"), "--table", "benchmarks/smollm2_far_prose.json"]
-    tables = subprocess.run(script, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    words = subprocess.run([*script, "--readme-prose"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert tables.returncode == 0 and words.returncode == 0, tables.stderr[-2000:] + words.stderr[-2000:]
-    results = (ROOT / "docs" / "results.md").read_text()
-    block = results.split("<!-- smollm2-far-prose:begin -->")[1].split("<!-- smollm2-far-prose:end -->")[0]
-    assert tables.stdout.rstrip("\n") in block
-    lines = words.stdout.strip().splitlines()
+    tables, words = _rendered("smollm2_far.py", "smollm2_far_prose.json", "", "--readme-prose")
+    assert tables.rstrip("\n") in _block("smollm2-far-prose")
+    lines = words.strip().splitlines()
     assert len(lines) == sum(bool(r.get("fine_tune")) for r in data["rows"])  # each fine-tuned cell is said
     assert all(line in (ROOT / "README.md").read_text() for line in lines)
