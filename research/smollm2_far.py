@@ -400,8 +400,12 @@ def main(argv=None) -> int:
     args.command = "OMP_NUM_THREADS=1 python research/smollm2_far.py" + (f" --text {args.text}" if text else "")
     if args.table:
         data = json.loads(Path(args.table).read_text())
-        words = {"readme_swaps": readme_swaps, "readme_free": readme_training_free, "readme_tuned": readme_tuned}
-        words["readme_prose"] = readme_prose
+        words = {
+            "readme_swaps": readme_swaps,
+            "readme_free": readme_training_free,
+            "readme_tuned": readme_tuned,
+            "readme_prose": readme_prose,
+        }
         chosen = [fn for flag, fn in words.items() if getattr(args, flag)]
         if chosen:
             print("\n".join(chosen[0](data)))

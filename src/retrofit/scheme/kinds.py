@@ -332,9 +332,11 @@ class RotaryScheme(Scheme):
         (a fine-tune's placed positions, as PoSE hands them to a native model, or a uniform offset)."""
         if not self.rotation_depends_on_length:
             return site.Tk + site.shift
-        if site.position_inputs and not site.placed:
+        if site.placed:
+            return int(k_pos.max()) + 1
+        if site.position_inputs:
             return int(site.token_positions(k_pos.device).max()) + 1
-        return int(k_pos.max()) + 1
+        return site.Tk + site.shift + site.offset  # k_pos's last + 1, without reading the tensor back
 
     def _far_view(self, site: Site, q, k, reach: int) -> Far:
         """The second view of a two-view rotary scheme: q (and, for SelfExtend, k) rotated at ``far_positions`` of
