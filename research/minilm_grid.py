@@ -180,7 +180,7 @@ CELLS = [
     # on one pass of its pairs. Passkey is a skill the original lacks (6% at 512), learned while the anchor holds the
     # short-text space: 1.5x the steps (a longer pass over fresh pairs) at the two anchors that kept cosine >= 0.98
     {
-        "name": "extend (copy) + full + distill (lr 3e-5, 120 steps)",
+        "name": "extend (copy) + full + distill (lr 3e-5) 120 steps",
         "scheme": "extend",
         "options": EXTEND,
         "method": "full",
@@ -190,7 +190,7 @@ CELLS = [
         "distill_weight": DISTILL_WEIGHT,
     },
     {
-        "name": "extend (copy) + full + distill x20 (lr 5e-5, 120 steps)",
+        "name": "extend (copy) + full + distill x20 (lr 5e-5) 120 steps",
         "scheme": "extend",
         "options": EXTEND,
         "method": "full",
@@ -538,7 +538,11 @@ def main(argv=None) -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
-    cells = [c for c in CELLS if args.cells is None or c["name"] in args.cells.split(",")]
+    names = [n.strip() for n in args.cells.split(",")] if args.cells else [c["name"] for c in CELLS]
+    cells = [c for c in CELLS if c["name"] in names]
+    unknown = set(names) - {c["name"] for c in CELLS}
+    if unknown:
+        p.error(f"no such cell: {', '.join(sorted(unknown))} (the cells: {'; '.join(c['name'] for c in CELLS)})")
     record = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {"cells": []}
     record.update(benchmark="minilm_grid", command=command(__file__, argv), model=_model_facts(), settings=_settings())
 

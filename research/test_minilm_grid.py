@@ -112,3 +112,14 @@ def test_an_averaged_cell_is_the_weighted_mean_of_its_source_and_the_untrained_c
     for name in got:
         torch.testing.assert_close(got[name] - ref[name], torch.full_like(ref[name], w), atol=1e-5, rtol=0)
     assert entry["fine_tune"]["averaged"] == cell["merge"]
+
+
+def test_an_unknown_cell_is_a_clear_error_and_a_cell_sets_its_own_steps(capsys):
+    with pytest.raises(SystemExit):
+        grid.main(["--cells", "extend (copy) + full + distill (lr 3e-5, 120 steps)"])  # a comma splits the name
+    assert "no such cell: 120 steps)" in capsys.readouterr().err
+    longer = next(c for c in grid.CELLS if c.get("steps", grid.STEPS) != grid.STEPS)
+    r = grid.recipe(longer)
+    assert r["train"]["steps"] == longer["steps"] and r["train"]["warmup_steps"] == longer["steps"] // 10
+    assert r["data"]["files"].endswith(f"train-pairs-{longer['steps']}.jsonl")  # its own pairs, one pass of them
+    assert grid.recipe(grid.CELLS[2])["data"]["files"].endswith("train-pairs.jsonl")
