@@ -11,7 +11,8 @@ stock SDPA against each converted scheme, inference and training step, at severa
 variants SelfExtend or STRING read at twice native (``rope`` with ``extension`` and ``factor 2``), stock the
 unconverted model (the plain RoPE forward).
 
-Time: stock and every variant run alternately in one process (median of per-repeat ratios).
+Time: stock and every variant in one process, each variant's step between two stock steps (``bracketed``): the
+ratio is the median of the per-repeat ratios to the two stock steps around it, its quartiles recorded beside.
 Memory: each variant in its own process so peak-memory readings don't leak between runs. Memory is
 the peak over the measured step minus the memory before it: CUDA ``max_memory_allocated`` on a
 GPU, else the process's peak RSS (VmHWM, reset through /proc/self/clear_refs; glibc malloc set to
@@ -150,6 +151,26 @@ def make_step(model, mode, x, flush=True):
     return step
 
 
+def bracketed(steps: dict, repeats: int, device) -> tuple[dict, dict]:
+    """Each variant's step timed between two stock steps (stock, v1, stock, v2, ..., stock; the variants' order
+    reversed every other repeat), its ratio to the mean of the two around it: a drift of the machine's speed over
+    the minutes a repeat takes hits a variant and its own stock alike. Returns (times, ratios) by variant."""
+    variants = [v for v in steps if v != "stock"]
+    times = {v: [] for v in steps}
+    ratios = {v: [] for v in variants}
+    for r in range(repeats):
+        before = measure(steps["stock"], device)[0]
+        times["stock"].append(before)
+        for v in variants if r % 2 == 0 else variants[::-1]:
+            t = measure(steps[v], device)[0]
+            after = measure(steps["stock"], device)[0]
+            times[v].append(t)
+            times["stock"].append(after)
+            ratios[v].append(2 * t / (before + after))
+            before = after
+    return times, ratios
+
+
 def saved_bytes(step) -> int:
     """Bytes autograd keeps for backward during one training step (unique storages of every tensor saved
     by the forward): the activation memory, free of the allocator noise a peak-RSS reading carries. Graphs
@@ -181,9 +202,9 @@ def kernel_of(model, variant):
 
 
 def worker(args) -> dict:
-    """Time: stock and every variant in this one process, alternately, repeat after repeat (a shared
-    machine's load hits them alike); the ratio is the median of the per-repeat ratios. Memory
-    (--memory VARIANT): one variant per process, one measured step after the warm-up."""
+    """Time: stock and every variant in this one process, each variant between two stock steps, repeat after
+    repeat (``bracketed``: a shared machine's load hits them alike); the ratio is the median of the per-repeat
+    ratios. Memory (--memory VARIANT): one variant per process, one measured step after the warm-up."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -205,13 +226,10 @@ def worker(args) -> dict:
                     make_step(m, mode, torch.randint(0, vocab, (1, n), device=device), flush)()
                 steps[v]()
             repeats = 1 if args.memory else (args.repeats if length <= 2048 else max(2, args.repeats // 2))
-            times = {v: [] for v in models}
-            peaks = {v: [] for v in models}
-            for _ in range(repeats):
-                for v in models:
-                    t, mem = measure(steps[v], device)
-                    times[v].append(t)
-                    peaks[v].append(mem)
+            if args.memory:
+                peaks = {args.memory: [measure(steps[args.memory], device)[1]]}
+            else:
+                times, ratios = bracketed(steps, repeats, device)
             for v, m in models.items():
                 row = {
                     "variant": v,
@@ -227,9 +245,11 @@ def worker(args) -> dict:
                 else:
                     row.update(seconds=statistics.median(times[v]), seconds_all=times[v])
                     if v != "stock":
-                        row["time_vs_stock"] = round(
-                            statistics.median([a / b for a, b in zip(times[v], times["stock"])]), 3
-                        )
+                        row["time_vs_stock"] = round(statistics.median(ratios[v]), 3)
+                        row["ratios"] = [round(r, 4) for r in ratios[v]]
+                        if len(ratios[v]) >= 4:  # the spread of the per-repeat ratios: quartiles
+                            q = statistics.quantiles(ratios[v], n=4)
+                            row["time_vs_stock_quartiles"] = [round(q[0], 3), round(q[2], 3)]
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     return {"rows": rows}
@@ -352,7 +372,8 @@ def write(args, rows) -> dict:
         + f"random weights, batch 1, body only, dropout {args.dropout}",
         # 1, 5 and 15 minute load averages when the run started and as this record was written: a shared machine
         "load_average": {**getattr(args, "load", {}), "now": [round(x, 2) for x in os.getloadavg()]},
-        "method": "time: stock and each variant alternately in one process, ratio = median of per-repeat ratios; "
+        "method": "time: each variant's step between two stock steps in one process (variants' order reversed every "
+        "other repeat), ratio = median over repeats of its time / the mean of the two stock steps around it; "
         "memory: one variant per process, peak over one step minus the memory before it",
         **stamp(),
         "memory_measure": "cuda max_memory_allocated"
