@@ -317,22 +317,30 @@ def test_auto_takes_the_fused_relative_kernels_where_they_serve():
 
 
 def test_the_fused_relative_kernels_hold_no_n_by_n_tensor(monkeypatch):
-    """Memory linear in N: the dims kernel runs one causal square with no mask; the band kernel's masks span a
-    window of keys per block (never every key)."""
+    """Memory linear in N: the dims kernel runs the causal square in blocks of queries (forward and backward, no
+    mask); the band kernel's masks span a window of keys per block (never every key)."""
     N = 1024
-    masks = []
-    real_forward = cpu_flash.forward
+    masks, blocks = [], []
+    real_forward, real_blocks = cpu_flash.forward, sdpa_relative_dims._blocks
 
     def spy(q, k, v, scaling, mask=None, causal=True):
         masks.append(None if mask is None else tuple(mask.shape))
         return real_forward(q, k, v, scaling, mask, causal)
 
+    def spy_blocks(k, angles, qx):
+        for h, s, e, kx in real_blocks(k, angles, qx):
+            blocks.append((h.stop - h.start, e - s, kx.shape[-2]))
+            yield h, s, e, kx
+
     monkeypatch.setattr(cpu_flash, "forward", spy)
+    monkeypatch.setattr(sdpa_relative_dims, "_blocks", spy_blocks)
     leaves = _xl_leaves(B=1, H=2, T=N, D=4, dim=4)
     q, k, v, rel_q, W = leaves
     out, kernel = kernels.attend(Call(q, k, v, scaling=0.5, relative=_xl_relative(rel_q, W, N)))
     out.sum().backward()
-    assert kernel == "sdpa-relative-dims" and masks == [None]  # the CPU flash op's causal square, no float mask
+    assert kernel == "sdpa-relative-dims" and masks == []  # no mask, no flash op: the square's own blocks
+    assert len(blocks) == 2 * N // sdpa_relative_dims.ROWS  # forward and backward, each block once
+    assert max(rows for _, rows, _ in blocks) == sdpa_relative_dims.ROWS < N  # a block's scores: ROWS x keys
     kernels.attend(Call(q, k, v, scaling=0.5, relative=Relative(q, _nezha_table(1, N, 64, 4, True), reach=64)))
     assert masks and all(m is None or m[-1] * m[-2] <= 128 * 256 for m in masks)
 

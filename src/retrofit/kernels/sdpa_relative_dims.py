@@ -17,8 +17,8 @@ flash kernel runs only with equal widths (through SDPA unequal widths ran severa
 measured: docs/ARCHITECTURE.md, "The attention kernels").
 
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
-``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square (on CPU the flash op
-forward, its backward in blocks of queries: ``_CausalSquare``, v's matmuls and dk at v's width), a cached prefix
+``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square (on CPU in blocks of
+queries forward and backward: ``_CausalSquare``, v's matmuls and dk at v's width), a cached prefix
 on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
 inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
@@ -103,24 +103,34 @@ def _block(qb, kx, vx, i0, c: Call):
     )
 
 
-ROWS = 128  # queries per block of the causal square's backward (fewer where its scores would pass BLOCK_ELEMENTS)
-BLOCK_ELEMENTS = 1 << 24  # one block's (B, H, C, keys) scores stay under this (64 MiB in fp32)
+ROWS = 128  # queries per block of the causal square (fewer where a block's scores would pass BLOCK_ELEMENTS)
+BLOCK_ELEMENTS = 1 << 22  # one block's (B, heads, C, keys) scores stay under this (16 MiB in fp32): heads in groups
 
 
 class _CausalSquare(torch.autograd.Function):
     """Full causal attention of qx (B, H, N, D + dim) over [k, angles] (angles (N, dim): the same for every head)
-    and v (B, H, N, D). Forward: the CPU flash op's causal square at width D + dim (v zero-padded: the op takes
-    equal widths only). Backward: blocks of queries over the keys they see, P and dS once per block from the
-    saved log-sum-exp, so v's matmuls (P^T dO, dO v^T) and dk's run at v's width, not padded (the flash op's own
-    backward at the padded width does about 1.3x the work). Saved for backward: qx, k, v, the output and the
-    log-sum-exp (O(N))."""
+    and v (B, H, N, D), in blocks of queries over the keys they see (``_blocks``: a group of heads, ``ROWS``
+    queries): P from the scores at width D + dim, its matmuls with v at v's width. The CPU flash op takes equal
+    widths only, so through it v would be zero-padded to D + dim and P V would cost twice (measured against it:
+    ``docs/results.md``, kernel round 10).
+    The backward recomputes P from the saved log-sum-exp, so v's matmuls (P^T dO, dO v^T) and dk's run at v's
+    width too. Saved for backward: qx, k, v, the output and the log-sum-exp (O(N))."""
 
     @staticmethod
     def forward(ctx, qx, k, angles, v, scaling):
         B, H, N, D = v.shape
-        kx = torch.cat([k, angles.expand(B, H, N, -1)], dim=-1)
-        out, lse = cpu_flash.forward(qx, kx, pad_to(v, kx.shape[-1]), scaling)[:2]
-        out = out[..., :D].contiguous()
+        out = torch.empty_like(v)
+        lse = torch.empty(B, H, N, dtype=v.dtype, device=v.device)
+        for h, s, e, kx in _blocks(k, angles, qx):
+            scores = (qx[:, h, s:e] @ kx.transpose(-1, -2)).mul_(scaling)  # (B, g, C, e)
+            future = _future(scores, s, e)
+            scores[..., s:].masked_fill_(future, float("-inf"))
+            m = scores.amax(-1, keepdim=True)
+            p = cpu_flash.exp_(scores.sub_(m))
+            p[..., s:].masked_fill_(future, 0.0)
+            total = p.sum(-1, keepdim=True)
+            out[:, h, s:e] = (p @ v[:, h, :e]).div_(total)
+            lse[:, h, s:e] = m.add_(total.log_()).squeeze(-1)
         ctx.save_for_backward(qx, k, angles, v, out, lse)
         ctx.scaling = scaling
         return out
@@ -128,21 +138,36 @@ class _CausalSquare(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         qx, k, angles, v, out, lse = ctx.saved_tensors
-        B, H, N, D = v.shape
-        kx = torch.cat([k, angles.expand(B, H, N, -1)], dim=-1)
+        D = v.shape[-1]
         dout = dout.contiguous()
         delta = (dout * out).sum(-1, keepdim=True)  # rowsum(dO * O): (B, H, N, 1)
         dqx, dk, dv = torch.empty_like(qx), torch.zeros_like(k), torch.zeros_like(v)
-        rows = max(16, min(ROWS, BLOCK_ELEMENTS // (B * H * N)))
-        future = torch.ones(rows, rows, dtype=torch.bool, device=qx.device).triu_(1)
+        for h, s, e, kx in _blocks(k, angles, qx):
+            scores = (qx[:, h, s:e] @ kx.transpose(-1, -2)).mul_(ctx.scaling).sub_(lse[:, h, s:e, None])
+            p = cpu_flash.exp_(scores)  # P (B, g, C, e), from the merged log-sum-exp
+            p[..., s:].masked_fill_(_future(p, s, e), 0.0)  # the block's own square: keys after the query
+            dc = dout[:, h, s:e]
+            dv[:, h, :e] += p.transpose(-1, -2) @ dc
+            ds = p.mul_((dc @ v[:, h, :e].transpose(-1, -2)).sub_(delta[:, h, s:e]))  # dS = P (dP - delta)
+            dqx[:, h, s:e] = ds @ kx
+            dk[:, h, :e] += ds.transpose(-1, -2) @ qx[:, h, s:e, :D]
+        return dqx.mul_(ctx.scaling), dk.mul_(ctx.scaling), None, dv, None
+
+
+def _blocks(k, angles, qx):
+    """(heads, s, e, kx): a slice of heads (a group whose block of scores stays under BLOCK_ELEMENTS), the block's
+    queries [s, e) and the keys they see, kx (B, g, e, D + dim) = [k, angles], built once a group."""
+    B, H, N, _ = k.shape
+    rows = max(16, min(ROWS, BLOCK_ELEMENTS // (B * H * N)))
+    group = max(1, min(H, BLOCK_ELEMENTS // (B * rows * N)))
+    for h0 in range(0, H, group):
+        h = slice(h0, min(H, h0 + group))
+        kx = torch.cat([k[:, h], angles.expand(B, h.stop - h0, N, -1)], dim=-1)  # (B, g, N, D + dim)
         for s in range(0, N, rows):
             e = min(N, s + rows)
-            scores = (qx[:, :, s:e] @ kx[:, :, :e].transpose(-1, -2)).mul_(ctx.scaling).sub_(lse[:, :, s:e, None])
-            p = cpu_flash.exp_(scores)  # P (B, H, C, e), from the merged log-sum-exp
-            p[..., s:].masked_fill_(future[: e - s, : e - s], 0.0)  # the block's own square: keys after the query
-            dc = dout[:, :, s:e]
-            dv[:, :, :e] += p.transpose(-1, -2) @ dc
-            ds = p.mul_((dc @ v[:, :, :e].transpose(-1, -2)).sub_(delta[:, :, s:e]))  # dS = P (dP - delta)
-            dqx[:, :, s:e] = ds @ kx[:, :, :e]
-            dk[:, :, :e] += ds.transpose(-1, -2) @ qx[:, :, s:e, :D]
-        return dqx.mul_(ctx.scaling), dk.mul_(ctx.scaling), None, dv, None
+            yield h, s, e, kx[:, :, :e]
+
+
+def _future(scores, s, e):
+    """The block's own square (its last e - s keys): True where a key comes after its query."""
+    return torch.ones(e - s, e - s, dtype=torch.bool, device=scores.device).triu_(1)
