@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from harness import command, stamp, write_record
+from harness import bracketed, command, stamp, write_record
 
 
 def rss_now() -> int:
@@ -151,26 +151,6 @@ def make_step(model, mode, x, flush=True):
     return step
 
 
-def bracketed(steps: dict, repeats: int, device) -> tuple[dict, dict]:
-    """Each variant's step timed between two stock steps (stock, v1, stock, v2, ..., stock; the variants' order
-    reversed every other repeat), its ratio to the mean of the two around it: a drift of the machine's speed over
-    the minutes a repeat takes hits a variant and its own stock alike. Returns (times, ratios) by variant."""
-    variants = [v for v in steps if v != "stock"]
-    times = {v: [] for v in steps}
-    ratios = {v: [] for v in variants}
-    for r in range(repeats):
-        before = measure(steps["stock"], device)[0]
-        times["stock"].append(before)
-        for v in variants if r % 2 == 0 else variants[::-1]:
-            t = measure(steps[v], device)[0]
-            after = measure(steps["stock"], device)[0]
-            times[v].append(t)
-            times["stock"].append(after)
-            ratios[v].append(2 * t / (before + after))
-            before = after
-    return times, ratios
-
-
 def saved_bytes(step) -> int:
     """Bytes autograd keeps for backward during one training step (unique storages of every tensor saved
     by the forward): the activation memory, free of the allocator noise a peak-RSS reading carries. Graphs
@@ -229,7 +209,7 @@ def worker(args) -> dict:
             if args.memory:
                 peaks = {args.memory: [measure(steps[args.memory], device)[1]]}
             else:
-                times, ratios = bracketed(steps, repeats, device)
+                times, ratios = bracketed(steps, repeats, lambda f: measure(f, device)[0])
             for v, m in models.items():
                 row = {
                     "variant": v,

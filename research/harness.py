@@ -59,6 +59,27 @@ def write_record(path: str | os.PathLike, payload, *, indent: int = 2) -> Path:
 # ----------------------------------------------------------------------------------------------
 # the LoRA fine-tune comparisons on the quickstart stand-in (compare_distill.py, compare_dropout.py)
 # ----------------------------------------------------------------------------------------------
+def bracketed(steps: dict, repeats: int, timer) -> tuple[dict, dict]:
+    """Paired timing in one process: each variant of ``steps`` (name -> a callable; "stock" the reference) timed
+    between two stock steps (stock, v1, stock, v2, ..., stock; the variants' order reversed every other repeat),
+    its ratio to the mean of the two around it, so a drift of the machine's speed over a repeat hits a variant
+    and its own stock alike. ``timer(step)`` -> seconds. Returns (times, ratios) by variant."""
+    variants = [v for v in steps if v != "stock"]
+    times = {v: [] for v in steps}
+    ratios = {v: [] for v in variants}
+    for r in range(repeats):
+        before = timer(steps["stock"])
+        times["stock"].append(before)
+        for v in variants if r % 2 == 0 else variants[::-1]:
+            t = timer(steps[v])
+            after = timer(steps["stock"])
+            times[v].append(t)
+            times["stock"].append(after)
+            ratios[v].append(2 * t / (before + after))
+            before = after
+    return times, ratios
+
+
 def lora_recipe(out: Path, scheme, objective: str, args) -> dict:
     """The fine-tune both comparisons run: ``args.model`` converted to ``scheme`` (None: unconverted), LoRA r 8
     with the norms trained, ``objective`` (lm, both, distill), validation every ``args.eval_every`` steps."""
