@@ -3,7 +3,7 @@
 (``_CausalSquare``), paired in one process (each route between two readings of the other), one thread, the
 GPT-2-small head shape (12 heads of 64, the XL dims 64 wide: q and k 128 wide).
 
-    OMP_NUM_THREADS=1 python research/bench_xl_forward.py --out benchmarks/kernel_round10/xl_forward.json
+    OMP_NUM_THREADS=1 python research/bench_xl_forward.py --out benchmarks/bench_xl_forward.json
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="2048,8192")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--out", default="benchmarks/kernel_round10/xl_forward.json")
+    p.add_argument("--out", default="benchmarks/bench_xl_forward.json")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
