@@ -199,6 +199,18 @@ CELLS = [
         "objective": "both",
         "distill_weight": 2 * DISTILL_WEIGHT,
     },
+    {
+        # lr 3e-5 over 120 steps read passkey at 2,048 in 97% / 94% (both draws) at cosine 0.981 / 0.982, but short
+        # text one document under the original's on the first draw: a little more anchor, and steps to pay for it
+        "name": "extend (copy) + full + distill x15 (lr 3e-5) 140 steps",
+        "scheme": "extend",
+        "options": EXTEND,
+        "method": "full",
+        "lr": 3e-5,
+        "steps": 140,
+        "objective": "both",
+        "distill_weight": 1.5 * DISTILL_WEIGHT,
+    },
 ]
 for _cell in CELLS:  # an averaged cell is its source's conversion and method
     if "merge" in _cell:
