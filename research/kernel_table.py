@@ -12,7 +12,8 @@ alone); a folder means every JSON in it. A later file's figure replaces an earli
 and length (a re-measured cell). A LLaMA body's variants
 (``bench_kernel.py --body llama``: SelfExtend, STRING against the plain RoPE forward) are named "(LLaMA body)".
 Rows in ``ORDER``, then any other variant by name.
-Time: x stock, the median of per-repeat ratios against stock run alternately in the same process; memory at
+Time: x stock, the median of per-repeat ratios against stock in the same process (from kernel round 10 each step
+between two stock steps, the quartiles of the ratios in brackets); memory at
 the longest memory length: peak RSS and bytes saved for backward, x stock, one process per variant. Prints
 Markdown: the CPU line, then the table (``research/test_records.py`` checks ``docs/results.md`` holds it verbatim).
 """
@@ -58,7 +59,7 @@ def table(results: list[dict]) -> str:
             timed = {r["length"]: r for r in rows if "time_vs_stock" in r}
             if not timed:
                 continue
-            cells = [f"{timed[L]['time_vs_stock']:.2f}" if L in timed else "—" for L in lengths]
+            cells = [ratio(timed[L]) if L in timed else "—" for L in lengths]
             line = [v, label, *cells, ", ".join(sorted({r["kernel"] for r in timed.values()}))]
             if mem:
                 m = next((r for r in rows if r.get("length") == mem[-1] and "memory_vs_stock" in r), {})
@@ -68,6 +69,13 @@ def table(results: list[dict]) -> str:
                 ]
             lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)
+
+
+def ratio(row: dict) -> str:
+    """x stock, and the quartiles of its per-repeat ratios where the record has them (bench_kernel's bracketed
+    protocol): the spread a reading of one kernel moves within."""
+    q = row.get("time_vs_stock_quartiles")
+    return f"{row['time_vs_stock']:.2f}" + (f" ({q[0]:.2f}-{q[1]:.2f})" if q else "")
 
 
 def files(paths) -> list[Path]:
