@@ -112,7 +112,7 @@ class _CausalSquare(torch.autograd.Function):
     and v (B, H, N, D), in blocks of queries over the keys they see (``_blocks``: a group of heads, ``ROWS``
     queries): P from the scores at width D + dim, its matmuls with v at v's width. The CPU flash op takes equal
     widths only, so through it v would be zero-padded to D + dim and P V would cost twice (measured against it:
-    ``docs/results.md``, kernel round 10).
+    ``docs/results.md``, "Attention kernel", its latest round).
     The backward recomputes P from the saved log-sum-exp, so v's matmuls (P^T dO, dO v^T) and dk's run at v's
     width too. Saved for backward: qx, k, v, the output and the log-sum-exp (O(N))."""
 
