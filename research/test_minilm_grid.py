@@ -123,3 +123,27 @@ def test_an_unknown_cell_is_a_clear_error_and_a_cell_sets_its_own_steps(capsys):
     assert r["train"]["steps"] == longer["steps"] and r["train"]["warmup_steps"] == longer["steps"] // 10
     assert r["data"]["files"].endswith(f"train-pairs-{longer['steps']}.jsonl")  # its own pairs, one pass of them
     assert grid.recipe(grid.CELLS[2])["data"]["files"].endswith("train-pairs.jsonl")
+
+
+def test_a_fresh_draw_counts_its_targets_and_short_text_pools_both_draws():
+    def reading(top1):
+        return {"readings": {"whole": {"top1": top1}, "truncated": {"top1": 0.25}, "best-chunk": {"top1": 0.5}}}
+
+    def short(top1, cos=1.0):
+        return {"lengths": {"256": {"top1": top1, "cosine_mean": cos}}}
+
+    both = lambda m: {**m, **{f"confirm:{k}": v for k, v in m.items()}}  # noqa: E731  the same reading on both draws
+    orig = {"name": "original", "measures": both({"needle@2048": reading(0), "short": short(25 / 64)})}
+    cell = {"name": "c", "method": "full", "measures": {
+        **both({"passkey@2048": reading(0.97), "needle@2048": reading(0.9)}),
+        "short": short(24 / 64, 0.981), "confirm:short": short(25 / 64, 0.982)}}  # fmt: skip
+    assert [ok for _, ok in grid.target_checks(cell, orig)] == [True, True, False, True]  # one document under
+    assert [ok for _, ok in grid.target_checks(cell, orig, "confirm:")] == [True] * 4
+    assert grid.pooled_short(cell, orig) == ((24 + 25) / 128, 25 / 64)  # 0.8 points under: within 1
+    row = next(x for x in grid._targets({"cells": [orig, cell]}) if x.startswith("| c |"))
+    assert "37.5 vs 39.1: not met" in row and "| 4 of 4 |" in row and "38.3 vs 39.1: met" in row
+    cell["measures"]["confirm:passkey@2048"] = reading(0.84)
+    row = next(x for x in grid._targets({"cells": [orig, cell]}) if x.startswith("| c |"))
+    assert "| 3 of 4 (not passkey@2048) |" in row
+    del cell["measures"]["confirm:short"]
+    assert grid.pooled_short(cell, orig) is None and grid.target_checks(cell, orig, "confirm:") is None

@@ -5,6 +5,7 @@ a GPU it says so and exits 0; its dry run executes the same code on the CPU and 
 Moved here from tests/ (#59): the package's tests start no research script."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -186,6 +187,9 @@ def test_the_minilm_grid_tables_and_the_readme_figures_are_what_the_json_gives()
     between = results.split("<!-- minilm-grid:begin -->")[1].split("<!-- minilm-grid:end -->")[0]
     assert tables.stdout.strip() == between.strip()
     assert row.stdout.strip() in (ROOT / "README.md").read_text()
+    # the model docs/encoders.md tells users to rebuild and serve is the README's cell, and a cell of the grid
+    rebuilt = re.findall(r'minilm_grid\.py --cells "([^"]+)"', (ROOT / "docs" / "encoders.md").read_text())
+    assert rebuilt and all(f"), {name} after" in row.stdout for name in rebuilt), (rebuilt, row.stdout[:200])
 
 
 def test_the_smollm2_far_tables_and_the_readme_words_are_what_the_json_gives():
