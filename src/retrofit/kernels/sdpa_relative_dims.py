@@ -103,8 +103,9 @@ def _block(qb, kx, vx, i0, c: Call):
     )
 
 
-ROWS = 128  # queries per block of the causal square (fewer where a block's scores would pass BLOCK_ELEMENTS)
-BLOCK_ELEMENTS = 1 << 22  # one block's (B, heads, C, keys) scores stay under this (16 MiB in fp32): heads in groups
+ROWS = 128  # queries per block of the causal square (fewer where one head's block would pass BLOCK_ELEMENTS)
+BLOCK_ELEMENTS = 1 << 20  # a block's (B, heads, C, keys) scores stay under this (4 MiB in fp32, near the caches):
+# heads in groups, one head a block from 8,192 keys on; all heads at once (16 MiB) ran the square slower
 
 
 class _CausalSquare(torch.autograd.Function):
@@ -158,8 +159,8 @@ def _blocks(k, angles, qx):
     """(heads, s, e, kx): a slice of heads (a group whose block of scores stays under BLOCK_ELEMENTS), the block's
     queries [s, e) and the keys they see, kx (B, g, e, D + dim) = [k, angles], built once a group."""
     B, H, N, _ = k.shape
-    rows = max(16, min(ROWS, BLOCK_ELEMENTS // (B * H * N)))
-    group = max(1, min(H, BLOCK_ELEMENTS // (B * rows * N)))
+    rows = max(16, min(ROWS, BLOCK_ELEMENTS // (B * N)))  # one head's block under BLOCK_ELEMENTS
+    group = max(1, min(H, BLOCK_ELEMENTS // (B * rows * N)))  # as many heads as stay under it
     for h0 in range(0, H, group):
         h = slice(h0, min(H, h0 + group))
         kx = torch.cat([k[:, h], angles.expand(B, h.stop - h0, N, -1)], dim=-1)  # (B, g, N, D + dim)
