@@ -20,8 +20,9 @@ from retrofit.kernels.sdpa_alibi_dims import pad_to
 from retrofit.kernels.sdpa_relative_dims import _CausalSquare
 
 
-def routes(N: int, H: int = 12, D: int = 64) -> dict:
-    """{"stock": the flash op, v padded; "blocked": the kernel's forward}: each a step of one square of N tokens."""
+def routes(N: int, H: int = 12, D: int = 64) -> tuple[dict, float]:
+    """({"stock": the flash op, v padded; "blocked": the kernel's forward}, their largest difference): each a step
+    of one square of N tokens."""
     torch.manual_seed(0)
     qx, k, angles, v = torch.randn(1, H, N, 2 * D), torch.randn(1, H, N, D), torch.randn(N, D), torch.randn(1, H, N, D)
 
