@@ -50,7 +50,7 @@ def run(c: Call) -> torch.Tensor:
     k_pos = torch.arange(c.Tk, device=c.q.device) if rel.positions is None else rel.positions
     q_pos = k_pos[c.q_start : c.q_start + Tq]
     proj, freqs = rel.sinusoid
-    qx = torch.cat([c.q.to(dtype), query_dims(rel.query.to(dtype), proj.to(dtype), freqs, q_pos)], dim=-1)
+    qx = queries(c.q.to(dtype), rel.query.to(dtype), proj.to(dtype), freqs, q_pos)  # (B, H, Tq, D + dim)
     cos_j, sin_j = _angles(freqs, k_pos, dtype)
     if c.full and not c.masked and not c.dropout and cpu_flash.available(qx):  # the causal square, its own backward
         angles = torch.cat([cos_j, sin_j], -1)
@@ -61,12 +61,43 @@ def run(c: Call) -> torch.Tensor:
     return _attend(c, qx, kx, vx)[..., :D].to(c.q.dtype)
 
 
-def query_dims(rel_q: torch.Tensor, proj: torch.Tensor, freqs: torch.Tensor, q_pos: torch.Tensor) -> torch.Tensor:
-    """[a, b] of the module docstring: rel_q (B, H, Tq, D), proj (H, D, dim), q_pos (Tq,) -> (B, H, Tq, dim)."""
-    p = rel_q @ proj  # (B, H, Tq, dim)
-    even, odd = p[..., 0::2], p[..., 1::2]
-    cos_i, sin_i = _angles(freqs, q_pos, p.dtype)
-    return torch.cat([even * sin_i + odd * cos_i, odd * sin_i - even * cos_i], dim=-1)
+def queries(q, rel_q, proj, freqs, q_pos) -> torch.Tensor:
+    """qx = [q, a, b] of the module docstring: q, rel_q (B, H, Tq, D), proj (H, D, dim), q_pos (Tq,) ->
+    (B, H, Tq, D + dim)."""
+    cos_i, sin_i = _angles(freqs, q_pos, q.dtype)
+    halves = torch.cat([proj[..., 0::2], proj[..., 1::2]], dim=-1)  # (H, D, dim): R's sin channels, then its cos
+    return _Queries.apply(q, rel_q, halves, cos_i, sin_i)
+
+
+class _Queries(torch.autograd.Function):
+    """[q, a, b] written once into one (B, H, Tq, D + dim) tensor, p = rel_q @ halves split into its halves
+    [p_even | p_odd] (contiguous: no strided channels), each half rotated by w_f i as RoPE rotates a pair."""
+
+    @staticmethod
+    def forward(ctx, q, rel_q, halves, cos_i, sin_i):
+        B, H, T, D = q.shape
+        F2 = cos_i.shape[-1]
+        p = rel_q @ halves  # (B, H, T, dim)
+        even, odd = p[..., :F2], p[..., F2:]
+        qx = torch.empty(B, H, T, D + 2 * F2, dtype=q.dtype, device=q.device)
+        qx[..., :D] = q
+        a, b = qx[..., D : D + F2], qx[..., D + F2 :]
+        torch.mul(even, sin_i, out=a).addcmul_(odd, cos_i)  # a = p_even sin(w i) + p_odd cos(w i)
+        torch.mul(odd, sin_i, out=b).addcmul_(even, cos_i, value=-1.0)  # b = p_odd sin(w i) - p_even cos(w i)
+        ctx.save_for_backward(rel_q, halves, cos_i, sin_i)
+        return qx
+
+    @staticmethod
+    def backward(ctx, dqx):
+        rel_q, halves, cos_i, sin_i = ctx.saved_tensors
+        D, F2 = rel_q.shape[-1], cos_i.shape[-1]
+        da, db = dqx[..., D : D + F2], dqx[..., D + F2 :]
+        dp = torch.empty(*dqx.shape[:-1], 2 * F2, dtype=dqx.dtype, device=dqx.device)  # (B, H, T, dim)
+        torch.mul(da, sin_i, out=dp[..., :F2]).addcmul_(db, cos_i, value=-1.0)  # d p_even
+        torch.mul(da, cos_i, out=dp[..., F2:]).addcmul_(db, sin_i)  # d p_odd
+        d_rel_q = dp @ halves.transpose(-1, -2) if ctx.needs_input_grad[1] else None
+        d_halves = (rel_q.transpose(-1, -2) @ dp).sum(0) if ctx.needs_input_grad[2] else None
+        return dqx[..., :D], d_rel_q, d_halves, None, None
 
 
 def _angles(freqs, pos, dtype):
@@ -111,48 +142,47 @@ BLOCK_ELEMENTS = 1 << 20  # a block's (B, heads, C, keys) scores stay under this
 class _CausalSquare(torch.autograd.Function):
     """Full causal attention of qx (B, H, N, D + dim) over [k, angles] (angles (N, dim): the same for every head)
     and v (B, H, N, D), in blocks of queries over the keys they see (``_blocks``: a group of heads, ``ROWS``
-    queries): P from the scores at width D + dim, its matmuls with v at v's width. The CPU flash op takes equal
-    widths only, so through it v would be zero-padded to D + dim and P V would cost twice (measured against it:
-    ``docs/results.md``, "Attention kernel", its latest round).
-    The backward recomputes P from the saved log-sum-exp, so v's matmuls (P^T dO, dO v^T) and dk's run at v's
-    width too. Saved for backward: qx, k, v, the output and the log-sum-exp (O(N))."""
+    queries): P from the scores at width D + dim (torch's fused softmax, in place, one pass over a row), its
+    matmuls with v at v's width. The CPU flash op takes equal widths only, so through it v would be zero-padded
+    to D + dim and P V would cost twice (measured against it: ``docs/results.md``, "Attention kernel", its
+    latest round). The backward recomputes each block's P the same way (the forward's P, bit for bit), so v's
+    matmuls (P^T dO, dO v^T) and dk's run at v's width too. Saved for backward: qx, k, v and the output (O(N))."""
 
     @staticmethod
     def forward(ctx, qx, k, angles, v, scaling):
-        B, H, N, D = v.shape
         out = torch.empty_like(v)
-        lse = torch.empty(B, H, N, dtype=v.dtype, device=v.device)
         for h, s, e, kx in _blocks(k, angles, qx):
-            scores = (qx[:, h, s:e] @ kx.transpose(-1, -2)).mul_(scaling)  # (B, g, C, e)
-            future = _future(scores, s, e)
-            scores[..., s:].masked_fill_(future, float("-inf"))
-            m = scores.amax(-1, keepdim=True)
-            p = cpu_flash.exp_(scores.sub_(m))
-            p[..., s:].masked_fill_(future, 0.0)
-            total = p.sum(-1, keepdim=True)
-            out[:, h, s:e] = (p @ v[:, h, :e]).div_(total)
-            lse[:, h, s:e] = m.add_(total.log_()).squeeze(-1)
-        ctx.save_for_backward(qx, k, angles, v, out, lse)
+            p = _probabilities(qx[:, h, s:e], kx, s, scaling)  # (B, g, C, e)
+            torch.matmul(p, v[:, h, :e], out=out[:, h, s:e])
+        ctx.save_for_backward(qx, k, angles, v, out)
         ctx.scaling = scaling
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        qx, k, angles, v, out, lse = ctx.saved_tensors
+        qx, k, angles, v, out = ctx.saved_tensors
         D = v.shape[-1]
         dout = dout.contiguous()
         delta = (dout * out).sum(-1, keepdim=True)  # rowsum(dO * O): (B, H, N, 1)
         dqx, dk, dv = torch.empty_like(qx), torch.zeros_like(k), torch.zeros_like(v)
         for h, s, e, kx in _blocks(k, angles, qx):
-            scores = (qx[:, h, s:e] @ kx.transpose(-1, -2)).mul_(ctx.scaling).sub_(lse[:, h, s:e, None])
-            p = cpu_flash.exp_(scores)  # P (B, g, C, e), from the merged log-sum-exp
-            p[..., s:].masked_fill_(_future(p, s, e), 0.0)  # the block's own square: keys after the query
+            p = _probabilities(qx[:, h, s:e], kx, s, ctx.scaling)
             dc = dout[:, h, s:e]
             dv[:, h, :e] += p.transpose(-1, -2) @ dc
             ds = p.mul_((dc @ v[:, h, :e].transpose(-1, -2)).sub_(delta[:, h, s:e]))  # dS = P (dP - delta)
-            dqx[:, h, s:e] = ds @ kx
+            torch.matmul(ds, kx, out=dqx[:, h, s:e])
             dk[:, h, :e] += ds.transpose(-1, -2) @ qx[:, h, s:e, :D]
         return dqx.mul_(ctx.scaling), dk.mul_(ctx.scaling), None, dv, None
+
+
+def _probabilities(qb, kx, s, scaling):
+    """P of one block: queries qb (B, g, C, D + dim) at rows [s, s + C) over keys kx (B, g, e, D + dim), e = s + C,
+    the block's own square masked causally; softmax in place over the scores' buffer."""
+    scores = (qb @ kx.transpose(-1, -2)).mul_(scaling)  # (B, g, C, e)
+    C = qb.shape[-2]
+    future = torch.ones(C, C, dtype=torch.bool, device=qb.device).triu_(1)  # a key after its query
+    scores[..., s:].masked_fill_(future, float("-inf"))
+    return torch._softmax(scores, -1, False, out=scores)
 
 
 def _blocks(k, angles, qx):
@@ -167,8 +197,3 @@ def _blocks(k, angles, qx):
         for s in range(0, N, rows):
             e = min(N, s + rows)
             yield h, s, e, kx[:, :, :e]
-
-
-def _future(scores, s, e):
-    """The block's own square (its last e - s keys): True where a key comes after its query."""
-    return torch.ones(e - s, e - s, dtype=torch.bool, device=scores.device).triu_(1)
