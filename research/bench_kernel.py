@@ -261,6 +261,12 @@ def main():
         help="denormals flushed around the biased kernels (retrofit's default), not, or each variant both ways",
     )
     p.add_argument("--body", choices=("gpt2", "llama"), default="gpt2", help="the model body (see above)")
+    p.add_argument(
+        "--malloc",
+        choices=("default", "steady"),
+        default="default",
+        help="glibc malloc for the timed steps: its defaults, or STEADY_MALLOC (freed memory kept, no page re-faulted)",
+    )
     p.add_argument("--out", default="benchmarks/bench_kernel.json")
     p.add_argument("--memory", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -310,11 +316,16 @@ def main():
 # runs: the same stock step read 431-855 MB peak RSS. Every allocation above 64 KiB through mmap and
 # a trim on every free (MALLOC_TRIM_THRESHOLD_=0) make the reading repeat to within 1 MB.
 MEMORY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+# Timing (--malloc steady): by default the same step re-faulted 0-50k pages (up to 200 MB) from one repeat to the
+# next, as glibc's shifting threshold sent its large buffers to fresh mmaps or trimmed them; the steps' spread
+# followed. Blocks up to glibc's largest threshold (32 MiB) from the heap, never trimmed: the same pages each step.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 
 def run_worker(args, argv, what) -> list[dict]:
     print(f"[bench_kernel] {what} ...", file=sys.stderr, flush=True)
-    env = {**os.environ, **(MEMORY_MALLOC if "--memory" in argv else {})}
+    timing = STEADY_MALLOC if args.malloc == "steady" else {}
+    env = {**os.environ, **(MEMORY_MALLOC if "--memory" in argv else timing)}
     r = subprocess.run([sys.executable, __file__, "--worker", *argv], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         why = "killed (out of memory)" if r.returncode in (-9, 137) else r.stderr.strip().splitlines()[-1:]
@@ -355,6 +366,9 @@ def write(args, rows) -> dict:
         "method": "time: each variant's step between two stock steps in one process (variants' order reversed every "
         "other repeat), ratio = median over repeats of its time / the mean of the two stock steps around it; "
         "memory: one variant per process, peak over one step minus the memory before it",
+        "time_malloc": "glibc malloc with " + " ".join(f"{k}={v}" for k, v in STEADY_MALLOC.items())
+        if args.malloc == "steady"
+        else "glibc malloc's defaults",
         **stamp(),
         "memory_measure": "cuda max_memory_allocated"
         if torch.cuda.is_available()
