@@ -182,7 +182,7 @@ def _probabilities(qb, kx, s, scaling):
     C = qb.shape[-2]
     future = torch.ones(C, C, dtype=torch.bool, device=qb.device).triu_(1)  # a key after its query
     scores[..., s:].masked_fill_(future, float("-inf"))
-    return torch._softmax(scores, -1, False, out=scores)
+    return torch.softmax(scores, -1, out=scores)
 
 
 def _blocks(k, angles, qx):
