@@ -56,6 +56,42 @@ def test_band_matches_the_plain_softmax_forward_and_backward(monkeypatch, N, K, 
         assert float((a.double() - b).abs().max()) <= 2e-5 * max(1.0, scale), name
 
 
+@pytest.mark.parametrize("N,K,rows", [(700, 128, 256), (300, 40, 64), (90, 16, 32), (64, 16, 32)])
+def test_long_blocks_read_far_keys_without_a_mask(monkeypatch, N, K, rows):
+    """Blocks of ``SPLIT_ROWS`` rows or more read the keys at the reach or further from all their queries without a
+    mask (T5's band is 0 there), the rest of the keys before them with it: exact against the plain softmax, forward
+    and backward with the table's gradient; the unmasked calls ran (where a block has such keys)."""
+    from retrofit.kernels import cpu_flash, cpu_flash_mask
+
+    monkeypatch.setattr(cpu_flash_mask, "SPLIT_ROWS", rows)
+    monkeypatch.setattr(cpu_flash_mask, "square_rows", lambda H, Tk: rows)
+    unmasked = []
+    real_forward, real_backward = cpu_flash.forward, cpu_flash.backward
+
+    def forward(q, k, v, scaling, mask=None, causal=True):
+        unmasked.append(mask is None and not causal)
+        return real_forward(q, k, v, scaling, mask, causal)
+
+    def backward(dout, qkv, merged, scaling, mask=None, causal=True):
+        unmasked.append(mask is None and not causal)
+        return real_backward(dout, qkv, merged, scaling, mask, causal)
+
+    monkeypatch.setattr(cpu_flash, "forward", forward)
+    monkeypatch.setattr(cpu_flash, "backward", backward)
+    q, k, v, table = _inputs(2, 3, N, 8, K)
+    out = cpu_flash_band.attend_band(q, k, v, scaling=0.35, band=table)
+    ref = _reference(q, k, v, 0.35, table)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=1e-5)
+    weight = torch.randn(out.shape, dtype=torch.float64)
+    got = _grads(out, (q, k, v, table), weight)
+    want = _grads(ref, (q, k, v, table), weight)
+    for name, a, b in zip("q k v table".split(), got, want):
+        assert float((a.double() - b).abs().max()) <= 2e-5 * max(1.0, float(b.abs().max())), name
+    far_blocks = sum(1 for s in range(rows, N, rows) if s - K + 1 > 0)  # blocks with keys K or more before them all
+    assert sum(unmasked) == 2 * far_blocks  # one forward and one backward call each
+    assert far_blocks > 0 or N <= rows
+
+
 @pytest.mark.parametrize("dtype,atol", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3)])
 def test_band_keeps_half_inputs_at_their_own_rounding(dtype, atol):
     q, k, v, table = _inputs(1, 4, 600, 16, 128, dtype)

@@ -86,9 +86,9 @@ class Layout:
     def bias(self, g):  # (H, K) -> (1, H, C, W) fp32, -inf outside the band
         return g[:, self.idx].masked_fill(~self.inside, float("-inf"))[None]
 
-    def blocks(self, x):  # (B, H, N, D) -> (B, H, n, C, D) fp32, zero rows at the end
-        x = F.pad(x.float(), (0, 0, 0, self.n * self.C - self.N))
-        return x.view(*x.shape[:2], self.n, self.C, x.shape[-1])
+    def blocks(self, x):  # (B, H, N, D) -> (B, H, n, C, D) fp32, zero rows at the end (a view when none are needed)
+        x, pad = x.float(), self.n * self.C - self.N
+        return (F.pad(x, (0, 0, 0, pad)) if pad else x).unflatten(2, (self.n, self.C))
 
     def windows(self, x):  # (B, H, N, D) -> (B, H, n, W, D) fp32: a strided view of the padded keys
         x = F.pad(x.float(), (0, 0, self.L, self.n * self.C - self.N))
@@ -170,7 +170,7 @@ def _table(g: torch.Tensor, N: int) -> cpu_flash_mask.Table:
     H, K = g.shape
     table = torch.zeros(H, N, dtype=torch.float32, device=g.device)
     table[:, : min(K, N)] = g[:, :N]
-    return cpu_flash_mask.Table(table, 0, cpu_flash_mask.square_rows(H, N))
+    return cpu_flash_mask.Table(table, 0, cpu_flash_mask.square_rows(H, N), zero_from=K)
 
 
 def band_forward(q, k, v, scaling, lay: Layout, mask_of):

@@ -261,13 +261,19 @@ def square_rows(H: int, Tk: int) -> int:
     return next((r for r in (1024, 512, 256, 128) if r <= start and H * r * r <= SQUARE_ELEMENTS), MIN_ROWS)
 
 
+SPLIT_ROWS = 768  # from this many rows a block's keys past a table's zero reach run without a mask (``Table.pieces``)
+
+
 class Table:
     """The masks of the table route for queries at slots [q_start, q_start + Tq) over keys [0, Tk), from the (H, Tk)
     table of a bias by distance: per block of ``rows`` queries, the keys before the block as a strided view with its
-    rows reversed (``rectangle``) and the block's own causal square, one (1, H, C, C) tensor for every block."""
+    rows reversed (``rectangle``) and the block's own causal square, one (1, H, C, C) tensor for every block.
+    ``zero_from``: the table is 0 from this distance on (T5's and Shaw's band over its far value); blocks of
+    ``SPLIT_ROWS`` rows or more then read the keys that far from every query of the block with no mask at all."""
 
-    def __init__(self, table: torch.Tensor, q_start: int, rows: int, window: int | None = None):
+    def __init__(self, table: torch.Tensor, q_start: int, rows: int, window: int | None = None, zero_from=None):
         self.Tk, self.q_start, self.rows, self.window = table.shape[-1], q_start, rows, window
+        self.zero_from = zero_from if rows >= SPLIT_ROWS else None
         self.rev = _reversed(table, rows)
         n = min(rows, self.Tk)
         self.square = _view(self.rev, self.Tk, (self.Tk - n, self.Tk, self.Tk - n, self.Tk)).flip(-2).contiguous()
@@ -284,12 +290,18 @@ class Table:
         return _view(self.rev, self.Tk, (qs, qs + e - s, lo, qs))
 
     def pieces(self, s: int, e: int, lo: int):
-        """The flash calls of block [s, e): (keys [k0, k1), mask (1, H, C, k1 - k0), causal, rows reversed): its
-        causal square, then the keys before it (the rectangle's view, rows reversed)."""
+        """The flash calls of block [s, e): (keys [k0, k1), mask (1, H, C, k1 - k0) or None, causal, rows reversed):
+        its causal square first (no earlier block reaches its keys), then the keys before it that every query of
+        the block sees at ``zero_from`` or further (no mask), then the rest of the keys before it (the rectangle's
+        view, rows reversed). Long blocks read faster split so, short ones slower (the extra call and merge outweigh
+        the mask they save; docs/results.md, "Round 12")."""
         qs, C = self.q_start + s, e - s
         yield qs, qs + C, self.square[..., :C, :C], True, False
-        if qs > lo:
-            yield lo, qs, self.rectangle(s, e, lo), False, True
+        cut = lo if self.zero_from is None else min(qs, max(lo, qs - self.zero_from + 1))
+        if cut > lo:
+            yield lo, cut, None, False, False
+        if qs > cut:
+            yield cut, qs, self.rectangle(s, e, cut), False, True
 
 
 def table_forward(q, k, v, scaling, masks: Table):
@@ -301,7 +313,8 @@ def table_forward(q, k, v, scaling, masks: Table):
     for s, e, lo in masks.blocks(Tq):
         for i, (k0, k1, mask, causal, flip) in enumerate(masks.pieces(s, e, lo)):
             qc = q[:, :, s:e].flip(-2) if flip else q[:, :, s:e]
-            o, m = cpu_flash.forward(qc, k[:, :, k0:k1], v[:, :, k0:k1], scaling, mask.expand(B, -1, -1, -1), causal)
+            mask = None if mask is None else mask.expand(B, -1, -1, -1)
+            o, m = cpu_flash.forward(qc, k[:, :, k0:k1], v[:, :, k0:k1], scaling, mask, causal)
             o, m = (o.flip(-2), m.flip(-1)) if flip else (o, m)
             if i == 0:
                 out[:, :, s:e], lse[:, :, s:e] = o, m
@@ -312,16 +325,22 @@ def table_forward(q, k, v, scaling, masks: Table):
 
 def table_backward(dout, qkv: tuple, out, lse, scaling, masks: Table):
     """(dq, dk, dv) fp32 of ``table_forward``'s attention, given its output and log-sum-exp: the flash op's own
-    backward for each piece."""
+    backward for each piece. A block's square comes first and no earlier block reaches its keys, so its gradients
+    are written, the other pieces' added (only the keys before the first query start at zero)."""
     q, k, v = qkv
     B, Tq = q.shape[0], q.shape[-2]
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dk[:, :, : masks.q_start].zero_()
+    dv[:, :, : masks.q_start].zero_()
     for s, e, lo in masks.blocks(Tq):
         rows = [x[:, :, s:e].contiguous() for x in (dout, q, out, lse)]  # dout, q, out (B, H, C, D), lse (B, H, C)
-        for k0, k1, mask, causal, flip in masks.pieces(s, e, lo):
+        for i, (k0, k1, mask, causal, flip) in enumerate(masks.pieces(s, e, lo)):
             d, qc, o, m = [x.flip(-1 if x.dim() == 3 else -2) for x in rows] if flip else rows
-            mask = mask.expand(B, -1, -1, -1)
+            mask = None if mask is None else mask.expand(B, -1, -1, -1)
             g = cpu_flash.backward(d, (qc, k[:, :, k0:k1], v[:, :, k0:k1]), (o, m), scaling, mask, causal)
+            if i == 0:  # the square
+                dq[:, :, s:e], dk[:, :, k0:k1], dv[:, :, k0:k1] = g
+                continue
             dq[:, :, s:e] += g[0].flip(-2) if flip else g[0]
             dk[:, :, k0:k1] += g[1]
             dv[:, :, k0:k1] += g[2]
