@@ -318,8 +318,10 @@ def main():
 MEMORY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
 # Timing (--malloc steady): by default the same step re-faulted 0-50k pages (up to 200 MB) from one repeat to the
 # next, as glibc's shifting threshold sent its large buffers to fresh mmaps or trimmed them; the steps' spread
-# followed. Blocks up to glibc's largest threshold (32 MiB) from the heap, never trimmed: the same pages each step.
-STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+# followed, and a kernel that frees differently moved the faults of the layers around it. Every block from the
+# heap (no mmap at all: a threshold caps at 32 MiB, under an 8k step's MLP buffers), never trimmed: after the
+# warm-up each step reuses the same pages (docs/results.md, "Round 12").
+STEADY_MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 
 def run_worker(args, argv, what) -> list[dict]:

@@ -5,7 +5,8 @@ Such a bias is ``b_h(i - j) = c_h + g_h(i - j)`` with ``c_h = b_h(K)`` and ``g_h
 Under the softmax the per-row constant ``c_h`` cancels, so only the band of the last K keys of each
 query carries a bias: ``g`` by distance, zero from K on. T5 and Shaw (``_Band``) run it as
 ``cpu_flash_mask``'s table route: each block of queries reads the keys before it and its own causal square
-through the CPU flash op, the table as a strided float mask (no copy, O(N) memory), merged by log-sum-exp;
+through the CPU flash op, the table as a strided float mask (no copy, O(N) memory), merged by log-sum-exp; a long
+block reads the keys at the reach or further from all its queries with no mask (``Table``'s ``zero_from``);
 backward, the flash op's own backward per piece, and the bias's gradient per distance read off the band's K
 scores per query (``band_score_grads``). Saved for backward: q, k, v, the output and the log-sum-exp (O(N)).
 
