@@ -270,7 +270,10 @@ class RoPE(RotaryScheme):
             xr, xp = x[..., : self.rot_dim], x[..., self.rot_dim :]
         if self.interleaved:  # pair i is dims (2i, 2i + 1): to halves, rotate, back
             xr = torch.cat((xr[..., 0::2], xr[..., 1::2]), dim=-1)
-        xr = xr * cos + rotate_half(xr) * sin
+        if cos.requires_grad or sin.requires_grad:
+            xr = xr * cos + rotate_half(xr) * sin
+        else:  # the same products and sum in the same order, two of them in place: two full-size temporaries fewer
+            xr = (xr * cos).add_(rotate_half(xr).mul_(sin))
         if self.interleaved:
             xr = torch.stack(xr.chunk(2, dim=-1), dim=-1).flatten(-2)  # (..., rot/2, 2) -> (..., rot)
         if not xp.shape[-1]:
