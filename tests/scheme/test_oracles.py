@@ -133,3 +133,20 @@ def test_rope_on_a_rope_model_defaults_to_its_own_frequencies():
     s = make("rope", spec(head_dim=16, rope=native))
     assert s.options.theta == 50000.0
     torch.testing.assert_close(s.inv_freq, native["inv_freq"])
+
+
+def test_rope_rotation_is_transformers_arithmetic_bit_for_bit():
+    """Given transformers' own cos and sin, the rotation (its second product and sum in place) equals LLaMA's
+    ``apply_rotary_pos_emb`` exactly, and so does q's gradient through it."""
+    head_dim, length = 16, 40
+    s = make("rope", spec(head_dim=head_dim, native=64))
+    pos = torch.arange(length)
+    cos, sin = llama_cos_sin({"rope_type": "default", "rope_theta": 10000.0}, head_dim, 64, pos)
+    s.cos_sin = lambda p, n: (cos[0], sin[0])  # (T, D), as the scheme's own
+    q = torch.randn(1, 2, length, head_dim, requires_grad=True)
+    weight = torch.randn(1, 2, length, head_dim)
+    ours = s.rotate(0, q, pos, length)
+    (grad,) = torch.autograd.grad((ours * weight).sum(), q)
+    ref = apply_rotary_pos_emb(q, q, cos, sin)[0]
+    (ref_grad,) = torch.autograd.grad((ref * weight).sum(), q)
+    assert torch.equal(ours, ref) and torch.equal(grad, ref_grad)
