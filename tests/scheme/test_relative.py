@@ -316,6 +316,55 @@ def test_auto_takes_the_fused_relative_kernels_where_they_serve():
         assert kernels.choose(nezha_call(keys=learned)).name == "chunked"
 
 
+def test_xl_angles_table_compressed_to_fp32_rounding():
+    """Over 512 positions the keys' sines and cosines (64 dims) hold in fewer directions: every row within half an
+    ulp of 1 in fp32 (2^-24), a width of a multiple of 8; never in float64 (no rounding to hide it in), nor where
+    no fewer dims hold it (a long span of positions)."""
+    freqs = frequencies(64, 10000.0)
+    for pos in (torch.arange(512), torch.arange(512) + 100_000, torch.cat([torch.arange(200), torch.arange(312)])):
+        table = sdpa_relative_dims._table(freqs, pos)
+        kept, basis = sdpa_relative_dims.compressed(table, torch.float32)
+        assert basis is not None and kept.shape == (512, basis.shape[1]) and basis.shape[1] % 8 == 0
+        assert basis.shape[1] < 64
+        assert float((kept @ basis.T - table).norm(dim=-1).max()) <= 2**-24
+        assert sdpa_relative_dims.compressed(table, torch.float64)[1] is None
+    wide = sdpa_relative_dims._table(freqs, torch.arange(40_000))
+    assert sdpa_relative_dims.compressed(wide, torch.float32)[1] is None
+
+
+@pytest.mark.parametrize("placed", [False, True])
+def test_xl_square_on_a_compressed_table_is_as_exact_as_at_full_width(monkeypatch, placed):
+    """The causal square on the narrower table (live: q's width below D + dim), at positions 0 .. N - 1 (the table
+    kept between calls) and at given ones: its output and every gradient as close to float64's (chunked) as the
+    square at full width is (within float noise of it, no further)."""
+    widths, real = [], sdpa_relative_dims._CausalSquare.forward
+
+    def spy(ctx, qx, *rest):
+        widths.append(qx.shape[-1])
+        return real(ctx, qx, *rest)
+
+    monkeypatch.setattr(sdpa_relative_dims._CausalSquare, "forward", staticmethod(spy))
+    pos = torch.cat([torch.arange(300), torch.arange(212)]) if placed else None
+    n = 300 if placed else 512
+
+    def run(kernel, leaves):
+        q, k, v, rel_q, W = leaves
+        out, _ = kernels.attend(Call(q, k, v, scaling=0.35, relative=_xl_relative(rel_q, W, n, pos)), kernel)
+        return [out, *torch.autograd.grad(out.pow(2).sum(), leaves)]
+
+    leaves = _xl_leaves(B=1, H=2, T=512, D=8, dim=64)
+    ref = run("chunked", [t.detach().double().requires_grad_() for t in leaves])
+    narrow = run("sdpa-relative-dims", leaves)
+    assert widths and all(w < 8 + 64 for w in widths)
+    sdpa_relative_dims._arange_table.cache_clear()
+    monkeypatch.setattr(sdpa_relative_dims, "compressed", lambda table, dtype: (table, None))
+    full = run("sdpa-relative-dims", leaves)
+    assert widths[-1] == 8 + 64
+    sdpa_relative_dims._arange_table.cache_clear()
+    for a, b, r in zip(narrow, full, ref):
+        assert float((a.double() - r).abs().max()) <= 2 * float((b.double() - r).abs().max()) + 1e-7
+
+
 def test_the_fused_relative_kernels_hold_no_n_by_n_tensor(monkeypatch):
     """Memory linear in N: the dims kernel runs the causal square in blocks of queries (forward and backward, no
     mask); the band kernel's masks span a window of keys per block (never every key)."""

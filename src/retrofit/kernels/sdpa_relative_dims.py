@@ -18,7 +18,8 @@ measured: docs/ARCHITECTURE.md, "The attention kernels").
 
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
 ``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square (on CPU in blocks of
-queries forward and backward: ``_CausalSquare``, v's matmuls and dk at v's width), a cached prefix
+queries forward and backward: ``_CausalSquare``, v's matmuls and dk at v's width; the angles' table in the fewest
+directions that hold it to fp32's rounding, ``compressed``: fewer than ``dim`` over a few thousand positions), a cached prefix
 on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
 inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
@@ -26,6 +27,8 @@ appended to every cached key at every step).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -50,54 +53,102 @@ def run(c: Call) -> torch.Tensor:
     k_pos = torch.arange(c.Tk, device=c.q.device) if rel.positions is None else rel.positions
     q_pos = k_pos[c.q_start : c.q_start + Tq]
     proj, freqs = rel.sinusoid
+    if c.full and not c.masked and not c.dropout and cpu_flash.available(c.q):  # the causal square
+        table, basis = _square_table(freqs, rel.positions, c.Tk, dtype, c.q.device)  # (Tk, r), (dim, r) or None
+        qx = queries(c.q.to(dtype), rel.query.to(dtype), proj.to(dtype), freqs, q_pos, basis)  # (B, H, Tq, D + r)
+        return _CausalSquare.apply(qx, c.k.to(dtype), table.to(dtype), c.v.to(dtype), c.scaling).to(c.q.dtype)
     qx = queries(c.q.to(dtype), rel.query.to(dtype), proj.to(dtype), freqs, q_pos)  # (B, H, Tq, D + dim)
-    cos_j, sin_j = _angles(freqs, k_pos, dtype)
-    if c.full and not c.masked and not c.dropout and cpu_flash.available(qx):  # the causal square, its own backward
-        angles = torch.cat([cos_j, sin_j], -1)
-        return _CausalSquare.apply(qx, c.k.to(dtype), angles, c.v.to(dtype), c.scaling).to(c.q.dtype)
-    kx = torch.cat([c.k.to(dtype), torch.cat([cos_j, sin_j], -1).expand(B, H, c.Tk, -1)], dim=-1)
+    table = _table(freqs, k_pos)  # (Tk, dim): [cos(w j), sin(w j)], wide
+    kx = torch.cat([c.k.to(dtype), table.to(dtype).expand(B, H, c.Tk, -1)], dim=-1)
     width = fused_width(qx.shape[-1], qx)
     qx, kx, vx = pad_to(qx, width), pad_to(kx, width), pad_to(c.v.to(dtype), width)
     return _attend(c, qx, kx, vx)[..., :D].to(c.q.dtype)
 
 
-def queries(q, rel_q, proj, freqs, q_pos) -> torch.Tensor:
+def compressed(table: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The keys' sinusoid table G (Tk, dim) in the fewest directions that reproduce every row to within ``dtype``'s
+    rounding: (G V, V) with V (dim, r) orthonormal, or (G, None) where no fewer (a multiple of ``WIDTH_STEP``) do.
+
+    Over a finite span of positions the slow frequencies' sines and cosines are nearly polynomials of j, so G has a
+    low numerical rank (47 of 64 over 2,048 positions; it grows ~5 a doubling). With G = U S V^T, dropping the
+    directions from r on moves row j by ||(U S)_{j, >=r}||; r is the smallest that keeps every row's move under
+    half an ulp of 1 in ``dtype``, less than the rounding the table's own entries carry when stored in it. The
+    score's term then is (x_i V) . (G_j V) for the query side x_i (``queries``' ``basis``): r dims instead of dim
+    on q and k, the score-shaped matmuls narrower. Taken where the table is float64 (the SVD must resolve
+    directions far below ``dtype``'s rounding) and ``dtype`` is narrower."""
+    if table.dtype != torch.float64 or dtype == torch.float64:
+        return table, None
+    U, S, Vh = torch.linalg.svd(table, full_matrices=False)
+    moved = ((U * S) ** 2).flip(-1).cumsum(-1).flip(-1).amax(0).sqrt()  # moved[r]: the largest row's move at r kept
+    keep = int((moved > torch.finfo(dtype).eps / 2).sum())  # moved falls with r: the first r under the rounding
+    r = -(-max(keep, 1) // WIDTH_STEP) * WIDTH_STEP
+    if r >= table.shape[-1]:
+        return table, None
+    basis = Vh[:r].T  # (dim, r)
+    return table @ basis, basis
+
+
+def _square_table(freqs, positions, n, dtype, device):
+    """``compressed`` of the keys' table; at positions 0 .. n - 1 (no positions given) kept from call to call."""
+    if positions is None:
+        return _arange_table(n, tuple(freqs.tolist()), dtype, device)
+    return compressed(_table(freqs, positions), dtype)
+
+
+@functools.lru_cache(maxsize=4)
+def _arange_table(n, freqs, dtype, device):
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors whatever mode the first call ran in
+        freqs = torch.tensor(freqs, dtype=wide(device), device=device)
+        return compressed(_table(freqs, torch.arange(n, device=device)), dtype)
+
+
+WIDTH_STEP = 8  # the compressed width rounds up to a multiple of this (measured: docs/results.md, "Round 13")
+
+
+def queries(q, rel_q, proj, freqs, q_pos, basis=None) -> torch.Tensor:
     """qx = [q, a, b] of the module docstring: q, rel_q (B, H, Tq, D), proj (H, D, dim), q_pos (Tq,) ->
-    (B, H, Tq, D + dim)."""
+    (B, H, Tq, D + dim); with ``basis`` (dim, r) from ``compressed``: [q, [a, b] @ basis], (B, H, Tq, D + r)."""
     cos_i, sin_i = _angles(freqs, q_pos, q.dtype)
     halves = torch.cat([proj[..., 0::2], proj[..., 1::2]], dim=-1)  # (H, D, dim): R's sin channels, then its cos
-    return _Queries.apply(q, rel_q, halves, cos_i, sin_i)
+    basis = None if basis is None else basis.to(q.dtype)
+    return _Queries.apply(q, rel_q, halves, cos_i, sin_i, basis)
 
 
 class _Queries(torch.autograd.Function):
     """[q, a, b] written once into one (B, H, Tq, D + dim) tensor, p = rel_q @ halves split into its halves
-    [p_even | p_odd] (contiguous: no strided channels), each half rotated by w_f i as RoPE rotates a pair."""
+    [p_even | p_odd] (contiguous: no strided channels), each half rotated by w_f i as RoPE rotates a pair; with a
+    basis, [a, b] goes through it (dim -> r) on its way into the tensor."""
 
     @staticmethod
-    def forward(ctx, q, rel_q, halves, cos_i, sin_i):
+    def forward(ctx, q, rel_q, halves, cos_i, sin_i, basis):
         B, H, T, D = q.shape
         F2 = cos_i.shape[-1]
         p = rel_q @ halves  # (B, H, T, dim)
         even, odd = p[..., :F2], p[..., F2:]
-        qx = torch.empty(B, H, T, D + 2 * F2, dtype=q.dtype, device=q.device)
+        r = 2 * F2 if basis is None else basis.shape[-1]
+        qx = torch.empty(B, H, T, D + r, dtype=q.dtype, device=q.device)
         qx[..., :D] = q
-        a, b = qx[..., D : D + F2], qx[..., D + F2 :]
+        ab = qx[..., D:] if basis is None else torch.empty_like(p)  # (B, H, T, dim)
+        a, b = ab[..., :F2], ab[..., F2:]
         torch.mul(even, sin_i, out=a).addcmul_(odd, cos_i)  # a = p_even sin(w i) + p_odd cos(w i)
         torch.mul(odd, sin_i, out=b).addcmul_(even, cos_i, value=-1.0)  # b = p_odd sin(w i) - p_even cos(w i)
-        ctx.save_for_backward(rel_q, halves, cos_i, sin_i)
+        if basis is not None:
+            qx[..., D:] = ab @ basis  # (B, H, T, r)
+        ctx.save_for_backward(rel_q, halves, cos_i, sin_i, basis)
         return qx
 
     @staticmethod
     def backward(ctx, dqx):
-        rel_q, halves, cos_i, sin_i = ctx.saved_tensors
+        rel_q, halves, cos_i, sin_i, basis = ctx.saved_tensors
         D, F2 = rel_q.shape[-1], cos_i.shape[-1]
-        da, db = dqx[..., D : D + F2], dqx[..., D + F2 :]
+        dab = dqx[..., D:] if basis is None else dqx[..., D:] @ basis.T  # (B, H, T, dim)
+        da, db = dab[..., :F2], dab[..., F2:]
         dp = torch.empty(*dqx.shape[:-1], 2 * F2, dtype=dqx.dtype, device=dqx.device)  # (B, H, T, dim)
         torch.mul(da, sin_i, out=dp[..., :F2]).addcmul_(db, cos_i, value=-1.0)  # d p_even
         torch.mul(da, cos_i, out=dp[..., F2:]).addcmul_(db, sin_i)  # d p_odd
         d_rel_q = dp @ halves.transpose(-1, -2) if ctx.needs_input_grad[1] else None
         d_halves = (rel_q.transpose(-1, -2) @ dp).sum(0) if ctx.needs_input_grad[2] else None
-        return dqx[..., :D], d_rel_q, d_halves, None, None
+        return dqx[..., :D], d_rel_q, d_halves, None, None, None
 
 
 def _angles(freqs, pos, dtype):
@@ -105,6 +156,11 @@ def _angles(freqs, pos, dtype):
     w = wide(pos.device)
     angles = pos.to(w)[:, None] * freqs.to(w)[None, :]
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _table(freqs, pos):
+    """The keys' side [cos(w j), sin(w j)] (T, dim), in float64 where the device has it."""
+    return torch.cat(_angles(freqs, pos, wide(pos.device)), -1)
 
 
 def _attend(c: Call, qx, kx, vx):
