@@ -19,8 +19,8 @@ measured: docs/ARCHITECTURE.md, "The attention kernels").
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
 ``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square (on CPU in blocks of
 queries forward and backward: ``_CausalSquare``, v's matmuls and dk at v's width; the angles' table in the fewest
-directions that hold it to fp32's rounding, ``compressed``: fewer than ``dim`` over a few thousand positions), a cached prefix
-on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
+directions that hold it to fp32's rounding, ``compressed``: fewer than ``dim`` over a few thousand positions), a
+cached prefix on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
 inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
 appended to every cached key at every step).
