@@ -316,27 +316,44 @@ def test_auto_takes_the_fused_relative_kernels_where_they_serve():
         assert kernels.choose(nezha_call(keys=learned)).name == "chunked"
 
 
+@pytest.fixture
+def fresh_narrow_tables():
+    """The XL kernel's kept tables emptied before and after (a test that patches ``compressed`` leaves none)."""
+    sdpa_relative_dims._narrow.cache_clear()
+    yield
+    sdpa_relative_dims._narrow.cache_clear()
+
+
 def test_xl_angles_table_compressed_to_fp32_rounding():
     """Over 512 positions the keys' sines and cosines (64 dims) hold in fewer directions: every row within half an
     ulp of 1 in fp32 (2^-24), a width of a multiple of 8; never in float64 (no rounding to hide it in), nor where
     no fewer dims hold it (a long span of positions)."""
     freqs = frequencies(64, 10000.0)
     for pos in (torch.arange(512), torch.arange(512) + 100_000, torch.cat([torch.arange(200), torch.arange(312)])):
-        table = sdpa_relative_dims._table(freqs, pos)
-        kept, basis = sdpa_relative_dims.compressed(table, torch.float32)
-        assert basis is not None and kept.shape == (512, basis.shape[1]) and basis.shape[1] % 8 == 0
-        assert basis.shape[1] < 64
-        assert float((kept @ basis.T - table).norm(dim=-1).max()) <= 2**-24
-        assert sdpa_relative_dims.compressed(table, torch.float64)[1] is None
-    wide = sdpa_relative_dims._table(freqs, torch.arange(40_000))
-    assert sdpa_relative_dims.compressed(wide, torch.float32)[1] is None
+        table = sdpa_relative_dims._table(freqs, pos, torch.float64)
+        basis = sdpa_relative_dims.compressed(table, torch.float32)
+        assert basis is not None and basis.shape[1] % 8 == 0 and basis.shape[1] < 64
+        assert float((table @ basis @ basis.T - table).norm(dim=-1).max()) <= 2**-24
+        assert sdpa_relative_dims.compressed(table, torch.float64) is None
+    wide = sdpa_relative_dims._table(freqs, torch.arange(20_000), torch.float64)
+    assert sdpa_relative_dims.compressed(wide, torch.float32) is None
+
+
+def test_xl_compression_keeps_the_fewest_steps_whose_rows_hold_to_fp32_rounding():
+    """A table whose singular values straddle 2^-24 at a step: a row moving 1.1 x 2^-24 must stay (r = 32, not 24),
+    rows moving 0.9-0.6 x 2^-24 may go (r = 32, not 40). Distinct values: each direction is one row's."""
+    small = [1.1, *torch.linspace(0.9, 0.6, 8).tolist()]  # in units of 2^-24
+    s = torch.tensor([1.0] * 24 + [x * 2**-24 for x in small] + [0.0] * 31, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    table = torch.diag(s) @ q.T  # (64, 64): row k moves by s_k once direction k goes
+    assert sdpa_relative_dims.compressed(table, torch.float32).shape == (64, 32)
 
 
 @pytest.mark.parametrize("placed", [False, True])
-def test_xl_square_on_a_compressed_table_is_as_exact_as_at_full_width(monkeypatch, placed):
-    """The causal square on the narrower table (live: q's width below D + dim), at positions 0 .. N - 1 (the table
-    kept between calls) and at given ones: its output and every gradient as close to float64's (chunked) as the
-    square at full width is (within float noise of it, no further)."""
+def test_xl_square_on_a_compressed_table_is_as_exact_as_at_full_width(monkeypatch, fresh_narrow_tables, placed):
+    """The causal square on the narrower table (live: q's width below D + dim) at positions 0 .. N - 1: its output
+    and every gradient as close to float64's (chunked) as the square at full width is (within float noise of it, no
+    further). At given positions (PoSE) the square keeps the full width (no SVD a call)."""
     widths, real = [], sdpa_relative_dims._CausalSquare.forward
 
     def spy(ctx, qx, *rest):
@@ -355,12 +372,11 @@ def test_xl_square_on_a_compressed_table_is_as_exact_as_at_full_width(monkeypatc
     leaves = _xl_leaves(B=1, H=2, T=512, D=8, dim=64)
     ref = run("chunked", [t.detach().double().requires_grad_() for t in leaves])
     narrow = run("sdpa-relative-dims", leaves)
-    assert widths and all(w < 8 + 64 for w in widths)
-    sdpa_relative_dims._arange_table.cache_clear()
-    monkeypatch.setattr(sdpa_relative_dims, "compressed", lambda table, dtype: (table, None))
+    assert widths == [8 + 64] if placed else widths and all(w < 8 + 64 for w in widths)
+    sdpa_relative_dims._narrow.cache_clear()
+    monkeypatch.setattr(sdpa_relative_dims, "compressed", lambda table, dtype: None)
     full = run("sdpa-relative-dims", leaves)
     assert widths[-1] == 8 + 64
-    sdpa_relative_dims._arange_table.cache_clear()
     for a, b, r in zip(narrow, full, ref):
         assert float((a.double() - r).abs().max()) <= 2 * float((b.double() - r).abs().max()) + 1e-7
 

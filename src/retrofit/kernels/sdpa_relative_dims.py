@@ -18,9 +18,9 @@ measured: docs/ARCHITECTURE.md, "The attention kernels").
 
 Cost: q and k ``dim`` wider (the head dim by default: twice the score matmuls); measured in
 ``benchmarks/bench_kernel_relative.json``. Full causal attention runs as one causal square (on CPU in blocks of
-queries forward and backward: ``_CausalSquare``, v's matmuls and dk at v's width; the angles' table in the fewest
-directions that hold it to fp32's rounding, ``compressed``: fewer than ``dim`` over a few thousand positions), a
-cached prefix on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
+queries forward and backward: ``_CausalSquare``, v's matmuls and dk at v's width; at positions 0 .. N - 1 the
+angles' table in the fewest leading singular directions that hold it to fp32's rounding, ``compressed``: fewer
+than ``dim`` over a few thousand positions), a cached prefix on CPU as a rectangle then a square (``cpu_flash.rectangle_then_square``); padding, a window or dropout in
 blocks of queries with a boolean mask each (checkpointed under grad: memory linear in N). Half-precision
 inputs are scored in fp32. Auto passes a decoding step on (``sdpa_alibi_dims.worth``: the dims would be
 appended to every cached key at every step).
@@ -53,65 +53,61 @@ def run(c: Call) -> torch.Tensor:
     k_pos = torch.arange(c.Tk, device=c.q.device) if rel.positions is None else rel.positions
     q_pos = k_pos[c.q_start : c.q_start + Tq]
     proj, freqs = rel.sinusoid
-    if c.full and not c.masked and not c.dropout and cpu_flash.available(c.q):  # the causal square
-        table, basis = _square_table(freqs, rel.positions, c.Tk, dtype, c.q.device)  # (Tk, r), (dim, r) or None
-        qx = queries(c.q.to(dtype), rel.query.to(dtype), proj.to(dtype), freqs, q_pos, basis)  # (B, H, Tq, D + r)
-        return _CausalSquare.apply(qx, c.k.to(dtype), table.to(dtype), c.v.to(dtype), c.scaling).to(c.q.dtype)
-    qx = queries(c.q.to(dtype), rel.query.to(dtype), proj.to(dtype), freqs, q_pos)  # (B, H, Tq, D + dim)
-    table = _table(freqs, k_pos)  # (Tk, dim): [cos(w j), sin(w j)], wide
-    kx = torch.cat([c.k.to(dtype), table.to(dtype).expand(B, H, c.Tk, -1)], dim=-1)
+    square = c.full and not c.masked and not c.dropout and cpu_flash.available(c.q)  # the causal square
+    narrow = _narrow(c.Tk, tuple(freqs.tolist()), dtype, c.q.device) if square and rel.positions is None else None
+    table, basis = narrow or (_table(freqs, k_pos, dtype), None)  # (Tk, r) and (dim, r), or (Tk, dim) and None
+    qx = queries(c.q.to(dtype), rel.query.to(dtype), proj.to(dtype), freqs, q_pos, basis)  # (B, H, Tq, D + r)
+    if square:
+        return _CausalSquare.apply(qx, c.k.to(dtype), table, c.v.to(dtype), c.scaling).to(c.q.dtype)
+    kx = torch.cat([c.k.to(dtype), table.expand(B, H, c.Tk, -1)], dim=-1)
     width = fused_width(qx.shape[-1], qx)
     qx, kx, vx = pad_to(qx, width), pad_to(kx, width), pad_to(c.v.to(dtype), width)
     return _attend(c, qx, kx, vx)[..., :D].to(c.q.dtype)
 
 
-def compressed(table: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The keys' sinusoid table G (Tk, dim) in the fewest directions that reproduce every row to within ``dtype``'s
-    rounding: (G V, V) with V (dim, r) orthonormal, or (G, None) where no fewer (a multiple of ``WIDTH_STEP``) do.
+def compressed(table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """V (dim, r), orthonormal: the fewest leading singular directions of the keys' sinusoid table G (Tk, dim,
+    float64) that hold every row of it to ``dtype``'s rounding, r a multiple of ``WIDTH_STEP`` below dim (or Tk
+    where the table has fewer rows: then exact); None where no such width is narrower than dim.
 
     Over a finite span of positions the slow frequencies' sines and cosines are nearly polynomials of j, so G has a
-    low numerical rank (47 of 64 over 2,048 positions; it grows ~5 a doubling). With G = U S V^T, dropping the
-    directions from r on moves row j by ||(U S)_{j, >=r}||; r is the smallest that keeps every row's move under
-    half an ulp of 1 in ``dtype``, less than the rounding the table's own entries carry when stored in it. The
+    low numerical rank (47 of 64 over 2,048 positions; it grows ~5 a doubling). With G = U S V^T, keeping the
+    first r directions moves row j by ||(U S)_{j, >=r}||; r is the smallest whose largest move is at most half an
+    ulp of 1 in ``dtype`` (2^-24 in fp32), about the rounding a row of the table carries when stored in it. The
     score's term then is (x_i V) . (G_j V) for the query side x_i (``queries``' ``basis``): r dims instead of dim
-    on q and k, the score-shaped matmuls narrower. Taken where the table is float64 (the SVD must resolve
-    directions far below ``dtype``'s rounding) and ``dtype`` is narrower."""
-    if table.dtype != torch.float64 or dtype == torch.float64:
-        return table, None
+    on q and k, the score-shaped matmuls narrower."""
+    n, dim = table.shape
+    tol = torch.finfo(dtype).eps / 2
+    if table.dtype != torch.float64 or dtype == torch.float64 or dim <= WIDTH_STEP:
+        return None
+    if torch.linalg.svdvals(table)[dim - WIDTH_STEP :].square().sum().div(n).sqrt() > tol:
+        return None  # the rows' mean square move at dim - WIDTH_STEP (a bound below the largest) is already over
     U, S, Vh = torch.linalg.svd(table, full_matrices=False)
-    moved = ((U * S) ** 2).flip(-1).cumsum(-1).flip(-1).amax(0).sqrt()  # moved[r]: the largest row's move at r kept
-    keep = int((moved > torch.finfo(dtype).eps / 2).sum())  # moved falls with r: the first r under the rounding
+    moved = ((U * S) ** 2).flip(-1).cumsum(-1).flip(-1).amax(0).sqrt()  # moved[r]: the largest row's move, r kept
+    keep = int((moved > tol).sum())  # moved falls with r: the first r at or under the rounding
     r = -(-max(keep, 1) // WIDTH_STEP) * WIDTH_STEP
-    if r >= table.shape[-1]:
-        return table, None
-    basis = Vh[:r].T  # (dim, r)
-    return table @ basis, basis
-
-
-def _square_table(freqs, positions, n, dtype, device):
-    """``compressed`` of the keys' table; at positions 0 .. n - 1 (no positions given) kept from call to call."""
-    if positions is None:
-        return _arange_table(n, tuple(freqs.tolist()), dtype, device)
-    return compressed(_table(freqs, positions), dtype)
+    return Vh[:r].T if r < dim else None  # (dim, min(r, Tk))
 
 
 @functools.lru_cache(maxsize=4)
-def _arange_table(n, freqs, dtype, device):
+def _narrow(n: int, freqs: tuple, dtype: torch.dtype, device: torch.device) -> tuple | None:
+    """(G V in ``dtype`` (n, r), V in ``dtype`` (dim, r)) at positions 0 .. n - 1, kept from call to call (every
+    layer and step of a length alike); None where ``compressed`` finds no narrower width."""
     with torch.inference_mode(False), torch.no_grad():  # plain tensors whatever mode the first call ran in
         freqs = torch.tensor(freqs, dtype=wide(device), device=device)
-        return compressed(_table(freqs, torch.arange(n, device=device)), dtype)
+        table = _table(freqs, torch.arange(n, device=device), freqs.dtype)  # (n, dim), wide
+        basis = compressed(table, dtype)
+        return None if basis is None else ((table @ basis).to(dtype), basis.to(dtype))
 
 
-WIDTH_STEP = 8  # the compressed width rounds up to a multiple of this (measured: docs/results.md, "Round 13")
+WIDTH_STEP = 8  # the compressed width rounds up to a multiple of this (measured: docs/results.md, "Attention kernel")
 
 
 def queries(q, rel_q, proj, freqs, q_pos, basis=None) -> torch.Tensor:
     """qx = [q, a, b] of the module docstring: q, rel_q (B, H, Tq, D), proj (H, D, dim), q_pos (Tq,) ->
     (B, H, Tq, D + dim); with ``basis`` (dim, r) from ``compressed``: [q, [a, b] @ basis], (B, H, Tq, D + r)."""
-    cos_i, sin_i = _angles(freqs, q_pos, q.dtype)
     halves = torch.cat([proj[..., 0::2], proj[..., 1::2]], dim=-1)  # (H, D, dim): R's sin channels, then its cos
-    basis = None if basis is None else basis.to(q.dtype)
-    return _Queries.apply(q, rel_q, halves, cos_i, sin_i, basis)
+    return _Queries.apply(q, rel_q, halves, _table(freqs, q_pos, q.dtype), basis)
 
 
 class _Queries(torch.autograd.Function):
@@ -120,9 +116,10 @@ class _Queries(torch.autograd.Function):
     basis, [a, b] goes through it (dim -> r) on its way into the tensor."""
 
     @staticmethod
-    def forward(ctx, q, rel_q, halves, cos_i, sin_i, basis):
+    def forward(ctx, q, rel_q, halves, angles, basis):
         B, H, T, D = q.shape
-        F2 = cos_i.shape[-1]
+        F2 = angles.shape[-1] // 2
+        cos_i, sin_i = angles[:, :F2], angles[:, F2:]  # (T, dim / 2) each
         p = rel_q @ halves  # (B, H, T, dim)
         even, odd = p[..., :F2], p[..., F2:]
         r = 2 * F2 if basis is None else basis.shape[-1]
@@ -148,7 +145,7 @@ class _Queries(torch.autograd.Function):
         torch.mul(da, cos_i, out=dp[..., F2:]).addcmul_(db, sin_i)  # d p_odd
         d_rel_q = dp @ halves.transpose(-1, -2) if ctx.needs_input_grad[1] else None
         d_halves = (rel_q.transpose(-1, -2) @ dp).sum(0) if ctx.needs_input_grad[2] else None
-        return dqx[..., :D], d_rel_q, d_halves, None, None, None
+        return dqx[..., :D], d_rel_q, d_halves, None, None
 
 
 def _angles(freqs, pos, dtype):
@@ -158,9 +155,9 @@ def _angles(freqs, pos, dtype):
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def _table(freqs, pos):
-    """The keys' side [cos(w j), sin(w j)] (T, dim), in float64 where the device has it."""
-    return torch.cat(_angles(freqs, pos, wide(pos.device)), -1)
+def _table(freqs, pos, dtype):
+    """[cos(w p), sin(w p)] (T, dim) at positions ``pos``: the keys' side, and the query side's rotation."""
+    return torch.cat(_angles(freqs, pos, dtype), -1)
 
 
 def _attend(c: Call, qx, kx, vx):
@@ -196,11 +193,11 @@ BLOCK_ELEMENTS = 1 << 20  # a block's (B, heads, C, keys) scores stay under this
 
 
 class _CausalSquare(torch.autograd.Function):
-    """Full causal attention of qx (B, H, N, D + dim) over [k, angles] (angles (N, dim): the same for every head)
-    and v (B, H, N, D), in blocks of queries over the keys they see (``_blocks``: a group of heads, ``ROWS``
-    queries): P from the scores at width D + dim (torch's fused softmax, in place, one pass over a row), its
+    """Full causal attention of qx (B, H, N, D + r) over [k, angles] (angles (N, r): the same for every head; r the
+    sinusoid's dim, or fewer: ``compressed``) and v (B, H, N, D), in blocks of queries over the keys they see
+    (``_blocks``: a group of heads, ``ROWS`` queries): P from the scores at width D + r (torch's fused softmax, in place, one pass over a row), its
     matmuls with v at v's width. The CPU flash op takes equal widths only, so through it v would be zero-padded
-    to D + dim and P V would cost twice (measured against it: ``docs/results.md``, "Attention kernel", its
+    to D + r and P V would cost twice (measured against it: ``docs/results.md``, "Attention kernel", its
     latest round). The backward recomputes each block's P the same way (the forward's P, bit for bit), so v's
     matmuls (P^T dO, dO v^T) and dk's run at v's width too. Saved for backward: qx, k, v and the output (O(N))."""
 
@@ -232,7 +229,7 @@ class _CausalSquare(torch.autograd.Function):
 
 
 def _probabilities(qb, kx, s, scaling):
-    """P of one block: queries qb (B, g, C, D + dim) at rows [s, s + C) over keys kx (B, g, e, D + dim), e = s + C,
+    """P of one block: queries qb (B, g, C, D + r) at rows [s, s + C) over keys kx (B, g, e, D + r), e = s + C,
     the block's own square masked causally; softmax in place over the scores' buffer."""
     scores = (qb @ kx.transpose(-1, -2)).mul_(scaling)  # (B, g, C, e)
     C = qb.shape[-2]
@@ -243,13 +240,13 @@ def _probabilities(qb, kx, s, scaling):
 
 def _blocks(k, angles, qx):
     """(heads, s, e, kx): a slice of heads (a group whose block of scores stays under BLOCK_ELEMENTS), the block's
-    queries [s, e) and the keys they see, kx (B, g, e, D + dim) = [k, angles], built once a group."""
+    queries [s, e) and the keys they see, kx (B, g, e, D + r) = [k, angles], built once a group."""
     B, H, N, _ = k.shape
     rows = max(16, min(ROWS, BLOCK_ELEMENTS // (B * N)))  # one head's block under BLOCK_ELEMENTS
     group = max(1, min(H, BLOCK_ELEMENTS // (B * rows * N)))  # as many heads as stay under it
     for h0 in range(0, H, group):
         h = slice(h0, min(H, h0 + group))
-        kx = torch.cat([k[:, h], angles.expand(B, h.stop - h0, N, -1)], dim=-1)  # (B, g, N, D + dim)
+        kx = torch.cat([k[:, h], angles.expand(B, h.stop - h0, N, -1)], dim=-1)  # (B, g, N, D + r)
         for s in range(0, N, rows):
             e = min(N, s + rows)
             yield h, s, e, kx[:, :, :e]
