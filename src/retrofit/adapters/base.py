@@ -95,6 +95,7 @@ class Adapter(abc.ABC):
     position_table: ClassVar[PositionTable | None] = None  # learned-absolute families: their table
     native_alibi: ClassVar[dict] = {}  # native-ALiBi families: the alibi options that reproduce it (the probe's)
     mask_tensor: ClassVar[bool] = False  # the modelling code calls tensor methods on the mask: never give it None
+    mask_dims: ClassVar[int] = 2  # the padding mask as (B, kv), or 4: (B, 1, 1, kv) for code that adds a bias onto it
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -1,15 +1,17 @@
-"""Falcon: rotary (``model.rotary_emb``) or, with ``config.alibi``, ALiBi built from the padding mask and added
-before the 1/sqrt(d) score scaling; ``FalconAttention`` computes attention inline, with no attention-function
-dispatch. Each ``self_attention`` is swapped for ``RetrofitFalconAttention``: the same fused
-``query_key_value`` (split by the original's own ``_split_heads``: multi-query, grouped as in Falcon-40B's new
-decoder architecture, or one key/value per head), ``dense``, and q, k, v sent through the configured attention
-function. The rotary variant's rotation is the neutralised rotary module's (an identity, or the original faded
-in); the ALiBi variant's own tensor is not read. Revert puts the original modules back."""
+"""Falcon: rotary (``model.rotary_emb``) or, with ``config.alibi``, ALiBi built from the padding mask (added before
+the 1/sqrt(d) score scaling; from transformers 5.25, or with a 4-D mask before it, into the mask itself). Each
+``self_attention`` is swapped for ``RetrofitFalconAttention``: the same fused ``query_key_value`` (split as Falcon
+lays it out: multi-query, grouped as in Falcon-40B's new decoder architecture, or one key/value per head),
+``dense``, and q, k, v sent through the configured attention function. retrofit's mask reaches Falcon's model as
+(B, 1, 1, kv) (``mask_dims``), so whatever it adds onto it, the attention reads back the padding alone. The rotary
+variant's rotation is the neutralised rotary module's (an identity, or the original faded in); the ALiBi variant's
+own tensor is not read. Revert puts the original modules back."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import torch
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
@@ -25,13 +27,15 @@ class RetrofitFalconAttention(NeutralisedAttention):
 
     def __init__(self, original: nn.Module, config, state):
         super().__init__(original, config, state)
-        self.query_key_value, self.dense, self.attention_dropout = (
-            original.query_key_value,
-            original.dense,
-            original.attention_dropout,
-        )
+        self.query_key_value, self.dense = original.query_key_value, original.dense
+        drop = original.attention_dropout  # an nn.Dropout before transformers 5.25, its p since
+        self.attention_dropout = drop.p if isinstance(drop, nn.Dropout) else float(drop)
         self.num_heads, self.head_dim, self.layer_idx = original.num_heads, original.head_dim, original.layer_idx
-        # the new decoder architecture broadcasts each key/value group to its query heads (as Falcon's own code)
+        self.layout = (
+            "grouped" if original.new_decoder_architecture else "multi_query" if original.multi_query else "per_head"
+        )
+        self.groups = original.num_kv_heads  # key/value groups of the grouped layout
+        # the new decoder architecture broadcasts each key/value group to its query heads (as Falcon's own code did)
         self.num_kv_heads = original.num_heads if original.new_decoder_architecture else original.num_kv_heads
         self.scaling = original.inv_norm_factor
         self.alibi = bool(config.alibi)
@@ -48,16 +52,37 @@ class RetrofitFalconAttention(NeutralisedAttention):
         if self.alibi:
             self.native_alibi_not_faded()
         B, T, _ = hidden_states.shape
-        q, k, v = self.original._split_heads(self.query_key_value(hidden_states))  # (B, T, H*, D) each
-        q = q.transpose(1, 2).reshape(B, self.num_heads, T, self.head_dim)  # (B, H, T, D)
-        k = k.transpose(1, 2).reshape(B, self.num_kv_heads, T, self.head_dim)  # (B, Hkv, T, D)
-        v = v.transpose(1, 2).reshape(B, self.num_kv_heads, T, self.head_dim)
+        q, k, v = (x.transpose(1, 2) for x in self.split(self.query_key_value(hidden_states)))  # (B, H*, T, D)
         if not self.alibi and position_embeddings is not None:  # the neutralised rotary: identity, or faded in
             q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
         if layer_past is not None:
             k, v = layer_past.update(k, v, self.layer_idx)
-        out, weights = self.attend(q, k, v, attention_mask, self.scaling, self.attention_dropout.p)  # (B, T, H, D)
+        mask = padding(attention_mask)  # (B, kv) or None
+        out, weights = self.attend(q, k, v, mask, self.scaling, self.attention_dropout)  # (B, T, H, D)
         return self.dense(out.reshape(B, T, self.num_heads * self.head_dim)), weights
+
+    def split(self, fused):
+        """fused (B, T, width) -> q (B, T, H, D), k and v (B, T, Hkv, D): Falcon's layouts of ``query_key_value``
+        (each group's queries then its key and value; H queries then one key and one value; per head q, k, v)."""
+        B, T, _ = fused.shape
+        if self.layout == "grouped":
+            g = fused.view(B, T, self.groups, -1, self.head_dim)  # (B, T, groups, H / groups + 2, D)
+            q = g[:, :, :, :-2].flatten(2, 3)
+            k, v = (g[:, :, :, [i]].expand_as(g[:, :, :, :-2]).flatten(2, 3) for i in (-2, -1))
+            return q, k, v
+        if self.layout == "multi_query":
+            return fused.view(B, T, self.num_heads + 2, self.head_dim).split([self.num_heads, 1, 1], dim=2)
+        return fused.view(B, T, self.num_heads, 3, self.head_dim).unbind(3)
+
+
+def padding(mask):
+    """The (B, kv) padding (True = real; None = all real) in whatever Falcon's model made of retrofit's mask:
+    (B, kv), (B, 1, 1, kv) as given, or a float (B, H, 1, kv) with its ALiBi added and the padded keys at the
+    dtype's minimum."""
+    if mask is not None and mask.dim() == 4:
+        mask = mask[:, 0, -1, :]  # (B, kv)
+        mask = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return None if mask is None or bool(mask.all()) else mask
 
 
 class FalconAdapter(Adapter):
@@ -66,6 +91,8 @@ class FalconAdapter(Adapter):
     native_alibi = {"scale_bias": True}  # Falcon adds ALiBi before the 1/sqrt(d) scaling (the probe's own options)
     attention_class_names = ("FalconAttention", "FalconFlashAttention2")
     lora_targets = ("query_key_value", "dense")
+    mask_tensor = True  # FalconModel (transformers 5.25) adds ALiBi onto the mask: a tensor, never None
+    mask_dims = 4  # (B, 1, 1, kv): the ALiBi it adds broadcasts per example (as Falcon's own 4-D masks)
 
     def __init__(self, model: nn.Module):
         super().__init__(model)

@@ -242,23 +242,29 @@ def _site(module, query, key, scaling, kwargs) -> LayerCall:
 
 def retrofit_mask(batch_size=None, kv_length=None, kv_offset=0, attention_mask=None, config=None, **kwargs):
     """Linear-memory mask: only the (B, kv_length) padding mask (True = real token), or None (an all-real one for
-    a family whose modelling code needs a tensor: ``Adapter.mask_tensor``). Causality and sliding windows are
-    applied by the attention function itself."""
+    a family whose modelling code needs a tensor: ``Adapter.mask_tensor``; as (B, 1, 1, kv_length) where it adds
+    a bias onto a 4-D mask: ``Adapter.mask_dims``). Causality and sliding windows are applied by the attention
+    function itself."""
+    needs_tensor, dims = _mask_form(config)
     if attention_mask is None:
-        if _needs_tensor(config):
-            return torch.ones(batch_size, kv_length, dtype=torch.bool, device=kwargs.get("device"))
-        return None
-    pad = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
-    if pad.shape[-1] < kv_length:  # positions not covered by the 2D mask are real tokens
-        pad = torch.nn.functional.pad(pad, (0, kv_length - pad.shape[-1]), value=True)
-    return None if bool(pad.all()) and not _needs_tensor(config) else pad
+        if not needs_tensor:
+            return None
+        pad = torch.ones(batch_size, kv_length, dtype=torch.bool, device=kwargs.get("device"))
+    else:
+        pad = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
+        if pad.shape[-1] < kv_length:  # positions not covered by the 2D mask are real tokens
+            pad = torch.nn.functional.pad(pad, (0, kv_length - pad.shape[-1]), value=True)
+        if bool(pad.all()) and not needs_tensor:
+            return None
+    return pad[:, None, None, :] if dims == 4 else pad  # (B, kv) or (B, 1, 1, kv)
 
 
-def _needs_tensor(config) -> bool:
+def _mask_form(config) -> tuple[bool, int]:
+    """(``Adapter.mask_tensor``, ``Adapter.mask_dims``) of the config's family (False, 2 for one not claimed)."""
     from ..adapters.base import adapter_class
 
     cls = adapter_class(getattr(config, "model_type", None))
-    return bool(cls is not None and cls.mask_tensor)
+    return (False, 2) if cls is None else (bool(cls.mask_tensor), cls.mask_dims)
 
 
 def _register_interfaces():
