@@ -98,3 +98,18 @@ def test_alibi_after_the_scaling_is_not_falcon_and_the_export_says_so(tmp_path):
     with pytest.raises(retrofit.foundation.errors.RetrofitError, match="scale_bias=true"):
         retrofit.export(model, tmp_path / "x", native=True)
     assert not (tmp_path / "x").exists()
+
+
+def test_the_attention_reads_the_padding_back_from_each_form_of_the_mask():
+    """What Falcon's model makes of retrofit's (B, 1, 1, kv) mask: passed through (bool), or a float with ALiBi
+    added and the padded keys at the dtype's minimum (transformers 5.25): the (B, kv) padding either way, None when
+    every key is real."""
+    from retrofit.adapters.falcon import padding
+
+    pad = torch.tensor([[False, True, True], [True, True, True]])
+    alibi = torch.arange(3.0).expand(2, 4, 1, 3)  # (B, H, 1, kv)
+    as_float = alibi.masked_fill(~pad[:, None, None, :], torch.finfo(torch.float32).min)
+    for mask in (pad, pad[:, None, None, :], as_float):
+        assert torch.equal(padding(mask), pad)
+    assert padding(torch.ones(2, 1, 1, 3, dtype=torch.bool)) is None and padding(None) is None
+    assert padding(torch.zeros(2, 4, 1, 3)) is None  # ALiBi's 0s: no key padded
