@@ -104,7 +104,7 @@ def test_the_attention_reads_the_padding_back_from_each_form_of_the_mask():
     """What Falcon's model makes of retrofit's (B, 1, 1, kv) mask: passed through (bool), or a float with ALiBi
     added and the padded keys at the dtype's minimum (transformers 5.25): the (B, kv) padding either way, None when
     every key is real."""
-    from retrofit.adapters.falcon import padding
+    from retrofit.adapters.neutral import padding
 
     pad = torch.tensor([[False, True, True], [True, True, True]])
     alibi = torch.arange(3.0).expand(2, 4, 1, 3)  # (B, H, 1, kv)

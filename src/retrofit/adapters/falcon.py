@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionLayer
 from .llama import native_rope
-from .neutral import NeutralisedAttention, NeutralisedRotary
+from .neutral import NeutralisedAttention, NeutralisedRotary, padding
 
 
 class RetrofitFalconAttention(NeutralisedAttention):
@@ -73,16 +72,6 @@ class RetrofitFalconAttention(NeutralisedAttention):
         if self.layout == "multi_query":
             return fused.view(B, T, self.num_heads + 2, self.head_dim).split([self.num_heads, 1, 1], dim=2)
         return fused.view(B, T, self.num_heads, 3, self.head_dim).unbind(3)
-
-
-def padding(mask):
-    """The (B, kv) padding (True = real; None = all real) in whatever Falcon's model made of retrofit's mask:
-    (B, kv), (B, 1, 1, kv) as given, or a float (B, H, 1, kv) with its ALiBi added and the padded keys at the
-    dtype's minimum."""
-    if mask is not None and mask.dim() == 4:
-        mask = mask[:, 0, -1, :]  # (B, kv)
-        mask = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    return None if mask is None or bool(mask.all()) else mask
 
 
 class FalconAdapter(Adapter):

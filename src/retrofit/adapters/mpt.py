@@ -14,7 +14,7 @@ from torch import nn
 
 from ..foundation.errors import UnsupportedArchitectureError
 from .base import Adapter, AttentionLayer
-from .neutral import NeutralisedAttention
+from .neutral import NeutralisedAttention, padding
 
 
 class RetrofitMptAttention(NeutralisedAttention):
@@ -39,9 +39,8 @@ class RetrofitMptAttention(NeutralisedAttention):
         cache = cache if cache is not None else kwargs.get("past_key_values")  # its name before transformers 5.24
         if cache is not None:  # (B, H, T, D) each
             k, v = cache.update(k, v, self.layer_idx)
-        if attention_mask is not None and attention_mask.dim() == 2 and bool(attention_mask.all()):
-            attention_mask = None  # the all-real mask MPT needs a tensor for (``Adapter.mask_tensor``)
-        out, weights = self.attend(q, k, v, attention_mask, self.scaling, self.dropout)  # (B, T, H, D)
+        mask = padding(attention_mask)  # the all-real mask MPT needs a tensor for (``Adapter.mask_tensor``): None
+        out, weights = self.attend(q, k, v, mask, self.scaling, self.dropout)  # (B, T, H, D)
         return self.out_proj(out.reshape(B, T, self.num_heads * self.head_dim)), weights
 
 

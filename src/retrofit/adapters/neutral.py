@@ -116,6 +116,16 @@ class NeutralisedSinCos(nn.Module):
         return torch.zeros_like(angle, dtype=x.dtype), torch.ones_like(angle, dtype=x.dtype)
 
 
+def padding(mask):
+    """The (B, kv) padding (True = real; None = all real) in the mask a family's model hands its stand-in attention
+    from retrofit's (``Adapter.mask_tensor``, ``mask_dims``): (B, kv) or (B, 1, 1, kv) as given, or a float
+    (B, H, 1, kv) with a bias added onto it and the padded keys at the dtype's minimum (Falcon's ALiBi)."""
+    if mask is not None and mask.dim() == 4:
+        mask = mask[:, 0, -1, :]  # (B, kv)
+        mask = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    return None if mask is None or bool(mask.all()) else mask
+
+
 class NeutralisedAttention(nn.Module):
     """Base of the stand-ins for attention modules that compute attention inline, with no attention-function
     dispatch (BLOOM, Falcon, MPT): the original kept reachable (``revert``), and q, k, v sent through
