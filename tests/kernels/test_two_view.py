@@ -1,5 +1,6 @@
-"""The two-view kernels (SelfExtend, STRING: ``kernels.Far``): the CPU flash kernel (in blocks of several sizes) and the chunked kernel against
-attention written out densely, on calls with a cache, blocks smaller and larger than the reach, grouped keys."""
+"""The two-view kernels (SelfExtend, STRING: ``kernels.Far``): the CPU flash kernel (its near band in blocks of
+several sizes) and the chunked kernel against attention written out densely, on calls with a cache, blocks smaller
+and larger than the reach, rows left over after the last whole block, grouped keys, keys in other layouts."""
 
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ CASES = [  # (B, H, Tq, Tk, reach, q_start)
 ]
 
 
-@pytest.mark.parametrize("kernel,block", [("auto", 1024), ("auto", 64), ("auto", 7), ("chunked", None)])
+@pytest.mark.parametrize("kernel,block", [("auto", 32), ("auto", 1024), ("auto", 64), ("auto", 7), ("chunked", None)])
 @pytest.mark.parametrize("B,H,Tq,Tk,reach,q_start", CASES)
 def test_two_view_kernels_equal_dense_attention(monkeypatch, B, H, Tq, Tk, reach, q_start, kernel, block):
-    """Blocks of the reach (the strip reaches the block's own keys), smaller ones (a near rectangle between the
-    strip and the block; the first strip cut at key 0, scored written out) and tiny ones."""
+    """Band blocks of the default size, larger than the rows (all rows left over), larger than the reach (50)
+    and tiny ones; the chunked kernel (scores written out)."""
     if block:
-        monkeypatch.setattr(two_view, "BLOCK", block)
+        monkeypatch.setattr(two_view, "BAND", block)
     g = torch.Generator().manual_seed(Tq + reach)
     q, fq = (torch.randn(B, H, Tq, 16, generator=g) for _ in range(2))
     k, v, fk = (torch.randn(B, H, Tk, 16, generator=g) for _ in range(3))
@@ -59,3 +60,21 @@ def test_grouped_keys_padding_and_gradients_take_the_chunked_kernel(monkeypatch,
     assert attend(Call(q, k, v, 0.3, key_padding=pad, far=Far(fq, fk, 20)))[1] == "chunked"
     q.requires_grad_(True)
     assert attend(Call(q, k, v, 0.3, far=Far(fq, fk, 20)))[1] == "chunked"
+
+
+@pytest.mark.parametrize("layout", ["heads_last", "cache_slice"])
+def test_the_band_reads_keys_in_place_whatever_their_strides(layout):
+    """The band's windows are strided views of k and v: keys laid out (B, T, H, D) and seen transposed, or the
+    first Tk rows of a longer cache, read the same keys as contiguous ones."""
+    g = torch.Generator().manual_seed(3)
+    q, fq = (torch.randn(2, 4, 90, 8, generator=g) for _ in range(2))
+    k, v, fk = (torch.randn(2, 2, 150, 8, generator=g) for _ in range(3))
+    if layout == "heads_last":
+        k2, v2 = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
+    else:
+        k2, v2 = (torch.cat([x, torch.randn(2, 2, 40, 8, generator=g)], 2)[:, :, :150] for x in (k, v))
+    assert k2.stride() != k.stride()
+    ref = _dense(q, *(x.repeat_interleave(2, 1) for x in (k, v)), fq, fk.repeat_interleave(2, 1), 25, 60, 0.3)
+    out, ran = attend(Call(q, k2, v2, 0.3, q_start=60, far=Far(fq, fk, 25)))
+    assert ran == "cpu-flash-two-view"
+    torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)

@@ -1,20 +1,22 @@
 """``cpu-flash-two-view``: a two-view rotary scheme (SelfExtend, STRING) through the CPU flash op, for inference.
 
-The query at slot i reads key j through the near view when i - j < R (the reach) and through the far view when
-i - j >= R. Both are pieces of one softmax, each a call of the CPU flash op, merged by their log-sum-exps in place
+The query at slot s reads key j through the near view when s - j < R (the reach) and through the far view when
+s - j >= R. Both are pieces of one softmax, each a call of the CPU flash op, merged by their log-sum-exps in place
 (``cpu_flash.merge_into``):
 
-- **the far view, in one call**: query i meets keys [0, i - R], a causal triangle shifted by R: rows from slot R on
-  over keys from 0 (a rectangle of the keys before the first such row's, when the call starts after a cache);
-- **the near view, block by block**: query block [qs, qe) (C = qe - qs <= R, so the block's own causal square is
-  all near keys) over its own square, then the keys before it within the reach: with a = qs - R + 1, key c is near
-  for the block's query r when c >= a + r: keys [max(a, 0), m), m = min(a + C, qs), the strip (queries and keys
-  reversed: a causal square), and keys [m, qs), near for every query, a rectangle.
+- **the head**: rows whose slot is below R have no far key: one causal call (after a cache, the cached keys
+  too, as a rectangle);
+- **the near band**, rows from slot R on: row s reads keys [s - R + 1, s], a window that slides with the row.
+  Blocks of ``BAND`` rows from slot b read the window [b - R + 1, b + BAND): every block in one call of the
+  flash op, its keys and values strided views of k and v (a block's window starts ``BAND`` keys after the
+  previous one's: no copy), one mask (key j of the window for the block's row r when r <= j < r + R) for all;
+- **the far view, in one call**: row s meets keys [0, s - R], a causal triangle shifted by R (a rectangle of
+  the keys before the first such row's, when the call starts after a cache).
 
 Every key is read once, by the view its distance picks, through the fused kernel; no score tensor is written out.
-The far view's triangle is one large causal call (the flash op's causal tiles waste least on one large square), and
-the near view's two triangles per block are its only small ones. Blocks of ``BLOCK`` queries: the CPU flash op
-tiles 768 queries or more by 256, fewer by 64.
+The far view's triangle is one large causal call (the flash op's causal tiles waste least on one large square).
+The band computes its window's BAND - 1 extra keys a row, masked: small blocks waste least there, while the flash
+op tiles queries by 32 below 192 rows (docs/results.md, "Attention kernel", SelfExtend).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from . import cpu_flash
 from .call import Call
 
-BLOCK = 1024  # query rows per block (at most the scheme's reach)
+BAND = 32  # query rows per block of the near band
 
 
 def serves(c: Call) -> str | None:
@@ -46,17 +48,65 @@ def serves(c: Call) -> str | None:
 def run(c: Call) -> torch.Tensor:
     """(B, H, Tq, D); grouped-query keys read as they are where the CPU flash op takes them."""
     c = c if cpu_flash.takes_grouped() else c.full_heads()
-    q, R = c.q, c.far.reach
-    C = max(1, min(BLOCK, R))
+    q = c.q
     out = q.new_empty(q.shape, dtype=torch.float32)  # (B, H, Tq, D)
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # (B, H, Tq)
-    for s in range(0, c.Tq, C):
-        _near(c, s, min(c.Tq, s + C), out, lse)
-    first = max(0, R - c.q_start)  # the first query row with a far key: slot R
-    if first < c.Tq:
-        rows = slice(first, None)
-        cpu_flash.merge_into(out[:, :, rows], lse[:, :, rows], *_far(c, first))
+    head = max(0, min(c.Tq, c.far.reach - c.q_start))  # rows below slot R: no far key
+    if head:
+        _head(c, head, out, lse)
+    if head < c.Tq:
+        for b in range(q.shape[0]):
+            _band(c, b, head, out[b], lse[b])
+        rows = slice(head, None)
+        cpu_flash.merge_into(out[:, :, rows], lse[:, :, rows], *_far(c, head))
     return out.to(q.dtype)
+
+
+def _head(c: Call, n: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Rows [0, n) (slot q_start + r reads keys [0, q_start + r]) into ``out`` and ``lse``'s rows."""
+    q, k, v, s0 = c.q[:, :, :n], c.k, c.v, c.q_start
+    o, ls = out[:, :, :n], lse[:, :, :n]
+    own, own_lse = cpu_flash.forward(q, k[:, :, s0 : s0 + n], v[:, :, s0 : s0 + n], c.scaling, causal=True)[:2]
+    o.copy_(own)
+    ls.copy_(own_lse)
+    if s0:
+        cpu_flash.merge_into(o, ls, *cpu_flash.forward(q, k[:, :, :s0], v[:, :, :s0], c.scaling, causal=False)[:2])
+
+
+def _band(c: Call, b: int, first: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Batch row b's rows [first, Tq) over their near windows into ``out`` (H, Tq, D) and ``lse`` (H, Tq): whole
+    blocks of ``BAND`` rows in one call, the rows left over in another."""
+    blocks, left = divmod(c.Tq - first, BAND)
+    for start, n, size in ((first, blocks, BAND), (first + blocks * BAND, 1, left)):
+        if n and size:
+            o, ls = _windows(c, b, start, n, size)  # (n, H, size, D), (n, H, size)
+            rows = slice(start, start + n * size)
+            out[:, rows].unflatten(1, (n, size)).copy_(o.transpose(0, 1))
+            lse[:, rows].unflatten(1, (n, size)).copy_(ls.transpose(0, 1))
+
+
+def _windows(c: Call, b: int, first: int, n: int, size: int):
+    """(out, lse) of ``n`` blocks of ``size`` rows from row ``first`` of batch row b, each over its near window:
+    the block from slot s reads keys [s - R + 1, s + size), through the band mask."""
+    R = c.far.reach
+    q = _blocks(c.q[b], first, n, size, size)  # (n, H, size, D)
+    start = c.q_start + first - R + 1
+    k, v = (_blocks(x[b], start, n, size, R + size - 1) for x in (c.k, c.v))  # (n, Hkv, R + size - 1, D)
+    return cpu_flash.forward(q, k, v, c.scaling, mask=_band_mask(size, R, q.dtype), causal=False)[:2]
+
+
+def _blocks(x: torch.Tensor, start: int, n: int, step: int, length: int) -> torch.Tensor:
+    """(n, heads, length, D) view of x (heads, T, D): block i is rows [start + i * step, + length)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    sh, st, sd = x.stride()
+    return x.as_strided((n, x.shape[0], length, x.shape[-1]), (step * st, sh, st, sd), x.storage_offset() + start * st)
+
+
+def _band_mask(size: int, reach: int, dtype: torch.dtype) -> torch.Tensor:
+    """(size, reach + size - 1): 0 where the window's key j is near for the block's row r (r <= j < r + reach),
+    -inf elsewhere."""
+    r, j = torch.arange(size)[:, None], torch.arange(reach + size - 1)[None]
+    return torch.zeros(size, reach + size - 1, dtype=dtype).masked_fill_((j < r) | (j >= r + reach), float("-inf"))
 
 
 def _far(c: Call, first: int):
@@ -70,22 +120,3 @@ def _far(c: Call, first: int):
     out = out.float()
     cpu_flash.merge_into(out, lse, *cpu_flash.forward(fq, fk[:, :, :k0], v[:, :, :k0], scaling, causal=False)[:2])
     return out, lse
-
-
-def _near(c: Call, s: int, e: int, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Query rows [s, e) over their near keys (the module docstring's pieces), into ``out`` and ``lse``'s rows."""
-    q, k, v, scaling = c.q, c.k, c.v, c.scaling
-    qs, qe = c.q_start + s, c.q_start + e
-    C, a = e - s, qs - c.far.reach + 1
-    qb, o, ls = q[:, :, s:e], out[:, :, s:e], lse[:, :, s:e]
-    own, own_lse = cpu_flash.forward(qb, k[:, :, qs:qe], v[:, :, qs:qe], scaling, causal=True)[:2]
-    o.copy_(own)
-    ls.copy_(own_lse)
-    lo, m = max(a, 0), max(0, min(a + C, qs))
-    if m > lo:  # the strip: key lo + c is near for query r when lo + c >= a + r
-        skip = a + C - m  # reversed query rows with no key here (the last queries of the block)
-        rev = cpu_flash.forward(qb.flip(-2)[:, :, skip:], *(x[:, :, lo:m].flip(-2) for x in (k, v)), scaling)[:2]
-        rows = slice(0, C - skip)
-        cpu_flash.merge_into(o[:, :, rows], ls[:, :, rows], rev[0].flip(-2), rev[1].flip(-1))
-    if qs > m:  # the near rectangle
-        cpu_flash.merge_into(o, ls, *cpu_flash.forward(qb, k[:, :, m:qs], v[:, :, m:qs], scaling, causal=False)[:2])
