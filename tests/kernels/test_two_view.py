@@ -19,11 +19,14 @@ def _dense(q, k, v, fq, fk, reach, q_start, scaling):
 
 
 CASES = [  # (B, H, Tq, Tk, reach, q_start)
-    (1, 2, 700, 700, 300, 0),  # blocks of 256 under the reach
-    (2, 3, 600, 600, 50, 0),  # blocks of the reach (50)
+    (1, 2, 700, 700, 300, 0),  # a head of 300 rows, a band of 400
+    (2, 3, 600, 600, 50, 0),  # a head of 50, a band of 550
     (1, 2, 1, 900, 300, 899),  # one decoding step
+    (2, 2, 1, 40, 50, 39),  # a decoding step inside the head (every key near)
     (1, 2, 37, 500, 100, 463),  # a chunk after a cache
+    (1, 2, 100, 130, 50, 30),  # a chunk after a cache shorter than the reach: head with the cached keys, band, far
     (1, 2, 300, 300, 1000, 0),  # no far key at all
+    (1, 2, 70, 70, 1, 0),  # a reach of 1: the near view is the diagonal
 ]
 
 
@@ -62,19 +65,35 @@ def test_grouped_keys_padding_and_gradients_take_the_chunked_kernel(monkeypatch,
     assert attend(Call(q, k, v, 0.3, far=Far(fq, fk, 20)))[1] == "chunked"
 
 
-@pytest.mark.parametrize("layout", ["heads_last", "cache_slice"])
+@pytest.mark.parametrize("layout", ["heads_last", "cache_slice", "dims_strided"])
 def test_the_band_reads_keys_in_place_whatever_their_strides(layout):
     """The band's windows are strided views of k and v: keys laid out (B, T, H, D) and seen transposed, or the
-    first Tk rows of a longer cache, read the same keys as contiguous ones."""
+    first Tk rows of a longer cache, read the same keys as contiguous ones; keys whose head dim is not of unit
+    stride (laid out (B, H, D, T)) are made contiguous first."""
     g = torch.Generator().manual_seed(3)
     q, fq = (torch.randn(2, 4, 90, 8, generator=g) for _ in range(2))
     k, v, fk = (torch.randn(2, 2, 150, 8, generator=g) for _ in range(3))
     if layout == "heads_last":
         k2, v2 = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (k, v))
-    else:
+    elif layout == "cache_slice":
         k2, v2 = (torch.cat([x, torch.randn(2, 2, 40, 8, generator=g)], 2)[:, :, :150] for x in (k, v))
+    else:
+        k2, v2 = (x.transpose(-1, -2).contiguous().transpose(-1, -2) for x in (k, v))
     assert k2.stride() != k.stride()
     ref = _dense(q, *(x.repeat_interleave(2, 1) for x in (k, v)), fq, fk.repeat_interleave(2, 1), 25, 60, 0.3)
     out, ran = attend(Call(q, k2, v2, 0.3, q_start=60, far=Far(fq, fk, 25)))
     assert ran == "cpu-flash-two-view"
     torch.testing.assert_close(out, ref, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_read_as_the_float32_kernel(dtype):
+    """bf16 / fp16 q, k, v (the band's mask in their dtype): within their rounding of the fp32 dense attention."""
+    g = torch.Generator().manual_seed(5)
+    q, fq = (torch.randn(1, 4, 150, 16, generator=g) for _ in range(2))
+    k, v, fk = (torch.randn(1, 2, 150, 16, generator=g) for _ in range(3))
+    ref = _dense(q, *(x.repeat_interleave(2, 1) for x in (k, v)), fq, fk.repeat_interleave(2, 1), 40, 0, 0.25)
+    half = [x.to(dtype) for x in (q, k, v, fq, fk)]
+    out, ran = attend(Call(*half[:3], 0.25, far=Far(*half[3:], 40)))
+    assert ran == "cpu-flash-two-view" and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
