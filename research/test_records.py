@@ -65,6 +65,9 @@ KERNEL_ROUNDS = {
     "benchmarks/kernel_round13": ("| alibi |", "| t5 |", "| fire |", "| xl | train step |"),  # XL's table compressed
     "benchmarks/kernel_round13_steady": ("| alibi |", "| t5 |", "| fire |", "| xl | train step |"),
     "benchmarks/kernel_round13b": ("| t5 |", "| xl | train step |", *TWO_VIEW),  # the figures near a line, again
+    "benchmarks/kernel_round14": EVERY_KERNEL,  # SelfExtend's near band in one call
+    "benchmarks/kernel_round14_steady": ("| alibi |", "| t5 |", "| fire |", "| xl | train step |"),
+    "benchmarks/kernel_round14b": ("| t5 |", *TWO_VIEW),  # at the closing kernels
 }
 
 
